@@ -1,0 +1,35 @@
+# tessera front door. `make run` and `make test` are all a newcomer needs.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+MODEL_DIR ?= $(HOME)/.cache/tessera/models
+DEFAULT_MODEL := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+PROMPT ?= The three primary colors are
+
+.PHONY: all bootstrap build model run test bench clean
+
+all: build
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+$(BUILD_DIR)/build.ninja: CMakeLists.txt | bootstrap
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release
+
+build: bootstrap
+	@test -f $(BUILD_DIR)/build.ninja || cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+model:
+	@bash scripts/fetch-model.sh smollm2-135m
+
+run: build model
+	$(BUILD_DIR)/bin/tessera generate --model smollm2-135m --chat --prompt "$(PROMPT)" --max-tokens 64
+
+test: build model
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+bench: build model
+	$(BUILD_DIR)/bin/tessera bench model --model smollm2-135m -p 512 -n 128 -t $(JOBS)
+
+clean:
+	rm -rf $(BUILD_DIR)
