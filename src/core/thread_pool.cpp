@@ -66,7 +66,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t
 }
 
 void ThreadPool::worker_loop(int index) {
-  uint32_t seen = generation_.load(std::memory_order_acquire);
+  // Generation 0 is the pool's birth: a job published before this thread first runs is
+  // still seen as new.
+  uint32_t seen = 0;
   for (;;) {
     uint32_t now = generation_.load(std::memory_order_acquire);
     for (int spin = 0; now == seen && spin < kSpinIterations; ++spin) {
