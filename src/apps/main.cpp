@@ -1,2 +1,28 @@
+// tessera: run and serve large language models on CPUs and GPUs.
 #include <cstdio>
-int main() { std::puts("tessera: commands are being wired up"); return 1; }
+#include <exception>
+
+#include "apps/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera: run and serve large language models"};
+  app.require_subcommand(1);
+  tessera::apps::add_generate(app);
+  tessera::apps::add_tokenize(app);
+  tessera::apps::add_info(app);
+  tessera::apps::add_eval(app);
+  tessera::apps::add_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,14 @@
+#pragma once
+// The subcommands of the `tessera` command line, each in its own file.
+#include <CLI/CLI.hpp>
+
+namespace tessera::apps {
+
+// Each add_* registers a subcommand on the app and sets its callback.
+void add_generate(CLI::App& app);
+void add_tokenize(CLI::App& app);
+void add_info(CLI::App& app);
+void add_eval(CLI::App& app);
+void add_bench(CLI::App& app);
+
+}  // namespace tessera::apps

@@ -1,0 +1,27 @@
+#pragma once
+// Options shared by the subcommands that load a model.
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "engine/session.h"
+
+namespace tessera::apps {
+
+struct ModelArgs {
+  std::string model = "smollm2-135m";
+  std::string device = "cpu";
+  int threads = 0;
+  int ctx = 0;
+  int batch = 512;
+  int block_size = 16;
+  std::string kv_type = "f16";
+  uint64_t seed = 0;  // dummy weights
+
+  void add_to(CLI::App& cmd);
+  SessionOptions session_options() const;
+};
+
+// Reads a whole file; throws naming the path.
+std::string read_file(const std::string& path);
+
+}  // namespace tessera::apps

@@ -1,0 +1,109 @@
+#pragma once
+// The op interface every compute device implements. Model code (model/arch/*.cpp) is written
+// once against it. Pointers passed to ops are device pointers of this backend (for the CPU,
+// host memory); buffers come from alloc(). Ops are issued in order; synchronize() waits for
+// them (a no-op on the CPU, where every op returns when done).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "backend/tensor.h"
+
+namespace tessera {
+
+struct RopeConfig {
+  int head_dim = 0;       // elements per head
+  int rot_dim = 0;        // leading elements of each head that rotate (= head_dim usually)
+  float freq_base = 10000.0f;
+  bool neox = false;      // pairs (i, i + rot_dim/2) instead of (2i, 2i + 1)
+  // Llama 3 frequency scaling (rope_scaling.rope_type == "llama3"); factor 0 = off.
+  float llama3_factor = 0.0f;
+  float llama3_low_freq_factor = 1.0f;
+  float llama3_high_freq_factor = 4.0f;
+  int llama3_original_ctx = 8192;
+  // Linear position scaling (rope_scaling.type == "linear"): positions / linear_factor.
+  float linear_factor = 1.0f;
+  // Per-pair frequency divisors [rot_dim/2] (GGUF tensor rope_freqs.weight), or nullptr.
+  const float* freq_factors = nullptr;
+};
+
+// One layer's paged KV storage: K and V each [n_blocks, n_kv_heads, block_size, head_dim],
+// so one head's keys of one block are contiguous.
+struct KvLayerView {
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::F16;  // F16 or F32
+  int n_blocks = 0;
+  int block_size = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// Host-side description of a variable-length batch: sequences s = 0..n_seqs-1 own query rows
+// [q_start[s], q_start[s+1]) of the flat token dimension, and after this step's KV write hold
+// kv_len[s] tokens, found through block_tables[s * max_blocks + i].
+struct AttentionBatch {
+  int n_tokens = 0;
+  int n_seqs = 0;
+  const int32_t* positions = nullptr;     // [n_tokens] absolute position of each row
+  const int32_t* slot_mapping = nullptr;  // [n_tokens] block * block_size + offset
+  const int32_t* q_start = nullptr;       // [n_seqs + 1]
+  const int32_t* kv_len = nullptr;        // [n_seqs]
+  const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks]
+  int max_blocks = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual std::string describe() const = 0;  // threads / ISA or device name, for reports
+
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  virtual void synchronize() = 0;
+
+  // out[i, :] = table[ids[i], :]                                     out: [n, table.cols]
+  virtual void embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) = 0;
+  // out = x / rms(x) * w, row-wise                                   x, out: [n_rows, dim]
+  virtual void rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) = 0;
+  // x += residual, then out = rms_norm(x) (fused: one pass over x)
+  virtual void add_rms_norm(float* x, const float* residual, const float* w, float* out,
+                            int n_rows, int dim, float eps) = 0;
+  // Shared-input matrix products (see MatmulTarget)                  x: [n_rows, ldx]
+  virtual void matmul(const float* x, int n_rows, int64_t ldx, std::span<const MatmulTarget> targets) = 0;
+  // x[r, :] += bias                                                  x: [n_rows, ld]
+  virtual void add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) = 0;
+  // Rotates every head of every row in place                         x: [n_rows, ld]
+  virtual void rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions,
+                    const RopeConfig& cfg) = 0;
+  // Writes this step's keys and values into their slots      k, v: [n_tokens, n_kv_heads*hd]
+  virtual void kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v,
+                        int64_t ldv, const AttentionBatch& batch) = 0;
+  // Causal attention of every query row over its sequence's cached keys and values
+  // (tiled, online softmax, GQA).              q: [n_tokens, n_heads*hd]; out likewise
+  virtual void attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
+                         int n_heads, float scale, float* out, int64_t ldo) = 0;
+  // out = silu(gate) * up                        gate, up: [n_rows, ld_in]; out: [n_rows, dim]
+  virtual void swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) = 0;
+  // x += y                                                           [n]
+  virtual void add(float* x, const float* y, int64_t n) = 0;
+  // Copies rows: dst[i, :] = src[rows[i], :] (gathers the rows whose logits are wanted)
+  virtual void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) = 0;
+  // Device → host copy (a plain memcpy on the CPU)
+  virtual void copy_to_host(void* host, const void* device, size_t bytes) = 0;
+};
+
+struct BackendOptions {
+  std::string device = "cpu";  // "cpu" or "cuda[:N]"
+  int threads = 0;             // CPU threads; 0 = all cores
+};
+
+// Makes the backend named by options.device; throws tessera::Error naming what is missing
+// (e.g. a build without CUDA).
+std::unique_ptr<Backend> make_backend(const BackendOptions& options);
+
+}  // namespace tessera

@@ -1,0 +1,197 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/fp16.h"
+
+namespace tessera {
+
+namespace {
+// Query rows per attention tile: enough to reuse each K/V block across rows, few enough
+// that the tiles of one sequence spread over the threads.
+constexpr int kAttentionTileRows = 16;
+// Rows per chunk of the cheap row-wise ops (norms, SwiGLU) when split over threads.
+constexpr int64_t kRowGrain = 8;
+
+bool same_rope(const RopeConfig& a, const RopeConfig& b) {
+  return a.head_dim == b.head_dim && a.rot_dim == b.rot_dim && a.freq_base == b.freq_base && a.neox == b.neox &&
+         a.llama3_factor == b.llama3_factor && a.llama3_low_freq_factor == b.llama3_low_freq_factor &&
+         a.llama3_high_freq_factor == b.llama3_high_freq_factor && a.llama3_original_ctx == b.llama3_original_ctx &&
+         a.linear_factor == b.linear_factor && a.freq_factors == b.freq_factors;
+}
+
+// Inverse frequency of rotated pair i, with Llama 3's long-context rescaling when configured.
+double rope_inv_freq(const RopeConfig& cfg, int i) {
+  double inv = std::pow(static_cast<double>(cfg.freq_base), -2.0 * i / cfg.rot_dim);
+  if (cfg.llama3_factor > 0) {
+    const double pi = 3.14159265358979323846;
+    const double wavelen = 2 * pi / inv;
+    const double low_wavelen = cfg.llama3_original_ctx / cfg.llama3_low_freq_factor;
+    const double high_wavelen = cfg.llama3_original_ctx / cfg.llama3_high_freq_factor;
+    if (wavelen > low_wavelen) {
+      inv /= cfg.llama3_factor;
+    } else if (wavelen >= high_wavelen) {
+      const double smooth = (cfg.llama3_original_ctx / wavelen - cfg.llama3_low_freq_factor) /
+                            (cfg.llama3_high_freq_factor - cfg.llama3_low_freq_factor);
+      inv = (1 - smooth) * inv / cfg.llama3_factor + smooth * inv;
+    }
+  }
+  if (cfg.freq_factors) inv /= cfg.freq_factors[i];
+  return inv / cfg.linear_factor;
+}
+}  // namespace
+
+CpuBackend::CpuBackend(int threads)
+    : pool_(threads > 0 ? threads : ThreadPool::default_threads()), matmul_(pool_), ops_(cpu::ops_table()) {
+  scratch_.resize(pool_.size());
+}
+
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::describe() const {
+  return "cpu (" + std::to_string(pool_.size()) + " threads, matmul " + CpuMatmul::isa() + ", ops " + ops_.isa + ")";
+}
+
+void* CpuBackend::alloc(size_t bytes) {
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p && bytes) fail("cpu backend: out of memory allocating ", bytes, " bytes");
+  return p;
+}
+
+void CpuBackend::free(void* p) { std::free(p); }
+
+void CpuBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
+  cpu_get_rows(table, ids, n, out);
+}
+
+void CpuBackend::rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) {
+  pool_.parallel_for(n_rows, kRowGrain, [&](int64_t b, int64_t e) {
+    ops_.rms_norm_rows(x + b * dim, w, out + b * dim, e - b, dim, eps);
+  });
+}
+
+void CpuBackend::add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim,
+                              float eps) {
+  pool_.parallel_for(n_rows, kRowGrain, [&](int64_t b, int64_t e) {
+    ops_.add_rms_norm_rows(x + b * dim, residual + b * dim, w, out + b * dim, e - b, dim, eps);
+  });
+}
+
+void CpuBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<const MatmulTarget> targets) {
+  matmul_.run(x, n_rows, ldx, targets);
+}
+
+void CpuBackend::add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) {
+  for (int r = 0; r < n_rows; ++r)
+    for (int i = 0; i < dim; ++i) x[r * ld + i] += bias[i];
+}
+
+const float* CpuBackend::rope_table(const RopeConfig& cfg, int max_pos) {
+  RopeTable* t = nullptr;
+  for (auto& rt : rope_tables_)
+    if (same_rope(rt.cfg, cfg)) t = &rt;
+  if (!t) {
+    rope_tables_.push_back({cfg, 0, {}});
+    t = &rope_tables_.back();
+  }
+  if (max_pos > t->n_pos) {
+    const int half = cfg.rot_dim / 2;
+    const int n_pos = std::max(max_pos, std::max(1024, t->n_pos * 2));
+    t->values.resize(static_cast<size_t>(n_pos) * cfg.rot_dim);
+    for (int p = t->n_pos; p < n_pos; ++p) {
+      float* row = t->values.data() + static_cast<size_t>(p) * cfg.rot_dim;
+      for (int i = 0; i < half; ++i) {
+        const double theta = p * rope_inv_freq(cfg, i);
+        row[i] = static_cast<float>(std::cos(theta));
+        row[half + i] = static_cast<float>(std::sin(theta));
+      }
+    }
+    t->n_pos = n_pos;
+  }
+  return t->values.data();
+}
+
+void CpuBackend::rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, const RopeConfig& cfg) {
+  int max_pos = 0;
+  for (int r = 0; r < n_rows; ++r) {
+    TESSERA_CHECK(positions[r] >= 0, "rope: negative position ", positions[r]);
+    max_pos = std::max(max_pos, positions[r] + 1);
+  }
+  const float* table = rope_table(cfg, max_pos);
+  rope_rows_.resize(n_rows);
+  for (int r = 0; r < n_rows; ++r) rope_rows_[r] = table + static_cast<size_t>(positions[r]) * cfg.rot_dim;
+  pool_.parallel_for(n_rows, kRowGrain, [&](int64_t b, int64_t e) {
+    ops_.rope_rows(x + b * ld, e - b, ld, n_heads, cfg.head_dim, cfg.rot_dim, cfg.neox, rope_rows_.data() + b);
+  });
+}
+
+void CpuBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                          const AttentionBatch& batch) {
+  const int hd = kv.head_dim, bs = kv.block_size;
+  pool_.parallel_for(batch.n_tokens, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int slot = batch.slot_mapping[t];
+      const int64_t block = slot / bs, offset = slot % bs;
+      for (int h = 0; h < kv.n_kv_heads; ++h) {
+        const int64_t dst = ((block * kv.n_kv_heads + h) * bs + offset) * hd;
+        const float* ks = k + t * ldk + static_cast<int64_t>(h) * hd;
+        const float* vs = v + t * ldv + static_cast<int64_t>(h) * hd;
+        if (kv.dtype == DType::F32) {
+          std::memcpy(static_cast<float*>(kv.k) + dst, ks, sizeof(float) * hd);
+          std::memcpy(static_cast<float*>(kv.v) + dst, vs, sizeof(float) * hd);
+        } else {
+          uint16_t* kd = static_cast<uint16_t*>(kv.k) + dst;
+          uint16_t* vd = static_cast<uint16_t*>(kv.v) + dst;
+          for (int d = 0; d < hd; ++d) {
+            kd[d] = f32_to_fp16(ks[d]);
+            vd[d] = f32_to_fp16(vs[d]);
+          }
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
+                           int n_heads, float scale, float* out, int64_t ldo) {
+  TESSERA_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0, "attention: ", n_heads,
+                " query heads are not a multiple of ", kv.n_kv_heads, " KV heads");
+  const int group = n_heads / kv.n_kv_heads;
+  tasks_.clear();
+  for (int s = 0; s < batch.n_seqs; ++s)
+    for (int b = batch.q_start[s]; b < batch.q_start[s + 1]; b += kAttentionTileRows)
+      for (int h = 0; h < kv.n_kv_heads; ++h)
+        tasks_.push_back({s, h, b, std::min(b + kAttentionTileRows, batch.q_start[s + 1])});
+  const int64_t need = cpu::attention_scratch_floats(kAttentionTileRows, group, kv.block_size, kv.head_dim);
+  for (auto& buf : scratch_)
+    if (static_cast<int64_t>(buf.size()) < need) buf.resize(need);
+  // Later tiles of a sequence see longer contexts: hand out tasks from the end so the
+  // heaviest start first.
+  std::atomic<int64_t> next{static_cast<int64_t>(tasks_.size()) - 1};
+  pool_.run([&](int thread, int) {
+    for (int64_t i; (i = next.fetch_sub(1, std::memory_order_relaxed)) >= 0;)
+      ops_.attention(q, ldq, kv, batch, n_heads, scale, out, ldo, tasks_[i], scratch_[thread].data());
+  });
+}
+
+void CpuBackend::swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {
+  pool_.parallel_for(n_rows, kRowGrain, [&](int64_t b, int64_t e) {
+    ops_.swiglu_rows(gate + b * ld_in, up + b * ld_in, ld_in, out + b * dim, e - b, dim);
+  });
+}
+
+void CpuBackend::add(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void CpuBackend::gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) {
+  for (int i = 0; i < n; ++i) std::memcpy(dst + static_cast<int64_t>(i) * dim, src + rows[i] * ld, sizeof(float) * dim);
+}
+
+void CpuBackend::copy_to_host(void* host, const void* device, size_t bytes) { std::memcpy(host, device, bytes); }
+
+}  // namespace tessera

@@ -1,0 +1,194 @@
+#pragma once
+// The CPU row kernels, written once as plain loops that the compiler vectorizes for the ISA
+// of the translation unit including this file (cpu_ops_scalar.cpp, cpu_ops_avx2.cpp).
+// Include only from those files, inside their own namespace.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/fp16.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+// exp(x) for x <= 0 with ~1 ulp relative error: Cody-Waite reduction and a degree-6
+// polynomial, branch-free so the loops around it vectorize.
+static inline float fast_exp_nonpos(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + magic) - magic;
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t e = static_cast<int32_t>(n) + 127;
+  uint32_t bits = static_cast<uint32_t>(e) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+static inline void load_row_f32(const void* src, tessera::DType dtype, int64_t index, int n, float* dst) {
+  if (dtype == tessera::DType::F32) {
+    std::memcpy(dst, static_cast<const float*>(src) + index * n, sizeof(float) * n);
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(src) + index * n;
+  int i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+#endif
+  for (; i < n; ++i) dst[i] = tessera::fp16_to_f32(h[i]);
+}
+
+static void rms_norm_rows_impl(const float* x, const float* w, float* out, int64_t n_rows, int dim, float eps) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * dim;
+    float* o = out + r * dim;
+    float ss = 0.0f;
+    for (int i = 0; i < dim; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    for (int i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[i];
+  }
+}
+
+static void add_rms_norm_rows_impl(float* x, const float* residual, const float* w, float* out, int64_t n_rows,
+                                   int dim, float eps) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* xr = x + r * dim;
+    const float* rr = residual + r * dim;
+    float ss = 0.0f;
+    for (int i = 0; i < dim; ++i) {
+      xr[i] += rr[i];
+      ss += xr[i] * xr[i];
+    }
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    float* o = out + r * dim;
+    for (int i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[i];
+  }
+}
+
+static void swiglu_rows_impl(const float* gate, const float* up, int64_t ld_in, float* out, int64_t n_rows, int dim) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* g = gate + r * ld_in;
+    const float* u = up + r * ld_in;
+    float* o = out + r * dim;
+    for (int i = 0; i < dim; ++i) {
+      // silu(g) = g / (1 + e^-g), with e^-|g| from the branch-free exp
+      const float e = fast_exp_nonpos(-std::fabs(g[i]));
+      const float sig = g[i] >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+      o[i] = g[i] * sig * u[i];
+    }
+  }
+}
+
+static void rope_rows_impl(float* x, int64_t n_rows, int64_t ld, int n_heads, int head_dim, int rot_dim, bool neox,
+                           const float* const* cos_sin_rows) {
+  const int half = rot_dim / 2;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* c = cos_sin_rows[r];
+    const float* s = c + half;
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + r * ld + static_cast<int64_t>(h) * head_dim;
+      if (neox) {
+        for (int i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * c[i] - b * s[i];
+          v[i + half] = a * s[i] + b * c[i];
+        }
+      } else {
+        for (int i = 0; i < half; ++i) {
+          const float a = v[2 * i], b = v[2 * i + 1];
+          v[2 * i] = a * c[i] - b * s[i];
+          v[2 * i + 1] = a * s[i] + b * c[i];
+        }
+      }
+    }
+  }
+}
+
+// FlashAttention-style: for a tile of query rows of one sequence and one KV head (all the
+// query heads of its group at once, so each K/V block is read once), walk the sequence's
+// blocks in order keeping a running max m, sum l and unnormalized output O per query vector.
+static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerView& kv,
+                           const tessera::AttentionBatch& b, int n_heads, float scale, float* out, int64_t ldo,
+                           const tessera::cpu::AttentionTask& task, float* scratch) {
+  const int hd = kv.head_dim, bs = kv.block_size;
+  const int group = n_heads / kv.n_kv_heads;
+  const int n_q = (task.q_end - task.q_begin) * group;  // query vectors in this tile
+  float* kf = scratch;             // [bs, hd]
+  float* vf = kf + bs * hd;        // [bs, hd]
+  float* sc = vf + bs * hd;        // [n_q, bs]
+  float* o = sc + n_q * bs;        // [n_q, hd]
+  float* m = o + n_q * hd;         // [n_q]
+  float* l = m + n_q;              // [n_q]
+  float* qs = l + n_q;             // [n_q, hd] queries pre-scaled
+  for (int r = 0; r < n_q; ++r) {
+    const int t = task.q_begin + r / group, g = r % group;
+    const float* src = q + t * ldq + static_cast<int64_t>(task.kv_head * group + g) * hd;
+    for (int d = 0; d < hd; ++d) qs[r * hd + d] = src[d] * scale;
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+  std::memset(o, 0, sizeof(float) * n_q * hd);
+  int max_pos = 0;
+  for (int t = task.q_begin; t < task.q_end; ++t) max_pos = std::max(max_pos, b.positions[t]);
+  const int kv_len = std::min(b.kv_len[task.seq], max_pos + 1);
+  const int n_blocks = (kv_len + bs - 1) / bs;
+  const int32_t* table = b.block_tables + static_cast<int64_t>(task.seq) * b.max_blocks;
+  for (int blk = 0; blk < n_blocks; ++blk) {
+    const int base = blk * bs;
+    const int nk = std::min(bs, kv_len - base);
+    const int64_t off = (static_cast<int64_t>(table[blk]) * kv.n_kv_heads + task.kv_head) * bs;
+    load_row_f32(kv.k, kv.dtype, off, nk * hd, kf);
+    load_row_f32(kv.v, kv.dtype, off, nk * hd, vf);
+    for (int r = 0; r < n_q; ++r) {
+      const int pos = b.positions[task.q_begin + r / group];
+      const int visible = std::min(nk, pos - base + 1);  // causal: keys at positions <= pos
+      if (visible <= 0) continue;
+      float* s = sc + r * bs;
+      const float* qr = qs + r * hd;
+      float mx = m[r];
+      for (int j = 0; j < visible; ++j) {
+        const float* kr = kf + j * hd;
+        float dot = 0.0f;
+        for (int d = 0; d < hd; ++d) dot += qr[d] * kr[d];
+        s[j] = dot;
+        mx = std::max(mx, dot);
+      }
+      const float alpha = fast_exp_nonpos(m[r] - mx);  // m = -inf on the first block: alpha = 0
+      float sum = 0.0f;
+      for (int j = 0; j < visible; ++j) {
+        s[j] = fast_exp_nonpos(s[j] - mx);
+        sum += s[j];
+      }
+      l[r] = l[r] * alpha + sum;
+      m[r] = mx;
+      float* orow = o + r * hd;
+      for (int d = 0; d < hd; ++d) orow[d] *= alpha;
+      for (int j = 0; j < visible; ++j) {
+        const float p = s[j];
+        const float* vr = vf + j * hd;
+        for (int d = 0; d < hd; ++d) orow[d] += p * vr[d];
+      }
+    }
+  }
+  for (int r = 0; r < n_q; ++r) {
+    const int t = task.q_begin + r / group, g = r % group;
+    float* dst = out + t * ldo + static_cast<int64_t>(task.kv_head * group + g) * hd;
+    const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    for (int d = 0; d < hd; ++d) dst[d] = o[r * hd + d] * inv;
+  }
+}
+
+static const tessera::cpu::OpsTable kOpsTable = {
+    TESSERA_OPS_ISA, rms_norm_rows_impl, add_rms_norm_rows_impl, swiglu_rows_impl, rope_rows_impl, attention_impl,
+};

@@ -1,0 +1,106 @@
+#include "engine/session.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+#include "model/dummy.h"
+#include "model/gguf.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera {
+
+namespace {
+struct Alias {
+  const char* name;
+  const char* file;
+};
+constexpr Alias kAliases[] = {
+    {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"},
+    {"gemma3-270m", "gemma-3-270m-it-Q4_K_M.gguf"},
+};
+
+std::string model_cache_dir() {
+  if (const char* c = std::getenv("TESSERA_CACHE"); c && *c) return c;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/tessera/models";
+}
+}  // namespace
+
+std::string resolve_model_path(const std::string& model) {
+  if (std::filesystem::exists(model)) return model;
+  for (const Alias& a : kAliases) {
+    if (model == a.name) {
+      const std::string path = model_cache_dir() + "/" + a.file;
+      if (!std::filesystem::exists(path))
+        fail("model '", model, "' is not in the cache (", path, "); run `make model` or scripts/fetch-model.sh ",
+             model);
+      return path;
+    }
+  }
+  fail("model '", model, "' is neither a file nor a known alias (smollm2-135m, gemma3-270m, dummy:<preset>)");
+}
+
+Session::Session(const SessionOptions& options) : options_(options) {
+  if (options.model.rfind("dummy:", 0) == 0) {
+    weights_ = make_dummy_weights(options.model.substr(6), options.dummy_seed);
+  } else {
+    gguf_ = GGUFFile::open(resolve_model_path(options.model));
+    weights_ = load_gguf_weights(gguf_);
+    tokenizer_ = Tokenizer::from_gguf(*gguf_);
+    TESSERA_CHECK(tokenizer_->vocab_size() == weights_->config.n_vocab, gguf_->name(), ": tokenizer has ",
+                  tokenizer_->vocab_size(), " tokens but the model's vocabulary is ", weights_->config.n_vocab);
+  }
+  const ModelConfig& c = weights_->config;
+  backend_ = make_backend(options.backend);
+  TESSERA_CHECK(options.max_batch_tokens >= 1 && options.max_batch_tokens <= 65536, "max batch tokens ",
+                options.max_batch_tokens, " is outside [1, 65536]");
+  const int max_logits = std::min(options.max_logits, options.max_batch_tokens);
+  model_ = create_model(weights_, *backend_, options.max_batch_tokens, max_logits);
+  ctx_ = options.ctx > 0 ? options.ctx : std::min(c.n_ctx_train, 4096);
+  TESSERA_CHECK(ctx_ >= 1 && ctx_ <= (1 << 22), "context ", ctx_, " is out of range");
+  KvCacheSpec spec;
+  spec.n_layers = c.n_layer;
+  spec.n_kv_heads = c.n_head_kv;
+  spec.head_dim = c.head_dim;
+  spec.block_size = options.block_size;
+  spec.n_blocks = (ctx_ + options.block_size - 1) / options.block_size;
+  spec.dtype = options.kv_dtype;
+  kv_ = std::make_unique<KvCache>(*backend_, spec);
+  pool_ = std::make_unique<BlockPool>(spec.n_blocks);
+}
+
+Session::~Session() = default;
+
+Tokenizer& Session::tokenizer() {
+  TESSERA_CHECK(tokenizer_ != nullptr, "model '", options_.model, "' has no tokenizer (dummy weights)");
+  return *tokenizer_;
+}
+
+void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, ForwardBatch::Logits mode,
+                   std::vector<float>& logits) {
+  const int n_vocab = config().n_vocab;
+  const int chunk_max = mode == ForwardBatch::Logits::All
+                            ? std::min(model_->max_batch_tokens(), std::max(1, options_.max_logits))
+                            : model_->max_batch_tokens();
+  size_t done = 0;
+  while (done < tokens.size()) {
+    const int n = static_cast<int>(std::min<size_t>(chunk_max, tokens.size() - done));
+    TESSERA_CHECK(seq.n_tokens + n <= ctx_, "context full: ", seq.n_tokens, " + ", n, " tokens exceed the context of ",
+                  ctx_);
+    TESSERA_CHECK(seq.reserve(*pool_, options_.block_size, n), "KV cache full: no free blocks for ", n, " tokens");
+    const bool last_chunk = done + n == tokens.size();
+    const auto chunk_mode = mode == ForwardBatch::Logits::All ? mode
+                            : (last_chunk ? mode : ForwardBatch::Logits::None);
+    batch_.clear();
+    batch_.add_sequence(seq, options_.block_size, tokens.data() + done, n, chunk_mode);
+    const size_t rows = batch_.logits_rows.size();
+    const size_t old = logits.size();
+    logits.resize(old + rows * n_vocab);
+    model_->forward(batch_, *kv_, logits.data() + old);
+    seq.n_tokens += n;
+    done += n;
+  }
+}
+
+}  // namespace tessera

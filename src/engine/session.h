@@ -1,0 +1,73 @@
+#pragma once
+// A model loaded and ready to run on one backend: weights, tokenizer, runner, paged KV.
+// Used by the command line (generate, eval, bench) for single-sequence work; the serving
+// engine builds on the same pieces.
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace tessera {
+
+class GGUFFile;
+class Tokenizer;
+
+struct SessionOptions {
+  std::string model;          // path to .gguf, a model alias (smollm2-135m), or dummy:<preset>[:dtype]
+  BackendOptions backend;
+  int ctx = 0;                // tokens of KV to provision; 0 = min(trained context, 4096)
+  int max_batch_tokens = 512; // tokens per forward (prefill chunk)
+  int max_logits = 1;         // logits rows per forward
+  int block_size = 16;        // tokens per KV block
+  DType kv_dtype = DType::F16;
+  uint64_t dummy_seed = 0;    // for dummy weights
+};
+
+// Resolves a model argument to a file path: an existing path is returned as is; an alias
+// maps to the model cache ($TESSERA_CACHE or ~/.cache/tessera/models). Throws naming the
+// alias and the expected file when it is missing.
+std::string resolve_model_path(const std::string& model);
+
+class Session {
+ public:
+  explicit Session(const SessionOptions& options);
+  ~Session();
+
+  const ModelConfig& config() const { return weights_->config; }
+  const ModelWeights& weights() const { return *weights_; }
+  const GGUFFile* gguf() const { return gguf_.get(); }  // nullptr for non-GGUF models
+  Tokenizer& tokenizer();                               // throws when the model has none
+  bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  Backend& backend() { return *backend_; }
+  Model& model() { return *model_; }
+  KvCache& kv() { return *kv_; }
+  BlockPool& pool() { return *pool_; }
+  int block_size() const { return options_.block_size; }
+  int ctx() const { return ctx_; }
+  const SessionOptions& options() const { return options_; }
+
+  // Feeds tokens to a sequence in chunks of max_batch_tokens, growing its KV. Logits of the
+  // last token (mode Last) or of every token (mode All, up to max_logits per chunk) are
+  // appended to `logits` ([rows, n_vocab]). Throws when the context or the KV pool is full.
+  void feed(SequenceBlocks& seq, std::span<const int32_t> tokens, ForwardBatch::Logits mode,
+            std::vector<float>& logits);
+
+ private:
+  SessionOptions options_;
+  std::shared_ptr<GGUFFile> gguf_;
+  std::shared_ptr<ModelWeights> weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<BlockPool> pool_;
+  ForwardBatch batch_;
+  int ctx_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,133 @@
+// Llama-family decoder (Llama 2/3, Mistral, SmolLM2, Qwen2 with QKV bias): pre-norm blocks of
+// RMSNorm → GQA attention with RoPE → residual → RMSNorm → SwiGLU FFN → residual.
+#include <cmath>
+#include <memory>
+
+#include "core/error.h"
+#include "model/model.h"
+
+namespace tessera {
+
+namespace {
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens, int max_logits)
+      : w_(std::move(weights)), be_(backend), c_(w_->config), max_tokens_(max_tokens), max_logits_(max_logits) {
+    TESSERA_CHECK(max_tokens >= 1 && max_logits >= 1 && max_logits <= max_tokens, "llama: bad batch limits ",
+                  max_tokens, "/", max_logits);
+    q_dim_ = static_cast<int64_t>(c_.n_head) * c_.head_dim;
+    kv_dim_ = static_cast<int64_t>(c_.n_head_kv) * c_.head_dim;
+    const int64_t t = max_tokens;
+    x_ = buf(t * c_.n_embd);
+    xn_ = buf(t * c_.n_embd);
+    tmp_ = buf(t * c_.n_embd);
+    q_ = buf(t * q_dim_);
+    k_ = buf(t * kv_dim_);
+    v_ = buf(t * kv_dim_);
+    att_ = buf(t * q_dim_);
+    gate_ = buf(t * c_.n_ff);
+    up_ = buf(t * c_.n_ff);
+    h_ = buf(t * c_.n_ff);
+    rows_ = buf(static_cast<int64_t>(max_logits) * c_.n_embd);
+    logits_ = buf(static_cast<int64_t>(max_logits) * c_.n_vocab);
+    rope_.head_dim = c_.head_dim;
+    rope_.rot_dim = c_.rope_dim;
+    rope_.freq_base = c_.rope_freq_base;
+    rope_.neox = c_.rope_neox;
+    rope_.freq_factors = w_->rope_freq_factors;
+    if (c_.rope_scaling == "linear") rope_.linear_factor = c_.rope_scaling_factor;
+    if (c_.rope_scaling == "llama3") {
+      rope_.llama3_factor = c_.rope_scaling_factor;
+      rope_.llama3_low_freq_factor = c_.rope_low_freq_factor;
+      rope_.llama3_high_freq_factor = c_.rope_high_freq_factor;
+      rope_.llama3_original_ctx = c_.rope_original_ctx;
+    }
+  }
+
+  ~LlamaModel() override {
+    for (void* p : owned_) be_.free(p);
+  }
+
+  const ModelConfig& config() const override { return c_; }
+  int max_batch_tokens() const override { return max_tokens_; }
+
+  void forward(const ForwardBatch& batch, KvCache& kv, float* logits) override {
+    const int n = batch.n_tokens();
+    const int n_out = static_cast<int>(batch.logits_rows.size());
+    TESSERA_CHECK(n >= 1 && n <= max_tokens_, "forward: batch of ", n, " tokens, limit ", max_tokens_);
+    TESSERA_CHECK(n_out <= max_logits_, "forward: ", n_out, " logits rows, limit ", max_logits_);
+    for (int32_t id : batch.tokens)
+      TESSERA_CHECK(id >= 0 && id < c_.n_vocab, "forward: token id ", id, " is outside the vocabulary [0, ",
+                    c_.n_vocab, ")");
+    const AttentionBatch ab = batch.attention_view();
+    const int e = c_.n_embd;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+
+    be_.embed(w_->tok_embd, batch.tokens.data(), n, x_);  // x: [n, e]
+    for (int il = 0; il < c_.n_layer; ++il) {
+      const LayerWeights& L = w_->layers[il];
+      const KvLayerView kvl = kv.layer(il);
+      // xn = norm(x), after folding the previous layer's FFN output into the residual stream
+      if (il == 0)
+        be_.rms_norm(x_, L.attn_norm, xn_, n, e, c_.rms_eps);
+      else
+        be_.add_rms_norm(x_, tmp_, L.attn_norm, xn_, n, e, c_.rms_eps);
+      const MatmulTarget qkv[] = {{L.wq, q_, q_dim_}, {L.wk, k_, kv_dim_}, {L.wv, v_, kv_dim_}};
+      be_.matmul(xn_, n, e, qkv);  // q: [n, q_dim], k, v: [n, kv_dim]
+      if (L.bq) {
+        be_.add_bias(q_, q_dim_, L.bq, n, static_cast<int>(q_dim_));
+        be_.add_bias(k_, kv_dim_, L.bk, n, static_cast<int>(kv_dim_));
+        be_.add_bias(v_, kv_dim_, L.bv, n, static_cast<int>(kv_dim_));
+      }
+      be_.rope(q_, n, q_dim_, c_.n_head, ab.positions, rope_);
+      be_.rope(k_, n, kv_dim_, c_.n_head_kv, ab.positions, rope_);
+      be_.kv_store(kvl, k_, kv_dim_, v_, kv_dim_, ab);
+      be_.attention(q_, q_dim_, kvl, ab, c_.n_head, scale, att_, q_dim_);  // att: [n, q_dim]
+      const MatmulTarget o[] = {{L.wo, tmp_, e}};
+      be_.matmul(att_, n, q_dim_, o);  // tmp: [n, e]
+      be_.add_rms_norm(x_, tmp_, L.ffn_norm, xn_, n, e, c_.rms_eps);
+      const MatmulTarget gate_up[] = {{L.w_gate, gate_, c_.n_ff}, {L.w_up, up_, c_.n_ff}};
+      be_.matmul(xn_, n, e, gate_up);  // gate, up: [n, n_ff]
+      be_.swiglu(gate_, up_, c_.n_ff, h_, n, c_.n_ff);
+      const MatmulTarget down[] = {{L.w_down, tmp_, e}};
+      be_.matmul(h_, n, c_.n_ff, down);  // tmp: [n, e]
+    }
+    if (n_out == 0) return;
+    be_.add(x_, tmp_, static_cast<int64_t>(n) * e);
+    // Only the wanted rows go through the final norm and the (large) output matrix.
+    be_.gather_rows(x_, e, batch.logits_rows.data(), n_out, e, rows_);
+    be_.rms_norm(rows_, w_->output_norm, rows_, n_out, e, c_.rms_eps);
+    const MatmulTarget out[] = {{w_->output, logits_, c_.n_vocab}};
+    be_.matmul(rows_, n_out, e, out);  // logits: [n_out, n_vocab]
+    be_.copy_to_host(logits, logits_, sizeof(float) * n_out * c_.n_vocab);
+  }
+
+ private:
+  float* buf(int64_t n) {
+    void* p = be_.alloc(sizeof(float) * static_cast<size_t>(n));
+    owned_.push_back(p);
+    return static_cast<float*>(p);
+  }
+
+  std::shared_ptr<const ModelWeights> w_;
+  Backend& be_;
+  const ModelConfig& c_;
+  int max_tokens_, max_logits_;
+  int64_t q_dim_ = 0, kv_dim_ = 0;
+  RopeConfig rope_;
+  std::vector<void*> owned_;
+  float *x_, *xn_, *tmp_, *q_, *k_, *v_, *att_, *gate_, *up_, *h_, *rows_, *logits_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend,
+                                    int max_batch_tokens, int max_logits) {
+  const std::string& arch = weights->config.arch;
+  if (arch == "llama" || arch == "mistral" || arch == "qwen2")
+    return std::make_unique<LlamaModel>(std::move(weights), backend, max_batch_tokens, max_logits);
+  fail("no model runner for architecture '", arch, "'");
+}
+
+}  // namespace tessera

@@ -1,0 +1,40 @@
+#include "model/config.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace tessera {
+
+void ModelConfig::validate() const {
+  auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+  TESSERA_CHECK(in(n_layer, 1, kMaxLayers), "model config: layer count ", n_layer, " is outside [1, ", kMaxLayers, "]");
+  TESSERA_CHECK(in(n_embd, 1, kMaxWidth), "model config: width ", n_embd, " is outside [1, ", kMaxWidth, "]");
+  TESSERA_CHECK(in(n_ff, 1, 8 * kMaxWidth), "model config: FFN width ", n_ff, " is out of range");
+  TESSERA_CHECK(in(n_vocab, 1, kMaxVocab), "model config: vocabulary size ", n_vocab, " is outside [1, ", kMaxVocab, "]");
+  TESSERA_CHECK(in(n_head, 1, kMaxHeads), "model config: head count ", n_head, " is out of range");
+  TESSERA_CHECK(in(n_head_kv, 1, n_head) && n_head % n_head_kv == 0, "model config: KV head count ", n_head_kv,
+                " must divide the head count ", n_head);
+  TESSERA_CHECK(in(head_dim, 2, 1024) && head_dim % 2 == 0, "model config: head dimension ", head_dim,
+                " must be even and at most 1024");
+  TESSERA_CHECK(in(rope_dim, 2, head_dim) && rope_dim % 2 == 0, "model config: RoPE dimension ", rope_dim,
+                " must be even and at most the head dimension ", head_dim);
+  TESSERA_CHECK(std::isfinite(rms_eps) && rms_eps > 0 && rms_eps < 1, "model config: RMS norm epsilon ", rms_eps,
+                " is out of range");
+  TESSERA_CHECK(std::isfinite(rope_freq_base) && rope_freq_base > 1, "model config: RoPE base ", rope_freq_base,
+                " is out of range");
+  TESSERA_CHECK(n_ctx_train >= 1, "model config: context length ", n_ctx_train, " must be positive");
+  TESSERA_CHECK(rope_scaling.empty() || rope_scaling == "linear" || rope_scaling == "llama3",
+                "model config: unsupported RoPE scaling '", rope_scaling, "'");
+  if (!rope_scaling.empty())
+    TESSERA_CHECK(std::isfinite(rope_scaling_factor) && rope_scaling_factor >= 1, "model config: RoPE scaling factor ",
+                  rope_scaling_factor, " must be >= 1");
+}
+
+int64_t ModelConfig::n_params() const {
+  const int64_t e = n_embd, q = static_cast<int64_t>(n_head) * head_dim, kv = static_cast<int64_t>(n_head_kv) * head_dim;
+  const int64_t per_layer = e * q + 2 * e * kv + q * e + 3 * e * n_ff + 2 * e;
+  return n_layer * per_layer + static_cast<int64_t>(n_vocab) * e * (tied_embeddings ? 1 : 2) + e;
+}
+
+}  // namespace tessera

@@ -1,0 +1,144 @@
+#include "model/dummy.h"
+
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "quant/quant.h"
+
+namespace tessera {
+
+const char* dummy_presets() { return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b"; }
+
+ModelConfig dummy_preset(const std::string& name) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.name = "dummy " + name;
+  if (name == "smollm2-135m") {
+    c.n_vocab = 49152; c.n_embd = 576; c.n_layer = 30; c.n_head = 9; c.n_head_kv = 3; c.head_dim = 64;
+    c.n_ff = 1536; c.n_ctx_train = 8192; c.rope_freq_base = 100000; c.tied_embeddings = true;
+  } else if (name == "llama-3.2-1b") {
+    c.n_vocab = 128256; c.n_embd = 2048; c.n_layer = 16; c.n_head = 32; c.n_head_kv = 8; c.head_dim = 64;
+    c.n_ff = 8192; c.n_ctx_train = 131072; c.rope_freq_base = 500000; c.tied_embeddings = true;
+    c.rope_scaling = "llama3"; c.rope_scaling_factor = 32; c.rope_original_ctx = 8192;
+  } else if (name == "llama-3.1-8b") {
+    c.n_vocab = 128256; c.n_embd = 4096; c.n_layer = 32; c.n_head = 32; c.n_head_kv = 8; c.head_dim = 128;
+    c.n_ff = 14336; c.n_ctx_train = 131072; c.rope_freq_base = 500000; c.rope_scaling = "llama3";
+    c.rope_scaling_factor = 8; c.rope_original_ctx = 8192;
+  } else if (name == "qwen2.5-0.5b") {
+    c.arch = "qwen2"; c.n_vocab = 151936; c.n_embd = 896; c.n_layer = 24; c.n_head = 14; c.n_head_kv = 2;
+    c.head_dim = 64; c.n_ff = 4864; c.n_ctx_train = 32768; c.rope_freq_base = 1000000; c.rms_eps = 1e-6f;
+    c.rope_neox = true; c.qkv_bias = true; c.tied_embeddings = true;
+  } else {
+    fail("unknown dummy preset '", name, "' (known: ", dummy_presets(), ")");
+  }
+  if (c.arch == "llama") c.rms_eps = 1e-5f;
+  c.rope_dim = c.head_dim;
+  return c;
+}
+
+namespace {
+
+DType parse_dtype(const std::string& s) {
+  static const std::pair<const char*, DType> kNames[] = {
+      {"f32", DType::F32}, {"f16", DType::F16}, {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
+      {"q4_0", DType::Q4_0}, {"q4_1", DType::Q4_1}, {"q5_0", DType::Q5_0}, {"q5_1", DType::Q5_1},
+      {"q4_k", DType::Q4_K}, {"q5_k", DType::Q5_K}, {"q6_k", DType::Q6_K}};
+  for (auto& [name, t] : kNames)
+    if (s == name) return t;
+  fail("unknown dummy weight type '", s, "' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)");
+}
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform values in [-amp, amp) from a per-(tensor, row) stream, so the result does not depend
+// on how rows are split over threads.
+void fill_row(float* row, int64_t n, uint64_t seed, uint64_t tensor, int64_t r, float amp) {
+  uint64_t state = seed ^ (tensor * 0x100000001b3ull) ^ (static_cast<uint64_t>(r) << 20);
+  for (int64_t i = 0; i < n; ++i) {
+    const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
+    row[i] = static_cast<float>((2 * u - 1) * amp);
+  }
+}
+
+struct DummyBuilder {
+  ModelWeights& w;
+  uint64_t seed;
+  DType dtype;
+  uint64_t next_tensor = 1;
+
+  WeightMatrix matrix(int64_t rows, int64_t cols) {
+    const DType t = cols % dtype_traits(dtype).block_elems == 0 ? dtype : DType::F16;
+    const int64_t row_bytes = dtype_row_bytes(t, cols);
+    auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(rows * row_bytes)]);
+    const uint64_t id = next_tensor++;
+    const float amp = 1.0f / std::sqrt(static_cast<float>(cols));  // keeps activations O(1)
+    const int n_threads = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> threads;
+    for (int th = 0; th < n_threads; ++th) {
+      threads.emplace_back([&, th] {
+        std::vector<float> row(cols);
+        for (int64_t r = th; r < rows; r += n_threads) {
+          fill_row(row.data(), cols, seed, id, r, amp);
+          quantize_row(t, row.data(), buf.get() + r * row_bytes, cols);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    w.owners.push_back(std::shared_ptr<const void>(buf, buf.get()));
+    w.weight_bytes += rows * row_bytes;
+    return WeightMatrix{buf.get(), t, rows, cols};
+  }
+
+  const float* vector(int64_t n, float base, float amp) {
+    float* v = w.make_f32(n);
+    fill_row(v, n, seed, next_tensor++, 0, amp);
+    for (int64_t i = 0; i < n; ++i) v[i] += base;
+    w.weight_bytes += n * 4;
+    return v;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64_t seed) {
+  const auto colon = spec.find(':');
+  const std::string preset = spec.substr(0, colon);
+  const DType dtype = colon == std::string::npos ? DType::F16 : parse_dtype(spec.substr(colon + 1));
+  auto w = std::make_shared<ModelWeights>();
+  w->config = dummy_preset(preset);
+  w->config.validate();
+  w->source = "dummy:" + spec;
+  const ModelConfig& c = w->config;
+  DummyBuilder b{*w, seed, dtype};
+  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim, kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  w->tok_embd = b.matrix(c.n_vocab, c.n_embd);
+  w->output = c.tied_embeddings ? w->tok_embd : b.matrix(c.n_vocab, c.n_embd);
+  w->output_norm = b.vector(c.n_embd, 1.0f, 0.1f);
+  w->layers.resize(c.n_layer);
+  for (auto& l : w->layers) {
+    l.attn_norm = b.vector(c.n_embd, 1.0f, 0.1f);
+    l.wq = b.matrix(q_dim, c.n_embd);
+    l.wk = b.matrix(kv_dim, c.n_embd);
+    l.wv = b.matrix(kv_dim, c.n_embd);
+    l.wo = b.matrix(c.n_embd, q_dim);
+    if (c.qkv_bias) {
+      l.bq = b.vector(q_dim, 0.0f, 0.1f);
+      l.bk = b.vector(kv_dim, 0.0f, 0.1f);
+      l.bv = b.vector(kv_dim, 0.0f, 0.1f);
+    }
+    l.ffn_norm = b.vector(c.n_embd, 1.0f, 0.1f);
+    l.w_gate = b.matrix(c.n_ff, c.n_embd);
+    l.w_up = b.matrix(c.n_ff, c.n_embd);
+    l.w_down = b.matrix(c.n_embd, c.n_ff);
+  }
+  return w;
+}
+
+}  // namespace tessera

@@ -1,0 +1,61 @@
+#include <algorithm>
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace tessera {
+
+void ForwardBatch::clear() {
+  tokens.clear();
+  positions.clear();
+  slot_mapping.clear();
+  q_start.clear();
+  kv_len.clear();
+  block_tables.clear();
+  logits_rows.clear();
+  max_blocks = 0;
+}
+
+void ForwardBatch::add_sequence(const SequenceBlocks& seq, int block_size, const int32_t* new_tokens, int n_new,
+                                Logits want_logits) {
+  if (q_start.empty()) q_start.push_back(0);
+  const int first_row = static_cast<int>(tokens.size());
+  for (int i = 0; i < n_new; ++i) {
+    tokens.push_back(new_tokens[i]);
+    positions.push_back(seq.n_tokens + i);
+    slot_mapping.push_back(seq.slot(seq.n_tokens + i, block_size));
+  }
+  q_start.push_back(static_cast<int32_t>(tokens.size()));
+  kv_len.push_back(seq.n_tokens + n_new);
+  // Widen the block table matrix if this sequence has more blocks than any before it.
+  const int blocks = static_cast<int>(seq.blocks.size());
+  const int n_prev = n_seqs() - 1;
+  if (blocks > max_blocks) {
+    std::vector<int32_t> wider(static_cast<size_t>(n_prev) * blocks, 0);
+    for (int s = 0; s < n_prev; ++s)
+      std::copy_n(block_tables.begin() + static_cast<size_t>(s) * max_blocks, max_blocks,
+                  wider.begin() + static_cast<size_t>(s) * blocks);
+    block_tables.swap(wider);
+    max_blocks = blocks;
+  }
+  block_tables.resize(static_cast<size_t>(n_prev + 1) * max_blocks, 0);
+  std::copy(seq.blocks.begin(), seq.blocks.end(), block_tables.begin() + static_cast<size_t>(n_prev) * max_blocks);
+  if (want_logits == Logits::Last && n_new > 0) logits_rows.push_back(first_row + n_new - 1);
+  if (want_logits == Logits::All)
+    for (int i = 0; i < n_new; ++i) logits_rows.push_back(first_row + i);
+}
+
+AttentionBatch ForwardBatch::attention_view() const {
+  AttentionBatch b;
+  b.n_tokens = n_tokens();
+  b.n_seqs = n_seqs();
+  b.positions = positions.data();
+  b.slot_mapping = slot_mapping.data();
+  b.q_start = q_start.data();
+  b.kv_len = kv_len.data();
+  b.block_tables = block_tables.data();
+  b.max_blocks = max_blocks;
+  return b;
+}
+
+}  // namespace tessera

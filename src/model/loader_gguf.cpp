@@ -1,0 +1,153 @@
+// Weights and config from a GGUF file, zero-copy for the matrices.
+#include <cstring>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "model/gguf.h"
+#include "model/weights.h"
+#include "quant/quant.h"
+
+namespace tessera {
+
+float* ModelWeights::make_f32(size_t n) {
+  auto buf = std::shared_ptr<float[]>(new float[n]);
+  float* p = buf.get();
+  owners.push_back(std::shared_ptr<const void>(buf, buf.get()));
+  return p;
+}
+
+namespace {
+
+int get_required_int(const GGUFFile& f, const std::string& key) {
+  auto v = f.get_int(key);
+  if (!v) fail(f.name(), ": missing metadata key '", key, "'");
+  if (*v < 0 || *v > (int64_t{1} << 31)) fail(f.name(), ": metadata '", key, "' = ", *v, " is out of range");
+  return static_cast<int>(*v);
+}
+
+}  // namespace
+
+ModelConfig config_from_gguf(const GGUFFile& f) {
+  ModelConfig c;
+  auto arch = f.get_string("general.architecture");
+  if (!arch) fail(f.name(), ": missing metadata key 'general.architecture'");
+  c.arch = std::string(*arch);
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral")
+    fail(f.name(), ": architecture '", c.arch, "' is not supported (supported: llama, mistral, qwen2)");
+  const std::string a = c.arch + ".";
+  if (auto name = f.get_string("general.name")) c.name = std::string(*name);
+  c.n_layer = get_required_int(f, a + "block_count");
+  c.n_embd = get_required_int(f, a + "embedding_length");
+  c.n_ff = get_required_int(f, a + "feed_forward_length");
+  c.n_head = get_required_int(f, a + "attention.head_count");
+  c.n_head_kv = f.has(a + "attention.head_count_kv") ? get_required_int(f, a + "attention.head_count_kv") : c.n_head;
+  c.n_ctx_train = get_required_int(f, a + "context_length");
+  c.head_dim = f.has(a + "attention.key_length") ? get_required_int(f, a + "attention.key_length")
+                                                  : (c.n_head > 0 ? c.n_embd / c.n_head : 0);
+  c.rope_dim = f.has(a + "rope.dimension_count") ? get_required_int(f, a + "rope.dimension_count") : c.head_dim;
+  if (auto eps = f.get_float(a + "attention.layer_norm_rms_epsilon")) c.rms_eps = static_cast<float>(*eps);
+  if (auto base = f.get_float(a + "rope.freq_base")) c.rope_freq_base = static_cast<float>(*base);
+  if (auto type = f.get_string(a + "rope.scaling.type"); type && *type != "none") {
+    c.rope_scaling = std::string(*type);
+    if (auto factor = f.get_float(a + "rope.scaling.factor")) c.rope_scaling_factor = static_cast<float>(*factor);
+  }
+  if (f.has(a + "vocab_size")) {
+    c.n_vocab = get_required_int(f, a + "vocab_size");
+  } else if (f.has("tokenizer.ggml.tokens")) {
+    c.n_vocab = static_cast<int>(f.get_string_array("tokenizer.ggml.tokens").size());
+  } else if (const auto* t = f.find_tensor("token_embd.weight"); t && t->shape.size() == 2) {
+    c.n_vocab = static_cast<int>(t->shape[1]);
+  }
+  // GGUF's converter permutes Llama's Q/K rows so RoPE rotates adjacent pairs; Qwen2 keeps halves.
+  c.rope_neox = c.arch == "qwen2";
+  c.qkv_bias = c.arch == "qwen2";
+  c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  c.validate();
+  return c;
+}
+
+namespace {
+
+struct TensorBinder {
+  const GGUFFile& f;
+  ModelWeights& w;
+
+  const GGUFTensorInfo& find(const std::string& name) {
+    const GGUFTensorInfo* t = f.find_tensor(name);
+    if (!t) fail(f.name(), ": missing tensor '", name, "'");
+    return *t;
+  }
+
+  // A [rows, cols] matrix (GGUF shape [cols, rows]) in any supported storage type.
+  WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols) {
+    const GGUFTensorInfo& t = find(name);
+    if (t.shape.size() != 2 || t.shape[0] != cols || t.shape[1] != rows)
+      fail(f.name(), ": tensor '", name, "' has shape ", shape_str(t), ", expected [", cols, ", ", rows, "]");
+    if (!dtype_traits(t.dtype).supported)
+      fail(f.name(), ": tensor '", name, "' has unsupported type ", dtype_name(t.dtype));
+    w.weight_bytes += static_cast<int64_t>(t.n_bytes);
+    return WeightMatrix{t.data, t.dtype, rows, cols};
+  }
+
+  // A vector of n elements, as f32 (converted once when stored as F16/BF16).
+  const float* vector(const std::string& name, int64_t n, bool optional = false) {
+    const GGUFTensorInfo* t = f.find_tensor(name);
+    if (!t) {
+      if (optional) return nullptr;
+      fail(f.name(), ": missing tensor '", name, "'");
+    }
+    if (t->shape.size() != 1 || t->shape[0] != n)
+      fail(f.name(), ": tensor '", name, "' has shape ", shape_str(*t), ", expected [", n, "]");
+    w.weight_bytes += static_cast<int64_t>(t->n_bytes);
+    if (t->dtype == DType::F32) return reinterpret_cast<const float*>(t->data);
+    if (t->dtype != DType::F16 && t->dtype != DType::BF16)
+      fail(f.name(), ": tensor '", name, "' has type ", dtype_name(t->dtype), ", expected F32, F16 or BF16");
+    float* out = w.make_f32(n);
+    dequantize_row(t->dtype, t->data, out, n);
+    return out;
+  }
+
+  static std::string shape_str(const GGUFTensorInfo& t) {
+    std::string s = "[";
+    for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+    return s + "]";
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<ModelWeights> load_gguf_weights(std::shared_ptr<const GGUFFile> file) {
+  const GGUFFile& f = *file;
+  auto w = std::make_shared<ModelWeights>();
+  w->config = config_from_gguf(f);
+  w->source = f.name();
+  w->owners.push_back(file);
+  const ModelConfig& c = w->config;
+  TensorBinder bind{f, *w};
+  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  w->tok_embd = bind.matrix("token_embd.weight", c.n_vocab, c.n_embd);
+  w->output = c.tied_embeddings ? w->tok_embd : bind.matrix("output.weight", c.n_vocab, c.n_embd);
+  w->output_norm = bind.vector("output_norm.weight", c.n_embd);
+  w->rope_freq_factors = bind.vector("rope_freqs.weight", c.rope_dim / 2, /*optional=*/true);
+  w->layers.resize(c.n_layer);
+  for (int i = 0; i < c.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    LayerWeights& l = w->layers[i];
+    l.attn_norm = bind.vector(p + "attn_norm.weight", c.n_embd);
+    l.wq = bind.matrix(p + "attn_q.weight", q_dim, c.n_embd);
+    l.wk = bind.matrix(p + "attn_k.weight", kv_dim, c.n_embd);
+    l.wv = bind.matrix(p + "attn_v.weight", kv_dim, c.n_embd);
+    l.wo = bind.matrix(p + "attn_output.weight", c.n_embd, q_dim);
+    l.bq = bind.vector(p + "attn_q.bias", q_dim, !c.qkv_bias);
+    l.bk = bind.vector(p + "attn_k.bias", kv_dim, !c.qkv_bias);
+    l.bv = bind.vector(p + "attn_v.bias", kv_dim, !c.qkv_bias);
+    l.ffn_norm = bind.vector(p + "ffn_norm.weight", c.n_embd);
+    l.w_gate = bind.matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd);
+    l.w_up = bind.matrix(p + "ffn_up.weight", c.n_ff, c.n_embd);
+    l.w_down = bind.matrix(p + "ffn_down.weight", c.n_embd, c.n_ff);
+  }
+  return w;
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+#pragma once
+// The model runner contract: one variable-length batch in, logits for chosen rows out.
+// The runner does not know phases: prefill chunks and decodes of many sequences run in the
+// same forward (vLLM V1).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
+#include "model/weights.h"
+
+namespace tessera {
+
+struct ForwardBatch {
+  std::vector<int32_t> tokens;        // [n_tokens]
+  std::vector<int32_t> positions;     // [n_tokens]
+  std::vector<int32_t> slot_mapping;  // [n_tokens] KV slot each token writes
+  std::vector<int32_t> q_start;       // [n_seqs + 1] rows of each sequence
+  std::vector<int32_t> kv_len;        // [n_seqs] tokens in KV after this step
+  std::vector<int32_t> block_tables;  // [n_seqs, max_blocks]
+  int max_blocks = 0;
+  std::vector<int32_t> logits_rows;   // rows whose logits are returned, in this order
+
+  int n_tokens() const { return static_cast<int>(tokens.size()); }
+  int n_seqs() const { return static_cast<int>(kv_len.size()); }
+  void clear();
+  // Appends a sequence whose KV holds seq.n_tokens tokens *before* these new ones; the new
+  // tokens take positions n_tokens.. and the slots after them. want_logits: which of the new
+  // tokens get logits (none, last, all).
+  enum class Logits { None, Last, All };
+  void add_sequence(const struct SequenceBlocks& seq, int block_size, const int32_t* new_tokens, int n_new,
+                    Logits want_logits);
+  AttentionBatch attention_view() const;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Runs the batch, writes this step's K/V into `kv`, and fills
+  // logits [batch.logits_rows.size(), n_vocab] (host memory).
+  virtual void forward(const ForwardBatch& batch, KvCache& kv, float* logits) = 0;
+  // The largest batch (in tokens) one forward takes.
+  virtual int max_batch_tokens() const = 0;
+};
+
+// Builds the runner for the weights' architecture on the backend; activations are sized for
+// max_batch_tokens tokens and max_logits logits rows per forward.
+std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend,
+                                    int max_batch_tokens, int max_logits);
+
+}  // namespace tessera

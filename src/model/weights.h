@@ -1,0 +1,47 @@
+#pragma once
+// Read-only model weights, shared by every run (llama2.c's TransformerWeights). Matrices stay
+// in their stored format (usually views into the memory-mapped file); small vectors (norms,
+// biases) are f32.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "model/config.h"
+
+namespace tessera {
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // [n_embd]
+  WeightMatrix wq, wk, wv, wo;       // [n_head*hd, n_embd], [n_kv*hd, n_embd] x2, [n_embd, n_head*hd]
+  const float* bq = nullptr;         // [n_head*hd] (Qwen2), else nullptr
+  const float* bk = nullptr;         // [n_kv*hd]
+  const float* bv = nullptr;         // [n_kv*hd]
+  const float* ffn_norm = nullptr;   // [n_embd]
+  WeightMatrix w_gate, w_up, w_down; // [n_ff, n_embd] x2, [n_embd, n_ff]
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  WeightMatrix tok_embd;             // [n_vocab, n_embd]
+  WeightMatrix output;               // [n_vocab, n_embd] (= tok_embd when tied)
+  const float* output_norm = nullptr;
+  const float* rope_freq_factors = nullptr;  // [rope_dim/2] or nullptr
+  std::vector<LayerWeights> layers;
+  std::string source;                // path, or "dummy:<preset>"
+  int64_t weight_bytes = 0;          // bytes of all matrices and vectors, as stored
+
+  // Whatever keeps the data alive: the mapped file, owned buffers.
+  std::vector<std::shared_ptr<const void>> owners;
+  // An owned f32 buffer that lives as long as the weights.
+  float* make_f32(size_t n);
+};
+
+class GGUFFile;
+// Builds weights over a GGUF file (zero-copy for matrices). Checks every tensor's presence,
+// type and shape against the config; throws tessera::Error naming the tensor otherwise.
+std::shared_ptr<ModelWeights> load_gguf_weights(std::shared_ptr<const GGUFFile> file);
+// Reads the model config from GGUF metadata (general.architecture and its keys).
+ModelConfig config_from_gguf(const GGUFFile& file);
+
+}  // namespace tessera
