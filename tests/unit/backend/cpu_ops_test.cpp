@@ -1,0 +1,266 @@
+// The CPU backend's row kernels and paged attention against float64 references, on every
+// ISA path this machine has, with awkward sizes and outputs poisoned before each run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "core/fp16.h"
+#include "model/model.h"
+
+using namespace tessera;
+
+namespace {
+
+std::vector<const cpu::OpsTable*> ops_paths() {
+  std::vector<const cpu::OpsTable*> v{&cpu::ops_table_scalar()};
+  if (auto* t = cpu::ops_table_avx2()) v.push_back(t);
+  return v;
+}
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace
+
+TEST(CpuOps, RmsNormMatchesFloat64) {
+  std::mt19937 rng(1);
+  for (auto* ops : ops_paths()) {
+    for (int dim : {1, 7, 64, 577}) {
+      const int rows = 5;
+      auto x = randn(rows * dim, rng), w = randn(dim, rng);
+      std::vector<float> out(rows * dim, NAN);
+      ops->rms_norm_rows(x.data(), w.data(), out.data(), rows, dim, 1e-5f);
+      std::vector<double> ref(rows * dim);
+      for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+        const double inv = 1 / std::sqrt(ss / dim + 1e-5);
+        for (int i = 0; i < dim; ++i) ref[r * dim + i] = x[r * dim + i] * inv * w[i];
+      }
+      EXPECT_LT(rel_err(out, ref), 1e-6) << ops->isa << " dim " << dim;
+      // fused residual variant: x + res, then norm
+      auto res = randn(rows * dim, rng);
+      auto x2 = x;
+      std::fill(out.begin(), out.end(), NAN);
+      ops->add_rms_norm_rows(x2.data(), res.data(), w.data(), out.data(), rows, dim, 1e-5f);
+      for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int i = 0; i < dim; ++i) {
+          const double v = double(x[r * dim + i]) + res[r * dim + i];
+          EXPECT_FLOAT_EQ(x2[r * dim + i], float(v));
+          ss += v * v;
+        }
+        const double inv = 1 / std::sqrt(ss / dim + 1e-5);
+        for (int i = 0; i < dim; ++i) ref[r * dim + i] = (double(x[r * dim + i]) + res[r * dim + i]) * inv * w[i];
+      }
+      EXPECT_LT(rel_err(out, ref), 1e-6) << ops->isa;
+    }
+  }
+}
+
+TEST(CpuOps, SwigluMatchesFloat64) {
+  std::mt19937 rng(2);
+  for (auto* ops : ops_paths()) {
+    const int rows = 3, dim = 101, ld = 110;
+    auto g = randn(rows * ld, rng, 4.0f), u = randn(rows * ld, rng);
+    g[5] = 90.0f;  // saturating inputs stay finite
+    g[6] = -90.0f;
+    std::vector<float> out(rows * dim, NAN);
+    ops->swiglu_rows(g.data(), u.data(), ld, out.data(), rows, dim);
+    std::vector<double> ref(rows * dim);
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < dim; ++i) {
+        const double gv = g[r * ld + i];
+        ref[r * dim + i] = gv / (1 + std::exp(-gv)) * u[r * ld + i];
+      }
+    EXPECT_LT(rel_err(out, ref), 1e-6) << ops->isa;
+  }
+}
+
+TEST(CpuOps, RopeMatchesFloat64BothLayouts) {
+  std::mt19937 rng(3);
+  for (auto* ops : ops_paths()) {
+    for (bool neox : {false, true}) {
+      const int rows = 4, heads = 3, hd = 10, rot = 8, ld = heads * hd + 3;
+      const double base = 10000;
+      auto x = randn(rows * ld, rng);
+      auto y = x;
+      std::vector<int> pos = {0, 1, 17, 4000};
+      std::vector<std::vector<float>> cs(rows, std::vector<float>(rot));
+      std::vector<const float*> rowp(rows);
+      for (int r = 0; r < rows; ++r) {
+        for (int i = 0; i < rot / 2; ++i) {
+          const double th = pos[r] * std::pow(base, -2.0 * i / rot);
+          cs[r][i] = float(std::cos(th));
+          cs[r][rot / 2 + i] = float(std::sin(th));
+        }
+        rowp[r] = cs[r].data();
+      }
+      ops->rope_rows(y.data(), rows, ld, heads, hd, rot, neox, rowp.data());
+      for (int r = 0; r < rows; ++r)
+        for (int h = 0; h < heads; ++h) {
+          const float* a = x.data() + r * ld + h * hd;
+          const float* b = y.data() + r * ld + h * hd;
+          for (int i = 0; i < rot / 2; ++i) {
+            const int i0 = neox ? i : 2 * i, i1 = neox ? i + rot / 2 : 2 * i + 1;
+            const double th = pos[r] * std::pow(base, -2.0 * i / rot);
+            EXPECT_NEAR(b[i0], a[i0] * std::cos(th) - a[i1] * std::sin(th), 1e-4);
+            EXPECT_NEAR(b[i1], a[i0] * std::sin(th) + a[i1] * std::cos(th), 1e-4);
+          }
+          for (int i = rot; i < hd; ++i) EXPECT_EQ(b[i], a[i]);  // the unrotated tail is untouched
+        }
+      EXPECT_EQ(y[heads * hd], x[heads * hd]);  // padding between rows untouched
+    }
+  }
+}
+
+namespace {
+
+struct AttnCase {
+  int block_size, n_heads, n_kv_heads, head_dim;
+  DType dtype;
+  // per sequence: tokens already in KV before this step, new tokens this step
+  std::vector<std::pair<int, int>> seqs;
+};
+
+// Runs kv_store + attention through the backend over shuffled block tables and compares every
+// output row against a float64 softmax over the dense keys (rounded to the KV dtype).
+void check_attention(const AttnCase& tc, uint32_t seed) {
+  std::mt19937 rng(seed);
+  CpuBackend be(2);
+  const int hd = tc.head_dim, kvd = tc.n_kv_heads * hd, qd = tc.n_heads * hd;
+  int total_blocks = 0;
+  for (auto [past, add] : tc.seqs) total_blocks += (past + add + tc.block_size - 1) / tc.block_size;
+  total_blocks += 3;  // spare blocks that nobody owns
+  std::vector<int32_t> ids(total_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  KvCacheSpec spec{1, tc.n_kv_heads, hd, tc.block_size, total_blocks, tc.dtype};
+  KvCache kv(be, spec);
+  const KvLayerView layer = kv.layer(0);
+
+  // Dense per-sequence keys/values for the reference; fill the cache with the "past" tokens
+  // through kv_store in a first batch, then run this step's batch.
+  std::vector<std::vector<float>> K(tc.seqs.size()), V(tc.seqs.size());
+  std::vector<SequenceBlocks> seqs(tc.seqs.size());
+  size_t next_id = 0;
+  auto round = [&](float v) { return tc.dtype == DType::F16 ? fp16_to_f32(f32_to_fp16(v)) : v; };
+  for (size_t s = 0; s < tc.seqs.size(); ++s) {
+    const int n = tc.seqs[s].first + tc.seqs[s].second;
+    K[s] = randn(size_t(n) * kvd, rng);
+    V[s] = randn(size_t(n) * kvd, rng);
+    const int nb = (n + tc.block_size - 1) / tc.block_size;
+    for (int b = 0; b < nb; ++b) seqs[s].blocks.push_back(ids[next_id++]);
+  }
+  auto store = [&](bool past) {
+    ForwardBatch fb;
+    std::vector<float> k, v;
+    for (size_t s = 0; s < tc.seqs.size(); ++s) {
+      const int b = past ? 0 : tc.seqs[s].first, e = past ? tc.seqs[s].first : tc.seqs[s].first + tc.seqs[s].second;
+      std::vector<int32_t> toks(e - b, 0);
+      SequenceBlocks view = seqs[s];
+      view.n_tokens = b;
+      fb.add_sequence(view, tc.block_size, toks.data(), e - b, ForwardBatch::Logits::None);
+      k.insert(k.end(), K[s].begin() + size_t(b) * kvd, K[s].begin() + size_t(e) * kvd);
+      v.insert(v.end(), V[s].begin() + size_t(b) * kvd, V[s].begin() + size_t(e) * kvd);
+    }
+    if (fb.n_tokens() > 0) be.kv_store(layer, k.data(), kvd, v.data(), kvd, fb.attention_view());
+    return fb;
+  };
+  store(true);
+  ForwardBatch fb = store(false);
+  const int n = fb.n_tokens();
+  const int ldq = qd + 5, ldo = qd + 7;
+  auto q = randn(size_t(n) * ldq, rng);
+  std::vector<float> out(size_t(n) * ldo, NAN);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  be.attention(q.data(), ldq, layer, fb.attention_view(), tc.n_heads, scale, out.data(), ldo);
+
+  const int group = tc.n_heads / tc.n_kv_heads;
+  std::vector<float> got;
+  std::vector<double> ref;
+  for (size_t s = 0; s < tc.seqs.size(); ++s) {
+    for (int t = fb.q_start[s]; t < fb.q_start[s + 1]; ++t) {
+      const int pos = fb.positions[t];
+      for (int h = 0; h < tc.n_heads; ++h) {
+        const int kh = h / group;
+        std::vector<double> sc(pos + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= pos; ++j) {
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += double(q[t * ldq + h * hd + i]) * round(K[s][size_t(j) * kvd + kh * hd + i]);
+          sc[j] = d * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (auto& v : sc) sum += (v = std::exp(v - mx));
+        for (int i = 0; i < hd; ++i) {
+          double o = 0;
+          for (int j = 0; j <= pos; ++j) o += sc[j] * round(V[s][size_t(j) * kvd + kh * hd + i]);
+          ref.push_back(o / sum);
+          got.push_back(out[t * ldo + h * hd + i]);
+        }
+      }
+    }
+  }
+  EXPECT_LT(rel_err(got, ref), 2e-6) << "block " << tc.block_size << " heads " << tc.n_heads << "/" << tc.n_kv_heads;
+}
+
+}  // namespace
+
+TEST(CpuAttention, PrefillOneSequenceGqa) {
+  check_attention({16, 9, 3, 64, DType::F16, {{0, 37}}}, 10);
+  check_attention({5, 4, 1, 12, DType::F32, {{0, 21}}}, 11);
+}
+
+TEST(CpuAttention, DecodeManySequences) {
+  check_attention({16, 6, 2, 32, DType::F16, {{0, 1}, {15, 1}, {16, 1}, {100, 1}, {7, 1}}}, 12);
+}
+
+TEST(CpuAttention, MixedChunkedPrefillAndDecode) {
+  // A chunk continuing a long prompt, a fresh prompt, and decodes, in one batch.
+  check_attention({8, 8, 8, 16, DType::F32, {{40, 19}, {0, 33}, {63, 1}, {64, 1}}}, 13);
+  check_attention({3, 2, 1, 8, DType::F16, {{10, 2}, {0, 1}}}, 14);
+}
+
+TEST(CpuAttention, AvxAndScalarAgree) {
+  if (!cpu::ops_table_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(5);
+  const int bs = 16, hd = 64, nkv = 2, nh = 4, n = 40;
+  std::vector<float> k = randn(size_t(3) * nkv * bs * hd, rng), v = randn(k.size(), rng);
+  KvLayerView kv{k.data(), v.data(), DType::F32, 3, bs, nkv, hd};
+  SequenceBlocks seq;
+  seq.blocks = {2, 0, 1};
+  std::vector<int32_t> toks(n, 0);
+  ForwardBatch fb;
+  fb.add_sequence(seq, bs, toks.data(), n, ForwardBatch::Logits::None);
+  auto q = randn(size_t(n) * nh * hd, rng);
+  const auto ab = fb.attention_view();
+  std::vector<float> a(size_t(n) * nh * hd, NAN), b(a.size(), NAN);
+  std::vector<float> scratch(cpu::attention_scratch_floats(n, nh / nkv, bs, hd));
+  for (int h = 0; h < nkv; ++h) {
+    cpu::AttentionTask task{0, h, 0, n};
+    cpu::ops_table_scalar().attention(q.data(), nh * hd, kv, ab, nh, 0.125f, a.data(), nh * hd, task, scratch.data());
+    cpu::ops_table_avx2()->attention(q.data(), nh * hd, kv, ab, nh, 0.125f, b.data(), nh * hd, task, scratch.data());
+  }
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(a[i])));
+}
