@@ -4,11 +4,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/fp16.h"
+#include "model/hf_config.h"
 #include "model/safetensors.h"
 
 using namespace tessera;
@@ -279,4 +281,133 @@ TEST(SafetensorsModel, RejectsInconsistentIndexes) {
   expect_msg(dir, R"({"weight_map":{"a":"s1.safetensors","a":"s1.safetensors"}})", "duplicate key 'a'");
   expect_msg(dir, R"({"metadata":{}})", "missing or non-object 'weight_map'");
   expect_msg(dir, R"({"weight_map":)", "invalid JSON");
+}
+
+// ---------------------------------------------------------------------------------------
+// config.json, the other half of a safetensors model directory (model/hf_config.h).
+
+namespace {
+std::string fixture(const std::string& name) { return std::string(TESSERA_FIXTURES_DIR) + "/model/" + name; }
+
+void expect_config_error(const std::string& text, std::string_view needle) {
+  try {
+    parse_hf_config(text, "cfg.json");
+    ADD_FAILURE() << "accepted; expected " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("cfg.json: ", 0), 0u) << e.what();
+  }
+}
+
+// The smallest config that parses, with `extra` fields added to it.
+std::string minimal_config(const std::string& extra = "") {
+  return R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,)"
+         R"("num_hidden_layers":2,"num_attention_heads":4,"vocab_size":100)" +
+         (extra.empty() ? "" : "," + extra) + "}";
+}
+}  // namespace
+
+TEST(HFConfig, ReadsSmolLM2) {
+  const HFConfig c = load_hf_config(fixture("config_smollm2_135m.json"));
+  EXPECT_EQ(c.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c.model_type, "llama");
+  EXPECT_EQ(c.hidden_size, 576);
+  EXPECT_EQ(c.intermediate_size, 1536);
+  EXPECT_EQ(c.num_hidden_layers, 30);
+  EXPECT_EQ(c.num_attention_heads, 9);
+  EXPECT_EQ(c.num_key_value_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.rope_theta, 100000.0);  // written as an integer
+  EXPECT_EQ(c.max_position_embeddings, 8192);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_ids, (std::vector<int64_t>{1}));
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{2}));
+  EXPECT_FALSE(c.rope_scaling.has_value());  // null
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+}
+
+TEST(HFConfig, ReadsLlama31RopeScalingAndEosList) {
+  const HFConfig c = load_hf_config(fixture("config_llama31_8b.json"));
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->type, "llama3");
+  EXPECT_EQ(c.rope_scaling->factor, 8.0);
+  EXPECT_EQ(c.rope_scaling->low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_scaling->high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_FALSE(c.tie_word_embeddings);
+}
+
+TEST(HFConfig, ReadsQwen2WithImplicitQkvBias) {
+  TempDir dir;  // load_hf_config also takes the model directory
+  std::ifstream in(fixture("config_qwen25_05b.json"));
+  dir.write("config.json", std::string(std::istreambuf_iterator<char>(in), {}));
+  const HFConfig c = load_hf_config(dir.path().string());
+  EXPECT_EQ(c.architecture, "Qwen2ForCausalLM");
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_EQ(c.rope_theta, 1e6);
+}
+
+TEST(HFConfig, DefaultsAndNewerLayouts) {
+  HFConfig c = parse_hf_config(minimal_config());
+  EXPECT_EQ(c.num_key_value_heads, 4);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_TRUE(c.bos_token_ids.empty());
+  EXPECT_TRUE(c.torch_dtype.empty());
+  c = parse_hf_config(minimal_config(R"("head_dim":32,"attention_bias":true,"dtype":"float16")"));
+  EXPECT_EQ(c.head_dim, 32);  // explicit head_dim need not be hidden/heads (Qwen3, Gemma)
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_EQ(c.torch_dtype, "float16");
+  c = parse_hf_config(minimal_config(R"("rope_parameters":{"rope_type":"linear","factor":2,"rope_theta":5e5})"));
+  EXPECT_EQ(c.rope_theta, 5e5);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->type, "linear");
+  EXPECT_EQ(c.rope_scaling->factor, 2.0);
+  c = parse_hf_config(minimal_config(R"("rope_parameters":{"rope_type":"default","rope_theta":1234})"));
+  EXPECT_EQ(c.rope_theta, 1234.0);
+  EXPECT_FALSE(c.rope_scaling.has_value());
+  c = parse_hf_config(minimal_config(R"("rope_scaling":{"type":"dynamic","factor":4.0})"));
+  EXPECT_EQ(c.rope_scaling->type, "dynamic");
+}
+
+TEST(HFConfig, RejectsWrongTypesAndMissingFields) {
+  expect_config_error(R"({"architectures":["X"]})", "missing required field 'hidden_size'");
+  expect_config_error(R"({"hidden_size":64})", "missing required field 'architectures'");
+  expect_config_error(minimal_config().replace(minimal_config().find("\"hidden_size\":64"), 16, "\"hidden_size\":\"64\""),
+                      "field 'hidden_size' is string");
+  expect_config_error(R"({"architectures":[],"hidden_size":64})", "field 'architectures' is array");
+  expect_config_error(minimal_config(R"("num_key_value_heads":3)"), "'num_key_value_heads' (3) does not divide");
+  expect_config_error(minimal_config(R"("num_key_value_heads":0)"), "field 'num_key_value_heads' is 0");
+  expect_config_error(minimal_config(R"("max_position_embeddings":8192.0)"), "field 'max_position_embeddings' is number");
+  expect_config_error(minimal_config(R"("rms_norm_eps":"1e-5")"), "field 'rms_norm_eps' is string");
+  expect_config_error(minimal_config(R"("rms_norm_eps":-1)"), "field 'rms_norm_eps' is -1");
+  expect_config_error(minimal_config(R"("tie_word_embeddings":1)"), "field 'tie_word_embeddings' is number");
+  expect_config_error(minimal_config(R"("eos_token_id":[1,"2"])"), "field 'eos_token_id' is array");
+  expect_config_error(minimal_config(R"("bos_token_id":-1)"), "field 'bos_token_id' is number");
+  expect_config_error(minimal_config(R"("rope_scaling":{"rope_type":"llama3","factor":8})"),
+                      "missing required field 'rope_scaling.low_freq_factor'");
+  expect_config_error(minimal_config(R"("rope_scaling":{"factor":8})"), "missing required field 'rope_scaling.rope_type'");
+  expect_config_error(minimal_config(R"("rope_scaling":{"rope_type":"linear","factor":0})"),
+                      "field 'rope_scaling.factor' is 0");
+  expect_config_error(minimal_config(R"("rope_scaling":"yes")"), "field 'rope_scaling' is string");
+  expect_config_error(R"({"architectures":["X"],"hidden_size":60,"intermediate_size":1,"num_hidden_layers":1,)"
+                      R"("num_attention_heads":7,"vocab_size":10})", "not a multiple of 'num_attention_heads'");
+  expect_config_error(minimal_config(R"("hidden_size":64)"), "duplicate key 'hidden_size'");
+  expect_config_error("[1]", "not a JSON object");
+  expect_config_error("{", "invalid JSON");
 }
