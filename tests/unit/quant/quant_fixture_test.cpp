@@ -59,7 +59,8 @@ TEST_F(QuantFixture, CoversEveryFormatOfTheContract) {
   }
 }
 
-// Our quantize_row must give GGML's bytes and our dequantize_row GGML's floats, row by row.
+// Our quantize_row must give GGML's bytes and our dequantize_row GGML's floats, row by row;
+// then random blocks must dequantize like GGML.
 TEST_F(QuantFixture, QuantizeAndDequantizeMatchReferenceBitForBit) {
   for (const auto& format : index_.at("formats")) {
     const std::string name = format.at("type").get<std::string>();
@@ -97,9 +98,19 @@ TEST_F(QuantFixture, QuantizeAndDequantizeMatchReferenceBitForBit) {
       float_pos += row.n;
       ++rows_checked;
     }
-    EXPECT_EQ(byte_pos, static_cast<int64_t>(want_bytes.size())) << "unread bytes in fixture";
-    EXPECT_EQ(float_pos, static_cast<int64_t>(want_floats.size())) << "unread floats in fixture";
     EXPECT_GE(rows_checked, 10) << "too few rows to mean anything";
+
+    // Random bit patterns (every field value, not only what a quantizer emits): dequantize only.
+    const auto n_random = format.at("random_elements").get<int64_t>();
+    ASSERT_GT(n_random, 0);
+    ASSERT_EQ(byte_pos + dtype_row_bytes(type, n_random), static_cast<int64_t>(want_bytes.size()));
+    ASSERT_EQ(float_pos + n_random, static_cast<int64_t>(want_floats.size()));
+    std::vector<float> y(static_cast<size_t>(n_random));
+    dequantize_row(type, want_bytes.data() + byte_pos, y.data(), n_random);
+    const int64_t bad = first_bit_mismatch(y.data(), want_floats.data() + float_pos, n_random);
+    EXPECT_EQ(bad, -1) << "dequantize_row of random blocks: element " << bad << " is "
+                       << y[bad < 0 ? 0 : bad] << ", want "
+                       << want_floats[float_pos + (bad < 0 ? 0 : bad)];
   }
 }
 
