@@ -114,6 +114,35 @@ TEST_F(QuantFixture, QuantizeAndDequantizeMatchReferenceBitForBit) {
   }
 }
 
+// 2048 generated super-blocks per format, compared through checksums: wide coverage of the
+// K-quant searches (a change that alters one block in a few hundred shows up here).
+TEST_F(QuantFixture, BulkRowsMatchReferenceChecksums) {
+  const json& bulk = index_.at("bulk");
+  const std::vector<float> x = bulk_inputs(bulk.at("n_blocks").get<int64_t>());
+  std::vector<uint32_t> bits(x.size());
+  std::memcpy(bits.data(), x.data(), x.size() * 4);
+  const auto n = static_cast<int64_t>(x.size());
+  ASSERT_EQ(hex64(checksum64<uint32_t>(0, bits.data(), n, 0)),
+            bulk.at("inputs_checksum").get<std::string>())
+      << "bulk_inputs() differs from the generator's";
+  std::vector<float> y(x.size());
+  for (const auto& [name, want] : bulk.at("formats").items()) {
+    const DType type = dtype_from_name(name);
+    ASSERT_NE(type, DType::Unknown) << name;
+    std::vector<uint8_t> q(static_cast<size_t>(dtype_row_bytes(type, n)));
+    quantize_row(type, x.data(), q.data(), n);
+    EXPECT_EQ(hex64(checksum64<uint8_t>(0, q.data(), static_cast<int64_t>(q.size()), 0)),
+              want.at("bytes_checksum").get<std::string>())
+        << name << ": quantized bytes differ from the reference";
+    dequantize_row(type, q.data(), y.data(), n);
+    std::memcpy(bits.data(), y.data(), y.size() * 4);
+    EXPECT_EQ(hex64(checksum64<uint32_t>(0, bits.data(), n, 0)),
+              want.at("floats_checksum").get<std::string>())
+        << name << ": dequantized floats differ from the reference";
+  }
+  EXPECT_EQ(bulk.at("formats").size(), block_and_plain_types().size() - 1);  // all but F32
+}
+
 TEST_F(QuantFixture, F32IsTheIdentity) {
   std::vector<float> q(inputs_.size()), y(inputs_.size());
   const auto n = static_cast<int64_t>(inputs_.size());
@@ -159,10 +188,9 @@ TEST(QuantModel, DequantizesFirstLayerOfDefaultModelLikeGguf) {
     ASSERT_LE(offset + n_bytes, file.size());
     const uint8_t* data = file.data() + offset;
 
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx",
-                  static_cast<unsigned long long>(checksum64<uint8_t>(0, data, n_bytes, 0)));
-    ASSERT_EQ(hex, t.at("raw_checksum").get<std::string>()) << "tensor bytes differ";
+    ASSERT_EQ(hex64(checksum64<uint8_t>(0, data, static_cast<int64_t>(n_bytes), 0)),
+              t.at("raw_checksum").get<std::string>())
+        << "tensor bytes differ";
 
     const auto sample_rows = t.at("sample_rows").get<int64_t>();
     const auto sample_offset = t.at("sample_offset").get<int64_t>();
@@ -181,8 +209,8 @@ TEST(QuantModel, DequantizesFirstLayerOfDefaultModelLikeGguf) {
       std::memcpy(bits.data(), row.data(), row.size() * 4);
       sum = checksum64<uint32_t>(sum, bits.data(), row_len, static_cast<uint64_t>(r * row_len));
     }
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(sum));
-    EXPECT_EQ(hex, t.at("dequant_checksum").get<std::string>()) << "some row past the samples differs";
+    EXPECT_EQ(hex64(sum), t.at("dequant_checksum").get<std::string>())
+        << "some row past the samples differs";
   }
   EXPECT_EQ(types_seen, (std::set<std::string>{"F32", "Q4_1", "Q8_0"}));
 }
