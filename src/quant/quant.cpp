@@ -4,9 +4,9 @@
 // bit-exact with GGML; docs/design/quant.md lists the formats. The K-quants are in
 // quant_k.cpp.
 //
-// Bit-exactness also needs the compiler not to fuse a*b+c into an FMA: GCC keeps products
-// and sums separate in ISO C++ mode (-std=c++20 implies -ffp-contract=off) and the library
-// is built for baseline x86-64; clang is told explicitly below.
+// Bit-exactness also needs every product and sum rounded on its own: the pragmas below
+// forbid fusing a*b+c into an FMA (g++ and clang both would once FMA is enabled, e.g. by
+// -march=native), and these files must never get -ffast-math.
 #include "quant/quant.h"
 
 #include <algorithm>
@@ -18,6 +18,8 @@
 
 #if defined(__clang__)
 #pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
 #endif
 
 namespace tessera {
