@@ -85,4 +85,13 @@ class GGUFFile {
   std::map<std::string, size_t, std::less<>> tensor_index_;
 };
 
+// "u32", "string", "array of f32", ... for messages.
+std::string gguf_type_name(GGUFType type, GGUFType elem_type = GGUFType::U8);
+
+// Checks the tokenizer arrays of a model file: `tokenizer.ggml.tokens` is a non-empty string
+// array; `scores` (floats) and `token_type` (integers), when present, have the same length;
+// `merges`, when present, is a string array; every `tokenizer.ggml.*_token_id` is an integer
+// inside the vocabulary. Throws tessera::Error naming the file and the key.
+void validate_tokenizer_metadata(const GGUFFile& file);
+
 }  // namespace tessera
