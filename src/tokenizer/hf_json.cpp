@@ -311,6 +311,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json(const std::string& tokenizer_
                     left + right, "', which is not in the vocabulary");
       v.merge_rank.emplace(Impl::merge_key(left, right), static_cast<int32_t>(i));
     }
+    v.index_merges_by_id();
     if (model.contains("unk_token") && model["unk_token"].is_string()) v.unk = v.find(model["unk_token"].get<std::string>());
 
     parse_pre_tokenizer(root.value("pre_tokenizer", json()), path, v.hf_steps);

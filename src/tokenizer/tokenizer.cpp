@@ -15,97 +15,6 @@
 namespace tessera {
 
 // ------------------------------------------------------------------------------------------
-// MultiStringFinder
-
-int32_t MultiStringFinder::child(int32_t node, uint8_t byte) const {
-  const auto& next = nodes_[node].next;
-  auto it = std::lower_bound(next.begin(), next.end(), byte,
-                             [](const std::pair<uint8_t, int32_t>& e, uint8_t b) { return e.first < b; });
-  return (it != next.end() && it->first == byte) ? it->second : -1;
-}
-
-void MultiStringFinder::build(const std::vector<std::string_view>& needles) {
-  nodes_.assign(1, Node{});
-  for (size_t i = 0; i < needles.size(); ++i) {
-    int32_t node = 0;
-    for (unsigned char b : needles[i]) {
-      int32_t c = child(node, b);
-      if (c < 0) {
-        c = static_cast<int32_t>(nodes_.size());
-        nodes_.push_back(Node{});
-        auto& next = nodes_[node].next;
-        next.insert(std::upper_bound(next.begin(), next.end(), std::make_pair(b, INT32_MIN)), {b, c});
-      }
-      node = c;
-    }
-    if (node != 0 && nodes_[node].needle < 0) nodes_[node].needle = static_cast<int32_t>(i);
-  }
-  // Breadth-first: fail links, and dictionary links to the nearest needle-ending suffix.
-  std::vector<int32_t> queue{0};
-  for (size_t qi = 0; qi < queue.size(); ++qi) {
-    const int32_t node = queue[qi];
-    for (const auto& [byte, c] : nodes_[node].next) {
-      int32_t f = nodes_[node].fail;
-      int32_t target = 0;
-      if (node != 0) {
-        while (true) {
-          const int32_t t = child(f, byte);
-          if (t >= 0) {
-            target = t;
-            break;
-          }
-          if (f == 0) break;
-          f = nodes_[f].fail;
-        }
-      }
-      nodes_[c].fail = target;
-      nodes_[c].dict = nodes_[target].needle >= 0 ? target : nodes_[target].dict;
-      queue.push_back(c);
-    }
-  }
-}
-
-std::vector<bool> MultiStringFinder::present(std::string_view text) const {
-  std::vector<bool> seen(nodes_.size() > 1 ? nodes_.size() : 1, false);  // per node, needle seen
-  std::vector<bool> out;
-  size_t n_needles = 0;
-  for (const auto& n : nodes_) n_needles = std::max<size_t>(n_needles, n.needle + 1);
-  out.assign(n_needles, false);
-  if (nodes_.size() <= 1) return out;
-  int32_t node = 0;
-  for (unsigned char b : text) {
-    while (true) {
-      const int32_t c = child(node, b);
-      if (c >= 0) {
-        node = c;
-        break;
-      }
-      if (node == 0) break;
-      node = nodes_[node].fail;
-    }
-    // Report this node's needle and its dictionary chain; a chain already reported stops the
-    // walk, which keeps the scan linear (each needle is reported once).
-    for (int32_t m = nodes_[node].needle >= 0 ? node : nodes_[node].dict; m >= 0; m = nodes_[m].dict) {
-      if (seen[m]) break;
-      seen[m] = true;
-      out[nodes_[m].needle] = true;
-    }
-  }
-  return out;
-}
-
-int MultiStringFinder::longest_at(std::string_view text, size_t pos) const {
-  int best = -1;
-  int32_t node = 0;
-  for (size_t i = pos; i < text.size() && !nodes_.empty(); ++i) {
-    node = child(node, static_cast<uint8_t>(text[i]));
-    if (node < 0) break;
-    if (nodes_[node].needle >= 0) best = nodes_[node].needle;
-  }
-  return best;
-}
-
-// ------------------------------------------------------------------------------------------
 // Loading (llama.cpp's llama_vocab::impl::load, for the "gpt2" and "llama" models)
 
 namespace {
@@ -158,6 +67,18 @@ std::string Tokenizer::Impl::merge_key(std::string_view left, std::string_view r
   return key;
 }
 
+void Tokenizer::Impl::index_merges_by_id() {
+  pair_merge.clear();
+  pair_merge.reserve(merge_rank.size());
+  for (const auto& [key, rank] : merge_rank) {
+    const size_t cut = key.find('\0');
+    const int32_t l = find(std::string_view(key).substr(0, cut)), r = find(std::string_view(key).substr(cut + 1));
+    if (l < 0 || r < 0) continue;
+    const int32_t merged = find(key.substr(0, cut) + key.substr(cut + 1));
+    pair_merge[(static_cast<uint64_t>(l) << 32) | static_cast<uint32_t>(r)] = {rank, merged};
+  }
+}
+
 std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
   auto impl = std::make_unique<Impl>();
   Impl& v = *impl;
@@ -198,6 +119,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
   v.text.resize(n);
   v.score.assign(n, 0.0f);
   v.attr.assign(n, kAttrNormal);
+  v.to_id.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     std::string word = spec.tokens[i];
     if (word.empty()) word = "[EMPTY_" + std::to_string(i) + "]";
@@ -207,6 +129,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
     if (!spec.scores.empty()) v.score[i] = spec.scores[i];
     if (!spec.token_types.empty()) v.attr[i] = attr_from_gguf_type(spec.token_types[i]);
   }
+  v.index_merges_by_id();
 
   // Special ids: a default outside the vocabulary is dropped; a file value outside it is
   // ignored (llama.cpp warns and keeps the default).
@@ -486,8 +409,11 @@ std::vector<Fragment> Tokenizer::Impl::partition_llama(std::string_view input, b
 namespace {
 struct Symbol {
   int32_t prev, next;
-  size_t start, n;  // bytes of the word
+  uint32_t start, n;  // bytes of the word
+  int32_t id;         // token whose text the symbol spells, or -1
 };
+
+uint64_t pair_key(int32_t l, int32_t r) { return (static_cast<uint64_t>(l) << 32) | static_cast<uint32_t>(r); }
 }  // namespace
 
 void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out) const {
@@ -500,15 +426,18 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     }
   }
   std::vector<Symbol> sym;
+  sym.reserve(word.size());
   for (size_t off = 0; off < word.size();) {
     const size_t len = std::min(word.size() - off, utf8_len_from_lead(static_cast<uint8_t>(word[off])));
     const int32_t idx = static_cast<int32_t>(sym.size());
-    sym.push_back({idx - 1, off + len == word.size() ? -1 : idx + 1, off, len});
+    sym.push_back({idx - 1, off + len == word.size() ? -1 : idx + 1, static_cast<uint32_t>(off),
+                   static_cast<uint32_t>(len), find(word.substr(off, len))});
     off += len;
   }
-  struct Bigram {
+  struct Bigram {  // 20 bytes: the queue of a megabyte word is memory-bound
     int32_t rank, left, right;
-    size_t size;
+    uint32_t size;
+    int32_t merged;  // id of the merged text, -1 if it is none
   };
   // Lowest rank first; among equal ranks the leftmost (llama.cpp's comparator).
   const auto later = [](const Bigram& l, const Bigram& r) { return l.rank > r.rank || (l.rank == r.rank && l.left > r.left); };
@@ -516,12 +445,19 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
   std::string key;
   const auto try_add = [&](int32_t l, int32_t r) {
     if (l < 0 || r < 0) return;
+    if (sym[l].id >= 0 && sym[r].id >= 0) {  // both sides are tokens: the id-keyed table decides
+      auto it = pair_merge.find(pair_key(sym[l].id, sym[r].id));
+      if (it != pair_merge.end())
+        queue.push({it->second.rank, l, r, static_cast<uint32_t>(sym[l].n + sym[r].n), it->second.merged});
+      return;
+    }
     key.assign(word.substr(sym[l].start, sym[l].n));
     key.push_back('\0');
     key.append(word.substr(sym[r].start, sym[r].n));
     auto it = merge_rank.find(key);
     if (it == merge_rank.end()) return;
-    queue.push({it->second, l, r, sym[l].n + sym[r].n});
+    queue.push({it->second, l, r, static_cast<uint32_t>(sym[l].n + sym[r].n),
+                find(word.substr(sym[l].start, sym[l].n + sym[r].n))});
   };
   for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) try_add(i - 1, i);
   while (!queue.empty()) {
@@ -532,6 +468,7 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     // Stale entry: one side was merged away or grew since it was queued.
     if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
     l.n += r.n;
+    l.id = b.merged;
     r.n = 0;
     l.next = r.next;
     if (r.next >= 0) sym[r.next].prev = b.left;
@@ -539,12 +476,11 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     try_add(b.left, l.next);
   }
   for (int32_t i = 0; i != -1; i = sym[i].next) {
-    const std::string_view s = word.substr(sym[i].start, sym[i].n);
-    const int32_t id = find(s);
-    if (id >= 0) {
-      out.push_back(id);
+    if (sym[i].id >= 0) {
+      out.push_back(sym[i].id);
       continue;
     }
+    const std::string_view s = word.substr(sym[i].start, sym[i].n);
     if (kind == Kind::HfBpe && hf_byte_fallback) {
       // Not reached for byte-level vocabularies, which hold every byte character.
       for (unsigned char c : s) {
@@ -572,13 +508,17 @@ void Tokenizer::Impl::spm_fragment(std::string_view text, std::vector<int32_t>& 
   for (size_t off = 0; off < text.size();) {
     const size_t len = std::min(text.size() - off, utf8_len_from_lead(static_cast<uint8_t>(text[off])));
     const int32_t idx = static_cast<int32_t>(sym.size());
-    sym.push_back({idx - 1, off + len == text.size() ? -1 : idx + 1, off, len});
+    sym.push_back({idx - 1, off + len == text.size() ? -1 : idx + 1, static_cast<uint32_t>(off),
+                   static_cast<uint32_t>(len), find(text.substr(off, len))});
     off += len;
   }
+  // Long texts repeat the same pairs: remember what each pair of tokens merges into.
+  std::unordered_map<uint64_t, int32_t> pair_memo;
   struct Bigram {
     float score;
     int32_t left, right;
-    size_t size;
+    uint32_t size;
+    int32_t merged;
   };
   // Highest score first; among equal scores the leftmost.
   const auto lower = [](const Bigram& l, const Bigram& r) { return l.score < r.score || (l.score == r.score && l.left > r.left); };
@@ -587,9 +527,16 @@ void Tokenizer::Impl::spm_fragment(std::string_view text, std::vector<int32_t>& 
     if (l < 0 || r < 0) return;
     const size_t size = sym[l].n + sym[r].n;
     if (size > max_token_len) return;  // no token is that long
-    const int32_t id = find(text.substr(sym[l].start, size));  // the pair is contiguous
+    int32_t id;
+    if (sym[l].id >= 0 && sym[r].id >= 0) {
+      auto [it, fresh] = pair_memo.try_emplace(pair_key(sym[l].id, sym[r].id), -1);
+      if (fresh) it->second = find(text.substr(sym[l].start, size));  // the pair is contiguous
+      id = it->second;
+    } else {
+      id = find(text.substr(sym[l].start, size));
+    }
     if (id < 0) return;
-    queue.push({score[id], l, r, size});
+    queue.push({score[id], l, r, static_cast<uint32_t>(size), id});
   };
   for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) try_add(i - 1, i);
   while (!queue.empty()) {
@@ -599,6 +546,7 @@ void Tokenizer::Impl::spm_fragment(std::string_view text, std::vector<int32_t>& 
     Symbol& r = sym[b.right];
     if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
     l.n += r.n;
+    l.id = b.merged;
     r.n = 0;
     l.next = r.next;
     if (r.next >= 0) sym[r.next].prev = b.left;
@@ -606,12 +554,11 @@ void Tokenizer::Impl::spm_fragment(std::string_view text, std::vector<int32_t>& 
     try_add(b.left, l.next);
   }
   for (int32_t i = 0; i != -1; i = sym[i].next) {
-    const std::string_view s = text.substr(sym[i].start, sym[i].n);
-    const int32_t id = find(s);
-    if (id >= 0) {
-      out.push_back(id);
+    if (sym[i].id >= 0) {
+      out.push_back(sym[i].id);
       continue;
     }
+    const std::string_view s = text.substr(sym[i].start, sym[i].n);
     // Every merged symbol is a token, so only single characters get here: byte fallback.
     for (unsigned char c : s) {
       static const char* hex = "0123456789ABCDEF";
@@ -629,6 +576,8 @@ void Tokenizer::Impl::spm_fragment(std::string_view text, std::vector<int32_t>& 
 
 std::vector<int32_t> Tokenizer::encode(std::string_view input, bool add_special, bool parse_special) const {
   const Impl& v = *impl_;
+  // Symbol offsets are 32-bit; a prompt of 4 GiB is a caller bug, not a tokenizer input.
+  TESSERA_CHECK(input.size() < (size_t{1} << 32) - 8, "tokenizer: input of ", input.size(), " bytes is too long");
   if (v.kind == Impl::Kind::HfBpe) return v.encode_hf(input, add_special, parse_special);
   std::vector<int32_t> out;
   const std::vector<Fragment> frags = v.partition_llama(input, parse_special);

@@ -62,6 +62,12 @@ struct Tokenizer::Impl {
   std::vector<uint32_t> attr;
   std::unordered_map<std::string, int32_t> to_id;
   std::unordered_map<std::string, int32_t> merge_rank;  // merge_key(left, right) -> rank
+  // The same merges keyed by token ids, for the (usual) case where both sides are tokens:
+  // (left_id << 32 | right_id) -> {rank, id of the merged text or -1}.
+  struct PairMerge {
+    int32_t rank, merged;
+  };
+  std::unordered_map<uint64_t, PairMerge> pair_merge;
   size_t max_token_len = 0;
 
   int32_t bos = -1, eos = -1, eot = -1, eom = -1, unk = -1, sep = -1, pad = -1, mask = -1;
@@ -87,6 +93,7 @@ struct Tokenizer::Impl {
   MultiStringFinder hf_plain_finder, hf_normalized_finder;
 
   static std::string merge_key(std::string_view left, std::string_view right);
+  void index_merges_by_id();  // fills pair_merge from merge_rank
   int32_t find(std::string_view s) const {
     auto it = to_id.find(std::string(s));
     return it == to_id.end() ? -1 : it->second;

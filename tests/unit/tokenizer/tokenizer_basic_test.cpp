@@ -1,7 +1,0 @@
-#include <gtest/gtest.h>
-
-#include "tokenizer/tokenizer.h"
-
-using namespace tessera;
-
-TEST(TokenizerBasic, Builds) { SUCCEED(); }
