@@ -5,7 +5,7 @@ MODEL_DIR ?= $(HOME)/.cache/tessera/models
 DEFAULT_MODEL := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT ?= The three primary colors are
 
-.PHONY: all bootstrap build model run test bench clean
+.PHONY: all bootstrap build model test-models run test bench clean
 
 all: build
 
@@ -22,10 +22,14 @@ build: bootstrap
 model:
 	@bash scripts/fetch-model.sh smollm2-135m
 
+# Tests also read a second architecture's tokenizer (Gemma 3, SentencePiece).
+test-models: model
+	@bash scripts/fetch-model.sh gemma3-270m
+
 run: build model
 	$(BUILD_DIR)/bin/tessera generate --model smollm2-135m --chat --prompt "$(PROMPT)" --max-tokens 64
 
-test: build model
+test: build test-models
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 bench: build model
