@@ -7,6 +7,7 @@
 // (|w| times x carrying w's sign).
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "backend/cpu/matmul_kernels.h"
@@ -249,32 +250,48 @@ struct PQ8_0 {
   static __m256i quants(const Block& b) { return load256(b.qs); }
 };
 
+inline uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Four rows at a time (shorter groups repeat their first row and drop the extra results):
+// the fp16 scales (and mins) of the 4 rows' blocks are converted together, [d0 m0 .. d3 m3]
+// times [dx s .. dx s] in one multiply; lane 2i is row i's block scale, the odd lanes
+// accumulate the m * s terms.
 template <typename P>
 struct Q32Rows {
   template <int NR>
   struct R {
     static void run(const MatmulTask& t, int64_t r0) {
       using Block = typename P::Block;
+      static_assert(offsetof(Block, d) == 0);
       const int64_t nb = t.cols / 32;
-      const Block* w[NR];
-      for (int i = 0; i < NR; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + i) * t.w_stride);
+      const Block* w[4];
+      for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + (i < NR ? i : 0)) * t.w_stride);
       for (int64_t j = 0; j < t.n_x; ++j) {
         const ActRow a = act_row(t.act, *t.act_layout, j);
         __m256 acc[NR];
-        float accm[NR];
-        for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps(), accm[i] = 0.0f;
+        __m256 accm = _mm256_setzero_ps();
+        for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
           const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qs + b * 32));
-          const float dx = a.d32[b];
+          const __m128i dm16 = _mm_setr_epi32(static_cast<int>(load_u32(&w[0][b])), static_cast<int>(load_u32(&w[1][b])),
+                                              static_cast<int>(load_u32(&w[2][b])), static_cast<int>(load_u32(&w[3][b])));
+          const __m256 xs = _mm256_unpacklo_ps(_mm256_set1_ps(a.d32[b]), _mm256_set1_ps(a.s32[b]));
+          const __m256 scales = _mm256_mul_ps(_mm256_cvtph_ps(dm16), xs);
+          if constexpr (P::kHasMin) accm = _mm256_add_ps(accm, scales);
           for (int i = 0; i < NR; ++i) {
-            const Block& blk = w[i][b];
-            const __m256i q = P::quants(blk);
+            const __m256i q = P::quants(w[i][b]);
             const __m256 p = P::kSigned ? dot_s8s8_f32(q, xq) : dot_u8s8_f32(q, xq);
-            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(blk.d) * dx), p, acc[i]);
-            if constexpr (P::kHasMin) accm[i] += h2f(blk.m) * a.s32[b];
+            const __m256 sc = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(2 * i));
+            acc[i] = _mm256_fmadd_ps(sc, p, acc[i]);
           }
         }
-        for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8(acc[i]) + accm[i];
+        alignas(32) float mins[8];
+        _mm256_store_ps(mins, accm);
+        for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8(acc[i]) + (P::kHasMin ? mins[2 * i + 1] : 0.0f);
       }
     }
   };
@@ -403,7 +420,7 @@ const KernelSet& avx2_kernel_set() {
     s.quantize_q8 = avx2_quantize_q8;
     s.quantize_q8k = avx2_quantize_q8k;
     for (int k = 0; k < kNumWKinds; ++k) s.direct[k] = avx2_direct_kernels[k], s.panel[k] = avx2_panel_kernels[k];
-    s.panel_rows = kAvx2PanelRows;
+    s.panel_rows = 2 * kAvx2PanelRows;
     return s;
   }();
   return set;
