@@ -61,10 +61,9 @@ void repack(const MatmulTask& t, int64_t r0, int nrows, const Panel& p) {
 inline void store_rows(float* y, __m256 v, int nrows) {
   if (nrows >= P) {
     _mm256_storeu_ps(y, v);
-  } else {
-    alignas(32) float tmp[P];
-    _mm256_store_ps(tmp, v);
-    for (int i = 0; i < nrows; ++i) y[i] = tmp[i];
+  } else {  // lanes past the weight's last row are not written
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(y, _mm256_cmpgt_epi32(_mm256_set1_epi32(nrows), lanes), v);
   }
 }
 
