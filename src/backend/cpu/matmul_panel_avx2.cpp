@@ -143,8 +143,10 @@ void micro_q(const Panel* panels, const MatmulTask& t, int64_t j0, float* y, int
 
 template <typename D, int NP>
 void micro_rows(const Panel* panels, const MatmulTask& t, int64_t r0, int nrows) {
-  // Three input rows per pass with two panels (16 accumulators, no spills), four with one.
-  constexpr int RN = NP == 2 ? 4 : 4;
+  // Input rows per pass: with two panels, 3 (12 registers of partial sums), or 2 where both
+  // i16 and i32 partial sums are live (formats with fewer than 8 i16 steps); 4 with one.
+  constexpr bool kOneStage = D::kSteps == 1 || D::kSteps == D::kSub / 4;
+  constexpr int RN = NP == 2 ? (kOneStage ? 3 : 2) : 4;
   int64_t j = 0;
   for (; j + RN <= t.n_x; j += RN) micro_q<D, NP, RN>(panels, t, j, t.y + j * t.ldy + r0, nrows);
   for (; j < t.n_x; ++j) micro_q<D, NP, 1>(panels, t, j, t.y + j * t.ldy + r0, nrows);
