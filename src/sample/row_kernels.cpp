@@ -11,6 +11,7 @@
 
 #include "sample/row_kernels.h"
 
+#include <atomic>
 #include <bit>
 #include <limits>
 
@@ -144,9 +145,18 @@ bool cpu_has_avx2() {
   return has;
 }
 
+namespace {
+std::atomic<const RowKernels*> g_forced_kernels{nullptr};
+}  // namespace
+
 const RowKernels& row_kernels() {
   static const RowKernels& best = cpu_has_avx2() ? avx2_row_kernels() : scalar_row_kernels();
-  return best;
+  const RowKernels* forced = g_forced_kernels.load(std::memory_order_relaxed);
+  return forced != nullptr ? *forced : best;
+}
+
+void force_row_kernels(const RowKernels* kernels) {
+  g_forced_kernels.store(kernels, std::memory_order_relaxed);
 }
 
 }  // namespace tessera

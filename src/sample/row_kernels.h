@@ -53,7 +53,10 @@ const RowKernels& scalar_row_kernels();
 // The AVX2 table; call only when the CPU supports AVX2 (cpu_has_avx2()).
 const RowKernels& avx2_row_kernels();
 bool cpu_has_avx2();
-// The fastest table for this CPU, chosen once.
+// The table the sampler uses: the fastest for this CPU, unless forced.
 const RowKernels& row_kernels();
+// Makes row_kernels() return `kernels` (nullptr: back to the automatic choice). For tests
+// and benchmarks that compare implementations; not to be called while sampling runs.
+void force_row_kernels(const RowKernels* kernels);
 
 }  // namespace tessera

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "sample/row_kernels.h"
 #include "sample/sampler.h"
 #include "unit/sample/reference.h"
 
@@ -95,27 +96,89 @@ TEST(Sampler, UnsetSeedIsDrawnOnceAndReportedSoARunCanBeReplayed) {
   EXPECT_EQ(draw_sequence(a, rows, 200), draw_sequence(a2, rows, 200));
 }
 
-TEST(Sampler, SeededSequenceIsPinnedAcrossPlatforms) {
+// Seeded runs through every selection path, with penalties and accepted tokens.
+struct PinnedRun {
+  const char* name;
+  int64_t vocab;
+  SamplingParams params;
+};
+
+std::vector<PinnedRun> pinned_runs() {
+  std::vector<PinnedRun> runs;
+  SamplingParams dense = seeded(1234, 0.8f);
+  runs.push_back({"dense", 1000, dense});
+  SamplingParams top_k = seeded(99, 1.3f);
+  top_k.top_k = 40;
+  top_k.top_p = 0.9f;
+  top_k.repetition_penalty = 1.3f;
+  runs.push_back({"top_k+top_p+penalty", 3000, top_k});
+  SamplingParams top_p = seeded(7, 1.0f);
+  top_p.top_p = 0.9f;
+  top_p.frequency_penalty = 0.5f;
+  top_p.logit_bias = {{5, 3.0f}, {17, -100.0f}};
+  runs.push_back({"top_p", 50000, top_p});
+  SamplingParams flat = seeded(8, 6.0f);
+  flat.top_p = 0.95f;
+  runs.push_back({"top_p_flat", 50000, flat});
+  SamplingParams min_p = seeded(11, 0.7f);
+  min_p.min_p = 0.05f;
+  min_p.presence_penalty = 1.0f;
+  runs.push_back({"min_p", 20000, min_p});
+  return runs;
+}
+
+std::vector<int32_t> run_pinned(const PinnedRun& run, int n) {
+  const auto rows = random_rows(2024 + static_cast<uint64_t>(run.vocab), 3, run.vocab);
+  Sampler s(run.params, static_cast<int32_t>(run.vocab), std::vector<int32_t>{1, 2, 3});
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> row = rows[i % rows.size()];
+    out.push_back(s.sample(row));
+    s.accept(out.back());
+  }
+  return out;
+}
+
+TEST(Sampler, SeededSequencesArePinnedAcrossPlatforms) {
   // The standard fixes mt19937_64: its 10000th output from the default seed is this value.
   std::mt19937_64 standard;
   standard.discard(9999);
   EXPECT_EQ(standard(), 9981545732273789042ull);
-  // Tokens for a fixed seed and fixed rows. Everything between generator and token is
-  // IEEE-754 arithmetic in a fixed order, so this list must not change between platforms,
-  // compilers or releases; a change here breaks users' seeded reproducibility.
-  const auto rows = random_rows(2024, 4, 1000);
-  SamplingParams p = seeded(1234, 0.8f);
-  Sampler s(p, 1000);
-  const std::vector<int32_t> want = {942, 102, 989, 907, 209, 950, 960, 907, 70, 836, 989, 81,
-                                     292, 975, 104, 751, 32, 111, 246, 572, 209, 987, 398, 856};
-  EXPECT_EQ(draw_sequence(s, rows, 24), want);
+  // Tokens for fixed seeds and rows. Everything between generator and token is IEEE-754
+  // arithmetic in a fixed order, so these lists must not change between platforms,
+  // compilers, kernel implementations or releases: a change here breaks users' seeded
+  // reproducibility and must be deliberate.
+  const std::map<std::string, std::vector<int32_t>> want = {
+      {"dense", {885, 68, 933, 885, 431, 914, 885, 755, 9, 712, 755, 9,
+                 429, 882, 9, 712, 52, 9, 245, 452, 32, 959, 431, 822}},
+      {"top_k+top_p+penalty", {1169, 2543, 2175, 1409, 701, 2247, 2857, 2141, 393, 1240, 2507, 575,
+                               284, 2625, 881, 435, 494, 1072, 1165, 1996, 317, 316, 254, 2562}},
+      {"top_p", {37896, 47536, 5440, 45488, 6882, 2615, 42286, 45518, 12326, 36481, 38356, 30474,
+                 19888, 15948, 42445, 15860, 13695, 49858, 44378, 13596, 31603, 15173, 2234, 1618}},
+      {"top_p_flat", {24287, 45893, 43696, 43165, 10019, 32466, 15480, 23098,
+                      41787, 28957, 28535, 47811, 44814, 21382, 21717, 2122,
+                      16123, 23949, 24252, 46197, 15730, 16203, 43199, 26038}},
+      {"min_p", {5145, 13795, 6633, 12047, 2987, 4517, 17807, 12086, 6633, 16999, 5160, 2530,
+                 14991, 6343, 5138, 8871, 6006, 475, 16703, 17604, 6401, 18449, 13489, 13801}},
+  };
+  const RowKernels* tables[] = {&scalar_row_kernels(),
+                                cpu_has_avx2() ? &avx2_row_kernels() : nullptr};
+  for (const PinnedRun& run : pinned_runs()) {
+    for (const RowKernels* kernels : tables) {
+      if (kernels == nullptr) continue;
+      force_row_kernels(kernels);
+      const std::vector<int32_t> got = run_pinned(run, 24);
+      force_row_kernels(nullptr);
+      EXPECT_EQ(got, want.at(run.name)) << run.name << " with the " << kernels->name << " kernels";
+    }
+  }
 }
 
 TEST(Sampler, CandidateSetsMatchFloat64BruteForce) {
   TestRng rng(99);
   int checked = 0, skipped = 0;
   const float temperatures[] = {0.25f, 0.7f, 1.0f, 1.5f, 5.0f};
-  const float top_ps[] = {1.0f, 0.05f, 0.5f, 0.9f, 0.99f};
+  const float top_ps[] = {1.0f, 0.05f, 0.5f, 0.9f, 0.99f, 0.999f};
   const float min_ps[] = {0.0f, 0.01f, 0.1f, 0.5f, 1.0f};
   for (int trial = 0; trial < 400; ++trial) {
     // Mostly small rows; some large ones exercise the bucketed top-p and its refinement.
@@ -133,7 +196,7 @@ TEST(Sampler, CandidateSetsMatchFloat64BruteForce) {
                                    : k_choice == 3 ? std::min<int64_t>(40, n)
                                    : k_choice == 4 ? n
                                                    : std::max<int64_t>(1, n - 1));
-    p.top_p = top_ps[rng.below(5)];
+    p.top_p = top_ps[rng.below(6)];
     p.min_p = min_ps[rng.below(5)];
     const test::RefDistribution ref = test::reference_distribution(logits, p);
     if (ref.ambiguous) {
