@@ -3,17 +3,18 @@
 // No floating-point contraction: a*b+c fused into one rounding would change the bits on
 // targets with FMA (GCC contracts by default even in ISO C++ mode; clang contracts within an
 // expression).
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-
 #include "sample/row_kernels.h"
 
 #include <atomic>
 #include <bit>
 #include <limits>
+
+// After the includes, so that only this file's functions are affected.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 namespace tessera {
 

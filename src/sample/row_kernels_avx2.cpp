@@ -4,15 +4,16 @@
 //
 // Only intrinsics and plain loops here, no inline functions from shared headers: an inline
 // function compiled in this file with AVX2 could be the copy the linker keeps for everyone.
+#include <immintrin.h>
+
+#include "sample/row_kernels.h"
+
+// After the includes, so that only this file's functions are affected.
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=off")
 #endif
-
-#include <immintrin.h>
-
-#include "sample/row_kernels.h"
 
 namespace tessera {
 

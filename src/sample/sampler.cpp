@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -431,10 +430,13 @@ int32_t Sampler::draw(std::span<const float> logits, const Candidates& c) {
   // The token whose cumulative weight interval [cum - w, cum) holds the target; weight-0
   // tokens have empty intervals and are never chosen.
   if (c.dense) {
+    // The walk stops at the last block with mass at the latest (the max's block has mass),
+    // so the chosen block always holds a token of positive weight.
+    size_t last = block_mass_.size() - 1;
+    while (block_mass_[last] == 0) --last;
     size_t block = 0;
     double cum = 0;
-    while (block + 1 < block_mass_.size() && cum + block_mass_[block] <= target)
-      cum += block_mass_[block++];
+    while (block < last && cum + block_mass_[block] <= target) cum += block_mass_[block++];
     const int64_t b0 = static_cast<int64_t>(block) * kDrawBlock;
     const int64_t len = std::min(kDrawBlock, static_cast<int64_t>(logits.size()) - b0);
     weights_.resize(static_cast<size_t>(len));

@@ -14,10 +14,13 @@
 // softmax → draw. Candidate order, used for top-k and top-p and all ties: higher logit
 // first, then lower token id.
 //
-// Reproducibility: with a seed, the tokens depend only on the seed and the sequence of
-// logit rows (and accepted tokens), on every platform: the generator is std::mt19937_64
-// (fully specified by the C++ standard), each non-greedy step consumes exactly one 64-bit
-// output, and all arithmetic on the way is IEEE-754 in a fixed order.
+// Reproducibility: with a seed, the tokens depend only on the seed, the parameters, the
+// prompt, the sequence of logit rows (bit for bit) and the accepted tokens, on every
+// platform: the generator is std::mt19937_64 (fully specified by the C++ standard), each
+// non-greedy step consumes exactly one 64-bit output, and all arithmetic on the way is
+// IEEE-754 in a fixed order (the scalar and AVX2 row kernels give the same bits).
+//
+// Not thread-safe: one Sampler per sequence.
 #include <cstdint>
 #include <random>
 #include <span>

@@ -300,6 +300,32 @@ TEST(Sampler, LogitBiasMinus100BansAndPlus100Forces) {
   }
 }
 
+TEST(Sampler, MaskedTokensAreNeverDrawn) {
+  // -inf logits (a grammar mask, say) over most of the row, including whole trailing blocks
+  // of the dense draw, through every selection path.
+  TestRng rng(29);
+  const int64_t n = 3 * 4096 + 4196;
+  std::vector<float> base = rng.logits(n, 2.0);
+  for (int64_t i = 0; i < n; ++i)
+    if (i >= 3 * 4096 || rng.uniform() < 0.7) base[i] = -kInf;
+  std::vector<float> one_left(n, -kInf);
+  one_left[4321] = -3.0f;
+  SamplingParams configs[4] = {seeded(1), seeded(2), seeded(3), seeded(4)};
+  configs[1].top_k = 50;
+  configs[2].top_p = 0.95f;
+  configs[3].min_p = 0.01f;
+  for (const SamplingParams& p : configs) {
+    Sampler s(p, static_cast<int32_t>(n));
+    for (int i = 0; i < 500; ++i) {
+      std::vector<float> row = base;
+      const int32_t t = s.sample(row);
+      ASSERT_GT(base[t], -kInf) << "drew masked token " << t;
+      row = one_left;
+      ASSERT_EQ(s.sample(row), 4321);
+    }
+  }
+}
+
 TEST(Sampler, TinyTemperatureSamplesOnlyAmongTheTiedMaxima) {
   SamplingParams p = seeded(8, 1e-30f);
   Sampler s(p, 5);
