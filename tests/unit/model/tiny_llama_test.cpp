@@ -4,7 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -281,5 +286,97 @@ TEST(TinyLlama, OutOfVocabularyTokenIsAnErrorNotARead) {
     fb.add_sequence(seq, 4, &bad, 1, ForwardBatch::Logits::Last);
     std::vector<float> logits(tiny.vocab);
     EXPECT_THROW(model->forward(fb, kv, logits.data()), Error);
+  }
+}
+
+namespace {
+
+// Writes the tiny model as a Hugging Face checkpoint: config.json + model.safetensors, with
+// Q/K rows in HF order (halves rotated), i.e. undoing the permutation GGUF's converter applies.
+void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied) {
+  std::filesystem::create_directories(dir);
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                        {"hidden_size", t.embd}, {"intermediate_size", t.ff},
+                        {"num_hidden_layers", t.layers}, {"num_attention_heads", t.heads},
+                        {"num_key_value_heads", t.kv_heads}, {"rms_norm_eps", t.eps},
+                        {"rope_theta", t.base}, {"max_position_embeddings", 64},
+                        {"vocab_size", t.vocab}, {"tie_word_embeddings", tied}, {"torch_dtype", "float32"}};
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> tensors;
+  auto unpermute = [&](const std::vector<float>& w, int n_heads, int cols) {
+    std::vector<float> out(w.size());
+    const int hd = t.head_dim;
+    for (int h = 0; h < n_heads; ++h)
+      for (int i = 0; i < hd / 2; ++i)
+        for (int c = 0; c < 2; ++c)
+          std::copy_n(w.begin() + size_t(h * hd + 2 * i + c) * cols, cols,
+                      out.begin() + size_t(h * hd + c * hd / 2 + i) * cols);
+    return out;
+  };
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> v) {
+    tensors.push_back({name, {shape, std::move(v)}});
+  };
+  const int q = t.heads * t.head_dim, kv = t.kv_heads * t.head_dim;
+  add("model.embed_tokens.weight", {t.vocab, t.embd}, t.t.at("token_embd.weight"));
+  if (!tied) add("lm_head.weight", {t.vocab, t.embd}, t.t.at("output.weight"));
+  add("model.norm.weight", {t.embd}, t.t.at("output_norm.weight"));
+  for (int l = 0; l < t.layers; ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".", h = "model.layers." + std::to_string(l) + ".";
+    add(h + "input_layernorm.weight", {t.embd}, t.t.at(g + "attn_norm.weight"));
+    add(h + "self_attn.q_proj.weight", {q, t.embd}, unpermute(t.t.at(g + "attn_q.weight"), t.heads, t.embd));
+    add(h + "self_attn.k_proj.weight", {kv, t.embd}, unpermute(t.t.at(g + "attn_k.weight"), t.kv_heads, t.embd));
+    add(h + "self_attn.v_proj.weight", {kv, t.embd}, t.t.at(g + "attn_v.weight"));
+    add(h + "self_attn.o_proj.weight", {t.embd, q}, t.t.at(g + "attn_output.weight"));
+    add(h + "post_attention_layernorm.weight", {t.embd}, t.t.at(g + "ffn_norm.weight"));
+    add(h + "mlp.gate_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_gate.weight"));
+    add(h + "mlp.up_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_up.weight"));
+    add(h + "mlp.down_proj.weight", {t.embd, t.ff}, t.t.at(g + "ffn_down.weight"));
+  }
+  nlohmann::json header = nlohmann::json::object();
+  size_t offset = 0;
+  for (auto& [name, st] : tensors) {
+    const size_t bytes = st.second.size() * 4;
+    header[name] = {{"dtype", "F32"}, {"shape", st.first}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  const std::string h = header.dump();
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary);
+  const uint64_t n = h.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << h;
+  for (auto& [name, st] : tensors) out.write(reinterpret_cast<const char*>(st.second.data()), st.second.size() * 4);
+}
+
+}  // namespace
+
+TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
+  for (bool tied : {false, true}) {
+    Tiny tiny;
+    tiny.build(tied);  // draws the weights
+    const std::string dir = ::testing::TempDir() + "/tessera_tiny_hf_" + (tied ? "tied" : "untied");
+    write_hf_checkpoint(tiny, dir, tied);
+    auto weights = load_safetensors_weights(dir);
+    EXPECT_TRUE(weights->config.rope_neox);
+    CpuBackend be(2);
+    auto model = create_model(weights, be, 16, 16);
+    const std::vector<int32_t> toks = {4, 8, 15, 16, 23, 36, 0};
+    const auto ref = tiny.forward(toks, tied);
+    KvCache kv(be, {tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 4, DType::F32});
+    BlockPool pool(4);
+    SequenceBlocks seq;
+    ASSERT_TRUE(seq.reserve(pool, 4, int(toks.size())));
+    ForwardBatch fb;
+    fb.add_sequence(seq, 4, toks.data(), int(toks.size()), ForwardBatch::Logits::All);
+    std::vector<float> logits(toks.size() * tiny.vocab, NAN);
+    model->forward(fb, kv, logits.data());
+    double num = 0, den = 0;
+    for (size_t p = 0; p < toks.size(); ++p)
+      for (int v = 0; v < tiny.vocab; ++v) {
+        const double d = logits[p * tiny.vocab + v] - ref[p][v];
+        num += d * d;
+        den += ref[p][v] * ref[p][v];
+      }
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << (tied ? "tied" : "untied");
+    std::filesystem::remove_all(dir);
   }
 }
