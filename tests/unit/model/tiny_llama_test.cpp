@@ -24,6 +24,7 @@ namespace {
 struct Tiny {
   int vocab = 37, embd = 24, layers = 2, heads = 6, kv_heads = 2, head_dim = 4, ff = 40;
   float eps = 1e-5f, base = 10000.0f;
+  bool qwen2 = false;  // QKV biases and rotation of halves (GGUF arch "qwen2")
   std::mt19937 rng{7};
   std::map<std::string, std::vector<float>> t;
 
@@ -35,16 +36,17 @@ struct Tiny {
   }
   GGUFBuilder build(bool tied = false) {
     GGUFBuilder b;
-    b.string("general.architecture", "llama")
-        .u32("llama.block_count", layers)
-        .u32("llama.embedding_length", embd)
-        .u32("llama.feed_forward_length", ff)
-        .u32("llama.attention.head_count", heads)
-        .u32("llama.attention.head_count_kv", kv_heads)
-        .u32("llama.context_length", 64)
-        .f32("llama.rope.freq_base", base)
-        .f32("llama.attention.layer_norm_rms_epsilon", eps)
-        .u32("llama.vocab_size", vocab);
+    const std::string a = qwen2 ? "qwen2" : "llama";
+    b.string("general.architecture", a)
+        .u32(a + ".block_count", layers)
+        .u32(a + ".embedding_length", embd)
+        .u32(a + ".feed_forward_length", ff)
+        .u32(a + ".attention.head_count", heads)
+        .u32(a + ".attention.head_count_kv", kv_heads)
+        .u32(a + ".context_length", 64)
+        .f32(a + ".rope.freq_base", base)
+        .f32(a + ".attention.layer_norm_rms_epsilon", eps)
+        .u32(a + ".vocab_size", vocab);
     auto add = [&](const std::string& name, std::vector<uint64_t> dims, float scale, float offset = 0) {
       size_t n = 1;
       for (auto d : dims) n *= d;
@@ -63,6 +65,11 @@ struct Tiny {
       add(p + "attn_q.weight", {uint64_t(embd), q}, 0.4f);
       add(p + "attn_k.weight", {uint64_t(embd), kv}, 0.4f);
       add(p + "attn_v.weight", {uint64_t(embd), kv}, 0.4f);
+      if (qwen2) {
+        add(p + "attn_q.bias", {q}, 0.5f);
+        add(p + "attn_k.bias", {kv}, 0.5f);
+        add(p + "attn_v.bias", {kv}, 0.5f);
+      }
       add(p + "attn_output.weight", {q, uint64_t(embd)}, 0.3f);
       add(p + "ffn_norm.weight", {uint64_t(embd)}, 0.1f, 1.0f);
       add(p + "ffn_gate.weight", {uint64_t(embd), uint64_t(ff)}, 0.3f);
@@ -89,12 +96,13 @@ struct Tiny {
     for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * t.at(w)[i];
     return y;
   }
-  void rope(std::vector<double>& v, int n_heads, int pos) {  // adjacent pairs (GGUF llama)
+  // Adjacent pairs (GGUF llama) or halves (qwen2, Hugging Face).
+  void rope(std::vector<double>& v, int n_heads, int pos) {
     for (int h = 0; h < n_heads; ++h)
       for (int i = 0; i < head_dim / 2; ++i) {
         const double th = pos * std::pow(double(base), -2.0 * i / head_dim);
-        double& a = v[h * head_dim + 2 * i];
-        double& b = v[h * head_dim + 2 * i + 1];
+        double& a = v[h * head_dim + (qwen2 ? i : 2 * i)];
+        double& b = v[h * head_dim + (qwen2 ? i + head_dim / 2 : 2 * i + 1)];
         const double a0 = a, b0 = b;
         a = a0 * std::cos(th) - b0 * std::sin(th);
         b = a0 * std::sin(th) + b0 * std::cos(th);
@@ -114,6 +122,11 @@ struct Tiny {
         auto q = matvec(pre + "attn_q.weight", xn, q_dim);
         auto k = matvec(pre + "attn_k.weight", xn, kv_dim);
         auto v = matvec(pre + "attn_v.weight", xn, kv_dim);
+        if (qwen2) {
+          for (int i = 0; i < q_dim; ++i) q[i] += t.at(pre + "attn_q.bias")[i];
+          for (int i = 0; i < kv_dim; ++i) k[i] += t.at(pre + "attn_k.bias")[i];
+          for (int i = 0; i < kv_dim; ++i) v[i] += t.at(pre + "attn_v.bias")[i];
+        }
         rope(q, heads, int(p));
         rope(k, kv_heads, int(p));
         K[l].push_back(k);
@@ -157,8 +170,10 @@ std::shared_ptr<ModelWeights> load(const std::vector<uint8_t>& bytes) {
 }  // namespace
 
 TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
-  for (bool tied : {false, true}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool tied = variant == 1;
     Tiny tiny;
+    tiny.qwen2 = variant == 2;
     const auto bytes = tiny.build(tied).build();
     auto weights = load(bytes);
     EXPECT_EQ(weights->config.tied_embeddings, tied);
@@ -189,7 +204,8 @@ TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
       seq.n_tokens += n;
       done += n;
     }
-    EXPECT_LT(std::sqrt(num / den), 1e-5) << (tied ? "tied" : "untied");
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << "variant " << variant;
+    EXPECT_EQ(weights->config.rope_neox, tiny.qwen2);
     seq.release_all(pool);
     EXPECT_EQ(pool.n_free(), 8);
   }
