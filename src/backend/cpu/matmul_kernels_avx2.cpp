@@ -149,6 +149,24 @@ namespace {
 // Groups of NR weight rows share each activation block; every output is one row's block
 // loop, so results do not depend on how rows are grouped or split between threads.
 
+// Decode streams weights from DRAM. Four rows read side by side are four short streams that
+// the hardware prefetchers pick up late, so while a group computes, the bytes of the group
+// after next are requested, a slice per step of the group's loop.
+class RowPrefetch {
+ public:
+  RowPrefetch(const MatmulTask& t, int64_t r0, int64_t steps)
+      : next_(reinterpret_cast<const char*>(t.w + (r0 + 8) * t.w_stride)),
+        step_bytes_((4 * t.w_stride + steps - 1) / steps) {}
+  void at(int64_t step) const {
+    const char* p = next_ + step * step_bytes_;
+    for (int64_t off = 0; off < step_bytes_; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  }
+
+ private:
+  const char* next_;
+  int64_t step_bytes_;
+};
+
 template <template <int> class Rows>
 void for_row_groups(const MatmulTask& t) {
   int64_t r = 0;
@@ -199,11 +217,13 @@ struct FloatRows {
       const uint8_t* w[NR];
       for (int i = 0; i < NR; ++i) w[i] = t.w + (r0 + i) * t.w_stride;
       const int64_t k8 = t.cols / 8 * 8;
+      const RowPrefetch pf(t, r0, k8 / 8 > 0 ? k8 / 8 : 1);
       for (int64_t j = 0; j < t.n_x; ++j) {
         const float* x = t.x + j * t.ldx;
         __m256 acc[NR];
         for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
         for (int64_t k = 0; k < k8; k += 8) {
+          pf.at(k / 8);
           const __m256 xv = _mm256_loadu_ps(x + k);
           for (int i = 0; i < NR; ++i) acc[i] = _mm256_fmadd_ps(L::load8(w[i], k), xv, acc[i]);
         }
@@ -259,6 +279,7 @@ struct Q32Rows {
       using Block = typename P::Block;
       static_assert(offsetof(Block, d) == 0);
       const int64_t nb = t.cols / 32;
+      const RowPrefetch pf(t, r0, nb);
       const Block* w[4];
       for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + (i < NR ? i : 0)) * t.w_stride);
       for (int64_t j = 0; j < t.n_x; ++j) {
@@ -267,6 +288,7 @@ struct Q32Rows {
         __m256 accm = _mm256_setzero_ps();
         for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
+          pf.at(b);
           const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qs + b * 32));
           const __m128i dm16 = _mm_setr_epi32(static_cast<int>(load_u32(&w[0][b])), static_cast<int>(load_u32(&w[1][b])),
                                               static_cast<int>(load_u32(&w[2][b])), static_cast<int>(load_u32(&w[3][b])));
@@ -301,6 +323,7 @@ struct Q4PairRows {
       using Block = std::conditional_t<kHasMin, BlockQ4_1, BlockQ4_0>;
       constexpr int kPairs = (NR + 1) / 2;
       const int64_t nb = t.cols / 32;
+      const RowPrefetch pf(t, r0, nb);
       const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
       const Block* w[4];
       for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + (i < NR ? i : 0)) * t.w_stride);
@@ -312,6 +335,7 @@ struct Q4PairRows {
         __m256 accm = _mm256_setzero_ps();
         for (int p = 0; p < kPairs; ++p) acc[p] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
+          pf.at(b);
           const __m128i* xb = reinterpret_cast<const __m128i*>(a.qs + b * 32);
           const __m256i xlo = _mm256_broadcastsi128_si256(_mm_load_si128(xb));
           const __m256i xhi = _mm256_broadcastsi128_si256(_mm_load_si128(xb + 1));
@@ -356,6 +380,7 @@ struct QK45Rows {
     static void run(const MatmulTask& t, int64_t r0) {
       using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
       const int64_t nb = t.cols / 256;
+      const RowPrefetch pf(t, r0, nb);
       const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
       const Block* w[NR];
       for (int i = 0; i < NR; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + i) * t.w_stride);
@@ -365,6 +390,7 @@ struct QK45Rows {
         float accm[NR];
         for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps(), accm[i] = 0.0f;
         for (int64_t b = 0; b < nb; ++b) {
+          pf.at(b);
           const int8_t* xq = a.qs + b * 256;
           const float dx = a.d32[b * 8];
           for (int i = 0; i < NR; ++i) {
@@ -405,6 +431,7 @@ template <int NR>
 struct Q6KRows {
   static void run(const MatmulTask& t, int64_t r0) {
     const int64_t nb = t.cols / 256;
+    const RowPrefetch pf(t, r0, nb);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     const BlockQ6_K* w[NR];
     for (int i = 0; i < NR; ++i) w[i] = reinterpret_cast<const BlockQ6_K*>(t.w + (r0 + i) * t.w_stride);
@@ -413,6 +440,7 @@ struct Q6KRows {
       __m256 acc[NR];
       for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
+        pf.at(b);
         const float dx = a.d32[b * 8];
         for (int i = 0; i < NR; ++i) {
           const BlockQ6_K& blk = w[i][b];
