@@ -1,7 +1,11 @@
 // Micro-benchmark of CpuMatmul on SmolLM2-135M shapes (not part of ctest).
 //
-//   tools/bench/build_standalone.sh /tmp/mm && /tmp/mm/matmul_bench [threads] [--quick]
+//   tools/bench/build_standalone.sh /tmp/mm && /tmp/mm/matmul_bench [threads] [--quick] [--cpu]
 //   TESSERA_ISA=avx2 /tmp/mm/matmul_bench 2
+//
+// --cpu times with the process's CPU time instead of the wall clock: with one thread on a
+// machine shared with other work it shows what the kernels cost (with several threads it
+// also counts the pool's spinning).
 //
 // Decode (one input row) is timed twice: "hot" reuses one weight (it stays in L2/L3), "cold"
 // cycles through copies totalling more than the L3, so weights stream from DRAM as they do
@@ -15,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +35,15 @@ using namespace tessera;
 namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Process CPU time: with one thread on a shared machine, the time the work actually ran
+// (wall time there includes waiting for a core).
+double cpu_now() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+bool g_cpu_time = false;  // --cpu: time with cpu_now() instead of the wall clock
 
 // Random block bytes with sane scales (the kernels' speed does not depend on the values).
 void fill_weights(DType t, uint8_t* p, int64_t rows, int64_t cols, std::mt19937& gen) {
@@ -63,9 +77,9 @@ double median_seconds(int reps, F&& f) {
   std::vector<double> t;
   f();  // warm-up: scratch buffers, page faults
   for (int i = 0; i < reps; ++i) {
-    const double t0 = now();
+    const double t0 = g_cpu_time ? cpu_now() : now();
     f();
-    t.push_back(now() - t0);
+    t.push_back((g_cpu_time ? cpu_now() : now()) - t0);
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -164,11 +178,12 @@ int main(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--quick") quick = true;
+    else if (std::string(argv[i]) == "--cpu") g_cpu_time = true;
     else threads = std::atoi(argv[i]);
   }
   ThreadPool pool(threads);
   CpuMatmul mm(pool);
-  std::printf("isa %s, %d threads\n", CpuMatmul::isa(), threads);
+  std::printf("isa %s, %d threads, %s time\n", CpuMatmul::isa(), threads, g_cpu_time ? "process CPU" : "wall");
   std::mt19937 gen(42);
   bench_shape(mm, "Q4_1 576->1536 (gate)", DType::Q4_1, 1536, 576, quick, gen);
   bench_shape(mm, "Q4_1 1536->576 (down)", DType::Q4_1, 576, 1536, quick, gen);

@@ -128,7 +128,11 @@ void CpuMatmul::Impl::plan(std::span<const MatmulTarget> targets, int64_t n_rows
   // Input panels outermost: both threads work on the same panel of x (shared L3, each
   // one's L2), weight panels stream past it.
   const int64_t act_row_bytes = cols + cols / 8;  // about right for every format
-  const int64_t x_panel = std::clamp<int64_t>((192 * 1024) / act_row_bytes / 4 * 4, 16, 512);
+  // Input panels of about 192 KB (half an L2), equal sizes in multiples of 12 (a whole
+  // number of the microkernels' 3- or 4-row passes) so no panel is a short remainder.
+  const int64_t max_panel = std::clamp<int64_t>((192 * 1024) / act_row_bytes, 16, 512);
+  const int64_t n_panels = (n_rows + max_panel - 1) / max_panel;
+  const int64_t x_panel = ((n_rows + n_panels - 1) / n_panels + 11) / 12 * 12;
   const int64_t w_chunk = ks->panel_rows * 4;
   for (int64_t t = 0; t < n_rows; t += x_panel) {
     for (size_t ti = 0; ti < targets.size(); ++ti) {
