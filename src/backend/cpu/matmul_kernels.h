@@ -139,7 +139,8 @@ const KernelSet& scalar_kernel_set();
 const KernelSet& avx2_kernel_set();
 const KernelSet& avx512_kernel_set();
 
-// The AVX2 kernels by WKind, also used by the AVX-512 set where it has no kernel of its own.
+// The AVX2 kernels by WKind and its quantizers; the AVX-512 set uses the direct kernels and
+// the quantizers too.
 extern const MatmulKernel avx2_direct_kernels[kNumWKinds];
 extern const MatmulKernel avx2_panel_kernels[kNumWKinds];
 void avx2_quantize_q8(const float* x, uint8_t* row, const ActLayout& l);
@@ -180,12 +181,14 @@ namespace {
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
+// The low nibbles of 16 bytes, then their high nibbles: Q4_0/Q4_1/Q5_x element order.
 inline __m256i nibbles_32(const uint8_t* p) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
+// 32 bits to 32 bytes: 0xFF where the bit is set (the 5th bits of Q5_0/Q5_1).
 inline __m256i bits_to_bytes(const uint8_t* p) {
   uint32_t b;
   std::memcpy(&b, p, 4);
