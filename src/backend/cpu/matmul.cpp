@@ -87,8 +87,9 @@ struct WorkItem {
 }  // namespace
 
 int64_t mm::panel_scratch_bytes(const KernelSet& set, int64_t cols) {
-  // Worst case over formats: f32 weights of panel_rows rows, plus two f32 per 16-group.
-  return set.panel_rows * (cols * 4 + (cols / 16) * 8) + 256;
+  // Worst case over formats: f32 weights of panel_rows rows, columns padded to a multiple of
+  // 8 (float panels are built 8 columns at a time), plus two f32 per 16-group.
+  return set.panel_rows * ((cols + 7) / 8 * 8 * 4 + (cols / 16) * 8) + 256;
 }
 
 struct CpuMatmul::Impl {
@@ -119,7 +120,8 @@ void CpuMatmul::Impl::plan(std::span<const MatmulTarget> targets, int64_t n_rows
   if (!panels) {
     for (size_t ti = 0; ti < targets.size(); ++ti) {
       const WeightMatrix& w = targets[ti].w;
-      const int64_t chunk = std::clamp<int64_t>(kDecodeChunkBytes / std::max<int64_t>(1, w.row_bytes()) / 8 * 8, 8, 1024);
+      const int64_t row_bytes = std::max<int64_t>(1, w.row_bytes());
+      const int64_t chunk = std::clamp<int64_t>(kDecodeChunkBytes / row_bytes / 8 * 8, 8, 1024);
       for (int64_t r = 0; r < w.rows; r += chunk)
         items.push_back({static_cast<int32_t>(ti), r, std::min(w.rows, r + chunk), 0, n_rows});
     }
@@ -128,7 +130,11 @@ void CpuMatmul::Impl::plan(std::span<const MatmulTarget> targets, int64_t n_rows
   // Input panels outermost: both threads work on the same panel of x (shared L3, each
   // one's L2), weight panels stream past it.
   const int64_t act_row_bytes = cols + cols / 8;  // about right for every format
-  const int64_t x_panel = std::clamp<int64_t>((192 * 1024) / act_row_bytes / 4 * 4, 16, 512);
+  // Input panels of about 192 KB (half an L2), equal sizes in multiples of 12 (a whole
+  // number of the microkernels' 3- or 4-row passes) so no panel is a short remainder.
+  const int64_t max_panel = std::clamp<int64_t>((192 * 1024) / act_row_bytes, 16, 512);
+  const int64_t n_panels = (n_rows + max_panel - 1) / max_panel;
+  const int64_t x_panel = ((n_rows + n_panels - 1) / n_panels + 11) / 12 * 12;
   const int64_t w_chunk = ks->panel_rows * 4;
   for (int64_t t = 0; t < n_rows; t += x_panel) {
     for (size_t ti = 0; ti < targets.size(); ++ti) {
@@ -161,8 +167,12 @@ void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const
 
   const mm::ActLayout lay_q8 = mm::ActLayout::make(cols, false);
   const mm::ActLayout lay_q8k = mm::ActLayout::make(cols, true);
-  if (need_q8 && s.act_q8.size() < static_cast<size_t>(n_rows * lay_q8.row_bytes)) s.act_q8.resize(n_rows * lay_q8.row_bytes);
-  if (need_q8k && s.act_q8k.size() < static_cast<size_t>(n_rows * lay_q8k.row_bytes)) s.act_q8k.resize(n_rows * lay_q8k.row_bytes);
+  auto reserve = [n_rows](AlignedBuffer<uint8_t>& buf, const mm::ActLayout& l) {
+    const size_t bytes = static_cast<size_t>(n_rows * l.row_bytes);
+    if (buf.size() < bytes) buf.resize(bytes);  // grows only: no allocation per call after warm-up
+  };
+  if (need_q8) reserve(s.act_q8, lay_q8);
+  if (need_q8k) reserve(s.act_q8k, lay_q8k);
 
   s.plan(targets, n_rows, cols);
   const bool panels = s.ks->panel_rows > 1 && n_rows >= mm::kPanelMinRows;
@@ -233,7 +243,8 @@ void cpu_get_rows(const WeightMatrix& w, const int32_t* ids, int64_t n, float* o
   TESSERA_CHECK(mm::wkind_index(w.dtype) >= 0, "get_rows: weight type ", dtype_name(w.dtype), " is not supported");
   const int64_t row_bytes = w.row_bytes();
   for (int64_t i = 0; i < n; ++i)
-    mm::dequantize_row_scalar(w.dtype, static_cast<const uint8_t*>(w.data) + ids[i] * row_bytes, out + i * w.cols, w.cols);
+    mm::dequantize_row_scalar(w.dtype, static_cast<const uint8_t*>(w.data) + ids[i] * row_bytes,
+                              out + i * w.cols, w.cols);
 }
 
 }  // namespace tessera

@@ -139,7 +139,8 @@ const KernelSet& scalar_kernel_set();
 const KernelSet& avx2_kernel_set();
 const KernelSet& avx512_kernel_set();
 
-// The AVX2 kernels by WKind, also used by the AVX-512 set where it has no kernel of its own.
+// The AVX2 kernels by WKind and its quantizers; the AVX-512 set uses the direct kernels and
+// the quantizers too.
 extern const MatmulKernel avx2_direct_kernels[kNumWKinds];
 extern const MatmulKernel avx2_panel_kernels[kNumWKinds];
 void avx2_quantize_q8(const float* x, uint8_t* row, const ActLayout& l);
@@ -180,12 +181,14 @@ namespace {
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
+// The low nibbles of 16 bytes, then their high nibbles: Q4_0/Q4_1/Q5_x element order.
 inline __m256i nibbles_32(const uint8_t* p) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
+// 32 bits to 32 bytes: 0xFF where the bit is set (the 5th bits of Q5_0/Q5_1).
 inline __m256i bits_to_bytes(const uint8_t* p) {
   uint32_t b;
   std::memcpy(&b, p, 4);
@@ -222,7 +225,9 @@ struct F32Src {
 };
 struct F16Src {
   static constexpr int kBytes = 2;
-  static __m256 load8(const uint8_t* w) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))); }
+  static __m256 load8(const uint8_t* w) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  }
 };
 struct BF16Src {
   static constexpr int kBytes = 2;
@@ -253,6 +258,34 @@ inline Panel panel_in(uint8_t* scratch, int64_t cols, int sub, int rows) {
   p.d = reinterpret_cast<float*>(scratch + (cols * rows + 63) / 64 * 64);
   p.m = p.d + cols / sub * rows;
   return p;
+}
+
+// Quants of 64 values of a Q4_K/Q5_K super-block (c = 0..3) as bytes: *lo the 32 low nibbles
+// (sub-block 2c), *hi the 32 high ones (2c+1), with Q5_K's 5th bits from `hbits` (its qh).
+template <bool kFive>
+inline void qk45_quants(const uint8_t* qs, __m256i hbits, int c, __m256i* lo, __m256i* hi) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
+  const __m256i bits = load256(qs + 32 * c);
+  *lo = _mm256_and_si256(bits, m4);
+  *hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+  if constexpr (kFive) {
+    const __m256i b_lo = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c), m1);
+    const __m256i b_hi = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c + 1), m1);
+    *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(b_lo, 4));
+    *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(b_hi, 4));
+  }
+}
+
+// Quants (0..63) of one half (128 values) of a Q6_K super-block as four registers of 32.
+inline void q6k_quants(const BlockQ6_K& b, int half, __m256i q[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i l0 = load256(b.ql + 64 * half), l1 = load256(b.ql + 64 * half + 32);
+  const __m256i h = load256(b.qh + 32 * half);
+  auto high = [&](int shift) { return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, shift), m3), 4); };
+  q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), high(0));
+  q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), high(2));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), high(4));
+  q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), high(6));
 }
 
 // Decoders: the quants of one chunk of a row as bytes in element order, with the scale (and
@@ -332,16 +365,11 @@ struct DQK45 {
     unpack_k4_scales(b.scales, sm);
     const float dd = h2f(b.d), dmin = h2f(b.dmin);
     for (int g = 0; g < 8; ++g) d[g] = dd * sm[g], m[g] = -dmin * sm[8 + g];
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
     __m256i hbits = _mm256_setzero_si256();
     if constexpr (kFive) hbits = load256(b.qh);
     for (int c = 0; c < 4; ++c) {
-      const __m256i bits = load256(b.qs + 32 * c);
-      __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-      if constexpr (kFive) {
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c), m1), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c + 1), m1), 4));
-      }
+      __m256i lo, hi;
+      qk45_quants<kFive>(b.qs, hbits, c, &lo, &hi);
       _mm256_store_si256(reinterpret_cast<__m256i*>(q + 64 * c), lo);
       _mm256_store_si256(reinterpret_cast<__m256i*>(q + 64 * c + 32), hi);
     }
@@ -356,15 +384,10 @@ struct DQ6K {
     const auto& b = *reinterpret_cast<const BlockQ6_K*>(src);
     const float dd = h2f(b.d);
     for (int g = 0; g < 16; ++g) d[g] = dd * b.scales[g];
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     for (int half = 0; half < 2; ++half) {
-      const __m256i l0 = load256(b.ql + 64 * half), l1 = load256(b.ql + 64 * half + 32);
-      const __m256i h = load256(b.qh + 32 * half);
-      __m256i* o = reinterpret_cast<__m256i*>(q + 128 * half);
-      _mm256_store_si256(o + 0, _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4)));
-      _mm256_store_si256(o + 1, _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4)));
-      _mm256_store_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4)));
-      _mm256_store_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4)));
+      __m256i v[4];
+      q6k_quants(b, half, v);
+      for (int k = 0; k < 4; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(q + 128 * half + 32 * k), v[k]);
     }
   }
 };

@@ -108,7 +108,8 @@ void avx2_quantize_q8k(const float* x, uint8_t* row, const ActLayout& l) {
       int first = 0;
       const __m256 va = _mm256_set1_ps(amax);
       for (int k = 0; k < 256; k += 8) {
-        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + k)), va, _CMP_EQ_OQ));
+        const __m256 ax = _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + k));
+        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(ax, va, _CMP_EQ_OQ));
         if (mask) {
           first = k + __builtin_ctz(mask);
           break;
@@ -149,6 +150,24 @@ namespace {
 // Groups of NR weight rows share each activation block; every output is one row's block
 // loop, so results do not depend on how rows are grouped or split between threads.
 
+// Decode streams weights from DRAM. Four rows read side by side are four short streams that
+// the hardware prefetchers pick up late, so while a group computes, the bytes of the group
+// after next are requested, a slice per step of the group's loop.
+class RowPrefetch {
+ public:
+  RowPrefetch(const MatmulTask& t, int64_t r0, int64_t steps)
+      : next_(reinterpret_cast<const char*>(t.w + (r0 + 8) * t.w_stride)),
+        step_bytes_((4 * t.w_stride + steps - 1) / steps) {}
+  void at(int64_t step) const {
+    const char* p = next_ + step * step_bytes_;
+    for (int64_t off = 0; off < step_bytes_; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  }
+
+ private:
+  const char* next_;
+  int64_t step_bytes_;
+};
+
 template <template <int> class Rows>
 void for_row_groups(const MatmulTask& t) {
   int64_t r = 0;
@@ -161,57 +180,33 @@ void for_row_groups(const MatmulTask& t) {
   }
 }
 
-// Float weights: F32, F16 (F16C), BF16 (shifted into the high half of an f32).
-struct LoadF32 {
-  static __m256 load8(const uint8_t* w, int64_t k) { return _mm256_loadu_ps(reinterpret_cast<const float*>(w) + k); }
-  static float load1(const uint8_t* w, int64_t k) { return reinterpret_cast<const float*>(w)[k]; }
-};
-struct LoadF16 {
-  static __m256 load8(const uint8_t* w, int64_t k) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * k)));
-  }
-  static float load1(const uint8_t* w, int64_t k) {
-    uint16_t h;
-    std::memcpy(&h, w + 2 * k, 2);
-    return h2f(h);
-  }
-};
-struct LoadBF16 {
-  static __m256 load8(const uint8_t* w, int64_t k) {
-    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * k)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-  }
-  static float load1(const uint8_t* w, int64_t k) {
-    uint16_t h;
-    std::memcpy(&h, w + 2 * k, 2);
-    const uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-};
-
-template <typename L>
+// Float weights (F32, F16, BF16 through the F32Src/F16Src/BF16Src loaders): 8 columns per FMA,
+// the last partial group zero-padded.
+template <typename S>
 struct FloatRows {
   template <int NR>
   struct R {
     static void run(const MatmulTask& t, int64_t r0) {
       const uint8_t* w[NR];
       for (int i = 0; i < NR; ++i) w[i] = t.w + (r0 + i) * t.w_stride;
-      const int64_t k8 = t.cols / 8 * 8;
+      const int64_t k8 = t.cols / 8 * 8, tail = t.cols - k8;
+      const RowPrefetch pf(t, r0, k8 / 8 > 0 ? k8 / 8 : 1);
       for (int64_t j = 0; j < t.n_x; ++j) {
         const float* x = t.x + j * t.ldx;
         __m256 acc[NR];
         for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
         for (int64_t k = 0; k < k8; k += 8) {
+          pf.at(k / 8);
           const __m256 xv = _mm256_loadu_ps(x + k);
-          for (int i = 0; i < NR; ++i) acc[i] = _mm256_fmadd_ps(L::load8(w[i], k), xv, acc[i]);
+          for (int i = 0; i < NR; ++i) acc[i] = _mm256_fmadd_ps(S::load8(w[i] + k * S::kBytes), xv, acc[i]);
         }
-        for (int i = 0; i < NR; ++i) {
-          float s = hsum8(acc[i]);
-          for (int64_t k = k8; k < t.cols; ++k) s += L::load1(w[i], k) * x[k];
-          t.y[j * t.ldy + r0 + i] = s;
+        if (tail > 0) {
+          float xt[8] = {};
+          std::memcpy(xt, x + k8, tail * sizeof(float));
+          const __m256 xv = _mm256_loadu_ps(xt);
+          for (int i = 0; i < NR; ++i) acc[i] = _mm256_fmadd_ps(load_tail<S>(w[i] + k8 * S::kBytes, tail), xv, acc[i]);
         }
+        for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8(acc[i]);
       }
     }
   };
@@ -225,7 +220,8 @@ struct PQ5_0 {
   static constexpr bool kSigned = true, kHasMin = false;
   // q - 16 as a signed byte: the nibble where the 5th bit is set, nibble - 16 (0xF0 | nibble) where not.
   static __m256i quants(const Block& b) {
-    return _mm256_or_si256(nibbles_32(b.qs), _mm256_andnot_si256(bits_to_bytes(b.qh), _mm256_set1_epi8(static_cast<char>(0xF0))));
+    const __m256i f0 = _mm256_set1_epi8(static_cast<char>(0xF0));
+    return _mm256_or_si256(nibbles_32(b.qs), _mm256_andnot_si256(bits_to_bytes(b.qh), f0));
   }
 };
 struct PQ5_1 {
@@ -241,10 +237,16 @@ struct PQ8_0 {
   static __m256i quants(const Block& b) { return load256(b.qs); }
 };
 
-inline uint32_t load_u32(const void* p) {
-  uint32_t v;
+inline int load_i32(const void* p) {
+  int v;
   std::memcpy(&v, p, 4);
   return v;
+}
+
+// The first 4 bytes (d, and m where the format has it) of block b of four rows, as 8 halves.
+template <typename Block>
+inline __m128i scale_words(const Block* const w[4], int64_t b) {
+  return _mm_setr_epi32(load_i32(&w[0][b]), load_i32(&w[1][b]), load_i32(&w[2][b]), load_i32(&w[3][b]));
 }
 
 // Four rows at a time (shorter groups repeat their first row and drop the extra results):
@@ -259,6 +261,7 @@ struct Q32Rows {
       using Block = typename P::Block;
       static_assert(offsetof(Block, d) == 0);
       const int64_t nb = t.cols / 32;
+      const RowPrefetch pf(t, r0, nb);
       const Block* w[4];
       for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + (i < NR ? i : 0)) * t.w_stride);
       for (int64_t j = 0; j < t.n_x; ++j) {
@@ -267,9 +270,9 @@ struct Q32Rows {
         __m256 accm = _mm256_setzero_ps();
         for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
+          pf.at(b);
           const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qs + b * 32));
-          const __m128i dm16 = _mm_setr_epi32(static_cast<int>(load_u32(&w[0][b])), static_cast<int>(load_u32(&w[1][b])),
-                                              static_cast<int>(load_u32(&w[2][b])), static_cast<int>(load_u32(&w[3][b])));
+          const __m128i dm16 = scale_words(w, b);
           const __m256 xs = _mm256_unpacklo_ps(_mm256_set1_ps(a.d32[b]), _mm256_set1_ps(a.s32[b]));
           const __m256 scales = _mm256_mul_ps(_mm256_cvtph_ps(dm16), xs);
           if constexpr (P::kHasMin) accm = _mm256_add_ps(accm, scales);
@@ -301,22 +304,24 @@ struct Q4PairRows {
       using Block = std::conditional_t<kHasMin, BlockQ4_1, BlockQ4_0>;
       constexpr int kPairs = (NR + 1) / 2;
       const int64_t nb = t.cols / 32;
+      const RowPrefetch pf(t, r0, nb);
       const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
       const Block* w[4];
       for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + (i < NR ? i : 0)) * t.w_stride);
       // Scale lanes of [d0 m0 d1 m1 d2 m2 d3 m3] for a pair: row 2p in lanes 0-3, 2p+1 in 4-7.
-      const __m256i pair_idx[2] = {_mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2), _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)};
+      const __m256i pair_idx[2] = {_mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2),
+                                   _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)};
       for (int64_t j = 0; j < t.n_x; ++j) {
         const ActRow a = act_row(t.act, *t.act_layout, j);
         __m256 acc[kPairs];
         __m256 accm = _mm256_setzero_ps();
         for (int p = 0; p < kPairs; ++p) acc[p] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
+          pf.at(b);
           const __m128i* xb = reinterpret_cast<const __m128i*>(a.qs + b * 32);
           const __m256i xlo = _mm256_broadcastsi128_si256(_mm_load_si128(xb));
           const __m256i xhi = _mm256_broadcastsi128_si256(_mm_load_si128(xb + 1));
-          const __m128i dm16 = _mm_setr_epi32(static_cast<int>(load_u32(&w[0][b])), static_cast<int>(load_u32(&w[1][b])),
-                                              static_cast<int>(load_u32(&w[2][b])), static_cast<int>(load_u32(&w[3][b])));
+          const __m128i dm16 = scale_words(w, b);
           const __m256 xs = _mm256_unpacklo_ps(_mm256_set1_ps(a.d32[b]), _mm256_set1_ps(a.s32[b]));
           const __m256 scales = _mm256_mul_ps(_mm256_cvtph_ps(dm16), xs);
           if constexpr (kHasMin) accm = _mm256_add_ps(accm, scales);
@@ -325,7 +330,8 @@ struct Q4PairRows {
             corr = _mm256_and_si256(_mm256_set1_epi32(8 * a.sum32[b]), _mm256_setr_epi32(-1, 0, 0, 0, -1, 0, 0, 0));
           for (int p = 0; p < kPairs; ++p) {
             const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[2 * p][b].qs));
-            const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[2 * p + 1 < 4 ? 2 * p + 1 : 0][b].qs));
+            const Block& second = w[2 * p + 1 < 4 ? 2 * p + 1 : 0][b];
+            const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(second.qs));
             const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
             const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
@@ -341,7 +347,8 @@ struct Q4PairRows {
           _mm_store_ps(sums[2 * p + 1], _mm256_extractf128_ps(acc[p], 1));
         }
         for (int i = 0; i < NR; ++i)
-          t.y[j * t.ldy + r0 + i] = (sums[i][0] + sums[i][1]) + (sums[i][2] + sums[i][3]) + (kHasMin ? mins[2 * i + 1] : 0.0f);
+          t.y[j * t.ldy + r0 + i] =
+              (sums[i][0] + sums[i][1]) + (sums[i][2] + sums[i][3]) + (kHasMin ? mins[2 * i + 1] : 0.0f);
       }
     }
   };
@@ -356,7 +363,7 @@ struct QK45Rows {
     static void run(const MatmulTask& t, int64_t r0) {
       using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
       const int64_t nb = t.cols / 256;
-      const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
+      const RowPrefetch pf(t, r0, nb);
       const Block* w[NR];
       for (int i = 0; i < NR; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + i) * t.w_stride);
       for (int64_t j = 0; j < t.n_x; ++j) {
@@ -365,6 +372,7 @@ struct QK45Rows {
         float accm[NR];
         for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps(), accm[i] = 0.0f;
         for (int64_t b = 0; b < nb; ++b) {
+          pf.at(b);
           const int8_t* xq = a.qs + b * 256;
           const float dx = a.d32[b * 8];
           for (int i = 0; i < NR; ++i) {
@@ -377,13 +385,8 @@ struct QK45Rows {
             if constexpr (kFive) hbits = load256(blk.qh);
             __m256i sumi = _mm256_setzero_si256();
             for (int c = 0; c < 4; ++c) {
-              const __m256i bits = load256(blk.qs + 32 * c);
-              __m256i lo = _mm256_and_si256(bits, m4);
-              __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-              if constexpr (kFive) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c), m1), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c + 1), m1), 4));
-              }
+              __m256i lo, hi;
+              qk45_quants<kFive>(blk.qs, hbits, c, &lo, &hi);
               const __m256i plo = _mm256_maddubs_epi16(lo, load256(xq + 64 * c));
               const __m256i phi = _mm256_maddubs_epi16(hi, load256(xq + 64 * c + 32));
               sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sm[2 * c])));
@@ -405,7 +408,7 @@ template <int NR>
 struct Q6KRows {
   static void run(const MatmulTask& t, int64_t r0) {
     const int64_t nb = t.cols / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    const RowPrefetch pf(t, r0, nb);
     const BlockQ6_K* w[NR];
     for (int i = 0; i < NR; ++i) w[i] = reinterpret_cast<const BlockQ6_K*>(t.w + (r0 + i) * t.w_stride);
     for (int64_t j = 0; j < t.n_x; ++j) {
@@ -413,6 +416,7 @@ struct Q6KRows {
       __m256 acc[NR];
       for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
+        pf.at(b);
         const float dx = a.d32[b * 8];
         for (int i = 0; i < NR; ++i) {
           const BlockQ6_K& blk = w[i][b];
@@ -420,16 +424,10 @@ struct Q6KRows {
           for (int g = 0; g < 16; ++g) corr += blk.scales[g] * a.sum16[b * 16 + g];
           __m256i sumi = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-32 * corr));
           for (int half = 0; half < 2; ++half) {
-            const uint8_t* ql = blk.ql + 64 * half;
             const int8_t* sc = blk.scales + 8 * half;
             const int8_t* xq = a.qs + b * 256 + 128 * half;
-            const __m256i l0 = load256(ql), l1 = load256(ql + 32), h = load256(blk.qh + 32 * half);
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4)),
-                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4)),
-            };
+            __m256i q[4];
+            q6k_quants(blk, half, q);
             for (int k = 0; k < 4; ++k) {
               const __m256i p = _mm256_maddubs_epi16(q[k], load256(xq + 32 * k));
               const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
@@ -444,9 +442,9 @@ struct Q6KRows {
   }
 };
 
-template <int NR> using F32R = FloatRows<LoadF32>::R<NR>;
-template <int NR> using F16R = FloatRows<LoadF16>::R<NR>;
-template <int NR> using BF16R = FloatRows<LoadBF16>::R<NR>;
+template <int NR> using F32R = FloatRows<F32Src>::R<NR>;
+template <int NR> using F16R = FloatRows<F16Src>::R<NR>;
+template <int NR> using BF16R = FloatRows<BF16Src>::R<NR>;
 template <int NR> using Q4_0R = Q4PairRows<false>::R<NR>;
 template <int NR> using Q4_1R = Q4PairRows<true>::R<NR>;
 template <int NR> using Q5_0R = Q32Rows<PQ5_0>::R<NR>;

@@ -35,7 +35,12 @@ void repack(const MatmulTask& t, int64_t r0, int nrows, const Panel& p) {
   const int64_t src_bytes = t.w_stride / n_chunks;  // bytes of one block of the row
   alignas(32) uint8_t q[P][D::kChunk];
   float d[P][kSubsPerChunk], m[P][kSubsPerChunk];
+  // The panel after the next one is requested while this one is repacked (eight rows read
+  // side by side are eight short streams the hardware prefetchers pick up late).
+  const char* ahead = reinterpret_cast<const char*>(t.w + (r0 + 2 * P) * t.w_stride);
+  const int64_t ahead_step = (P * t.w_stride + n_chunks - 1) / n_chunks;
   for (int64_t c = 0; c < n_chunks; ++c) {
+    for (int64_t off = 0; off < ahead_step; off += 64) _mm_prefetch(ahead + c * ahead_step + off, _MM_HINT_T0);
     for (int i = 0; i < P; ++i) {
       if (i < nrows) {
         D::decode(t.w + (r0 + i) * t.w_stride + c * src_bytes, q[i], d[i], m[i]);
