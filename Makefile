@@ -34,8 +34,10 @@ run: build model
 test: build test-models
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
+# PEER=path/to/python-with-llama-cpp-python adds llama.cpp measured in the same run.
+PEER ?=
 bench: build model
-	$(BUILD_DIR)/bin/tessera bench model --model smollm2-135m -p 512 -n 128 -t $(JOBS)
+	$(BUILD_DIR)/bin/tessera bench model --model smollm2-135m -p 512 -n 128 -t $(JOBS) $(if $(PEER),--peer $(PEER))
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -8,23 +8,71 @@
 
 #include "apps/commands.h"
 #include "apps/common.h"
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
 #include "bench/membw.h"
+#include "model/gguf.h"
 #include "core/error.h"
 
 namespace tessera::apps {
 
 namespace {
 
+struct Stat {
+  double mean = 0, sd = 0;
+};
+
 struct BenchArgs {
   ModelArgs model;
   int n_prompt = 512;
   int n_gen = 128;
   int reps = 3;
+  std::string peer_python;  // a Python with llama-cpp-python: measure llama.cpp in the same run
+  std::string peer_script = "tools/bench/llama_cpp_bench.py";
 };
 
-struct Stat {
-  double mean = 0, sd = 0;
+struct PeerResult {
+  bool ok = false;
+  std::string version;
+  Stat pp, tg;
 };
+
+// Runs llama.cpp (through llama-cpp-python) on the same file, threads and lengths, right
+// after tessera, so both figures share the machine's state.
+PeerResult run_peer(const BenchArgs& a, const std::string& model_path, int threads) {
+  PeerResult r;
+  const std::string json_path = "/tmp/tessera-peer-" + std::to_string(::getpid()) + ".json";
+  const std::string cmd = "'" + a.peer_python + "' '" + a.peer_script + "' --model '" + model_path +
+                          "' --threads " + std::to_string(threads) + " --pp " + std::to_string(std::max(1, a.n_prompt)) +
+                          " --tg " + std::to_string(std::max(1, a.n_gen)) + " --reps " + std::to_string(a.reps) +
+                          " --batched --json '" + json_path + "' > /dev/null";
+  std::fprintf(stderr, "[bench] peer: %s\n", cmd.c_str());
+  if (std::system(cmd.c_str()) != 0) {
+    std::fprintf(stderr, "[bench] peer run failed; table shows tessera only\n");
+    return r;
+  }
+  std::ifstream in(json_path);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  std::remove(json_path.c_str());
+  if (j.is_discarded()) return r;
+  const auto& single = j.at("single");
+  auto get = [&](const std::string& key) {
+    Stat s;
+    s.mean = single.at(key).at("mean").get<double>();
+    s.sd = single.at(key).at("sd").get<double>();
+    return s;
+  };
+  r.pp = get("pp" + std::to_string(std::max(1, a.n_prompt)));
+  r.tg = get("tg" + std::to_string(std::max(1, a.n_gen)) + "@d0");
+  r.version = "llama.cpp " + j.value("libllama", std::string("?")) + " (llama-cpp-python " +
+              j.value("llama_cpp_python", std::string("?")) + ")";
+  r.ok = true;
+  return r;
+}
 
 Stat stat_of(const std::vector<double>& v) {
   Stat s;
@@ -91,6 +139,19 @@ void run_bench(const BenchArgs& a) {
   };
   if (!pp.empty()) row("pp", a.n_prompt, stat_of(pp));
   if (!tg.empty()) row("tg", a.n_gen, stat_of(tg));
+  if (!a.peer_python.empty() && session.gguf()) {
+    const PeerResult peer = run_peer(a, session.gguf()->name(), session.backend().name() == "cpu"
+                                                                     ? static_cast<CpuBackend&>(session.backend()).pool().size()
+                                                                     : 1);
+    if (peer.ok) {
+      auto peer_row = [&](const char* test, int n, const Stat& s, const Stat& ours) {
+        std::printf("| %s | | | %s | %s%d | %.2f ± %.2f |\n", "peer", peer.version.c_str(), test, n, s.mean, s.sd);
+        std::printf("| ratio tessera / peer | | | | %s%d | %.2fx |\n", test, n, ours.mean / s.mean);
+      };
+      if (!pp.empty()) peer_row("pp", a.n_prompt, peer.pp, stat_of(pp));
+      if (!tg.empty()) peer_row("tg", a.n_gen, peer.tg, stat_of(tg));
+    }
+  }
   // Floors: decode reads every weight once per token; prefill does 2 FLOPs per weight per token.
   std::printf("\nfloor: memory read bandwidth %.1f GB/s (measured) -> decode <= %.1f tok/s reading %.1f MB per token\n",
               bw / 1e9, bw / session.weights().weight_bytes, session.weights().weight_bytes / 1e6);
@@ -111,6 +172,9 @@ void add_bench(CLI::App& app) {
   model->add_option("-n,--n-gen", a->n_gen, "generated tokens (tg test)")->capture_default_str();
   model->add_option("-r,--reps", a->reps, "repetitions")->capture_default_str();
   model->add_option("--seed", a->model.seed, "dummy weight seed")->capture_default_str();
+  model->add_option("--peer", a->peer_python,
+                    "Python with llama-cpp-python: measure llama.cpp on the same file in the same run");
+  model->add_option("--peer-script", a->peer_script, "the peer's bench script")->capture_default_str();
   model->callback([a] {
     TESSERA_CHECK(a->reps >= 1 && a->n_prompt >= 0 && a->n_gen >= 0, "bench: bad counts");
     run_bench(*a);
