@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/fp16.h"
+#include "model/bind_llama.h"
 #include "model/gguf.h"
 #include "model/weights.h"
 #include "quant/quant.h"
@@ -124,29 +125,8 @@ std::shared_ptr<ModelWeights> load_gguf_weights(std::shared_ptr<const GGUFFile> 
   w->owners.push_back(file);
   const ModelConfig& c = w->config;
   TensorBinder bind{f, *w};
-  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
-  w->tok_embd = bind.matrix("token_embd.weight", c.n_vocab, c.n_embd);
-  w->output = c.tied_embeddings ? w->tok_embd : bind.matrix("output.weight", c.n_vocab, c.n_embd);
-  w->output_norm = bind.vector("output_norm.weight", c.n_embd);
+  bind_llama_tensors(bind, *w, kGgufLlamaNames);
   w->rope_freq_factors = bind.vector("rope_freqs.weight", c.rope_dim / 2, /*optional=*/true);
-  w->layers.resize(c.n_layer);
-  for (int i = 0; i < c.n_layer; ++i) {
-    const std::string p = "blk." + std::to_string(i) + ".";
-    LayerWeights& l = w->layers[i];
-    l.attn_norm = bind.vector(p + "attn_norm.weight", c.n_embd);
-    l.wq = bind.matrix(p + "attn_q.weight", q_dim, c.n_embd);
-    l.wk = bind.matrix(p + "attn_k.weight", kv_dim, c.n_embd);
-    l.wv = bind.matrix(p + "attn_v.weight", kv_dim, c.n_embd);
-    l.wo = bind.matrix(p + "attn_output.weight", c.n_embd, q_dim);
-    l.bq = bind.vector(p + "attn_q.bias", q_dim, !c.qkv_bias);
-    l.bk = bind.vector(p + "attn_k.bias", kv_dim, !c.qkv_bias);
-    l.bv = bind.vector(p + "attn_v.bias", kv_dim, !c.qkv_bias);
-    l.ffn_norm = bind.vector(p + "ffn_norm.weight", c.n_embd);
-    l.w_gate = bind.matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd);
-    l.w_up = bind.matrix(p + "ffn_up.weight", c.n_ff, c.n_embd);
-    l.w_down = bind.matrix(p + "ffn_down.weight", c.n_embd, c.n_ff);
-  }
   return w;
 }
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/bind_llama.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -104,31 +105,9 @@ std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir) {
   w->config = config_from_hf(load_hf_config(dir), dir);
   w->source = dir;
   w->owners.push_back(st);
-  const ModelConfig& c = w->config;
   HFBinder bind{*st, *w};
-  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
-  w->tok_embd = bind.matrix("model.embed_tokens.weight", c.n_vocab, c.n_embd);
-  // Some tied checkpoints still ship lm_head; the config decides.
-  w->output = c.tied_embeddings ? w->tok_embd : bind.matrix("lm_head.weight", c.n_vocab, c.n_embd);
-  w->output_norm = bind.vector("model.norm.weight", c.n_embd);
-  w->layers.resize(c.n_layer);
-  for (int i = 0; i < c.n_layer; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    LayerWeights& l = w->layers[i];
-    l.attn_norm = bind.vector(p + "input_layernorm.weight", c.n_embd);
-    l.wq = bind.matrix(p + "self_attn.q_proj.weight", q_dim, c.n_embd);
-    l.wk = bind.matrix(p + "self_attn.k_proj.weight", kv_dim, c.n_embd);
-    l.wv = bind.matrix(p + "self_attn.v_proj.weight", kv_dim, c.n_embd);
-    l.wo = bind.matrix(p + "self_attn.o_proj.weight", c.n_embd, q_dim);
-    l.bq = bind.vector(p + "self_attn.q_proj.bias", q_dim, !c.qkv_bias);
-    l.bk = bind.vector(p + "self_attn.k_proj.bias", kv_dim, !c.qkv_bias);
-    l.bv = bind.vector(p + "self_attn.v_proj.bias", kv_dim, !c.qkv_bias);
-    l.ffn_norm = bind.vector(p + "post_attention_layernorm.weight", c.n_embd);
-    l.w_gate = bind.matrix(p + "mlp.gate_proj.weight", c.n_ff, c.n_embd);
-    l.w_up = bind.matrix(p + "mlp.up_proj.weight", c.n_ff, c.n_embd);
-    l.w_down = bind.matrix(p + "mlp.down_proj.weight", c.n_embd, c.n_ff);
-  }
+  // Tied checkpoints may still ship lm_head; the config decides.
+  bind_llama_tensors(bind, *w, kHfLlamaNames);
   return w;
 }
 

@@ -1,0 +1,60 @@
+#pragma once
+// The tensors of a Llama-family checkpoint, bound once for every file format. A format
+// supplies its tensor names and a binder with
+//   WeightMatrix matrix(name, rows, cols)   and   const float* vector(name, n, optional)
+// that find, check and convert one tensor (naming it in any error).
+#include <string>
+
+#include "model/weights.h"
+
+namespace tessera {
+
+struct LlamaTensorNames {
+  const char* tok_embd;
+  const char* output;
+  const char* output_norm;
+  const char* layer_prefix;  // followed by the layer index and a '.'
+  const char *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *ffn_norm, *w_gate, *w_up, *w_down;
+};
+
+inline constexpr LlamaTensorNames kGgufLlamaNames = {
+    "token_embd.weight", "output.weight", "output_norm.weight", "blk.",
+    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+    "attn_q.bias", "attn_k.bias", "attn_v.bias", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+    "ffn_down.weight"};
+
+inline constexpr LlamaTensorNames kHfLlamaNames = {
+    "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.",
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+    "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+
+// Fills w's matrices and vectors from w.config (already read and validated).
+template <typename Binder>
+void bind_llama_tensors(Binder& bind, ModelWeights& w, const LlamaTensorNames& n) {
+  const ModelConfig& c = w.config;
+  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  w.tok_embd = bind.matrix(n.tok_embd, c.n_vocab, c.n_embd);
+  w.output = c.tied_embeddings ? w.tok_embd : bind.matrix(n.output, c.n_vocab, c.n_embd);
+  w.output_norm = bind.vector(n.output_norm, c.n_embd, false);
+  w.layers.resize(c.n_layer);
+  for (int i = 0; i < c.n_layer; ++i) {
+    const std::string p = n.layer_prefix + std::to_string(i) + ".";
+    LayerWeights& l = w.layers[i];
+    l.attn_norm = bind.vector(p + n.attn_norm, c.n_embd, false);
+    l.wq = bind.matrix(p + n.wq, q_dim, c.n_embd);
+    l.wk = bind.matrix(p + n.wk, kv_dim, c.n_embd);
+    l.wv = bind.matrix(p + n.wv, kv_dim, c.n_embd);
+    l.wo = bind.matrix(p + n.wo, c.n_embd, q_dim);
+    l.bq = bind.vector(p + n.bq, q_dim, !c.qkv_bias);
+    l.bk = bind.vector(p + n.bk, kv_dim, !c.qkv_bias);
+    l.bv = bind.vector(p + n.bv, kv_dim, !c.qkv_bias);
+    l.ffn_norm = bind.vector(p + n.ffn_norm, c.n_embd, false);
+    l.w_gate = bind.matrix(p + n.w_gate, c.n_ff, c.n_embd);
+    l.w_up = bind.matrix(p + n.w_up, c.n_ff, c.n_embd);
+    l.w_down = bind.matrix(p + n.w_down, c.n_embd, c.n_ff);
+  }
+}
+
+}  // namespace tessera
