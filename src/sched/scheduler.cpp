@@ -40,9 +40,15 @@ Scheduler::Scheduler(const SchedulerConfig& config, KvBlockManager& kv) : config
 
 Scheduler::~Scheduler() {
   // Give the blocks back so the pool (which may outlive us) stays whole.
+  for (RequestId id : request_ids()) abort(id);
+}
+
+std::vector<RequestId> Scheduler::request_ids() const {
   std::vector<RequestId> ids;
+  ids.reserve(requests_.size());
   for (const auto& [id, r] : requests_) ids.push_back(id);
-  for (RequestId id : ids) abort(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
 }
 
 SeqHandle Scheduler::new_slot() {
@@ -60,7 +66,7 @@ OrderKey Scheduler::order_key(const RequestState& r, int choice) const {
   return OrderKey{prio, r.arrival, choice};
 }
 
-void Scheduler::add(SchedRequest request) {
+SeqId Scheduler::add(SchedRequest request) {
   TESSERA_CHECK(!request.prompt.empty(), "scheduler: request ", request.id, " has an empty prompt");
   TESSERA_CHECK(request.n >= 1, "scheduler: request ", request.id, " asks for n = ", request.n);
   TESSERA_CHECK(!requests_.count(request.id), "scheduler: request id ", request.id, " is already in use");
@@ -88,8 +94,16 @@ void Scheduler::add(SchedRequest request) {
   s.kv.root = r.spec.prefix_root;
   r.seqs[0] = h;
   waiting_.insert({s.key, h});
+  const SeqId first = r.first_seq;
   requests_.emplace(id, std::move(r));
   ++version_;
+  return first;
+}
+
+size_t Scheduler::n_live_choices() const {
+  size_t n = 0;
+  for (const auto& [id, r] : requests_) n += r.n_live;
+  return n;
 }
 
 int Scheduler::prefill_chunk(const Sequence& s, int n_computed, int budget) const {
@@ -306,7 +320,7 @@ void Scheduler::append_token(Sequence& s, int32_t token, std::vector<SeqEvent>& 
     finish(s, reason, events, token);
     return;
   }
-  events.push_back(SeqEvent{s.request, s.choice, token, FinishReason::None, false});
+  events.push_back(SeqEvent{s.request, s.id, s.choice, token, FinishReason::None, false});
 }
 
 void Scheduler::finish(Sequence& s, FinishReason reason, std::vector<SeqEvent>& events, int32_t token) {
@@ -315,13 +329,14 @@ void Scheduler::finish(Sequence& s, FinishReason reason, std::vector<SeqEvent>& 
   (s.status == SeqStatus::Running ? running_ : waiting_).erase({s.key, h});
   s.status = SeqStatus::Finished;
   const RequestId id = s.request;
+  const SeqId seq = s.id;
   const int32_t choice = s.choice;
   s.tokens = {};  // give the memory back now; the slot is reused
   free_slots_.push_back(h);
   RequestState& r = requests_.at(id);
   r.seqs[choice] = UINT32_MAX;
   const bool done = --r.n_live == 0;
-  events.push_back(SeqEvent{id, choice, token, reason, done});
+  events.push_back(SeqEvent{id, seq, choice, token, reason, done});
   if (done) requests_.erase(id);
 }
 
@@ -341,7 +356,7 @@ std::vector<SeqEvent> Scheduler::abort(RequestId id, FinishReason reason) {
       finish(slots_[h], reason, events, -1);
     } else if (unforked && c > 0) {
       const bool done = --rr.n_live == 0;
-      events.push_back(SeqEvent{id, c, -1, reason, done});
+      events.push_back(SeqEvent{id, rr.first_seq + c, c, -1, reason, done});
       if (done) requests_.erase(id);
     }
     if (!requests_.count(id)) break;

@@ -74,6 +74,7 @@ struct SchedulerOutput {
 // What a step (or an abort) did to a request's choice.
 struct SeqEvent {
   RequestId request = 0;
+  SeqId seq = 0;
   int32_t choice = 0;
   int32_t token = -1;                       // a new output token, or -1
   FinishReason finish = FinishReason::None;  // the choice ended (the token, if any, is its last)
@@ -97,10 +98,12 @@ class Scheduler {
   const KvBlockManager& kv() const { return kv_; }
 
   // Queues an admitted request (its first sequence waits; choices fork after the prompt).
-  void add(SchedRequest request);
+  // Returns the id of choice 0; choice c is that id + c.
+  SeqId add(SchedRequest request);
   // Ends every choice of the request now, freeing its KV. Unknown (finished) ids: no events.
   std::vector<SeqEvent> abort(RequestId id, FinishReason reason = FinishReason::Abort);
   bool contains(RequestId id) const { return requests_.count(id) != 0; }
+  std::vector<RequestId> request_ids() const;
 
   SchedulePlan plan() const;
   SchedulerOutput commit(const SchedulePlan& plan);
@@ -112,6 +115,8 @@ class Scheduler {
 
   const Sequence& sequence(SeqHandle h) const { return slots_[h]; }
   size_t n_requests() const { return requests_.size(); }
+  // Choices not finished, including those still to fork.
+  size_t n_live_choices() const;
   size_t n_waiting() const { return waiting_.size(); }
   size_t n_running() const { return running_.size(); }
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
