@@ -16,6 +16,16 @@ namespace {
 // About 50-100 µs of spinning before a worker sleeps: longer than the gap between the ops of
 // one forward pass, far shorter than the gap between requests.
 constexpr int kSpinIterations = 1 << 14;
+// Spins before a waiting thread starts yielding its core: when the machine is oversubscribed
+// the thread we wait for may be descheduled, and pure spinning would burn our whole time slice.
+constexpr int kSpinBeforeYield = 1 << 10;
+
+inline void spin_pause(int iteration) {
+  if (iteration < kSpinBeforeYield)
+    TESSERA_PAUSE();
+  else
+    std::this_thread::yield();
+}
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
@@ -44,7 +54,7 @@ void ThreadPool::run(FunctionRef<void(int, int)> fn) {
   generation_.fetch_add(1, std::memory_order_acq_rel);
   if (sleepers_.load(std::memory_order_acquire) > 0) generation_.notify_all();
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) TESSERA_PAUSE();
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) spin_pause(spin);
   job_ = nullptr;
 }
 
@@ -72,7 +82,7 @@ void ThreadPool::worker_loop(int index) {
   for (;;) {
     uint32_t now = generation_.load(std::memory_order_acquire);
     for (int spin = 0; now == seen && spin < kSpinIterations; ++spin) {
-      TESSERA_PAUSE();
+      spin_pause(spin);
       now = generation_.load(std::memory_order_acquire);
     }
     if (now == seen) {

@@ -44,13 +44,19 @@ std::string resolve_model_path(const std::string& model) {
 Session::Session(const SessionOptions& options) : options_(options) {
   if (options.model.rfind("dummy:", 0) == 0) {
     weights_ = make_dummy_weights(options.model.substr(6), options.dummy_seed);
+  } else if (const std::string path = resolve_model_path(options.model); std::filesystem::is_directory(path)) {
+    // A Hugging Face checkpoint: config.json, safetensors, tokenizer.json.
+    weights_ = load_safetensors_weights(path);
+    if (std::filesystem::exists(path + "/tokenizer.json"))
+      tokenizer_ = Tokenizer::from_hf_json(path + "/tokenizer.json");
   } else {
-    gguf_ = GGUFFile::open(resolve_model_path(options.model));
+    gguf_ = GGUFFile::open(path);
     weights_ = load_gguf_weights(gguf_);
     tokenizer_ = Tokenizer::from_gguf(*gguf_);
-    TESSERA_CHECK(tokenizer_->vocab_size() == weights_->config.n_vocab, gguf_->name(), ": tokenizer has ",
-                  tokenizer_->vocab_size(), " tokens but the model's vocabulary is ", weights_->config.n_vocab);
   }
+  if (tokenizer_)
+    TESSERA_CHECK(tokenizer_->vocab_size() <= weights_->config.n_vocab, weights_->source, ": tokenizer has ",
+                  tokenizer_->vocab_size(), " tokens but the model's vocabulary is ", weights_->config.n_vocab);
   const ModelConfig& c = weights_->config;
   backend_ = make_backend(options.backend);
   TESSERA_CHECK(options.max_batch_tokens >= 1 && options.max_batch_tokens <= 65536, "max batch tokens ",

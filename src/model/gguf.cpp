@@ -39,7 +39,7 @@ std::string ggml_type_label(uint32_t id) {
       "IQ2_XXS", "IQ2_XS",  "IQ3_XXS",  "IQ1_S",   "IQ4_NL", "IQ3_S",   "IQ2_S",  "IQ4_XS",
       "I8",      "I16",     "I32",      "I64",     "F64",    "IQ1_M",   "BF16",   "Q4_0_4_4",
       "Q4_0_4_8", "Q4_0_8_8", "TQ1_0",  "TQ2_0",   "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8",
-      "MXFP4"};
+      "MXFP4", "NVFP4", "Q1_0"};
   std::string label = "type id " + std::to_string(id);
   if (id < std::size(names)) label += " (" + std::string(names[id]) + ")";
   return label;

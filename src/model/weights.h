@@ -41,6 +41,9 @@ class GGUFFile;
 // Builds weights over a GGUF file (zero-copy for matrices). Checks every tensor's presence,
 // type and shape against the config; throws tessera::Error naming the tensor otherwise.
 std::shared_ptr<ModelWeights> load_gguf_weights(std::shared_ptr<const GGUFFile> file);
+// Builds weights over a Hugging Face checkpoint directory (config.json + safetensors, one
+// file or sharded); F32/F16/BF16 matrices are used in place.
+std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir);
 // Reads the model config from GGUF metadata (general.architecture and its keys).
 ModelConfig config_from_gguf(const GGUFFile& file);
 

@@ -35,12 +35,13 @@ static inline float fast_exp_nonpos(float x) {
   return p * scale;
 }
 
-static inline void load_row_f32(const void* src, tessera::DType dtype, int64_t index, int n, float* dst) {
+// dst[0..n) = src[offset .. offset + n) as f32, from F32 or F16 storage.
+static inline void load_f32(const void* src, tessera::DType dtype, int64_t offset, int n, float* dst) {
   if (dtype == tessera::DType::F32) {
-    std::memcpy(dst, static_cast<const float*>(src) + index * n, sizeof(float) * n);
+    std::memcpy(dst, static_cast<const float*>(src) + offset, sizeof(float) * n);
     return;
   }
-  const uint16_t* h = static_cast<const uint16_t*>(src) + index * n;
+  const uint16_t* h = static_cast<const uint16_t*>(src) + offset;
   int i = 0;
 #if defined(__F16C__)
   for (; i + 8 <= n; i += 8)
@@ -147,9 +148,9 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int base = blk * bs;
     const int nk = std::min(bs, kv_len - base);
-    const int64_t off = (static_cast<int64_t>(table[blk]) * kv.n_kv_heads + task.kv_head) * bs;
-    load_row_f32(kv.k, kv.dtype, off, nk * hd, kf);
-    load_row_f32(kv.v, kv.dtype, off, nk * hd, vf);
+    const int64_t off = (static_cast<int64_t>(table[blk]) * kv.n_kv_heads + task.kv_head) * bs * hd;
+    load_f32(kv.k, kv.dtype, off, nk * hd, kf);
+    load_f32(kv.v, kv.dtype, off, nk * hd, vf);
     for (int r = 0; r < n_q; ++r) {
       const int pos = b.positions[task.q_begin + r / group];
       const int visible = std::min(nk, pos - base + 1);  // causal: keys at positions <= pos

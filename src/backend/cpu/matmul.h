@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 
 #include "backend/tensor.h"
 #include "core/thread_pool.h"
@@ -23,7 +24,11 @@ class CpuMatmul {
   void run(const float* x, int64_t n_rows, int64_t ldx, std::span<const MatmulTarget> targets);
 
   // Name of the kernel family picked at run time for this CPU ("avx512", "avx2", "scalar").
+  // TESSERA_ISA=scalar|avx2|avx512 forces one; naming one this CPU lacks is an error.
   static const char* isa();
+
+  // Whether this CPU can run the named kernel family (tests run every one it can).
+  static bool isa_supported(std::string_view name);
 
  private:
   struct Impl;

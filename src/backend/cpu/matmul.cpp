@@ -1,0 +1,239 @@
+// CpuMatmul: picks the kernel family for this CPU, quantizes the shared input once per call
+// and spreads the output rows of every target over the pool in one parallel region.
+#include "backend/cpu/matmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/matmul_kernels.h"
+#include "core/aligned_buffer.h"
+#include "core/error.h"
+
+namespace tessera {
+
+namespace {
+
+enum class Isa { Scalar, Avx2, Avx512 };
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return "avx512";
+    case Isa::Avx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+bool cpu_supports(Isa isa) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+  switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::Avx2: return avx2;
+    case Isa::Avx512:
+      // The AVX-512 file is compiled with all of these, so the compiler may use any of them.
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+}
+
+bool parse_isa(std::string_view s, Isa* out) {
+  if (s == "scalar") *out = Isa::Scalar;
+  else if (s == "avx2") *out = Isa::Avx2;
+  else if (s == "avx512") *out = Isa::Avx512;
+  else return false;
+  return true;
+}
+
+// The best family this CPU runs, or the one TESSERA_ISA names.
+Isa resolve_isa() {
+  const char* env = std::getenv("TESSERA_ISA");
+  if (env && *env) {
+    Isa isa;
+    if (!parse_isa(env, &isa)) fail("TESSERA_ISA='", env, "' is not one of scalar, avx2, avx512");
+    if (!cpu_supports(isa)) fail("TESSERA_ISA=", env, " but this CPU lacks the instructions it needs");
+    return isa;
+  }
+  if (cpu_supports(Isa::Avx512)) return Isa::Avx512;
+  if (cpu_supports(Isa::Avx2)) return Isa::Avx2;
+  return Isa::Scalar;
+}
+
+const mm::KernelSet& kernel_set(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return mm::avx512_kernel_set();
+    case Isa::Avx2: return mm::avx2_kernel_set();
+    default: return mm::scalar_kernel_set();
+  }
+}
+
+// Decode work units hold about this many bytes of weights: large enough to stream, small
+// enough that both threads stay busy to the end of the last target.
+constexpr int64_t kDecodeChunkBytes = 24 * 1024;
+// Inputs at most this large are quantized by the calling thread before the parallel region.
+constexpr int64_t kInlineQuantizeElems = 8192;
+
+struct WorkItem {
+  int32_t target;
+  int64_t r0, r1;  // weight rows
+  int64_t t0, t1;  // input rows
+};
+
+}  // namespace
+
+int64_t mm::panel_scratch_bytes(const KernelSet& set, int64_t cols) {
+  // Worst case over formats: f32 weights of panel_rows rows, plus two f32 per 16-group.
+  return set.panel_rows * (cols * 4 + (cols / 16) * 8) + 256;
+}
+
+struct CpuMatmul::Impl {
+  explicit Impl(ThreadPool& p) : pool(p), ks(&kernel_set(resolve_isa())), scratch(p.size()) {}
+
+  ThreadPool& pool;
+  const mm::KernelSet* ks;
+  AlignedBuffer<uint8_t> act_q8, act_q8k;  // quantized input rows, reused between calls
+  std::vector<AlignedBuffer<uint8_t>> scratch;  // per thread: repacked weight panels
+  std::vector<WorkItem> items;
+
+  void plan(std::span<const MatmulTarget> targets, int64_t n_rows, int64_t cols);
+};
+
+CpuMatmul::CpuMatmul(ThreadPool& pool) : impl_(std::make_unique<Impl>(pool)) {}
+CpuMatmul::~CpuMatmul() = default;
+
+const char* CpuMatmul::isa() { return isa_name(resolve_isa()); }
+
+bool CpuMatmul::isa_supported(std::string_view name) {
+  Isa isa;
+  return parse_isa(name, &isa) && cpu_supports(isa);
+}
+
+void CpuMatmul::Impl::plan(std::span<const MatmulTarget> targets, int64_t n_rows, int64_t cols) {
+  items.clear();
+  const bool panels = ks->panel_rows > 1 && n_rows >= mm::kPanelMinRows;
+  if (!panels) {
+    for (size_t ti = 0; ti < targets.size(); ++ti) {
+      const WeightMatrix& w = targets[ti].w;
+      const int64_t chunk = std::clamp<int64_t>(kDecodeChunkBytes / std::max<int64_t>(1, w.row_bytes()) / 8 * 8, 8, 1024);
+      for (int64_t r = 0; r < w.rows; r += chunk)
+        items.push_back({static_cast<int32_t>(ti), r, std::min(w.rows, r + chunk), 0, n_rows});
+    }
+    return;
+  }
+  // Input panels outermost: both threads work on the same panel of x (shared L3, each
+  // one's L2), weight panels stream past it.
+  const int64_t act_row_bytes = cols + cols / 8;  // about right for every format
+  const int64_t x_panel = std::clamp<int64_t>((96 * 1024) / act_row_bytes / 4 * 4, 16, 128);
+  const int64_t w_chunk = ks->panel_rows * 4;
+  for (int64_t t = 0; t < n_rows; t += x_panel) {
+    for (size_t ti = 0; ti < targets.size(); ++ti) {
+      const int64_t rows = targets[ti].w.rows;
+      for (int64_t r = 0; r < rows; r += w_chunk)
+        items.push_back({static_cast<int32_t>(ti), r, std::min(rows, r + w_chunk), t, std::min(n_rows, t + x_panel)});
+    }
+  }
+}
+
+void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const MatmulTarget> targets) {
+  Impl& s = *impl_;
+  if (n_rows <= 0 || targets.empty()) return;
+  TESSERA_CHECK(x != nullptr, "matmul: input is null");
+  const int64_t cols = targets[0].w.cols;
+  bool need_q8 = false, need_q8k = false;
+  for (const MatmulTarget& t : targets) {
+    const WeightMatrix& w = t.w;
+    TESSERA_CHECK(mm::wkind_index(w.dtype) >= 0, "matmul: weight type ", dtype_name(w.dtype), " is not supported");
+    TESSERA_CHECK(w.cols == cols, "matmul: targets disagree on the input width (", w.cols, " vs ", cols, ")");
+    TESSERA_CHECK(w.cols > 0 && w.cols % dtype_traits(w.dtype).block_elems == 0, "matmul: ", dtype_name(w.dtype),
+                  " weight has ", w.cols, " columns, not a multiple of its block size");
+    TESSERA_CHECK(w.data != nullptr && t.y != nullptr, "matmul: null weight or output");
+    TESSERA_CHECK(n_rows == 1 || t.ldy >= w.rows, "matmul: ldy ", t.ldy, " is less than the ", w.rows, " outputs");
+    const mm::ActKind k = mm::act_kind(w.dtype);
+    need_q8 |= k == mm::ActKind::Q8;
+    need_q8k |= k == mm::ActKind::Q8K;
+  }
+  TESSERA_CHECK(n_rows == 1 || ldx >= cols, "matmul: ldx ", ldx, " is less than the input width ", cols);
+
+  const mm::ActLayout lay_q8 = mm::ActLayout::make(cols, false);
+  const mm::ActLayout lay_q8k = mm::ActLayout::make(cols, true);
+  if (need_q8 && s.act_q8.size() < static_cast<size_t>(n_rows * lay_q8.row_bytes)) s.act_q8.resize(n_rows * lay_q8.row_bytes);
+  if (need_q8k && s.act_q8k.size() < static_cast<size_t>(n_rows * lay_q8k.row_bytes)) s.act_q8k.resize(n_rows * lay_q8k.row_bytes);
+
+  s.plan(targets, n_rows, cols);
+  const bool panels = s.ks->panel_rows > 1 && n_rows >= mm::kPanelMinRows;
+  if (panels) {
+    const size_t need = mm::panel_scratch_bytes(*s.ks, cols);
+    for (auto& b : s.scratch)
+      if (b.size() < need) b.resize(need);
+  }
+
+  // Quantization work: one unit per (format, input row).
+  const int n_formats = static_cast<int>(need_q8) + static_cast<int>(need_q8k);
+  const int64_t quant_units = n_formats * n_rows;
+  auto quantize_unit = [&](int64_t u) {
+    const bool q8 = need_q8 && u < n_rows;  // Q8 rows first, then Q8_K rows
+    const int64_t t = u % n_rows;
+    if (q8) s.ks->quantize_q8(x + t * ldx, s.act_q8.data() + t * lay_q8.row_bytes, lay_q8);
+    else s.ks->quantize_q8k(x + t * ldx, s.act_q8k.data() + t * lay_q8k.row_bytes, lay_q8k);
+  };
+  const bool quantize_inline = quant_units * cols <= kInlineQuantizeElems || s.pool.size() == 1;
+  if (quantize_inline)
+    for (int64_t u = 0; u < quant_units; ++u) quantize_unit(u);
+
+  std::atomic<int64_t> next_quant{0}, next_item{0};
+  std::atomic<int> quantized{0};
+  const int64_t n_items = static_cast<int64_t>(s.items.size());
+  s.pool.run([&](int thread, int n_threads) {
+    if (!quantize_inline) {
+      for (int64_t u; (u = next_quant.fetch_add(1, std::memory_order_relaxed)) < quant_units;) quantize_unit(u);
+      // Every thread takes part in every job, so all of them reach this barrier.
+      quantized.fetch_add(1, std::memory_order_acq_rel);
+      while (quantized.load(std::memory_order_acquire) < n_threads) __builtin_ia32_pause();
+    }
+    mm::MatmulTask task;
+    task.cols = cols;
+    task.ldx = ldx;
+    task.scratch = panels ? s.scratch[thread].data() : nullptr;
+    for (int64_t i; (i = next_item.fetch_add(1, std::memory_order_relaxed)) < n_items;) {
+      const WorkItem& it = s.items[i];
+      const MatmulTarget& tg = targets[it.target];
+      const int64_t row_bytes = tg.w.row_bytes();
+      task.w = static_cast<const uint8_t*>(tg.w.data) + it.r0 * row_bytes;
+      task.w_stride = row_bytes;
+      task.n_w = it.r1 - it.r0;
+      task.n_x = it.t1 - it.t0;
+      task.x = x + it.t0 * ldx;
+      switch (mm::act_kind(tg.w.dtype)) {
+        case mm::ActKind::Q8:
+          task.act = s.act_q8.data() + it.t0 * lay_q8.row_bytes;
+          task.act_layout = &lay_q8;
+          break;
+        case mm::ActKind::Q8K:
+          task.act = s.act_q8k.data() + it.t0 * lay_q8k.row_bytes;
+          task.act_layout = &lay_q8k;
+          break;
+        default:
+          task.act = nullptr;
+          task.act_layout = nullptr;
+      }
+      task.y = tg.y + it.t0 * tg.ldy + it.r0;
+      task.ldy = tg.ldy;
+      const int k = mm::wkind_index(tg.w.dtype);
+      (panels && s.ks->panel[k] ? s.ks->panel[k] : s.ks->direct[k])(task);
+    }
+  });
+}
+
+void cpu_get_rows(const WeightMatrix& w, const int32_t* ids, int64_t n, float* out) {
+  TESSERA_CHECK(mm::wkind_index(w.dtype) >= 0, "get_rows: weight type ", dtype_name(w.dtype), " is not supported");
+  const int64_t row_bytes = w.row_bytes();
+  for (int64_t i = 0; i < n; ++i)
+    mm::dequantize_row_scalar(w.dtype, static_cast<const uint8_t*>(w.data) + ids[i] * row_bytes, out + i * w.cols, w.cols);
+}
+
+}  // namespace tessera

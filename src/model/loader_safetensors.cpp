@@ -1,0 +1,135 @@
+// Weights and config from a Hugging Face checkpoint: config.json + safetensors (one file or
+// sharded). Matrices in F32/F16/BF16 are used in place; vectors become f32.
+#include <filesystem>
+
+#include "core/error.h"
+#include "model/hf_config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "quant/quant.h"
+
+namespace tessera {
+
+namespace {
+
+ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
+  ModelConfig c;
+  if (h.architecture == "LlamaForCausalLM" || h.architecture == "MistralForCausalLM") {
+    c.arch = "llama";
+  } else if (h.architecture == "Qwen2ForCausalLM") {
+    c.arch = "qwen2";
+  } else {
+    fail(dir, ": architecture '", h.architecture,
+         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+  }
+  c.name = std::filesystem::path(dir).filename().string();
+  auto narrow = [&](int64_t v, const char* field) {
+    if (v < 0 || v > (int64_t{1} << 30)) fail(dir, "/config.json: ", field, " = ", v, " is out of range");
+    return static_cast<int>(v);
+  };
+  c.n_vocab = narrow(h.vocab_size, "vocab_size");
+  c.n_embd = narrow(h.hidden_size, "hidden_size");
+  c.n_layer = narrow(h.num_hidden_layers, "num_hidden_layers");
+  c.n_head = narrow(h.num_attention_heads, "num_attention_heads");
+  c.n_head_kv = narrow(h.num_key_value_heads, "num_key_value_heads");
+  c.head_dim = narrow(h.head_dim, "head_dim");
+  c.n_ff = narrow(h.intermediate_size, "intermediate_size");
+  c.n_ctx_train = narrow(h.max_position_embeddings, "max_position_embeddings");
+  c.rms_eps = static_cast<float>(h.rms_norm_eps);
+  c.rope_freq_base = static_cast<float>(h.rope_theta);
+  c.rope_dim = c.head_dim;
+  c.rope_neox = true;  // Hugging Face checkpoints rotate halves (rotate_half)
+  c.qkv_bias = h.qkv_bias;
+  c.tied_embeddings = h.tie_word_embeddings;
+  if (h.rope_scaling) {
+    const HFRopeScaling& s = *h.rope_scaling;
+    if (s.type == "llama3" || s.type == "linear") {
+      c.rope_scaling = s.type;
+      c.rope_scaling_factor = static_cast<float>(s.factor);
+      c.rope_low_freq_factor = static_cast<float>(s.low_freq_factor);
+      c.rope_high_freq_factor = static_cast<float>(s.high_freq_factor);
+      c.rope_original_ctx = static_cast<int>(s.original_max_position_embeddings);
+    } else if (s.type != "default") {
+      fail(dir, "/config.json: rope_scaling type '", s.type, "' is not supported (llama3, linear)");
+    }
+  }
+  c.validate();
+  return c;
+}
+
+struct HFBinder {
+  const SafetensorsModel& st;
+  ModelWeights& w;
+
+  const SafetensorsTensor& find(const std::string& name) {
+    const SafetensorsTensor* t = st.find_tensor(name);
+    if (!t) fail(st.name(), ": missing tensor '", name, "'");
+    if (t->dtype != DType::F32 && t->dtype != DType::F16 && t->dtype != DType::BF16)
+      fail(st.name(), ": tensor '", name, "' has type ", safetensors_dtype_name(t->stored),
+           ", expected F32, F16 or BF16");
+    return *t;
+  }
+
+  WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols) {
+    const SafetensorsTensor& t = find(name);
+    if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
+      fail(st.name(), ": tensor '", name, "' has shape ", shape_str(t), ", expected [", rows, ", ", cols, "]");
+    w.weight_bytes += static_cast<int64_t>(t.n_bytes);
+    return WeightMatrix{t.data, t.dtype, rows, cols};
+  }
+
+  const float* vector(const std::string& name, int64_t n, bool optional = false) {
+    if (optional && !st.find_tensor(name)) return nullptr;
+    const SafetensorsTensor& t = find(name);
+    if (t.shape.size() != 1 || t.shape[0] != n)
+      fail(st.name(), ": tensor '", name, "' has shape ", shape_str(t), ", expected [", n, "]");
+    w.weight_bytes += static_cast<int64_t>(t.n_bytes);
+    float* out = w.make_f32(n);
+    dequantize_row(t.dtype, t.data, out, n);
+    return out;
+  }
+
+  static std::string shape_str(const SafetensorsTensor& t) {
+    std::string s = "[";
+    for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+    return s + "]";
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir) {
+  auto st = std::shared_ptr<SafetensorsModel>(SafetensorsModel::open(dir));
+  auto w = std::make_shared<ModelWeights>();
+  w->config = config_from_hf(load_hf_config(dir), dir);
+  w->source = dir;
+  w->owners.push_back(st);
+  const ModelConfig& c = w->config;
+  HFBinder bind{*st, *w};
+  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  w->tok_embd = bind.matrix("model.embed_tokens.weight", c.n_vocab, c.n_embd);
+  // Some tied checkpoints still ship lm_head; the config decides.
+  w->output = c.tied_embeddings ? w->tok_embd : bind.matrix("lm_head.weight", c.n_vocab, c.n_embd);
+  w->output_norm = bind.vector("model.norm.weight", c.n_embd);
+  w->layers.resize(c.n_layer);
+  for (int i = 0; i < c.n_layer; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeights& l = w->layers[i];
+    l.attn_norm = bind.vector(p + "input_layernorm.weight", c.n_embd);
+    l.wq = bind.matrix(p + "self_attn.q_proj.weight", q_dim, c.n_embd);
+    l.wk = bind.matrix(p + "self_attn.k_proj.weight", kv_dim, c.n_embd);
+    l.wv = bind.matrix(p + "self_attn.v_proj.weight", kv_dim, c.n_embd);
+    l.wo = bind.matrix(p + "self_attn.o_proj.weight", c.n_embd, q_dim);
+    l.bq = bind.vector(p + "self_attn.q_proj.bias", q_dim, !c.qkv_bias);
+    l.bk = bind.vector(p + "self_attn.k_proj.bias", kv_dim, !c.qkv_bias);
+    l.bv = bind.vector(p + "self_attn.v_proj.bias", kv_dim, !c.qkv_bias);
+    l.ffn_norm = bind.vector(p + "post_attention_layernorm.weight", c.n_embd);
+    l.w_gate = bind.matrix(p + "mlp.gate_proj.weight", c.n_ff, c.n_embd);
+    l.w_up = bind.matrix(p + "mlp.up_proj.weight", c.n_ff, c.n_embd);
+    l.w_down = bind.matrix(p + "mlp.down_proj.weight", c.n_embd, c.n_ff);
+  }
+  return w;
+}
+
+}  // namespace tessera
