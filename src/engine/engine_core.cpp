@@ -26,6 +26,10 @@ EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
                 config.scheduler.max_num_batched_tokens, " exceeds the executor's batch of ", executor.max_batch_tokens());
   TESSERA_CHECK(config.scheduler.max_num_seqs <= executor.max_logits_rows(), "engine: max_num_seqs ",
                 config.scheduler.max_num_seqs, " exceeds the executor's ", executor.max_logits_rows(), " logits rows");
+  TESSERA_CHECK(config.min_forward_rows >= 0 && config.min_forward_rows <= executor.max_batch_tokens(),
+                "engine: min_forward_rows ", config.min_forward_rows, " is outside [0, ", executor.max_batch_tokens(), "]");
+  for (int i = 0; i < config.n_pad_blocks(); ++i) pad_seq_.blocks.push_back(config.n_blocks + i);
+  pad_tokens_.assign(config.min_forward_rows, 0);
 }
 
 EngineCore::~EngineCore() {
@@ -124,6 +128,9 @@ StepResult EngineCore::step() {
     const int32_t row = static_cast<int32_t>(batch_.logits_rows.size()) - 1;
     for (SeqId id : sc.sample_seqs) samples_.push_back({row, id});
   }
+  if (batch_.n_tokens() < config_.min_forward_rows)  // rows of its own, no logits
+    batch_.add_sequence(pad_seq_, config_.block_size, pad_tokens_.data(),
+                        config_.min_forward_rows - batch_.n_tokens(), ForwardBatch::Logits::None);
   try {
     executor_.execute(StepInput{batch_, out.copies, samples_}, tokens_);
     result.events = scheduler_.update(out, tokens_);

@@ -24,6 +24,14 @@ struct EngineConfig {
   int max_n = 16;            // most choices per request
   AdmissionLimits admission; // used by Engine
   bool check_invariants = false;  // after every step (tests): slow, throws on a broken one
+  // Pads every forward to at least this many rows with a throwaway sequence, for backends
+  // whose kernels change with the row count (the CPU matmul repacks weight panels from 8
+  // rows on, with a different summation order): every token is then computed the same way
+  // whatever the batch, and greedy outputs do not depend on batching. 0 = off. The padding
+  // sequence uses KV blocks [n_blocks, n_blocks + n_pad_blocks()), which the executor's
+  // cache must have in addition.
+  int min_forward_rows = 0;
+  int n_pad_blocks() const { return min_forward_rows > 0 ? (min_forward_rows + block_size - 1) / block_size : 0; }
 };
 
 struct EngineStats {
@@ -88,6 +96,8 @@ class EngineCore {
   ForwardBatch batch_;
   std::vector<SampleTarget> samples_;
   std::vector<int32_t> tokens_;
+  SequenceBlocks pad_seq_;          // the padding sequence's blocks (min_forward_rows)
+  std::vector<int32_t> pad_tokens_;
   EngineStats counters_;
 };
 

@@ -183,6 +183,26 @@ TEST(EngineSim, RandomWorkloadWithAbortsStaysExactAndLeakFree) {
   e.expect_whole();
 }
 
+TEST(EngineSim, PaddingRowsChangeNoOutput) {
+  std::mt19937 rng(31);
+  SimSetup s;
+  s.n_blocks = 40;
+  s.block_size = 4;
+  s.max_num_batched_tokens = 24;
+  s.min_forward_rows = 8;  // two padding blocks after the pool's 40
+  SimEngine e(s);
+  std::vector<std::pair<RequestId, Request>> reqs;
+  for (int i = 0; i < 30; ++i) {
+    Request r = greedy_request(random_tokens(rng, 1 + rng() % 30, s.vocab), 1 + rng() % 30);
+    reqs.emplace_back(e.add(r), r);
+    if (i % 4 == 0) e.step();
+  }
+  e.run();
+  for (const auto& [id, r] : reqs) EXPECT_EQ(e.out(id).tokens[0], e.reference(r)) << id;
+  EXPECT_GT(e.core().stats().preemptions, 0);
+  e.expect_whole();
+}
+
 TEST(EngineSim, ForkedChoicesShareThePromptsBlocksAndMatchSingleRuns) {
   SimSetup s;
   s.n_blocks = 64;

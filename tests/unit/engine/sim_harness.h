@@ -27,6 +27,7 @@ struct SimSetup {
   int32_t eos = -1;
   int eos_one_in = 0;
   bool check_invariants = true;  // after every step
+  int min_forward_rows = 0;
 };
 
 struct Collected {
@@ -41,7 +42,7 @@ class SimEngine {
   explicit SimEngine(const SimSetup& s) : setup_(s) {
     SimulatorConfig sc;
     sc.vocab_size = s.vocab;
-    sc.n_blocks = s.n_blocks;
+    sc.n_blocks = s.n_blocks + (s.min_forward_rows + s.block_size - 1) / s.block_size;  // + padding blocks
     sc.block_size = s.block_size;
     sc.eos_token = s.eos;
     sc.eos_one_in = s.eos_one_in;
@@ -60,6 +61,7 @@ class SimEngine {
     ec.model_fingerprint = "sim-model";
     ec.vocab_size = s.vocab;
     ec.check_invariants = s.check_invariants;
+    ec.min_forward_rows = s.min_forward_rows;
     core_ = std::make_unique<EngineCore>(ec, *sim_);
   }
 
