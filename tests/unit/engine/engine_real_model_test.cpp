@@ -6,9 +6,12 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"
+#include "engine/engine_offline.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace tessera;
@@ -173,4 +176,40 @@ TEST_F(EngineRealModel, ForkedChoicesCopyOnWriteTheRealCache) {
     s1.sampling.seed = 42 + c;
     EXPECT_EQ(f2.out.at(1).tokens[c], run({s1}, true).out.at(1).tokens[0]) << c;
   }
+}
+
+TEST_F(EngineRealModel, OfflineBatchWritesOneLinePerRequestInOrder) {
+  std::istringstream in(
+      R"({"prompt": "The three primary colors are", "max_tokens": 6, "temperature": 0, "ignore_eos": true})"
+      "\n"
+      R"({"prompt": "x", "max_tokens": "10"})"
+      "\n"
+      "not json\n"
+      "\n"  // blank lines are skipped
+      R"({"prompt_tokens": [1, 2, 99999999]})"
+      "\n"
+      R"({"prompt": "def fibonacci(n):", "max_tokens": 6, "temperature": 0, "ignore_eos": true, "n": 2})"
+      "\n");
+  std::ostringstream out;
+  const OfflineBatchSummary summary = run_offline_batch(*model_, in, out, {});
+  EXPECT_EQ(summary.n_requests, 5);
+  EXPECT_EQ(summary.n_errors, 3);
+  EXPECT_EQ(summary.completion_tokens, 6 + 2 * 6);
+  std::istringstream lines(out.str());
+  std::vector<nlohmann::json> got;
+  for (std::string line; std::getline(lines, line);) got.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(got.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i]["index"], i);
+  EXPECT_EQ(got[0]["choices"][0]["token_ids"].get<std::vector<int32_t>>(), alone().out.at(1).tokens[0]);
+  EXPECT_EQ(got[0]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(got[0]["choices"][0]["text"],
+            model_->session().tokenizer().decode(alone().out.at(1).tokens[0], true));
+  EXPECT_NE(got[1]["error"]["message"].get<std::string>().find("'max_tokens' must be an integer"), std::string::npos);
+  EXPECT_EQ(got[1]["error"]["type"], "invalid_request");
+  EXPECT_TRUE(got[2].contains("error"));
+  EXPECT_NE(got[3]["error"]["message"].get<std::string>().find("outside the vocabulary"), std::string::npos);
+  ASSERT_EQ(got[4]["choices"].size(), 2u);
+  for (int c = 0; c < 2; ++c)
+    EXPECT_EQ(got[4]["choices"][c]["token_ids"].get<std::vector<int32_t>>(), alone().out.at(2).tokens[0]);
+  EXPECT_EQ(got[4]["usage"]["completion_tokens"], 12);
 }
