@@ -46,6 +46,8 @@ struct PrefixCacheStats {
   int64_t hit_tokens = 0;      // tokens served from the cache (prefill saved)
   int64_t evictions = 0;       // cached blocks reused for other data
   int64_t registered = 0;      // blocks entered into the index
+  // Share of looked-up prompt tokens served from the cache.
+  double hit_ratio() const { return queried_tokens > 0 ? static_cast<double>(hit_tokens) / queried_tokens : 0.0; }
 };
 
 class KvBlockManager {
