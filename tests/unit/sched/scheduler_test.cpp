@@ -20,6 +20,15 @@ SchedRequest request(RequestId id, int n_prompt, int max_tokens, int32_t priorit
   return r;
 }
 
+SchedulerConfig config(int max_tokens, int max_seqs, int max_partial = 4, int max_model_len = 4096) {
+  SchedulerConfig c;
+  c.max_num_batched_tokens = max_tokens;
+  c.max_num_seqs = max_seqs;
+  c.max_partial_prefills = max_partial;
+  c.max_model_len = max_model_len;
+  return c;
+}
+
 // Runs one step with every sampled token = `token`.
 std::vector<SeqEvent> step(Scheduler& s, SchedulerOutput& out, int32_t token = 5) {
   out = s.schedule();
@@ -33,7 +42,7 @@ std::vector<SeqEvent> step(Scheduler& s, SchedulerOutput& out, int32_t token = 5
 
 TEST(Scheduler, PlanIsConstAndAStalePlanIsRefused) {
   KvBlockManager kv({.n_blocks = 16, .block_size = 4});
-  Scheduler s({.max_num_batched_tokens = 8, .max_num_seqs = 4}, kv);
+  Scheduler s(config(8, 4), kv);
   s.add(request(1, 10, 3));
   s.add(request(2, 3, 3));
   const SchedulePlan a = s.plan();
@@ -56,7 +65,7 @@ TEST(Scheduler, PlanIsConstAndAStalePlanIsRefused) {
 
 TEST(Scheduler, BudgetsAndCapsHoldEveryStep) {
   KvBlockManager kv({.n_blocks = 64, .block_size = 4});
-  Scheduler s({.max_num_batched_tokens = 10, .max_num_seqs = 3, .max_partial_prefills = 1}, kv);
+  Scheduler s(config(10, 3, 1), kv);
   for (RequestId id = 1; id <= 8; ++id) s.add(request(id, 1 + id * 3, 4));
   SchedulerOutput out;
   int steps = 0;
@@ -75,7 +84,7 @@ TEST(Scheduler, BudgetsAndCapsHoldEveryStep) {
 
 TEST(Scheduler, PreemptsTheLastRunningSequenceAndResumesIt) {
   KvBlockManager kv({.n_blocks = 4, .block_size = 2, .prefix_caching = false});
-  Scheduler s({.max_num_batched_tokens = 16, .max_num_seqs = 4}, kv);
+  Scheduler s(config(16, 4), kv);
   s.add(request(1, 3, 6));  // 2 blocks now, up to 4 later
   s.add(request(2, 3, 6));
   SchedulerOutput out;
@@ -93,7 +102,7 @@ TEST(Scheduler, PreemptsTheLastRunningSequenceAndResumesIt) {
 
 TEST(Scheduler, StopChecks) {
   KvBlockManager kv({.n_blocks = 16, .block_size = 4});
-  SchedulerConfig c{.max_num_batched_tokens = 64, .max_num_seqs = 4, .max_model_len = 8};
+  SchedulerConfig c = config(64, 4, 4, 8);
   c.is_eog = [](int32_t t) { return t == 2; };
   Scheduler s(c, kv);
   SchedRequest eos = request(1, 2, 10);
@@ -121,7 +130,7 @@ TEST(Scheduler, StopChecks) {
 
 TEST(Scheduler, ForkHappensOnTheStepThatCompletesThePrompt) {
   KvBlockManager kv({.n_blocks = 16, .block_size = 4});
-  Scheduler s({.max_num_batched_tokens = 4, .max_num_seqs = 8}, kv);
+  Scheduler s(config(4, 8), kv);
   s.add(request(1, 6, 2, 0, 3));
   SchedulerOutput out;
   step(s, out);  // tokens 0..3
