@@ -3,9 +3,9 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 MODEL_DIR ?= $(HOME)/.cache/tessera/models
 DEFAULT_MODEL := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
-PROMPT ?= The three primary colors are
+PROMPT ?= What are the three primary colors?
 
-.PHONY: all bootstrap build model run test bench clean
+.PHONY: all bootstrap build model test-models run test bench clean
 
 all: build
 
@@ -22,10 +22,16 @@ build: bootstrap
 model:
 	@bash scripts/fetch-model.sh smollm2-135m
 
-run: build model
-	$(BUILD_DIR)/bin/tessera generate --model smollm2-135m --chat --prompt "$(PROMPT)" --max-tokens 64
+# Tests also read a second architecture's tokenizer (Gemma 3, SentencePiece).
+test-models: model
+	@bash scripts/fetch-model.sh gemma3-270m
 
-test: build model
+# Until the server exists, the main job is one chat turn, spelled in the model's ChatML.
+run: build model
+	$(BUILD_DIR)/bin/tessera generate --model smollm2-135m --special --temperature 0 --max-tokens 96 \
+	  --prompt "$$(printf '<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n' "$(PROMPT)")"
+
+test: build test-models
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 bench: build model

@@ -32,7 +32,8 @@ void add_eval(CLI::App& app) {
     so.ctx = std::max(so.ctx, a->ctx);
     so.max_logits = std::min(a->ctx, so.max_batch_tokens);
     Session session(so);
-    const std::string text = read_file(a->file);
+    std::string text = read_file(a->file);
+    if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama.cpp reads -f files
     const auto tokens = session.tokenizer().encode(text, /*add_special=*/false, /*parse_special=*/false);
     const auto t0 = std::chrono::steady_clock::now();
     const PerplexityResult r = perplexity(session, tokens, a->ctx, a->max_chunks, [](int i, int n, double ppl) {

@@ -17,7 +17,7 @@ struct Alias {
 };
 constexpr Alias kAliases[] = {
     {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"},
-    {"gemma3-270m", "gemma-3-270m-it-Q4_K_M.gguf"},
+    {"gemma3-270m", "gemma-3-270m-q4_k_m.gguf"},
 };
 
 std::string model_cache_dir() {

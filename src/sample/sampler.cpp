@@ -7,33 +7,26 @@
 #include <utility>
 
 #include "core/error.h"
+#include "sample/row_kernels.h"
 
 namespace tessera {
 
 namespace {
 
-// Rows are processed in chunks: a vectorizable loop fills small arrays, then a scalar loop
-// does the part that cannot vectorize (histograms, appends).
+// Rows are processed in chunks: a kernel fills small arrays, then a scalar loop does what
+// cannot vectorize (histograms, appends).
 constexpr int64_t kChunk = 256;
 
-// Top-p without top-k avoids sorting the vocabulary by bucketing tokens on their scaled
-// logit t = (logit - max) / T <= 0. Bucket b holds t in (-(b+1)/kBucketsPerUnit,
-// -b/kBucketsPerUnit]; the last bucket also holds everything below (weights < e^-64).
-constexpr int kTopPBuckets = 1024;
-constexpr float kBucketsPerUnit = kTopPBuckets / 64.0f;
-// The bucket where the mass target is crossed is sorted once it holds at most this many
-// tokens; a larger one is split again into kRefineBuckets buckets by logit.
+// Top-p without top-k buckets the vocabulary (row_kernels.h), so only the bucket where the
+// mass target is crossed needs ordering. That bucket is sorted once it holds at most
+// kSortBoundaryAt tokens; a larger one is split again into kRefineBuckets buckets by logit.
 constexpr size_t kSortBoundaryAt = 2048;
 constexpr int kRefineBuckets = 1024;
 constexpr int kMaxRefineRounds = 8;
 
-// Dense draws (no filter) find the block first, then the token inside it.
+// Dense draws (no filter) sum the weights per block of kDrawBlock tokens, pick the block,
+// then recompute that block's weights to find the token.
 constexpr int64_t kDrawBlock = 4096;
-
-inline int top_p_bucket(float t) {
-  const float key = -t * kBucketsPerUnit;
-  return key < static_cast<float>(kTopPBuckets - 1) ? static_cast<int>(key) : kTopPBuckets - 1;
-}
 
 uint64_t nondeterministic_seed() {
   std::random_device device;
@@ -52,14 +45,9 @@ struct LogSoftmaxSummary {
 LogSoftmaxSummary summarize_log_softmax(std::span<const float> logits, int32_t n_top) {
   LogSoftmaxSummary s;
   s.max = checked_max_logit(logits);
-  const int64_t n = static_cast<int64_t>(logits.size());
-  std::array<float, kChunk> weight;
-  double z = 0;
-  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const int64_t len = std::min(kChunk, n - i0);
-    for (int64_t j = 0; j < len; ++j) weight[j] = exp_nonpositive(logits[i0 + j] - s.max);
-    z += sum_f64(std::span<const float>(weight.data(), static_cast<size_t>(len)));
-  }
+  // Temperature 1: (logit - max) / 1 is exactly logit - max.
+  const double z = row_kernels().weight_sum(logits.data(), static_cast<int64_t>(logits.size()),
+                                            s.max, 1.0f);
   s.log_z = std::log(z);  // z >= 1: the max contributes exp(0)
   std::vector<ScoredToken> best;
   select_top_k(logits, n_top, best);
@@ -86,6 +74,12 @@ Sampler::Sampler(SamplingParams params, int32_t vocab_size, std::span<const int3
     : params_(std::move(params)), vocab_size_(vocab_size) {
   params_.validate(vocab_size);
   seed_ = params_.seed ? *params_.seed : nondeterministic_seed();
+  // Every weight is exp((logit - max) * (1/T)): a multiply per token instead of a divide. A
+  // T so small that 1/T overflows gets the largest float, since (logit - max) * inf would be
+  // NaN for the max itself; the outcome is the same (only the max has weight).
+  const float inv = params_.greedy() ? 1.0f : 1.0f / params_.temperature;
+  inv_temperature_ = inv <= std::numeric_limits<float>::max() ? inv
+                                                               : std::numeric_limits<float>::max();
   rng_.seed(seed_);
   penalties_on_ = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                   params_.frequency_penalty != 0.0f;
@@ -142,15 +136,14 @@ void Sampler::apply_bias_and_penalties(std::span<float> logits) {
 }
 
 int32_t Sampler::argmax(std::span<const float> logits) const {
-  const float max = checked_max_logit(logits);
-  return static_cast<int32_t>(std::find(logits.begin(), logits.end(), max) - logits.begin());
+  return static_cast<int32_t>(first_index_of_max(logits, checked_max_logit(logits)));
 }
 
 int32_t Sampler::sample(std::span<float> logits) {
   check_row(logits);
   apply_bias_and_penalties(logits);
   if (params_.greedy()) return argmax(logits);
-  return draw(select_candidates(logits));
+  return draw(logits, select_candidates(logits));
 }
 
 SampleResult Sampler::sample_with_logprobs(std::span<float> logits) {
@@ -186,6 +179,9 @@ std::vector<TokenProb> Sampler::distribution(std::span<float> logits) {
   const Candidates c = select_candidates(logits);
   std::vector<TokenProb> out;
   if (c.dense) {
+    weights_.resize(logits.size());
+    row_kernels().weights(logits.data(), static_cast<int64_t>(logits.size()), c.max,
+                          inv_temperature_, weights_.data());
     out.resize(weights_.size());
     for (size_t i = 0; i < weights_.size(); ++i)
       out[i] = {static_cast<int32_t>(i), weights_[i] / c.total};
@@ -201,18 +197,23 @@ std::vector<TokenProb> Sampler::distribution(std::span<float> logits) {
 // --- candidate selection -------------------------------------------------------------------
 
 Sampler::Candidates Sampler::select_candidates(std::span<const float> logits) {
+  const RowKernels& kernels = row_kernels();
   const float max = checked_max_logit(logits);
-  const float temperature = params_.temperature;
+  const float inv_t = inv_temperature_;
   const int64_t n = static_cast<int64_t>(logits.size());
   const bool use_top_k = params_.top_k > 0 && params_.top_k < n;
   const bool use_top_p = params_.top_p < 1.0f;
   const bool use_min_p = params_.min_p > 0.0f;
-  // Division, not multiplication by 1/T: with a tiny T, 1/T overflows and 0 * inf is NaN,
-  // while (logit - max) / T is 0 for the max and -inf or very negative for the rest.
-  auto weight_of = [&](float logit) { return exp_nonpositive((logit - max) / temperature); };
+  auto weight_of = [&](float logit) { return exp_nonpositive((logit - max) * inv_t); };
+  // min-p: p / p_max >= min_p  <=>  (logit - max) / T >= log(min_p), decided in float64.
+  const double log_min_p = use_min_p ? std::log(static_cast<double>(params_.min_p)) : 0.0;
+  auto passes_min_p = [&](float logit) {
+    return (static_cast<double>(logit) - max) / params_.temperature >= log_min_p;
+  };
   ids_.clear();
   weights_.clear();
   Candidates c;
+  c.max = max;
 
   if (use_top_k) {
     select_top_k(logits, params_.top_k, ranked_);  // sorted in candidate order
@@ -221,7 +222,8 @@ Sampler::Candidates Sampler::select_candidates(std::span<const float> logits) {
     for (size_t i = 0; i < keep; ++i) weights_[i] = weight_of(ranked_[i].logit);
     if (use_top_p) {
       // The shortest prefix whose share of the top-k mass reaches top_p.
-      const double target = static_cast<double>(params_.top_p) * sum_f64(weights_);
+      const double target = static_cast<double>(params_.top_p) *
+                            kernels.sum_f64(weights_.data(), static_cast<int64_t>(keep));
       double cum = 0;
       for (size_t i = 0; i < keep; ++i) {
         cum += weights_[i];
@@ -233,11 +235,8 @@ Sampler::Candidates Sampler::select_candidates(std::span<const float> logits) {
     }
     if (use_min_p) {
       // The candidates are in logit order, so min-p keeps a prefix too.
-      const double log_min_p = std::log(static_cast<double>(params_.min_p));
       size_t n_pass = 0;
-      while (n_pass < keep && (static_cast<double>(ranked_[n_pass].logit) - max) / temperature >=
-                                  log_min_p)
-        ++n_pass;
+      while (n_pass < keep && passes_min_p(ranked_[n_pass].logit)) ++n_pass;
       keep = n_pass;
     }
     weights_.resize(keep);
@@ -247,76 +246,108 @@ Sampler::Candidates Sampler::select_candidates(std::span<const float> logits) {
     select_top_p_over_vocabulary(logits, max);
     if (use_min_p) keep_min_p(logits, max);
   } else if (use_min_p) {
-    const double log_min_p = std::log(static_cast<double>(params_.min_p));
-    for (int64_t i = 0; i < n; ++i) {
-      if ((static_cast<double>(logits[i]) - max) / temperature >= log_min_p) {
-        ids_.push_back(static_cast<int32_t>(i));
-        weights_.push_back(weight_of(logits[i]));
+    // A float threshold a little below the exact one finds the candidates fast; the exact
+    // float64 test then decides.
+    const double exact =
+        static_cast<double>(max) + static_cast<double>(params_.temperature) * log_min_p;
+    const float loose = static_cast<float>(exact - 1e-6 * std::abs(exact) - 1e-6);
+    std::array<int32_t, kChunk + 8> index;
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+      const int64_t count = kernels.collect_greater(logits.data() + i0, std::min(kChunk, n - i0),
+                                                    loose, static_cast<int32_t>(i0), index.data());
+      for (int64_t j = 0; j < count; ++j) {
+        const float logit = logits[index[j]];
+        if (passes_min_p(logit)) {
+          ids_.push_back(index[j]);
+          weights_.push_back(weight_of(logit));
+        }
       }
     }
   } else {
-    // Every token: weights for the whole row, and the mass of each block for the draw.
+    // Every token: only the mass of each block is kept; draw() recomputes one block.
     c.dense = true;
-    weights_.resize(static_cast<size_t>(n));
     block_mass_.clear();
-    for (int64_t b0 = 0; b0 < n; b0 += kDrawBlock) {
-      const int64_t len = std::min(kDrawBlock, n - b0);
-      float* w = weights_.data() + b0;
-      for (int64_t j = 0; j < len; ++j) w[j] = exp_nonpositive((logits[b0 + j] - max) / temperature);
-      block_mass_.push_back(sum_f64(std::span<const float>(w, static_cast<size_t>(len))));
-    }
+    for (int64_t b0 = 0; b0 < n; b0 += kDrawBlock)
+      block_mass_.push_back(
+          kernels.weight_sum(logits.data() + b0, std::min(kDrawBlock, n - b0), max, inv_t));
     c.total = 0;
     for (double m : block_mass_) c.total += m;
     return c;
   }
-  c.total = sum_f64(weights_);
+  c.total = kernels.sum_f64(weights_.data(), static_cast<int64_t>(weights_.size()));
   return c;
 }
 
 void Sampler::select_top_p_over_vocabulary(std::span<const float> logits, float max) {
-  const float temperature = params_.temperature;
+  const RowKernels& kernels = row_kernels();
+  const float inv_t = inv_temperature_;
+  const float* x = logits.data();
   const int64_t n = static_cast<int64_t>(logits.size());
-  std::array<float, kChunk> t;
-  std::array<float, kChunk> w;
-  std::array<int, kChunk> bucket;
-  auto fill_chunk = [&](int64_t i0, int64_t len) {
-    for (int64_t j = 0; j < len; ++j) {
-      t[j] = (logits[i0 + j] - max) / temperature;
-      w[j] = exp_nonpositive(t[j]);
-      bucket[j] = top_p_bucket(t[j]);
-    }
-  };
+  const double top_p = params_.top_p;
 
-  // Pass 1: the probability mass of each bucket.
-  std::array<double, kTopPBuckets> mass{};
+  // Pass 1: the total mass, and the mass of each bucket down to `cut`. Tokens below
+  // t = log((1 - top_p) / 2n) together weigh at most (1 - top_p) / 2 (the max weighs 1, so
+  // the total is at least 1): the target top_p * total is always reached above them, and
+  // they need no histogram. On real logit rows that skips most of the vocabulary.
+  const double skippable_t = std::log((1.0 - top_p) * 0.5 / static_cast<double>(n));
+  const int32_t cut = static_cast<int32_t>(
+      std::min<double>(kTopPBuckets - 1, std::floor(-skippable_t * kTopPBucketsPerUnit)));
+  // The scatter-add is scalar; four histograms (token j into histogram j % 4) keep runs of
+  // same-bucket tokens from forming one long dependency chain; they are combined in a
+  // fixed order.
+  constexpr int kHistograms = 4;
+  std::array<std::array<double, kTopPBuckets>, kHistograms> hist{};
+  std::array<float, kChunk> w;
+  std::array<int32_t, kChunk> bucket;
+  std::array<int32_t, kChunk + 8> index;
+  double total = 0;
   for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
     const int64_t len = std::min(kChunk, n - i0);
-    fill_chunk(i0, len);
-    for (int64_t j = 0; j < len; ++j) mass[bucket[j]] += w[j];
+    kernels.weights_and_buckets(x + i0, len, max, inv_t, w.data(), bucket.data());
+    total += kernels.sum_f64(w.data(), len);
+    // Collecting the tokens above the cut first keeps the scatter loop free of branches
+    // that real rows would mispredict.
+    const int64_t count = kernels.collect_at_most(bucket.data(), len, cut, 0, index.data());
+    for (int64_t j = 0; j < count; ++j)
+      hist[j % kHistograms][bucket[index[j]]] += w[index[j]];
   }
-  double total = 0;
-  for (double m : mass) total += m;
-  const double target = static_cast<double>(params_.top_p) * total;
+  const double target = top_p * total;
   // The bucket where the cumulative mass, from the top, reaches the target.
-  int boundary = 0;
+  int32_t boundary = 0;
   double before = 0;
-  while (boundary < kTopPBuckets - 1 && before + mass[boundary] < target)
-    before += mass[boundary++];
+  while (true) {
+    const double mass = (hist[0][boundary] + hist[1][boundary]) +
+                        (hist[2][boundary] + hist[3][boundary]);
+    if (before + mass >= target || boundary == cut) break;
+    before += mass;
+    ++boundary;
+  }
 
   // Pass 2: every token above that bucket is kept; the bucket itself is resolved exactly.
+  // Tokens in buckets <= boundary have t > -(boundary + 1) / kTopPBucketsPerUnit; a logit
+  // threshold a little below that edge finds them (and a few from the next bucket, which
+  // the exact bucket test then drops), so the rest of the row is skipped at scan speed.
+  float loose = -std::numeric_limits<float>::infinity();
+  if (boundary < kTopPBuckets - 1) {
+    const double edge = static_cast<double>(max) - (boundary + 1) / kTopPBucketsPerUnit /
+                                                       static_cast<double>(inv_t);
+    loose = static_cast<float>(edge - 1e-4 * (std::abs(edge) + std::abs(max)) - 1e-6);
+  }
   boundary_.clear();
+  std::array<float, kChunk> gathered;
   for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const int64_t len = std::min(kChunk, n - i0);
-    fill_chunk(i0, len);
-    bool any = false;
-    for (int64_t j = 0; j < len; ++j) any |= bucket[j] <= boundary;
-    if (!any) continue;
-    for (int64_t j = 0; j < len; ++j) {
+    const int64_t count = kernels.collect_greater(x + i0, std::min(kChunk, n - i0), loose,
+                                                  static_cast<int32_t>(i0), index.data());
+    if (count == 0) continue;
+    // The same kernel on the same logits gives the same weights and buckets as pass 1.
+    for (int64_t j = 0; j < count; ++j) gathered[j] = x[index[j]];
+    kernels.weights_and_buckets(gathered.data(), count, max, inv_t, w.data(), bucket.data());
+    for (int64_t j = 0; j < count; ++j) {
       if (bucket[j] < boundary) {
-        ids_.push_back(static_cast<int32_t>(i0 + j));
+        ids_.push_back(index[j]);
         weights_.push_back(w[j]);
       } else if (bucket[j] == boundary) {
-        boundary_.push_back({logits[i0 + j], static_cast<int32_t>(i0 + j)});
+        boundary_.push_back({gathered[j], index[j]});
       }
     }
   }
@@ -327,8 +358,8 @@ void Sampler::select_top_p_over_vocabulary(std::span<const float> logits, float 
 // order) whose mass reaches `need`. Large sets are split by logit into buckets again, so only
 // a small final set is sorted.
 void Sampler::resolve_top_p_boundary(float max, double need) {
-  const float temperature = params_.temperature;
-  auto weight_of = [&](float logit) { return exp_nonpositive((logit - max) / temperature); };
+  const float inv_t = inv_temperature_;
+  auto weight_of = [&](float logit) { return exp_nonpositive((logit - max) * inv_t); };
   for (int round = 0; round < kMaxRefineRounds && boundary_.size() > kSortBoundaryAt; ++round) {
     float lo = std::numeric_limits<float>::infinity();  // lowest finite logit
     float hi = -std::numeric_limits<float>::infinity();
@@ -375,7 +406,7 @@ void Sampler::resolve_top_p_boundary(float max, double need) {
 }
 
 void Sampler::keep_min_p(std::span<const float> logits, float max) {
-  // p / p_max >= min_p  <=>  (logit - max) / T >= log(min_p), without computing p.
+  // The same float64 test as in select_candidates.
   const double log_min_p = std::log(static_cast<double>(params_.min_p));
   size_t out = 0;
   for (size_t i = 0; i < ids_.size(); ++i) {
@@ -391,7 +422,7 @@ void Sampler::keep_min_p(std::span<const float> logits, float max) {
 
 // --- the draw ------------------------------------------------------------------------------
 
-int32_t Sampler::draw(const Candidates& c) {
+int32_t Sampler::draw(std::span<const float> logits, const Candidates& c) {
   // One 64-bit output per draw, mapped to a double in [0, 1) by its top 53 bits: exact and
   // the same everywhere (std::uniform_real_distribution is implementation-defined).
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
@@ -399,18 +430,24 @@ int32_t Sampler::draw(const Candidates& c) {
   // The token whose cumulative weight interval [cum - w, cum) holds the target; weight-0
   // tokens have empty intervals and are never chosen.
   if (c.dense) {
-    const size_t n = weights_.size();
+    // The walk stops at the last block with mass at the latest (the max's block has mass),
+    // so the chosen block always holds a token of positive weight.
+    size_t last = block_mass_.size() - 1;
+    while (block_mass_[last] == 0) --last;
     size_t block = 0;
     double cum = 0;
-    while (block + 1 < block_mass_.size() && cum + block_mass_[block] <= target)
-      cum += block_mass_[block++];
-    for (size_t i = block * kDrawBlock; i < n; ++i) {
-      cum += weights_[i];
-      if (cum > target) return static_cast<int32_t>(i);
+    while (block < last && cum + block_mass_[block] <= target) cum += block_mass_[block++];
+    const int64_t b0 = static_cast<int64_t>(block) * kDrawBlock;
+    const int64_t len = std::min(kDrawBlock, static_cast<int64_t>(logits.size()) - b0);
+    weights_.resize(static_cast<size_t>(len));
+    row_kernels().weights(logits.data() + b0, len, c.max, inv_temperature_, weights_.data());
+    for (int64_t j = 0; j < len; ++j) {
+      cum += weights_[j];
+      if (cum > target) return static_cast<int32_t>(b0 + j);
     }
-    // Rounding left the target past the last interval: take the last possible token.
-    for (size_t i = n; i-- > 0;)
-      if (weights_[i] > 0) return static_cast<int32_t>(i);
+    // Rounding left the target past the block's last interval: its last possible token.
+    for (int64_t j = len; j-- > 0;)
+      if (weights_[j] > 0) return static_cast<int32_t>(b0 + j);
   } else {
     double cum = 0;
     for (size_t i = 0; i < ids_.size(); ++i) {

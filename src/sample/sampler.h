@@ -14,10 +14,13 @@
 // softmax → draw. Candidate order, used for top-k and top-p and all ties: higher logit
 // first, then lower token id.
 //
-// Reproducibility: with a seed, the tokens depend only on the seed and the sequence of
-// logit rows (and accepted tokens), on every platform: the generator is std::mt19937_64
-// (fully specified by the C++ standard), each non-greedy step consumes exactly one 64-bit
-// output, and all arithmetic on the way is IEEE-754 in a fixed order.
+// Reproducibility: with a seed, the tokens depend only on the seed, the parameters, the
+// prompt, the sequence of logit rows (bit for bit) and the accepted tokens, on every
+// platform: the generator is std::mt19937_64 (fully specified by the C++ standard), each
+// non-greedy step consumes exactly one 64-bit output, and all arithmetic on the way is
+// IEEE-754 in a fixed order (the scalar and AVX2 row kernels give the same bits).
+//
+// Not thread-safe: one Sampler per sequence.
 #include <cstdint>
 #include <random>
 #include <span>
@@ -86,9 +89,11 @@ class Sampler {
 
  private:
   // The surviving candidates with unnormalized weights exp((logit - max) / temperature).
-  // Dense: every token, weights_ indexed by id (ids_ unused). Sparse: ids_[i] has weights_[i].
+  // Sparse: ids_[i] has weights_[i]. Dense: every token; only the mass of each block of
+  // tokens is stored (block_mass_), weights are recomputed where needed.
   struct Candidates {
     bool dense = false;
+    float max = 0;
     double total = 0;
   };
 
@@ -105,12 +110,13 @@ class Sampler {
   void select_top_p_over_vocabulary(std::span<const float> logits, float max);
   void resolve_top_p_boundary(float max, double need);
   void keep_min_p(std::span<const float> logits, float max);
-  int32_t draw(const Candidates& c);
+  int32_t draw(std::span<const float> logits, const Candidates& c);
   HistoryEntry& history_entry(int32_t token);
 
   SamplingParams params_;
   int32_t vocab_size_;
   uint64_t seed_;
+  float inv_temperature_;  // 1 / temperature, capped at the largest float
   std::mt19937_64 rng_;
   bool penalties_on_;
   int64_t n_accepted_ = 0;
@@ -128,7 +134,7 @@ class Sampler {
   std::vector<ScoredToken> boundary_;   // top-p: the tokens of the bucket where p is reached
   std::vector<ScoredToken> boundary_next_;
   std::vector<int32_t> ids_;            // sparse candidates
-  std::vector<float> weights_;          // their weights (or all V weights when dense)
+  std::vector<float> weights_;          // their weights (dense: one block's, or the row's)
   std::vector<double> block_mass_;      // dense: weight sum of each block of kDrawBlock
 };
 

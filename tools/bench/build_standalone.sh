@@ -6,7 +6,7 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:?usage: build_standalone.sh OUT_DIR}
 mkdir -p "$out/obj"
-cxx="${CXX:-g++} -std=c++20 -O3 -DNDEBUG -I$src/src -I$src/tests"
+cxx="${CXX:-g++} -std=c++20 -O3 -DNDEBUG -I$src/src -I$src/tests -DTESSERA_FIXTURES_DIR=\"$src/tests/fixtures\""
 pids=()
 for f in "$src"/src/core/*.cpp "$src"/src/backend/cpu/*.cpp; do
   case "$f" in

@@ -128,7 +128,7 @@ void CpuMatmul::Impl::plan(std::span<const MatmulTarget> targets, int64_t n_rows
   // Input panels outermost: both threads work on the same panel of x (shared L3, each
   // one's L2), weight panels stream past it.
   const int64_t act_row_bytes = cols + cols / 8;  // about right for every format
-  const int64_t x_panel = std::clamp<int64_t>((96 * 1024) / act_row_bytes / 4 * 4, 16, 128);
+  const int64_t x_panel = std::clamp<int64_t>((192 * 1024) / act_row_bytes / 4 * 4, 16, 512);
   const int64_t w_chunk = ks->panel_rows * 4;
   for (int64_t t = 0; t < n_rows; t += x_panel) {
     for (size_t ti = 0; ti < targets.size(); ++ti) {

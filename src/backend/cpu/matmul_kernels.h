@@ -144,7 +144,8 @@ extern const MatmulKernel avx2_direct_kernels[kNumWKinds];
 extern const MatmulKernel avx2_panel_kernels[kNumWKinds];
 void avx2_quantize_q8(const float* x, uint8_t* row, const ActLayout& l);
 void avx2_quantize_q8k(const float* x, uint8_t* row, const ActLayout& l);
-// Rows per repacked panel: one register lane per weight row.
+// Rows per repacked panel: one register lane per weight row (AVX2 kernels repack two panels
+// at a time, so their scratch holds 16 rows).
 constexpr int kAvx2PanelRows = 8;
 constexpr int kAvx512PanelRows = 16;
 

@@ -7,6 +7,7 @@
 // (|w| times x carrying w's sign).
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "backend/cpu/matmul_kernels.h"
@@ -216,18 +217,9 @@ struct FloatRows {
   };
 };
 
-// 32-element block formats. A policy gives the 32 weight bytes of a block (unsigned, or
-// signed when kSigned), its scale and, when kHasMin, its offset m (times the activation's s).
-struct PQ4_0 {
-  using Block = BlockQ4_0;
-  static constexpr bool kSigned = true, kHasMin = false;
-  static __m256i quants(const Block& b) { return _mm256_sub_epi8(nibbles_32(b.qs), _mm256_set1_epi8(8)); }
-};
-struct PQ4_1 {
-  using Block = BlockQ4_1;
-  static constexpr bool kSigned = false, kHasMin = true;
-  static __m256i quants(const Block& b) { return nibbles_32(b.qs); }
-};
+// Q5_0 / Q5_1 / Q8_0 (Q4_0 / Q4_1: Q4PairRows below). A policy gives the 32 weight bytes of
+// a block (unsigned, or signed when kSigned), its scale and, when kHasMin, its offset m
+// (times the activation's s).
 struct PQ5_0 {
   using Block = BlockQ5_0;
   static constexpr bool kSigned = true, kHasMin = false;
@@ -249,32 +241,107 @@ struct PQ8_0 {
   static __m256i quants(const Block& b) { return load256(b.qs); }
 };
 
+inline uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Four rows at a time (shorter groups repeat their first row and drop the extra results):
+// the fp16 scales (and mins) of the 4 rows' blocks are converted together, [d0 m0 .. d3 m3]
+// times [dx s .. dx s] in one multiply; lane 2i is row i's block scale, the odd lanes
+// accumulate the m * s terms.
 template <typename P>
 struct Q32Rows {
   template <int NR>
   struct R {
     static void run(const MatmulTask& t, int64_t r0) {
       using Block = typename P::Block;
+      static_assert(offsetof(Block, d) == 0);
       const int64_t nb = t.cols / 32;
-      const Block* w[NR];
-      for (int i = 0; i < NR; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + i) * t.w_stride);
+      const Block* w[4];
+      for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + (i < NR ? i : 0)) * t.w_stride);
       for (int64_t j = 0; j < t.n_x; ++j) {
         const ActRow a = act_row(t.act, *t.act_layout, j);
         __m256 acc[NR];
-        float accm[NR];
-        for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps(), accm[i] = 0.0f;
+        __m256 accm = _mm256_setzero_ps();
+        for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
           const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qs + b * 32));
-          const float dx = a.d32[b];
+          const __m128i dm16 = _mm_setr_epi32(static_cast<int>(load_u32(&w[0][b])), static_cast<int>(load_u32(&w[1][b])),
+                                              static_cast<int>(load_u32(&w[2][b])), static_cast<int>(load_u32(&w[3][b])));
+          const __m256 xs = _mm256_unpacklo_ps(_mm256_set1_ps(a.d32[b]), _mm256_set1_ps(a.s32[b]));
+          const __m256 scales = _mm256_mul_ps(_mm256_cvtph_ps(dm16), xs);
+          if constexpr (P::kHasMin) accm = _mm256_add_ps(accm, scales);
           for (int i = 0; i < NR; ++i) {
-            const Block& blk = w[i][b];
-            const __m256i q = P::quants(blk);
+            const __m256i q = P::quants(w[i][b]);
             const __m256 p = P::kSigned ? dot_s8s8_f32(q, xq) : dot_u8s8_f32(q, xq);
-            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(blk.d) * dx), p, acc[i]);
-            if constexpr (P::kHasMin) accm[i] += h2f(blk.m) * a.s32[b];
+            const __m256 sc = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(2 * i));
+            acc[i] = _mm256_fmadd_ps(sc, p, acc[i]);
           }
         }
-        for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8(acc[i]) + accm[i];
+        alignas(32) float mins[8];
+        _mm256_store_ps(mins, accm);
+        for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8(acc[i]) + (P::kHasMin ? mins[2 * i + 1] : 0.0f);
+      }
+    }
+  };
+};
+
+// Q4_0 / Q4_1, two rows per register: the 16 quant bytes of row i fill the low lane and
+// those of row i+1 the high lane, so one AND gives both rows' first 16 quants and one
+// shift+AND their last 16, each dotted with the matching half of the activation block
+// broadcast to both lanes. Lanes 0-3 then hold row i's block sum, lanes 4-7 row i+1's.
+// Q4_0's offset of 8 comes out exactly in i32 through the activation's block sum.
+template <bool kHasMin>
+struct Q4PairRows {
+  template <int NR>
+  struct R {
+    static void run(const MatmulTask& t, int64_t r0) {
+      using Block = std::conditional_t<kHasMin, BlockQ4_1, BlockQ4_0>;
+      constexpr int kPairs = (NR + 1) / 2;
+      const int64_t nb = t.cols / 32;
+      const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+      const Block* w[4];
+      for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + (i < NR ? i : 0)) * t.w_stride);
+      // Scale lanes of [d0 m0 d1 m1 d2 m2 d3 m3] for a pair: row 2p in lanes 0-3, 2p+1 in 4-7.
+      const __m256i pair_idx[2] = {_mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2), _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)};
+      for (int64_t j = 0; j < t.n_x; ++j) {
+        const ActRow a = act_row(t.act, *t.act_layout, j);
+        __m256 acc[kPairs];
+        __m256 accm = _mm256_setzero_ps();
+        for (int p = 0; p < kPairs; ++p) acc[p] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+          const __m128i* xb = reinterpret_cast<const __m128i*>(a.qs + b * 32);
+          const __m256i xlo = _mm256_broadcastsi128_si256(_mm_load_si128(xb));
+          const __m256i xhi = _mm256_broadcastsi128_si256(_mm_load_si128(xb + 1));
+          const __m128i dm16 = _mm_setr_epi32(static_cast<int>(load_u32(&w[0][b])), static_cast<int>(load_u32(&w[1][b])),
+                                              static_cast<int>(load_u32(&w[2][b])), static_cast<int>(load_u32(&w[3][b])));
+          const __m256 xs = _mm256_unpacklo_ps(_mm256_set1_ps(a.d32[b]), _mm256_set1_ps(a.s32[b]));
+          const __m256 scales = _mm256_mul_ps(_mm256_cvtph_ps(dm16), xs);
+          if constexpr (kHasMin) accm = _mm256_add_ps(accm, scales);
+          __m256i corr = _mm256_setzero_si256();
+          if constexpr (!kHasMin)  // 8 * sum(x) out of lane 0 and lane 4 of each pair's sums
+            corr = _mm256_and_si256(_mm256_set1_epi32(8 * a.sum32[b]), _mm256_setr_epi32(-1, 0, 0, 0, -1, 0, 0, 0));
+          for (int p = 0; p < kPairs; ++p) {
+            const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[2 * p][b].qs));
+            const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[2 * p + 1 < 4 ? 2 * p + 1 : 0][b].qs));
+            const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+            __m256i p32 = _mm256_madd_epi16(p16, ones);
+            if constexpr (!kHasMin) p32 = _mm256_sub_epi32(p32, corr);
+            acc[p] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scales, pair_idx[p]), _mm256_cvtepi32_ps(p32), acc[p]);
+          }
+        }
+        alignas(32) float mins[8], sums[2 * kPairs][4];
+        _mm256_store_ps(mins, accm);
+        for (int p = 0; p < kPairs; ++p) {
+          _mm_store_ps(sums[2 * p], _mm256_castps256_ps128(acc[p]));
+          _mm_store_ps(sums[2 * p + 1], _mm256_extractf128_ps(acc[p], 1));
+        }
+        for (int i = 0; i < NR; ++i)
+          t.y[j * t.ldy + r0 + i] = (sums[i][0] + sums[i][1]) + (sums[i][2] + sums[i][3]) + (kHasMin ? mins[2 * i + 1] : 0.0f);
       }
     }
   };
@@ -380,8 +447,8 @@ struct Q6KRows {
 template <int NR> using F32R = FloatRows<LoadF32>::R<NR>;
 template <int NR> using F16R = FloatRows<LoadF16>::R<NR>;
 template <int NR> using BF16R = FloatRows<LoadBF16>::R<NR>;
-template <int NR> using Q4_0R = Q32Rows<PQ4_0>::R<NR>;
-template <int NR> using Q4_1R = Q32Rows<PQ4_1>::R<NR>;
+template <int NR> using Q4_0R = Q4PairRows<false>::R<NR>;
+template <int NR> using Q4_1R = Q4PairRows<true>::R<NR>;
 template <int NR> using Q5_0R = Q32Rows<PQ5_0>::R<NR>;
 template <int NR> using Q5_1R = Q32Rows<PQ5_1>::R<NR>;
 template <int NR> using Q8_0R = Q32Rows<PQ8_0>::R<NR>;
@@ -403,7 +470,7 @@ const KernelSet& avx2_kernel_set() {
     s.quantize_q8 = avx2_quantize_q8;
     s.quantize_q8k = avx2_quantize_q8k;
     for (int k = 0; k < kNumWKinds; ++k) s.direct[k] = avx2_direct_kernels[k], s.panel[k] = avx2_panel_kernels[k];
-    s.panel_rows = kAvx2PanelRows;
+    s.panel_rows = 2 * kAvx2PanelRows;
     return s;
   }();
   return set;

@@ -59,83 +59,112 @@ void repack(const MatmulTask& t, int64_t r0, int nrows, const Panel& p) {
 }
 
 inline void store_rows(float* y, __m256 v, int nrows) {
-  if (nrows == P) {
+  if (nrows >= P) {
     _mm256_storeu_ps(y, v);
-  } else {
-    alignas(32) float tmp[P];
-    _mm256_store_ps(tmp, v);
-    for (int i = 0; i < nrows; ++i) y[i] = tmp[i];
+  } else {  // lanes past the weight's last row are not written
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(y, _mm256_cmpgt_epi32(_mm256_set1_epi32(nrows), lanes), v);
   }
 }
 
-// RN input rows against one panel.
-template <typename D, int RN>
-void micro_q(const Panel& p, const MatmulTask& t, int64_t j0, float* y, int nrows) {
-  constexpr int B = D::kSub, G = B / 4, kSubs = 32 / B;
+// Keeps GCC from reassociating the i16 accumulation into a tree of temporaries (which spills).
+#define TESSERA_PIN(v) asm("" : "+x"(v))
+
+// RN input rows against NP panels of 8 weight rows. Per 4-column group: one load per panel,
+// one broadcast per input row, NP * RN maddubs; i16 partial sums go to i32 every kSteps
+// groups; f32 accumulators live in L1 (touched once per sub-block).
+template <typename D, int NP, int RN>
+void micro_q(const Panel* panels, const MatmulTask& t, int64_t j0, float* y, int nrows) {
+  constexpr int B = D::kSub, G = B / 4, kSubs = 32 / B, kSteps = D::kSteps;
   const __m256i ones = _mm256_set1_epi16(1);
+  const int8_t* xq[RN];
   ActRow a[RN];
-  for (int j = 0; j < RN; ++j) a[j] = act_row(t.act, *t.act_layout, j0 + j);
-  __m256 acc[RN];
-  for (int j = 0; j < RN; ++j) acc[j] = _mm256_setzero_ps();
+  for (int j = 0; j < RN; ++j) a[j] = act_row(t.act, *t.act_layout, j0 + j), xq[j] = a[j].qs;
+  alignas(32) float facc[NP][RN][P] = {};
   const int64_t n_chunks = t.cols / 32;
   for (int64_t c = 0; c < n_chunks; ++c) {
-    const uint8_t* q = p.q + c * 32 * P;
     for (int s = 0; s < kSubs; ++s) {
       const int64_t sub = c * kSubs + s;
-      __m256i isum[RN], acc16[RN];
-      for (int j = 0; j < RN; ++j) isum[j] = _mm256_setzero_si256(), acc16[j] = _mm256_setzero_si256();
+      __m256i isum[NP][RN], acc16[NP][RN];
+      for (int p = 0; p < NP; ++p)
+        for (int j = 0; j < RN; ++j) isum[p][j] = _mm256_setzero_si256(), acc16[p][j] = _mm256_setzero_si256();
       for (int g = 0; g < G; ++g) {
         const int grp = s * G + g;
-        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(q + grp * 32));
-        __m256i wabs = w;
-        if constexpr (D::kSigned) wabs = _mm256_sign_epi8(w, w);
+        __m256i w[NP], wu[NP];
+        for (int p = 0; p < NP; ++p) {
+          w[p] = _mm256_load_si256(reinterpret_cast<const __m256i*>(panels[p].q + c * 32 * P + grp * 32));
+          wu[p] = D::kSigned ? _mm256_sign_epi8(w[p], w[p]) : w[p];
+        }
         for (int j = 0; j < RN; ++j) {
           int32_t x4;
-          std::memcpy(&x4, a[j].qs + c * 32 + grp * 4, 4);
-          __m256i xb = _mm256_set1_epi32(x4);
-          if constexpr (D::kSigned) xb = _mm256_sign_epi8(xb, w);
-          const __m256i p16 = _mm256_maddubs_epi16(wabs, xb);
-          if constexpr (D::kSteps == 1) {
-            isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(p16, ones));
-          } else {
-            acc16[j] = _mm256_add_epi16(acc16[j], p16);
-            if ((g + 1) % D::kSteps == 0) {
-              isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(acc16[j], ones));
-              acc16[j] = _mm256_setzero_si256();
+          std::memcpy(&x4, xq[j] + c * 32 + grp * 4, 4);
+          const __m256i xb = _mm256_set1_epi32(x4);
+          for (int p = 0; p < NP; ++p) {
+            const __m256i prod = _mm256_maddubs_epi16(wu[p], D::kSigned ? _mm256_sign_epi8(xb, w[p]) : xb);
+            if constexpr (kSteps == 1) {
+              isum[p][j] = _mm256_add_epi32(isum[p][j], _mm256_madd_epi16(prod, ones));
+            } else {
+              acc16[p][j] = _mm256_add_epi16(acc16[p][j], prod);
+              TESSERA_PIN(acc16[p][j]);
             }
           }
         }
-      }
-      const __m256 dw = _mm256_load_ps(p.d + sub * P);
-      for (int j = 0; j < RN; ++j) {
-        __m256i is = isum[j];
-        if constexpr (D::kZero != 0) {
-          const int32_t xs = B == 32 ? a[j].sum32[sub] : a[j].sum16[sub];
-          is = _mm256_sub_epi32(is, _mm256_set1_epi32(D::kZero * xs));
+        if constexpr (kSteps != 1 && kSteps != G) {
+          if ((g + 1) % kSteps == 0) {
+            for (int p = 0; p < NP; ++p)
+              for (int j = 0; j < RN; ++j) {
+                isum[p][j] = _mm256_add_epi32(isum[p][j], _mm256_madd_epi16(acc16[p][j], ones));
+                acc16[p][j] = _mm256_setzero_si256();
+              }
+          }
         }
-        const float dx = B == 32 ? a[j].d32[sub] : a[j].d32[sub / 2];
-        acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(is), acc[j]);
-        if constexpr (D::kHasMin)
-          acc[j] = _mm256_fmadd_ps(_mm256_load_ps(p.m + sub * P), _mm256_set1_ps(a[j].s32[sub]), acc[j]);
+      }
+      for (int p = 0; p < NP; ++p) {
+        const __m256 dw = _mm256_load_ps(panels[p].d + sub * P);
+        for (int j = 0; j < RN; ++j) {
+          __m256i is = kSteps == G ? _mm256_madd_epi16(acc16[p][j], ones) : isum[p][j];
+          if constexpr (D::kZero != 0) {
+            const int32_t xs = B == 32 ? a[j].sum32[sub] : a[j].sum16[sub];
+            is = _mm256_sub_epi32(is, _mm256_set1_epi32(D::kZero * xs));
+          }
+          const float dx = B == 32 ? a[j].d32[sub] : a[j].d32[sub / 2];
+          __m256 acc = _mm256_load_ps(facc[p][j]);
+          acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(is), acc);
+          if constexpr (D::kHasMin)
+            acc = _mm256_fmadd_ps(_mm256_load_ps(panels[p].m + sub * P), _mm256_set1_ps(a[j].s32[sub]), acc);
+          _mm256_store_ps(facc[p][j], acc);
+        }
       }
     }
   }
-  for (int j = 0; j < RN; ++j) store_rows(y + j * t.ldy, acc[j], nrows);
+  for (int p = 0; p < NP; ++p)
+    for (int j = 0; j < RN; ++j) store_rows(y + j * t.ldy + p * P, _mm256_load_ps(facc[p][j]), nrows - p * P);
+}
+
+template <typename D, int NP>
+void micro_rows(const Panel* panels, const MatmulTask& t, int64_t r0, int nrows) {
+  // Input rows per pass: with two panels, 3 (12 registers of partial sums), or 2 where both
+  // i16 and i32 partial sums are live (formats with fewer than 8 i16 steps); 4 with one.
+  constexpr bool kOneStage = D::kSteps == 1 || D::kSteps == D::kSub / 4;
+  constexpr int RN = NP == 2 ? (kOneStage ? 3 : 2) : 4;
+  int64_t j = 0;
+  for (; j + RN <= t.n_x; j += RN) micro_q<D, NP, RN>(panels, t, j, t.y + j * t.ldy + r0, nrows);
+  for (; j < t.n_x; ++j) micro_q<D, NP, 1>(panels, t, j, t.y + j * t.ldy + r0, nrows);
 }
 
 template <typename D>
 void panel_q(const MatmulTask& t) {
-  const Panel p = panel_in(t.scratch, t.cols, D::kSub, P);
-  for (int64_t r0 = 0; r0 < t.n_w; r0 += P) {
-    const int nrows = static_cast<int>(t.n_w - r0 < P ? t.n_w - r0 : P);
-    repack<D>(t, r0, nrows, p);
-    int64_t j = 0;
-    for (; j + 4 <= t.n_x; j += 4) micro_q<D, 4>(p, t, j, t.y + j * t.ldy + r0, nrows);
-    switch (t.n_x - j) {
-      case 3: micro_q<D, 3>(p, t, j, t.y + j * t.ldy + r0, nrows); break;
-      case 2: micro_q<D, 2>(p, t, j, t.y + j * t.ldy + r0, nrows); break;
-      case 1: micro_q<D, 1>(p, t, j, t.y + j * t.ldy + r0, nrows); break;
-      default: break;
+  // Two panels of 8 rows side by side in the scratch.
+  const int64_t half = panel_scratch_bytes(avx2_kernel_set(), t.cols) / 2 / 64 * 64;
+  const Panel panels[2] = {panel_in(t.scratch, t.cols, D::kSub, P), panel_in(t.scratch + half, t.cols, D::kSub, P)};
+  for (int64_t r0 = 0; r0 < t.n_w; r0 += 2 * P) {
+    const int nrows = static_cast<int>(t.n_w - r0 < 2 * P ? t.n_w - r0 : 2 * P);
+    repack<D>(t, r0, nrows < P ? nrows : P, panels[0]);
+    if (nrows > P) {
+      repack<D>(t, r0 + P, nrows - P, panels[1]);
+      micro_rows<D, 2>(panels, t, r0, nrows);
+    } else {
+      micro_rows<D, 1>(panels, t, r0, nrows);
     }
   }
 }

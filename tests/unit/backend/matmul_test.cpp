@@ -534,6 +534,57 @@ TEST(Matmul, Q8KActivationsRoundLikeGgml) {
   }
 }
 
+// ---- llama.cpp's own dot products -------------------------------------------------------------
+// tests/fixtures/matmul_ggml_dots.bin (tools/fixtures/gen_matmul_ggml_dots.py): ggml's CPU
+// kernels quantized the inputs with its from_float and dotted them with its vec_dot. Matching
+// them to float rounding requires bit-identical activation quantization.
+TEST(Matmul, AgreesWithLlamaCppDotProducts) {
+  const std::string path = std::string(TESSERA_FIXTURES_DIR) + "/matmul_ggml_dots.bin";
+  FILE* f = std::fopen(path.c_str(), "rb");
+  ASSERT_NE(f, nullptr) << "missing fixture " << path;
+  std::vector<uint8_t> file;
+  for (int c; (c = std::fgetc(f)) != EOF;) file.push_back(static_cast<uint8_t>(c));
+  std::fclose(f);
+  ASSERT_GE(file.size(), 12u);
+  ASSERT_EQ(std::memcmp(file.data(), "TMGD", 4), 0);
+  size_t at = 4;
+  auto u32 = [&] { uint32_t v; std::memcpy(&v, file.data() + at, 4); at += 4; return v; };
+  ASSERT_EQ(u32(), 1u);
+  const uint32_t n_cases = u32();
+  ThreadPool pool(2);
+  int checked = 0;
+  for (uint32_t c = 0; c < n_cases; ++c) {
+    const DType type = static_cast<DType>(u32());
+    const int64_t rows = u32(), cols = u32(), n_x = u32();
+    const int64_t wbytes = rows * dtype_row_bytes(type, cols);
+    ASSERT_LE(at + wbytes + (n_x * cols + n_x * rows) * 4, file.size());
+    const uint8_t* w = file.data() + at;
+    std::vector<float> x(n_x * cols), expect(n_x * rows);
+    std::memcpy(x.data(), w + wbytes, x.size() * 4);
+    std::memcpy(expect.data(), w + wbytes + x.size() * 4, expect.size() * 4);
+    at += wbytes + (x.size() + expect.size()) * 4;
+    for (const char* isa : isas()) {
+      IsaScope scope(isa);
+      CpuMatmul mm(pool);
+      // One row, the batch, and the batch three times over (panel kernels from 8 rows up).
+      for (int64_t n : {int64_t{1}, n_x, 3 * n_x}) {
+        std::vector<float> xs(n * cols), y(n * rows, std::nanf(""));
+        for (int64_t i = 0; i < n; ++i) std::memcpy(&xs[i * cols], &x[(i % n_x) * cols], cols * 4);
+        const MatmulTarget target{{w, type, rows, cols}, y.data(), rows};
+        mm.run(xs.data(), n, cols, std::span(&target, 1));
+        double err = 0, norm = 0;
+        for (int64_t i = 0; i < n * rows; ++i) {
+          const double e = expect[(i / rows) % n_x * rows + i % rows];
+          err += (y[i] - e) * (y[i] - e), norm += e * e;
+        }
+        EXPECT_LT(std::sqrt(err / norm), 1e-6) << isa << " " << dtype_name(type) << " n=" << n;
+      }
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);
+}
+
 // ---- embedding lookup, API checks ------------------------------------------------------------
 
 TEST(Matmul, GetRowsDecodesEveryType) {

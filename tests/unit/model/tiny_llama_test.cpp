@@ -1,0 +1,398 @@
+// A tiny random Llama written as GGUF, run through the real loader, runner and CPU backend,
+// against a dense float64 implementation of the same architecture written here from the
+// paper's equations. Also: model-level checks a bad file must fail.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "gguf_builder.h"
+#include "model/model.h"
+
+using namespace tessera;
+using namespace tessera::test;
+
+namespace {
+
+struct Tiny {
+  int vocab = 37, embd = 24, layers = 2, heads = 6, kv_heads = 2, head_dim = 4, ff = 40;
+  float eps = 1e-5f, base = 10000.0f;
+  bool qwen2 = false;  // QKV biases and rotation of halves (GGUF arch "qwen2")
+  std::mt19937 rng{7};
+  std::map<std::string, std::vector<float>> t;
+
+  std::vector<float> rand(size_t n, float scale) {
+    std::normal_distribution<float> d(0, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+  }
+  GGUFBuilder build(bool tied = false) {
+    GGUFBuilder b;
+    const std::string a = qwen2 ? "qwen2" : "llama";
+    b.string("general.architecture", a)
+        .u32(a + ".block_count", layers)
+        .u32(a + ".embedding_length", embd)
+        .u32(a + ".feed_forward_length", ff)
+        .u32(a + ".attention.head_count", heads)
+        .u32(a + ".attention.head_count_kv", kv_heads)
+        .u32(a + ".context_length", 64)
+        .f32(a + ".rope.freq_base", base)
+        .f32(a + ".attention.layer_norm_rms_epsilon", eps)
+        .u32(a + ".vocab_size", vocab);
+    auto add = [&](const std::string& name, std::vector<uint64_t> dims, float scale, float offset = 0) {
+      size_t n = 1;
+      for (auto d : dims) n *= d;
+      auto v = rand(n, scale);
+      for (auto& x : v) x += offset;
+      t[name] = v;
+      b.tensor_f32(name, dims, v);
+    };
+    const uint64_t q = heads * head_dim, kv = kv_heads * head_dim;
+    add("token_embd.weight", {uint64_t(embd), uint64_t(vocab)}, 1.0f);
+    if (!tied) add("output.weight", {uint64_t(embd), uint64_t(vocab)}, 0.3f);
+    add("output_norm.weight", {uint64_t(embd)}, 0.1f, 1.0f);
+    for (int l = 0; l < layers; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      add(p + "attn_norm.weight", {uint64_t(embd)}, 0.1f, 1.0f);
+      add(p + "attn_q.weight", {uint64_t(embd), q}, 0.4f);
+      add(p + "attn_k.weight", {uint64_t(embd), kv}, 0.4f);
+      add(p + "attn_v.weight", {uint64_t(embd), kv}, 0.4f);
+      if (qwen2) {
+        add(p + "attn_q.bias", {q}, 0.5f);
+        add(p + "attn_k.bias", {kv}, 0.5f);
+        add(p + "attn_v.bias", {kv}, 0.5f);
+      }
+      add(p + "attn_output.weight", {q, uint64_t(embd)}, 0.3f);
+      add(p + "ffn_norm.weight", {uint64_t(embd)}, 0.1f, 1.0f);
+      add(p + "ffn_gate.weight", {uint64_t(embd), uint64_t(ff)}, 0.3f);
+      add(p + "ffn_up.weight", {uint64_t(embd), uint64_t(ff)}, 0.3f);
+      add(p + "ffn_down.weight", {uint64_t(ff), uint64_t(embd)}, 0.3f);
+    }
+    return b;
+  }
+
+  // y = W x for a GGUF [cols, rows] matrix stored row-major by output row.
+  std::vector<double> matvec(const std::string& name, const std::vector<double>& x, int rows) {
+    const auto& w = t.at(name);
+    const int cols = static_cast<int>(x.size());
+    std::vector<double> y(rows, 0);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) y[r] += double(w[size_t(r) * cols + c]) * x[c];
+    return y;
+  }
+  std::vector<double> rms(const std::vector<double>& x, const std::string& w) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    const double inv = 1 / std::sqrt(ss / x.size() + eps);
+    std::vector<double> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * t.at(w)[i];
+    return y;
+  }
+  // Adjacent pairs (GGUF llama) or halves (qwen2, Hugging Face).
+  void rope(std::vector<double>& v, int n_heads, int pos) {
+    for (int h = 0; h < n_heads; ++h)
+      for (int i = 0; i < head_dim / 2; ++i) {
+        const double th = pos * std::pow(double(base), -2.0 * i / head_dim);
+        double& a = v[h * head_dim + (qwen2 ? i : 2 * i)];
+        double& b = v[h * head_dim + (qwen2 ? i + head_dim / 2 : 2 * i + 1)];
+        const double a0 = a, b0 = b;
+        a = a0 * std::cos(th) - b0 * std::sin(th);
+        b = a0 * std::sin(th) + b0 * std::cos(th);
+      }
+  }
+  // Logits of every position for the token sequence, float64 throughout (KV kept exact).
+  std::vector<std::vector<double>> forward(const std::vector<int32_t>& toks, bool tied) {
+    const int q_dim = heads * head_dim, kv_dim = kv_heads * head_dim, group = heads / kv_heads;
+    std::vector<std::vector<std::vector<double>>> K(layers), V(layers);
+    std::vector<std::vector<double>> out;
+    for (size_t p = 0; p < toks.size(); ++p) {
+      std::vector<double> x(embd);
+      for (int i = 0; i < embd; ++i) x[i] = t.at("token_embd.weight")[size_t(toks[p]) * embd + i];
+      for (int l = 0; l < layers; ++l) {
+        const std::string pre = "blk." + std::to_string(l) + ".";
+        auto xn = rms(x, pre + "attn_norm.weight");
+        auto q = matvec(pre + "attn_q.weight", xn, q_dim);
+        auto k = matvec(pre + "attn_k.weight", xn, kv_dim);
+        auto v = matvec(pre + "attn_v.weight", xn, kv_dim);
+        if (qwen2) {
+          for (int i = 0; i < q_dim; ++i) q[i] += t.at(pre + "attn_q.bias")[i];
+          for (int i = 0; i < kv_dim; ++i) k[i] += t.at(pre + "attn_k.bias")[i];
+          for (int i = 0; i < kv_dim; ++i) v[i] += t.at(pre + "attn_v.bias")[i];
+        }
+        rope(q, heads, int(p));
+        rope(k, kv_heads, int(p));
+        K[l].push_back(k);
+        V[l].push_back(v);
+        std::vector<double> att(q_dim, 0);
+        for (int h = 0; h < heads; ++h) {
+          const int kh = h / group;
+          std::vector<double> s(p + 1);
+          double mx = -1e300;
+          for (size_t j = 0; j <= p; ++j) {
+            double d = 0;
+            for (int i = 0; i < head_dim; ++i) d += q[h * head_dim + i] * K[l][j][kh * head_dim + i];
+            s[j] = d / std::sqrt(double(head_dim));
+            mx = std::max(mx, s[j]);
+          }
+          double sum = 0;
+          for (auto& e : s) sum += (e = std::exp(e - mx));
+          for (size_t j = 0; j <= p; ++j)
+            for (int i = 0; i < head_dim; ++i) att[h * head_dim + i] += s[j] / sum * V[l][j][kh * head_dim + i];
+        }
+        auto o = matvec(pre + "attn_output.weight", att, embd);
+        for (int i = 0; i < embd; ++i) x[i] += o[i];
+        xn = rms(x, pre + "ffn_norm.weight");
+        auto g = matvec(pre + "ffn_gate.weight", xn, ff);
+        auto u = matvec(pre + "ffn_up.weight", xn, ff);
+        for (int i = 0; i < ff; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+        auto d = matvec(pre + "ffn_down.weight", g, embd);
+        for (int i = 0; i < embd; ++i) x[i] += d[i];
+      }
+      out.push_back(matvec(tied ? "token_embd.weight" : "output.weight", rms(x, "output_norm.weight"), vocab));
+    }
+    return out;
+  }
+};
+
+std::shared_ptr<ModelWeights> load(const std::vector<uint8_t>& bytes) {
+  auto f = std::shared_ptr<GGUFFile>(GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf"));
+  return load_gguf_weights(f);
+}
+
+}  // namespace
+
+TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool tied = variant == 1;
+    Tiny tiny;
+    tiny.qwen2 = variant == 2;
+    const auto bytes = tiny.build(tied).build();
+    auto weights = load(bytes);
+    EXPECT_EQ(weights->config.tied_embeddings, tied);
+    CpuBackend be(2);
+    auto model = create_model(weights, be, 16, 16);
+    const std::vector<int32_t> toks = {3, 17, 0, 36, 5, 5, 9, 21, 30, 1, 2};
+    const auto ref = tiny.forward(toks, tied);
+    // Run the sequence as a chunk of 6 then decodes of one token, through F32 KV in blocks of 4.
+    KvCache kv(be, {tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 8, DType::F32});
+    BlockPool pool(8);
+    SequenceBlocks seq;
+    std::vector<float> logits(16 * tiny.vocab);
+    size_t done = 0;
+    double num = 0, den = 0;
+    while (done < toks.size()) {
+      const int n = done == 0 ? 6 : 1;
+      ASSERT_TRUE(seq.reserve(pool, 4, n));
+      ForwardBatch fb;
+      fb.add_sequence(seq, 4, toks.data() + done, n, ForwardBatch::Logits::All);
+      std::fill(logits.begin(), logits.end(), NAN);
+      model->forward(fb, kv, logits.data());
+      for (int r = 0; r < n; ++r)
+        for (int v = 0; v < tiny.vocab; ++v) {
+          const double d = logits[r * tiny.vocab + v] - ref[done + r][v];
+          num += d * d;
+          den += ref[done + r][v] * ref[done + r][v];
+        }
+      seq.n_tokens += n;
+      done += n;
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << "variant " << variant;
+    EXPECT_EQ(weights->config.rope_neox, tiny.qwen2);
+    seq.release_all(pool);
+    EXPECT_EQ(pool.n_free(), 8);
+  }
+}
+
+TEST(TinyLlama, BadModelFilesAreRejectedWithTheirName) {
+  auto expect_error = [](GGUFBuilder b, const std::string& needle) {
+    const auto bytes = b.build();
+    try {
+      load(bytes);
+      ADD_FAILURE() << "accepted a model that should fail with '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  {
+    Tiny t;
+    auto b = t.build();
+    b.u32("llama.block_count", 5000);  // duplicate key is caught by the reader first
+    expect_error(b, "llama.block_count");
+  }
+  {
+    Tiny t;
+    t.layers = 3;  // metadata says 3 layers, tensors exist for 3; drop one by renaming arch keys
+    GGUFBuilder b = t.build();
+    b.u32("llama.attention.key_length", 7);  // odd head dim
+    expect_error(b, "head dimension");
+  }
+  {
+    Tiny t;
+    t.heads = 5;  // 5 query heads over 2 KV heads
+    t.head_dim = 4;
+    t.embd = 20;
+    expect_error(t.build(), "KV head count");
+  }
+  {
+    Tiny t;
+    GGUFBuilder b;
+    b.string("general.architecture", "gpt-j");
+    expect_error(b, "architecture 'gpt-j' is not supported");
+  }
+  {
+    // A tensor with the wrong shape names the tensor and both shapes.
+    Tiny t;
+    t.ff = 40;
+    GGUFBuilder b = t.build();
+    GGUFBuilder c;
+    c.string("general.architecture", "llama")
+        .u32("llama.block_count", 1)
+        .u32("llama.embedding_length", 8)
+        .u32("llama.feed_forward_length", 16)
+        .u32("llama.attention.head_count", 2)
+        .u32("llama.context_length", 32)
+        .u32("llama.vocab_size", 4);
+    c.tensor_f32("token_embd.weight", {8, 5}, std::vector<float>(40, 0.f));
+    expect_error(c, "tensor 'token_embd.weight' has shape [8, 5], expected [8, 4]");
+  }
+  {
+    GGUFBuilder c;
+    c.string("general.architecture", "llama")
+        .u32("llama.block_count", 2000)
+        .u32("llama.embedding_length", 8)
+        .u32("llama.feed_forward_length", 16)
+        .u32("llama.attention.head_count", 2)
+        .u32("llama.context_length", 32)
+        .u32("llama.vocab_size", 4);
+    expect_error(c, "layer count 2000");
+  }
+  {
+    GGUFBuilder c;
+    c.string("general.architecture", "llama")
+        .u32("llama.block_count", 1)
+        .u32("llama.embedding_length", 8)
+        .u32("llama.feed_forward_length", 16)
+        .u32("llama.attention.head_count", 2)
+        .u32("llama.context_length", 32)
+        .u32("llama.vocab_size", 4);
+    c.tensor_f32("token_embd.weight", {8, 4}, std::vector<float>(32, 0.f));
+    expect_error(c, "missing tensor 'output_norm.weight'");
+  }
+}
+
+TEST(TinyLlama, OutOfVocabularyTokenIsAnErrorNotARead) {
+  Tiny tiny;
+  auto weights = load(tiny.build().build());
+  CpuBackend be(1);
+  auto model = create_model(weights, be, 4, 1);
+  KvCache kv(be, {tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 2, DType::F16});
+  BlockPool pool(2);
+  SequenceBlocks seq;
+  ASSERT_TRUE(seq.reserve(pool, 4, 1));
+  for (int32_t bad : {-1, 37, 1 << 30}) {
+    ForwardBatch fb;
+    fb.add_sequence(seq, 4, &bad, 1, ForwardBatch::Logits::Last);
+    std::vector<float> logits(tiny.vocab);
+    EXPECT_THROW(model->forward(fb, kv, logits.data()), Error);
+  }
+}
+
+namespace {
+
+// Writes the tiny model as a Hugging Face checkpoint: config.json + model.safetensors, with
+// Q/K rows in HF order (halves rotated), i.e. undoing the permutation GGUF's converter applies.
+void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied) {
+  std::filesystem::create_directories(dir);
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                        {"hidden_size", t.embd}, {"intermediate_size", t.ff},
+                        {"num_hidden_layers", t.layers}, {"num_attention_heads", t.heads},
+                        {"num_key_value_heads", t.kv_heads}, {"rms_norm_eps", t.eps},
+                        {"rope_theta", t.base}, {"max_position_embeddings", 64},
+                        {"vocab_size", t.vocab}, {"tie_word_embeddings", tied}, {"torch_dtype", "float32"}};
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> tensors;
+  auto unpermute = [&](const std::vector<float>& w, int n_heads, int cols) {
+    std::vector<float> out(w.size());
+    const int hd = t.head_dim;
+    for (int h = 0; h < n_heads; ++h)
+      for (int i = 0; i < hd / 2; ++i)
+        for (int c = 0; c < 2; ++c)
+          std::copy_n(w.begin() + size_t(h * hd + 2 * i + c) * cols, cols,
+                      out.begin() + size_t(h * hd + c * hd / 2 + i) * cols);
+    return out;
+  };
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> v) {
+    tensors.push_back({name, {shape, std::move(v)}});
+  };
+  const int q = t.heads * t.head_dim, kv = t.kv_heads * t.head_dim;
+  add("model.embed_tokens.weight", {t.vocab, t.embd}, t.t.at("token_embd.weight"));
+  if (!tied) add("lm_head.weight", {t.vocab, t.embd}, t.t.at("output.weight"));
+  add("model.norm.weight", {t.embd}, t.t.at("output_norm.weight"));
+  for (int l = 0; l < t.layers; ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".", h = "model.layers." + std::to_string(l) + ".";
+    add(h + "input_layernorm.weight", {t.embd}, t.t.at(g + "attn_norm.weight"));
+    add(h + "self_attn.q_proj.weight", {q, t.embd}, unpermute(t.t.at(g + "attn_q.weight"), t.heads, t.embd));
+    add(h + "self_attn.k_proj.weight", {kv, t.embd}, unpermute(t.t.at(g + "attn_k.weight"), t.kv_heads, t.embd));
+    add(h + "self_attn.v_proj.weight", {kv, t.embd}, t.t.at(g + "attn_v.weight"));
+    add(h + "self_attn.o_proj.weight", {t.embd, q}, t.t.at(g + "attn_output.weight"));
+    add(h + "post_attention_layernorm.weight", {t.embd}, t.t.at(g + "ffn_norm.weight"));
+    add(h + "mlp.gate_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_gate.weight"));
+    add(h + "mlp.up_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_up.weight"));
+    add(h + "mlp.down_proj.weight", {t.embd, t.ff}, t.t.at(g + "ffn_down.weight"));
+  }
+  nlohmann::json header = nlohmann::json::object();
+  size_t offset = 0;
+  for (auto& [name, st] : tensors) {
+    const size_t bytes = st.second.size() * 4;
+    header[name] = {{"dtype", "F32"}, {"shape", st.first}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  const std::string h = header.dump();
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary);
+  const uint64_t n = h.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << h;
+  for (auto& [name, st] : tensors) out.write(reinterpret_cast<const char*>(st.second.data()), st.second.size() * 4);
+}
+
+}  // namespace
+
+TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
+  for (bool tied : {false, true}) {
+    Tiny tiny;
+    tiny.build(tied);  // draws the weights
+    const std::string dir = ::testing::TempDir() + "/tessera_tiny_hf_" + (tied ? "tied" : "untied");
+    write_hf_checkpoint(tiny, dir, tied);
+    auto weights = load_safetensors_weights(dir);
+    EXPECT_TRUE(weights->config.rope_neox);
+    CpuBackend be(2);
+    auto model = create_model(weights, be, 16, 16);
+    const std::vector<int32_t> toks = {4, 8, 15, 16, 23, 36, 0};
+    const auto ref = tiny.forward(toks, tied);
+    KvCache kv(be, {tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 4, DType::F32});
+    BlockPool pool(4);
+    SequenceBlocks seq;
+    ASSERT_TRUE(seq.reserve(pool, 4, int(toks.size())));
+    ForwardBatch fb;
+    fb.add_sequence(seq, 4, toks.data(), int(toks.size()), ForwardBatch::Logits::All);
+    std::vector<float> logits(toks.size() * tiny.vocab, NAN);
+    model->forward(fb, kv, logits.data());
+    double num = 0, den = 0;
+    for (size_t p = 0; p < toks.size(); ++p)
+      for (int v = 0; v < tiny.vocab; ++v) {
+        const double d = logits[p * tiny.vocab + v] - ref[p][v];
+        num += d * d;
+        den += ref[p][v] * ref[p][v];
+      }
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << (tied ? "tied" : "untied");
+    std::filesystem::remove_all(dir);
+  }
+}

@@ -1,0 +1,179 @@
+// Micro-benchmark of CpuMatmul on SmolLM2-135M shapes (not part of ctest).
+//
+//   tools/bench/build_standalone.sh /tmp/mm && /tmp/mm/matmul_bench [threads] [--quick]
+//   TESSERA_ISA=avx2 /tmp/mm/matmul_bench 2
+//
+// Decode (one input row) is timed twice: "hot" reuses one weight (it stays in L2/L3), "cold"
+// cycles through copies totalling more than the L3, so weights stream from DRAM as they do
+// in a real decode step. GB/s counts weight bytes; GFLOP/s counts 2 * rows * cols per input
+// row. The model lines run every matmul of one SmolLM2-135M step (30 layers: QKV in one call,
+// O, gate+up in one call, down; then the Q8_0 output head) with weights laid out as in the
+// file, and compare with the time to stream those bytes once.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+#include "core/aligned_buffer.h"
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "quant/blocks.h"
+
+using namespace tessera;
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Random block bytes with sane scales (the kernels' speed does not depend on the values).
+void fill_weights(DType t, uint8_t* p, int64_t rows, int64_t cols, std::mt19937& gen) {
+  const int64_t bytes = rows * dtype_row_bytes(t, cols);
+  for (int64_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(gen());
+  const int64_t bb = dtype_traits(t).block_bytes, nblocks = bytes / bb;
+  const uint16_t d = f32_to_fp16(0.01f), m = f32_to_fp16(-0.05f);
+  for (int64_t b = 0; b < nblocks; ++b) {
+    uint8_t* blk = p + b * bb;
+    switch (t) {
+      case DType::Q4_1: std::memcpy(blk, &d, 2), std::memcpy(blk + 2, &m, 2); break;
+      case DType::Q8_0: std::memcpy(blk, &d, 2); break;
+      default: break;
+    }
+  }
+}
+
+struct Matrix {
+  DType type;
+  int64_t rows, cols;
+  AlignedBuffer<uint8_t> data;
+  Matrix(DType t, int64_t r, int64_t c, std::mt19937& gen) : type(t), rows(r), cols(c), data(r * dtype_row_bytes(t, c)) {
+    fill_weights(t, data.data(), r, c, gen);
+  }
+  int64_t bytes() const { return rows * dtype_row_bytes(type, cols); }
+  WeightMatrix view() const { return {data.data(), type, rows, cols}; }
+};
+
+template <typename F>
+double median_seconds(int reps, F&& f) {
+  std::vector<double> t;
+  f();  // warm-up: scratch buffers, page faults
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now();
+    f();
+    t.push_back(now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Streams `bytes` of memory with every thread of the pool: the bandwidth floor.
+double stream_seconds(ThreadPool& pool, const AlignedBuffer<uint8_t>& buf, int reps) {
+  std::atomic<uint64_t> sink{0};
+  return median_seconds(reps, [&] {
+    pool.parallel_for(static_cast<int64_t>(buf.size() / 4096), 16, [&](int64_t b, int64_t e) {
+      uint64_t acc = 0;
+      const uint64_t* p = reinterpret_cast<const uint64_t*>(buf.data());
+      for (int64_t i = b * 512; i < e * 512; i += 8) acc += p[i] ^ p[i + 1] ^ p[i + 2] ^ p[i + 3] ^ p[i + 4] ^ p[i + 5] ^ p[i + 6] ^ p[i + 7];
+      sink += acc;
+    });
+  });
+}
+
+void bench_shape(CpuMatmul& mm, const char* name, DType t, int64_t rows, int64_t cols, bool quick, std::mt19937& gen) {
+  const int64_t l3_copies = std::max<int64_t>(2, (160ll << 20) / (rows * dtype_row_bytes(t, cols)) + 1);
+  std::vector<Matrix> ws;
+  ws.emplace_back(t, rows, cols, gen);
+  for (int64_t i = 1; i < l3_copies; ++i) ws.emplace_back(t, rows, cols, gen);
+  const int64_t prefill = 512;
+  std::vector<float> x(prefill * cols), y(prefill * rows);
+  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(gen);
+  const double flop1 = 2.0 * rows * cols;
+  const double wbytes = static_cast<double>(ws[0].bytes());
+
+  MatmulTarget tg{ws[0].view(), y.data(), rows};
+  const double hot = median_seconds(quick ? 20 : 200, [&] { mm.run(x.data(), 1, cols, std::span(&tg, 1)); });
+  size_t next = 0;
+  const double cold = median_seconds(quick ? 20 : 200, [&] {
+    MatmulTarget c{ws[next].view(), y.data(), rows};
+    next = (next + 1) % ws.size();
+    mm.run(x.data(), 1, cols, std::span(&c, 1));
+  });
+  const double pre = median_seconds(quick ? 3 : 10, [&] { mm.run(x.data(), prefill, cols, std::span(&tg, 1)); });
+  std::printf("%-26s decode hot %8.1f us %6.1f GB/s %6.1f GFLOP/s | cold %8.1f us %6.1f GB/s | prefill 512 %8.2f ms %6.1f GFLOP/s\n",
+              name, hot * 1e6, wbytes / hot / 1e9, flop1 / hot / 1e9, cold * 1e6, wbytes / cold / 1e9, pre * 1e3,
+              flop1 * prefill / pre / 1e9);
+}
+
+// All matmuls of SmolLM2-135M (Q4_1 layers, Q8_0 tied output head) for one decode step or
+// one 512-token prefill, weights laid out back to back as in the model file.
+void bench_model(ThreadPool& pool, CpuMatmul& mm, bool quick, std::mt19937& gen) {
+  constexpr int64_t kLayers = 30, kDim = 576, kKv = 192, kFf = 1536, kVocab = 49152;
+  struct Layer {
+    Matrix q, k, v, o, gate, up, down;
+  };
+  std::vector<Layer> layers;
+  for (int l = 0; l < kLayers; ++l)
+    layers.push_back({Matrix(DType::Q4_1, kDim, kDim, gen), Matrix(DType::Q4_1, kKv, kDim, gen),
+                      Matrix(DType::Q4_1, kKv, kDim, gen), Matrix(DType::Q4_1, kDim, kDim, gen),
+                      Matrix(DType::Q4_1, kFf, kDim, gen), Matrix(DType::Q4_1, kFf, kDim, gen),
+                      Matrix(DType::Q4_1, kDim, kFf, gen)});
+  const Matrix head(DType::Q8_0, kVocab, kDim, gen);
+  double bytes = static_cast<double>(head.bytes()), flop = 2.0 * kVocab * kDim;
+  for (const Layer& L : layers)
+    for (const Matrix* m : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      bytes += static_cast<double>(m->bytes()), flop += 2.0 * m->rows * m->cols;
+
+  for (int64_t n : {int64_t{1}, int64_t{512}}) {
+    std::vector<float> x(n * kFf), y1(n * kFf), y2(n * kFf), y3(n * kFf), logits(n == 1 ? kVocab : kVocab * 1);
+    for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(gen);
+    const double secs = median_seconds(n == 1 ? (quick ? 5 : 30) : (quick ? 1 : 3), [&] {
+      for (const Layer& L : layers) {
+        const MatmulTarget qkv[3] = {{L.q.view(), y1.data(), kDim}, {L.k.view(), y2.data(), kKv}, {L.v.view(), y3.data(), kKv}};
+        mm.run(x.data(), n, kDim, qkv);
+        const MatmulTarget o{L.o.view(), y1.data(), kDim};
+        mm.run(x.data(), n, kDim, std::span(&o, 1));
+        const MatmulTarget gu[2] = {{L.gate.view(), y1.data(), kFf}, {L.up.view(), y2.data(), kFf}};
+        mm.run(x.data(), n, kDim, gu);
+        const MatmulTarget down{L.down.view(), y3.data(), kDim};
+        mm.run(x.data(), n, kFf, std::span(&down, 1));
+      }
+      // The output head only for the last row, as an engine does in prefill.
+      const MatmulTarget h{head.view(), logits.data(), kVocab};
+      mm.run(x.data() + (n - 1) * kDim, 1, kDim, std::span(&h, 1));
+    });
+    const double flops = n == 1 ? flop : (flop - 2.0 * kVocab * kDim) * n + 2.0 * kVocab * kDim;
+    std::printf("model %-4s  %9.2f ms  %7.1f tok/s  %6.1f GB/s of weights  %6.1f GFLOP/s\n", n == 1 ? "tg1" : "pp512",
+                secs * 1e3, n / secs, bytes / secs / 1e9, flops / secs / 1e9);
+  }
+  AlignedBuffer<uint8_t> buf(static_cast<size_t>(bytes) / 4096 * 4096);
+  std::memset(buf.data(), 1, buf.size());
+  const double s = stream_seconds(pool, buf, quick ? 5 : 20);
+  std::printf("floor: streaming the %.1f MB of weights once takes %.2f ms (%.1f GB/s) -> at most %.0f tok/s decode\n",
+              bytes / 1e6, s * 1e3, bytes / s / 1e9, 1.0 / s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = ThreadPool::default_threads();
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--quick") quick = true;
+    else threads = std::atoi(argv[i]);
+  }
+  ThreadPool pool(threads);
+  CpuMatmul mm(pool);
+  std::printf("isa %s, %d threads\n", CpuMatmul::isa(), threads);
+  std::mt19937 gen(42);
+  bench_shape(mm, "Q4_1 576->1536 (gate)", DType::Q4_1, 1536, 576, quick, gen);
+  bench_shape(mm, "Q4_1 1536->576 (down)", DType::Q4_1, 576, 1536, quick, gen);
+  bench_shape(mm, "Q4_1 576->576 (q, o)", DType::Q4_1, 576, 576, quick, gen);
+  bench_shape(mm, "Q8_0 576->49152 (output)", DType::Q8_0, 49152, 576, quick, gen);
+  bench_model(pool, mm, quick, gen);
+  return 0;
+}
