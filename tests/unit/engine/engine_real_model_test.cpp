@@ -36,6 +36,7 @@ class EngineRealModel : public ::testing::Test {
     if (!std::filesystem::exists(model_path())) return;
     ModelEngineOptions o;
     o.session.model = model_path();
+    o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
     o.session.block_size = 4;  // small blocks: forks share partial blocks, a tight pool preempts
     o.scheduler.max_num_batched_tokens = 32;
     o.scheduler.max_num_seqs = 8;
