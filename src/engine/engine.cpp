@@ -1,0 +1,211 @@
+#include "engine/engine.h"
+
+#include "core/error.h"
+
+namespace tessera {
+
+Engine::Engine(const EngineConfig& config, Executor& executor)
+    : core_(config, executor), admission_(config.admission) {
+  stats_ = core_.stats();
+  thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() { stop(); }
+
+SubmitResult Engine::submit(Request request) {
+  SubmitResult result;
+  if (auto invalid = core_.validate(request)) {  // reads the configuration only
+    result.rejection = std::move(invalid);
+    return result;
+  }
+  if (auto refused = admission_.admit(request.tenant, static_cast<int64_t>(request.prompt.size()))) {
+    result.rejection = std::move(refused);
+    return result;
+  }
+  result.stream = std::make_shared<RequestStream>(request.n);
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) {
+      admission_.finished(request.tenant, false, static_cast<int64_t>(request.prompt.size()));
+      result.stream.reset();
+      result.rejection = Rejection{RejectReason::Draining, "the engine has stopped"};
+      return result;
+    }
+    result.id = next_id_++;
+    ++in_flight_;
+    inbox_.push_back(Message{Message::Kind::Add, result.id, std::move(request), result.stream});
+  }
+  wake_.notify_one();
+  return result;
+}
+
+void Engine::abort(RequestId id) {
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) return;
+    inbox_.push_back(Message{Message::Kind::Abort, id, {}, nullptr});
+  }
+  wake_.notify_one();
+}
+
+void Engine::drain(std::chrono::milliseconds timeout) {
+  admission_.set_draining(true);
+  std::unique_lock lock(mutex_);
+  if (!idle_.wait_for(lock, timeout, [&] { return in_flight_ == 0 || stop_; })) {
+    inbox_.push_back(Message{Message::Kind::AbortAll, 0, {}, nullptr});  // out of time
+    wake_.notify_one();
+    idle_.wait(lock, [&] { return in_flight_ == 0 || stop_; });
+  }
+}
+
+void Engine::stop() {
+  admission_.set_draining(true);
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+size_t Engine::n_in_flight() const {
+  std::lock_guard lock(mutex_);
+  return in_flight_;
+}
+
+size_t Engine::n_queued_messages() const {
+  std::lock_guard lock(mutex_);
+  return inbox_.size();
+}
+
+bool Engine::stopping() const {
+  std::lock_guard lock(mutex_);
+  return stop_;
+}
+
+std::string Engine::internal_error() const {
+  std::lock_guard lock(mutex_);
+  return internal_error_;
+}
+
+const EngineCore& Engine::core() const {
+  TESSERA_CHECK(!thread_.joinable(), "engine: core() is for after stop()");
+  return core_;
+}
+
+void Engine::handle(Message& message) {
+  switch (message.kind) {
+    case Message::Kind::Add: {
+      Live live{message.stream, message.request.tenant, static_cast<int64_t>(message.request.prompt.size()), false};
+      try {
+        core_.add(message.id, message.request);
+      } catch (const std::exception& e) {  // validated at submit: only a bug gets here
+        admission_.finished(live.tenant, false, live.n_prompt);
+        message.stream->push(StreamEvent{0, -1, FinishReason::Error, e.what()}, true);
+        std::lock_guard lock(mutex_);
+        --in_flight_;
+        idle_.notify_all();
+        return;
+      }
+      live_.emplace(message.id, std::move(live));
+      return;
+    }
+    case Message::Kind::Abort: deliver(core_.abort(message.id), ""); return;
+    case Message::Kind::AbortAll: deliver(core_.abort_all(FinishReason::Abort), ""); return;
+  }
+}
+
+void Engine::end_all_live(const std::string& error) {
+  for (auto& [id, live] : live_) {
+    for (int c = 0; c < live.stream->n_choices(); ++c)
+      live.stream->push(StreamEvent{c, -1, FinishReason::Error, error}, c + 1 == live.stream->n_choices());
+    admission_.finished(live.tenant, live.started, live.n_prompt);
+  }
+  std::lock_guard lock(mutex_);
+  in_flight_ -= live_.size();
+  live_.clear();
+  idle_.notify_all();
+}
+
+void Engine::deliver(const std::vector<SeqEvent>& events, const std::string& error) {
+  size_t ended = 0;
+  for (const SeqEvent& e : events) {
+    const auto it = live_.find(e.request);
+    if (it == live_.end()) continue;
+    StreamEvent out{e.choice, e.token, e.finish, e.finish == FinishReason::Error ? error : std::string()};
+    it->second.stream->push(std::move(out), e.request_done);
+    if (e.request_done) {
+      admission_.finished(it->second.tenant, it->second.started, it->second.n_prompt);
+      live_.erase(it);
+      ++ended;
+    }
+  }
+  if (ended > 0) {
+    std::lock_guard lock(mutex_);
+    in_flight_ -= ended;
+    idle_.notify_all();
+  }
+}
+
+void Engine::publish() {
+  const EngineStats s = core_.stats();
+  std::lock_guard lock(mutex_);
+  stats_ = s;
+}
+
+void Engine::run() {
+  std::vector<Message> messages;
+  for (;;) {
+    bool stopping;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || !inbox_.empty() || core_.has_work(); });
+      messages.swap(inbox_);
+      stopping = stop_;
+    }
+    try {
+      for (Message& m : messages) handle(m);
+      messages.clear();
+      if (stopping) {
+        deliver(core_.abort_all(FinishReason::Abort), "");
+        publish();
+        return;
+      }
+      if (!core_.has_work()) {
+        publish();
+        continue;
+      }
+      StepResult step = core_.step();
+      for (RequestId id : step.started) {
+        const auto it = live_.find(id);
+        if (it == live_.end()) continue;
+        it->second.started = true;
+        admission_.started(it->second.n_prompt);
+      }
+      deliver(step.events, step.error);
+      publish();
+    } catch (const std::exception& e) {
+      // Not a failed forward (EngineCore::step handles those) but a broken invariant: end
+      // every request with the error rather than serve from inconsistent state.
+      {
+        std::lock_guard lock(mutex_);
+        if (internal_error_.empty()) internal_error_ = e.what();
+      }
+      admission_.set_draining(true);
+      messages.clear();
+      try {
+        deliver(core_.abort_all(FinishReason::Error), e.what());
+      } catch (const std::exception&) {
+      }
+      end_all_live(e.what());  // whatever the abort could not end
+      publish();
+    }
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,83 @@
+#include "engine/engine_model.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+#include "backend/cpu/matmul_kernels.h"
+#include "core/error.h"
+#include "kv/kv_host_ops.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera {
+
+ModelEngine::ModelEngine(ModelEngineOptions o) {
+  SchedulerConfig& sc = o.scheduler;
+  // The session's own KV (one block) is unused: the engine's cache is sized below, after
+  // the weights and the runner's activations (sized for a full step) exist.
+  o.session.ctx = o.session.block_size;
+  o.session.max_batch_tokens = sc.max_num_batched_tokens;
+  o.session.max_logits = sc.max_num_seqs;
+  session_ = std::make_unique<Session>(o.session);
+  const ModelConfig& mc = session_->config();
+  if (sc.max_model_len <= 0) sc.max_model_len = std::min(mc.n_ctx_train > 0 ? mc.n_ctx_train : 4096, 8192);
+  if (session_->has_tokenizer()) {
+    const Tokenizer* tok = &session_->tokenizer();
+    sc.is_eog = [tok](int32_t t) { return tok->is_eog(t); };
+  }
+
+  KvCacheSpec spec;
+  spec.n_layers = mc.n_layer;
+  spec.n_kv_heads = mc.n_head_kv;
+  spec.head_dim = mc.head_dim;
+  spec.block_size = o.session.block_size;
+  spec.dtype = o.session.kv_dtype;
+  int64_t budget = o.kv_cache_bytes;
+  if (budget <= 0) {
+    TESSERA_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 0.95, "KV memory fraction ",
+                  o.kv_memory_fraction, " is outside (0, 0.95]");
+    budget = static_cast<int64_t>(o.kv_memory_fraction * static_cast<double>(host_available_memory_bytes()));
+  }
+  spec.n_blocks = kv_blocks_for_budget(spec, budget);
+  // More than every sequence at full length is waste.
+  const int64_t useful = static_cast<int64_t>(sc.max_num_seqs) * ((sc.max_model_len + spec.block_size - 1) / spec.block_size);
+  spec.n_blocks = static_cast<int>(std::min<int64_t>(spec.n_blocks, std::max<int64_t>(useful, 1)));
+  if (o.max_kv_blocks > 0) spec.n_blocks = std::min(spec.n_blocks, o.max_kv_blocks);
+  config_.block_size = spec.block_size;
+  config_.n_blocks = spec.n_blocks;
+  // From this many rows on the CPU matmul takes its panel kernels for every row.
+  config_.min_forward_rows = o.batch_invariant ? static_cast<int>(mm::kPanelMinRows) : 0;
+  KvCacheSpec storage = spec;
+  storage.n_blocks += config_.n_pad_blocks();  // the padding sequence's blocks, after the pool's
+  kv_ = std::make_unique<KvCache>(session_->backend(), storage);
+
+  executor_ = std::make_unique<ModelExecutor>(session_->model(), *kv_, session_->backend(), sc.max_num_batched_tokens,
+                                              sc.max_num_seqs);
+  config_.scheduler = sc;
+  config_.prefix_caching = o.prefix_caching;
+  std::ostringstream fp;
+  fp << session_->weights().source << '|' << mc.n_vocab << '|' << mc.n_layer << '|' << session_->weights().weight_bytes
+     << '|' << dtype_name(spec.dtype);
+  config_.model_fingerprint = fp.str();
+  config_.vocab_size = mc.n_vocab;
+  config_.admission = o.admission;
+  config_.max_n = o.max_n;
+
+  if (o.warmup) {
+    // The largest step the engine will run, once, so a budget that cannot hold its
+    // activations fails here and not under load. Its KV lands in free blocks.
+    const int n = std::min({sc.max_num_batched_tokens, sc.max_model_len - 1, spec.n_blocks * spec.block_size});
+    SequenceBlocks seq;
+    seq.blocks.resize((n + spec.block_size - 1) / spec.block_size);
+    std::iota(seq.blocks.begin(), seq.blocks.end(), 0);
+    std::vector<int32_t> tokens(n, 0);
+    ForwardBatch batch;
+    batch.add_sequence(seq, spec.block_size, tokens.data(), n, ForwardBatch::Logits::Last);
+    std::vector<float> logits(mc.n_vocab);
+    session_->model().forward(batch, *kv_, logits.data());
+  }
+}
+
+ModelEngine::~ModelEngine() = default;
+
+}  // namespace tessera

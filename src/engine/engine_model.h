@@ -1,0 +1,46 @@
+#pragma once
+// Everything the engine needs to serve one real model: the session (weights, tokenizer,
+// runner), a KV cache sized from a memory budget, and the executor over them. Build an
+// EngineCore (offline batches) or an Engine (serving) from config() and executor().
+#include <memory>
+
+#include "engine/engine_core.h"
+#include "engine/executor_model.h"
+#include "engine/session.h"
+
+namespace tessera {
+
+struct ModelEngineOptions {
+  SessionOptions session;       // model, backend, kv_dtype, block_size (ctx, batch sizes are set here)
+  SchedulerConfig scheduler;    // max_model_len 0 = the trained context, at most 8192
+  int64_t kv_cache_bytes = 0;   // KV budget; 0 = kv_memory_fraction of the memory available
+  double kv_memory_fraction = 0.4;
+  int max_kv_blocks = 0;        // cap on the pool (tests); 0 = none
+  bool prefix_caching = true;
+  AdmissionLimits admission;
+  int max_n = 16;
+  bool warmup = true;           // one forward of max_num_batched_tokens tokens before serving
+  // Greedy outputs independent of batching, at a cost for small batches: every forward is
+  // padded to the row count where the CPU matmul's kernels stop changing
+  // (EngineConfig::min_forward_rows).
+  bool batch_invariant = false;
+};
+
+class ModelEngine {
+ public:
+  explicit ModelEngine(ModelEngineOptions options);
+  ~ModelEngine();
+
+  Session& session() { return *session_; }
+  KvCache& kv() { return *kv_; }
+  Executor& executor() { return *executor_; }
+  const EngineConfig& config() const { return config_; }
+
+ private:
+  std::unique_ptr<Session> session_;
+  std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<ModelExecutor> executor_;
+  EngineConfig config_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,124 @@
+#include "engine/simulator.h"
+
+#include <chrono>
+#include <thread>
+
+#include "core/error.h"
+
+namespace tessera {
+
+namespace {
+constexpr uint64_t kChainStart = 0x7e55e7a5eedULL;
+
+uint64_t mix(uint64_t x) {  // splitmix64 finalizer
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t chain(uint64_t prev, int32_t token, int32_t pos) {
+  return mix(prev ^ mix(static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32 | static_cast<uint32_t>(pos)));
+}
+}  // namespace
+
+double CostModel::step_seconds(const ForwardBatch& b) const {
+  double context = 0;
+  for (int s = 0; s < b.n_seqs(); ++s) context += b.kv_len[s];
+  return step_overhead_s + per_token_s * b.n_tokens() + per_seq_s * b.n_seqs() + per_context_token_s * context;
+}
+
+SimulatedExecutor::SimulatedExecutor(const SimulatorConfig& config) : config_(config) {
+  TESSERA_CHECK(config.n_blocks >= 1 && config.block_size >= 1, "simulator: KV layout of ", config.n_blocks,
+                " blocks of ", config.block_size, " tokens");
+  TESSERA_CHECK(config.vocab_size >= 2, "simulator: vocabulary of ", config.vocab_size, " tokens");
+  const size_t slots = static_cast<size_t>(config.n_blocks) * config.block_size;
+  kv_.assign(slots, 0);
+  written_.assign(slots, 0);
+}
+
+void SimulatedExecutor::add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t>) {
+  TESSERA_CHECK(!seeds_.count(seq), "simulator: sequence ", seq, " added twice");
+  seeds_[seq] = sampling_seed(params, seq);
+}
+
+uint64_t SimulatedExecutor::sampling_seed(const SamplingParams& params, SeqId seq) {
+  return params.greedy() ? 0 : mix(params.seed.value_or(seq) + 1);
+}
+
+void SimulatedExecutor::remove_sequence(SeqId seq) {
+  TESSERA_CHECK(seeds_.erase(seq) == 1, "simulator: removing unknown sequence ", seq);
+}
+
+int32_t SimulatedExecutor::token_after(uint64_t value, uint64_t seed) const {
+  const uint64_t h = mix(value ^ seed);
+  if (config_.eos_token >= 0 && config_.eos_one_in > 0 && mix(h) % config_.eos_one_in == 0) return config_.eos_token;
+  int32_t t = static_cast<int32_t>((h >> 11) % static_cast<uint64_t>(config_.vocab_size));
+  if (t == config_.eos_token) t = (t + 1) % config_.vocab_size;
+  return t;
+}
+
+uint64_t SimulatedExecutor::context_value(std::span<const int32_t> tokens) {
+  uint64_t v = kChainStart;
+  for (size_t i = 0; i < tokens.size(); ++i) v = chain(v, tokens[i], static_cast<int32_t>(i));
+  return v;
+}
+
+void SimulatedExecutor::execute(const StepInput& in, std::vector<int32_t>& tokens) {
+  const ForwardBatch& b = in.batch;
+  const int bs = config_.block_size;
+  const int n_slots = static_cast<int>(kv_.size());
+  TESSERA_CHECK(b.n_tokens() <= config_.max_batch_tokens, "simulator: batch of ", b.n_tokens(), " tokens over ",
+                config_.max_batch_tokens);
+  for (const BlockCopy& c : in.copies) {
+    TESSERA_CHECK(c.src >= 0 && c.src < config_.n_blocks && c.dst >= 0 && c.dst < config_.n_blocks && c.src != c.dst,
+                  "simulator: bad block copy ", c.src, " -> ", c.dst);
+    for (int i = 0; i < bs; ++i) {
+      kv_[c.dst * bs + i] = kv_[c.src * bs + i];
+      written_[c.dst * bs + i] = written_[c.src * bs + i];
+    }
+  }
+  TESSERA_CHECK(static_cast<int>(b.q_start.size()) == b.n_seqs() + 1 && b.q_start.front() == 0 &&
+                    b.q_start.back() == b.n_tokens(),
+                "simulator: query ranges do not cover the batch");
+  for (int s = 0; s < b.n_seqs(); ++s) {
+    const int32_t* table = b.block_tables.data() + static_cast<size_t>(s) * b.max_blocks;
+    const int rows = b.q_start[s + 1] - b.q_start[s];
+    TESSERA_CHECK(rows >= 1 && b.kv_len[s] >= rows && (b.kv_len[s] + bs - 1) / bs <= b.max_blocks,
+                  "simulator: sequence ", s, " has ", rows, " rows for KV length ", b.kv_len[s]);
+    const auto slot = [&](int32_t pos) {
+      const int32_t block = table[pos / bs];
+      TESSERA_CHECK(block >= 0 && block < config_.n_blocks, "simulator: block ", block, " out of range");
+      return block * bs + pos % bs;
+    };
+    for (int r = b.q_start[s]; r < b.q_start[s + 1]; ++r) {
+      const int32_t pos = b.kv_len[s] - rows + (r - b.q_start[s]);
+      TESSERA_CHECK(b.positions[r] == pos, "simulator: row ", r, " at position ", b.positions[r], ", expected ", pos);
+      TESSERA_CHECK(b.slot_mapping[r] == slot(pos) && slot(pos) < n_slots, "simulator: row ", r, " writes slot ",
+                    b.slot_mapping[r], " but its block table says ", slot(pos));
+      uint64_t prev = kChainStart;
+      if (pos > 0) {
+        const int32_t ps = slot(pos - 1);
+        TESSERA_CHECK(written_[ps], "simulator: position ", pos - 1, " (slot ", ps, ") read before any write");
+        prev = kv_[ps];
+      }
+      kv_[b.slot_mapping[r]] = chain(prev, b.tokens[r], pos);
+      written_[b.slot_mapping[r]] = 1;
+    }
+  }
+  tokens.resize(in.samples.size());
+  for (size_t i = 0; i < in.samples.size(); ++i) {
+    const SampleTarget& t = in.samples[i];
+    TESSERA_CHECK(t.row >= 0 && t.row < static_cast<int>(b.logits_rows.size()), "simulator: sample row ", t.row,
+                  " of ", b.logits_rows.size());
+    const auto it = seeds_.find(t.seq);
+    TESSERA_CHECK(it != seeds_.end(), "simulator: sampling unknown sequence ", t.seq);
+    tokens[i] = token_after(kv_[b.slot_mapping[b.logits_rows[t.row]]], it->second);
+  }
+  const double dt = config_.cost.step_seconds(b);
+  elapsed_s_ += dt;
+  ++n_steps_;
+  if (config_.sleep) std::this_thread::sleep_for(std::chrono::duration<double>(dt));
+}
+
+}  // namespace tessera

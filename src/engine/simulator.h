@@ -1,0 +1,73 @@
+#pragma once
+// A simulated executor: the engine loop runs unchanged, but a step costs modeled time
+// instead of a forward, so 100,000-request workloads run in seconds (scheduler tests at
+// scale, capacity planning).
+//
+// It is also a checker of KV bookkeeping. Its "KV cache" holds one 64-bit value per slot:
+// the hash of the token at that position and of the value at the previous position, read
+// through the batch's block table. A token is derived from the value of the last row, so a
+// sequence's output is a function of its whole context read through its pages: a wrong slot
+// mapping, a missed copy-on-write, a prefix hit on different tokens or a block reused while
+// still needed changes the output — and the tests compare outputs against runs alone.
+// Greedy sequences (temperature 0) get the same tokens for the same context; others mix
+// their seed in. The batch's structure (positions, slots, KV lengths) is checked too.
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/executor.h"
+
+namespace tessera {
+
+// Step time as a function of the batch: a fixed launch cost, a cost per token (weight
+// reads and GEMMs), per sequence, and per cached token each sequence attends over.
+struct CostModel {
+  double step_overhead_s = 1.0e-3;
+  double per_token_s = 40.0e-6;
+  double per_seq_s = 5.0e-6;
+  double per_context_token_s = 20.0e-9;
+  double step_seconds(const ForwardBatch& batch) const;
+};
+
+struct SimulatorConfig {
+  int32_t vocab_size = 32000;
+  int n_blocks = 0;     // the KV layout the engine uses
+  int block_size = 16;
+  int32_t eos_token = -1;  // when >= 0 and eos_one_in > 0: emitted about once in eos_one_in tokens
+  int eos_one_in = 0;
+  CostModel cost;
+  bool sleep = false;   // sleep for the modeled step time (live demos), off for tests
+  int max_batch_tokens = 1 << 20;
+  int max_logits_rows = 1 << 20;
+};
+
+class SimulatedExecutor final : public Executor {
+ public:
+  explicit SimulatedExecutor(const SimulatorConfig& config);
+
+  void add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) override;
+  void remove_sequence(SeqId seq) override;
+  size_t n_sequences() const override { return seeds_.size(); }
+  void execute(const StepInput& input, std::vector<int32_t>& tokens) override;
+  int max_batch_tokens() const override { return config_.max_batch_tokens; }
+  int max_logits_rows() const override { return config_.max_logits_rows; }
+
+  double elapsed_seconds() const { return elapsed_s_; }  // modeled time of all steps so far
+  int64_t n_steps() const { return n_steps_; }
+  // The seed a sequence samples with: 0 (greedy) or derived from params.seed, else its id.
+  static uint64_t sampling_seed(const SamplingParams& params, SeqId seq);
+  // The token the simulator produces after a context whose last value is `value`.
+  int32_t token_after(uint64_t value, uint64_t seed) const;
+  // The value chain of a context computed directly (the reference for tests).
+  static uint64_t context_value(std::span<const int32_t> tokens);
+
+ private:
+  SimulatorConfig config_;
+  std::vector<uint64_t> kv_;      // [n_blocks * block_size]
+  std::vector<uint8_t> written_;  // slot written at least once
+  std::unordered_map<SeqId, uint64_t> seeds_;  // 0 for greedy
+  double elapsed_s_ = 0;
+  int64_t n_steps_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,426 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace tessera {
+
+std::string_view finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "none";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Abort: return "abort";
+    case FinishReason::Error: return "error";
+  }
+  return "unknown";
+}
+
+void SchedulerConfig::validate() const {
+  TESSERA_CHECK(max_num_batched_tokens >= 1, "scheduler: max_num_batched_tokens ", max_num_batched_tokens,
+                " must be at least 1");
+  TESSERA_CHECK(max_num_seqs >= 1, "scheduler: max_num_seqs ", max_num_seqs, " must be at least 1");
+  TESSERA_CHECK(max_partial_prefills >= 1, "scheduler: max_partial_prefills ", max_partial_prefills,
+                " must be at least 1");
+  TESSERA_CHECK(long_prefill_token_threshold >= 0, "scheduler: long_prefill_token_threshold ",
+                long_prefill_token_threshold, " is negative");
+  TESSERA_CHECK(max_model_len >= 2, "scheduler: max_model_len ", max_model_len, " must be at least 2");
+}
+
+int SchedulerOutput::n_samples() const {
+  int n = 0;
+  for (const auto& s : seqs) n += static_cast<int>(s.sample_seqs.size());
+  return n;
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, KvBlockManager& kv) : config_(config), kv_(kv) {
+  config_.validate();
+}
+
+Scheduler::~Scheduler() {
+  // Give the blocks back so the pool (which may outlive us) stays whole.
+  for (RequestId id : request_ids()) abort(id);
+}
+
+std::vector<RequestId> Scheduler::request_ids() const {
+  std::vector<RequestId> ids;
+  ids.reserve(requests_.size());
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+SeqHandle Scheduler::new_slot() {
+  if (!free_slots_.empty()) {
+    const SeqHandle h = free_slots_.back();
+    free_slots_.pop_back();
+    return h;
+  }
+  slots_.emplace_back();
+  return static_cast<SeqHandle>(slots_.size() - 1);
+}
+
+OrderKey Scheduler::order_key(const RequestState& r, int choice) const {
+  const int64_t prio = config_.policy == SchedulingPolicy::Priority ? r.spec.priority : 0;
+  return OrderKey{prio, r.arrival, choice};
+}
+
+SeqId Scheduler::add(SchedRequest request) {
+  TESSERA_CHECK(!request.prompt.empty(), "scheduler: request ", request.id, " has an empty prompt");
+  TESSERA_CHECK(request.n >= 1, "scheduler: request ", request.id, " asks for n = ", request.n);
+  TESSERA_CHECK(!requests_.count(request.id), "scheduler: request id ", request.id, " is already in use");
+  TESSERA_CHECK(static_cast<int>(request.prompt.size()) < config_.max_model_len, "scheduler: request ", request.id,
+                " prompt of ", request.prompt.size(), " tokens leaves no room in max_model_len ",
+                config_.max_model_len);
+  const RequestId id = request.id;
+  RequestState r;
+  r.arrival = next_arrival_++;
+  r.first_seq = next_seq_id_;
+  next_seq_id_ += request.n;
+  r.n_live = request.n;
+  r.seqs.assign(request.n, UINT32_MAX);
+  r.spec = std::move(request);
+  const SeqHandle h = new_slot();
+  Sequence& s = slots_[h];
+  s = Sequence{};
+  s.id = r.first_seq;
+  s.request = id;
+  s.choice = 0;
+  s.key = order_key(r, 0);
+  s.status = SeqStatus::Waiting;
+  s.tokens = r.spec.prompt;
+  s.n_prompt = static_cast<int32_t>(s.tokens.size());
+  s.kv.root = r.spec.prefix_root;
+  r.seqs[0] = h;
+  waiting_.insert({s.key, h});
+  const SeqId first = r.first_seq;
+  requests_.emplace(id, std::move(r));
+  ++version_;
+  return first;
+}
+
+size_t Scheduler::n_live_choices() const {
+  size_t n = 0;
+  for (const auto& [id, r] : requests_) n += r.n_live;
+  return n;
+}
+
+int Scheduler::prefill_chunk(const Sequence& s, int n_computed, int budget) const {
+  int n = std::min(static_cast<int>(s.tokens.size()) - n_computed, budget);
+  if (config_.long_prefill_token_threshold > 0) n = std::min(n, config_.long_prefill_token_threshold);
+  return n;
+}
+
+SchedulePlan Scheduler::plan() const {
+  SchedulePlan p;
+  p.version = version_;
+  KvPlan kv(kv_);
+  int budget = config_.max_num_batched_tokens;
+  int n_partial = 0;
+  const auto is_partial = [](const Sequence& s, int n_computed, int n_new) {
+    return n_computed + n_new < static_cast<int>(s.tokens.size());
+  };
+
+  // Running sequences in order; victims are taken from the back, so a victim was never
+  // scheduled in this plan (or is the sequence being scheduled, which then gives way).
+  std::vector<SeqHandle> order;
+  order.reserve(running_.size());
+  for (const auto& e : running_) order.push_back(e.second);
+  size_t end = order.size();
+  for (size_t i = 0; i < end; ++i) {
+    if (budget == 0 || static_cast<int>(p.seqs.size()) == config_.max_num_seqs) break;
+    const Sequence& s = slots_[order[i]];
+    const int n_new = prefill_chunk(s, s.n_computed(), budget);
+    if (is_partial(s, s.n_computed(), n_new) && n_partial == config_.max_partial_prefills) continue;
+    bool fits = true;
+    while (!kv.reserve(s.kv, {}, n_new)) {
+      const SeqHandle victim = order[--end];
+      kv.release(slots_[victim].kv);
+      p.preempted.push_back(victim);
+      if (end == i) {  // it was this sequence itself
+        fits = false;
+        break;
+      }
+    }
+    if (!fits) break;
+    ScheduledSeq sc;
+    sc.handle = order[i];
+    sc.n_computed = s.n_computed();
+    sc.n_new = n_new;
+    p.seqs.push_back(std::move(sc));
+    budget -= n_new;
+    p.n_tokens += n_new;
+    if (is_partial(s, s.n_computed(), n_new)) ++n_partial;
+  }
+
+  // Waiting sequences, strictly in order: the first that cannot start stops admission (no
+  // overtaking, so none starves). Not after a preemption: memory is short this step.
+  if (p.preempted.empty()) {
+    size_t n_running = running_.size();
+    for (const auto& [key, h] : waiting_) {
+      if (budget == 0 || static_cast<int>(p.seqs.size()) == config_.max_num_seqs ||
+          static_cast<int>(n_running) >= config_.max_num_seqs)
+        break;
+      const Sequence& s = slots_[h];
+      // A full hit must still compute one token to get logits.
+      const int max_hit_blocks = (static_cast<int>(s.tokens.size()) - 1) / kv_.block_size();
+      std::vector<int32_t> hits = kv_.find_prefix(s.kv.root, s.tokens, max_hit_blocks);
+      const int n_cached = static_cast<int>(hits.size()) * kv_.block_size();
+      const int n_new = prefill_chunk(s, n_cached, budget);
+      if (is_partial(s, n_cached, n_new) && n_partial == config_.max_partial_prefills) break;
+      if (!kv.reserve(s.kv, hits, n_new)) break;
+      ScheduledSeq sc;
+      sc.handle = h;
+      sc.n_computed = n_cached;
+      sc.n_new = n_new;
+      sc.hits = std::move(hits);
+      sc.from_waiting = true;
+      p.seqs.push_back(std::move(sc));
+      budget -= n_new;
+      p.n_tokens += n_new;
+      ++n_running;
+      if (is_partial(s, n_cached, n_new)) ++n_partial;
+    }
+  }
+  return p;
+}
+
+SchedulerOutput Scheduler::commit(const SchedulePlan& p) {
+  TESSERA_CHECK(p.version == version_, "scheduler: plan made from state ", p.version, " committed at state ",
+                version_);
+  ++version_;
+  SchedulerOutput out;
+  out.step = static_cast<uint64_t>(stats_.steps++);
+  // Releases first, then prefix adoptions, then allocations: the order KvPlan simulated,
+  // so every allocation below succeeds.
+  for (SeqHandle h : p.preempted) {
+    out.preempted.push_back(slots_[h].id);
+    preempt(h);
+  }
+  for (const ScheduledSeq& sc : p.seqs) {
+    if (!sc.from_waiting) continue;
+    Sequence& s = slots_[sc.handle];
+    if (kv_.prefix_caching()) {
+      kv_.adopt_prefix(s.kv, sc.hits);
+      kv_.record_lookup(static_cast<int>(s.tokens.size()), static_cast<int>(sc.hits.size()) * kv_.block_size());
+    }
+  }
+  for (const ScheduledSeq& plan_sc : p.seqs) {
+    Sequence& s = slots_[plan_sc.handle];
+    TESSERA_CHECK(s.n_computed() == plan_sc.n_computed, "scheduler: sequence ", s.id, " computed count moved");
+    const bool ok = kv_.allocate_slots(s.kv, plan_sc.n_new, out.copies);
+    TESSERA_CHECK(ok, "scheduler: plan reserved KV for sequence ", s.id, " but allocation failed");
+    RequestState& r = requests_.at(s.request);
+    if (plan_sc.from_waiting) {
+      waiting_.erase({s.key, plan_sc.handle});
+      running_.insert({s.key, plan_sc.handle});
+      s.status = SeqStatus::Running;
+      if (!r.started) {
+        r.started = true;
+        out.started.push_back(r.spec.id);
+      }
+    }
+    ScheduledSeq sc;
+    sc.handle = plan_sc.handle;
+    sc.seq = s.id;
+    sc.request = s.request;
+    sc.n_computed = plan_sc.n_computed;
+    sc.n_new = plan_sc.n_new;
+    if (sc.n_computed + sc.n_new == static_cast<int>(s.tokens.size())) {
+      if (!r.forked && r.spec.n > 1) {
+        for (int c = 0; c < r.spec.n; ++c) sc.sample_seqs.push_back(r.first_seq + c);
+      } else {
+        sc.sample_seqs.push_back(s.id);
+      }
+    }
+    out.n_tokens += sc.n_new;
+    out.seqs.push_back(std::move(sc));
+  }
+  stats_.scheduled_tokens += out.n_tokens;
+  return out;
+}
+
+void Scheduler::preempt(SeqHandle h) {
+  Sequence& s = slots_[h];
+  TESSERA_CHECK(s.status == SeqStatus::Running, "scheduler: preempting sequence ", s.id, " that is not running");
+  kv_.free(s.kv);
+  running_.erase({s.key, h});
+  waiting_.insert({s.key, h});
+  s.status = SeqStatus::Waiting;
+  ++s.n_preemptions;
+  ++stats_.preemptions;
+}
+
+std::vector<SeqEvent> Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled) {
+  TESSERA_CHECK(static_cast<int>(sampled.size()) == out.n_samples(), "scheduler: ", sampled.size(),
+                " sampled tokens for ", out.n_samples(), " samples");
+  ++version_;
+  std::vector<SeqEvent> events;
+  size_t k = 0;
+  for (const ScheduledSeq& sc : out.seqs) {
+    Sequence& s = slots_[sc.handle];
+    TESSERA_CHECK(s.id == sc.seq && s.status == SeqStatus::Running, "scheduler: sequence ", sc.seq,
+                  " changed between commit and update");
+    s.kv.table.n_tokens += sc.n_new;
+    kv_.cache_full_blocks(s.kv, s.tokens);
+    if (sc.sample_seqs.empty()) continue;
+    const auto tokens = sampled.subspan(k, sc.sample_seqs.size());
+    k += sc.sample_seqs.size();
+    if (sc.sample_seqs.size() > 1)
+      fork(sc.handle, tokens, events);
+    else
+      append_token(s, tokens[0], events);
+  }
+  return events;
+}
+
+void Scheduler::fork(SeqHandle parent_handle, std::span<const int32_t> tokens, std::vector<SeqEvent>& events) {
+  const Sequence& parent0 = slots_[parent_handle];
+  RequestState& r = requests_.at(parent0.request);
+  TESSERA_CHECK(!r.forked && static_cast<int>(tokens.size()) == r.spec.n, "scheduler: bad fork of request ",
+                r.spec.id);
+  r.forked = true;
+  ++stats_.forks;
+  for (int c = 1; c < r.spec.n; ++c) {
+    const SeqHandle h = new_slot();  // may move slots_: look the parent up again
+    const Sequence& parent = slots_[parent_handle];
+    Sequence& child = slots_[h];
+    child = Sequence{};
+    child.id = r.first_seq + c;
+    child.request = parent.request;
+    child.choice = c;
+    child.key = order_key(r, c);
+    child.status = SeqStatus::Running;
+    child.tokens = parent.tokens;
+    child.n_prompt = parent.n_prompt;
+    kv_.fork(parent.kv, child.kv);
+    r.seqs[c] = h;
+    running_.insert({child.key, h});
+  }
+  // Append after every child exists, so a child finishing at once does not free the
+  // request before its siblings are made.
+  const std::vector<SeqHandle> handles = r.seqs;
+  for (int c = 0; c < static_cast<int>(handles.size()); ++c) append_token(slots_[handles[c]], tokens[c], events);
+}
+
+FinishReason Scheduler::stop_reason(const Sequence& s, const StopCriteria& stop, int32_t token) const {
+  if (!stop.ignore_eos && config_.is_eog && config_.is_eog(token)) return FinishReason::Stop;
+  if (std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), token) != stop.stop_token_ids.end())
+    return FinishReason::Stop;
+  if (s.n_output() >= stop.max_tokens) return FinishReason::Length;
+  if (static_cast<int>(s.tokens.size()) >= config_.max_model_len) return FinishReason::Length;
+  return FinishReason::None;
+}
+
+void Scheduler::append_token(Sequence& s, int32_t token, std::vector<SeqEvent>& events) {
+  s.tokens.push_back(token);
+  const FinishReason reason = stop_reason(s, requests_.at(s.request).spec.stop, token);
+  if (reason != FinishReason::None) {
+    finish(s, reason, events, token);
+    return;
+  }
+  events.push_back(SeqEvent{s.request, s.id, s.choice, token, FinishReason::None, false});
+}
+
+void Scheduler::finish(Sequence& s, FinishReason reason, std::vector<SeqEvent>& events, int32_t token) {
+  const SeqHandle h = static_cast<SeqHandle>(&s - slots_.data());
+  kv_.free(s.kv);
+  (s.status == SeqStatus::Running ? running_ : waiting_).erase({s.key, h});
+  s.status = SeqStatus::Finished;
+  const RequestId id = s.request;
+  const SeqId seq = s.id;
+  const int32_t choice = s.choice;
+  s.tokens = {};  // give the memory back now; the slot is reused
+  free_slots_.push_back(h);
+  RequestState& r = requests_.at(id);
+  r.seqs[choice] = UINT32_MAX;
+  const bool done = --r.n_live == 0;
+  events.push_back(SeqEvent{id, seq, choice, token, reason, done});
+  if (done) requests_.erase(id);
+}
+
+std::vector<SeqEvent> Scheduler::abort(RequestId id, FinishReason reason) {
+  std::vector<SeqEvent> events;
+  const auto it = requests_.find(id);
+  if (it == requests_.end()) return events;
+  ++version_;
+  RequestState& r = it->second;
+  const int n = r.spec.n;
+  // Choices never forked end too, so a reader sees every choice finish.
+  const bool unforked = !r.forked;
+  for (int c = 0; c < n; ++c) {
+    RequestState& rr = requests_.at(id);
+    const SeqHandle h = rr.seqs[c];
+    if (h != UINT32_MAX) {
+      finish(slots_[h], reason, events, -1);
+    } else if (unforked && c > 0) {
+      const bool done = --rr.n_live == 0;
+      events.push_back(SeqEvent{id, rr.first_seq + c, c, -1, reason, done});
+      if (done) requests_.erase(id);
+    }
+    if (!requests_.count(id)) break;
+  }
+  return events;
+}
+
+std::vector<SeqEvent> Scheduler::fail(const SchedulerOutput& out) {
+  std::vector<SeqEvent> events;
+  for (const ScheduledSeq& sc : out.seqs) {
+    auto more = abort(sc.request, FinishReason::Error);
+    events.insert(events.end(), more.begin(), more.end());
+  }
+  return events;
+}
+
+void Scheduler::check_invariants() const {
+  kv_.check_invariants();
+  std::vector<int32_t> refs(kv_.n_blocks(), 0);
+  size_t n_live_seqs = 0;
+  for (const auto& [id, r] : requests_) {
+    TESSERA_CHECK(r.spec.id == id, "scheduler invariant: request ", id, " filed under another id");
+    int live = 0;
+    for (int c = 0; c < r.spec.n; ++c) {
+      const SeqHandle h = r.seqs[c];
+      if (h == UINT32_MAX) {
+        if (!r.forked && c > 0) ++live;  // a choice still to fork
+        continue;
+      }
+      ++live;
+      ++n_live_seqs;
+      const Sequence& s = slots_[h];
+      TESSERA_CHECK(s.request == id && s.choice == c && s.id == r.first_seq + c,
+                    "scheduler invariant: slot ", h, " does not hold choice ", c, " of request ", id);
+      const bool in_waiting = waiting_.count({s.key, h}) != 0;
+      const bool in_running = running_.count({s.key, h}) != 0;
+      TESSERA_CHECK(in_waiting + in_running == 1 &&
+                        (s.status == SeqStatus::Waiting ? in_waiting : s.status == SeqStatus::Running && in_running),
+                    "scheduler invariant: sequence ", s.id, " is not in exactly the queue of its status");
+      TESSERA_CHECK(s.n_computed() < static_cast<int>(s.tokens.size()), "scheduler invariant: sequence ", s.id,
+                    " has nothing left to compute");
+      TESSERA_CHECK(s.n_output() <= r.spec.stop.max_tokens, "scheduler invariant: sequence ", s.id,
+                    " has more output than max_tokens");
+      if (s.status == SeqStatus::Waiting) {
+        TESSERA_CHECK(s.kv.table.blocks.empty() && s.n_computed() == 0, "scheduler invariant: waiting sequence ",
+                      s.id, " holds KV");
+      } else {
+        TESSERA_CHECK(s.kv.n_blocks() == kv_.blocks_for(s.n_computed()), "scheduler invariant: sequence ", s.id,
+                      " holds ", s.kv.n_blocks(), " blocks for ", s.n_computed(), " tokens");
+      }
+      for (int32_t b : s.kv.table.blocks) ++refs[b];
+    }
+    TESSERA_CHECK(live == r.n_live && live > 0, "scheduler invariant: request ", id, " counts ", r.n_live,
+                  " live choices, found ", live);
+  }
+  TESSERA_CHECK(n_live_seqs == waiting_.size() + running_.size(), "scheduler invariant: ",
+                waiting_.size() + running_.size(), " queued sequences but ", n_live_seqs, " live");
+  for (int32_t b = 0; b < kv_.n_blocks(); ++b)
+    TESSERA_CHECK(refs[b] == kv_.ref_count(b), "scheduler invariant: block ", b, " has ref ", kv_.ref_count(b),
+                  " but ", refs[b], " sequences hold it");
+}
+
+bool Scheduler::is_idle() const {
+  return requests_.empty() && waiting_.empty() && running_.empty() && kv_.is_whole();
+}
+
+}  // namespace tessera

@@ -1,0 +1,165 @@
+#pragma once
+// The step scheduler (vLLM V1): every step decides {sequence -> number of new tokens} under
+// a token budget and a sequence cap. There are no phases: a prefill chunk is a sequence with
+// many new tokens, a decode one with one, a prefix-cache hit moves the computed count
+// forward. Running sequences are served first, then waiting ones. Contract:
+// docs/design/scheduler.md.
+//
+// One step is plan() (const: returns a SchedulePlan), commit(plan) (the one point where
+// queues and KV change), the executor's forward and sampling, then update(output, tokens)
+// (advance, append, stop checks, free). Only the engine thread calls a Scheduler.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <set>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/block_manager.h"
+#include "sched/sequence.h"
+
+namespace tessera {
+
+// A closed set of policies. FCFS orders by arrival; Priority by (priority, arrival), lower
+// first. Either way the last in order is the first preempted.
+enum class SchedulingPolicy : uint8_t { Fcfs, Priority };
+
+struct SchedulerConfig {
+  int max_num_batched_tokens = 2048;  // tokens per step (all sequences)
+  int max_num_seqs = 64;              // sequences per step
+  int max_partial_prefills = 4;       // sequences per step whose prefill this step does not finish
+  int long_prefill_token_threshold = 0;  // most tokens one sequence gets per step; 0 = no cap
+  int max_model_len = 4096;           // prompt + output tokens of one sequence
+  SchedulingPolicy policy = SchedulingPolicy::Fcfs;
+  std::function<bool(int32_t)> is_eog;  // end-of-generation tokens; empty = none
+  void validate() const;
+};
+
+using SeqHandle = uint32_t;
+
+// One sequence's share of a step.
+struct ScheduledSeq {
+  SeqHandle handle = 0;
+  SeqId seq = 0;
+  RequestId request = 0;
+  int n_computed = 0;  // tokens already in KV before this step
+  int n_new = 0;       // tokens computed this step: tokens[n_computed, n_computed + n_new)
+  // Sampling: the logits row of the last new token is sampled once per entry of sample_seqs
+  // (empty: no logits; one entry normally; n entries on the step that completes the prompt
+  // of an n-choice request, which then forks).
+  std::vector<SeqId> sample_seqs;
+  std::vector<int32_t> hits;  // plan only: prefix blocks adopted first (waiting sequences)
+  bool from_waiting = false;  // plan only
+};
+
+struct SchedulePlan {
+  uint64_t version = 0;              // the scheduler state it was made from
+  std::vector<ScheduledSeq> seqs;    // batch order: running first, then admitted
+  std::vector<SeqHandle> preempted;  // freed and requeued (recompute)
+  int n_tokens = 0;
+};
+
+struct SchedulerOutput {
+  uint64_t step = 0;
+  std::vector<ScheduledSeq> seqs;
+  std::vector<BlockCopy> copies;       // copy-on-write: do before the forward
+  std::vector<SeqId> preempted;
+  std::vector<RequestId> started;      // requests scheduled for the first time
+  int n_tokens = 0;
+  int n_samples() const;
+  bool empty() const { return seqs.empty(); }
+};
+
+// What a step (or an abort) did to a request's choice.
+struct SeqEvent {
+  RequestId request = 0;
+  SeqId seq = 0;
+  int32_t choice = 0;
+  int32_t token = -1;                       // a new output token, or -1
+  FinishReason finish = FinishReason::None;  // the choice ended (the token, if any, is its last)
+  bool request_done = false;                // every choice of the request has ended
+};
+
+struct SchedulerStats {
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t scheduled_tokens = 0;
+  int64_t forks = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, KvBlockManager& kv);
+  ~Scheduler();
+
+  const SchedulerConfig& config() const { return config_; }
+  KvBlockManager& kv() { return kv_; }
+  const KvBlockManager& kv() const { return kv_; }
+
+  // Queues an admitted request (its first sequence waits; choices fork after the prompt).
+  // Returns the id of choice 0; choice c is that id + c.
+  SeqId add(SchedRequest request);
+  // Ends every choice of the request now, freeing its KV. Unknown (finished) ids: no events.
+  std::vector<SeqEvent> abort(RequestId id, FinishReason reason = FinishReason::Abort);
+  bool contains(RequestId id) const { return requests_.count(id) != 0; }
+  std::vector<RequestId> request_ids() const;
+
+  SchedulePlan plan() const;
+  SchedulerOutput commit(const SchedulePlan& plan);
+  SchedulerOutput schedule() { return commit(plan()); }
+  // After the forward: `sampled` holds one token per sample_seqs entry, in output order.
+  std::vector<SeqEvent> update(const SchedulerOutput& output, std::span<const int32_t> sampled);
+  // The step failed: its requests end with FinishReason::Error and their KV is freed.
+  std::vector<SeqEvent> fail(const SchedulerOutput& output);
+
+  const Sequence& sequence(SeqHandle h) const { return slots_[h]; }
+  size_t n_requests() const { return requests_.size(); }
+  // Choices not finished, including those still to fork.
+  size_t n_live_choices() const;
+  size_t n_waiting() const { return waiting_.size(); }
+  size_t n_running() const { return running_.size(); }
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  const SchedulerStats& stats() const { return stats_; }
+
+  // Throws naming the first broken invariant: queues, request counts, and that every
+  // block's reference count equals the number of live sequences holding it.
+  void check_invariants() const;
+  // No request state left and every KV block free and unreferenced.
+  bool is_idle() const;
+
+ private:
+  struct RequestState {
+    SchedRequest spec;
+    SeqId first_seq = 0;             // choice c has id first_seq + c
+    std::vector<SeqHandle> seqs;     // live or not yet created (forked at the prompt's end)
+    int n_live = 0;                  // choices not finished (including not yet forked)
+    bool forked = false;
+    bool started = false;
+    uint64_t arrival = 0;
+  };
+  using QueueEntry = std::pair<OrderKey, SeqHandle>;
+
+  SeqHandle new_slot();
+  OrderKey order_key(const RequestState& r, int choice) const;
+  void preempt(SeqHandle h);
+  void append_token(Sequence& s, int32_t token, std::vector<SeqEvent>& events);
+  void finish(Sequence& s, FinishReason reason, std::vector<SeqEvent>& events, int32_t token);
+  void fork(SeqHandle parent, std::span<const int32_t> tokens, std::vector<SeqEvent>& events);
+  FinishReason stop_reason(const Sequence& s, const StopCriteria& stop, int32_t token) const;
+  int prefill_chunk(const Sequence& s, int n_computed, int budget) const;
+
+  SchedulerConfig config_;
+  KvBlockManager& kv_;
+  std::vector<Sequence> slots_;
+  std::vector<SeqHandle> free_slots_;
+  std::unordered_map<RequestId, RequestState> requests_;
+  std::set<QueueEntry> waiting_;
+  std::set<QueueEntry> running_;
+  uint64_t version_ = 0;
+  uint64_t next_arrival_ = 0;
+  SeqId next_seq_id_ = 1;
+  SchedulerStats stats_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,216 @@
+// The engine over the real default model (SmolLM2-135M): batching, prefix hits, preemption
+// and forks change no greedy output. Skipped when the model is not in the cache.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/engine_core.h"
+#include "engine/engine_model.h"
+#include "engine/engine_offline.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace tessera;
+
+namespace {
+
+std::string model_path() {
+  const char* cache = std::getenv("TESSERA_CACHE");
+  const char* home = std::getenv("HOME");
+  const std::string dir = cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/tessera/models";
+  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+struct RunResult {
+  std::map<RequestId, RequestOutput> out;
+  EngineStats stats;
+};
+
+class EngineRealModel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(model_path())) return;
+    ModelEngineOptions o;
+    o.session.model = model_path();
+    o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
+    o.session.block_size = 4;  // small blocks: forks share partial blocks, a tight pool preempts
+    o.scheduler.max_num_batched_tokens = 32;
+    o.scheduler.max_num_seqs = 8;
+    o.scheduler.max_model_len = 256;
+    o.max_kv_blocks = 128;
+    o.kv_cache_bytes = 64ll << 20;
+    o.warmup = false;
+    // The CPU matmul sums in another order from 8 rows on; padding every forward to 8 rows
+    // makes outputs independent of the batch (without it, greedy runs drift apart).
+    o.batch_invariant = true;
+    model_ = new ModelEngine(o);
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (!model_) GTEST_SKIP() << "model not found: " << model_path();
+  }
+
+  static std::vector<int32_t> encode(const std::string& text) {
+    return model_->session().tokenizer().encode(text, true, false);
+  }
+
+  static Request greedy(const std::string& text, int max_tokens) {
+    Request r;
+    r.prompt = encode(text);
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;  // fixed lengths: outputs compare token for token
+    return r;
+  }
+
+  // Runs the requests on a fresh core (submitted together, or one at a time when `alone`),
+  // checking invariants every step and wholeness at the end.
+  static RunResult run(const std::vector<Request>& requests, bool alone, int n_blocks = 0, bool prefix_caching = true) {
+    EngineConfig c = model_->config();
+    c.check_invariants = true;
+    c.prefix_caching = prefix_caching;
+    if (n_blocks > 0) c.n_blocks = n_blocks;  // the first n_blocks of the cache
+    EngineCore core(c, model_->executor());
+    RunResult result;
+    std::map<RequestId, RequestOutput>& out = result.out;
+    const auto drain = [&] {
+      while (core.has_work()) {
+        const StepResult s = core.step();
+        EXPECT_EQ(s.error, "");
+        for (const SeqEvent& e : s.events) {
+          RequestOutput& o = out[e.request];
+          if (e.token >= 0) o.tokens[e.choice].push_back(e.token);
+          if (e.finish != FinishReason::None) o.finish[e.choice] = e.finish;
+        }
+      }
+    };
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const RequestId id = i + 1;
+      out[id].tokens.resize(requests[i].n);
+      out[id].finish.assign(requests[i].n, FinishReason::None);
+      core.add(id, requests[i]);
+      if (alone) drain();
+    }
+    drain();
+    result.stats = core.stats();
+    EXPECT_TRUE(core.is_idle());
+    EXPECT_EQ(core.kv().n_free(), core.kv().n_blocks());
+    return result;
+  }
+
+  static const std::vector<Request>& requests() {
+    static const std::vector<Request> reqs = [] {
+      std::vector<Request> r;
+      for (const char* p : {"The three primary colors are", "def fibonacci(n):", "In 1969, the first humans landed on"})
+        r.push_back(greedy(p, 6));
+      return r;
+    }();
+    return reqs;
+  }
+  // Each request run alone, without prefix caching: the reference.
+  static const RunResult& alone() {
+    static const RunResult result = run(requests(), true, 0, false);
+    return result;
+  }
+
+  static ModelEngine* model_;
+};
+
+ModelEngine* EngineRealModel::model_ = nullptr;
+
+}  // namespace
+
+TEST_F(EngineRealModel, GreedyOutputsBatchedEqualThoseRunAlone) {
+  const RunResult together = run(requests(), false, 0, false);
+  for (const auto& [id, o] : alone().out) {
+    EXPECT_EQ(o.tokens[0].size(), 6u);
+    EXPECT_EQ(together.out.at(id).tokens[0], o.tokens[0]) << "request " << id;
+  }
+  EXPECT_LT(together.stats.steps, alone().stats.steps);  // really batched
+}
+
+TEST_F(EngineRealModel, PreemptedAndResumedEqualsUninterrupted) {
+  // 3 sequences of ~13 tokens need 4 blocks of 4 each; with 7 blocks some are preempted
+  // and recomputed (reusing their cached full blocks where they survived).
+  const RunResult tight = run(requests(), false, 7, true);
+  EXPECT_GT(tight.stats.preemptions, 0);
+  for (const auto& [id, o] : alone().out) EXPECT_EQ(tight.out.at(id).tokens[0], o.tokens[0]) << "request " << id;
+}
+
+TEST_F(EngineRealModel, PrefixCacheHitEqualsNoHit) {
+  const std::string system = "You are a careful assistant. Answer briefly and precisely. ";
+  std::vector<Request> reqs;
+  for (const char* q : {"What is the boiling point of water?", "Name a large mammal."}) reqs.push_back(greedy(system + q, 4));
+  const RunResult cached = run(reqs, true, 0, true);
+  const RunResult uncached = run(reqs, true, 0, false);
+  EXPECT_GE(cached.stats.prefix.hit_tokens, 8);  // the shared system prompt's full blocks
+  EXPECT_EQ(uncached.stats.prefix.hit_tokens, 0);
+  for (const auto& [id, o] : uncached.out) EXPECT_EQ(cached.out.at(id).tokens[0], o.tokens[0]) << id;
+}
+
+TEST_F(EngineRealModel, ForkedChoicesCopyOnWriteTheRealCache) {
+  // 3 greedy choices share the prompt's KV; all but the last owner copy its partial block.
+  Request r = requests()[0];
+  r.n = 3;
+  const RunResult forked = run({r}, true);
+  EXPECT_EQ(forked.stats.forks, 1);
+  EXPECT_EQ(forked.stats.block_copies, r.prompt.size() % 4 != 0 ? 2 : 0);
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(forked.out.at(1).tokens[c], alone().out.at(1).tokens[0]) << c;
+
+  // Seeded sampling: choice c equals a single request with seed + c.
+  Request sampled = r;
+  sampled.sampling.temperature = 0.9f;
+  sampled.sampling.seed = 42;
+  sampled.sampling.max_tokens = 4;
+  sampled.n = 2;
+  const RunResult f2 = run({sampled}, true);
+  for (int c = 0; c < 2; ++c) {
+    Request s1 = sampled;
+    s1.n = 1;
+    s1.sampling.seed = 42 + c;
+    EXPECT_EQ(f2.out.at(1).tokens[c], run({s1}, true).out.at(1).tokens[0]) << c;
+  }
+}
+
+TEST_F(EngineRealModel, OfflineBatchWritesOneLinePerRequestInOrder) {
+  std::istringstream in(
+      R"({"prompt": "The three primary colors are", "max_tokens": 6, "temperature": 0, "ignore_eos": true})"
+      "\n"
+      R"({"prompt": "x", "max_tokens": "10"})"
+      "\n"
+      "not json\n"
+      "\n"  // blank lines are skipped
+      R"({"prompt_tokens": [1, 2, 99999999]})"
+      "\n"
+      R"({"prompt": "def fibonacci(n):", "max_tokens": 6, "temperature": 0, "ignore_eos": true, "n": 2})"
+      "\n");
+  std::ostringstream out;
+  const OfflineBatchSummary summary = run_offline_batch(*model_, in, out, {});
+  EXPECT_EQ(summary.n_requests, 5);
+  EXPECT_EQ(summary.n_errors, 3);
+  EXPECT_EQ(summary.completion_tokens, 6 + 2 * 6);
+  std::istringstream lines(out.str());
+  std::vector<nlohmann::json> got;
+  for (std::string line; std::getline(lines, line);) got.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(got.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i]["index"], i);
+  EXPECT_EQ(got[0]["choices"][0]["token_ids"].get<std::vector<int32_t>>(), alone().out.at(1).tokens[0]);
+  EXPECT_EQ(got[0]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(got[0]["choices"][0]["text"],
+            model_->session().tokenizer().decode(alone().out.at(1).tokens[0], true));
+  EXPECT_NE(got[1]["error"]["message"].get<std::string>().find("'max_tokens' must be an integer"), std::string::npos);
+  EXPECT_EQ(got[1]["error"]["type"], "invalid_request");
+  EXPECT_TRUE(got[2].contains("error"));
+  EXPECT_NE(got[3]["error"]["message"].get<std::string>().find("outside the vocabulary"), std::string::npos);
+  ASSERT_EQ(got[4]["choices"].size(), 2u);
+  for (int c = 0; c < 2; ++c)
+    EXPECT_EQ(got[4]["choices"][c]["token_ids"].get<std::vector<int32_t>>(), alone().out.at(2).tokens[0]);
+  EXPECT_EQ(got[4]["usage"]["completion_tokens"], 12);
+}

@@ -1,0 +1,166 @@
+#pragma once
+// Test harness: an EngineCore over the simulated executor, stepped by hand, with the
+// invariants checked after every step and per-request outputs gathered from the events.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/engine_core.h"
+#include "engine/simulator.h"
+
+namespace tessera::testing {
+
+struct SimSetup {
+  int n_blocks = 64;
+  int block_size = 4;
+  bool prefix_caching = true;
+  int max_num_batched_tokens = 64;
+  int max_num_seqs = 8;
+  int max_partial_prefills = 2;
+  int long_prefill_token_threshold = 0;
+  int max_model_len = 512;
+  SchedulingPolicy policy = SchedulingPolicy::Fcfs;
+  int32_t vocab = 1000;
+  int32_t eos = -1;
+  int eos_one_in = 0;
+  bool check_invariants = true;  // after every step
+  int min_forward_rows = 0;
+};
+
+struct Collected {
+  std::vector<std::vector<int32_t>> tokens;  // [n][...]
+  std::vector<FinishReason> finish;
+  bool done = false;
+  int64_t start_step = -1;
+};
+
+class SimEngine {
+ public:
+  explicit SimEngine(const SimSetup& s) : setup_(s) {
+    SimulatorConfig sc;
+    sc.vocab_size = s.vocab;
+    sc.n_blocks = s.n_blocks + (s.min_forward_rows + s.block_size - 1) / s.block_size;  // + padding blocks
+    sc.block_size = s.block_size;
+    sc.eos_token = s.eos;
+    sc.eos_one_in = s.eos_one_in;
+    sim_ = std::make_unique<SimulatedExecutor>(sc);
+    EngineConfig ec;
+    ec.scheduler.max_num_batched_tokens = s.max_num_batched_tokens;
+    ec.scheduler.max_num_seqs = s.max_num_seqs;
+    ec.scheduler.max_partial_prefills = s.max_partial_prefills;
+    ec.scheduler.long_prefill_token_threshold = s.long_prefill_token_threshold;
+    ec.scheduler.max_model_len = s.max_model_len;
+    ec.scheduler.policy = s.policy;
+    if (s.eos >= 0) ec.scheduler.is_eog = [eos = s.eos](int32_t t) { return t == eos; };
+    ec.n_blocks = s.n_blocks;
+    ec.block_size = s.block_size;
+    ec.prefix_caching = s.prefix_caching;
+    ec.model_fingerprint = "sim-model";
+    ec.vocab_size = s.vocab;
+    ec.check_invariants = s.check_invariants;
+    ec.min_forward_rows = s.min_forward_rows;
+    core_ = std::make_unique<EngineCore>(ec, *sim_);
+  }
+
+  RequestId add(const Request& r) {
+    const RequestId id = next_id_++;
+    core_->add(id, r);
+    auto& c = out_[id];
+    c.tokens.resize(r.n);
+    c.finish.assign(r.n, FinishReason::None);
+    return id;
+  }
+
+  void absorb(const std::vector<SeqEvent>& events) {
+    for (const SeqEvent& e : events) {
+      Collected& c = out_.at(e.request);
+      ASSERT_FALSE(c.done) << "event after the request ended";
+      ASSERT_EQ(c.finish[e.choice], FinishReason::None) << "event after the choice ended";
+      if (e.token >= 0) c.tokens[e.choice].push_back(e.token);
+      c.finish[e.choice] = e.finish;
+      c.done = e.request_done;
+      if (e.request_done) {
+        ASSERT_FALSE(core_->contains(e.request));
+      }
+    }
+  }
+
+  // One step; the invariants are checked inside (EngineConfig::check_invariants).
+  StepResult step() {
+    StepResult r = core_->step();
+    for (RequestId id : r.started) out_.at(id).start_step = steps_;
+    absorb(r.events);
+    ++steps_;
+    return r;
+  }
+
+  void abort(RequestId id) { absorb(core_->abort(id)); }
+
+  // Steps until idle; fails the test if it takes more than max_steps.
+  void run(int64_t max_steps = 1000000) {
+    while (core_->has_work()) {
+      ASSERT_LT(steps_, max_steps) << "no progress";
+      step();
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+
+  // The pool is whole and no request state is left anywhere.
+  void expect_whole() const {
+    EXPECT_TRUE(core_->is_idle());
+    EXPECT_EQ(core_->kv().n_free(), core_->kv().n_blocks());
+    for (int b = 0; b < core_->kv().n_blocks(); ++b) ASSERT_EQ(core_->kv().ref_count(b), 0) << "block " << b;
+    EXPECT_EQ(core_->scheduler().n_requests(), 0u);
+    EXPECT_EQ(core_->scheduler().n_live_choices(), 0u);
+    EXPECT_EQ(sim_->n_sequences(), 0u);
+    core_->check_invariants();
+  }
+
+  // What choice `choice` of a request produces run alone: the simulator's chain over its
+  // context, computed directly, with no paging at all. Non-greedy requests need a seed.
+  std::vector<int32_t> reference(const Request& r, int choice = 0) const {
+    SamplingParams p = r.sampling;
+    if (p.seed) p.seed = *p.seed + choice;
+    const uint64_t seed = SimulatedExecutor::sampling_seed(p, 0);
+    std::vector<int32_t> ctx = r.prompt, out;
+    while (static_cast<int>(out.size()) < r.sampling.max_tokens &&
+           static_cast<int>(ctx.size()) < setup_.max_model_len) {
+      const int32_t t = sim_->token_after(SimulatedExecutor::context_value(ctx), seed);
+      out.push_back(t);
+      ctx.push_back(t);
+      if (t == setup_.eos && !r.sampling.ignore_eos) break;
+      bool stop = false;
+      for (int32_t s : r.sampling.stop_token_ids) stop |= s == t;
+      if (stop) break;
+    }
+    return out;
+  }
+
+  EngineCore& core() { return *core_; }
+  SimulatedExecutor& sim() { return *sim_; }
+  const Collected& out(RequestId id) const { return out_.at(id); }
+  const std::map<RequestId, Collected>& outputs() const { return out_; }
+  int64_t steps() const { return steps_; }
+  const SimSetup& setup() const { return setup_; }
+
+ private:
+  SimSetup setup_;
+  std::unique_ptr<SimulatedExecutor> sim_;
+  std::unique_ptr<EngineCore> core_;
+  std::map<RequestId, Collected> out_;
+  RequestId next_id_ = 1;
+  int64_t steps_ = 0;
+};
+
+inline Request greedy_request(std::vector<int32_t> prompt, int max_tokens) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+}  // namespace tessera::testing
