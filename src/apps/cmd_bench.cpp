@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 #include "apps/commands.h"
 #include "apps/common.h"
@@ -17,6 +18,7 @@
 #include "bench/membw.h"
 #include "model/gguf.h"
 #include "core/error.h"
+#include "engine/engine_offline.h"
 
 namespace tessera::apps {
 
@@ -178,6 +180,48 @@ void add_bench(CLI::App& app) {
   model->callback([a] {
     TESSERA_CHECK(a->reps >= 1 && a->n_prompt >= 0 && a->n_gen >= 0, "bench: bad counts");
     run_bench(*a);
+  });
+
+  struct OfflineArgs {
+    ModelArgs model;
+    EngineArgs engine;
+    OfflineBenchOptions bench;
+    std::string concurrency = "1,8,32";
+  };
+  auto o = std::make_shared<OfflineArgs>();
+  CLI::App* offline = bench->add_subcommand("offline", "many requests through the serving engine in-process: "
+                                                       "requests/s, tokens/s and TTFT per concurrency");
+  o->model.add_to(*offline);
+  o->engine.add_to(*offline);
+  offline->add_option("--requests", o->bench.n_requests, "requests per run")->capture_default_str();
+  offline->add_option("-p,--n-prompt", o->bench.prompt_tokens, "prompt tokens per request")->capture_default_str();
+  offline->add_option("-n,--n-gen", o->bench.gen_tokens, "generated tokens per request")->capture_default_str();
+  offline->add_option("-C,--concurrency", o->concurrency, "comma-separated max concurrent sequences")
+      ->capture_default_str();
+  offline->add_option("--shared-prefix", o->bench.shared_prefix_tokens, "tokens every prompt shares")
+      ->capture_default_str();
+  offline->add_flag("--compare-prefix-cache", o->bench.compare_prefix_cache,
+                    "run each concurrency with the prefix cache off, then on");
+  offline->callback([o] {
+    o->bench.concurrency.clear();
+    std::stringstream ss(o->concurrency);
+    for (std::string item; std::getline(ss, item, ',');) {
+      try {
+        o->bench.concurrency.push_back(std::stoi(item));
+      } catch (const std::exception&) {
+        fail("--concurrency '", o->concurrency, "' is not a comma-separated list of integers");
+      }
+      TESSERA_CHECK(o->bench.concurrency.back() >= 1, "--concurrency values must be positive");
+    }
+    TESSERA_CHECK(!o->bench.concurrency.empty(), "--concurrency is empty");
+    EngineArgs ea = o->engine;
+    ea.max_num_seqs = *std::max_element(o->bench.concurrency.begin(), o->bench.concurrency.end());
+    ModelEngine engine(ea.engine_options(o->model));
+    const auto rows = bench_offline(engine, o->bench, [](const OfflineBenchRow& r) {
+      std::fprintf(stderr, "[bench] concurrency %d%s: %.2f req/s, %.1f output tok/s\n", r.concurrency,
+                   r.prefix_cache ? " (prefix cache)" : "", r.requests_per_s, r.output_tokens_per_s);
+    });
+    std::printf("%s\n", format_offline_bench_table(rows).c_str());
   });
 }
 

@@ -1,11 +1,14 @@
 // tessera generate: one prompt in, streamed text out.
 #include <chrono>
+#include <fstream>
+#include <iostream>
 #include <cstdio>
 #include <map>
 
 #include "apps/commands.h"
 #include "apps/common.h"
 #include "core/error.h"
+#include "engine/engine_offline.h"
 #include "sample/sampler.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -30,20 +33,17 @@ struct GenerateArgs {
   std::vector<std::string> logit_bias;
   int64_t seed = -1;
   bool ignore_eos = false;
+  // Offline batch through the serving engine.
+  std::string batch_file;
+  std::string out_file;
+  EngineArgs engine;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void run_generate(const GenerateArgs& a) {
-  SessionOptions so = a.model.session_options();
-  Session session(so);
-  Tokenizer& tok = session.tokenizer();
-  const std::string prompt = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
-  std::vector<int32_t> ids = tok.encode(prompt, /*add_special=*/true, a.parse_special);
-  TESSERA_CHECK(!ids.empty(), "the prompt is empty after tokenization");
-
+SamplingParams sampling_params_of(const GenerateArgs& a) {
   SamplingParams sp;
   sp.temperature = a.temperature;
   sp.top_k = a.top_k;
@@ -64,6 +64,36 @@ void run_generate(const GenerateArgs& a) {
       fail("--logit-bias '", lb, "' is not ID=BIAS");
     }
   }
+  return sp;
+}
+
+void run_batch(const GenerateArgs& a) {
+  ModelEngine engine(a.engine.engine_options(a.model));
+  OfflineBatchOptions bo;
+  bo.defaults = sampling_params_of(a);
+  bo.parse_special = a.parse_special;
+  std::ifstream in(a.batch_file);
+  TESSERA_CHECK(in.good(), "cannot read --batch file '", a.batch_file, "'");
+  std::ofstream out_file;
+  if (!a.out_file.empty()) {
+    out_file.open(a.out_file);
+    TESSERA_CHECK(out_file.good(), "cannot write --out file '", a.out_file, "'");
+  }
+  const OfflineBatchSummary s = run_offline_batch(engine, in, a.out_file.empty() ? std::cout : out_file, bo);
+  std::fprintf(stderr, "[tessera] %d requests (%d errors), %lld prompt + %lld completion tokens in %.2f s (%.1f tok/s out)\n",
+               s.n_requests, s.n_errors, static_cast<long long>(s.prompt_tokens),
+               static_cast<long long>(s.completion_tokens), s.seconds,
+               s.seconds > 0 ? s.completion_tokens / s.seconds : 0.0);
+}
+
+void run_generate(const GenerateArgs& a) {
+  SessionOptions so = a.model.session_options();
+  Session session(so);
+  Tokenizer& tok = session.tokenizer();
+  const std::string prompt = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
+  std::vector<int32_t> ids = tok.encode(prompt, /*add_special=*/true, a.parse_special);
+  TESSERA_CHECK(!ids.empty(), "the prompt is empty after tokenization");
+  SamplingParams sp = sampling_params_of(a);
   const int n_vocab = session.config().n_vocab;
   sp.validate(n_vocab);
   TESSERA_CHECK(static_cast<int>(ids.size()) + a.max_tokens <= session.ctx(), "prompt (", ids.size(),
@@ -121,8 +151,16 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--logit-bias", args->logit_bias, "ID=BIAS, repeatable");
   cmd->add_option("-s,--seed", args->seed, "sampling seed (-1 = random)")->capture_default_str();
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-generation tokens");
+  auto* batch = cmd->add_option("--batch", args->batch_file,
+                                "JSONL requests ({\"prompt\": ...} per line) run together through the serving engine; "
+                                "one JSON line out per request, in order");
+  batch->excludes(p)->excludes(pf);
+  cmd->add_option("--out", args->out_file, "with --batch: write results here instead of stdout");
+  args->engine.add_to(*cmd);
   cmd->callback([args] {
-    TESSERA_CHECK(!args->prompt.empty() || !args->prompt_file.empty(), "generate needs --prompt or --prompt-file");
+    if (!args->batch_file.empty()) return run_batch(*args);
+    TESSERA_CHECK(!args->prompt.empty() || !args->prompt_file.empty(),
+                  "generate needs --prompt, --prompt-file or --batch");
     run_generate(*args);
   });
 }

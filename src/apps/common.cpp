@@ -13,7 +13,7 @@ void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--device", device, "cpu or cuda")->capture_default_str();
   cmd.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd.add_option("-c,--ctx", ctx, "context tokens to provision (0 = min(trained, 4096))")->capture_default_str();
-  cmd.add_option("-b,--batch", batch, "tokens per forward (prefill chunk)")->capture_default_str();
+  cmd.add_option("-b,--batch-size", batch, "tokens per forward (prefill chunk)")->capture_default_str();
   cmd.add_option("--block-size", block_size, "tokens per KV block")->capture_default_str();
   cmd.add_option("--kv-type", kv_type, "KV cache type: f16 or f32")->capture_default_str();
 }
@@ -30,6 +30,47 @@ SessionOptions ModelArgs::session_options() const {
   else if (kv_type == "f32") o.kv_dtype = DType::F32;
   else fail("--kv-type '", kv_type, "' is not one of f16, f32");
   o.dummy_seed = seed;
+  return o;
+}
+
+void EngineArgs::add_to(CLI::App& cmd) {
+  cmd.add_option("--max-num-seqs", max_num_seqs, "sequences per engine step")->capture_default_str();
+  cmd.add_option("--max-num-batched-tokens", max_num_batched_tokens, "tokens per engine step")
+      ->capture_default_str();
+  cmd.add_option("--kv-cache-memory", kv_cache_memory, "KV cache budget in bytes (suffix K, M, G); "
+                                                        "default 40% of available memory");
+  cmd.add_flag("--no-prefix-cache", no_prefix_cache, "disable prefix caching");
+  cmd.add_flag("--batch-invariant", batch_invariant, "pad forwards so outputs never depend on batching");
+}
+
+namespace {
+int64_t parse_bytes(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    fail("'", s, "' is not a byte count (e.g. 512M, 2G)");
+  }
+  const std::string suffix = s.substr(used);
+  double mult = 1;
+  if (suffix == "K" || suffix == "k") mult = 1024.0;
+  else if (suffix == "M" || suffix == "m") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g") mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) fail("'", s, "' has an unknown size suffix (K, M, G)");
+  TESSERA_CHECK(v > 0 && v * mult < 9e18, "'", s, "' is not a positive byte count");
+  return static_cast<int64_t>(v * mult);
+}
+}  // namespace
+
+ModelEngineOptions EngineArgs::engine_options(const ModelArgs& model) const {
+  ModelEngineOptions o;
+  o.session = model.session_options();
+  o.scheduler.max_num_seqs = max_num_seqs;
+  o.scheduler.max_num_batched_tokens = max_num_batched_tokens;
+  if (!kv_cache_memory.empty()) o.kv_cache_bytes = parse_bytes(kv_cache_memory);
+  o.prefix_caching = !no_prefix_cache;
+  o.batch_invariant = batch_invariant;
   return o;
 }
 

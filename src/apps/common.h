@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "engine/engine_model.h"
 #include "engine/session.h"
 
 namespace tessera::apps {
@@ -19,6 +20,18 @@ struct ModelArgs {
 
   void add_to(CLI::App& cmd);
   SessionOptions session_options() const;
+};
+
+// Options of the serving engine (scheduler, KV budget, prefix cache).
+struct EngineArgs {
+  int max_num_seqs = 32;
+  int max_num_batched_tokens = 512;
+  std::string kv_cache_memory;  // bytes, with K/M/G suffix; empty = a fraction of free memory
+  bool no_prefix_cache = false;
+  bool batch_invariant = false;
+
+  void add_to(CLI::App& cmd);
+  struct ModelEngineOptions engine_options(const ModelArgs& model) const;
 };
 
 // Reads a whole file; throws naming the path.
