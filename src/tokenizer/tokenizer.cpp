@@ -414,6 +414,28 @@ struct Symbol {
 };
 
 uint64_t pair_key(int32_t l, int32_t r) { return (static_cast<uint64_t>(l) << 32) | static_cast<uint32_t>(r); }
+
+// The merge loop BPE and SentencePiece share: queue every adjacent pair (try_add decides
+// whether it can merge and pushes it), then repeatedly merge the best pair, skipping stale
+// entries (one side merged away or grown since it was queued) and queueing the new neighbours.
+template <typename Queue, typename TryAdd>
+void merge_symbols(std::vector<Symbol>& sym, Queue& queue, const TryAdd& try_add) {
+  for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) try_add(i - 1, i);
+  while (!queue.empty()) {
+    const auto b = queue.top();
+    queue.pop();
+    Symbol& l = sym[b.left];
+    Symbol& r = sym[b.right];
+    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
+    l.n += r.n;
+    l.id = b.merged;
+    r.n = 0;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = b.left;
+    try_add(l.prev, b.left);
+    try_add(b.left, l.next);
+  }
+}
 }  // namespace
 
 void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out) const {
@@ -459,22 +481,7 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     queue.push({it->second, l, r, static_cast<uint32_t>(sym[l].n + sym[r].n),
                 find(word.substr(sym[l].start, sym[l].n + sym[r].n))});
   };
-  for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) try_add(i - 1, i);
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& l = sym[b.left];
-    Symbol& r = sym[b.right];
-    // Stale entry: one side was merged away or grew since it was queued.
-    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
-    l.n += r.n;
-    l.id = b.merged;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[r.next].prev = b.left;
-    try_add(l.prev, b.left);
-    try_add(b.left, l.next);
-  }
+  merge_symbols(sym, queue, try_add);
   for (int32_t i = 0; i != -1; i = sym[i].next) {
     if (sym[i].id >= 0) {
       out.push_back(sym[i].id);
@@ -538,21 +545,7 @@ void Tokenizer::Impl::spm_fragment(std::string_view text, std::vector<int32_t>& 
     if (id < 0) return;
     queue.push({score[id], l, r, static_cast<uint32_t>(size), id});
   };
-  for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) try_add(i - 1, i);
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& l = sym[b.left];
-    Symbol& r = sym[b.right];
-    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
-    l.n += r.n;
-    l.id = b.merged;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[r.next].prev = b.left;
-    try_add(l.prev, b.left);
-    try_add(b.left, l.next);
-  }
+  merge_symbols(sym, queue, try_add);
   for (int32_t i = 0; i != -1; i = sym[i].next) {
     if (sym[i].id >= 0) {
       out.push_back(sym[i].id);
