@@ -3,6 +3,7 @@
 //   tools/bench/build_standalone.sh /tmp/mm && /tmp/mm/matmul_bench [threads] [--quick] [--cpu]
 //   TESSERA_ISA=avx2 /tmp/mm/matmul_bench 2
 //   /tmp/mm/matmul_bench 1 --cpu --types      (every weight type on one 1536x1536 shape instead)
+//   /tmp/mm/matmul_bench 1 --cpu --types=Q6_K (one of them)
 //
 // --cpu times with the process's CPU time instead of the wall clock: with one thread on a
 // machine shared with other work it shows what the kernels cost (with several threads it
@@ -201,9 +202,11 @@ void bench_model(ThreadPool& pool, CpuMatmul& mm, bool quick, std::mt19937& gen)
 int main(int argc, char** argv) {
   int threads = ThreadPool::default_threads();
   bool quick = false, types = false;
+  std::string only_type;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--quick") quick = true;
     else if (std::string(argv[i]) == "--types") types = true;
+    else if (std::string(argv[i]).rfind("--types=", 0) == 0) types = true, only_type = argv[i] + 8;
     else if (std::string(argv[i]) == "--cpu") g_cpu_time = true;
     else threads = std::atoi(argv[i]);
   }
@@ -214,6 +217,7 @@ int main(int argc, char** argv) {
   if (types) {  // every weight type, one shape that every block size divides; no cold pass
     for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
                     DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+      if (!only_type.empty() && only_type != dtype_name(t)) continue;
       const std::string name = std::string(dtype_name(t)) + " 1536->1536";
       bench_shape(mm, name.c_str(), t, 1536, 1536, quick, gen, false);
     }
