@@ -2,6 +2,8 @@
 //
 //   tools/bench/build_standalone.sh /tmp/mm && /tmp/mm/matmul_bench [threads] [--quick] [--cpu]
 //   TESSERA_ISA=avx2 /tmp/mm/matmul_bench 2
+//   /tmp/mm/matmul_bench 1 --cpu --types      (every weight type on one 1536x1536 shape instead)
+//   /tmp/mm/matmul_bench 1 --cpu --types=Q6_K (one of them)
 //
 // --cpu times with the process's CPU time instead of the wall clock: with one thread on a
 // machine shared with other work it shows what the kernels cost (with several threads it
@@ -47,17 +49,32 @@ double cpu_now() {
 }
 bool g_cpu_time = false;  // --cpu: time with cpu_now() instead of the wall clock
 
-// Random block bytes with sane scales (the kernels' speed does not depend on the values).
+// Random block bytes with sane scales (the kernels' speed does not depend on the values, but
+// NaN or infinite scales could slow the float arithmetic down).
 void fill_weights(DType t, uint8_t* p, int64_t rows, int64_t cols, std::mt19937& gen) {
   const int64_t bytes = rows * dtype_row_bytes(t, cols);
+  const uint16_t d = f32_to_fp16(0.01f), m = f32_to_fp16(-0.05f);
+  if (t == DType::F32 || t == DType::F16 || t == DType::BF16) {
+    const int64_t n = rows * cols;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = std::uniform_real_distribution<float>(-1, 1)(gen);
+      if (t == DType::F32) std::memcpy(p + 4 * i, &v, 4);
+      else {
+        const uint16_t h = t == DType::F16 ? f32_to_fp16(v) : f32_to_bf16(v);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+    }
+    return;
+  }
   for (int64_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(gen());
   const int64_t bb = dtype_traits(t).block_bytes, nblocks = bytes / bb;
-  const uint16_t d = f32_to_fp16(0.01f), m = f32_to_fp16(-0.05f);
   for (int64_t b = 0; b < nblocks; ++b) {
     uint8_t* blk = p + b * bb;
     switch (t) {
-      case DType::Q4_1: std::memcpy(blk, &d, 2), std::memcpy(blk + 2, &m, 2); break;
-      case DType::Q8_0: std::memcpy(blk, &d, 2); break;
+      case DType::Q4_1: case DType::Q5_1: std::memcpy(blk, &d, 2), std::memcpy(blk + 2, &m, 2); break;
+      case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: std::memcpy(blk, &d, 2); break;
+      case DType::Q4_K: case DType::Q5_K: std::memcpy(blk, &d, 2), std::memcpy(blk + 2, &d, 2); break;
+      case DType::Q6_K: std::memcpy(blk + bb - 2, &d, 2); break;
       default: break;
     }
   }
@@ -106,8 +123,9 @@ double stream_seconds(ThreadPool& pool, const AlignedBuffer<uint8_t>& buf, int r
   });
 }
 
-void bench_shape(CpuMatmul& mm, const char* name, DType t, int64_t rows, int64_t cols, bool quick, std::mt19937& gen) {
-  const int64_t l3_copies = std::max<int64_t>(2, (160ll << 20) / (rows * dtype_row_bytes(t, cols)) + 1);
+void bench_shape(CpuMatmul& mm, const char* name, DType t, int64_t rows, int64_t cols, bool quick, std::mt19937& gen,
+                 bool cold_too = true) {
+  const int64_t l3_copies = cold_too ? std::max<int64_t>(2, (160ll << 20) / (rows * dtype_row_bytes(t, cols)) + 1) : 1;
   std::vector<Matrix> ws;
   ws.emplace_back(t, rows, cols, gen);
   for (int64_t i = 1; i < l3_copies; ++i) ws.emplace_back(t, rows, cols, gen);
@@ -120,7 +138,7 @@ void bench_shape(CpuMatmul& mm, const char* name, DType t, int64_t rows, int64_t
   MatmulTarget tg{ws[0].view(), y.data(), rows};
   const double hot = median_seconds(quick ? 20 : 200, [&] { mm.run(x.data(), 1, cols, std::span(&tg, 1)); });
   size_t next = 0;
-  const double cold = median_seconds(quick ? 20 : 200, [&] {
+  const double cold = !cold_too ? hot : median_seconds(quick ? 20 : 200, [&] {
     MatmulTarget c{ws[next].view(), y.data(), rows};
     next = (next + 1) % ws.size();
     mm.run(x.data(), 1, cols, std::span(&c, 1));
@@ -183,9 +201,12 @@ void bench_model(ThreadPool& pool, CpuMatmul& mm, bool quick, std::mt19937& gen)
 
 int main(int argc, char** argv) {
   int threads = ThreadPool::default_threads();
-  bool quick = false;
+  bool quick = false, types = false;
+  std::string only_type;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--quick") quick = true;
+    else if (std::string(argv[i]) == "--types") types = true;
+    else if (std::string(argv[i]).rfind("--types=", 0) == 0) types = true, only_type = argv[i] + 8;
     else if (std::string(argv[i]) == "--cpu") g_cpu_time = true;
     else threads = std::atoi(argv[i]);
   }
@@ -193,6 +214,15 @@ int main(int argc, char** argv) {
   CpuMatmul mm(pool);
   std::printf("isa %s, %d threads, %s time\n", CpuMatmul::isa(), threads, g_cpu_time ? "process CPU" : "wall");
   std::mt19937 gen(42);
+  if (types) {  // every weight type, one shape that every block size divides; no cold pass
+    for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                    DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+      if (!only_type.empty() && only_type != dtype_name(t)) continue;
+      const std::string name = std::string(dtype_name(t)) + " 1536->1536";
+      bench_shape(mm, name.c_str(), t, 1536, 1536, quick, gen, false);
+    }
+    return 0;
+  }
   bench_shape(mm, "Q4_1 576->1536 (gate)", DType::Q4_1, 1536, 576, quick, gen);
   bench_shape(mm, "Q4_1 1536->576 (down)", DType::Q4_1, 576, 1536, quick, gen);
   bench_shape(mm, "Q4_1 576->576 (q, o)", DType::Q4_1, 576, 576, quick, gen);

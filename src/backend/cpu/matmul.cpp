@@ -87,9 +87,9 @@ struct WorkItem {
 }  // namespace
 
 int64_t mm::panel_scratch_bytes(const KernelSet& set, int64_t cols) {
-  // Worst case over formats: f32 weights of panel_rows rows, columns padded to a multiple of
-  // 8 (float panels are built 8 columns at a time), plus two f32 per 16-group.
-  return set.panel_rows * ((cols + 7) / 8 * 8 * 4 + (cols / 16) * 8) + 256;
+  // Worst case over formats: f32 weights of panel_rows rows with the columns padded to a
+  // multiple of 8 (float panels are built 8 columns at a time), or two quantized panels.
+  return std::max<int64_t>(set.panel_rows * ((cols + 7) / 8 * 8) * 4, 2 * mm::panel_bytes(cols, set.panel_rows)) + 256;
 }
 
 struct CpuMatmul::Impl {

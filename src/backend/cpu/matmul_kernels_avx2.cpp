@@ -1,14 +1,15 @@
 // AVX2 + FMA + F16C: the activation quantizers and the direct kernels, which read weights in
 // their GGUF layout (decode and small batches). Prefill panels: matmul_panel_avx2.cpp.
 //
-// Block dots follow GGML: unsigned weight bytes times signed activation bytes with
-// _mm256_maddubs_epi16, pairs summed to i32 with _mm256_madd_epi16, one f32 FMA per block
-// with the product of the two scales. Signed weights go through the sign trick
-// (|w| times x carrying w's sign).
+// Block dots follow GGML's integer arithmetic: unsigned weight bytes times signed activation
+// bytes with _mm256_maddubs_epi16, pairs summed to i32 with _mm256_madd_epi16; signed weights
+// go through the sign trick (|w| times x carrying w's sign). The f32 arithmetic follows the
+// canonical order of matmul_kernels.h.
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/matmul_kernels.h"
 #include "quant/blocks.h"
@@ -18,13 +19,6 @@ namespace tessera::mm {
 namespace {
 
 inline float fp16_round(float f) { return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
-
-inline float hsum8(__m256 v) {
-  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
-}
 
 inline int hsum_i32(__m256i v) {
   __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -49,14 +43,6 @@ inline __m256i pack_i32_to_i8(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
 
 inline __m256i round_to_i32(__m256 v) {
   return _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-// i32 pair sums of u8 x s8 products, then to f32.
-inline __m256 dot_u8s8_f32(__m256i u, __m256i s) {
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
-inline __m256 dot_s8s8_f32(__m256i w, __m256i x) {
-  return dot_u8s8_f32(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
 
 }  // namespace
@@ -142,22 +128,25 @@ void avx2_quantize_q8k(const float* x, uint8_t* row, const ActLayout& l) {
       s32[b * 8 + g] = d * static_cast<float>(s);
     }
   }
+  finish_q8k_row(row, l);
 }
 
 namespace {
 
 // ---- direct kernels ------------------------------------------------------------------------
-// Groups of NR weight rows share each activation block; every output is one row's block
-// loop, so results do not depend on how rows are grouped or split between threads.
+// Every output follows the canonical order of matmul_kernels.h, whatever the grouping: float
+// weights keep column lanes (4 rows at a time), block weights one f32 lane per weight row
+// (8 rows at a time): per block, the 8 rows' i32 partial sums are reduced to one vector
+// (lane i: row i's exact block sum) and scaled with one FMA, blocks in order.
 
-// Decode streams weights from DRAM. Four rows read side by side are four short streams that
-// the hardware prefetchers pick up late, so while a group computes, the bytes of the group
-// after next are requested, a slice per step of the group's loop.
+// Decode streams weights from DRAM. Rows read side by side are short streams that the
+// hardware prefetchers pick up late, so while a group of rows computes, the bytes of the
+// group after next are requested, a slice per step of the group's loop.
 class RowPrefetch {
  public:
-  RowPrefetch(const MatmulTask& t, int64_t r0, int64_t steps)
-      : next_(reinterpret_cast<const char*>(t.w + (r0 + 8) * t.w_stride)),
-        step_bytes_((4 * t.w_stride + steps - 1) / steps) {}
+  RowPrefetch(const MatmulTask& t, int64_t r0, int group_rows, int64_t steps)
+      : next_(reinterpret_cast<const char*>(t.w + (r0 + 2 * group_rows) * t.w_stride)),
+        step_bytes_((group_rows * t.w_stride + steps - 1) / steps) {}
   void at(int64_t step) const {
     const char* p = next_ + step * step_bytes_;
     for (int64_t off = 0; off < step_bytes_; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
@@ -180,8 +169,8 @@ void for_row_groups(const MatmulTask& t) {
   }
 }
 
-// Float weights (F32, F16, BF16 through the F32Src/F16Src/BF16Src loaders): 8 columns per FMA,
-// the last partial group zero-padded.
+// Float weights (F32, F16, BF16 through the F32Src/F16Src/BF16Src loaders): column lanes,
+// 8 columns per FMA, the last partial group zero-padded.
 template <typename S>
 struct FloatRows {
   template <int NR>
@@ -190,7 +179,7 @@ struct FloatRows {
       const uint8_t* w[NR];
       for (int i = 0; i < NR; ++i) w[i] = t.w + (r0 + i) * t.w_stride;
       const int64_t k8 = t.cols / 8 * 8, tail = t.cols - k8;
-      const RowPrefetch pf(t, r0, k8 / 8 > 0 ? k8 / 8 : 1);
+      const RowPrefetch pf(t, r0, 4, k8 / 8 > 0 ? k8 / 8 : 1);
       for (int64_t j = 0; j < t.n_x; ++j) {
         const float* x = t.x + j * t.ldx;
         __m256 acc[NR];
@@ -201,20 +190,78 @@ struct FloatRows {
           for (int i = 0; i < NR; ++i) acc[i] = _mm256_fmadd_ps(S::load8(w[i] + k * S::kBytes), xv, acc[i]);
         }
         if (tail > 0) {
-          float xt[8] = {};
-          std::memcpy(xt, x + k8, tail * sizeof(float));
-          const __m256 xv = _mm256_loadu_ps(xt);
+          const __m256 xv = load_first_ps(x + k8, static_cast<int>(tail));
           for (int i = 0; i < NR; ++i) acc[i] = _mm256_fmadd_ps(load_tail<S>(w[i] + k8 * S::kBytes, tail), xv, acc[i]);
         }
-        for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8(acc[i]);
+        for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8_canonical(acc[i]);
       }
     }
   };
 };
 
-// Q5_0 / Q5_1 / Q8_0 (Q4_0 / Q4_1: Q4PairRows below). A policy gives the 32 weight bytes of
-// a block (unsigned, or signed when kSigned), its scale and, when kHasMin, its offset m
-// (times the activation's s).
+// Block formats: groups of 8 rows; a short last group repeats its first row in the unused
+// lanes, which are not stored.
+template <typename K>
+void for_groups_of_8(const MatmulTask& t) {
+  for (int64_t r = 0; r < t.n_w; r += 8) K::run(t, r, static_cast<int>(t.n_w - r < 8 ? t.n_w - r : 8));
+}
+
+struct RowGroup {
+  const uint8_t* row[8];
+  RowGroup(const MatmulTask& t, int64_t r0, int nr) {
+    for (int i = 0; i < 8; ++i) row[i] = t.w + (r0 + (i < nr ? i : 0)) * t.w_stride;
+  }
+  template <typename Block>
+  const Block& block(int i, int64_t b) const { return reinterpret_cast<const Block*>(row[i])[b]; }
+};
+
+inline void store_lanes(float* y, __m256 v, int n) {
+  if (n >= 8) {
+    _mm256_storeu_ps(y, v);
+  } else {
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    _mm256_maskstore_ps(y, mask, v);
+  }
+}
+
+inline int load_i32(const void* p) {
+  int v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Two consecutive fp16 fields (d and m, or d and dmin) at byte `off` of each of the 8 rows,
+// as f32 lanes = rows.
+inline void rows_two_halves(const RowGroup& g, int64_t off, __m256* first, __m256* second) {
+  const __m256 lo = _mm256_cvtph_ps(_mm_setr_epi32(load_i32(g.row[0] + off), load_i32(g.row[1] + off),
+                                                   load_i32(g.row[2] + off), load_i32(g.row[3] + off)));
+  const __m256 hi = _mm256_cvtph_ps(_mm_setr_epi32(load_i32(g.row[4] + off), load_i32(g.row[5] + off),
+                                                   load_i32(g.row[6] + off), load_i32(g.row[7] + off)));
+  // lo = d0 m0 d1 m1 | d2 m2 d3 m3: even lanes to `first`, odd to `second`, rows in order.
+  const __m256 ds = _mm256_shuffle_ps(lo, hi, 0x88), ms = _mm256_shuffle_ps(lo, hi, 0xDD);
+  *first = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ds), 0xD8));
+  *second = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ms), 0xD8));
+}
+
+// One fp16 field at byte `off` of each of the 8 rows (Q6_K's d, which ends its block).
+inline __m256 rows_half(const RowGroup& g, int64_t off) {
+  uint16_t h[8];
+  for (int i = 0; i < 8; ++i) std::memcpy(&h[i], g.row[i] + off, 2);
+  return _mm256_cvtph_ps(_mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]), static_cast<short>(h[2]),
+                                        static_cast<short>(h[3]), static_cast<short>(h[4]), static_cast<short>(h[5]),
+                                        static_cast<short>(h[6]), static_cast<short>(h[7])));
+}
+
+// i32 pair sums of u8 x s8 products (signed weights through the sign trick).
+inline __m256i dot_u8s8_i32(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+inline __m256i dot_s8s8_i32(__m256i w, __m256i x) {
+  return dot_u8s8_i32(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+// Q5_0 / Q5_1 / Q8_0 (Q4_0 / Q4_1: Q4Rows below). A policy gives the 32 weight bytes of a
+// block: unsigned, or signed (q - zero point) when kSigned.
 struct PQ5_0 {
   using Block = BlockQ5_0;
   static constexpr bool kSigned = true, kHasMin = false;
@@ -237,191 +284,149 @@ struct PQ8_0 {
   static __m256i quants(const Block& b) { return load256(b.qs); }
 };
 
-inline int load_i32(const void* p) {
-  int v;
-  std::memcpy(&v, p, 4);
-  return v;
+// acc = fma(d_w * d_x, isum, acc), then Q4_1/Q5_1 acc = fma(m_w, s_x, acc), for block b.
+template <typename Block, bool kHasMin>
+inline __m256 scale_block(const RowGroup& g, const ActRow& a, int64_t b, __m256i isum, __m256 acc) {
+  static_assert(offsetof(Block, d) == 0);
+  __m256 dw, mw;
+  rows_two_halves(g, b * static_cast<int64_t>(sizeof(Block)), &dw, &mw);
+  acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d32[b])), _mm256_cvtepi32_ps(isum), acc);
+  if constexpr (kHasMin) acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s32[b]), acc);
+  return acc;
 }
 
-// The first 4 bytes (d, and m where the format has it) of block b of four rows, as 8 halves.
-template <typename Block>
-inline __m128i scale_words(const Block* const w[4], int64_t b) {
-  return _mm_setr_epi32(load_i32(&w[0][b]), load_i32(&w[1][b]), load_i32(&w[2][b]), load_i32(&w[3][b]));
-}
-
-// Four rows at a time (shorter groups repeat their first row and drop the extra results):
-// the fp16 scales (and mins) of the 4 rows' blocks are converted together, [d0 m0 .. d3 m3]
-// times [dx s .. dx s] in one multiply; lane 2i is row i's block scale, the odd lanes
-// accumulate the m * s terms.
 template <typename P>
 struct Q32Rows {
-  template <int NR>
-  struct R {
-    static void run(const MatmulTask& t, int64_t r0) {
-      using Block = typename P::Block;
-      static_assert(offsetof(Block, d) == 0);
-      const int64_t nb = t.cols / 32;
-      const RowPrefetch pf(t, r0, nb);
-      const Block* w[4];
-      for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + (i < NR ? i : 0)) * t.w_stride);
-      for (int64_t j = 0; j < t.n_x; ++j) {
-        const ActRow a = act_row(t.act, *t.act_layout, j);
-        __m256 acc[NR];
-        __m256 accm = _mm256_setzero_ps();
-        for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-          pf.at(b);
-          const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qs + b * 32));
-          const __m128i dm16 = scale_words(w, b);
-          const __m256 xs = _mm256_unpacklo_ps(_mm256_set1_ps(a.d32[b]), _mm256_set1_ps(a.s32[b]));
-          const __m256 scales = _mm256_mul_ps(_mm256_cvtph_ps(dm16), xs);
-          if constexpr (P::kHasMin) accm = _mm256_add_ps(accm, scales);
-          for (int i = 0; i < NR; ++i) {
-            const __m256i q = P::quants(w[i][b]);
-            const __m256 p = P::kSigned ? dot_s8s8_f32(q, xq) : dot_u8s8_f32(q, xq);
-            const __m256 sc = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(2 * i));
-            acc[i] = _mm256_fmadd_ps(sc, p, acc[i]);
-          }
+  static void run(const MatmulTask& t, int64_t r0, int nr) {
+    using Block = typename P::Block;
+    const int64_t nb = t.cols / 32;
+    const RowPrefetch pf(t, r0, 8, nb);
+    const RowGroup g(t, r0, nr);
+    for (int64_t j = 0; j < t.n_x; ++j) {
+      const ActRow a = act_row(t.act, *t.act_layout, j);
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        pf.at(b);
+        const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qs + b * 32));
+        __m256i part[8];
+        for (int i = 0; i < 8; ++i) {
+          const __m256i q = P::quants(g.block<Block>(i, b));
+          part[i] = P::kSigned ? dot_s8s8_i32(q, xq) : dot_u8s8_i32(q, xq);
         }
-        alignas(32) float mins[8];
-        _mm256_store_ps(mins, accm);
-        for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8(acc[i]) + (P::kHasMin ? mins[2 * i + 1] : 0.0f);
+        acc = scale_block<Block, P::kHasMin>(g, a, b, hsum8x8_i32(part), acc);
       }
+      store_lanes(t.y + j * t.ldy + r0, acc, nr);
     }
-  };
+  }
 };
 
-// Q4_0 / Q4_1, two rows per register: the 16 quant bytes of row i fill the low lane and
-// those of row i+1 the high lane, so one AND gives both rows' first 16 quants and one
+// Q4_0 / Q4_1, two rows per register: the 16 quant bytes of row 2p fill the low lane and
+// those of row 2p+1 the high lane, so one AND gives both rows' first 16 quants and one
 // shift+AND their last 16, each dotted with the matching half of the activation block
-// broadcast to both lanes. Lanes 0-3 then hold row i's block sum, lanes 4-7 row i+1's.
+// broadcast to both lanes. Three hadds then leave the 8 rows' block sums in one register.
 // Q4_0's offset of 8 comes out exactly in i32 through the activation's block sum.
 template <bool kHasMin>
-struct Q4PairRows {
-  template <int NR>
-  struct R {
-    static void run(const MatmulTask& t, int64_t r0) {
-      using Block = std::conditional_t<kHasMin, BlockQ4_1, BlockQ4_0>;
-      constexpr int kPairs = (NR + 1) / 2;
-      const int64_t nb = t.cols / 32;
-      const RowPrefetch pf(t, r0, nb);
-      const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-      const Block* w[4];
-      for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + (i < NR ? i : 0)) * t.w_stride);
-      // Scale lanes of [d0 m0 d1 m1 d2 m2 d3 m3] for a pair: row 2p in lanes 0-3, 2p+1 in 4-7.
-      const __m256i pair_idx[2] = {_mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2),
-                                   _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)};
-      for (int64_t j = 0; j < t.n_x; ++j) {
-        const ActRow a = act_row(t.act, *t.act_layout, j);
-        __m256 acc[kPairs];
-        __m256 accm = _mm256_setzero_ps();
-        for (int p = 0; p < kPairs; ++p) acc[p] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-          pf.at(b);
-          const __m128i* xb = reinterpret_cast<const __m128i*>(a.qs + b * 32);
-          const __m256i xlo = _mm256_broadcastsi128_si256(_mm_load_si128(xb));
-          const __m256i xhi = _mm256_broadcastsi128_si256(_mm_load_si128(xb + 1));
-          const __m128i dm16 = scale_words(w, b);
-          const __m256 xs = _mm256_unpacklo_ps(_mm256_set1_ps(a.d32[b]), _mm256_set1_ps(a.s32[b]));
-          const __m256 scales = _mm256_mul_ps(_mm256_cvtph_ps(dm16), xs);
-          if constexpr (kHasMin) accm = _mm256_add_ps(accm, scales);
-          __m256i corr = _mm256_setzero_si256();
-          if constexpr (!kHasMin)  // 8 * sum(x) out of lane 0 and lane 4 of each pair's sums
-            corr = _mm256_and_si256(_mm256_set1_epi32(8 * a.sum32[b]), _mm256_setr_epi32(-1, 0, 0, 0, -1, 0, 0, 0));
-          for (int p = 0; p < kPairs; ++p) {
-            const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[2 * p][b].qs));
-            const Block& second = w[2 * p + 1 < 4 ? 2 * p + 1 : 0][b];
-            const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(second.qs));
-            const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
-            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
-            __m256i p32 = _mm256_madd_epi16(p16, ones);
-            if constexpr (!kHasMin) p32 = _mm256_sub_epi32(p32, corr);
-            acc[p] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scales, pair_idx[p]), _mm256_cvtepi32_ps(p32), acc[p]);
-          }
+struct Q4Rows {
+  static void run(const MatmulTask& t, int64_t r0, int nr) {
+    using Block = std::conditional_t<kHasMin, BlockQ4_1, BlockQ4_0>;
+    const int64_t nb = t.cols / 32;
+    const RowPrefetch pf(t, r0, 8, nb);
+    const RowGroup g(t, r0, nr);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t j = 0; j < t.n_x; ++j) {
+      const ActRow a = act_row(t.act, *t.act_layout, j);
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        pf.at(b);
+        const __m128i* xb = reinterpret_cast<const __m128i*>(a.qs + b * 32);
+        const __m256i xlo = _mm256_broadcastsi128_si256(_mm_load_si128(xb));
+        const __m256i xhi = _mm256_broadcastsi128_si256(_mm_load_si128(xb + 1));
+        __m256i part[4];  // [row 2p: 4 partial sums | row 2p+1: 4]
+        for (int p = 0; p < 4; ++p) {
+          const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.block<Block>(2 * p, b).qs));
+          const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.block<Block>(2 * p + 1, b).qs));
+          const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+          const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          part[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), ones);
         }
-        alignas(32) float mins[8], sums[2 * kPairs][4];
-        _mm256_store_ps(mins, accm);
-        for (int p = 0; p < kPairs; ++p) {
-          _mm_store_ps(sums[2 * p], _mm256_castps256_ps128(acc[p]));
-          _mm_store_ps(sums[2 * p + 1], _mm256_extractf128_ps(acc[p], 1));
-        }
-        for (int i = 0; i < NR; ++i)
-          t.y[j * t.ldy + r0 + i] =
-              (sums[i][0] + sums[i][1]) + (sums[i][2] + sums[i][3]) + (kHasMin ? mins[2 * i + 1] : 0.0f);
+        // Lanes r0 r2 r4 r6 | r1 r3 r5 r7, then rows in order.
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(part[0], part[1]), _mm256_hadd_epi32(part[2], part[3]));
+        __m256i isum = _mm256_permutevar8x32_epi32(h, row_order);
+        if constexpr (!kHasMin) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum32[b]));
+        acc = scale_block<Block, kHasMin>(g, a, b, isum, acc);
       }
+      store_lanes(t.y + j * t.ldy + r0, acc, nr);
     }
-  };
+  }
 };
 
 // Q4_K / Q5_K: sub-block scales multiply the pair sums inside _mm256_madd_epi16; the mins
 // meet the activation's sums of 32.
 template <bool kFive>
 struct QK45Rows {
-  template <int NR>
-  struct R {
-    static void run(const MatmulTask& t, int64_t r0) {
-      using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
-      const int64_t nb = t.cols / 256;
-      const RowPrefetch pf(t, r0, nb);
-      const Block* w[NR];
-      for (int i = 0; i < NR; ++i) w[i] = reinterpret_cast<const Block*>(t.w + (r0 + i) * t.w_stride);
-      for (int64_t j = 0; j < t.n_x; ++j) {
-        const ActRow a = act_row(t.act, *t.act_layout, j);
-        __m256 acc[NR];
-        float accm[NR];
-        for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps(), accm[i] = 0.0f;
-        for (int64_t b = 0; b < nb; ++b) {
-          pf.at(b);
-          const int8_t* xq = a.qs + b * 256;
-          const float dx = a.d32[b * 8];
-          for (int i = 0; i < NR; ++i) {
-            const Block& blk = w[i][b];
-            uint8_t sm[16];
-            unpack_k4_scales(blk.scales, sm);
-            int summ = 0;
-            for (int g = 0; g < 8; ++g) summ += sm[8 + g] * a.sum32[b * 8 + g];
-            __m256i hbits = _mm256_setzero_si256();
-            if constexpr (kFive) hbits = load256(blk.qh);
-            __m256i sumi = _mm256_setzero_si256();
-            for (int c = 0; c < 4; ++c) {
-              __m256i lo, hi;
-              qk45_quants<kFive>(blk.qs, hbits, c, &lo, &hi);
-              const __m256i plo = _mm256_maddubs_epi16(lo, load256(xq + 64 * c));
-              const __m256i phi = _mm256_maddubs_epi16(hi, load256(xq + 64 * c + 32));
-              sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sm[2 * c])));
-              sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sm[2 * c + 1])));
-            }
-            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(blk.d) * dx), _mm256_cvtepi32_ps(sumi), acc[i]);
-            accm[i] -= h2f(blk.dmin) * dx * static_cast<float>(summ);
+  static void run(const MatmulTask& t, int64_t r0, int nr) {
+    using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
+    const int64_t nb = t.cols / 256;
+    const RowPrefetch pf(t, r0, 8, nb);
+    const RowGroup g(t, r0, nr);
+    for (int64_t j = 0; j < t.n_x; ++j) {
+      const ActRow a = act_row(t.act, *t.act_layout, j);
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        pf.at(b);
+        const int8_t* xq = a.qs + b * 256;
+        __m256i part[8];
+        alignas(32) int32_t msum[8];
+        for (int i = 0; i < 8; ++i) {
+          const Block& blk = g.block<Block>(i, b);
+          uint8_t sm[16];
+          unpack_k4_scales(blk.scales, sm);
+          int summ = 0;
+          for (int s = 0; s < 8; ++s) summ += sm[8 + s] * a.sum32[b * 8 + s];
+          msum[i] = summ;
+          __m256i hbits = _mm256_setzero_si256();
+          if constexpr (kFive) hbits = load256(blk.qh);
+          __m256i sumi = _mm256_setzero_si256();
+          for (int c = 0; c < 4; ++c) {
+            __m256i lo, hi;
+            qk45_quants<kFive>(blk.qs, hbits, c, &lo, &hi);
+            const __m256i plo = _mm256_maddubs_epi16(lo, load256(xq + 64 * c));
+            const __m256i phi = _mm256_maddubs_epi16(hi, load256(xq + 64 * c + 32));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sm[2 * c])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sm[2 * c + 1])));
           }
+          part[i] = sumi;
         }
-        for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8(acc[i]) + accm[i];
+        __m256 dw, dmin;
+        rows_two_halves(g, b * static_cast<int64_t>(sizeof(Block)), &dw, &dmin);
+        const __m256 dx = _mm256_set1_ps(a.d32[b * 8]);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(hsum8x8_i32(part)), acc);
+        acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx),
+                               _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(msum))), acc);
       }
+      store_lanes(t.y + j * t.ldy + r0, acc, nr);
     }
-  };
+  }
 };
 
 // Q6_K: unsigned 6-bit quants; the -32 offset is folded in exactly through the activation's
 // sums of 16.
-template <int NR>
 struct Q6KRows {
-  static void run(const MatmulTask& t, int64_t r0) {
+  static void run(const MatmulTask& t, int64_t r0, int nr) {
     const int64_t nb = t.cols / 256;
-    const RowPrefetch pf(t, r0, nb);
-    const BlockQ6_K* w[NR];
-    for (int i = 0; i < NR; ++i) w[i] = reinterpret_cast<const BlockQ6_K*>(t.w + (r0 + i) * t.w_stride);
+    const RowPrefetch pf(t, r0, 8, nb);
+    const RowGroup g(t, r0, nr);
     for (int64_t j = 0; j < t.n_x; ++j) {
       const ActRow a = act_row(t.act, *t.act_layout, j);
-      __m256 acc[NR];
-      for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
+      __m256 acc = _mm256_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
         pf.at(b);
-        const float dx = a.d32[b * 8];
-        for (int i = 0; i < NR; ++i) {
-          const BlockQ6_K& blk = w[i][b];
+        __m256i part[8];
+        for (int i = 0; i < 8; ++i) {
+          const BlockQ6_K& blk = g.block<BlockQ6_K>(i, b);
           int corr = 0;
-          for (int g = 0; g < 16; ++g) corr += blk.scales[g] * a.sum16[b * 16 + g];
+          for (int s = 0; s < 16; ++s) corr += blk.scales[s] * a.sum16[b * 16 + s];
           __m256i sumi = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-32 * corr));
           for (int half = 0; half < 2; ++half) {
             const int8_t* sc = blk.scales + 8 * half;
@@ -434,10 +439,12 @@ struct Q6KRows {
               sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scv));
             }
           }
-          acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(blk.d) * dx), _mm256_cvtepi32_ps(sumi), acc[i]);
+          part[i] = sumi;
         }
+        const __m256 dw = rows_half(g, b * static_cast<int64_t>(sizeof(BlockQ6_K)) + offsetof(BlockQ6_K, d));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d32[b * 8])), _mm256_cvtepi32_ps(hsum8x8_i32(part)), acc);
       }
-      for (int i = 0; i < NR; ++i) t.y[j * t.ldy + r0 + i] = hsum8(acc[i]);
+      store_lanes(t.y + j * t.ldy + r0, acc, nr);
     }
   }
 };
@@ -445,20 +452,14 @@ struct Q6KRows {
 template <int NR> using F32R = FloatRows<F32Src>::R<NR>;
 template <int NR> using F16R = FloatRows<F16Src>::R<NR>;
 template <int NR> using BF16R = FloatRows<BF16Src>::R<NR>;
-template <int NR> using Q4_0R = Q4PairRows<false>::R<NR>;
-template <int NR> using Q4_1R = Q4PairRows<true>::R<NR>;
-template <int NR> using Q5_0R = Q32Rows<PQ5_0>::R<NR>;
-template <int NR> using Q5_1R = Q32Rows<PQ5_1>::R<NR>;
-template <int NR> using Q8_0R = Q32Rows<PQ8_0>::R<NR>;
-template <int NR> using Q4KR = QK45Rows<false>::R<NR>;
-template <int NR> using Q5KR = QK45Rows<true>::R<NR>;
 
 }  // namespace
 
 const MatmulKernel avx2_direct_kernels[kNumWKinds] = {
-    for_row_groups<F32R>,  for_row_groups<F16R>,  for_row_groups<BF16R>, for_row_groups<Q4_0R>,
-    for_row_groups<Q4_1R>, for_row_groups<Q5_0R>, for_row_groups<Q5_1R>, for_row_groups<Q8_0R>,
-    for_row_groups<Q4KR>,  for_row_groups<Q5KR>,  for_row_groups<Q6KRows>,
+    for_row_groups<F32R>,           for_row_groups<F16R>,           for_row_groups<BF16R>,
+    for_groups_of_8<Q4Rows<false>>, for_groups_of_8<Q4Rows<true>>,  for_groups_of_8<Q32Rows<PQ5_0>>,
+    for_groups_of_8<Q32Rows<PQ5_1>>, for_groups_of_8<Q32Rows<PQ8_0>>, for_groups_of_8<QK45Rows<false>>,
+    for_groups_of_8<QK45Rows<true>>, for_groups_of_8<Q6KRows>,
 };
 
 const KernelSet& avx2_kernel_set() {

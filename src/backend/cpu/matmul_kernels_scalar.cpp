@@ -1,5 +1,6 @@
 // Portable kernels: the fallback on CPUs without AVX2 and the readable statement of what the
-// SIMD kernels compute. Block dots are exact integer sums per block, scaled in f32.
+// SIMD kernels compute, bit for bit (matmul_kernels.h, "The canonical order"). Block dots are
+// exact integer sums per block, scaled in f32.
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -81,6 +82,7 @@ void quantize_q8k_scalar(const float* x, uint8_t* row, const ActLayout& l) {
       s32[b * 8 + g] = d * static_cast<float>(s);
     }
   }
+  finish_q8k_row(row, l);
 }
 
 // ---- block decoders to integers ------------------------------------------------------------
@@ -150,6 +152,8 @@ int dot32(const int* q, const int8_t* x) {
 }
 
 // ---- kernels ---------------------------------------------------------------------------------
+// The canonical order of matmul_kernels.h, spelled out with explicit fmaf (correctly rounded,
+// so equal to the SIMD kernels' FMA instructions).
 
 template <typename RowDot>
 void for_each_output(const MatmulTask& t, RowDot dot) {
@@ -163,9 +167,9 @@ template <typename ToF32>
 void kernel_float(const MatmulTask& t, ToF32 to_f32) {
   for_each_output(t, [&](const uint8_t* w, int64_t i) {
     const float* x = t.x + i * t.ldx;
-    float acc = 0.0f;
-    for (int64_t k = 0; k < t.cols; ++k) acc += to_f32(w, k) * x[k];
-    return acc;
+    float acc[kLanes] = {};
+    for (int64_t k = 0; k < t.cols; ++k) acc[k % kLanes] = std::fmaf(to_f32(w, k), x[k], acc[k % kLanes]);
+    return sum8_canonical(acc);
   });
 }
 
@@ -179,8 +183,8 @@ void kernel_bf16(const MatmulTask& t) {
   kernel_float(t, [](const uint8_t* w, int64_t k) { return bf16_to_f32(reinterpret_cast<const uint16_t*>(w)[k]); });
 }
 
-// 32-element block formats against Q8 activations.
-template <typename Block, typename Decode>
+// 32-element block formats against Q8 activations: q holds the quants minus the zero point.
+template <typename Block, bool kHasMin, typename Decode>
 void kernel_q32(const MatmulTask& t, Decode decode) {
   const int64_t nb = t.cols / 32;
   for_each_output(t, [&](const uint8_t* wrow, int64_t i) {
@@ -191,49 +195,48 @@ void kernel_q32(const MatmulTask& t, Decode decode) {
       int q[32];
       float d, m;
       decode(w[b], q, &d, &m);
-      acc += d * a.d32[b] * static_cast<float>(dot32(q, a.qs + b * 32)) + m * a.s32[b];
+      acc = std::fmaf(d * a.d32[b], static_cast<float>(dot32(q, a.qs + b * 32)), acc);
+      if constexpr (kHasMin) acc = std::fmaf(m, a.s32[b], acc);
     }
     return acc;
   });
 }
 
 void kernel_q4_0(const MatmulTask& t) {
-  kernel_q32<BlockQ4_0>(t, [](const BlockQ4_0& b, int* q, float* d, float* m) {
+  kernel_q32<BlockQ4_0, false>(t, [](const BlockQ4_0& b, int* q, float* d, float*) {
     ints_q4(b.qs, 8, q);
     *d = h2f(b.d);
-    *m = 0.0f;
   });
 }
 void kernel_q4_1(const MatmulTask& t) {
-  kernel_q32<BlockQ4_1>(t, [](const BlockQ4_1& b, int* q, float* d, float* m) {
+  kernel_q32<BlockQ4_1, true>(t, [](const BlockQ4_1& b, int* q, float* d, float* m) {
     ints_q4(b.qs, 0, q);
     *d = h2f(b.d);
     *m = h2f(b.m);
   });
 }
 void kernel_q5_0(const MatmulTask& t) {
-  kernel_q32<BlockQ5_0>(t, [](const BlockQ5_0& b, int* q, float* d, float* m) {
+  kernel_q32<BlockQ5_0, false>(t, [](const BlockQ5_0& b, int* q, float* d, float*) {
     ints_q5(b.qh, b.qs, 16, q);
     *d = h2f(b.d);
-    *m = 0.0f;
   });
 }
 void kernel_q5_1(const MatmulTask& t) {
-  kernel_q32<BlockQ5_1>(t, [](const BlockQ5_1& b, int* q, float* d, float* m) {
+  kernel_q32<BlockQ5_1, true>(t, [](const BlockQ5_1& b, int* q, float* d, float* m) {
     ints_q5(b.qh, b.qs, 0, q);
     *d = h2f(b.d);
     *m = h2f(b.m);
   });
 }
 void kernel_q8_0(const MatmulTask& t) {
-  kernel_q32<BlockQ8_0>(t, [](const BlockQ8_0& b, int* q, float* d, float* m) {
+  kernel_q32<BlockQ8_0, false>(t, [](const BlockQ8_0& b, int* q, float* d, float*) {
     for (int j = 0; j < 32; ++j) q[j] = b.qs[j];
     *d = h2f(b.d);
-    *m = 0.0f;
   });
 }
 
-// Q4_K / Q5_K: y = sum over super-blocks of d*dx*sum_j(sc_j * q·x) - dmin*dx*sum_j(m_j * sum_j(x)).
+// Q4_K / Q5_K: per super-block isum = sum_j sc_j * (q_j . x_j) and msum = sum_j m_j * sum(x_j)
+// in integers; y = sum of d*dx*isum - dmin*dx*msum over super-blocks.
 template <typename Block>
 void kernel_qk45(const MatmulTask& t) {
   const int64_t nb = t.cols / 256;
@@ -248,15 +251,16 @@ void kernel_qk45(const MatmulTask& t) {
       } else {
         ints_qk45(w[b].qs, nullptr, q);
       }
-      int sum_sc = 0, sum_m = 0;
+      int isum = 0, msum = 0;
       for (int j = 0; j < 8; ++j) {
         int sc, m;
         scale_min_k4(j, w[b].scales, &sc, &m);
-        sum_sc += sc * dot32(q + j * 32, a.qs + b * 256 + j * 32);
-        sum_m += m * a.sum32[b * 8 + j];
+        isum += sc * dot32(q + j * 32, a.qs + b * 256 + j * 32);
+        msum += m * a.sum32[b * 8 + j];
       }
       const float dx = a.d32[b * 8];
-      acc += h2f(w[b].d) * dx * static_cast<float>(sum_sc) - h2f(w[b].dmin) * dx * static_cast<float>(sum_m);
+      acc = std::fmaf(h2f(w[b].d) * dx, static_cast<float>(isum), acc);
+      acc = std::fmaf(-(h2f(w[b].dmin) * dx), static_cast<float>(msum), acc);
     }
     return acc;
   });
@@ -271,13 +275,13 @@ void kernel_q6_k(const MatmulTask& t) {
     for (int64_t b = 0; b < nb; ++b) {
       int q[256];
       ints_q6k(w[b], q);
-      int sum = 0;
+      int isum = 0;
       for (int g = 0; g < 16; ++g) {
         int s = 0;
         for (int j = 0; j < 16; ++j) s += q[g * 16 + j] * a.qs[b * 256 + g * 16 + j];
-        sum += w[b].scales[g] * s;
+        isum += w[b].scales[g] * s;
       }
-      acc += h2f(w[b].d) * a.d32[b * 8] * static_cast<float>(sum);
+      acc = std::fmaf(h2f(w[b].d) * a.d32[b * 8], static_cast<float>(isum), acc);
     }
     return acc;
   });

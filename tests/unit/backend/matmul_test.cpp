@@ -1,5 +1,7 @@
 // CpuMatmul against float64 references of its own: every weight type, every kernel family
-// this CPU runs, awkward shapes, strides, several targets per call, poisoned outputs.
+// this CPU runs, awkward shapes, strides, several targets per call, poisoned outputs; and
+// bitwise reproducibility: an output must not depend on the batch, its targets, the thread
+// count or the instruction set.
 // The references decode the GGUF block layouts here (from GGML's formulas) and quantize the
 // activations as GGML's quantize_row_q8_0/q8_1/q8_K do, so the comparison can be tight.
 #include <gtest/gtest.h>
@@ -469,18 +471,100 @@ TEST(Matmul, OneAndTwoThreadsGiveIdenticalResults) {
   }
 }
 
-TEST(Matmul, PathsAgreeWithinRounding) {
-  const std::vector<const char*> all = isas();
+TEST(Matmul, EveryPathGivesTheSameBits) {
+  // The kernels of every family follow one order of f32 operations (matmul_kernels.h).
   for (int64_t n_rows : {1, 40}) {
     const std::vector<float> ref = run_all_types("scalar", 2, n_rows);
-    for (const char* isa : all) {
+    for (const char* isa : isas()) {
       const std::vector<float> y = run_all_types(isa, 2, n_rows);
-      double err = 0, norm = 0;
-      for (size_t i = 0; i < y.size(); ++i) err += (y[i] - ref[i]) * (y[i] - ref[i]), norm += ref[i] * ref[i];
-      EXPECT_LT(std::sqrt(err / norm), 1e-5) << isa << " vs scalar, n_rows=" << n_rows;
+      ASSERT_EQ(y.size(), ref.size());
+      EXPECT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float))) << isa << " vs scalar, n_rows=" << n_rows;
     }
   }
 }
+
+// ---- batch invariance: an output depends only on its weight row and its input row -------------
+// (the engine relies on it: a request's tokens must not depend on what it was batched with).
+
+// Widths with fewer than 8 blocks and with a partial last group of 8 blocks (float types:
+// a partial last group of 8 columns).
+std::vector<int64_t> invariance_cols(DType t) {
+  if (is_float(t)) return {37, 203};
+  if (is_k(t)) return {768, 2560};  // 3 and 10 super-blocks
+  return {96, 608};                 // 3 and 19 blocks
+}
+
+// y[t, r] for input rows [t0, t0 + n) of x, the weight being target 0 of a call alone or
+// target 1 of three (an F32 weight before it, another of its own type after it, so both
+// activation formats and other work items share the call).
+std::vector<float> outputs_for_rows(CpuMatmul& mm, const Weight& w, const std::vector<float>& x, int64_t ldx,
+                                    int64_t t0, int64_t n, bool shared, Rng& rng) {
+  const int64_t cols = w.cols, ldy = w.rows + 2;
+  std::vector<float> y(n * ldy, std::nanf(""));
+  std::vector<MatmulTarget> targets;
+  Weight before, after;
+  std::vector<float> y_before, y_after;
+  if (shared) {
+    before = make_weight(DType::F32, 11, cols, rng);
+    after = make_weight(w.type, 29, cols, rng);
+    y_before.resize(n * 11);
+    y_after.resize(n * 29);
+    targets.push_back({{before.data.data(), before.type, before.rows, cols}, y_before.data(), 11});
+  }
+  targets.push_back({{w.data.data(), w.type, w.rows, cols}, y.data(), ldy});
+  if (shared) targets.push_back({{after.data.data(), after.type, after.rows, cols}, y_after.data(), 29});
+  mm.run(x.data() + t0 * ldx, n, ldx, targets);
+  std::vector<float> out(n * w.rows);
+  for (int64_t t = 0; t < n; ++t) std::memcpy(&out[t * w.rows], &y[t * ldy], w.rows * sizeof(float));
+  return out;
+}
+
+class MatmulBatchInvariance : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MatmulBatchInvariance, RowCountPositionTargetsAndThreadsChangeNoBit) {
+  const DType type = GetParam();
+  ThreadPool pool1(1), pool2(2);
+  for (int64_t cols : invariance_cols(type)) {
+    Rng rng(777 + static_cast<uint32_t>(type) + static_cast<uint32_t>(cols));
+    const Weight w = make_weight(type, 37, cols, rng);
+    const int64_t kInputs = 67, ldx = cols + 3;
+    std::vector<float> x = random_input(kInputs, ldx, cols, rng);
+    for (int64_t k = 0; k < cols; ++k) x[5 * ldx + k] *= (k % 7 == 0) ? 1e4f : 1e-3f;  // a wide dynamic range
+    // Every input row alone, one thread: per family, and the scalar one (all must agree).
+    auto rows_one_at_a_time = [&](const char* isa) {
+      IsaScope scope(isa);
+      CpuMatmul mm(pool1);
+      std::vector<float> out(kInputs * w.rows);
+      for (int64_t t = 0; t < kInputs; ++t) {
+        const std::vector<float> y = outputs_for_rows(mm, w, x, ldx, t, 1, false, rng);
+        std::memcpy(&out[t * w.rows], y.data(), y.size() * sizeof(float));
+      }
+      return out;
+    };
+    const std::vector<float> scalar_ref = rows_one_at_a_time("scalar");
+    for (const char* isa : isas()) {
+      const std::vector<float> ref = rows_one_at_a_time(isa);
+      EXPECT_EQ(0, std::memcmp(ref.data(), scalar_ref.data(), ref.size() * sizeof(float)))
+          << isa << " " << dtype_name(type) << " cols=" << cols << ": single rows differ from the scalar path's";
+      IsaScope scope(isa);
+      CpuMatmul mm1(pool1), mm2(pool2);
+      for (int64_t n : {1, 3, 7, 8, 9, 17, 64}) {
+        const int64_t t0 = (n * 5) % (kInputs - n + 1);  // the rows sit at different positions
+        for (const bool shared : {false, true}) {
+          CpuMatmul& mm = shared ? mm2 : mm1;  // shared targets with 2 threads, alone with 1
+          const std::vector<float> y = outputs_for_rows(mm, w, x, ldx, t0, n, shared, rng);
+          EXPECT_EQ(0, std::memcmp(y.data(), &ref[t0 * w.rows], y.size() * sizeof(float)))
+              << isa << " " << dtype_name(type) << " cols=" << cols << ": rows [" << t0 << ", " << t0 + n << ")"
+              << (shared ? " among 3 targets, 2 threads" : " alone, 1 thread")
+              << " differ from the same rows computed one at a time";
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MatmulBatchInvariance, ::testing::ValuesIn(kAllTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 // ---- activation quantization is GGML's, to the bit --------------------------------------------
 
