@@ -12,7 +12,7 @@ Engine::Engine(const EngineConfig& config, Executor& executor)
 
 Engine::~Engine() { stop(); }
 
-SubmitResult Engine::submit(Request request) {
+SubmitResult Engine::submit(Request request, std::function<void()> on_event) {
   SubmitResult result;
   if (auto invalid = core_.validate(request)) {  // reads the configuration only
     result.rejection = std::move(invalid);
@@ -22,7 +22,7 @@ SubmitResult Engine::submit(Request request) {
     result.rejection = std::move(refused);
     return result;
   }
-  result.stream = std::make_shared<RequestStream>(request.n);
+  result.stream = std::make_shared<RequestStream>(request.n, std::move(on_event));
   {
     std::lock_guard lock(mutex_);
     if (stop_) {
@@ -106,7 +106,7 @@ void Engine::handle(Message& message) {
         core_.add(message.id, message.request);
       } catch (const std::exception& e) {  // validated at submit: only a bug gets here
         admission_.finished(live.tenant, false, live.n_prompt);
-        message.stream->push(StreamEvent{0, -1, FinishReason::Error, e.what()}, true);
+        message.stream->push(StreamEvent{0, -1, FinishReason::Error, e.what(), {}}, true);
         std::lock_guard lock(mutex_);
         --in_flight_;
         idle_.notify_all();
@@ -123,7 +123,7 @@ void Engine::handle(Message& message) {
 void Engine::end_all_live(const std::string& error) {
   for (auto& [id, live] : live_) {
     for (int c = 0; c < live.stream->n_choices(); ++c)
-      live.stream->push(StreamEvent{c, -1, FinishReason::Error, error}, c + 1 == live.stream->n_choices());
+      live.stream->push(StreamEvent{c, -1, FinishReason::Error, error, {}}, c + 1 == live.stream->n_choices());
     admission_.finished(live.tenant, live.started, live.n_prompt);
   }
   std::lock_guard lock(mutex_);
@@ -137,7 +137,7 @@ void Engine::deliver(const std::vector<SeqEvent>& events, const std::string& err
   for (const SeqEvent& e : events) {
     const auto it = live_.find(e.request);
     if (it == live_.end()) continue;
-    StreamEvent out{e.choice, e.token, e.finish, e.finish == FinishReason::Error ? error : std::string()};
+    StreamEvent out{e.choice, e.token, e.finish, e.finish == FinishReason::Error ? error : std::string(), {}};
     it->second.stream->push(std::move(out), e.request_done);
     if (e.request_done) {
       admission_.finished(it->second.tenant, it->second.started, it->second.n_prompt);

@@ -11,6 +11,7 @@
 //   engine.abort(r.id);                           // client went away: freed within one step
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -42,7 +43,8 @@ class Engine {
 
   // Thread-safe. Validates (400), applies admission limits (429) and draining (503) before
   // returning; an accepted request is queued for the engine thread.
-  SubmitResult submit(Request request);
+  // on_event: see RequestStream (called on the engine thread after every event).
+  SubmitResult submit(Request request, std::function<void()> on_event = {});
   // Thread-safe. Ends the request at the next step boundary; unknown or finished ids are
   // ignored.
   void abort(RequestId id);

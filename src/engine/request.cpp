@@ -45,6 +45,17 @@ void RequestStream::push(StreamEvent event, bool close) {
     closed_ = closed_ || close;
   }
   ready_.notify_all();
+  if (on_event_) on_event_();
+}
+
+RequestProgress RequestStream::progress() const {
+  std::lock_guard lock(mutex_);
+  return progress_;
+}
+
+void RequestStream::set_progress(RequestProgress progress) {
+  std::lock_guard lock(mutex_);
+  progress_ = std::move(progress);
 }
 
 }  // namespace tessera

@@ -1,14 +1,18 @@
 #pragma once
 // The engine's public request API: what a client submits, how it is refused, and the
 // per-request output channel it reads. Contract: docs/design/engine-loop.md.
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "sample/sampler.h"  // Logprobs
 #include "sample/sampling_params.h"
 #include "sched/admission.h"
 #include "sched/sequence.h"
@@ -23,7 +27,16 @@ struct Request {
   std::string tenant;           // for per-tenant limits
   std::string tenant_salt;      // prefix-cache isolation; the server derives it from the credential
   std::string adapter_id;       // LoRA adapter ("" for none): part of the prefix key
+  // Report, with every output token, its log-probability under the raw model distribution
+  // (before temperature and the other processors) and the sampling.n_logprobs most likely
+  // alternatives.
+  bool logprobs = false;
+  // -1: none. k >= 0: the log-probability of every prompt token from position 1 on, with the
+  // k most likely alternatives (OpenAI echo + logprobs). Such a request takes no prefix-cache
+  // hits (cached positions have no logits) but still publishes its blocks.
+  int32_t prompt_logprobs = -1;
 };
+
 
 // One thing that happened to a choice: a new token, its end, or both.
 struct StreamEvent {
@@ -31,6 +44,18 @@ struct StreamEvent {
   int32_t token = -1;                        // a new output token, or -1
   FinishReason finish = FinishReason::None;  // set on the choice's last event
   std::string error;                         // FinishReason::Error: what went wrong
+  std::optional<Logprobs> logprobs;  // Request::logprobs: the new token's
+};
+
+// Request-level facts the engine thread publishes once, before the first token event.
+struct RequestProgress {
+  // When the request was first scheduled (left the waiting queue), and its prompt tokens
+  // served from the prefix cache at that point.
+  std::optional<std::chrono::steady_clock::time_point> scheduled_at;
+  int32_t cached_prompt_tokens = 0;
+  // Request::prompt_logprobs >= 0: entries for prompt positions 1..n_prompt-1 (position 0
+  // has no logprob), set before the first token event is pushed.
+  std::shared_ptr<const std::vector<Logprobs>> prompt_logprobs;
 };
 
 // What a finished request produced, choice by choice.
@@ -44,7 +69,11 @@ struct RequestOutput {
 // Closed after the last choice's finish event.
 class RequestStream {
  public:
-  explicit RequestStream(int n_choices) : n_choices_(n_choices) {}
+  // on_event, when set, is called on the engine thread after every push (outside the
+  // stream's lock): an asynchronous reader uses it to schedule a try_next() drain. It must
+  // be cheap and must not call back into the engine.
+  explicit RequestStream(int n_choices, std::function<void()> on_event = {})
+      : n_choices_(n_choices), on_event_(std::move(on_event)) {}
 
   // Blocks for the next event; false once the stream is closed and drained.
   bool next(StreamEvent& event);
@@ -54,12 +83,16 @@ class RequestStream {
   RequestOutput collect();
   bool closed() const;
   int n_choices() const { return n_choices_; }
+  RequestProgress progress() const;
 
   // Engine side.
   void push(StreamEvent event, bool close);
+  void set_progress(RequestProgress progress);
 
  private:
   const int n_choices_;
+  const std::function<void()> on_event_;
+  RequestProgress progress_;
   mutable std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<StreamEvent> events_;

@@ -1,0 +1,88 @@
+#pragma once
+// The contract between the HTTP transport (src/server/http/, Boost.Beast on Asio) and the
+// application handlers (src/server/api/). The transport parses and bounds requests, keeps
+// connections alive, times out slow peers and frames server-sent events; a handler sees one
+// request at a time as an Exchange and answers it, now or later, from any thread.
+// Contract: docs/design/http-server.md.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace tessera::http {
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+struct Request {
+  std::string method;  // "GET", "POST", ... as received
+  std::string target;  // path and query, as received
+  std::string path;    // target without the query string
+  std::string query;   // after '?', or ""
+  Headers headers;     // names lowercased, in arrival order
+  std::string body;
+  std::string remote;  // peer "address:port"
+  std::chrono::steady_clock::time_point received_at;  // when the whole request was read
+
+  // The first header with this (lowercase) name.
+  std::optional<std::string_view> header(std::string_view name) const;
+};
+
+struct Response {
+  int status = 200;
+  std::string content_type = "application/json";
+  Headers headers;  // extra headers (e.g. Retry-After)
+  std::string body;
+};
+
+// One request and its response. Every method is thread-safe and may be called from any
+// thread; the transport serializes the actual I/O on the connection's strand.
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  virtual const Request& request() const = 0;
+
+  // A complete response. Exactly one of respond() or start_stream() per exchange; later
+  // calls are ignored.
+  virtual void respond(Response response) = 0;
+
+  // Server-sent events: sends 200 with text/event-stream, no-cache and chunked transfer,
+  // then each write() in order, then the end of the body on end_stream().
+  virtual void start_stream(Headers extra_headers = {}) = 0;
+  virtual void write(std::string data) = 0;  // queued; never blocks
+  virtual void end_stream() = 0;
+  // Bytes queued by write() and not yet handed to the socket (a slow reader's backlog).
+  virtual size_t queued_bytes() const = 0;
+
+  // Runs fn on the connection's executor, after the functions posted before it. Handlers
+  // use it to move work off the engine thread (RequestStream's on_event).
+  virtual void post(std::function<void()> fn) = 0;
+
+  // fn runs once, on the connection's executor, when the peer goes away (closed socket,
+  // reset, write timeout, server stop) before the response is complete; at once if that has
+  // already happened. Handlers abort their engine request in it.
+  virtual void on_abandon(std::function<void()> fn) = 0;
+  virtual bool abandoned() const = 0;
+};
+
+// Called on an I/O thread for every well-formed request; must not block.
+using Handler = std::function<void(std::shared_ptr<Exchange>)>;
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;              // 0: any free port (see HttpServer::port())
+  int io_threads = 2;
+  size_t max_header_bytes = 16 * 1024;        // 431 beyond
+  size_t max_body_bytes = 8 * 1024 * 1024;    // 413 beyond
+  int max_connections = 10000;                // accepted and then closed at once beyond
+  std::chrono::seconds read_timeout{30};      // whole request, from its first byte
+  std::chrono::seconds write_timeout{30};     // no progress writing to the peer
+  std::chrono::seconds keep_alive_timeout{60};  // idle between requests
+};
+
+}  // namespace tessera::http
