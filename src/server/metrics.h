@@ -1,0 +1,54 @@
+#pragma once
+// Prometheus metrics under vLLM's names, so existing dashboards work unchanged. The API
+// layer reports each finished request once; engine gauges and counters are read from
+// EngineStats when /metrics is scraped. Contract: docs/design/metrics.md.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/engine_core.h"  // EngineStats
+#include "sched/sequence.h"      // FinishReason
+
+namespace tessera {
+
+// Everything the server measured about one finished request (seconds, monotonic clock).
+struct RequestRecord {
+  FinishReason finish = FinishReason::Stop;  // for the choice that finished last
+  int64_t prompt_tokens = 0;
+  int64_t generation_tokens = 0;  // all choices
+  double e2e_s = 0;      // arrival → last token
+  double queue_s = 0;    // arrival → first scheduled (RequestProgress::scheduled_at)
+  double prefill_s = 0;  // first scheduled → first token
+  double decode_s = 0;   // first token → last token
+  std::optional<double> ttft_s;             // arrival → first token (none if no token)
+  std::vector<double> inter_token_s;        // gaps between consecutive tokens of a choice
+  int32_t max_tokens_param = 0;             // the request's max_tokens (histogram)
+  int32_t n_param = 1;
+};
+
+class ServerMetrics {
+ public:
+  explicit ServerMetrics(std::string model_name);
+  ~ServerMetrics();
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  // Thread-safe; called once per finished request (any finish reason).
+  void record(const RequestRecord& record);
+  // A request refused before it entered the engine (HTTP status and reason name).
+  void record_rejection(int http_status, std::string_view reason);
+
+  // The Prometheus text exposition (format 0.0.4): the recorded histograms and counters,
+  // plus the engine's gauges and counters from `engine`.
+  std::string render(const EngineStats& engine) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera
