@@ -103,7 +103,7 @@ TEST(EngineSimSwap, RandomWorkloadWithAbortsStaysExactAndLeakFree) {
   std::vector<std::pair<RequestId, Request>> reqs;
   std::vector<RequestId> aborted;
   int n_swapped_aborts = 0;
-  for (int to_submit = 300; to_submit > 0 || e.core().has_work();) {
+  for (int to_submit = 500; to_submit > 0 || e.core().has_work();) {
     for (int i = rng() % 3; i > 0 && to_submit > 0; --i, --to_submit) {
       Request r = greedy_request(random_tokens(rng, 1 + rng() % 60, 8), 1 + rng() % 50);
       r.priority = static_cast<int32_t>(rng() % 3);
