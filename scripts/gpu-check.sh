@@ -43,14 +43,15 @@ fi
 export TESSERA_FIXTURES_DIR=$PWD/tests/fixtures
 
 log "conformance tests"
-"$BIN/tessera_tests" --gtest_filter='Cuda*:-CudaBench*' 2>&1 | tee "$OUT/conformance.log" |
+timeout ${GPU_CHECK_TEST_TIMEOUT:-240} "$BIN/tessera_tests" --gtest_filter='Cuda*:-CudaBench*' 2>&1 | tee "$OUT/conformance.log" |
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|parity|Failure|error|Expected|Which is|rel_err" | head -80
 grep -q "FAILED TEST" "$OUT/conformance.log" && status=1
 conf=$(grep -E "^\[  PASSED  \]|^\[  FAILED  \]" "$OUT/conformance.log" | tr '\n' ' ')
 
-for tool in memcheck racecheck; do
+# Knobs for partial runs: GPU_CHECK_SANITIZERS="memcheck racecheck", GPU_CHECK_BENCH_MODEL=1.
+for tool in ${GPU_CHECK_SANITIZERS-memcheck racecheck}; do
   log "compute-sanitizer $tool on the attention tests"
-  timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/tessera_tests" \
+  timeout ${GPU_CHECK_SANITIZER_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/tessera_tests" \
     --gtest_filter='CudaAttention.PrefillVariableLengthCausalGqaMatchesCpu:CudaAttention.DecodeSplitOverLongContextsMatchesCpu' \
     >"$OUT/sanitizer-$tool.log" 2>&1
   rc=$?
@@ -59,10 +60,12 @@ for tool in memcheck racecheck; do
   [[ $rc -ne 0 ]] && status=1
 done
 
-log "benchmark: tessera bench model (batch 1, prefill 512, decode 128)"
-timeout 200 "$BIN/tessera" bench model --model dummy:llama-3.1-8b:bf16 --device cuda -p 512 -n 128 -r 2 \
-  >"$OUT/bench-model.log" 2>&1
-grep -E "^\|" "$OUT/bench-model.log"
+if [[ "${GPU_CHECK_BENCH_MODEL:-1}" == 1 ]]; then
+  log "benchmark: tessera bench model (batch 1, prefill 512, decode 128)"
+  timeout 200 "$BIN/tessera" bench model --model dummy:llama-3.1-8b:bf16 --device cuda -p 512 -n 128 -r 2 \
+    >"$OUT/bench-model.log" 2>&1
+  grep -E "^\|" "$OUT/bench-model.log"
+fi
 
 log "benchmark: CUDA bench (batch 1, prefill 512, 128 sequences at 512-640 context, with floors)"
 TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' >"$OUT/bench-cuda.log" 2>&1

@@ -72,12 +72,21 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split(
     }
   }
   const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
-  for (int j = begin + lg; j < end; j += kGroups) {
-    const int64_t base = ((static_cast<int64_t>(table[j / block_size]) * n_kv_heads + kvh) * block_size +
-                          j % block_size) * HD + li * DPL;
+  // Every lane runs the same number of steps (the shuffles below need the whole warp); a
+  // group past the end of the split computes on zeros and keeps its state.
+  for (int jb = begin; jb < end; jb += kGroups) {
+    const int j = jb + lg;
+    const bool valid = j < end;
     float kf[DPL], vf[DPL];
-    load_dims<KT, DPL>(kc + base, kf);
-    load_dims<KT, DPL>(vc + base, vf);
+    if (valid) {
+      const int64_t base = ((static_cast<int64_t>(table[j / block_size]) * n_kv_heads + kvh) * block_size +
+                            j % block_size) * HD + li * DPL;
+      load_dims<KT, DPL>(kc + base, kf);
+      load_dims<KT, DPL>(vc + base, vf);
+    } else {
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) kf[d] = vf[d] = 0.0f;
+    }
 #pragma unroll
     for (int g = 0; g < kMaxQ; ++g) {
       float s = 0.0f;
@@ -86,6 +95,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split(
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
       s += __shfl_xor_sync(0xffffffffu, s, 4);
+      if (!valid) continue;
       const float m_new = fmaxf(m[g], s);
       const float c = __expf(m[g] - m_new), p = __expf(s - m_new);
       l[g] = l[g] * c + p;

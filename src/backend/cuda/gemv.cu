@@ -21,7 +21,7 @@ struct Targets {
 };
 
 // NR: rows of x computed at once (1, or up to kGemvMaxRows with n_rows guarding the rest).
-template <DType T, int NR>
+template <DType T, int NR, bool kVecX>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restrict__ x, int n_rows, int64_t ldx,
                                                              int64_t cols, Targets tg) {
   const int lane = threadIdx.x & 31;
@@ -42,8 +42,17 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
     for (int t = 0; t < NR; ++t) {
       if (NR > 1 && t >= n_rows) break;
       const float* xr = x + t * ldx + e;
+      float x8[8];
+      if constexpr (kVecX) {
+        // Two 16-byte loads: scalar loads here cost 4x the L1 wavefronts of the weight load.
+        const float4 a = __ldg(reinterpret_cast<const float4*>(xr)), b = __ldg(reinterpret_cast<const float4*>(xr + 4));
+        x8[0] = a.x; x8[1] = a.y; x8[2] = a.z; x8[3] = a.w; x8[4] = b.x; x8[5] = b.y; x8[6] = b.z; x8[7] = b.w;
+      } else {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[t] = fmaf(w8[k], __ldg(xr + k), acc[t]);
+        for (int k = 0; k < 8; ++k) x8[k] = __ldg(xr + k);
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[t] = fmaf(w8[k], x8[k], acc[t]);
     }
   }
 #pragma unroll
@@ -73,11 +82,14 @@ bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t co
     tg.row_end[i] = total;
   }
   const unsigned grid = blocks_for(total, kWarps);
+  const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
   return dispatch_weight_type(type, [&]<DType T>() {
-    if (n_rows == 1)
-      gemv_kernel<T, 1><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
+    if (n_rows == 1 && vec_x)
+      gemv_kernel<T, 1, true><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
+    else if (n_rows == 1)
+      gemv_kernel<T, 1, false><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
     else
-      gemv_kernel<T, kGemvMaxRows><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
+      gemv_kernel<T, kGemvMaxRows, false><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
     TESSERA_CUDA_CHECK_LAUNCH("gemv");
   });
 }
