@@ -30,6 +30,13 @@ struct RopeConfig {
   const float* freq_factors = nullptr;
 };
 
+// Inverse frequency of rotated pair i, in double, with Llama 3's rescaling, the per-pair
+// divisors (read from `host_freq_factors`, a host copy of cfg.freq_factors, or nullptr) and
+// linear scaling: every backend's RoPE uses it, so their angles agree.
+double rope_inv_freq(const RopeConfig& cfg, int i, const float* host_freq_factors);
+// Whether two configurations give the same rotation (for caching tables per configuration).
+bool same_rope_config(const RopeConfig& a, const RopeConfig& b);
+
 // One layer's paged KV storage: K and V each [n_blocks, n_kv_heads, block_size, head_dim],
 // so one head's keys of one block are contiguous.
 struct KvLayerView {
@@ -95,6 +102,22 @@ class Backend {
   virtual void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) = 0;
   // Device → host copy (a plain memcpy on the CPU)
   virtual void copy_to_host(void* host, const void* device, size_t bytes) = 0;
+
+  // ---- Residency and input staging, for backends whose memory is not the host's ----
+  // (Appended as one group so that other additions merge beside it.)
+
+  // A copy of `bytes` of host data that this backend's ops can read, alive as long as the
+  // handle: model weights are uploaded once through this. The CPU returns `host` itself.
+  virtual std::shared_ptr<const void> upload(const void* host, size_t bytes) = 0;
+  // Host → device copy into memory from alloc() (a plain memcpy on the CPU).
+  virtual void copy_to_device(void* device, const void* host, size_t bytes) = 0;
+  // Announces the host index arrays of the forward about to run (the batch, token ids and
+  // logits rows), so that a device backend moves them in one transfer instead of one per op.
+  // Ops given host arrays that were not announced still work. A no-op on the CPU.
+  virtual void stage_inputs(const AttentionBatch& batch, const int32_t* tokens, const int32_t* logits_rows,
+                            int n_logits_rows) {}
+  // Device memory still free, in bytes; 0 for a backend that computes in host memory.
+  virtual size_t device_free_bytes() { return 0; }
 };
 
 struct BackendOptions {

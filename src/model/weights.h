@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/tensor.h"
 #include "model/config.h"
 
@@ -44,6 +45,9 @@ std::shared_ptr<ModelWeights> load_gguf_weights(std::shared_ptr<const GGUFFile> 
 // Builds weights over a Hugging Face checkpoint directory (config.json + safetensors, one
 // file or sharded); F32/F16/BF16 matrices are used in place.
 std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir);
+// The same weights as `backend` reads them: uploaded once for a device backend (the result
+// owns the device copies and keeps `host` alive), the host pointers themselves on the CPU.
+std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWeights> host, Backend& backend);
 // Reads the model config from GGUF metadata (general.architecture and its keys).
 ModelConfig config_from_gguf(const GGUFFile& file);
 

@@ -17,32 +17,6 @@ constexpr int kAttentionTileRows = 16;
 // Rows per chunk of the cheap row-wise ops (norms, SwiGLU) when split over threads.
 constexpr int64_t kRowGrain = 8;
 
-bool same_rope(const RopeConfig& a, const RopeConfig& b) {
-  return a.head_dim == b.head_dim && a.rot_dim == b.rot_dim && a.freq_base == b.freq_base && a.neox == b.neox &&
-         a.llama3_factor == b.llama3_factor && a.llama3_low_freq_factor == b.llama3_low_freq_factor &&
-         a.llama3_high_freq_factor == b.llama3_high_freq_factor && a.llama3_original_ctx == b.llama3_original_ctx &&
-         a.linear_factor == b.linear_factor && a.freq_factors == b.freq_factors;
-}
-
-// Inverse frequency of rotated pair i, with Llama 3's long-context rescaling when configured.
-double rope_inv_freq(const RopeConfig& cfg, int i) {
-  double inv = std::pow(static_cast<double>(cfg.freq_base), -2.0 * i / cfg.rot_dim);
-  if (cfg.llama3_factor > 0) {
-    const double pi = 3.14159265358979323846;
-    const double wavelen = 2 * pi / inv;
-    const double low_wavelen = cfg.llama3_original_ctx / cfg.llama3_low_freq_factor;
-    const double high_wavelen = cfg.llama3_original_ctx / cfg.llama3_high_freq_factor;
-    if (wavelen > low_wavelen) {
-      inv /= cfg.llama3_factor;
-    } else if (wavelen >= high_wavelen) {
-      const double smooth = (cfg.llama3_original_ctx / wavelen - cfg.llama3_low_freq_factor) /
-                            (cfg.llama3_high_freq_factor - cfg.llama3_low_freq_factor);
-      inv = (1 - smooth) * inv / cfg.llama3_factor + smooth * inv;
-    }
-  }
-  if (cfg.freq_factors) inv /= cfg.freq_factors[i];
-  return inv / cfg.linear_factor;
-}
 }  // namespace
 
 CpuBackend::CpuBackend(int threads)
@@ -93,7 +67,7 @@ void CpuBackend::add_bias(float* x, int64_t ld, const float* bias, int n_rows, i
 const float* CpuBackend::rope_table(const RopeConfig& cfg, int max_pos) {
   RopeTable* t = nullptr;
   for (auto& rt : rope_tables_)
-    if (same_rope(rt.cfg, cfg)) t = &rt;
+    if (same_rope_config(rt.cfg, cfg)) t = &rt;
   if (!t) {
     rope_tables_.push_back({cfg, 0, {}});
     t = &rope_tables_.back();
@@ -105,7 +79,7 @@ const float* CpuBackend::rope_table(const RopeConfig& cfg, int max_pos) {
     for (int p = t->n_pos; p < n_pos; ++p) {
       float* row = t->values.data() + static_cast<size_t>(p) * cfg.rot_dim;
       for (int i = 0; i < half; ++i) {
-        const double theta = p * rope_inv_freq(cfg, i);
+        const double theta = p * rope_inv_freq(cfg, i, cfg.freq_factors);
         row[i] = static_cast<float>(std::cos(theta));
         row[half + i] = static_cast<float>(std::sin(theta));
       }
@@ -193,5 +167,12 @@ void CpuBackend::gather_rows(const float* src, int64_t ld, const int32_t* rows, 
 }
 
 void CpuBackend::copy_to_host(void* host, const void* device, size_t bytes) { std::memcpy(host, device, bytes); }
+
+// Host memory is the CPU's device memory: weights are used where they are (mapped file).
+std::shared_ptr<const void> CpuBackend::upload(const void* host, size_t) {
+  return std::shared_ptr<const void>(host, [](const void*) {});
+}
+
+void CpuBackend::copy_to_device(void* device, const void* host, size_t bytes) { std::memcpy(device, host, bytes); }
 
 }  // namespace tessera

@@ -42,6 +42,8 @@ class CpuBackend final : public Backend {
   void add(float* x, const float* y, int64_t n) override;
   void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) override;
   void copy_to_host(void* host, const void* device, size_t bytes) override;
+  std::shared_ptr<const void> upload(const void* host, size_t bytes) override;
+  void copy_to_device(void* device, const void* host, size_t bytes) override;
 
  private:
   // cos/sin of every rotated pair for positions [0, size), per RoPE configuration:

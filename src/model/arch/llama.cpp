@@ -13,7 +13,7 @@ namespace {
 class LlamaModel final : public Model {
  public:
   LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens, int max_logits)
-      : w_(std::move(weights)), be_(backend), c_(w_->config), max_tokens_(max_tokens), max_logits_(max_logits) {
+      : w_(make_resident(std::move(weights), backend)), be_(backend), c_(w_->config), max_tokens_(max_tokens), max_logits_(max_logits) {
     TESSERA_CHECK(max_tokens >= 1 && max_logits >= 1 && max_logits <= max_tokens, "llama: bad batch limits ",
                   max_tokens, "/", max_logits);
     q_dim_ = static_cast<int64_t>(c_.n_head) * c_.head_dim;
@@ -61,6 +61,7 @@ class LlamaModel final : public Model {
       TESSERA_CHECK(id >= 0 && id < c_.n_vocab, "forward: token id ", id, " is outside the vocabulary [0, ",
                     c_.n_vocab, ")");
     const AttentionBatch ab = batch.attention_view();
+    be_.stage_inputs(ab, batch.tokens.data(), batch.logits_rows.data(), n_out);
     const int e = c_.n_embd;
     const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
 

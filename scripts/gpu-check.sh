@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One run on the GPU machine (docs/design/cuda-backend.md): build tessera + tessera_tests
+# with every core, run the CUDA conformance tests, compute-sanitizer (memcheck, racecheck)
+# on the attention tests, then the Llama-3.1-8B-shape benchmarks; a short table comes last.
+# Logs go to $OUT (or ./gpu-check-out). Under 10 minutes on an H200.
+#
+#   scripts/gpu-check.sh                  configure and build in build-gpu/, then check
+#   scripts/gpu-check.sh --prebuilt DIR   use DIR/tessera and DIR/tessera_tests (built
+#                                         elsewhere with CUDA; DIR/lib holds extra .so files)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+PREBUILT=""
+if [[ "${1:-}" == "--prebuilt" ]]; then PREBUILT=$2; fi
+log() { echo "[gpu-check $(date +%T)] $*"; }
+status=0
+
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem,driver_version --format=csv 2>&1 |
+  tee "$OUT/nvidia-smi.txt"
+
+# cuBLASLt from the toolkit or from the Python wheels, whichever the machine has.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
+  [[ -e "$d/libcublasLt.so.13" ]] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+
+if [[ -z "$PREBUILT" ]]; then
+  log "configure + build (tessera, tessera_tests) with $(nproc) cores"
+  t0=$(date +%s)
+  if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON >"$OUT/configure.log" 2>&1; then
+    tail -20 "$OUT/configure.log"; log "configure failed"; exit 1
+  fi
+  if ! cmake --build build-gpu -j"$(nproc)" --target tessera tessera_tests >"$OUT/build.log" 2>&1; then
+    grep -E "error|FAILED" "$OUT/build.log" | head -30; log "build failed"; exit 1
+  fi
+  log "built in $(( $(date +%s) - t0 )) s"
+  BIN=build-gpu/bin
+else
+  BIN=$PREBUILT
+  [[ -d "$PREBUILT/lib" ]] && export LD_LIBRARY_PATH="$PWD/$PREBUILT/lib:${LD_LIBRARY_PATH:-}"
+fi
+export TESSERA_FIXTURES_DIR=$PWD/tests/fixtures
+
+log "conformance tests"
+timeout ${GPU_CHECK_TEST_TIMEOUT:-240} "$BIN/tessera_tests" --gtest_filter='Cuda*:-CudaBench*' 2>&1 | tee "$OUT/conformance.log" |
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|parity|Failure|error|Expected|Which is|rel_err" | head -80
+grep -q "FAILED TEST" "$OUT/conformance.log" && status=1
+conf=$(grep -E "^\[  PASSED  \]|^\[  FAILED  \]" "$OUT/conformance.log" | tr '\n' ' ')
+
+# Knobs for partial runs: GPU_CHECK_SANITIZERS="memcheck racecheck", GPU_CHECK_BENCH_MODEL=1.
+for tool in ${GPU_CHECK_SANITIZERS-memcheck racecheck}; do
+  log "compute-sanitizer $tool on the attention tests"
+  timeout ${GPU_CHECK_SANITIZER_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/tessera_tests" \
+    --gtest_filter='CudaAttention.PrefillVariableLengthCausalGqaMatchesCpu:CudaAttention.DecodeSplitOverLongContextsMatchesCpu' \
+    >"$OUT/sanitizer-$tool.log" 2>&1
+  rc=$?
+  tail -3 "$OUT/sanitizer-$tool.log"
+  eval "san_$tool=$rc"
+  [[ $rc -ne 0 ]] && status=1
+done
+
+if [[ "${GPU_CHECK_BENCH_MODEL:-1}" == 1 ]]; then
+  log "benchmark: tessera bench model (batch 1, prefill 512, decode 128)"
+  timeout 200 "$BIN/tessera" bench model --model dummy:llama-3.1-8b:bf16 --device cuda -p 512 -n 128 -r 2 \
+    >"$OUT/bench-model.log" 2>&1
+  grep -E "^\|" "$OUT/bench-model.log"
+fi
+
+log "benchmark: CUDA bench (batch 1, prefill 512, 128 sequences at 512-640 context, with floors)"
+TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' >"$OUT/bench-cuda.log" 2>&1
+grep -E "^\[bench\]|Failure|error" "$OUT/bench-cuda.log"
+
+echo
+echo "== gpu-check summary =="
+echo "conformance: $conf"
+echo "compute-sanitizer: memcheck rc=${san_memcheck:-?}, racecheck rc=${san_racecheck:-?} (0 = clean)"
+grep -E "^\||^ceilings" "$OUT/bench-cuda.log"
+exit $status

@@ -1,0 +1,211 @@
+// Paged attention for decode (one query row per sequence), split over the KV length:
+// kernel 1 gives each (sequence, KV head, up to 4 of its query heads, split of split_len
+// keys) to one block of 128 threads = 16 groups of 8 lanes; a group takes one key at a
+// time (each lane 1/8 of head_dim, 16-byte loads), keeping its own online-softmax state;
+// the block merges its 16 states in a fixed order and writes the split's (m, l, O).
+// Kernel 2 merges the splits of each (sequence, head) and normalizes.
+#include <cfloat>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kLanesPerKey = 8;
+constexpr int kGroups = kThreads / kLanesPerKey;  // keys in flight per block
+constexpr int kMaxQ = 4;                          // query heads per block
+
+template <typename KT, int DPL>
+__device__ __forceinline__ void load_dims(const KT* p, float* out) {
+  if constexpr (sizeof(KT) == 2) {
+    static_assert(DPL % 8 == 0);
+#pragma unroll
+    for (int i = 0; i < DPL; i += 8) {
+      const uint4 u = *reinterpret_cast<const uint4*>(p + i);
+      const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(h[j]);
+        out[i + 2 * j] = f.x;
+        out[i + 2 * j + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < DPL; i += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(p + i);
+      out[i] = f.x; out[i + 1] = f.y; out[i + 2] = f.z; out[i + 3] = f.w;
+    }
+  }
+}
+
+template <typename KT, int HD>
+__global__ void __launch_bounds__(kThreads) attention_decode_split(
+    const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
+    int n_kv_heads, int block_size, int group, int q_chunks, float scale, int split_len, int max_splits,
+    float* __restrict__ partials) {
+  constexpr int DPL = HD / kLanesPerKey;
+  const int seq = blockIdx.x;
+  const int kvh = blockIdx.y / q_chunks, g0 = (blockIdx.y % q_chunks) * kMaxQ;
+  const int nq = min(kMaxQ, group - g0);
+  const int split = blockIdx.z;
+  const int t = b.q_start[seq];
+  const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
+  const int begin = split * split_len;
+  if (begin >= len) return;  // the merge reads only the splits that hold keys
+  const int end = min(len, begin + split_len);
+  const int lg = threadIdx.x / kLanesPerKey, li = threadIdx.x % kLanesPerKey;
+  const int n_heads = n_kv_heads * group;
+
+  float qr[kMaxQ][DPL], acc[kMaxQ][DPL], m[kMaxQ], l[kMaxQ];
+#pragma unroll
+  for (int g = 0; g < kMaxQ; ++g) {
+    m[g] = -FLT_MAX;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) {
+      acc[g][d] = 0.0f;
+      qr[g][d] = g < nq ? q[t * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + li * DPL + d] * scale : 0.0f;
+    }
+  }
+  const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
+  // Every lane runs the same number of steps (the shuffles below need the whole warp); a
+  // group past the end of the split computes on zeros and keeps its state.
+  for (int jb = begin; jb < end; jb += kGroups) {
+    const int j = jb + lg;
+    const bool valid = j < end;
+    float kf[DPL], vf[DPL];
+    if (valid) {
+      const int64_t base = ((static_cast<int64_t>(table[j / block_size]) * n_kv_heads + kvh) * block_size +
+                            j % block_size) * HD + li * DPL;
+      load_dims<KT, DPL>(kc + base, kf);
+      load_dims<KT, DPL>(vc + base, vf);
+    } else {
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) kf[d] = vf[d] = 0.0f;
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxQ; ++g) {
+      float s = 0.0f;
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) s = fmaf(qr[g][d], kf[d], s);
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      s += __shfl_xor_sync(0xffffffffu, s, 4);
+      if (!valid) continue;
+      const float m_new = fmaxf(m[g], s);
+      const float c = __expf(m[g] - m_new), p = __expf(s - m_new);
+      l[g] = l[g] * c + p;
+      m[g] = m_new;
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) acc[g][d] = fmaf(p, vf[d], acc[g][d] * c);
+    }
+  }
+  // Merge the 16 groups' states: block max first, then each group's rescaled sums in order.
+  __shared__ float sm[kGroups][kMaxQ];
+  __shared__ float so[kMaxQ][HD];
+  __shared__ float sl[kMaxQ];
+  if (li == 0)
+#pragma unroll
+    for (int g = 0; g < kMaxQ; ++g) sm[lg][g] = m[g];
+  for (int i = threadIdx.x; i < kMaxQ * HD; i += kThreads) so[i / HD][i % HD] = 0.0f;
+  if (threadIdx.x < kMaxQ) sl[threadIdx.x] = 0.0f;
+  __syncthreads();
+  float mb[kMaxQ];
+#pragma unroll
+  for (int g = 0; g < kMaxQ; ++g) {
+    mb[g] = -FLT_MAX;
+    for (int i = 0; i < kGroups; ++i) mb[g] = fmaxf(mb[g], sm[i][g]);
+  }
+  for (int turn = 0; turn < kGroups; ++turn) {
+    if (lg == turn) {
+#pragma unroll
+      for (int g = 0; g < kMaxQ; ++g) {
+        const float c = l[g] > 0.0f ? __expf(m[g] - mb[g]) : 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) so[g][li * DPL + d] += acc[g][d] * c;
+        if (li == 0) sl[g] += l[g] * c;
+      }
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < nq * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
+    const int head = kvh * group + g0 + g;
+    float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head) * max_splits + split) * (HD + 2);
+    p[2 + d] = so[g][d];
+    if (d == 0) {
+      p[0] = mb[g];
+      p[1] = sl[g];
+    }
+  }
+}
+
+__global__ void attention_decode_merge(const float* __restrict__ partials, DeviceBatch b, int n_heads, int head_dim,
+                                       int split_len, int max_splits, float* __restrict__ out, int64_t ldo) {
+  const int seq = blockIdx.x, head = blockIdx.y;
+  const int t = b.q_start[seq];
+  const int len = min(b.kv_len[seq], b.positions[t] + 1);
+  const int n_splits = (len + split_len - 1) / split_len;
+  const float* p = partials + (static_cast<int64_t>(seq) * n_heads + head) * max_splits * (head_dim + 2);
+  float mx = -FLT_MAX;
+  for (int i = 0; i < n_splits; ++i) mx = fmaxf(mx, p[i * (head_dim + 2)]);
+  float sum = 0.0f;
+  for (int i = 0; i < n_splits; ++i) sum += p[i * (head_dim + 2) + 1] * __expf(p[i * (head_dim + 2)] - mx);
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float o = 0.0f;
+    for (int i = 0; i < n_splits; ++i) o += p[i * (head_dim + 2) + 2 + d] * __expf(p[i * (head_dim + 2)] - mx);
+    out[t * ldo + static_cast<int64_t>(head) * head_dim + d] = o * inv;
+  }
+}
+
+template <typename KT, int HD>
+void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
+                  int split_len, int max_splits, float* partials, cudaStream_t s) {
+  const int q_chunks = (group + kMaxQ - 1) / kMaxQ;
+  const dim3 grid(b.n_seqs, kv.n_kv_heads * q_chunks, max_splits);
+  attention_decode_split<KT, HD><<<grid, kThreads, 0, s>>>(q, ldq, static_cast<const KT*>(kv.k),
+                                                           static_cast<const KT*>(kv.v), b, kv.n_kv_heads,
+                                                           kv.block_size, group, q_chunks, scale, split_len,
+                                                           max_splits, partials);
+}
+
+}  // namespace
+
+bool attention_decode_supported(const KvLayerView& kv) {
+  return (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) &&
+         (kv.dtype == DType::F16 || kv.dtype == DType::F32);
+}
+
+void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
+                             float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
+                             cudaStream_t s) {
+  TESSERA_CHECK(attention_decode_supported(kv), "cuda decode attention: head_dim ", kv.head_dim, " / KV ",
+                dtype_name(kv.dtype), " not supported");
+  if (b.n_seqs == 0) return;
+  const int group = n_heads / kv.n_kv_heads;
+  const bool f16 = kv.dtype == DType::F16;
+  switch (kv.head_dim) {
+    case 64:
+      f16 ? launch_split<__half, 64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
+          : launch_split<float, 64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+      break;
+    case 128:
+      f16 ? launch_split<__half, 128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
+          : launch_split<float, 128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+      break;
+    default:
+      f16 ? launch_split<__half, 256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
+          : launch_split<float, 256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+  }
+  TESSERA_CUDA_CHECK_LAUNCH("attention_decode_split");
+  attention_decode_merge<<<dim3(b.n_seqs, n_heads), 128, 0, s>>>(partials, b, n_heads, kv.head_dim, split_len,
+                                                                 max_splits, out, ldo);
+  TESSERA_CUDA_CHECK_LAUNCH("attention_decode_merge");
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,352 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_factory.h"
+#include "core/error.h"
+
+namespace tessera {
+
+namespace cuda {
+
+void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+  fail("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ", what, " at ", file, ":", line);
+}
+
+void throw_cublas_error(int status, const char* what, const char* file, int line) {
+  fail("cuBLASLt error ", status, " in ", what, " at ", file, ":", line);
+}
+
+}  // namespace cuda
+
+namespace {
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error here, just none
+    return 0;
+  }
+  return n;
+}
+
+bool cuda_compiled() { return true; }
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  int device = 0;
+  if (options.device.size() > 4) {
+    const std::string idx = options.device.substr(5);
+    TESSERA_CHECK(!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos && idx.size() < 4,
+                  "device '", options.device, "': expected cuda or cuda:N");
+    device = std::stoi(idx);
+  }
+  const int n = cuda_device_count();
+  TESSERA_CHECK(n > 0, "device '", options.device, "': no CUDA device is visible (driver missing or no GPU)");
+  TESSERA_CHECK(device < n, "device '", options.device, "': only ", n, " CUDA device(s) visible");
+  return std::make_unique<CudaBackend>(device);
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  TESSERA_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  sm_count_ = prop.multiProcessorCount;
+  std::ostringstream os;
+  os << "cuda:" << device_ << " (" << prop.name << ", " << prop.multiProcessorCount << " SMs, "
+     << prop.totalGlobalMem / (1u << 30) << " GiB, cc " << prop.major << "." << prop.minor << ")";
+  describe_ = os.str();
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&staged_copied_, cudaEventDisableTiming));
+  gemm_ = std::make_unique<cuda::GemmLt>();
+}
+
+CudaBackend::~CudaBackend() {
+  // Destructors do not throw: errors here are dropped (the process may be exiting).
+  cudaStreamSynchronize(stream_);
+  gemm_.reset();
+  for (auto& t : rope_tables_) cudaFree(t.inv_freq);
+  for (void* p : role_buf_) cudaFree(p);
+  cudaFree(staged_dev_);
+  cudaFreeHost(staged_host_);
+  cudaFree(act16_);
+  cudaFree(wdeq_);
+  cudaFree(partials_);
+  cudaEventDestroy(staged_copied_);
+  cudaStreamDestroy(stream_);
+}
+
+void* CudaBackend::alloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    fail("cuda backend: out of device memory allocating ", bytes, " bytes (", free_b, " of ", total, " free): ",
+         cudaGetErrorString(err));
+  }
+  return p;
+}
+
+void CudaBackend::free(void* p) {
+  if (p) TESSERA_CUDA_CHECK(cudaFree(p));
+}
+
+void CudaBackend::synchronize() { TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void* CudaBackend::scratch(void*& buf, size_t& cap, size_t bytes) {
+  if (bytes > cap) {
+    if (buf) TESSERA_CUDA_CHECK(cudaFree(buf));  // cudaFree waits for the kernels still using it
+    buf = nullptr;
+    cap = round_up(bytes + bytes / 4, 256);
+    buf = alloc(cap);
+  }
+  return buf;
+}
+
+std::shared_ptr<const void> CudaBackend::upload(const void* host, size_t bytes) {
+  void* d = alloc(bytes);
+  TESSERA_CUDA_CHECK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+  return std::shared_ptr<const void>(d, [](const void* p) { cudaFree(const_cast<void*>(p)); });
+}
+
+void CudaBackend::copy_to_device(void* device, const void* host, size_t bytes) {
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may reuse `host` at once
+}
+
+void CudaBackend::copy_to_host(void* host, const void* device, size_t bytes) {
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+size_t CudaBackend::device_free_bytes() {
+  size_t free_b = 0, total = 0;
+  TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+  return free_b;
+}
+
+// ---- Input staging ----
+
+void CudaBackend::stage_inputs(const AttentionBatch& b, const int32_t* tokens, const int32_t* logits_rows,
+                               int n_logits_rows) {
+  const std::pair<const int32_t*, size_t> arrays[kRoleCount] = {
+      {tokens, tokens ? static_cast<size_t>(b.n_tokens) : 0},
+      {b.positions, static_cast<size_t>(b.n_tokens)},
+      {b.slot_mapping, static_cast<size_t>(b.n_tokens)},
+      {b.q_start, static_cast<size_t>(b.n_seqs + 1)},
+      {b.kv_len, static_cast<size_t>(b.n_seqs)},
+      {b.block_tables, static_cast<size_t>(b.n_seqs) * b.max_blocks},
+      {logits_rows, static_cast<size_t>(std::max(n_logits_rows, 0))},
+  };
+  size_t total = 0;
+  for (int r = 0; r < kRoleCount; ++r) total += round_up(arrays[r].second, 32);  // 128-byte aligned segments
+  // The pinned buffer may still feed the previous forward's copy.
+  TESSERA_CUDA_CHECK(cudaEventSynchronize(staged_copied_));
+  if (total > staged_host_cap_) {
+    TESSERA_CUDA_CHECK(cudaFreeHost(staged_host_));
+    staged_host_ = nullptr;
+    staged_host_cap_ = round_up(total * 2, 1024);
+    TESSERA_CUDA_CHECK(cudaMallocHost(&staged_host_, staged_host_cap_ * sizeof(int32_t)));
+  }
+  if (total > staged_cap_) {
+    void* buf = staged_dev_;
+    size_t cap_bytes = staged_cap_ * sizeof(int32_t);
+    scratch(buf, cap_bytes, total * 2 * sizeof(int32_t));
+    staged_dev_ = static_cast<int32_t*>(buf);
+    staged_cap_ = cap_bytes / sizeof(int32_t);
+  }
+  size_t off = 0;
+  for (int r = 0; r < kRoleCount; ++r) {
+    Staged& st = staged_[r];
+    st.host = arrays[r].first;
+    st.copy.assign(arrays[r].first, arrays[r].first + (arrays[r].first ? arrays[r].second : 0));
+    st.offset = off;
+    if (!st.copy.empty()) std::memcpy(staged_host_ + off, st.copy.data(), st.copy.size() * sizeof(int32_t));
+    off += round_up(arrays[r].second, 32);
+  }
+  TESSERA_CUDA_CHECK(
+      cudaMemcpyAsync(staged_dev_, staged_host_, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  TESSERA_CUDA_CHECK(cudaEventRecord(staged_copied_, stream_));
+}
+
+const int32_t* CudaBackend::ints(Role role, const int32_t* host, size_t n) {
+  if (n == 0) return nullptr;
+  const Staged& st = staged_[role];
+  if (st.host == host && st.copy.size() >= n && std::memcmp(st.copy.data(), host, n * sizeof(int32_t)) == 0)
+    return staged_dev_ + st.offset;
+  void* buf = scratch(role_buf_[role], role_cap_[role], n * sizeof(int32_t));
+  // From pageable memory the copy is staged by the driver before this returns, and it is
+  // ordered on the stream after the kernels that read the buffer's previous contents.
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(buf, host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  return static_cast<const int32_t*>(buf);
+}
+
+cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
+  cuda::DeviceBatch d;
+  d.n_tokens = b.n_tokens;
+  d.n_seqs = b.n_seqs;
+  d.max_blocks = b.max_blocks;
+  d.positions = ints(kPositions, b.positions, b.n_tokens);
+  d.slot_mapping = ints(kSlots, b.slot_mapping, b.n_tokens);
+  d.q_start = ints(kQStart, b.q_start, b.n_seqs + 1);
+  d.kv_len = ints(kKvLen, b.kv_len, b.n_seqs);
+  d.block_tables = ints(kTables, b.block_tables, static_cast<size_t>(b.n_seqs) * b.max_blocks);
+  return d;
+}
+
+// ---- Ops ----
+
+void CudaBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
+  cuda::launch_embed(table, ints(kTokens, ids, n), n, out, stream_);
+}
+
+void CudaBackend::rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) {
+  cuda::launch_rms_norm(x, w, out, n_rows, dim, eps, stream_);
+}
+
+void CudaBackend::add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim,
+                               float eps) {
+  cuda::launch_add_rms_norm(x, residual, w, out, n_rows, dim, eps, stream_);
+}
+
+void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<const MatmulTarget> targets) {
+  if (n_rows <= 0 || targets.empty()) return;
+  const int64_t cols = targets[0].w.cols;
+  for (const MatmulTarget& t : targets)
+    TESSERA_CHECK(t.w.cols == cols, "cuda matmul: targets of different widths (", t.w.cols, " vs ", cols, ")");
+  if (n_rows <= cuda::kGemvMaxRows) {
+    // Decode: straight from the stored format, targets of one type grouped into one launch.
+    size_t i = 0;
+    while (i < targets.size()) {
+      cuda::GemvTarget g[cuda::kGemvMaxTargets];
+      int n = 0;
+      const DType type = targets[i].w.dtype;
+      while (i < targets.size() && n < cuda::kGemvMaxTargets && targets[i].w.dtype == type) {
+        g[n++] = {targets[i].w.data, targets[i].y, targets[i].ldy, targets[i].w.rows};
+        ++i;
+      }
+      TESSERA_CHECK(cuda::launch_gemv(type, x, n_rows, ldx, cols, g, n, stream_), "cuda matmul: weight type ",
+                    dtype_name(type), " is not supported");
+    }
+    return;
+  }
+  // Batches: tensor cores through cuBLASLt. Activations are converted once per 16-bit type.
+  const uint16_t* x_bf16 = nullptr;
+  const uint16_t* x_f16 = nullptr;
+  auto act = [&](bool bf16) {
+    const uint16_t*& cached = bf16 ? x_bf16 : x_f16;
+    if (!cached) {
+      // Both conversions may be needed in one call: the second half of the scratch is the f16 one.
+      const size_t half_bytes = round_up(static_cast<size_t>(n_rows) * cols * 2, 256);
+      auto* base = static_cast<uint8_t*>(scratch(act16_, act16_cap_, 2 * half_bytes));
+      auto* dst = reinterpret_cast<uint16_t*>(base + (bf16 ? 0 : half_bytes));
+      cuda::launch_convert_rows(x, n_rows, ldx, cols, dst, bf16, stream_);
+      cached = dst;
+    }
+    return cached;
+  };
+  for (const MatmulTarget& t : targets) {
+    const WeightMatrix& w = t.w;
+    switch (w.dtype) {
+      case DType::BF16:
+        gemm_->run(CUDA_R_16BF, w.data, cols, act(true), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
+        break;
+      case DType::F16:
+        gemm_->run(CUDA_R_16F, w.data, cols, act(false), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
+        break;
+      case DType::F32:
+        gemm_->run(CUDA_R_32F, w.data, cols, x, ldx, t.y, t.ldy, w.rows, n_rows, cols, stream_);
+        break;
+      default: {
+        auto* wb = static_cast<uint16_t*>(scratch(wdeq_, wdeq_cap_, static_cast<size_t>(w.rows) * cols * 2));
+        TESSERA_CHECK(cuda::launch_dequant_bf16(w.dtype, w.data, w.rows, cols, wb, stream_),
+                      "cuda matmul: weight type ", dtype_name(w.dtype), " is not supported");
+        gemm_->run(CUDA_R_16BF, wb, cols, act(true), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
+      }
+    }
+  }
+}
+
+void CudaBackend::add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) {
+  cuda::launch_add_bias(x, ld, bias, n_rows, dim, stream_);
+}
+
+const double* CudaBackend::rope_inv_freq_table(const RopeConfig& cfg) {
+  for (auto& t : rope_tables_)
+    if (same_rope_config(t.cfg, cfg)) return t.inv_freq;
+  TESSERA_CHECK(cfg.rot_dim >= 2 && cfg.rot_dim <= cfg.head_dim && cfg.rot_dim % 2 == 0, "rope: rotated width ",
+                cfg.rot_dim, " of head ", cfg.head_dim);
+  const int half = cfg.rot_dim / 2;
+  RopeTable t;
+  t.cfg = cfg;
+  if (cfg.freq_factors) {  // a device pointer (uploaded with the weights)
+    t.freq_factors.resize(half);
+    TESSERA_CUDA_CHECK(cudaMemcpy(t.freq_factors.data(), cfg.freq_factors, sizeof(float) * half, cudaMemcpyDeviceToHost));
+  }
+  std::vector<double> inv(half);
+  for (int i = 0; i < half; ++i) inv[i] = rope_inv_freq(cfg, i, cfg.freq_factors ? t.freq_factors.data() : nullptr);
+  t.inv_freq = static_cast<double*>(alloc(sizeof(double) * half));
+  TESSERA_CUDA_CHECK(cudaMemcpy(t.inv_freq, inv.data(), sizeof(double) * half, cudaMemcpyHostToDevice));
+  rope_tables_.push_back(std::move(t));
+  return rope_tables_.back().inv_freq;
+}
+
+void CudaBackend::rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, const RopeConfig& cfg) {
+  for (int r = 0; r < n_rows; ++r) TESSERA_CHECK(positions[r] >= 0, "rope: negative position ", positions[r]);
+  const double* inv = rope_inv_freq_table(cfg);
+  cuda::launch_rope(x, n_rows, ld, n_heads, ints(kPositions, positions, n_rows), cfg.head_dim, cfg.rot_dim, cfg.neox,
+                    inv, stream_);
+}
+
+void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                           const AttentionBatch& batch) {
+  cuda::launch_kv_store(kv, k, ldk, v, ldv, ints(kSlots, batch.slot_mapping, batch.n_tokens), batch.n_tokens,
+                        stream_);
+}
+
+void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
+                            int n_heads, float scale, float* out, int64_t ldo) {
+  TESSERA_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0, "attention: ", n_heads,
+                " query heads are not a multiple of ", kv.n_kv_heads, " KV heads");
+  if (batch.n_tokens == 0) return;
+  const cuda::DeviceBatch db = device_batch(batch);
+  bool one_row_each = batch.n_tokens == batch.n_seqs;
+  int max_len = 0;
+  for (int s = 0; s < batch.n_seqs; ++s) {
+    one_row_each = one_row_each && batch.q_start[s + 1] - batch.q_start[s] == 1;
+    max_len = std::max(max_len, batch.kv_len[s]);
+  }
+  if (!one_row_each || !cuda::attention_decode_supported(kv)) {
+    cuda::launch_attention_prefill(q, ldq, kv, db, n_heads, scale, out, ldo, stream_);
+    return;
+  }
+  // Split each sequence's keys so that the launch fills the GPU a few times over.
+  const int group = n_heads / kv.n_kv_heads;
+  const int base_blocks = batch.n_seqs * kv.n_kv_heads * ((group + 3) / 4);
+  const int want_splits = std::max(1, (4 * sm_count_ + base_blocks - 1) / base_blocks);
+  const int split_len = std::max(32, static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 32)));
+  const int max_splits = std::max(1, (max_len + split_len - 1) / split_len);
+  const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
+  auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
+  cuda::launch_attention_decode(q, ldq, kv, db, n_heads, scale, out, ldo, split_len, max_splits, partials, stream_);
+}
+
+void CudaBackend::swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {
+  cuda::launch_swiglu(gate, up, ld_in, out, n_rows, dim, stream_);
+}
+
+void CudaBackend::add(float* x, const float* y, int64_t n) { cuda::launch_add(x, y, n, stream_); }
+
+void CudaBackend::gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) {
+  cuda::launch_gather_rows(src, ld, ints(kRows, rows, n), n, dim, dst, stream_);
+}
+
+}  // namespace tessera

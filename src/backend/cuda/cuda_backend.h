@@ -1,0 +1,101 @@
+#pragma once
+// The CUDA implementation of the backend op interface, for one device and one stream.
+// Weights arrive through upload() (cudaMalloc + one copy, never managed memory); activations
+// and the KV pool come from alloc(); the index arrays of a forward are staged once per
+// forward (stage_inputs) into device memory that the kernels read.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/gemm_lt.h"
+#include "backend/cuda/kernels.h"
+
+namespace tessera {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  std::string describe() const override { return describe_; }
+  int device() const { return device_; }
+  int sm_count() const { return sm_count_; }
+  cudaStream_t stream() const { return stream_; }
+
+  void* alloc(size_t bytes) override;
+  void free(void* p) override;
+  void synchronize() override;
+
+  void embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) override;
+  void rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) override;
+  void add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim,
+                    float eps) override;
+  void matmul(const float* x, int n_rows, int64_t ldx, std::span<const MatmulTarget> targets) override;
+  void add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) override;
+  void rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, const RopeConfig& cfg) override;
+  void kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                const AttentionBatch& batch) override;
+  void attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch, int n_heads,
+                 float scale, float* out, int64_t ldo) override;
+  void swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) override;
+  void add(float* x, const float* y, int64_t n) override;
+  void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) override;
+  void copy_to_host(void* host, const void* device, size_t bytes) override;
+
+  std::shared_ptr<const void> upload(const void* host, size_t bytes) override;
+  void copy_to_device(void* device, const void* host, size_t bytes) override;
+  void stage_inputs(const AttentionBatch& batch, const int32_t* tokens, const int32_t* logits_rows,
+                    int n_logits_rows) override;
+  size_t device_free_bytes() override;
+
+ private:
+  // Index arrays the ops read, each with its own device buffer.
+  enum Role { kTokens, kPositions, kSlots, kQStart, kKvLen, kTables, kRows, kRoleCount };
+  struct Staged {
+    const int32_t* host = nullptr;  // the announced host array
+    std::vector<int32_t> copy;      // its contents when announced (a reused pointer must match)
+    size_t offset = 0;              // in ints, inside staged_dev_
+  };
+  // Device copy of a host index array: the staged one when `host` was announced with the
+  // same contents, else a fresh copy into the role's own buffer (stream-ordered).
+  const int32_t* ints(Role role, const int32_t* host, size_t n);
+  cuda::DeviceBatch device_batch(const AttentionBatch& b);
+  // A device scratch buffer of at least `bytes` (grown, never shrunk).
+  void* scratch(void*& buf, size_t& cap, size_t bytes);
+  const double* rope_inv_freq_table(const RopeConfig& cfg);
+
+  int device_ = 0;
+  int sm_count_ = 0;
+  std::string describe_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::GemmLt> gemm_;
+
+  Staged staged_[kRoleCount];
+  int32_t* staged_dev_ = nullptr;
+  size_t staged_cap_ = 0;
+  int32_t* staged_host_ = nullptr;  // pinned, so the one copy is asynchronous
+  size_t staged_host_cap_ = 0;
+  cudaEvent_t staged_copied_ = nullptr;  // the pinned buffer is free again once this fires
+  void* role_buf_[kRoleCount] = {};
+  size_t role_cap_[kRoleCount] = {};
+
+  void* act16_ = nullptr;  // activations as bf16/f16 for cuBLASLt
+  size_t act16_cap_ = 0;
+  void* wdeq_ = nullptr;   // a quantized weight decoded to bf16
+  size_t wdeq_cap_ = 0;
+  void* partials_ = nullptr;  // split-KV attention partial results
+  size_t partials_cap_ = 0;
+
+  struct RopeTable {
+    RopeConfig cfg;
+    std::vector<float> freq_factors;  // host copy of cfg.freq_factors (a device pointer)
+    double* inv_freq = nullptr;       // device, [rot_dim/2]
+  };
+  std::vector<RopeTable> rope_tables_;
+};
+
+}  // namespace tessera

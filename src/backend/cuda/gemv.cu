@@ -1,0 +1,97 @@
+// Matrix-vector and small-batch products (decode) reading the weights in their stored
+// format: one warp per output feature, each lane decoding 8 consecutive elements per step
+// (16-byte loads for bf16/f16), the x rows read through L1 (they are reused by every warp).
+// Up to kGemvMaxTargets weights sharing the input run in one launch (Q/K/V, gate/up).
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/quant_decode.cuh"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+
+struct Targets {
+  const uint8_t* w[kGemvMaxTargets];
+  float* y[kGemvMaxTargets];
+  int64_t ldy[kGemvMaxTargets];
+  int64_t row_end[kGemvMaxTargets];  // cumulative rows: target i owns [row_end[i-1], row_end[i])
+  int64_t row_bytes;
+  int n;
+};
+
+// NR: rows of x computed at once (1, or up to kGemvMaxRows with n_rows guarding the rest).
+template <DType T, int NR, bool kVecX>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restrict__ x, int n_rows, int64_t ldx,
+                                                             int64_t cols, Targets tg) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  int ti = 0;
+  while (ti < tg.n - 1 && row >= tg.row_end[ti]) ++ti;
+  if (row >= tg.row_end[ti]) return;
+  const int64_t r = row - (ti ? tg.row_end[ti - 1] : 0);
+  const uint8_t* wr = tg.w[ti] + r * tg.row_bytes;
+  float acc[NR];
+#pragma unroll
+  for (int t = 0; t < NR; ++t) acc[t] = 0.0f;
+#pragma unroll 4
+  for (int64_t e = lane * 8; e < cols; e += 256) {
+    float w8[8];
+    decode8<T>(wr, e, w8);
+#pragma unroll
+    for (int t = 0; t < NR; ++t) {
+      if (NR > 1 && t >= n_rows) break;
+      const float* xr = x + t * ldx + e;
+      float x8[8];
+      if constexpr (kVecX) {
+        // Two 16-byte loads: scalar loads here cost 4x the L1 wavefronts of the weight load.
+        const float4 a = __ldg(reinterpret_cast<const float4*>(xr)), b = __ldg(reinterpret_cast<const float4*>(xr + 4));
+        x8[0] = a.x; x8[1] = a.y; x8[2] = a.z; x8[3] = a.w; x8[4] = b.x; x8[5] = b.y; x8[6] = b.z; x8[7] = b.w;
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x8[k] = __ldg(xr + k);
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[t] = fmaf(w8[k], x8[k], acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NR; ++t) {
+    if (NR > 1 && t >= n_rows) break;
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) tg.y[ti][t * tg.ldy[ti] + r] = v;
+  }
+}
+
+}  // namespace
+
+bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t cols, const GemvTarget* targets,
+                 int n_targets, cudaStream_t s) {
+  TESSERA_CHECK(n_rows >= 1 && n_rows <= kGemvMaxRows && n_targets >= 1 && n_targets <= kGemvMaxTargets,
+                "cuda gemv: ", n_rows, " rows / ", n_targets, " targets out of range");
+  TESSERA_CHECK(cols % 8 == 0, "cuda gemv: width ", cols, " is not a multiple of 8");
+  Targets tg{};
+  tg.n = n_targets;
+  tg.row_bytes = dtype_row_bytes(type, cols);
+  int64_t total = 0;
+  for (int i = 0; i < n_targets; ++i) {
+    tg.w[i] = static_cast<const uint8_t*>(targets[i].w);
+    tg.y[i] = targets[i].y;
+    tg.ldy[i] = targets[i].ldy;
+    total += targets[i].rows;
+    tg.row_end[i] = total;
+  }
+  const unsigned grid = blocks_for(total, kWarps);
+  const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
+  return dispatch_weight_type(type, [&]<DType T>() {
+    if (n_rows == 1 && vec_x)
+      gemv_kernel<T, 1, true><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
+    else if (n_rows == 1)
+      gemv_kernel<T, 1, false><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
+    else
+      gemv_kernel<T, kGemvMaxRows, false><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
+    TESSERA_CUDA_CHECK_LAUNCH("gemv");
+  });
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,70 @@
+#pragma once
+// Host-side launchers of the CUDA backend's kernels, one .cu file each. Every pointer is a
+// device pointer; every launcher enqueues on `stream` and checks the launch.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace tessera::cuda {
+
+// The batch description with its arrays on the device (see AttentionBatch).
+struct DeviceBatch {
+  int n_tokens = 0;
+  int n_seqs = 0;
+  int max_blocks = 0;                     // row stride of block_tables
+  const int32_t* positions = nullptr;     // [n_tokens]
+  const int32_t* slot_mapping = nullptr;  // [n_tokens]
+  const int32_t* q_start = nullptr;       // [n_seqs + 1]
+  const int32_t* kv_len = nullptr;        // [n_seqs]
+  const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks]
+};
+
+void launch_embed(const WeightMatrix& table, const int32_t* ids, int n, float* out, cudaStream_t s);
+void launch_rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps, cudaStream_t s);
+void launch_add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim, float eps,
+                         cudaStream_t s);
+// inv_freq: [rot_dim/2] inverse frequencies (llama3 scaling, freq factors and linear scaling
+// folded in), in double so angles at long positions keep the CPU's precision.
+void launch_rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, int head_dim, int rot_dim,
+                 bool neox, const double* inv_freq, cudaStream_t s);
+void launch_swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim, cudaStream_t s);
+void launch_add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim, cudaStream_t s);
+void launch_add(float* x, const float* y, int64_t n, cudaStream_t s);
+void launch_gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst, cudaStream_t s);
+void launch_kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                     const int32_t* slot_mapping, int n_tokens, cudaStream_t s);
+
+// Matrix-vector / small-batch products straight from the stored weight format.
+constexpr int kGemvMaxRows = 8;
+constexpr int kGemvMaxTargets = 3;
+struct GemvTarget {
+  const void* w = nullptr;  // [rows, cols] in the weight's format
+  float* y = nullptr;       // y[t * ldy + r]
+  int64_t ldy = 0;
+  int64_t rows = 0;
+};
+// y_i[t, r] = x[t, :] · W_i[r, :] for t < n_rows (<= kGemvMaxRows); every target has type t
+// and `cols` columns. False when the type has no decoder.
+bool launch_gemv(DType t, const float* x, int n_rows, int64_t ldx, int64_t cols, const GemvTarget* targets,
+                 int n_targets, cudaStream_t s);
+// out[r, :] = W[r, :] as bf16 (round to nearest even), for the tensor-core path at large
+// batch. False when the type has no decoder.
+bool launch_dequant_bf16(DType t, const void* w, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t s);
+// out[r, c] = x[r * ldx + c] as bf16 (to_bf16) or f16, dense [n_rows, cols].
+void launch_convert_rows(const float* x, int n_rows, int64_t ldx, int64_t cols, uint16_t* out, bool to_bf16,
+                         cudaStream_t s);
+
+// Paged attention. Prefill: any batch (variable length, causal, GQA), query tiles from the
+// device batch. Decode: one query row per sequence, the KV length split over blocks of
+// `split_len` keys (partials: [n_seqs * n_heads * max_splits * (head_dim + 2)] floats),
+// then merged by a second kernel.
+void launch_attention_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
+                              float scale, float* out, int64_t ldo, cudaStream_t s);
+bool attention_decode_supported(const KvLayerView& kv);
+void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
+                             float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
+                             cudaStream_t s);
+
+}  // namespace tessera::cuda

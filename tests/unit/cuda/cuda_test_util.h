@@ -1,0 +1,70 @@
+#pragma once
+// Helpers of the CUDA conformance tests. They use only the backend interface, so they build
+// (and skip) in a build without CUDA.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_factory.h"
+
+namespace tessera::cudatest {
+
+// Skips the test when this build or machine has no CUDA device.
+#define TESSERA_REQUIRE_CUDA()                                                   \
+  do {                                                                           \
+    if (!::tessera::cuda_compiled()) GTEST_SKIP() << "built without CUDA";       \
+    if (::tessera::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";   \
+  } while (0)
+
+// A device buffer of T owned by the test, filled from and read back to host vectors.
+template <typename T>
+class DeviceVec {
+ public:
+  DeviceVec(Backend& be, size_t n) : be_(be), n_(n), p_(be.alloc(sizeof(T) * std::max<size_t>(n, 1))) {}
+  DeviceVec(Backend& be, const std::vector<T>& host) : DeviceVec(be, host.size()) { put(host); }
+  ~DeviceVec() { be_.free(p_); }
+  DeviceVec(const DeviceVec&) = delete;
+  DeviceVec& operator=(const DeviceVec&) = delete;
+  T* get() { return static_cast<T*>(p_); }
+  void put(const std::vector<T>& host) { be_.copy_to_device(p_, host.data(), sizeof(T) * host.size()); }
+  std::vector<T> read() {
+    std::vector<T> h(n_);
+    be_.copy_to_host(h.data(), p_, sizeof(T) * n_);
+    return h;
+  }
+
+ private:
+  Backend& be_;
+  size_t n_;
+  void* p_;
+};
+
+inline std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// ||got - ref|| / ||ref||, NaN-proof (a NaN anywhere gives infinity).
+template <typename A, typename B>
+double rel_err(const std::vector<A>& got, const std::vector<B>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(static_cast<double>(got[i]))) return INFINITY;
+    const double d = static_cast<double>(got[i]) - static_cast<double>(ref[i]);
+    num += d * d;
+    den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+inline std::unique_ptr<Backend> make_cuda() { return make_backend(BackendOptions{"cuda", 0}); }
+inline std::unique_ptr<Backend> make_cpu() { return make_backend(BackendOptions{"cpu", 2}); }
+
+}  // namespace tessera::cudatest
