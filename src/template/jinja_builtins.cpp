@@ -269,6 +269,9 @@ Value tojson(Interpreter& in, const Value& v, CallArgs& a) {
     }
   } else {
     // jinja2: htmlsafe_json_dumps(sort_keys=True), ASCII only, <>&' escaped
+    if (a.args.size() > 1) fail("do_tojson() takes from 2 to 3 positional arguments");
+    for (const auto& kv : a.kwargs)
+      if (kv.first != "indent") fail("do_tojson() got an unexpected keyword argument '", kv.first, "'");
     indent = param(a, 0, "indent", Value::none());
     o.sort_keys = o.ensure_ascii = o.html_safe = true;
     if (!indent.is_none()) o.item_sep = ",";
@@ -323,9 +326,10 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   if (name == "capitalize") return Value(pystr::capitalize(to_str(v)));
   if (name == "title") {
     // jinja2: words start after runs of [-\s({[<]; each word is capitalized
+    const std::string text = to_str(v);
     std::string out;
     bool start = true;
-    for (auto ch : utf8_chars(to_str(v))) {
+    for (auto ch : utf8_chars(text)) {
       const bool sep = ch == "-" || ch == "(" || ch == "{" || ch == "[" || ch == "<" || pystr::is_space(ch);
       out += sep ? std::string(ch) : start ? pystr::upper(ch) : pystr::lower(ch);
       start = sep;
@@ -499,7 +503,14 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     }
     return total;
   }
-  if (name == "attr") return get_attr(in, v, to_str(param(a, 0, "name")));
+  if (name == "attr") {  // getattr only: dict keys are not attributes
+    const std::string attr = to_str(param(a, 0, "name"));
+    if (v.is_dict()) {
+      const Value m = dict_method(v, attr);
+      return m.is_undefined() ? missing_attr(v, attr) : m;
+    }
+    return get_attr(in, v, attr);
+  }
   fail("No filter named '", name, "'.");
 }
 

@@ -275,7 +275,7 @@ Value Interpreter::call_macro(const Stmt& s, const ScopePtr& closure, CallArgs& 
     frame->set(s.params[p], s.defaults[p] ? eval(*s.defaults[p])
                                           : Value::undefined("parameter '" + s.params[p] + "' was not provided"));
   }
-  frame->set("varargs", Value::list(std::move(varargs)));
+  frame->set("varargs", Value::list(std::move(varargs), true));
   frame->set("kwargs", Value::dict(std::move(kwargs)));
   if (!caller.is_undefined()) frame->set("caller", caller);
   return Value(capture(s.body), true);
@@ -451,9 +451,25 @@ std::vector<Value> Interpreter::iterate(const Value& v) {
 
 namespace {
 
-int64_t checked(bool overflow, int64_t v) {
+// Python ints are unbounded; ours are 64-bit, and overflow is an error rather than a wrap.
+int64_t checked(bool overflow, const int64_t& result) {
   if (overflow) fail("integer overflow (integers are 64-bit here)");
-  return v;
+  return result;
+}
+int64_t add_int(int64_t a, int64_t b) {
+  int64_t r = 0;
+  const bool overflow = __builtin_add_overflow(a, b, &r);
+  return checked(overflow, r);
+}
+int64_t sub_int(int64_t a, int64_t b) {
+  int64_t r = 0;
+  const bool overflow = __builtin_sub_overflow(a, b, &r);
+  return checked(overflow, r);
+}
+int64_t mul_int(int64_t a, int64_t b) {
+  int64_t r = 0;
+  const bool overflow = __builtin_mul_overflow(a, b, &r);
+  return checked(overflow, r);
 }
 
 Value repeat(Interpreter& in, const Value& seq, int64_t times) {
@@ -486,9 +502,8 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
   if (b.is_undefined()) fail_undefined(b);
   const bool ints = a.is_number() && b.is_number() && !a.is_float() && !b.is_float();
   const bool nums = a.is_number() && b.is_number();
-  int64_t r = 0;
   if (op == "+") {
-    if (ints) return Value(checked(__builtin_add_overflow(a.as_int(), b.as_int(), &r), r));
+    if (ints) return Value(add_int(a.as_int(), b.as_int()));
     if (nums) return Value(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) {
       check_size(a.as_string().size() + b.as_string().size());
@@ -503,10 +518,10 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
     if (a.is_string() || a.is_list())
       fail("can only concatenate ", a.type_name(), " (not \"", b.type_name(), "\") to ", a.type_name());
   } else if (op == "-") {
-    if (ints) return Value(checked(__builtin_sub_overflow(a.as_int(), b.as_int(), &r), r));
+    if (ints) return Value(sub_int(a.as_int(), b.as_int()));
     if (nums) return Value(a.as_double() - b.as_double());
   } else if (op == "*") {
-    if (ints) return Value(checked(__builtin_mul_overflow(a.as_int(), b.as_int(), &r), r));
+    if (ints) return Value(mul_int(a.as_int(), b.as_int()));
     if (nums) return Value(a.as_double() * b.as_double());
     if ((a.is_string() || a.is_list()) && b.is_number() && !b.is_float()) return repeat(*this, a, b.as_int());
     if ((b.is_string() || b.is_list()) && a.is_number() && !a.is_float()) return repeat(*this, b, a.as_int());
@@ -553,9 +568,9 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
     if (ints && b.as_int() >= 0) {
       int64_t base = a.as_int(), e = b.as_int(), acc = 1;
       while (e > 0) {
-        if (e & 1) acc = checked(__builtin_mul_overflow(acc, base, &acc), acc);
+        if (e & 1) acc = mul_int(acc, base);
         e >>= 1;
-        if (e > 0) base = checked(__builtin_mul_overflow(base, base, &base), base);
+        if (e > 0) base = mul_int(base, base);
       }
       return Value(acc);
     }

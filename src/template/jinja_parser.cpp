@@ -74,6 +74,28 @@ class Parser {
     ~DepthGuard() { --p.depth_; }
   };
 
+  // The blocks being parsed, innermost last, for jinja2's "looking for" hint on unknown tags.
+  struct OpenBlock {
+    Parser& p;
+    OpenBlock(Parser& parser, std::initializer_list<std::string_view> enders, std::string_view block) : p(parser) {
+      std::string hint;
+      if (enders.size() == 0) return;
+      hint = " Jinja was looking for the following tags: ";
+      bool first = true;
+      for (auto e : enders) {
+        hint += (first ? "'" : " or '") + std::string(e) + "'";
+        first = false;
+      }
+      hint += ". The innermost block that needs to be closed is '" + std::string(block) + "'.";
+      p.open_blocks_.push_back(std::move(hint));
+      pushed = true;
+    }
+    ~OpenBlock() {
+      if (pushed) p.open_blocks_.pop_back();
+    }
+    bool pushed = false;
+  };
+
   ExprPtr make(ExprKind kind, SourcePos pos) {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
@@ -87,6 +109,7 @@ class Parser {
   // end of the template (only allowed when enders is empty).
   Body parse_body(std::initializer_list<std::string_view> enders, std::string& found, std::string_view block) {
     DepthGuard guard(*this);
+    OpenBlock open(*this, enders, block);
     Body body;
     while (true) {
       const Token& t = cur();
@@ -223,7 +246,7 @@ class Parser {
       expect_block_end();
       s->body = parse_body({"endwith"}, found, "with");
     } else if (tag == "break" || tag == "continue") {
-      if (loop_depth_ == 0) fail_at(pos, "'" + tag + "' outside of a loop");
+      if (loop_depth_ == 0) fail_at(pos, "'" + tag + "' outside loop");
       s->kind = tag == "break" ? StmtKind::Break : StmtKind::Continue;
     } else if (tag == "generation") {
       s->kind = StmtKind::Generation;
@@ -232,7 +255,7 @@ class Parser {
     } else if (tag == "include" || tag == "import" || tag == "from" || tag == "extends" || tag == "block") {
       fail_at(pos, "'" + tag + "' is not supported: chat templates have no loader");
     } else {
-      fail_at(pos, "Encountered unknown tag '" + tag + "'.");
+      fail_at(pos, "Encountered unknown tag '" + tag + "'." + (open_blocks_.empty() ? "" : open_blocks_.back()));
     }
     // Simple statements end here; block statements consumed their opening %} before the body
     // and leave the end tag's %} here.
@@ -649,6 +672,7 @@ class Parser {
   int depth_ = 0;
   int max_nesting_;
   int loop_depth_ = 0;
+  std::vector<std::string> open_blocks_;
 };
 
 }  // namespace

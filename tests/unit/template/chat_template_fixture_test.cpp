@@ -54,7 +54,7 @@ TEST(ChatTemplateFixtures, MatchJinja2ByteForByte) {
       ++checked;
     }
   }
-  EXPECT_GE(checked, 60);
+  EXPECT_GE(checked, 55);
 }
 
 // nlohmann::json (sorted keys) gives the same text wherever no dict is printed whole.
