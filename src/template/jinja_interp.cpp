@@ -228,11 +228,15 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s) {
 }
 
 Value Interpreter::define_macro(const Stmt& s, const Body* caller_body) {
-  const ScopePtr closure = scope_;
+  // Weak: the defining scope holds the macro, so a strong reference would be a cycle that
+  // outlives the render. The scope outlives every call in practice (top level, or the loop
+  // iteration that defined it); a macro smuggled out of its scope sees the globals only.
+  const std::weak_ptr<Scope> closure = scope_;
   const Stmt* stmt = &s;
   const std::string name = caller_body ? "caller" : s.name;
   return Value::function(name, [this, stmt, closure](Interpreter&, CallArgs& args) {
-    return call_macro(*stmt, closure, args, Value());
+    ScopePtr scope = closure.lock();
+    return call_macro(*stmt, scope ? scope : globals_, args, Value());
   });
 }
 

@@ -631,7 +631,8 @@ class Parser {
       std::string name = expect_name();
       while (is_op(".")) {
         next();
-        name += "." + expect_name();
+        name.push_back('.');
+        name += expect_name();
       }
       auto e = make(ExprKind::Filter, pos);
       e->name = std::move(name);
@@ -649,7 +650,8 @@ class Parser {
     e->name = expect_name();
     while (is_op(".")) {
       next();
-      e->name += "." + expect_name();
+      e->name.push_back('.');
+      e->name += expect_name();
     }
     e->args.push_back(std::move(node));
     const Token& t = cur();
