@@ -43,6 +43,13 @@ constexpr Route kRoutes[] = {
 };
 constexpr std::string_view kModelPrefix = "/v1/models/";
 
+// The first header of that (lowercase) name; names arrive lowercased (exchange.h).
+std::optional<std::string_view> find_header(const http::Request& req, std::string_view name) {
+  for (const auto& [k, v] : req.headers)
+    if (k == name) return std::string_view(v);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string random_id(std::string_view prefix) {
@@ -100,7 +107,7 @@ void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
 
   Tenant tenant;
   if (model_path || route->needs_key) {
-    const std::optional<Tenant> t = options_.keys.authenticate(req.header("authorization"));
+    const std::optional<Tenant> t = options_.keys.authenticate(find_header(req, "authorization"));
     if (!t) {
       if (options_.hooks.record_rejection) options_.hooks.record_rejection(401, "invalid_api_key");
       throw ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'", "invalid_request_error",

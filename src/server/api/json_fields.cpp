@@ -32,6 +32,9 @@ int nesting_depth(std::string_view text, int limit) {
 
 json parse_json_body(std::string_view body, int max_depth) {
   if (body.empty()) invalid_request("invalid_json", "the request body is empty; a JSON object is expected");
+  // A raw NUL is valid nowhere in JSON (nlohmann would stop reading at it).
+  if (body.find('\0') != std::string_view::npos)
+    invalid_request("invalid_json", "the request body contains a NUL byte");
   if (nesting_depth(body, max_depth) > max_depth)
     invalid_request("invalid_json", "the request body nests arrays and objects deeper than ", max_depth, " levels");
   json value;
@@ -70,8 +73,9 @@ std::optional<int64_t> Fields::integer(std::string_view key, int64_t lo, int64_t
   const json* v = get(key);
   if (!v) return std::nullopt;
   if (v->is_number_unsigned()) {
+    // nlohmann stores every non-negative literal as unsigned: both bounds apply here too.
     const uint64_t u = v->get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi))
+    if (u > static_cast<uint64_t>(hi) || (lo > 0 && u < static_cast<uint64_t>(lo)))
       invalid_param(name(key), "invalid_value", "'", name(key), "' must be in [", lo, ", ", hi, "], got ", u);
     return static_cast<int64_t>(u);
   }
