@@ -14,7 +14,7 @@
 #include "engine/engine.h"
 #include "engine/engine_model.h"
 #include "server/api/api_server.h"
-#include "server/http/http_server.h"
+#include "server/http/server.h"
 #include "server/metrics.h"
 #include "server/web/chat_page.h"
 #include "template/chat_template.h"
@@ -35,7 +35,6 @@ struct ServeArgs {
   std::string chat_template_file;
   size_t max_request_body = 8u << 20;
   int drain_timeout_s = 30;
-  int max_requests_per_key = 0;
   int max_waiting_requests = 4096;
   int io_threads = 2;
 };
@@ -80,7 +79,6 @@ void serve(const ServeArgs& a) {
     for (std::string& k : api::ApiKeys::read_key_file(a.api_key_file)) keys.push_back(std::move(k));
 
   ModelEngineOptions mo = a.engine.engine_options(a.model);
-  mo.admission.max_requests_per_tenant = a.max_requests_per_key;
   mo.admission.max_waiting_requests = a.max_waiting_requests;
   ModelEngine model_engine(mo);
   Engine engine(model_engine.config(), model_engine.executor());
@@ -97,7 +95,7 @@ void serve(const ServeArgs& a) {
     return chat_template->apply(messages, add_generation_prompt, extra);
   };
 
-  ServerMetrics metrics(served.name);
+  ServerMetrics metrics(served.name, served.max_model_len);
   api::ApiServerOptions options;
   options.keys = api::ApiKeys(keys);
   options.chat_page_html = std::string(web::chat_page_html());
@@ -111,6 +109,7 @@ void serve(const ServeArgs& a) {
   so.port = static_cast<uint16_t>(a.port);
   so.io_threads = a.io_threads;
   so.max_body_bytes = a.max_request_body;
+  so.header_filter = api.header_filter();  // 401 before reading a body
   http::HttpServer server(so, api.handler());
   server.start();
   std::printf("tessera: serving %s on http://%s:%u (OpenAI API at /v1)\n", served.name.c_str(), a.host.c_str(),
@@ -152,9 +151,6 @@ void add_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--drain-timeout", args->drain_timeout_s,
                   "seconds to let requests finish on SIGINT/SIGTERM before aborting them")
-      ->capture_default_str();
-  cmd->add_option("--max-requests-per-key", args->max_requests_per_key,
-                  "requests in flight per API key (0: no limit; 429 beyond)")
       ->capture_default_str();
   cmd->add_option("--max-waiting-requests", args->max_waiting_requests, "queued requests before 429")
       ->capture_default_str();

@@ -105,16 +105,7 @@ void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
     throw ApiError(405, "method " + req.method + " is not allowed on " + req.path + "; use " + std::string(method),
                    "invalid_request_error", std::nullopt, "method_not_allowed", {{"Allow", std::string(method)}});
 
-  Tenant tenant;
-  if (model_path || route->needs_key) {
-    const std::optional<Tenant> t = options_.keys.authenticate(find_header(req, "authorization"));
-    if (!t) {
-      if (options_.hooks.record_rejection) options_.hooks.record_rejection(401, "invalid_api_key");
-      throw ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'", "invalid_request_error",
-                     std::nullopt, "invalid_api_key", {{"WWW-Authenticate", "Bearer"}});
-    }
-    tenant = *t;
-  }
+  const Tenant tenant = model_path || route->needs_key ? authenticate(req) : Tenant{};
 
   if (model_path) return exchange->respond(model_by_id(std::string_view(req.path).substr(kModelPrefix.size())));
   const std::string_view path = route->path;
@@ -140,6 +131,28 @@ void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
   if (path == "/tokenize") return exchange->respond(tokenize(req));
   if (path == "/detokenize") return exchange->respond(detokenize(req));
   generate(exchange, path == "/v1/completions" ? Endpoint::Completions : Endpoint::Chat, tenant);
+}
+
+Tenant ApiServer::authenticate(const http::Request& req) const {
+  const std::optional<Tenant> t = options_.keys.authenticate(find_header(req, "authorization"));
+  if (t) return *t;
+  if (options_.hooks.record_rejection) options_.hooks.record_rejection(401, "invalid_api_key");
+  throw ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'", "invalid_request_error",
+                 std::nullopt, "invalid_api_key", {{"WWW-Authenticate", "Bearer"}});
+}
+
+std::optional<http::Response> ApiServer::filter_headers(const http::Request& req) const {
+  if (!options_.keys.enabled()) return std::nullopt;
+  bool needs_key = req.path.size() > kModelPrefix.size() && req.path.starts_with(kModelPrefix);
+  for (const Route& r : kRoutes)
+    if (req.path == r.path) needs_key = r.needs_key;
+  if (!needs_key) return std::nullopt;
+  try {
+    authenticate(req);
+  } catch (const ApiError& e) {
+    return error_response(e);
+  }
+  return std::nullopt;
 }
 
 void ApiServer::generate(const std::shared_ptr<http::Exchange>& exchange, Endpoint endpoint, const Tenant& tenant) {

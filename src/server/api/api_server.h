@@ -36,6 +36,12 @@ class ApiServer {
   http::Handler handler() {
     return [this](std::shared_ptr<http::Exchange> e) { handle(std::move(e)); };
   }
+  // For ServerOptions::header_filter: answers 401 on a protected route without a valid key
+  // from the headers alone, before the body is read. The handler checks again.
+  http::HeaderFilter header_filter() {
+    return [this](const http::Request& r) -> std::optional<http::Response> { return filter_headers(r); };
+  }
+  std::optional<http::Response> filter_headers(const http::Request& request) const;
 
   // Shutdown: /health and /ready answer 503 and new generations are refused with 503, while
   // the ones in flight finish.
@@ -48,6 +54,8 @@ class ApiServer {
  private:
   void dispatch(const std::shared_ptr<http::Exchange>& exchange);
   void route(const std::shared_ptr<http::Exchange>& exchange);
+  // The caller's tenant, or the 401 to answer (recorded as a rejection).
+  Tenant authenticate(const http::Request& request) const;
   void generate(const std::shared_ptr<http::Exchange>& exchange, Endpoint endpoint, const Tenant& tenant);
   http::Response health(bool ready) const;
   http::Response models() const;

@@ -19,7 +19,7 @@ Generation::Generation(std::shared_ptr<http::Exchange> exchange, Engine& engine,
   for (size_t p = 0; p < plan_.prompts.size(); ++p)
     for (int c = 0; c < o.n; ++c) {
       Choice ch(ChoiceOutput(*model_.tokenizer, o.stop, o.include_stop_str_in_output, o.skip_special_tokens), p);
-      if (plan_.endpoint == Endpoint::Completions && o.logprobs) ch.completion_logprobs.emplace(*model_.tokenizer);
+      if (plan_.endpoint == Endpoint::Completions && o.logprobs) ch.completion_logprobs.emplace(*model_.tokenizer, o.skip_special_tokens);
       choices_.push_back(std::move(ch));
     }
 }
@@ -161,7 +161,7 @@ void Generation::release(Choice& ch, int index, std::string text, std::optional<
   ojson logprobs = nullptr;
   if (o.logprobs) {
     if (chat) {
-      logprobs = chat_logprobs_json(*model_.tokenizer, ch.chat_logprobs);
+      logprobs = chat_logprobs_json(*model_.tokenizer, ch.chat_logprobs, o.skip_special_tokens);
       ch.chat_logprobs.clear();
     } else {
       logprobs = ch.completion_logprobs->json();
@@ -293,7 +293,9 @@ void Generation::finish_response() {
     Choice& ch = choices_[i];
     const int index = static_cast<int>(i);
     if (chat) {
-      ojson lp = plan_.options.logprobs ? chat_logprobs_json(*model_.tokenizer, ch.chat_logprobs) : ojson(nullptr);
+      ojson lp = plan_.options.logprobs
+                     ? chat_logprobs_json(*model_.tokenizer, ch.chat_logprobs, plan_.options.skip_special_tokens)
+                     : ojson(nullptr);
       choices.push_back(chat_choice(index, ch.text, std::move(lp), ch.finish));
     } else {
       ojson lp = ch.completion_logprobs ? ch.completion_logprobs->json() : ojson(nullptr);

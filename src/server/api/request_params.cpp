@@ -127,6 +127,10 @@ GenerationOptions parse_generation_options(const json& body, Endpoint endpoint, 
   }
 
   sp.temperature = read_float(f, "temperature", 1.0f);
+  // OpenAI's range, narrower than the sampler's: clients rely on 400 above 2.
+  if (!(sp.temperature >= 0.0f && sp.temperature <= kMaxApiTemperature))
+    invalid_param("temperature", "invalid_value", "'temperature' must be in [0, ", kMaxApiTemperature, "], got ",
+                  sp.temperature);
   sp.top_p = read_float(f, "top_p", 1.0f);
   sp.top_k = static_cast<int32_t>(f.integer("top_k", -1, model.vocab_size).value_or(0));
   sp.min_p = read_float(f, "min_p", 0.0f);

@@ -23,6 +23,7 @@ inline constexpr int kMaxLogitBiasEntries = 1024;
 inline constexpr int kMaxPrompts = 64;                      // /v1/completions prompt lists
 inline constexpr size_t kMaxPromptBytes = 4 * 1024 * 1024;  // one prompt or message text
 inline constexpr size_t kMaxUserBytes = 256;
+inline constexpr float kMaxApiTemperature = 2.0f;  // OpenAI's bound
 
 struct GenerationOptions {
   SamplingParams sampling;            // max_tokens is set per prompt (sampling_for_prompt)

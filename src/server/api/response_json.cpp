@@ -9,6 +9,11 @@ namespace tessera::api {
 
 namespace {
 
+// Tokens the text leaves out (IncrementalDetokenizer with skip_special).
+bool skipped(const Tokenizer& tok, int32_t id, bool skip_special) {
+  return skip_special && (tok.is_control(id) || (tok.token_attr(id) & kAttrUnknown) != 0);
+}
+
 double clamp_logprob(double lp) { return std::isfinite(lp) ? lp : kMinLogprob; }
 
 ojson bytes_json(std::string_view piece) {
@@ -55,21 +60,25 @@ std::string dump_json(const ojson& value) { return value.dump(-1, ' ', false, oj
 
 std::string sse_event(const ojson& value) { return "data: " + dump_json(value) + "\n\n"; }
 
-std::string token_string(const Tokenizer& tok, int32_t id) { return sanitize_utf8(tok.token_piece(id)); }
+std::string token_string(const Tokenizer& tok, int32_t id, bool skip_special) {
+  if (skipped(tok, id, skip_special)) return {};
+  return sanitize_utf8(tok.token_piece(id));
+}
 
-ojson chat_logprobs_json(const Tokenizer& tok, std::span<const Logprobs> entries) {
+ojson chat_logprobs_json(const Tokenizer& tok, std::span<const Logprobs> entries, bool skip_special) {
+  auto piece = [&](int32_t id) { return skipped(tok, id, skip_special) ? std::string_view() : tok.token_piece(id); };
   ojson content = ojson::array();
   for (const Logprobs& lp : entries) {
     ojson e;
-    e["token"] = token_string(tok, lp.chosen.token);
+    e["token"] = token_string(tok, lp.chosen.token, skip_special);
     e["logprob"] = clamp_logprob(lp.chosen.logprob);
-    e["bytes"] = bytes_json(tok.token_piece(lp.chosen.token));
+    e["bytes"] = bytes_json(piece(lp.chosen.token));
     ojson top = ojson::array();
     for (const TokenLogprob& t : lp.top) {
       ojson te;
-      te["token"] = token_string(tok, t.token);
+      te["token"] = token_string(tok, t.token, skip_special);
       te["logprob"] = clamp_logprob(t.logprob);
-      te["bytes"] = bytes_json(tok.token_piece(t.token));
+      te["bytes"] = bytes_json(piece(t.token));
       top.push_back(std::move(te));
     }
     e["top_logprobs"] = std::move(top);
@@ -79,7 +88,7 @@ ojson chat_logprobs_json(const Tokenizer& tok, std::span<const Logprobs> entries
 }
 
 void CompletionLogprobs::add(int32_t token, const Logprobs* lp) {
-  const std::string text = token_string(tok_, token);
+  const std::string text = token_string(tok_, token, skip_special_);
   tokens_.push_back(text);
   text_offset_.push_back(offset_);
   offset_ += code_points(text);
@@ -91,7 +100,7 @@ void CompletionLogprobs::add(int32_t token, const Logprobs* lp) {
   token_logprobs_.push_back(clamp_logprob(lp->chosen.logprob));
   // Like vLLM: the alternatives plus the chosen token, keyed by their text.
   ojson top = ojson::object();
-  for (const TokenLogprob& t : lp->top) top[token_string(tok_, t.token)] = clamp_logprob(t.logprob);
+  for (const TokenLogprob& t : lp->top) top[token_string(tok_, t.token, skip_special_)] = clamp_logprob(t.logprob);
   if (!top.contains(text)) top[text] = clamp_logprob(lp->chosen.logprob);
   top_logprobs_.push_back(std::move(top));
 }

@@ -38,18 +38,20 @@ std::string finish_reason_string(FinishReason reason);
 std::string sse_event(const ojson& value);
 std::string dump_json(const ojson& value);
 
-// A token as text for logprobs: its bytes, with any partial UTF-8 shown as U+FFFD.
-std::string token_string(const Tokenizer& tok, int32_t id);
+// A token as text for logprobs: its bytes, with any partial UTF-8 shown as U+FFFD; "" for a
+// control or unknown token when special tokens are skipped (as the text skips them, so the
+// token strings of a choice join up to its text).
+std::string token_string(const Tokenizer& tok, int32_t id, bool skip_special = false);
 
 // Chat logprobs, {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}.
-ojson chat_logprobs_json(const Tokenizer& tok, std::span<const Logprobs> entries);
+ojson chat_logprobs_json(const Tokenizer& tok, std::span<const Logprobs> entries, bool skip_special = false);
 
 // Legacy completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
 // Append prompt tokens (echo) and output tokens in order; a prompt's first token has no
 // logprob (null), as in OpenAI and vLLM.
 class CompletionLogprobs {
  public:
-  explicit CompletionLogprobs(const Tokenizer& tok) : tok_(tok) {}
+  explicit CompletionLogprobs(const Tokenizer& tok, bool skip_special = false) : tok_(tok), skip_special_(skip_special) {}
   // lp: the token's logprobs, or nullptr for a token without any (the prompt's first).
   void add(int32_t token, const Logprobs* lp);
   bool empty() const { return tokens_.empty(); }
@@ -61,6 +63,7 @@ class CompletionLogprobs {
 
  private:
   const Tokenizer& tok_;
+  bool skip_special_;
   ojson tokens_ = ojson::array();
   ojson token_logprobs_ = ojson::array();
   ojson top_logprobs_ = ojson::array();
