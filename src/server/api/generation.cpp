@@ -57,7 +57,10 @@ void Generation::start(std::shared_ptr<http::Exchange> exchange, Engine& engine,
       gen->self_.reset();
       return;
     }
-    gen->parts_.push_back(Part{s.id, std::move(s.stream)});
+    Part part;
+    part.id = s.id;
+    part.stream = std::move(s.stream);
+    gen->parts_.push_back(std::move(part));
   }
 
   if (o.stream) {

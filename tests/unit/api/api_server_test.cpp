@@ -190,8 +190,24 @@ TEST_F(ApiServerTest, ChatCompleteAndStreamedAgreeWithTheEngine) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], 6);
   EXPECT_EQ(usage["usage"]["prompt_tokens"], prompt.size());
 
+  // Chat logprobs: one entry per completion token, their strings join up to the content.
+  json with_lp = kChat;
+  with_lp["logprobs"] = true;
+  with_lp["top_logprobs"] = 3;
+  const json l = call("POST", "/v1/chat/completions", with_lp)->json();
+  const json& content = l["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 6u) << l.dump();
+  std::string joined;
+  for (const json& t : content) {
+    joined += t["token"].get<std::string>();
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    EXPECT_DOUBLE_EQ(t["logprob"].get<double>(), t["top_logprobs"][0]["logprob"].get<double>());  // greedy
+  }
+  EXPECT_EQ(joined, want);
+
   std::lock_guard lock(mutex_);
-  ASSERT_EQ(records_.size(), 2u);
+  ASSERT_EQ(records_.size(), 3u);
   for (const RequestRecord& rec : records_) {
     EXPECT_EQ(rec.prompt_tokens, static_cast<int64_t>(prompt.size()));
     EXPECT_EQ(rec.generation_tokens, 6);
@@ -337,6 +353,25 @@ TEST_F(ApiServerTest, AuthRoutingAndModels) {
   auto bad_utf8 = send("POST", "/v1/completions", "{\"prompt\": \"\xff\"}", "sk-alpha");
   ASSERT_TRUE(bad_utf8->wait_done());
   expect_error(*bad_utf8, 400, "invalid_json");
+}
+
+TEST_F(ApiServerTest, HeaderFilterRefusesMissingKeysBeforeTheBody) {
+  start({}, {"sk-alpha"});
+  http::Request r;
+  r.method = "POST";
+  r.path = "/v1/chat/completions";
+  const auto refused = api_->filter_headers(r);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_EQ(json::parse(refused->body)["error"]["code"], "invalid_api_key");
+  r.path = "/v1/models/x";
+  EXPECT_TRUE(api_->filter_headers(r).has_value());
+  r.headers.emplace_back("authorization", "Bearer sk-alpha");
+  EXPECT_FALSE(api_->filter_headers(r).has_value());
+  r.headers.clear();
+  r.method = "GET";
+  r.path = "/health";
+  EXPECT_FALSE(api_->filter_headers(r).has_value());
 }
 
 TEST_F(ApiServerTest, TokenizeAndDetokenize) {

@@ -45,7 +45,7 @@ TEST(ApiRequestParams, MalformedBodies) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.code, "invalid_json");
-  for (const std::string body : {std::string(""), std::string("{"), std::string("[1]"), std::string("{\"a\":\"\xff\"}"),
+  for (const std::string& body : {std::string(""), std::string("{"), std::string("[1]"), std::string("{\"a\":\"\xff\"}"),
                                  std::string("{\"a\":\"\\ud800\"}"), std::string("{\"a\":1e400}"),
                                  std::string("{\"a\":NaN}"), std::string("{\"a\":1}\0", 8)}) {
     SCOPED_TRACE(body);
@@ -84,6 +84,7 @@ TEST(ApiRequestParams, CompletionInvalidCases) {
       {R"({"prompt": "hi", "n": 1000000})", 400, "n", "invalid_value"},
       {R"({"prompt": "hi", "temperature": -0.1})", 400, "temperature", "invalid_value"},
       {R"({"prompt": "hi", "temperature": 1e300})", 400, "temperature", "invalid_value"},
+      {R"({"prompt": "hi", "temperature": 2.5})", 400, "temperature", "invalid_value"},
       {R"({"prompt": "hi", "temperature": "hot"})", 400, "temperature", "invalid_type"},
       {R"({"prompt": "hi", "top_p": 0})", 400, "top_p", "invalid_value"},
       {R"({"prompt": "hi", "top_p": 1.5})", 400, "top_p", "invalid_value"},

@@ -59,6 +59,16 @@ TEST(ApiResponseJson, ChatLogprobsFormat) {
                     {"token":"Hi","logprob":-9999.0,"bytes":[72,105]}]}]})"));
 }
 
+TEST(ApiResponseJson, SkippedSpecialTokensAreEmptyStrings) {
+  const Tokenizer& tok = api_test::smollm2_tokenizer();
+  const int32_t end = *tok.token_id("<|im_end|>");
+  EXPECT_EQ(token_string(tok, end, /*skip_special=*/true), "");
+  EXPECT_EQ(token_string(tok, end, /*skip_special=*/false), "<|im_end|>");
+  Logprobs lp{{end, -0.1}, {{end, -0.1}}};
+  EXPECT_EQ(parsed(chat_logprobs_json(tok, std::vector<Logprobs>{lp}, true)), json::parse(R"({"content":[{"token":"",
+    "logprob":-0.1,"bytes":[],"top_logprobs":[{"token":"","logprob":-0.1,"bytes":[]}]}]})"));
+}
+
 TEST(ApiResponseJson, CompletionLogprobsWithEchoedPrompt) {
   const Tokenizer& tok = api_test::smollm2_tokenizer();
   const int32_t a = *tok.token_id("The");
