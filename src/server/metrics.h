@@ -30,9 +30,20 @@ struct RequestRecord {
   int32_t n_param = 1;
 };
 
+// vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to and including max_value.
+std::vector<double> buckets_1_2_5(int64_t max_value);
+// A sample value or `le` bound as Prometheus and Python's prometheus_client write it:
+// "1.0", "0.025", "1e-05", "+Inf", "-Inf", "NaN".
+std::string format_prometheus_value(double value);
+
 class ServerMetrics {
  public:
+  // Token-count histograms use buckets up to this context length unless told otherwise.
+  static constexpr int64_t kDefaultMaxModelLen = 8192;
+
   explicit ServerMetrics(std::string model_name);
+  // max_model_len: the top of the 1-2-5 buckets of the token-count histograms (as vLLM).
+  ServerMetrics(std::string model_name, int64_t max_model_len);
   ~ServerMetrics();
   ServerMetrics(const ServerMetrics&) = delete;
   ServerMetrics& operator=(const ServerMetrics&) = delete;

@@ -1,0 +1,312 @@
+// Prometheus exposition of the server's metrics under vLLM's names, types, help texts and
+// buckets (vllm/v1/metrics/loggers.py), so Grafana dashboards built for vLLM work as they are.
+// Contract: docs/design/metrics.md.
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "core/error.h"
+
+namespace tessera {
+
+std::vector<double> buckets_1_2_5(int64_t max_value) {
+  std::vector<double> buckets;
+  // Same walk as vLLM's build_1_2_5_buckets: mantissas 1, 2, 5 times rising powers of ten,
+  // stopping at the first value above max_value.
+  for (int64_t scale = 1;; scale *= 10) {
+    for (int64_t mantissa : {1, 2, 5}) {
+      const int64_t value = mantissa * scale;
+      if (value > max_value) return buckets;
+      buckets.push_back(static_cast<double>(value));
+    }
+    if (scale > INT64_MAX / 50) return buckets;  // the next decade would overflow
+  }
+}
+
+std::string format_prometheus_value(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  // Shortest text that reads back to the same double, like Python's repr().
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
+  TESSERA_CHECK(ec == std::errc(), "cannot format metric value ", value);
+  std::string text(buf, end);
+  // Python's prometheus_client writes integral floats as "1.0"; do the same so both
+  // expositions read alike (Prometheus accepts either).
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";
+  return text;
+}
+
+namespace {
+
+// Bucket boundaries straight from vLLM.
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                          0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+                                          20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kTokenGapBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                              0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                              7.5,  10.0,  20.0, 40.0,  80.0};
+const std::vector<double> kRequestLatencyBuckets = {0.3,  0.5,  0.8,   1.0,   1.5,   2.0,    2.5,
+                                                    5.0,  10.0, 15.0,  20.0,  30.0,  40.0,   50.0,
+                                                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const std::vector<double> kNParamBuckets = {1, 2, 5, 10, 20};
+
+// Finish reasons with a request_success series from the start (vLLM pre-creates its three;
+// "error" is tessera's own, for requests a failed step ended).
+constexpr FinishReason kSuccessReasons[] = {FinishReason::Stop, FinishReason::Length, FinishReason::Abort,
+                                            FinishReason::Error};
+
+struct Histogram {
+  explicit Histogram(std::vector<double> upper_bounds)
+      : bounds(std::move(upper_bounds)), counts(bounds.size() + 1, 0) {}
+
+  void observe(double value) {
+    if (std::isnan(value)) return;  // would poison _sum for good
+    // Buckets are "less than or equal": the first bound >= value takes it; past the last
+    // bound it lands in the +Inf slot.
+    const size_t slot = std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin();
+    ++counts[slot];
+    sum += value;
+    ++count;
+  }
+
+  std::vector<double> bounds;    // finite upper bounds, ascending
+  std::vector<uint64_t> counts;  // [bounds.size() + 1] per bucket, not cumulative; last = +Inf
+  double sum = 0;
+  uint64_t count = 0;
+};
+
+// Escapes for the text format: label values escape \ " and newline; help texts \ and newline.
+std::string escape_label_value(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+std::string escape_help(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+// Writes families in the text format with every series carrying the common labels.
+class ExpositionWriter {
+ public:
+  explicit ExpositionWriter(std::string common_labels) : common_(std::move(common_labels)) {}
+
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    out_ += escape_help(help);
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+  }
+
+  // extra_labels: `key="escaped value"` pairs joined by commas, or "".
+  void sample(std::string_view name, std::string_view extra_labels, double value) {
+    out_ += name;
+    out_ += '{';
+    out_ += common_;
+    if (!extra_labels.empty()) {
+      out_ += ',';
+      out_ += extra_labels;
+    }
+    out_ += "} ";
+    out_ += format_prometheus_value(value);
+    out_ += '\n';
+  }
+
+  void gauge(std::string_view name, std::string_view help, double value) {
+    family(name, "gauge", help);
+    sample(name, "", value);
+  }
+
+  // name ends in _total already: prometheus_client names the family after the sample.
+  void counter(std::string_view name, std::string_view help, double value) {
+    family(name, "counter", help);
+    sample(name, "", value);
+  }
+
+  void histogram(std::string_view name, std::string_view help, const Histogram& h) {
+    family(name, "histogram", help);
+    const std::string base(name);
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cumulative += h.counts[i];
+      sample(base + "_bucket", "le=\"" + format_prometheus_value(h.bounds[i]) + "\"",
+             static_cast<double>(cumulative));
+    }
+    cumulative += h.counts.back();
+    sample(base + "_bucket", "le=\"+Inf\"", static_cast<double>(cumulative));
+    sample(base + "_count", "", static_cast<double>(h.count));
+    sample(base + "_sum", "", h.sum);
+  }
+
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string common_;
+  std::string out_;
+};
+
+}  // namespace
+
+struct ServerMetrics::Impl {
+  Impl(std::string model, int64_t max_model_len)
+      : model_name(std::move(model)),
+        request_prompt_tokens(buckets_1_2_5(max_model_len)),
+        request_generation_tokens(buckets_1_2_5(max_model_len)),
+        request_params_max_tokens(buckets_1_2_5(max_model_len)),
+        request_params_n(kNParamBuckets),
+        time_to_first_token(kTtftBuckets),
+        inter_token_latency(kTokenGapBuckets),
+        e2e_latency(kRequestLatencyBuckets),
+        queue_time(kRequestLatencyBuckets),
+        inference_time(kRequestLatencyBuckets),
+        prefill_time(kRequestLatencyBuckets),
+        decode_time(kRequestLatencyBuckets) {}
+
+  const std::string model_name;
+
+  mutable std::mutex mutex;  // guards everything below
+  int64_t prompt_tokens_total = 0;
+  std::map<FinishReason, uint64_t> success;               // per finish reason
+  std::map<std::pair<int, std::string>, uint64_t> rejected;  // (status, reason) -> count
+  Histogram request_prompt_tokens;
+  Histogram request_generation_tokens;
+  Histogram request_params_max_tokens;
+  Histogram request_params_n;
+  Histogram time_to_first_token;
+  Histogram inter_token_latency;  // also exposed as the deprecated time_per_output_token
+  Histogram e2e_latency;
+  Histogram queue_time;
+  Histogram inference_time;  // prefill + decode
+  Histogram prefill_time;
+  Histogram decode_time;
+};
+
+ServerMetrics::ServerMetrics(std::string model_name) : ServerMetrics(std::move(model_name), kDefaultMaxModelLen) {}
+
+ServerMetrics::ServerMetrics(std::string model_name, int64_t max_model_len) {
+  TESSERA_CHECK(max_model_len >= 1, "metrics: max_model_len must be at least 1, got ", max_model_len);
+  impl_ = std::make_unique<Impl>(std::move(model_name), max_model_len);
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+void ServerMetrics::record(const RequestRecord& r) {
+  std::lock_guard lock(impl_->mutex);
+  Impl& m = *impl_;
+  m.prompt_tokens_total += std::max<int64_t>(r.prompt_tokens, 0);
+  if (r.finish != FinishReason::None) ++m.success[r.finish];
+  m.request_prompt_tokens.observe(static_cast<double>(r.prompt_tokens));
+  m.request_generation_tokens.observe(static_cast<double>(r.generation_tokens));
+  // vLLM observes max_tokens only when the request set it (its field is then non-zero).
+  if (r.max_tokens_param > 0) m.request_params_max_tokens.observe(r.max_tokens_param);
+  m.request_params_n.observe(r.n_param);
+  if (r.ttft_s) m.time_to_first_token.observe(*r.ttft_s);
+  for (double gap : r.inter_token_s) m.inter_token_latency.observe(gap);
+  m.e2e_latency.observe(r.e2e_s);
+  m.queue_time.observe(r.queue_s);
+  m.inference_time.observe(r.prefill_s + r.decode_s);
+  m.prefill_time.observe(r.prefill_s);
+  m.decode_time.observe(r.decode_s);
+}
+
+void ServerMetrics::record_rejection(int http_status, std::string_view reason) {
+  std::lock_guard lock(impl_->mutex);
+  ++impl_->rejected[{http_status, std::string(reason)}];
+}
+
+std::string ServerMetrics::render(const EngineStats& engine) const {
+  const Impl& m = *impl_;
+  ExpositionWriter w("model_name=\"" + escape_label_value(m.model_name) + "\",engine=\"0\"");
+
+  // Engine state, read from the snapshot the caller took.
+  w.gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+          static_cast<double>(engine.running));
+  w.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+          static_cast<double>(engine.waiting));
+  double kv_usage = 0;
+  if (engine.kv_total_blocks > 0) {
+    // Cached blocks nobody references count as free, as in vLLM: an idle server reads 0.
+    kv_usage = 1.0 - static_cast<double>(engine.kv_free_blocks) / engine.kv_total_blocks;
+    kv_usage = std::clamp(kv_usage, 0.0, 1.0);
+  }
+  w.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage);
+  w.counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+            static_cast<double>(engine.prefix.queried_tokens));
+  w.counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
+            static_cast<double>(engine.prefix.hit_tokens));
+  w.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
+            static_cast<double>(engine.preemptions));
+
+  std::lock_guard lock(m.mutex);
+  w.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+            static_cast<double>(m.prompt_tokens_total));
+  w.counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
+            static_cast<double>(engine.generated_tokens));
+
+  w.family("vllm:request_success_total", "counter", "Count of successfully processed requests.");
+  for (FinishReason reason : kSuccessReasons) {
+    const auto it = m.success.find(reason);
+    w.sample("vllm:request_success_total",
+             "finished_reason=\"" + std::string(finish_reason_name(reason)) + "\"",
+             it == m.success.end() ? 0.0 : static_cast<double>(it->second));
+  }
+
+  w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.request_prompt_tokens);
+  w.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
+              m.request_generation_tokens);
+  w.histogram("vllm:request_params_n", "Histogram of the n request parameter.", m.request_params_n);
+  w.histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+              m.request_params_max_tokens);
+  w.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+              m.time_to_first_token);
+  w.histogram("vllm:time_per_output_token_seconds",
+              "Histogram of time per output token in seconds. "
+              "DEPRECATED: Use vllm:inter_token_latency_seconds instead.",
+              m.inter_token_latency);
+  w.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+              m.inter_token_latency);
+  w.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", m.e2e_latency);
+  w.histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+              m.queue_time);
+  w.histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+              m.inference_time);
+  w.histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+              m.prefill_time);
+  w.histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+              m.decode_time);
+
+  // tessera's own: refusals before the engine (400/429/503...), by status and reason.
+  w.family("tessera:requests_rejected_total", "counter",
+           "Requests refused before they entered the engine, by HTTP status and reason.");
+  for (const auto& [key, count] : m.rejected) {
+    w.sample("tessera:requests_rejected_total",
+             "status=\"" + std::to_string(key.first) + "\",reason=\"" + escape_label_value(key.second) + "\"",
+             static_cast<double>(count));
+  }
+  return w.take();
+}
+
+}  // namespace tessera

@@ -1,0 +1,335 @@
+// ServerMetrics: the exposition parses under a strict 0.0.4 reader, carries vLLM's names,
+// types and buckets, and counts exactly what was recorded.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "unit/metrics/prom_text_parser.h"
+#include "core/error.h"
+#include "server/metrics.h"
+
+namespace tessera {
+namespace {
+
+using test::parse_prometheus_text;
+using test::PromFamily;
+using test::PromParseError;
+using test::PromSample;
+
+const PromFamily& family(const std::vector<PromFamily>& families, const std::string& name) {
+  for (const PromFamily& f : families)
+    if (f.name == name) return f;
+  throw std::runtime_error("no family " + name);
+}
+
+// The one sample of `name` whose labels include `labels`.
+double value_of(const std::vector<PromFamily>& families, const std::string& family_name, const std::string& name,
+                const std::map<std::string, std::string>& labels = {}) {
+  const PromFamily& f = family(families, family_name);
+  const PromSample* found = nullptr;
+  for (const PromSample& s : f.samples) {
+    if (s.name != name) continue;
+    bool match = true;
+    for (const auto& [k, v] : labels) {
+      auto it = s.labels.find(k);
+      if (it == s.labels.end() || it->second != v) match = false;
+    }
+    if (!match) continue;
+    if (found) throw std::runtime_error("several samples match " + name);
+    found = &s;
+  }
+  if (!found) throw std::runtime_error("no sample " + name);
+  return found->value;
+}
+
+double bucket(const std::vector<PromFamily>& families, const std::string& hist, const std::string& le) {
+  return value_of(families, hist, hist + "_bucket", {{"le", le}});
+}
+
+std::vector<double> bucket_bounds(const PromFamily& f) {
+  std::vector<double> bounds;
+  for (const PromSample& s : f.samples)
+    if (s.name == f.name + "_bucket" && s.labels.at("le") != "+Inf") bounds.push_back(std::stod(s.labels.at("le")));
+  return bounds;
+}
+
+TEST(ServerMetricsFormat, ValuesAreWrittenAsPrometheusClientWritesThem) {
+  EXPECT_EQ(format_prometheus_value(1.0), "1.0");
+  EXPECT_EQ(format_prometheus_value(0.0), "0.0");
+  EXPECT_EQ(format_prometheus_value(0.025), "0.025");
+  EXPECT_EQ(format_prometheus_value(2560.0), "2560.0");
+  EXPECT_EQ(format_prometheus_value(1e-05), "1e-05");
+  EXPECT_EQ(format_prometheus_value(0.1 + 0.2), "0.30000000000000004");  // round-trips, not rounded
+  EXPECT_EQ(format_prometheus_value(INFINITY), "+Inf");
+  EXPECT_EQ(format_prometheus_value(-INFINITY), "-Inf");
+  EXPECT_EQ(format_prometheus_value(NAN), "NaN");
+  EXPECT_EQ(std::stod(format_prometheus_value(123456789.125)), 123456789.125);
+}
+
+TEST(ServerMetricsFormat, OneTwoFiveBucketsMatchVllm) {
+  EXPECT_EQ(buckets_1_2_5(100), (std::vector<double>{1, 2, 5, 10, 20, 50, 100}));
+  EXPECT_EQ(buckets_1_2_5(1), (std::vector<double>{1}));
+  EXPECT_EQ(buckets_1_2_5(4), (std::vector<double>{1, 2}));
+  const auto b8192 = buckets_1_2_5(8192);
+  EXPECT_EQ(b8192.size(), 12u);  // 1 2 5 10 20 50 100 200 500 1000 2000 5000
+  EXPECT_EQ(b8192.back(), 5000);
+  EXPECT_FALSE(buckets_1_2_5(INT64_MAX).empty());  // terminates without overflow
+}
+
+TEST(ServerMetricsParser, RejectsMalformedExpositions) {
+  // The reader is only worth something if it refuses what Prometheus refuses.
+  EXPECT_NO_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\na 1\n"));
+  EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\na 1"), PromParseError);      // no final newline
+  EXPECT_THROW(parse_prometheus_text("# TYPE a gauge\na 1\n"), PromParseError);                 // no HELP
+  EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\nb 1\n"), PromParseError);     // wrong family
+  EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\na{l=\"x} 1\n"), PromParseError);
+  EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\na one\n"), PromParseError);
+  EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a counter\na -1\n"), PromParseError);
+  const std::string hist_head = "# HELP h x\n# TYPE h histogram\n";
+  EXPECT_NO_THROW(parse_prometheus_text(hist_head + "h_bucket{le=\"1.0\"} 1\nh_bucket{le=\"+Inf\"} 2\nh_count 2\nh_sum 3\n"));
+  EXPECT_THROW(parse_prometheus_text(hist_head + "h_bucket{le=\"1.0\"} 3\nh_bucket{le=\"+Inf\"} 2\nh_count 2\nh_sum 3\n"),
+               PromParseError);  // not cumulative
+  EXPECT_THROW(parse_prometheus_text(hist_head + "h_bucket{le=\"1.0\"} 1\nh_count 1\nh_sum 3\n"), PromParseError);
+  EXPECT_THROW(parse_prometheus_text(hist_head + "h_bucket{le=\"+Inf\"} 2\nh_count 3\nh_sum 3\n"), PromParseError);
+}
+
+TEST(ServerMetrics, EmptyExpositionHasEveryVllmFamilyWithItsType) {
+  ServerMetrics metrics("SmolLM2");
+  const auto families = parse_prometheus_text(metrics.render(EngineStats{}));
+  const std::map<std::string, std::string> expected = {
+      {"vllm:num_requests_running", "gauge"},
+      {"vllm:num_requests_waiting", "gauge"},
+      {"vllm:kv_cache_usage_perc", "gauge"},
+      {"vllm:prefix_cache_queries_total", "counter"},
+      {"vllm:prefix_cache_hits_total", "counter"},
+      {"vllm:num_preemptions_total", "counter"},
+      {"vllm:prompt_tokens_total", "counter"},
+      {"vllm:generation_tokens_total", "counter"},
+      {"vllm:request_success_total", "counter"},
+      {"vllm:time_to_first_token_seconds", "histogram"},
+      {"vllm:inter_token_latency_seconds", "histogram"},
+      {"vllm:time_per_output_token_seconds", "histogram"},
+      {"vllm:e2e_request_latency_seconds", "histogram"},
+      {"vllm:request_queue_time_seconds", "histogram"},
+      {"vllm:request_inference_time_seconds", "histogram"},
+      {"vllm:request_prefill_time_seconds", "histogram"},
+      {"vllm:request_decode_time_seconds", "histogram"},
+      {"vllm:request_prompt_tokens", "histogram"},
+      {"vllm:request_generation_tokens", "histogram"},
+      {"vllm:request_params_max_tokens", "histogram"},
+      {"vllm:request_params_n", "histogram"},
+      {"tessera:requests_rejected_total", "counter"},
+  };
+  EXPECT_EQ(families.size(), expected.size());
+  for (const auto& [name, type] : expected) EXPECT_EQ(family(families, name).type, type) << name;
+  // Every series is labelled with the model and vLLM's engine index.
+  for (const PromFamily& f : families) {
+    for (const PromSample& s : f.samples) {
+      EXPECT_EQ(s.labels.at("model_name"), "SmolLM2") << s.name;
+      EXPECT_EQ(s.labels.at("engine"), "0") << s.name;
+    }
+  }
+  // vLLM creates the finish reasons' series up front, at 0.
+  for (const char* reason : {"stop", "length", "abort", "error"})
+    EXPECT_EQ(value_of(families, "vllm:request_success_total", "vllm:request_success_total",
+                       {{"finished_reason", reason}}),
+              0.0);
+  EXPECT_EQ(value_of(families, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc"), 0.0);
+}
+
+TEST(ServerMetrics, BucketBoundariesAreVllms) {
+  ServerMetrics metrics("m", 100);
+  const auto families = parse_prometheus_text(metrics.render(EngineStats{}));
+  EXPECT_EQ(bucket_bounds(family(families, "vllm:time_to_first_token_seconds")),
+            (std::vector<double>{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}));
+  const std::vector<double> gap = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                   0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+  EXPECT_EQ(bucket_bounds(family(families, "vllm:inter_token_latency_seconds")), gap);
+  EXPECT_EQ(bucket_bounds(family(families, "vllm:time_per_output_token_seconds")), gap);
+  const std::vector<double> latency = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                                       30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+  for (const char* name : {"vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+                           "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
+                           "vllm:request_decode_time_seconds"})
+    EXPECT_EQ(bucket_bounds(family(families, name)), latency) << name;
+  for (const char* name : {"vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+                           "vllm:request_params_max_tokens"})
+    EXPECT_EQ(bucket_bounds(family(families, name)), (std::vector<double>{1, 2, 5, 10, 20, 50, 100})) << name;
+  EXPECT_EQ(bucket_bounds(family(families, "vllm:request_params_n")), (std::vector<double>{1, 2, 5, 10, 20}));
+}
+
+TEST(ServerMetrics, RecordsLandInTheRightBucketsWithBoundsInclusive) {
+  ServerMetrics metrics("m", 100);
+  RequestRecord a;
+  a.finish = FinishReason::Stop;
+  a.prompt_tokens = 10;  // exactly on the le="10" bound
+  a.generation_tokens = 3;
+  a.ttft_s = 0.001;  // exactly on the first bound
+  a.inter_token_s = {0.02, 0.05};
+  a.e2e_s = 0.3;
+  a.queue_s = 0.0;
+  a.prefill_s = 0.25;
+  a.decode_s = 0.05;
+  a.max_tokens_param = 16;
+  a.n_param = 1;
+  metrics.record(a);
+
+  RequestRecord b;
+  b.finish = FinishReason::Length;
+  b.prompt_tokens = 500;  // past the last token bucket (100)
+  b.generation_tokens = 100;
+  b.ttft_s = 3000;  // past 2560
+  b.inter_token_s = {0.0100001};
+  b.e2e_s = 9000;
+  b.queue_s = 2.0;
+  b.prefill_s = 4.0;
+  b.decode_s = 3.0;
+  b.max_tokens_param = 0;  // not set by the client: not observed, as in vLLM
+  b.n_param = 3;
+  metrics.record(b);
+
+  RequestRecord c;  // aborted before its first token
+  c.finish = FinishReason::Abort;
+  c.prompt_tokens = 7;
+  c.e2e_s = 0.1;
+  c.n_param = 1;
+  c.max_tokens_param = 5;
+  metrics.record(c);
+
+  EngineStats engine;
+  engine.generated_tokens = 103;
+  const auto f = parse_prometheus_text(metrics.render(engine));
+
+  const std::string ttft = "vllm:time_to_first_token_seconds";
+  EXPECT_EQ(bucket(f, ttft, "0.001"), 1);
+  EXPECT_EQ(bucket(f, ttft, "2560.0"), 1);
+  EXPECT_EQ(bucket(f, ttft, "+Inf"), 2);
+  EXPECT_EQ(value_of(f, ttft, ttft + "_count"), 2);  // c had no token: no TTFT
+  EXPECT_DOUBLE_EQ(value_of(f, ttft, ttft + "_sum"), 3000.001);
+
+  const std::string itl = "vllm:inter_token_latency_seconds";
+  EXPECT_EQ(bucket(f, itl, "0.01"), 0);
+  EXPECT_EQ(bucket(f, itl, "0.025"), 2);  // 0.0100001 and 0.02
+  EXPECT_EQ(bucket(f, itl, "0.05"), 3);
+  EXPECT_EQ(value_of(f, itl, itl + "_count"), 3);
+  EXPECT_DOUBLE_EQ(value_of(f, itl, itl + "_sum"), 0.02 + 0.05 + 0.0100001);
+  EXPECT_EQ(value_of(f, "vllm:time_per_output_token_seconds", "vllm:time_per_output_token_seconds_count"), 3);
+
+  const std::string e2e = "vllm:e2e_request_latency_seconds";
+  EXPECT_EQ(bucket(f, e2e, "0.3"), 2);  // 0.1 and 0.3
+  EXPECT_EQ(bucket(f, e2e, "7680.0"), 2);
+  EXPECT_EQ(bucket(f, e2e, "+Inf"), 3);
+  EXPECT_EQ(bucket(f, "vllm:request_queue_time_seconds", "2.0"), 3);
+  EXPECT_EQ(bucket(f, "vllm:request_queue_time_seconds", "1.5"), 2);
+  EXPECT_EQ(bucket(f, "vllm:request_prefill_time_seconds", "0.3"), 2);
+  EXPECT_EQ(bucket(f, "vllm:request_prefill_time_seconds", "5.0"), 3);
+  EXPECT_EQ(bucket(f, "vllm:request_decode_time_seconds", "2.5"), 2);
+  EXPECT_DOUBLE_EQ(value_of(f, "vllm:request_inference_time_seconds", "vllm:request_inference_time_seconds_sum"),
+                   0.25 + 0.05 + 4.0 + 3.0);
+
+  const std::string prompt = "vllm:request_prompt_tokens";
+  EXPECT_EQ(bucket(f, prompt, "5.0"), 0);
+  EXPECT_EQ(bucket(f, prompt, "10.0"), 2);  // 7 and 10
+  EXPECT_EQ(bucket(f, prompt, "100.0"), 2);
+  EXPECT_EQ(bucket(f, prompt, "+Inf"), 3);
+  EXPECT_EQ(value_of(f, prompt, prompt + "_sum"), 517);
+  EXPECT_EQ(bucket(f, "vllm:request_generation_tokens", "1.0"), 1);  // c: 0 tokens
+  EXPECT_EQ(bucket(f, "vllm:request_generation_tokens", "100.0"), 3);
+  EXPECT_EQ(value_of(f, "vllm:request_params_max_tokens", "vllm:request_params_max_tokens_count"), 2);
+  EXPECT_EQ(bucket(f, "vllm:request_params_max_tokens", "5.0"), 1);
+  EXPECT_EQ(bucket(f, "vllm:request_params_n", "1.0"), 2);
+  EXPECT_EQ(bucket(f, "vllm:request_params_n", "5.0"), 3);
+
+  EXPECT_EQ(value_of(f, "vllm:prompt_tokens_total", "vllm:prompt_tokens_total"), 517);
+  EXPECT_EQ(value_of(f, "vllm:generation_tokens_total", "vllm:generation_tokens_total"), 103);
+  const std::string success = "vllm:request_success_total";
+  EXPECT_EQ(value_of(f, success, success, {{"finished_reason", "stop"}}), 1);
+  EXPECT_EQ(value_of(f, success, success, {{"finished_reason", "length"}}), 1);
+  EXPECT_EQ(value_of(f, success, success, {{"finished_reason", "abort"}}), 1);
+  EXPECT_EQ(value_of(f, success, success, {{"finished_reason", "error"}}), 0);
+}
+
+TEST(ServerMetrics, EngineGaugesAndCountersComeFromTheSnapshot) {
+  ServerMetrics metrics("m");
+  EngineStats engine;
+  engine.running = 3;
+  engine.waiting = 2;
+  engine.kv_total_blocks = 100;
+  engine.kv_free_blocks = 25;
+  engine.prefix.queried_tokens = 640;
+  engine.prefix.hit_tokens = 320;
+  engine.preemptions = 4;
+  const auto f = parse_prometheus_text(metrics.render(engine));
+  EXPECT_EQ(value_of(f, "vllm:num_requests_running", "vllm:num_requests_running"), 3);
+  EXPECT_EQ(value_of(f, "vllm:num_requests_waiting", "vllm:num_requests_waiting"), 2);
+  EXPECT_DOUBLE_EQ(value_of(f, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc"), 0.75);
+  EXPECT_EQ(value_of(f, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries_total"), 640);
+  EXPECT_EQ(value_of(f, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits_total"), 320);
+  EXPECT_EQ(value_of(f, "vllm:num_preemptions_total", "vllm:num_preemptions_total"), 4);
+
+  engine.kv_free_blocks = 100;  // idle: cached but unreferenced blocks count as free
+  const auto idle = parse_prometheus_text(metrics.render(engine));
+  EXPECT_EQ(value_of(idle, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc"), 0.0);
+}
+
+TEST(ServerMetrics, LabelValuesAreEscapedAndReadBack) {
+  const std::string awkward = "org/model \"q4\" \\ v1\nnext";
+  ServerMetrics metrics(awkward);
+  metrics.record_rejection(429, "queue \"full\"");
+  const auto f = parse_prometheus_text(metrics.render(EngineStats{}));
+  for (const PromFamily& fam : f)
+    for (const PromSample& s : fam.samples) EXPECT_EQ(s.labels.at("model_name"), awkward);
+  EXPECT_EQ(value_of(f, "tessera:requests_rejected_total", "tessera:requests_rejected_total",
+                     {{"status", "429"}, {"reason", "queue \"full\""}}),
+            1);
+}
+
+TEST(ServerMetrics, RejectionsAreCountedByStatusAndReason) {
+  ServerMetrics metrics("m");
+  metrics.record_rejection(429, "queue_full");
+  metrics.record_rejection(429, "queue_full");
+  metrics.record_rejection(503, "draining");
+  metrics.record_rejection(400, "invalid_request");
+  const auto f = parse_prometheus_text(metrics.render(EngineStats{}));
+  const std::string name = "tessera:requests_rejected_total";
+  EXPECT_EQ(value_of(f, name, name, {{"status", "429"}, {"reason", "queue_full"}}), 2);
+  EXPECT_EQ(value_of(f, name, name, {{"status", "503"}, {"reason", "draining"}}), 1);
+  EXPECT_EQ(value_of(f, name, name, {{"status", "400"}, {"reason", "invalid_request"}}), 1);
+  EXPECT_EQ(family(f, name).samples.size(), 3u);
+}
+
+TEST(ServerMetrics, ConcurrentRecordsAndScrapesLoseNothing) {
+  ServerMetrics metrics("m");
+  constexpr int kThreads = 4, kPerThread = 1000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      RequestRecord r;
+      r.finish = FinishReason::Stop;
+      r.prompt_tokens = 2;
+      r.ttft_s = 0.5;
+      r.inter_token_s = {0.125};
+      for (int i = 0; i < kPerThread; ++i) metrics.record(r);
+    });
+  }
+  // Scrapes while recording must always parse.
+  threads.emplace_back([&] {
+    for (int i = 0; i < 20; ++i) EXPECT_NO_THROW(parse_prometheus_text(metrics.render(EngineStats{})));
+  });
+  for (auto& t : threads) t.join();
+  const auto f = parse_prometheus_text(metrics.render(EngineStats{}));
+  const double total = kThreads * kPerThread;
+  EXPECT_EQ(value_of(f, "vllm:request_success_total", "vllm:request_success_total", {{"finished_reason", "stop"}}),
+            total);
+  EXPECT_EQ(value_of(f, "vllm:prompt_tokens_total", "vllm:prompt_tokens_total"), 2 * total);
+  EXPECT_EQ(value_of(f, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count"), total);
+  EXPECT_EQ(value_of(f, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_sum"), 0.5 * total);
+  EXPECT_EQ(value_of(f, "vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_sum"), 0.125 * total);
+}
+
+TEST(ServerMetrics, RejectsAZeroContextLength) { EXPECT_THROW(ServerMetrics("m", 0), Error); }
+
+}  // namespace
+}  // namespace tessera
