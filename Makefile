@@ -3,7 +3,6 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 MODEL_DIR ?= $(HOME)/.cache/tessera/models
 DEFAULT_MODEL := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
-PROMPT ?= What are the three primary colors?
 
 .PHONY: all bootstrap build model test-models run test bench clean
 
@@ -26,10 +25,11 @@ model:
 test-models: model
 	@bash scripts/fetch-model.sh gemma3-270m
 
-# Until the server exists, the main job is one chat turn, spelled in the model's ChatML.
+# Serve the default model over the OpenAI API (and the chat page at /). HOST and PORT override.
+HOST ?= 127.0.0.1
+PORT ?= 8000
 run: build model
-	$(BUILD_DIR)/bin/tessera generate --model smollm2-135m --special --temperature 0 --max-tokens 96 \
-	  --prompt "$$(printf '<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n' "$(PROMPT)")"
+	$(BUILD_DIR)/bin/tessera serve --model smollm2-135m --host $(HOST) --port $(PORT)
 
 test: build test-models
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

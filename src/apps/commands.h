@@ -10,5 +10,6 @@ void add_tokenize(CLI::App& app);
 void add_info(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace tessera::apps

@@ -40,7 +40,20 @@ void EngineArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--kv-cache-memory", kv_cache_memory, "KV cache budget in bytes (suffix K, M, G); "
                                                         "default 40% of available memory");
   cmd.add_flag("--no-prefix-cache", no_prefix_cache, "disable prefix caching");
-  cmd.add_flag("--batch-invariant", batch_invariant, "pad forwards so outputs never depend on batching");
+  cmd.add_option("--preemption-mode", preemption_mode,
+                 "when KV blocks run out: recompute (free and recompute later) or swap (copy KV to host memory)")
+      ->check(CLI::IsMember({"recompute", "swap"}))
+      ->capture_default_str();
+  cmd.add_option("--swap-space", swap_space_gib, "host memory for swapped-out KV in GiB (--preemption-mode swap)")
+      ->check(CLI::Range(0.0, 1024.0))
+      ->capture_default_str();
+  cmd.add_option("--max-requests-per-tenant", max_requests_per_tenant, "requests in flight per tenant (0 = no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--max-tokens-per-tenant", max_tokens_per_tenant,
+                 "tokens in flight per tenant, prompt + max_tokens x n of each request (0 = no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 }
 
 namespace {
@@ -70,7 +83,14 @@ ModelEngineOptions EngineArgs::engine_options(const ModelArgs& model) const {
   o.scheduler.max_num_batched_tokens = max_num_batched_tokens;
   if (!kv_cache_memory.empty()) o.kv_cache_bytes = parse_bytes(kv_cache_memory);
   o.prefix_caching = !no_prefix_cache;
-  o.batch_invariant = batch_invariant;
+  if (preemption_mode == "swap") {
+    o.scheduler.preemption_mode = PreemptionMode::Swap;
+    o.swap_space_bytes = static_cast<int64_t>(swap_space_gib * 1024.0 * 1024.0 * 1024.0);
+  } else if (preemption_mode != "recompute") {
+    fail("--preemption-mode '", preemption_mode, "' is not one of recompute, swap");
+  }
+  o.admission.max_requests_per_tenant = max_requests_per_tenant;
+  o.admission.max_tokens_per_tenant = max_tokens_per_tenant;
   return o;
 }
 

@@ -22,13 +22,17 @@ struct ModelArgs {
   SessionOptions session_options() const;
 };
 
-// Options of the serving engine (scheduler, KV budget, prefix cache).
+// Options of the serving engine (scheduler, KV budget, prefix cache, preemption, per-tenant
+// admission limits).
 struct EngineArgs {
   int max_num_seqs = 32;
   int max_num_batched_tokens = 512;
   std::string kv_cache_memory;  // bytes, with K/M/G suffix; empty = a fraction of free memory
   bool no_prefix_cache = false;
-  bool batch_invariant = false;
+  std::string preemption_mode = "recompute";  // or "swap"
+  double swap_space_gib = 4;                  // host KV tier for swap mode
+  int max_requests_per_tenant = 0;            // 0 = no limit
+  int64_t max_tokens_per_tenant = 0;          // prompt + max_tokens x n in flight; 0 = no limit
 
   void add_to(CLI::App& cmd);
   struct ModelEngineOptions engine_options(const ModelArgs& model) const;

@@ -12,13 +12,21 @@ Engine::Engine(const EngineConfig& config, Executor& executor)
 
 Engine::~Engine() { stop(); }
 
+namespace {
+// What a request may hold of its tenant's token limit: its prompt and every choice's output.
+int64_t budget_tokens(const Request& r) {
+  return static_cast<int64_t>(r.prompt.size()) + static_cast<int64_t>(r.sampling.max_tokens) * r.n;
+}
+}  // namespace
+
 SubmitResult Engine::submit(Request request, std::function<void()> on_event) {
   SubmitResult result;
   if (auto invalid = core_.validate(request)) {  // reads the configuration only
     result.rejection = std::move(invalid);
     return result;
   }
-  if (auto refused = admission_.admit(request.tenant, static_cast<int64_t>(request.prompt.size()))) {
+  const auto n_prompt = static_cast<int64_t>(request.prompt.size());
+  if (auto refused = admission_.admit(request.tenant, n_prompt, budget_tokens(request))) {
     result.rejection = std::move(refused);
     return result;
   }
@@ -26,7 +34,7 @@ SubmitResult Engine::submit(Request request, std::function<void()> on_event) {
   {
     std::lock_guard lock(mutex_);
     if (stop_) {
-      admission_.finished(request.tenant, false, static_cast<int64_t>(request.prompt.size()));
+      admission_.finished(request.tenant, false, n_prompt, budget_tokens(request));
       result.stream.reset();
       result.rejection = Rejection{RejectReason::Draining, "the engine has stopped"};
       return result;
@@ -101,11 +109,12 @@ const EngineCore& Engine::core() const {
 void Engine::handle(Message& message) {
   switch (message.kind) {
     case Message::Kind::Add: {
-      Live live{message.stream, message.request.tenant, static_cast<int64_t>(message.request.prompt.size()), false};
+      Live live{message.stream, message.request.tenant, static_cast<int64_t>(message.request.prompt.size()),
+                budget_tokens(message.request), false, {}};
       try {
         core_.add(message.id, message.request);
       } catch (const std::exception& e) {  // validated at submit: only a bug gets here
-        admission_.finished(live.tenant, false, live.n_prompt);
+        admission_.finished(live.tenant, false, live.n_prompt, live.budget_tokens);
         message.stream->push(StreamEvent{0, -1, FinishReason::Error, e.what(), {}}, true);
         std::lock_guard lock(mutex_);
         --in_flight_;
@@ -115,8 +124,16 @@ void Engine::handle(Message& message) {
       live_.emplace(message.id, std::move(live));
       return;
     }
-    case Message::Kind::Abort: deliver(core_.abort(message.id), ""); return;
-    case Message::Kind::AbortAll: deliver(core_.abort_all(FinishReason::Abort), ""); return;
+    case Message::Kind::Abort: {
+      auto events = core_.abort(message.id);
+      deliver(events, "");
+      return;
+    }
+    case Message::Kind::AbortAll: {
+      auto events = core_.abort_all(FinishReason::Abort);
+      deliver(events, "");
+      return;
+    }
   }
 }
 
@@ -124,7 +141,7 @@ void Engine::end_all_live(const std::string& error) {
   for (auto& [id, live] : live_) {
     for (int c = 0; c < live.stream->n_choices(); ++c)
       live.stream->push(StreamEvent{c, -1, FinishReason::Error, error, {}}, c + 1 == live.stream->n_choices());
-    admission_.finished(live.tenant, live.started, live.n_prompt);
+    admission_.finished(live.tenant, live.started, live.n_prompt, live.budget_tokens);
   }
   std::lock_guard lock(mutex_);
   in_flight_ -= live_.size();
@@ -132,15 +149,35 @@ void Engine::end_all_live(const std::string& error) {
   idle_.notify_all();
 }
 
-void Engine::deliver(const std::vector<SeqEvent>& events, const std::string& error) {
+void Engine::publish_progress(const StepResult& step) {
+  for (const RequestStart& start : step.started) {
+    const auto it = live_.find(start.id);
+    if (it == live_.end()) continue;
+    Live& live = it->second;
+    live.started = true;
+    admission_.started(live.n_prompt);
+    live.progress.scheduled_at = start.scheduled_at;
+    live.progress.cached_prompt_tokens = start.cached_prompt_tokens;
+    live.stream->set_progress(live.progress);
+  }
+  for (const auto& [id, entries] : step.prompt_logprobs) {
+    const auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    it->second.progress.prompt_logprobs = entries;
+    it->second.stream->set_progress(it->second.progress);
+  }
+}
+
+void Engine::deliver(std::vector<SeqEvent>& events, const std::string& error) {
   size_t ended = 0;
-  for (const SeqEvent& e : events) {
+  for (SeqEvent& e : events) {
     const auto it = live_.find(e.request);
     if (it == live_.end()) continue;
-    StreamEvent out{e.choice, e.token, e.finish, e.finish == FinishReason::Error ? error : std::string(), {}};
+    StreamEvent out{e.choice, e.token, e.finish, e.finish == FinishReason::Error ? error : std::string(),
+                    std::move(e.logprobs)};
     it->second.stream->push(std::move(out), e.request_done);
     if (e.request_done) {
-      admission_.finished(it->second.tenant, it->second.started, it->second.n_prompt);
+      admission_.finished(it->second.tenant, it->second.started, it->second.n_prompt, it->second.budget_tokens);
       live_.erase(it);
       ++ended;
     }
@@ -172,7 +209,8 @@ void Engine::run() {
       for (Message& m : messages) handle(m);
       messages.clear();
       if (stopping) {
-        deliver(core_.abort_all(FinishReason::Abort), "");
+        auto events = core_.abort_all(FinishReason::Abort);
+        deliver(events, "");
         publish();
         return;
       }
@@ -181,12 +219,7 @@ void Engine::run() {
         continue;
       }
       StepResult step = core_.step();
-      for (RequestId id : step.started) {
-        const auto it = live_.find(id);
-        if (it == live_.end()) continue;
-        it->second.started = true;
-        admission_.started(it->second.n_prompt);
-      }
+      publish_progress(step);  // before the step's token events
       deliver(step.events, step.error);
       publish();
     } catch (const std::exception& e) {
@@ -199,7 +232,8 @@ void Engine::run() {
       admission_.set_draining(true);
       messages.clear();
       try {
-        deliver(core_.abort_all(FinishReason::Error), e.what());
+        auto events = core_.abort_all(FinishReason::Error);
+        deliver(events, e.what());
       } catch (const std::exception&) {
       }
       end_all_live(e.what());  // whatever the abort could not end

@@ -42,7 +42,9 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Thread-safe. Validates (400), applies admission limits (429) and draining (503) before
-  // returning; an accepted request is queued for the engine thread.
+  // returning; an accepted request is queued for the engine thread. The stream's
+  // progress() gets scheduled_at and cached_prompt_tokens when the request is first
+  // scheduled, and prompt_logprobs (if asked) before the first token event.
   // on_event: see RequestStream (called on the engine thread after every event).
   SubmitResult submit(Request request, std::function<void()> on_event = {});
   // Thread-safe. Ends the request at the next step boundary; unknown or finished ids are
@@ -78,12 +80,15 @@ class Engine {
     std::shared_ptr<RequestStream> stream;
     std::string tenant;
     int64_t n_prompt = 0;
+    int64_t budget_tokens = 0;  // prompt + max_tokens x n: the tenant's in-flight tokens
     bool started = false;
+    RequestProgress progress;   // as published to the stream
   };
 
   void run();
   void handle(Message& message);
-  void deliver(const std::vector<SeqEvent>& events, const std::string& error);
+  void deliver(std::vector<SeqEvent>& events, const std::string& error);
+  void publish_progress(const StepResult& step);
   void end_all_live(const std::string& error);
   void publish();
 

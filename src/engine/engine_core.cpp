@@ -18,18 +18,23 @@ Rejection invalid(Parts&&... parts) {
 EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
     : config_(config),
       executor_(executor),
-      kv_({.n_blocks = config.n_blocks, .block_size = config.block_size, .prefix_caching = config.prefix_caching}),
+      kv_({.n_blocks = config.n_blocks,
+           .block_size = config.block_size,
+           .prefix_caching = config.prefix_caching,
+           .n_host_blocks = config.n_host_blocks}),
       scheduler_(config.scheduler, kv_) {
   TESSERA_CHECK(config.vocab_size >= 1, "engine: vocabulary size ", config.vocab_size);
   TESSERA_CHECK(config.max_n >= 1, "engine: max_n ", config.max_n, " must be at least 1");
   TESSERA_CHECK(config.scheduler.max_num_batched_tokens <= executor.max_batch_tokens(), "engine: max_num_batched_tokens ",
                 config.scheduler.max_num_batched_tokens, " exceeds the executor's batch of ", executor.max_batch_tokens());
-  TESSERA_CHECK(config.scheduler.max_num_seqs <= executor.max_logits_rows(), "engine: max_num_seqs ",
-                config.scheduler.max_num_seqs, " exceeds the executor's ", executor.max_logits_rows(), " logits rows");
-  TESSERA_CHECK(config.min_forward_rows >= 0 && config.min_forward_rows <= executor.max_batch_tokens(),
-                "engine: min_forward_rows ", config.min_forward_rows, " is outside [0, ", executor.max_batch_tokens(), "]");
-  for (int i = 0; i < config.n_pad_blocks(); ++i) pad_seq_.blocks.push_back(config.n_blocks + i);
-  pad_tokens_.assign(config.min_forward_rows, 0);
+  TESSERA_CHECK(config.scheduler.logits_rows() <= executor.max_logits_rows(), "engine: ",
+                config.scheduler.logits_rows(), " logits rows a step (max_num_seqs ", config.scheduler.max_num_seqs,
+                ", max_logits_rows ", config.scheduler.max_logits_rows, ") exceed the executor's ",
+                executor.max_logits_rows());
+  TESSERA_CHECK(config.n_host_blocks <= executor.n_host_blocks(), "engine: a host KV tier of ", config.n_host_blocks,
+                " blocks but the executor has ", executor.n_host_blocks());
+  TESSERA_CHECK(config.scheduler.preemption_mode != PreemptionMode::Swap || config.n_host_blocks > 0,
+                "engine: swap preemption needs a host KV tier (swap space), which is empty");
 }
 
 EngineCore::~EngineCore() {
@@ -57,6 +62,8 @@ std::optional<Rejection> EngineCore::validate(const Request& r) const {
   } catch (const Error& e) {
     return invalid(e.what());
   }
+  if (!(r.prompt_logprobs >= -1 && r.prompt_logprobs <= SamplingParams::kMaxLogprobs))
+    return invalid("prompt_logprobs = ", r.prompt_logprobs, " is outside [-1, ", SamplingParams::kMaxLogprobs, "]");
   const int64_t n_prompt = static_cast<int64_t>(r.prompt.size());
   const int64_t total = n_prompt + r.sampling.max_tokens;
   const int max_len = config_.scheduler.max_model_len;
@@ -82,7 +89,10 @@ void EngineCore::add(RequestId id, const Request& r) {
   sr.stop.stop_token_ids = r.sampling.stop_token_ids;
   sr.stop.ignore_eos = r.sampling.ignore_eos;
   sr.prefix_root = prefix_root_hash({config_.model_fingerprint, r.adapter_id, r.tenant_salt});
+  sr.prompt_logits = r.prompt_logprobs >= 0;
   const SeqId first = scheduler_.add(std::move(sr));
+  if (r.logprobs || r.prompt_logprobs >= 0)
+    extras_[id] = Extras{r.logprobs, r.prompt_logprobs, static_cast<int32_t>(r.prompt.size()), {}, false};
   for (int c = 0; c < r.n; ++c) {
     SamplingParams p = r.sampling;
     if (p.seed) p.seed = *p.seed + static_cast<uint64_t>(c);
@@ -95,6 +105,7 @@ void EngineCore::forget_finished(const std::vector<SeqEvent>& events) {
     if (e.token >= 0) ++counters_.generated_tokens;
     if (e.finish != FinishReason::None) executor_.remove_sequence(e.seq);
     if (e.request_done) {
+      extras_.erase(e.request);
       // A request counts by how its last choice ended (an abort or error ends all that are left).
       if (e.finish == FinishReason::Error)
         ++counters_.requests_failed;
@@ -112,30 +123,98 @@ std::vector<SeqEvent> EngineCore::abort(RequestId id, FinishReason reason) {
   return events;
 }
 
+void EngineCore::build_batch(const SchedulerOutput& out) {
+  batch_.clear();
+  samples_.clear();
+  prompt_targets_.clear();
+  prompt_target_owner_.clear();
+  for (const ScheduledSeq& sc : out.seqs) {
+    const Sequence& s = scheduler_.sequence(sc.handle);
+    const int first_row = batch_.n_tokens();
+    batch_.add_sequence(s.kv.table, config_.block_size, s.tokens.data() + sc.n_computed, sc.n_new,
+                        ForwardBatch::Logits::None);
+    const auto extras = extras_.find(sc.request);
+    if (sc.n_prompt_rows() > 0) {
+      // Row of position p -> logprob of prompt token p + 1.
+      TESSERA_CHECK(extras != extras_.end() && extras->second.prompt_logprobs >= 0, "engine: request ", sc.request,
+                    " got prompt rows it did not ask for");
+      for (int32_t p = sc.prompt_rows_begin; p < sc.prompt_rows_end; ++p) {
+        const auto row = static_cast<int32_t>(batch_.logits_rows.size());
+        batch_.logits_rows.push_back(first_row + (p - sc.n_computed));
+        prompt_targets_.push_back({row, s.tokens[p + 1], extras->second.prompt_logprobs});
+        prompt_target_owner_.push_back(sc.request);
+      }
+    }
+    if (sc.sample_seqs.empty()) continue;
+    const auto row = static_cast<int32_t>(batch_.logits_rows.size());
+    batch_.logits_rows.push_back(first_row + sc.n_new - 1);
+    const bool logprobs = extras != extras_.end() && extras->second.logprobs;
+    for (SeqId id : sc.sample_seqs) samples_.push_back({row, id, logprobs});
+  }
+}
+
+void EngineCore::gather_prompt_logprobs(const SchedulerOutput& out, StepResult& result) {
+  TESSERA_CHECK(output_.prompt_logprobs.size() == prompt_targets_.size(), "engine: executor returned ",
+                output_.prompt_logprobs.size(), " prompt logprobs for ", prompt_targets_.size(), " rows");
+  for (size_t i = 0; i < prompt_targets_.size(); ++i)
+    extras_.at(prompt_target_owner_[i]).prompt.push_back(std::move(output_.prompt_logprobs[i]));
+  for (const ScheduledSeq& sc : out.seqs) {
+    const auto it = extras_.find(sc.request);
+    if (it == extras_.end()) continue;
+    Extras& x = it->second;
+    if (x.prompt_logprobs < 0 || x.published) continue;
+    TESSERA_CHECK(static_cast<int32_t>(x.prompt.size()) <= x.n_prompt - 1, "engine: request ", sc.request, " has ",
+                  x.prompt.size(), " prompt logprobs for a prompt of ", x.n_prompt, " tokens");
+    if (static_cast<int32_t>(x.prompt.size()) < x.n_prompt - 1) continue;
+    x.published = true;
+    result.prompt_logprobs.emplace_back(sc.request, std::make_shared<const std::vector<Logprobs>>(std::move(x.prompt)));
+    x.prompt = {};
+  }
+}
+
+void EngineCore::attach_logprobs(std::vector<SeqEvent>& events) const {
+  // update() emits exactly one event per sample target, in target order.
+  TESSERA_CHECK(events.size() == samples_.size(), "engine: ", events.size(), " events for ", samples_.size(),
+                " sampled tokens");
+  size_t next = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    TESSERA_CHECK(events[i].seq == samples_[i].seq, "engine: event ", i, " is for sequence ", events[i].seq,
+                  ", sampled for ", samples_[i].seq);
+    if (const auto it = extras_.find(events[i].request); it != extras_.end() && it->second.prompt_logprobs >= 0)
+      TESSERA_CHECK(it->second.published, "engine: request ", events[i].request,
+                    " got a token before its prompt logprobs were complete");
+    if (!samples_[i].logprobs) continue;
+    TESSERA_CHECK(next < output_.logprobs.size(), "engine: executor returned too few logprobs");
+    events[i].logprobs = output_.logprobs[next++];
+  }
+  TESSERA_CHECK(next == output_.logprobs.size(), "engine: executor returned ", output_.logprobs.size(),
+                " logprobs for ", next, " requested");
+}
+
 StepResult EngineCore::step() {
   StepResult result;
   if (!scheduler_.has_work()) return result;
+  const auto now = std::chrono::steady_clock::now();
   const SchedulerOutput out = scheduler_.schedule();
-  result.started = out.started;
-  if (out.empty()) return result;  // everything waits (cannot happen with a valid config)
-  batch_.clear();
-  samples_.clear();
-  for (const ScheduledSeq& sc : out.seqs) {
-    const Sequence& s = scheduler_.sequence(sc.handle);
-    const bool sample = !sc.sample_seqs.empty();
-    batch_.add_sequence(s.kv.table, config_.block_size, s.tokens.data() + sc.n_computed, sc.n_new,
-                        sample ? ForwardBatch::Logits::Last : ForwardBatch::Logits::None);
-    const int32_t row = static_cast<int32_t>(batch_.logits_rows.size()) - 1;
-    for (SeqId id : sc.sample_seqs) samples_.push_back({row, id});
+  for (RequestId id : out.started) {
+    RequestStart start{id, 0, now};
+    for (const ScheduledSeq& sc : out.seqs)
+      if (sc.request == id) start.cached_prompt_tokens = sc.n_computed;  // its first chunk starts after the hits
+    result.started.push_back(start);
   }
-  if (batch_.n_tokens() < config_.min_forward_rows)  // rows of its own, no logits
-    batch_.add_sequence(pad_seq_, config_.block_size, pad_tokens_.data(),
-                        config_.min_forward_rows - batch_.n_tokens(), ForwardBatch::Logits::None);
+  if (out.empty()) return result;  // everything waits (cannot happen with a valid config)
+  build_batch(out);
   try {
-    executor_.execute(StepInput{batch_, out.copies, samples_}, tokens_);
-    result.events = scheduler_.update(out, tokens_);
+    // Swap-outs read blocks that swap-ins, copies and the forward may then overwrite.
+    executor_.swap_out(out.swap_out);
+    executor_.swap_in(out.swap_in);
+    executor_.execute(StepInput{batch_, out.copies, samples_, prompt_targets_}, output_);
+    gather_prompt_logprobs(out, result);
+    result.events = scheduler_.update(out, output_.tokens);
+    attach_logprobs(result.events);
   } catch (const std::exception& e) {
     result.error = e.what();
+    result.prompt_logprobs.clear();
     result.events = scheduler_.fail(out);
   }
   counters_.block_copies += static_cast<int64_t>(out.copies.size());
@@ -150,8 +229,16 @@ EngineStats EngineCore::stats() const {
   s.steps = ss.steps;
   s.scheduled_tokens = ss.scheduled_tokens;
   s.preemptions = ss.preemptions;
+  s.swap_fallbacks = ss.swap_fallbacks;
   s.forks = ss.forks;
   s.prefix = kv_.stats();
+  const KvSwapStats& sw = kv_.swap_stats();
+  s.swaps_out = sw.swap_outs;
+  s.swaps_in = sw.swap_ins;
+  s.swap_out_bytes = sw.blocks_out * config_.kv_block_bytes;
+  s.swap_in_bytes = sw.blocks_in * config_.kv_block_bytes;
+  s.host_free_blocks = kv_.n_host_free();
+  s.host_total_blocks = kv_.n_host_blocks();
   s.waiting = scheduler_.n_waiting();
   s.running = scheduler_.n_running();
   s.kv_free_blocks = kv_.n_free();
@@ -163,8 +250,12 @@ void EngineCore::check_invariants() const {
   scheduler_.check_invariants();
   TESSERA_CHECK(executor_.n_sequences() == scheduler_.n_live_choices(), "engine invariant: executor holds ",
                 executor_.n_sequences(), " sequences for ", scheduler_.n_live_choices(), " live choices");
+  for (const auto& [id, x] : extras_)
+    TESSERA_CHECK(scheduler_.contains(id), "engine invariant: logprob state left for ended request ", id);
 }
 
-bool EngineCore::is_idle() const { return scheduler_.is_idle() && executor_.n_sequences() == 0; }
+bool EngineCore::is_idle() const {
+  return scheduler_.is_idle() && executor_.n_sequences() == 0 && extras_.empty();
+}
 
 }  // namespace tessera

@@ -2,8 +2,11 @@
 // The engine's single-threaded core: scheduler, KV block manager and an executor, advanced
 // one step at a time. Engine (engine.h) runs it on its own thread behind queues; tests and
 // the offline batch runner drive it directly. Contract: docs/design/engine-loop.md.
+#include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/executor.h"
@@ -15,30 +18,29 @@
 namespace tessera {
 
 struct EngineConfig {
-  SchedulerConfig scheduler;
+  SchedulerConfig scheduler;  // scheduler.preemption_mode Swap needs n_host_blocks > 0
   int n_blocks = 0;          // KV blocks (the executor's cache must have as many)
   int block_size = 16;
+  int n_host_blocks = 0;     // host tier for swap preemption (at most the executor's)
+  int64_t kv_block_bytes = 0;  // bytes of one block (all layers, K and V): for the swap byte counters
   bool prefix_caching = true;
   std::string model_fingerprint;  // part of every prefix key
   int32_t vocab_size = 0;
   int max_n = 16;            // most choices per request
   AdmissionLimits admission; // used by Engine
   bool check_invariants = false;  // after every step (tests): slow, throws on a broken one
-  // Pads every forward to at least this many rows with a throwaway sequence, for backends
-  // whose kernels change with the row count (the CPU matmul repacks weight panels from 8
-  // rows on, with a different summation order): every token is then computed the same way
-  // whatever the batch, and greedy outputs do not depend on batching. 0 = off. The padding
-  // sequence uses KV blocks [n_blocks, n_blocks + n_pad_blocks()), which the executor's
-  // cache must have in addition.
-  int min_forward_rows = 0;
-  int n_pad_blocks() const { return min_forward_rows > 0 ? (min_forward_rows + block_size - 1) / block_size : 0; }
 };
 
 struct EngineStats {
   int64_t steps = 0;
   int64_t scheduled_tokens = 0;
   int64_t generated_tokens = 0;
-  int64_t preemptions = 0;
+  int64_t preemptions = 0;       // recompute and swap
+  int64_t swaps_out = 0;         // sequences preempted by swapping their KV to the host tier
+  int64_t swaps_in = 0;          // sequences whose KV came back
+  int64_t swap_out_bytes = 0;    // bytes copied device -> host
+  int64_t swap_in_bytes = 0;     // bytes copied host -> device
+  int64_t swap_fallbacks = 0;    // swap mode, host tier full: recomputed instead
   int64_t forks = 0;
   int64_t block_copies = 0;
   int64_t requests_finished = 0;  // every choice stopped or hit its length
@@ -49,11 +51,24 @@ struct EngineStats {
   size_t running = 0;
   int kv_free_blocks = 0;
   int kv_total_blocks = 0;
+  int host_free_blocks = 0;
+  int host_total_blocks = 0;
+};
+
+// A request scheduled for the first time.
+struct RequestStart {
+  RequestId id = 0;
+  int32_t cached_prompt_tokens = 0;  // served from the prefix cache
+  std::chrono::steady_clock::time_point scheduled_at;  // when the step was scheduled
 };
 
 struct StepResult {
+  // Events carry the token's Logprobs when the request asked for them.
   std::vector<SeqEvent> events;
-  std::vector<RequestId> started;  // scheduled for the first time in this step
+  std::vector<RequestStart> started;
+  // Requests whose prompt logprobs (Request::prompt_logprobs) are complete, published once,
+  // in or before the step of their first token event: entries for positions 1..n_prompt-1.
+  std::vector<std::pair<RequestId, std::shared_ptr<const std::vector<Logprobs>>>> prompt_logprobs;
   std::string error;               // the step failed: its requests ended with Error
 };
 
@@ -69,6 +84,7 @@ class EngineCore {
   // from any thread.
   std::optional<Rejection> validate(const Request& request) const;
   // Queues a request (validate() first: throws tessera::Error with its message otherwise).
+  // Request::logprobs and prompt_logprobs are honoured here.
   void add(RequestId id, const Request& request);
   // Ends the request's choices now (FinishReason::Abort) and frees its KV.
   std::vector<SeqEvent> abort(RequestId id, FinishReason reason = FinishReason::Abort);
@@ -87,6 +103,17 @@ class EngineCore {
   bool is_idle() const;
 
  private:
+  // What a request asked for besides tokens (only requests that asked have an entry).
+  struct Extras {
+    bool logprobs = false;
+    int32_t prompt_logprobs = -1;  // k, or -1
+    int32_t n_prompt = 0;
+    std::vector<Logprobs> prompt;  // entries so far, for positions 1, 2, ...
+    bool published = false;
+  };
+  void build_batch(const SchedulerOutput& out);
+  void attach_logprobs(std::vector<SeqEvent>& events) const;
+  void gather_prompt_logprobs(const SchedulerOutput& out, StepResult& result);
   void forget_finished(const std::vector<SeqEvent>& events);
 
   EngineConfig config_;
@@ -95,9 +122,10 @@ class EngineCore {
   Scheduler scheduler_;
   ForwardBatch batch_;
   std::vector<SampleTarget> samples_;
-  std::vector<int32_t> tokens_;
-  SequenceBlocks pad_seq_;          // the padding sequence's blocks (min_forward_rows)
-  std::vector<int32_t> pad_tokens_;
+  std::vector<PromptLogprobTarget> prompt_targets_;
+  std::vector<RequestId> prompt_target_owner_;  // [prompt_targets_]
+  StepOutput output_;
+  std::unordered_map<RequestId, Extras> extras_;
   EngineStats counters_;
 };
 

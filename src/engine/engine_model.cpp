@@ -4,7 +4,6 @@
 #include <numeric>
 #include <sstream>
 
-#include "backend/cpu/matmul_kernels.h"
 #include "core/error.h"
 #include "kv/kv_host_ops.h"
 #include "tokenizer/tokenizer.h"
@@ -17,7 +16,10 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   // the weights and the runner's activations (sized for a full step) exist.
   o.session.ctx = o.session.block_size;
   o.session.max_batch_tokens = sc.max_num_batched_tokens;
-  o.session.max_logits = sc.max_num_seqs;
+  TESSERA_CHECK(o.prompt_logprob_rows >= 0, "prompt logprob rows ", o.prompt_logprob_rows, " is negative");
+  if (sc.max_logits_rows <= 0)
+    sc.max_logits_rows = std::min(sc.max_num_seqs + o.prompt_logprob_rows, std::max(sc.max_num_batched_tokens, sc.max_num_seqs));
+  o.session.max_logits = sc.max_logits_rows;
   session_ = std::make_unique<Session>(o.session);
   const ModelConfig& mc = session_->config();
   if (sc.max_model_len <= 0) sc.max_model_len = std::min(mc.n_ctx_train > 0 ? mc.n_ctx_train : 4096, 8192);
@@ -45,14 +47,16 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   if (o.max_kv_blocks > 0) spec.n_blocks = std::min(spec.n_blocks, o.max_kv_blocks);
   config_.block_size = spec.block_size;
   config_.n_blocks = spec.n_blocks;
-  // From this many rows on the CPU matmul takes its panel kernels for every row.
-  config_.min_forward_rows = o.batch_invariant ? static_cast<int>(mm::kPanelMinRows) : 0;
-  KvCacheSpec storage = spec;
-  storage.n_blocks += config_.n_pad_blocks();  // the padding sequence's blocks, after the pool's
-  kv_ = std::make_unique<KvCache>(session_->backend(), storage);
+  config_.kv_block_bytes = kv_block_bytes(spec);
+  TESSERA_CHECK(o.swap_space_bytes >= 0, "swap space of ", o.swap_space_bytes, " bytes is negative");
+  config_.n_host_blocks = static_cast<int>(std::min<int64_t>(o.swap_space_bytes / config_.kv_block_bytes, 1 << 30));
+  if (sc.preemption_mode == PreemptionMode::Swap)
+    TESSERA_CHECK(config_.n_host_blocks > 0, "swap preemption needs swap space for at least one KV block of ",
+                  config_.kv_block_bytes, " bytes (got ", o.swap_space_bytes, ")");
+  kv_ = std::make_unique<KvCache>(session_->backend(), spec);
 
   executor_ = std::make_unique<ModelExecutor>(session_->model(), *kv_, session_->backend(), sc.max_num_batched_tokens,
-                                              sc.max_num_seqs);
+                                              sc.max_logits_rows, config_.n_host_blocks);
   config_.scheduler = sc;
   config_.prefix_caching = o.prefix_caching;
   std::ostringstream fp;

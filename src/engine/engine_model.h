@@ -12,7 +12,9 @@ namespace tessera {
 
 struct ModelEngineOptions {
   SessionOptions session;       // model, backend, kv_dtype, block_size (ctx, batch sizes are set here)
-  SchedulerConfig scheduler;    // max_model_len 0 = the trained context, at most 8192
+  // max_model_len 0 = the trained context, at most 8192; max_logits_rows 0 = max_num_seqs +
+  // prompt_logprob_rows; preemption_mode Swap needs swap_space_bytes.
+  SchedulerConfig scheduler;
   int64_t kv_cache_bytes = 0;   // KV budget; 0 = kv_memory_fraction of the memory available
   double kv_memory_fraction = 0.4;
   int max_kv_blocks = 0;        // cap on the pool (tests); 0 = none
@@ -20,10 +22,11 @@ struct ModelEngineOptions {
   AdmissionLimits admission;
   int max_n = 16;
   bool warmup = true;           // one forward of max_num_batched_tokens tokens before serving
-  // Greedy outputs independent of batching, at a cost for small batches: every forward is
-  // padded to the row count where the CPU matmul's kernels stop changing
-  // (EngineConfig::min_forward_rows).
-  bool batch_invariant = false;
+  // Host memory for swap preemption's KV tier (whole blocks); 0 = none.
+  int64_t swap_space_bytes = 0;
+  // Logits rows per forward beyond max_num_seqs, for prompt-logprob prefill chunks (each
+  // needs a row per prompt token); costs rows x vocabulary x 4 bytes twice.
+  int prompt_logprob_rows = 64;
 };
 
 class ModelEngine {

@@ -1,13 +1,15 @@
 #pragma once
-// The executor runs one step for the engine: block copies (copy-on-write), one
-// variable-length forward, and sampling. Two implementations: ModelExecutor (a real model on
-// a backend, executor_model.h) and SimulatedExecutor (a cost model, simulator.h).
+// The executor runs one step for the engine: KV moves to and from the host tier (swap
+// preemption), block copies (copy-on-write), one variable-length forward, sampling and
+// log-probabilities. Two implementations: ModelExecutor (a real model on a backend,
+// executor_model.h) and SimulatedExecutor (a cost model, simulator.h).
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "kv/block_manager.h"
 #include "model/model.h"
+#include "sample/sampler.h"  // Logprobs
 #include "sample/sampling_params.h"
 #include "sched/sequence.h"
 
@@ -18,12 +20,28 @@ namespace tessera {
 struct SampleTarget {
   int32_t row = 0;
   SeqId seq = 0;
+  bool logprobs = false;  // also report the token's logprob and the sequence's n_logprobs alternatives
+};
+
+// The logprob of `token` under logits row `row`, with the n_top most likely alternatives
+// (raw distribution): one prompt token of a prompt-logprob request.
+struct PromptLogprobTarget {
+  int32_t row = 0;
+  int32_t token = 0;
+  int32_t n_top = 0;
 };
 
 struct StepInput {
   const ForwardBatch& batch;
   std::span<const BlockCopy> copies;    // done before the forward, in order
   std::span<const SampleTarget> samples;
+  std::span<const PromptLogprobTarget> prompt_logprobs = {};
+};
+
+struct StepOutput {
+  std::vector<int32_t> tokens;            // one per sample target
+  std::vector<Logprobs> logprobs;         // one per sample target with logprobs, in order
+  std::vector<Logprobs> prompt_logprobs;  // one per prompt target, in order
 };
 
 class Executor {
@@ -34,11 +52,19 @@ class Executor {
   virtual void add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) = 0;
   virtual void remove_sequence(SeqId seq) = 0;
   virtual size_t n_sequences() const = 0;
-  // Runs the step; writes one token per sample target into `tokens` (resized).
-  virtual void execute(const StepInput& input, std::vector<int32_t>& tokens) = 0;
+  // Runs the step; fills `output` (cleared first).
+  virtual void execute(const StepInput& input, StepOutput& output) = 0;
   // The largest batch one forward takes (tokens, and logits rows).
   virtual int max_batch_tokens() const = 0;
   virtual int max_logits_rows() const = 0;
+
+  // Swap preemption. The host tier's slots (0 = the executor cannot swap); the engine calls
+  // swap_out then swap_in, each with its step's moves in order, before execute(). A move
+  // out copies device block -> host slot, a move in host slot -> device block, on every
+  // layer of K and V. The CPU backend memcpys; a device backend copies across the bus.
+  virtual int n_host_blocks() const { return 0; }
+  virtual void swap_out(std::span<const BlockSwap> swaps);
+  virtual void swap_in(std::span<const BlockSwap> swaps);
 };
 
 }  // namespace tessera

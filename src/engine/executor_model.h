@@ -1,12 +1,15 @@
 #pragma once
-// The real executor: copy-on-write block copies on the KV storage, one forward of the
-// step's variable-length batch, then one Sampler per sequence over its logits row.
+// The real executor: swap moves and copy-on-write block copies on the KV storage, one
+// forward of the step's variable-length batch, then one Sampler per sequence over its
+// logits row, and the log-probabilities requests asked for.
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/executor.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_host_ops.h"
 #include "model/model.h"
 #include "sample/sampler.h"
 
@@ -16,15 +19,20 @@ class ModelExecutor final : public Executor {
  public:
   // model was built for max_batch_tokens tokens and max_logits_rows logits rows per
   // forward (create_model's arguments). kv is the cache the engine's block ids index; the
-  // backend must keep it in host memory (CPU), where block copies are memcpy.
-  ModelExecutor(Model& model, KvCache& kv, Backend& backend, int max_batch_tokens, int max_logits_rows);
+  // backend must keep it in host memory (CPU), where block copies and swaps are memcpy.
+  // n_host_blocks: slots of the host tier for swap preemption (0 = none).
+  ModelExecutor(Model& model, KvCache& kv, Backend& backend, int max_batch_tokens, int max_logits_rows,
+                int n_host_blocks = 0);
 
   void add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) override;
   void remove_sequence(SeqId seq) override;
   size_t n_sequences() const override { return samplers_.size(); }
-  void execute(const StepInput& input, std::vector<int32_t>& tokens) override;
+  void execute(const StepInput& input, StepOutput& output) override;
   int max_batch_tokens() const override { return max_batch_tokens_; }
   int max_logits_rows() const override { return max_logits_rows_; }
+  int n_host_blocks() const override { return host_ ? host_->n_slots() : 0; }
+  void swap_out(std::span<const BlockSwap> swaps) override;
+  void swap_in(std::span<const BlockSwap> swaps) override;
 
  private:
   Model& model_;
@@ -32,6 +40,7 @@ class ModelExecutor final : public Executor {
   int32_t n_vocab_;
   int max_batch_tokens_;
   int max_logits_rows_;
+  std::unique_ptr<HostKvTier> host_;
   std::unordered_map<SeqId, Sampler> samplers_;
   std::vector<float> logits_;  // [rows, n_vocab]
   std::vector<float> row_;     // [n_vocab] a row sampled by several sequences

@@ -35,11 +35,57 @@ SimulatedExecutor::SimulatedExecutor(const SimulatorConfig& config) : config_(co
   const size_t slots = static_cast<size_t>(config.n_blocks) * config.block_size;
   kv_.assign(slots, 0);
   written_.assign(slots, 0);
+  TESSERA_CHECK(config.n_host_blocks >= 0, "simulator: host tier of ", config.n_host_blocks, " blocks");
+  host_kv_.assign(static_cast<size_t>(config.n_host_blocks) * config.block_size, 0);
+  host_written_.assign(host_kv_.size(), 0);
 }
 
 void SimulatedExecutor::add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t>) {
-  TESSERA_CHECK(!seeds_.count(seq), "simulator: sequence ", seq, " added twice");
-  seeds_[seq] = sampling_seed(params, seq);
+  TESSERA_CHECK(!seqs_.count(seq), "simulator: sequence ", seq, " added twice");
+  seqs_[seq] = SeqState{sampling_seed(params, seq), params.n_logprobs};
+}
+
+void SimulatedExecutor::check_swap(const BlockSwap& s) const {
+  TESSERA_CHECK(s.device >= 0 && s.device < config_.n_blocks && s.host >= 0 && s.host < config_.n_host_blocks,
+                "simulator: bad swap of block ", s.device, " <-> host slot ", s.host);
+}
+
+void SimulatedExecutor::swap_out(std::span<const BlockSwap> swaps) {
+  const int bs = config_.block_size;
+  for (const BlockSwap& s : swaps) {
+    check_swap(s);
+    for (int i = 0; i < bs; ++i) {
+      host_kv_[s.host * bs + i] = kv_[s.device * bs + i];
+      host_written_[s.host * bs + i] = written_[s.device * bs + i];
+    }
+  }
+  n_swapped_out_ += static_cast<int64_t>(swaps.size());
+}
+
+void SimulatedExecutor::swap_in(std::span<const BlockSwap> swaps) {
+  const int bs = config_.block_size;
+  for (const BlockSwap& s : swaps) {
+    check_swap(s);
+    for (int i = 0; i < bs; ++i) {
+      kv_[s.device * bs + i] = host_kv_[s.host * bs + i];
+      written_[s.device * bs + i] = host_written_[s.host * bs + i];
+      host_written_[s.host * bs + i] = 0;  // a slot read before it is written again is an error
+    }
+  }
+  n_swapped_in_ += static_cast<int64_t>(swaps.size());
+}
+
+Logprobs SimulatedExecutor::fake_logprobs(uint64_t value, int32_t token, int32_t n_top) const {
+  const auto lp = [&](int32_t t) {
+    return -static_cast<double>(mix(value ^ mix(static_cast<uint64_t>(t) + 17)) % 100000) / 1000.0;
+  };
+  Logprobs out;
+  out.chosen = {token, lp(token)};
+  for (int32_t j = 0; j < n_top; ++j) {
+    const auto t = static_cast<int32_t>(mix(value + static_cast<uint64_t>(j)) % static_cast<uint64_t>(config_.vocab_size));
+    out.top.push_back({t, lp(t)});
+  }
+  return out;
 }
 
 uint64_t SimulatedExecutor::sampling_seed(const SamplingParams& params, SeqId seq) {
@@ -47,7 +93,7 @@ uint64_t SimulatedExecutor::sampling_seed(const SamplingParams& params, SeqId se
 }
 
 void SimulatedExecutor::remove_sequence(SeqId seq) {
-  TESSERA_CHECK(seeds_.erase(seq) == 1, "simulator: removing unknown sequence ", seq);
+  TESSERA_CHECK(seqs_.erase(seq) == 1, "simulator: removing unknown sequence ", seq);
 }
 
 int32_t SimulatedExecutor::token_after(uint64_t value, uint64_t seed) const {
@@ -64,7 +110,7 @@ uint64_t SimulatedExecutor::context_value(std::span<const int32_t> tokens) {
   return v;
 }
 
-void SimulatedExecutor::execute(const StepInput& in, std::vector<int32_t>& tokens) {
+void SimulatedExecutor::execute(const StepInput& in, StepOutput& out) {
   const ForwardBatch& b = in.batch;
   const int bs = config_.block_size;
   const int n_slots = static_cast<int>(kv_.size());
@@ -106,14 +152,25 @@ void SimulatedExecutor::execute(const StepInput& in, std::vector<int32_t>& token
       written_[b.slot_mapping[r]] = 1;
     }
   }
-  tokens.resize(in.samples.size());
+  TESSERA_CHECK(static_cast<int>(b.logits_rows.size()) <= config_.max_logits_rows, "simulator: ",
+                b.logits_rows.size(), " logits rows over ", config_.max_logits_rows);
+  const auto row_value = [&](int32_t row) {
+    TESSERA_CHECK(row >= 0 && row < static_cast<int>(b.logits_rows.size()), "simulator: logits row ", row, " of ",
+                  b.logits_rows.size());
+    return kv_[b.slot_mapping[b.logits_rows[row]]];
+  };
+  out.prompt_logprobs.clear();
+  for (const PromptLogprobTarget& t : in.prompt_logprobs)
+    out.prompt_logprobs.push_back(fake_logprobs(row_value(t.row), t.token, t.n_top));
+  out.logprobs.clear();
+  out.tokens.resize(in.samples.size());
   for (size_t i = 0; i < in.samples.size(); ++i) {
     const SampleTarget& t = in.samples[i];
-    TESSERA_CHECK(t.row >= 0 && t.row < static_cast<int>(b.logits_rows.size()), "simulator: sample row ", t.row,
-                  " of ", b.logits_rows.size());
-    const auto it = seeds_.find(t.seq);
-    TESSERA_CHECK(it != seeds_.end(), "simulator: sampling unknown sequence ", t.seq);
-    tokens[i] = token_after(kv_[b.slot_mapping[b.logits_rows[t.row]]], it->second);
+    const auto it = seqs_.find(t.seq);
+    TESSERA_CHECK(it != seqs_.end(), "simulator: sampling unknown sequence ", t.seq);
+    const uint64_t value = row_value(t.row);
+    out.tokens[i] = token_after(value, it->second.seed);
+    if (t.logprobs) out.logprobs.push_back(fake_logprobs(value, out.tokens[i], it->second.n_logprobs));
   }
   const double dt = config_.cost.step_seconds(b);
   elapsed_s_ += dt;

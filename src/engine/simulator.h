@@ -11,6 +11,8 @@
 // still needed changes the output — and the tests compare outputs against runs alone.
 // Greedy sequences (temperature 0) get the same tokens for the same context; others mix
 // their seed in. The batch's structure (positions, slots, KV lengths) is checked too.
+// Log-probabilities are stand-ins derived the same way (fake_logprobs), and swaps move the
+// values to a host tier of its own and back, so a lost or misplaced swap changes outputs.
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -33,6 +35,7 @@ struct SimulatorConfig {
   int32_t vocab_size = 32000;
   int n_blocks = 0;     // the KV layout the engine uses
   int block_size = 16;
+  int n_host_blocks = 0;  // host tier for swap preemption
   int32_t eos_token = -1;  // when >= 0 and eos_one_in > 0: emitted about once in eos_one_in tokens
   int eos_one_in = 0;
   CostModel cost;
@@ -47,10 +50,13 @@ class SimulatedExecutor final : public Executor {
 
   void add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) override;
   void remove_sequence(SeqId seq) override;
-  size_t n_sequences() const override { return seeds_.size(); }
-  void execute(const StepInput& input, std::vector<int32_t>& tokens) override;
+  size_t n_sequences() const override { return seqs_.size(); }
+  void execute(const StepInput& input, StepOutput& output) override;
   int max_batch_tokens() const override { return config_.max_batch_tokens; }
   int max_logits_rows() const override { return config_.max_logits_rows; }
+  int n_host_blocks() const override { return config_.n_host_blocks; }
+  void swap_out(std::span<const BlockSwap> swaps) override;
+  void swap_in(std::span<const BlockSwap> swaps) override;
 
   double elapsed_seconds() const { return elapsed_s_; }  // modeled time of all steps so far
   int64_t n_steps() const { return n_steps_; }
@@ -60,12 +66,26 @@ class SimulatedExecutor final : public Executor {
   int32_t token_after(uint64_t value, uint64_t seed) const;
   // The value chain of a context computed directly (the reference for tests).
   static uint64_t context_value(std::span<const int32_t> tokens);
+  // The stand-in log-probabilities of `token` after a context whose last value is `value`,
+  // with n_top alternatives: what a logits row would give, as a function of the context.
+  Logprobs fake_logprobs(uint64_t value, int32_t token, int32_t n_top) const;
+  int64_t n_swapped_out_blocks() const { return n_swapped_out_; }
+  int64_t n_swapped_in_blocks() const { return n_swapped_in_; }
 
  private:
+  struct SeqState {
+    uint64_t seed = 0;  // 0 for greedy
+    int32_t n_logprobs = 0;
+  };
+  void check_swap(const BlockSwap& s) const;
+
   SimulatorConfig config_;
   std::vector<uint64_t> kv_;      // [n_blocks * block_size]
   std::vector<uint8_t> written_;  // slot written at least once
-  std::unordered_map<SeqId, uint64_t> seeds_;  // 0 for greedy
+  std::vector<uint64_t> host_kv_;  // [n_host_blocks * block_size]
+  std::vector<uint8_t> host_written_;
+  int64_t n_swapped_out_ = 0, n_swapped_in_ = 0;
+  std::unordered_map<SeqId, SeqState> seqs_;
   double elapsed_s_ = 0;
   int64_t n_steps_ = 0;
 };

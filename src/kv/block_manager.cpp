@@ -22,6 +22,10 @@ KvBlockManager::KvBlockManager(const Config& config)
   }
   free_stack_.reserve(n);
   for (int32_t b = n - 1; b >= 0; --b) free_stack_.push_back(b);  // block 0 is handed out first
+  TESSERA_CHECK(config.n_host_blocks >= 0, "KV block manager: negative host tier of ", config.n_host_blocks,
+                " blocks");
+  host_used_.assign(config.n_host_blocks, 0);
+  for (int32_t h = config.n_host_blocks - 1; h >= 0; --h) host_free_.push_back(h);
 }
 
 std::span<const int32_t> KvBlockManager::stored_tokens(int32_t block) const {
@@ -127,10 +131,54 @@ void KvBlockManager::fork(const SeqKv& parent, SeqKv& child) {
 
 void KvBlockManager::free(SeqKv& kv) {
   for (auto it = kv.table.blocks.rbegin(); it != kv.table.blocks.rend(); ++it) release(*it);
+  for (int32_t h : kv.host_blocks) {
+    TESSERA_CHECK(h >= 0 && h < n_host_blocks() && host_used_[h], "KV: free of unused host slot ", h);
+    host_used_[h] = 0;
+    host_free_.push_back(h);
+  }
+  kv.host_blocks.clear();
   kv.table.blocks.clear();
   kv.table.n_tokens = 0;
   kv.hashes.clear();
   kv.n_registered = 0;
+}
+
+bool KvBlockManager::swap_out(SeqKv& kv, std::vector<BlockSwap>& swaps) {
+  TESSERA_CHECK(!kv.swapped(), "KV: swap-out of a sequence already swapped out");
+  const int n = kv.n_blocks();
+  if (n == 0 || n > n_host_free()) return false;
+  for (int32_t b : kv.table.blocks) {
+    const int32_t h = host_free_.back();
+    host_free_.pop_back();
+    host_used_[h] = 1;
+    kv.host_blocks.push_back(h);
+    swaps.push_back({b, h});
+  }
+  for (auto it = kv.table.blocks.rbegin(); it != kv.table.blocks.rend(); ++it) release(*it);
+  kv.table.blocks.clear();  // n_tokens, hashes stay: the KV still exists, on the host
+  ++swap_stats_.swap_outs;
+  swap_stats_.blocks_out += n;
+  return true;
+}
+
+bool KvBlockManager::swap_in(SeqKv& kv, std::vector<BlockSwap>& swaps) {
+  TESSERA_CHECK(kv.swapped() && kv.table.blocks.empty(), "KV: swap-in of a sequence that is not swapped out");
+  TESSERA_CHECK(static_cast<int>(kv.host_blocks.size()) == blocks_for(kv.table.n_tokens), "KV: swapped sequence has ",
+                kv.host_blocks.size(), " host blocks for ", kv.table.n_tokens, " tokens");
+  const int n = static_cast<int>(kv.host_blocks.size());
+  if (n > n_free()) return false;
+  for (int32_t h : kv.host_blocks) {
+    const int32_t b = take_block();
+    kv.table.blocks.push_back(b);
+    swaps.push_back({b, h});
+    host_used_[h] = 0;
+    host_free_.push_back(h);
+  }
+  kv.host_blocks.clear();
+  kv.n_registered = 0;  // fresh blocks: offer them to the index again
+  ++swap_stats_.swap_ins;
+  swap_stats_.blocks_in += n;
+  return true;
 }
 
 int32_t KvBlockManager::take_block() {
@@ -218,10 +266,20 @@ void KvBlockManager::check_invariants() const {
   }
   for (const auto& [key, b] : index_)
     TESSERA_CHECK(cached_[b] && key_[b] == key, "KV invariant: index entry for block ", b, " is stale");
+  std::vector<uint8_t> host_seen(n_host_blocks(), 0);
+  for (int32_t h : host_free_) {
+    TESSERA_CHECK(h >= 0 && h < n_host_blocks() && !host_seen[h] && !host_used_[h], "KV invariant: host slot ", h,
+                  " listed free twice or while used");
+    host_seen[h] = 1;
+  }
+  const auto n_used = std::count(host_used_.begin(), host_used_.end(), 1);
+  TESSERA_CHECK(n_used + n_host_free() == n_host_blocks(), "KV invariant: ", n_used, " host slots used + ",
+                n_host_free(), " free != ", n_host_blocks());
 }
 
 bool KvBlockManager::is_whole() const {
-  return n_free() == n_blocks() && std::all_of(ref_.begin(), ref_.end(), [](int32_t r) { return r == 0; });
+  return n_free() == n_blocks() && std::all_of(ref_.begin(), ref_.end(), [](int32_t r) { return r == 0; }) &&
+         n_host_free() == n_host_blocks();
 }
 
 int KvPlan::ref(int32_t b) const {
@@ -251,6 +309,14 @@ bool KvPlan::reserve(const SeqKv& kv, std::span<const int32_t> hits, int n_new) 
   free_ -= revived + fresh;
   for (int32_t b : hits) ++delta_[b];
   for (int32_t b : copied) --delta_[b];  // not credited to free_: see the class comment
+  return true;
+}
+
+bool KvPlan::swap_out(const SeqKv& kv) {
+  const int n = kv.n_blocks();
+  if (n == 0 || n > host_free_) return false;
+  host_free_ -= n;
+  release(kv);
   return true;
 }
 

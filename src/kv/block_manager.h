@@ -10,6 +10,11 @@
 //     them without recomputation.
 // A block with reference count > 1 is never written: a write into a shared block copies it
 // first (copy-on-write), and the copy is returned to the caller to perform on the KV storage.
+//
+// Swap preemption: a second, host-memory tier of n_host_blocks slots (block-granular, its own
+// free list). swap_out moves a sequence's computed KV to host slots and frees its device
+// blocks; swap_in takes fresh device blocks and brings it back. Like copies, the moves are
+// returned as lists for the executor to perform.
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -27,9 +32,27 @@ struct SeqKv {
   BlockHash root;                 // chain root over the extra keys
   std::vector<BlockHash> hashes;  // keys of the leading full blocks known so far
   int n_registered = 0;           // leading blocks already offered to the prefix index
+  // Swapped out: the computed tokens' KV is in these host slots (block i of the sequence in
+  // host_blocks[i]) and table.blocks is empty; table.n_tokens still counts it.
+  std::vector<int32_t> host_blocks;
 
   int n_computed() const { return table.n_tokens; }
   int n_blocks() const { return static_cast<int>(table.blocks.size()); }
+  bool swapped() const { return !host_blocks.empty(); }
+};
+
+// "Move block `device` to or from host slot `host` on every layer" (swap preemption).
+struct BlockSwap {
+  int32_t device = -1;
+  int32_t host = -1;
+  bool operator==(const BlockSwap&) const = default;
+};
+
+struct KvSwapStats {
+  int64_t swap_outs = 0;    // sequences moved to the host tier
+  int64_t swap_ins = 0;     // sequences brought back
+  int64_t blocks_out = 0;   // blocks copied device -> host
+  int64_t blocks_in = 0;    // blocks copied host -> device
 };
 
 // "Copy block src to dst on every layer" — planned by the manager, done by the executor
@@ -56,6 +79,7 @@ class KvBlockManager {
     int n_blocks = 0;
     int block_size = 16;
     bool prefix_caching = true;
+    int n_host_blocks = 0;  // host tier for swap preemption; 0 = none
   };
   explicit KvBlockManager(const Config& config);
 
@@ -68,6 +92,10 @@ class KvBlockManager {
   int ref_count(int32_t block) const { return ref_[block]; }
   bool is_cached(int32_t block) const { return cached_[block] != 0; }
   const PrefixCacheStats& stats() const { return stats_; }
+  const KvSwapStats& swap_stats() const { return swap_stats_; }
+  int n_host_blocks() const { return static_cast<int>(host_used_.size()); }
+  int n_host_free() const { return static_cast<int>(host_free_.size()); }
+  bool host_used(int32_t slot) const { return host_used_[slot] != 0; }
   // Blocks needed to hold n tokens.
   int blocks_for(int n_tokens) const { return (n_tokens + block_size_ - 1) / block_size_; }
 
@@ -96,12 +124,23 @@ class KvBlockManager {
   // child shares every block of parent (one more reference each) and its computed count.
   void fork(const SeqKv& parent, SeqKv& child);
   // Gives every block of the sequence back (last block first, so the head of a prefix
-  // stays cached longest) and empties it.
+  // stays cached longest), and its host slots if swapped, and empties it.
   void free(SeqKv& kv);
+
+  // Moves the sequence's KV to host slots, all or nothing: false and no change when the
+  // host tier has fewer free slots than the sequence has blocks (or it has none). Appends
+  // {device, host} moves to `swaps` (the executor copies them before any block they free
+  // is written), then releases the device blocks. The computed count and keys stay.
+  bool swap_out(SeqKv& kv, std::vector<BlockSwap>& swaps);
+  // Brings a swapped sequence back into fresh device blocks, all or nothing (false and no
+  // change when too few are free); appends {device, host} moves and frees the host slots.
+  // Its full blocks are offered to the prefix index again by the next cache_full_blocks
+  // (a key still indexed in another block is not entered twice).
+  bool swap_in(SeqKv& kv, std::vector<BlockSwap>& swaps);
 
   // Throws naming the first broken invariant of the pool's own bookkeeping.
   void check_invariants() const;
-  // Every block free and unreferenced.
+  // Every block free and unreferenced, every host slot free.
   bool is_whole() const;
 
  private:
@@ -125,6 +164,9 @@ class KvBlockManager {
   int lru_size_ = 0;
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
   PrefixCacheStats stats_;
+  std::vector<uint8_t> host_used_;  // [n_host_blocks]
+  std::vector<int32_t> host_free_;  // free host slots, a stack
+  KvSwapStats swap_stats_;
 };
 
 // A plan's what-if view of the pool: reference-count deltas and the free count, so that a
@@ -133,19 +175,27 @@ class KvBlockManager {
 // blocks released by copy-on-write are not credited (the plan stays conservative).
 class KvPlan {
  public:
-  explicit KvPlan(const KvBlockManager& manager) : m_(manager), free_(manager.n_free()) {}
+  explicit KvPlan(const KvBlockManager& manager)
+      : m_(manager), free_(manager.n_free()), host_free_(manager.n_host_free()) {}
 
   int n_free() const { return free_; }
+  int n_host_free() const { return host_free_; }
   // Takes what adopting `hits` and then allocating n_new tokens after them would take, all
-  // or nothing. For a sequence with KV, hits must be empty.
+  // or nothing. For a sequence with KV, hits must be empty. A swapped sequence (no device
+  // blocks, n_computed > 0) needs all of its blocks again: exactly what swap_in and then
+  // allocate_slots take.
   bool reserve(const SeqKv& kv, std::span<const int32_t> hits, int n_new);
   // Gives back what freeing the sequence would give back.
   void release(const SeqKv& kv);
+  // What swap_out would do: host slots for every block (all or nothing: false and no
+  // change when the host tier is short), then release.
+  bool swap_out(const SeqKv& kv);
 
  private:
   int ref(int32_t b) const;
   const KvBlockManager& m_;
   int free_;
+  int host_free_;
   std::unordered_map<int32_t, int32_t> delta_;
 };
 

@@ -26,6 +26,66 @@ void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies) {
   }
 }
 
+namespace {
+// Bytes of one block of K (or V) on one layer: [n_kv_heads, block_size, head_dim].
+size_t layer_block_bytes(const KvCacheSpec& spec) {
+  const size_t elem = spec.dtype == DType::F32 ? 4 : 2;
+  return static_cast<size_t>(spec.n_kv_heads) * spec.block_size * spec.head_dim * elem;
+}
+
+void check_swaps(const KvCacheSpec& spec, const HostKvTier& host, std::span<const BlockSwap> swaps) {
+  TESSERA_CHECK(host.slot_bytes() == kv_block_bytes(spec), "KV swap: host slots of ", host.slot_bytes(),
+                " bytes for blocks of ", kv_block_bytes(spec));
+  for (const BlockSwap& s : swaps)
+    TESSERA_CHECK(s.device >= 0 && s.device < spec.n_blocks && s.host >= 0 && s.host < host.n_slots(),
+                  "KV swap: block ", s.device, " <-> host slot ", s.host, " outside [0, ", spec.n_blocks, ") x [0, ",
+                  host.n_slots(), ")");
+}
+
+// Calls copy(device bytes, host bytes, n) for every layer's K and V of every swap.
+template <typename Copy>
+void for_each_swap_part(const KvCache& kv, uint8_t* host_base, int64_t slot_bytes, std::span<const BlockSwap> swaps,
+                        Copy copy) {
+  const KvCacheSpec& spec = kv.spec();
+  const size_t part = layer_block_bytes(spec);
+  for (const BlockSwap& s : swaps) {
+    uint8_t* slot = host_base + static_cast<size_t>(s.host) * slot_bytes;
+    for (int l = 0; l < spec.n_layers; ++l) {
+      const KvLayerView view = kv.layer(l);
+      copy(static_cast<uint8_t*>(view.k) + s.device * part, slot + (2 * l) * part, part);
+      copy(static_cast<uint8_t*>(view.v) + s.device * part, slot + (2 * l + 1) * part, part);
+    }
+  }
+}
+}  // namespace
+
+HostKvTier::HostKvTier(const KvCacheSpec& spec, int n_slots) : n_slots_(n_slots), slot_bytes_(kv_block_bytes(spec)) {
+  TESSERA_CHECK(n_slots >= 0, "host KV tier: negative slot count ", n_slots);
+  TESSERA_CHECK(slot_bytes_ > 0, "host KV tier: a block of this model takes ", slot_bytes_, " bytes");
+  if (n_slots > 0) data_.reset(new uint8_t[static_cast<size_t>(n_slots) * slot_bytes_]);
+}
+
+uint8_t* HostKvTier::slot(int32_t h) {
+  TESSERA_CHECK(h >= 0 && h < n_slots_, "host KV tier: slot ", h, " outside [0, ", n_slots_, ")");
+  return data_.get() + static_cast<size_t>(h) * slot_bytes_;
+}
+
+const uint8_t* HostKvTier::slot(int32_t h) const { return const_cast<HostKvTier*>(this)->slot(h); }
+
+void swap_out_kv_blocks_host(const KvCache& kv, HostKvTier& host, std::span<const BlockSwap> swaps) {
+  check_swaps(kv.spec(), host, swaps);
+  if (swaps.empty()) return;
+  for_each_swap_part(kv, host.slot(0), host.slot_bytes(), swaps,
+                     [](uint8_t* device, uint8_t* slot, size_t n) { std::memcpy(slot, device, n); });
+}
+
+void swap_in_kv_blocks_host(const KvCache& kv, const HostKvTier& host, std::span<const BlockSwap> swaps) {
+  check_swaps(kv.spec(), host, swaps);
+  if (swaps.empty()) return;
+  for_each_swap_part(kv, const_cast<uint8_t*>(host.slot(0)), host.slot_bytes(), swaps,
+                     [](uint8_t* device, uint8_t* slot, size_t n) { std::memcpy(device, slot, n); });
+}
+
 int64_t kv_block_bytes(const KvCacheSpec& spec) { return spec.bytes_per_token() * spec.block_size; }
 
 int kv_blocks_for_budget(const KvCacheSpec& spec, int64_t budget_bytes) {

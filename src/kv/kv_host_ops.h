@@ -1,7 +1,9 @@
 #pragma once
 // Host-side operations on KV storage and its sizing: block copies for copy-on-write (CPU
-// backend: K/V live in host memory) and the number of blocks a memory budget holds.
+// backend: K/V live in host memory), the host tier swap preemption moves blocks to, and the
+// number of blocks a memory budget holds.
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "kv/block_manager.h"
@@ -12,6 +14,29 @@ namespace tessera {
 // Copies block src to block dst in K and V of every layer, in order. Host memory only
 // (the CPU backend's KvCache); each block is [n_kv_heads, block_size, head_dim] contiguous.
 void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies);
+
+// The host-memory KV tier for swap preemption: n_slots blocks, each holding one device
+// block's K and V for every layer, slot-major: [n_slots][n_layers][K, V][n_kv_heads,
+// block_size, head_dim]. Memory is reserved, not touched, until a slot is written.
+class HostKvTier {
+ public:
+  HostKvTier(const KvCacheSpec& spec, int n_slots);
+  int n_slots() const { return n_slots_; }
+  int64_t slot_bytes() const { return slot_bytes_; }
+  uint8_t* slot(int32_t h);
+  const uint8_t* slot(int32_t h) const;
+
+ private:
+  int n_slots_;
+  int64_t slot_bytes_;
+  std::unique_ptr<uint8_t[]> data_;
+};
+
+// Swap copies between a host-memory KvCache (CPU backend) and the host tier, in order.
+// Out: device block -> host slot; in: host slot -> device block. Throws on an index out of
+// range (before copying anything).
+void swap_out_kv_blocks_host(const KvCache& kv, HostKvTier& host, std::span<const BlockSwap> swaps);
+void swap_in_kv_blocks_host(const KvCache& kv, const HostKvTier& host, std::span<const BlockSwap> swaps);
 
 // Bytes of K and V one block takes across all layers.
 int64_t kv_block_bytes(const KvCacheSpec& spec);

@@ -35,7 +35,15 @@ Rejection reject(RejectReason reason, Parts&&... parts) {
 }
 }  // namespace
 
-std::optional<Rejection> AdmissionControl::admit(std::string_view tenant, int64_t prompt_tokens) {
+std::optional<Rejection> AdmissionControl::admit(std::string_view tenant, int64_t prompt_tokens,
+                                                 int64_t budget_tokens) {
+  TESSERA_CHECK(prompt_tokens >= 0 && budget_tokens >= prompt_tokens, "admission: budget of ", budget_tokens,
+                " tokens for a prompt of ", prompt_tokens);
+  const int64_t token_limit = limits_.max_tokens_per_tenant;
+  // Never admissible, whatever the load: not worth a retry.
+  if (token_limit > 0 && budget_tokens > token_limit)
+    return reject(RejectReason::InvalidRequest, "request needs ", budget_tokens,
+                  " tokens (prompt + max_tokens x n) but a tenant may have at most ", token_limit, " in flight");
   std::lock_guard lock(mutex_);
   if (draining_) return reject(RejectReason::Draining, "the engine is shutting down and admits no new requests");
   if (waiting_requests_ + 1 > limits_.max_waiting_requests)
@@ -44,12 +52,19 @@ std::optional<Rejection> AdmissionControl::admit(std::string_view tenant, int64_
   if (waiting_tokens_ + prompt_tokens > limits_.max_waiting_tokens)
     return reject(RejectReason::QueueFull, "waiting queue full: ", waiting_tokens_, " prompt tokens waiting + ",
                   prompt_tokens, " exceed the limit of ", limits_.max_waiting_tokens);
-  int& mine = per_tenant_[std::string(tenant)];
-  if (limits_.max_requests_per_tenant > 0 && mine >= limits_.max_requests_per_tenant) {
-    return reject(RejectReason::TenantLimit, "tenant has ", mine, " requests in flight (limit ",
+  const auto it = per_tenant_.find(std::string(tenant));
+  const TenantLoad load = it == per_tenant_.end() ? TenantLoad{} : it->second;
+  if (limits_.max_requests_per_tenant > 0 && load.requests >= limits_.max_requests_per_tenant) {
+    return reject(RejectReason::TenantLimit, "tenant has ", load.requests, " requests in flight (limit ",
                   limits_.max_requests_per_tenant, ")");
   }
-  ++mine;
+  if (token_limit > 0 && load.tokens + budget_tokens > token_limit) {
+    return reject(RejectReason::TenantLimit, "tenant has ", load.tokens, " tokens in flight + ", budget_tokens,
+                  " for this request (prompt + max_tokens x n) exceed the limit of ", token_limit);
+  }
+  TenantLoad& mine = per_tenant_[std::string(tenant)];
+  ++mine.requests;
+  mine.tokens += budget_tokens;
   ++waiting_requests_;
   waiting_tokens_ += prompt_tokens;
   return std::nullopt;
@@ -62,7 +77,8 @@ void AdmissionControl::started(int64_t prompt_tokens) {
   waiting_tokens_ -= prompt_tokens;
 }
 
-void AdmissionControl::finished(std::string_view tenant, bool was_started, int64_t prompt_tokens) {
+void AdmissionControl::finished(std::string_view tenant, bool was_started, int64_t prompt_tokens,
+                                int64_t budget_tokens) {
   std::lock_guard lock(mutex_);
   if (!was_started) {
     TESSERA_CHECK(waiting_requests_ > 0 && waiting_tokens_ >= prompt_tokens, "admission: end of a request not counted");
@@ -70,8 +86,14 @@ void AdmissionControl::finished(std::string_view tenant, bool was_started, int64
     waiting_tokens_ -= prompt_tokens;
   }
   const auto it = per_tenant_.find(std::string(tenant));
-  TESSERA_CHECK(it != per_tenant_.end() && it->second > 0, "admission: end of a request of an unknown tenant");
-  if (--it->second == 0) per_tenant_.erase(it);
+  TESSERA_CHECK(it != per_tenant_.end() && it->second.requests > 0 && it->second.tokens >= budget_tokens,
+                "admission: end of a request its tenant does not count");
+  it->second.tokens -= budget_tokens;
+  if (--it->second.requests == 0) {
+    TESSERA_CHECK(it->second.tokens == 0, "admission: tenant has ", it->second.tokens,
+                  " tokens left with no request in flight");
+    per_tenant_.erase(it);
+  }
 }
 
 void AdmissionControl::set_draining(bool on) {
@@ -97,7 +119,13 @@ int64_t AdmissionControl::waiting_tokens() const {
 int AdmissionControl::in_flight(std::string_view tenant) const {
   std::lock_guard lock(mutex_);
   const auto it = per_tenant_.find(std::string(tenant));
-  return it == per_tenant_.end() ? 0 : it->second;
+  return it == per_tenant_.end() ? 0 : it->second.requests;
+}
+
+int64_t AdmissionControl::tokens_in_flight(std::string_view tenant) const {
+  std::lock_guard lock(mutex_);
+  const auto it = per_tenant_.find(std::string(tenant));
+  return it == per_tenant_.end() ? 0 : it->second.tokens;
 }
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -17,6 +18,10 @@ std::string_view finish_reason_name(FinishReason r) {
   return "unknown";
 }
 
+std::string_view preemption_mode_name(PreemptionMode m) {
+  return m == PreemptionMode::Swap ? "swap" : "recompute";
+}
+
 void SchedulerConfig::validate() const {
   TESSERA_CHECK(max_num_batched_tokens >= 1, "scheduler: max_num_batched_tokens ", max_num_batched_tokens,
                 " must be at least 1");
@@ -26,6 +31,8 @@ void SchedulerConfig::validate() const {
   TESSERA_CHECK(long_prefill_token_threshold >= 0, "scheduler: long_prefill_token_threshold ",
                 long_prefill_token_threshold, " is negative");
   TESSERA_CHECK(max_model_len >= 2, "scheduler: max_model_len ", max_model_len, " must be at least 2");
+  TESSERA_CHECK(max_logits_rows == 0 || max_logits_rows >= max_num_seqs, "scheduler: max_logits_rows ",
+                max_logits_rows, " is below max_num_seqs ", max_num_seqs);
 }
 
 int SchedulerOutput::n_samples() const {
@@ -112,14 +119,43 @@ int Scheduler::prefill_chunk(const Sequence& s, int n_computed, int budget) cons
   return n;
 }
 
+std::pair<int32_t, int32_t> Scheduler::prompt_rows(const Sequence& s, int n_computed, int n_new) const {
+  const RequestState& r = requests_.at(s.request);
+  if (!r.spec.prompt_logits) return {0, 0};
+  // Row p gives the logprob of prompt token p + 1, so rows run up to n_prompt - 2.
+  const int32_t begin = std::max(n_computed, r.prompt_rows_next);
+  const int32_t end = std::min(n_computed + n_new, s.n_prompt - 1);
+  return end > begin ? std::pair{begin, end} : std::pair{0, 0};
+}
+
+int Scheduler::cap_for_rows(const Sequence& s, int n_computed, int n_new, int rows) const {
+  const RequestState& r = requests_.at(s.request);
+  if (!r.spec.prompt_logits) return n_new;
+  const int lo = std::max(n_computed, static_cast<int>(r.prompt_rows_next));
+  if (lo >= s.n_prompt - 1) return n_new;  // no prompt row left
+  // A chunk of n takes min(n_computed + n, n_prompt - 1) - lo prompt rows, plus the sampled
+  // row when it ends the prompt (then n_prompt - lo in all): at most `rows` when
+  // n <= lo - n_computed + rows.
+  return std::min(n_new, lo - n_computed + rows);
+}
+
 SchedulePlan Scheduler::plan() const {
   SchedulePlan p;
   p.version = version_;
   KvPlan kv(kv_);
   int budget = config_.max_num_batched_tokens;
   int n_partial = 0;
+  // Every scheduled sequence may take one logits row (max_num_seqs <= rows); the rest are
+  // shared by prompt-logit chunks.
+  int extra_rows = config_.logits_rows() - config_.max_num_seqs;
+  const bool swap_mode = config_.preemption_mode == PreemptionMode::Swap;
   const auto is_partial = [](const Sequence& s, int n_computed, int n_new) {
     return n_computed + n_new < static_cast<int>(s.tokens.size());
+  };
+  const auto take_rows = [&](const Sequence& s, ScheduledSeq& sc) {
+    std::tie(sc.prompt_rows_begin, sc.prompt_rows_end) = prompt_rows(s, sc.n_computed, sc.n_new);
+    const bool samples = !is_partial(s, sc.n_computed, sc.n_new);
+    extra_rows -= std::max(0, sc.n_prompt_rows() + (samples ? 1 : 0) - 1);
   };
 
   // Running sequences in order; victims are taken from the back, so a victim was never
@@ -131,13 +167,17 @@ SchedulePlan Scheduler::plan() const {
   for (size_t i = 0; i < end; ++i) {
     if (budget == 0 || static_cast<int>(p.seqs.size()) == config_.max_num_seqs) break;
     const Sequence& s = slots_[order[i]];
-    const int n_new = prefill_chunk(s, s.n_computed(), budget);
+    const int n_new = cap_for_rows(s, s.n_computed(), prefill_chunk(s, s.n_computed(), budget), 1 + extra_rows);
     if (is_partial(s, s.n_computed(), n_new) && n_partial == config_.max_partial_prefills) continue;
     bool fits = true;
     while (!kv.reserve(s.kv, {}, n_new)) {
       const SeqHandle victim = order[--end];
-      kv.release(slots_[victim].kv);
-      p.preempted.push_back(victim);
+      if (swap_mode && kv.swap_out(slots_[victim].kv)) {
+        p.swapped.push_back(victim);
+      } else {
+        kv.release(slots_[victim].kv);
+        p.preempted.push_back(victim);
+      }
       if (end == i) {  // it was this sequence itself
         fits = false;
         break;
@@ -148,39 +188,48 @@ SchedulePlan Scheduler::plan() const {
     sc.handle = order[i];
     sc.n_computed = s.n_computed();
     sc.n_new = n_new;
+    take_rows(s, sc);
     p.seqs.push_back(std::move(sc));
     budget -= n_new;
     p.n_tokens += n_new;
     if (is_partial(s, s.n_computed(), n_new)) ++n_partial;
   }
 
-  // Waiting sequences, strictly in order: the first that cannot start stops admission (no
-  // overtaking, so none starves). Not after a preemption: memory is short this step.
-  if (p.preempted.empty()) {
+  // Waiting sequences (swapped ones included), strictly in order: the first that cannot
+  // start stops admission (no overtaking, so none starves). Not after a preemption: memory
+  // is short this step (and host slots freed by a swap-in are never reused by a swap-out
+  // of the same step).
+  if (p.preempted.empty() && p.swapped.empty()) {
     size_t n_running = running_.size();
     for (const auto& [key, h] : waiting_) {
       if (budget == 0 || static_cast<int>(p.seqs.size()) == config_.max_num_seqs ||
           static_cast<int>(n_running) >= config_.max_num_seqs)
         break;
       const Sequence& s = slots_[h];
-      // A full hit must still compute one token to get logits.
-      const int max_hit_blocks = (static_cast<int>(s.tokens.size()) - 1) / kv_.block_size();
-      std::vector<int32_t> hits = kv_.find_prefix(s.kv.root, s.tokens, max_hit_blocks);
-      const int n_cached = static_cast<int>(hits.size()) * kv_.block_size();
-      const int n_new = prefill_chunk(s, n_cached, budget);
-      if (is_partial(s, n_cached, n_new) && n_partial == config_.max_partial_prefills) break;
+      const bool swapped = s.status == SeqStatus::Swapped;
+      std::vector<int32_t> hits;
+      if (!swapped && !requests_.at(s.request).spec.prompt_logits) {
+        // A full hit must still compute one token to get logits.
+        const int max_hit_blocks = (static_cast<int>(s.tokens.size()) - 1) / kv_.block_size();
+        hits = kv_.find_prefix(s.kv.root, s.tokens, max_hit_blocks);
+      }
+      const int n_computed = swapped ? s.n_computed() : static_cast<int>(hits.size()) * kv_.block_size();
+      const int n_new = cap_for_rows(s, n_computed, prefill_chunk(s, n_computed, budget), 1 + extra_rows);
+      if (is_partial(s, n_computed, n_new) && n_partial == config_.max_partial_prefills) break;
       if (!kv.reserve(s.kv, hits, n_new)) break;
       ScheduledSeq sc;
       sc.handle = h;
-      sc.n_computed = n_cached;
+      sc.n_computed = n_computed;
       sc.n_new = n_new;
       sc.hits = std::move(hits);
       sc.from_waiting = true;
+      sc.swap_in = swapped;
+      take_rows(s, sc);
       p.seqs.push_back(std::move(sc));
       budget -= n_new;
       p.n_tokens += n_new;
       ++n_running;
-      if (is_partial(s, n_cached, n_new)) ++n_partial;
+      if (is_partial(s, n_computed, n_new)) ++n_partial;
     }
   }
   return p;
@@ -192,16 +241,23 @@ SchedulerOutput Scheduler::commit(const SchedulePlan& p) {
   ++version_;
   SchedulerOutput out;
   out.step = static_cast<uint64_t>(stats_.steps++);
-  // Releases first, then prefix adoptions, then allocations: the order KvPlan simulated,
-  // so every allocation below succeeds.
+  // Releases first (swap-outs take host slots), then swap-ins and prefix adoptions, then
+  // allocations: the order KvPlan simulated, so every allocation below succeeds.
   for (SeqHandle h : p.preempted) {
     out.preempted.push_back(slots_[h].id);
-    preempt(h);
+    preempt(h, false, out.swap_out);
+  }
+  for (SeqHandle h : p.swapped) {
+    out.swapped.push_back(slots_[h].id);
+    preempt(h, true, out.swap_out);
   }
   for (const ScheduledSeq& sc : p.seqs) {
     if (!sc.from_waiting) continue;
     Sequence& s = slots_[sc.handle];
-    if (kv_.prefix_caching()) {
+    if (sc.swap_in) {
+      TESSERA_CHECK(s.status == SeqStatus::Swapped && kv_.swap_in(s.kv, out.swap_in), "scheduler: plan reserved ",
+                    "the swap-in of sequence ", s.id, " but it failed");
+    } else if (kv_.prefix_caching() && !requests_.at(s.request).spec.prompt_logits) {
       kv_.adopt_prefix(s.kv, sc.hits);
       kv_.record_lookup(static_cast<int>(s.tokens.size()), static_cast<int>(sc.hits.size()) * kv_.block_size());
     }
@@ -227,6 +283,8 @@ SchedulerOutput Scheduler::commit(const SchedulePlan& p) {
     sc.request = s.request;
     sc.n_computed = plan_sc.n_computed;
     sc.n_new = plan_sc.n_new;
+    sc.prompt_rows_begin = plan_sc.prompt_rows_begin;
+    sc.prompt_rows_end = plan_sc.prompt_rows_end;
     if (sc.n_computed + sc.n_new == static_cast<int>(s.tokens.size())) {
       if (!r.forked && r.spec.n > 1) {
         for (int c = 0; c < r.spec.n; ++c) sc.sample_seqs.push_back(r.first_seq + c);
@@ -241,13 +299,22 @@ SchedulerOutput Scheduler::commit(const SchedulePlan& p) {
   return out;
 }
 
-void Scheduler::preempt(SeqHandle h) {
+void Scheduler::preempt(SeqHandle h, bool swap, std::vector<BlockSwap>& swaps) {
   Sequence& s = slots_[h];
   TESSERA_CHECK(s.status == SeqStatus::Running, "scheduler: preempting sequence ", s.id, " that is not running");
-  kv_.free(s.kv);
+  if (swap) {
+    TESSERA_CHECK(kv_.swap_out(s.kv, swaps), "scheduler: plan reserved host slots for sequence ", s.id,
+                  " but the swap-out failed");
+    s.status = SeqStatus::Swapped;
+    ++stats_.swap_preemptions;
+  } else {
+    // In swap mode a recompute means the host tier was full.
+    if (config_.preemption_mode == PreemptionMode::Swap) ++stats_.swap_fallbacks;
+    kv_.free(s.kv);
+    s.status = SeqStatus::Waiting;
+  }
   running_.erase({s.key, h});
   waiting_.insert({s.key, h});
-  s.status = SeqStatus::Waiting;
   ++s.n_preemptions;
   ++stats_.preemptions;
 }
@@ -264,6 +331,10 @@ std::vector<SeqEvent> Scheduler::update(const SchedulerOutput& out, std::span<co
                   " changed between commit and update");
     s.kv.table.n_tokens += sc.n_new;
     kv_.cache_full_blocks(s.kv, s.tokens);
+    if (sc.prompt_rows_end > sc.prompt_rows_begin) {
+      RequestState& r = requests_.at(s.request);
+      r.prompt_rows_next = std::max(r.prompt_rows_next, sc.prompt_rows_end);
+    }
     if (sc.sample_seqs.empty()) continue;
     const auto tokens = sampled.subspan(k, sc.sample_seqs.size());
     k += sc.sample_seqs.size();
@@ -320,12 +391,12 @@ void Scheduler::append_token(Sequence& s, int32_t token, std::vector<SeqEvent>& 
     finish(s, reason, events, token);
     return;
   }
-  events.push_back(SeqEvent{s.request, s.id, s.choice, token, FinishReason::None, false});
+  events.push_back(SeqEvent{s.request, s.id, s.choice, token, FinishReason::None, false, std::nullopt});
 }
 
 void Scheduler::finish(Sequence& s, FinishReason reason, std::vector<SeqEvent>& events, int32_t token) {
   const SeqHandle h = static_cast<SeqHandle>(&s - slots_.data());
-  kv_.free(s.kv);
+  kv_.free(s.kv);  // device blocks and host slots
   (s.status == SeqStatus::Running ? running_ : waiting_).erase({s.key, h});
   s.status = SeqStatus::Finished;
   const RequestId id = s.request;
@@ -336,7 +407,7 @@ void Scheduler::finish(Sequence& s, FinishReason reason, std::vector<SeqEvent>& 
   RequestState& r = requests_.at(id);
   r.seqs[choice] = UINT32_MAX;
   const bool done = --r.n_live == 0;
-  events.push_back(SeqEvent{id, seq, choice, token, reason, done});
+  events.push_back(SeqEvent{id, seq, choice, token, reason, done, std::nullopt});
   if (done) requests_.erase(id);
 }
 
@@ -356,7 +427,7 @@ std::vector<SeqEvent> Scheduler::abort(RequestId id, FinishReason reason) {
       finish(slots_[h], reason, events, -1);
     } else if (unforked && c > 0) {
       const bool done = --rr.n_live == 0;
-      events.push_back(SeqEvent{id, rr.first_seq + c, c, -1, reason, done});
+      events.push_back(SeqEvent{id, rr.first_seq + c, c, -1, reason, done, std::nullopt});
       if (done) requests_.erase(id);
     }
     if (!requests_.count(id)) break;
@@ -365,9 +436,14 @@ std::vector<SeqEvent> Scheduler::abort(RequestId id, FinishReason reason) {
 }
 
 std::vector<SeqEvent> Scheduler::fail(const SchedulerOutput& out) {
+  std::vector<RequestId> ids;
+  for (const ScheduledSeq& sc : out.seqs) ids.push_back(sc.request);
+  for (SeqId seq : out.swapped)
+    for (const auto& [id, r] : requests_)
+      if (seq >= r.first_seq && seq < r.first_seq + static_cast<SeqId>(r.spec.n)) ids.push_back(id);
   std::vector<SeqEvent> events;
-  for (const ScheduledSeq& sc : out.seqs) {
-    auto more = abort(sc.request, FinishReason::Error);
+  for (RequestId id : ids) {
+    auto more = abort(id, FinishReason::Error);  // no-op for one already ended
     events.insert(events.end(), more.begin(), more.end());
   }
   return events;
@@ -376,6 +452,7 @@ std::vector<SeqEvent> Scheduler::fail(const SchedulerOutput& out) {
 void Scheduler::check_invariants() const {
   kv_.check_invariants();
   std::vector<int32_t> refs(kv_.n_blocks(), 0);
+  std::vector<int32_t> host_refs(kv_.n_host_blocks(), 0);
   size_t n_live_seqs = 0;
   for (const auto& [id, r] : requests_) {
     TESSERA_CHECK(r.spec.id == id, "scheduler invariant: request ", id, " filed under another id");
@@ -393,21 +470,29 @@ void Scheduler::check_invariants() const {
                     "scheduler invariant: slot ", h, " does not hold choice ", c, " of request ", id);
       const bool in_waiting = waiting_.count({s.key, h}) != 0;
       const bool in_running = running_.count({s.key, h}) != 0;
+      const bool should_wait = s.status == SeqStatus::Waiting || s.status == SeqStatus::Swapped;
       TESSERA_CHECK(in_waiting + in_running == 1 &&
-                        (s.status == SeqStatus::Waiting ? in_waiting : s.status == SeqStatus::Running && in_running),
+                        (should_wait ? in_waiting : s.status == SeqStatus::Running && in_running),
                     "scheduler invariant: sequence ", s.id, " is not in exactly the queue of its status");
       TESSERA_CHECK(s.n_computed() < static_cast<int>(s.tokens.size()), "scheduler invariant: sequence ", s.id,
                     " has nothing left to compute");
       TESSERA_CHECK(s.n_output() <= r.spec.stop.max_tokens, "scheduler invariant: sequence ", s.id,
                     " has more output than max_tokens");
       if (s.status == SeqStatus::Waiting) {
-        TESSERA_CHECK(s.kv.table.blocks.empty() && s.n_computed() == 0, "scheduler invariant: waiting sequence ",
-                      s.id, " holds KV");
+        TESSERA_CHECK(s.kv.table.blocks.empty() && s.n_computed() == 0 && !s.kv.swapped(),
+                      "scheduler invariant: waiting sequence ", s.id, " holds KV");
+      } else if (s.status == SeqStatus::Swapped) {
+        TESSERA_CHECK(s.kv.table.blocks.empty() && s.n_computed() > 0 &&
+                          static_cast<int>(s.kv.host_blocks.size()) == kv_.blocks_for(s.n_computed()),
+                      "scheduler invariant: swapped sequence ", s.id, " holds ", s.kv.n_blocks(), " device and ",
+                      s.kv.host_blocks.size(), " host blocks for ", s.n_computed(), " tokens");
       } else {
-        TESSERA_CHECK(s.kv.n_blocks() == kv_.blocks_for(s.n_computed()), "scheduler invariant: sequence ", s.id,
-                      " holds ", s.kv.n_blocks(), " blocks for ", s.n_computed(), " tokens");
+        TESSERA_CHECK(s.kv.n_blocks() == kv_.blocks_for(s.n_computed()) && !s.kv.swapped(),
+                      "scheduler invariant: sequence ", s.id, " holds ", s.kv.n_blocks(), " blocks for ",
+                      s.n_computed(), " tokens");
       }
       for (int32_t b : s.kv.table.blocks) ++refs[b];
+      for (int32_t hb : s.kv.host_blocks) ++host_refs[hb];
     }
     TESSERA_CHECK(live == r.n_live && live > 0, "scheduler invariant: request ", id, " counts ", r.n_live,
                   " live choices, found ", live);
@@ -417,6 +502,9 @@ void Scheduler::check_invariants() const {
   for (int32_t b = 0; b < kv_.n_blocks(); ++b)
     TESSERA_CHECK(refs[b] == kv_.ref_count(b), "scheduler invariant: block ", b, " has ref ", kv_.ref_count(b),
                   " but ", refs[b], " sequences hold it");
+  for (int32_t hb = 0; hb < kv_.n_host_blocks(); ++hb)
+    TESSERA_CHECK(host_refs[hb] == (kv_.host_used(hb) ? 1 : 0), "scheduler invariant: host slot ", hb,
+                  kv_.host_used(hb) ? " is used" : " is free", " but ", host_refs[hb], " sequences hold it");
 }
 
 bool Scheduler::is_idle() const {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kv/block_manager.h"
+#include "sample/sampler.h"  // Logprobs
 #include "sched/sequence.h"
 
 namespace tessera {
@@ -25,15 +26,27 @@ namespace tessera {
 // first. Either way the last in order is the first preempted.
 enum class SchedulingPolicy : uint8_t { Fcfs, Priority };
 
+// What happens to a sequence preempted for lack of KV blocks. Recompute frees its blocks
+// and recomputes prompt + output when it resumes; Swap copies its KV to the host tier
+// (KvBlockManager's host blocks) and back, falling back to recompute when the tier is full.
+enum class PreemptionMode : uint8_t { Recompute, Swap };
+std::string_view preemption_mode_name(PreemptionMode m);  // "recompute", "swap"
+
 struct SchedulerConfig {
   int max_num_batched_tokens = 2048;  // tokens per step (all sequences)
   int max_num_seqs = 64;              // sequences per step
   int max_partial_prefills = 4;       // sequences per step whose prefill this step does not finish
   int long_prefill_token_threshold = 0;  // most tokens one sequence gets per step; 0 = no cap
   int max_model_len = 4096;           // prompt + output tokens of one sequence
+  // Logits rows one forward may return (the executor's limit); 0 = max_num_seqs. Every
+  // scheduled sequence may take one; the rows above max_num_seqs are shared by the prefill
+  // chunks of prompt-logprob requests, which need a row per prompt position.
+  int max_logits_rows = 0;
   SchedulingPolicy policy = SchedulingPolicy::Fcfs;
+  PreemptionMode preemption_mode = PreemptionMode::Recompute;
   std::function<bool(int32_t)> is_eog;  // end-of-generation tokens; empty = none
   void validate() const;
+  int logits_rows() const { return max_logits_rows > 0 ? max_logits_rows : max_num_seqs; }
 };
 
 using SeqHandle = uint32_t;
@@ -49,22 +62,35 @@ struct ScheduledSeq {
   // (empty: no logits; one entry normally; n entries on the step that completes the prompt
   // of an n-choice request, which then forks).
   std::vector<SeqId> sample_seqs;
+  // Prompt-logprob requests: positions [prompt_rows_begin, prompt_rows_end) of this chunk
+  // need their logits (position p's row gives the logprob of prompt token p + 1). Each
+  // position is scheduled once per request, across chunks, preemptions and swaps.
+  int32_t prompt_rows_begin = 0;
+  int32_t prompt_rows_end = 0;
   std::vector<int32_t> hits;  // plan only: prefix blocks adopted first (waiting sequences)
   bool from_waiting = false;  // plan only
+  bool swap_in = false;       // its KV comes back from the host tier first
+  int n_prompt_rows() const { return prompt_rows_end - prompt_rows_begin; }
 };
 
 struct SchedulePlan {
   uint64_t version = 0;              // the scheduler state it was made from
   std::vector<ScheduledSeq> seqs;    // batch order: running first, then admitted
   std::vector<SeqHandle> preempted;  // freed and requeued (recompute)
+  std::vector<SeqHandle> swapped;    // moved to the host tier and requeued (swap)
   int n_tokens = 0;
 };
 
 struct SchedulerOutput {
   uint64_t step = 0;
   std::vector<ScheduledSeq> seqs;
-  std::vector<BlockCopy> copies;       // copy-on-write: do before the forward
-  std::vector<SeqId> preempted;
+  // In this order, before the forward: device -> host moves of the swapped-out sequences,
+  // host -> device moves of the swapped-in ones, then copy-on-write copies.
+  std::vector<BlockSwap> swap_out;
+  std::vector<BlockSwap> swap_in;
+  std::vector<BlockCopy> copies;
+  std::vector<SeqId> preempted;        // recompute
+  std::vector<SeqId> swapped;          // swap
   std::vector<RequestId> started;      // requests scheduled for the first time
   int n_tokens = 0;
   int n_samples() const;
@@ -79,11 +105,14 @@ struct SeqEvent {
   int32_t token = -1;                       // a new output token, or -1
   FinishReason finish = FinishReason::None;  // the choice ended (the token, if any, is its last)
   bool request_done = false;                // every choice of the request has ended
+  std::optional<Logprobs> logprobs;         // the token's, when the request asked (EngineCore fills it)
 };
 
 struct SchedulerStats {
   int64_t steps = 0;
-  int64_t preemptions = 0;
+  int64_t preemptions = 0;     // recompute and swap
+  int64_t swap_preemptions = 0;
+  int64_t swap_fallbacks = 0;  // swap mode, but the host tier was full: recomputed
   int64_t scheduled_tokens = 0;
   int64_t forks = 0;
 };
@@ -110,7 +139,8 @@ class Scheduler {
   SchedulerOutput schedule() { return commit(plan()); }
   // After the forward: `sampled` holds one token per sample_seqs entry, in output order.
   std::vector<SeqEvent> update(const SchedulerOutput& output, std::span<const int32_t> sampled);
-  // The step failed: its requests end with FinishReason::Error and their KV is freed.
+  // The step failed: its requests end with FinishReason::Error and their KV is freed
+  // (those swapped out in the step too: their host copy may be incomplete).
   std::vector<SeqEvent> fail(const SchedulerOutput& output);
 
   const Sequence& sequence(SeqHandle h) const { return slots_[h]; }
@@ -137,12 +167,16 @@ class Scheduler {
     bool forked = false;
     bool started = false;
     uint64_t arrival = 0;
+    int32_t prompt_rows_next = 0;    // prompt logits: first position whose row is still needed
   };
   using QueueEntry = std::pair<OrderKey, SeqHandle>;
 
   SeqHandle new_slot();
   OrderKey order_key(const RequestState& r, int choice) const;
-  void preempt(SeqHandle h);
+  void preempt(SeqHandle h, bool swap, std::vector<BlockSwap>& swaps);
+  // The chunk's prompt-logit positions, and the largest chunk whose rows fit in `rows`.
+  std::pair<int32_t, int32_t> prompt_rows(const Sequence& s, int n_computed, int n_new) const;
+  int cap_for_rows(const Sequence& s, int n_computed, int n_new, int rows) const;
   void append_token(Sequence& s, int32_t token, std::vector<SeqEvent>& events);
   void finish(Sequence& s, FinishReason reason, std::vector<SeqEvent>& events, int32_t token);
   void fork(SeqHandle parent, std::span<const int32_t> tokens, std::vector<SeqEvent>& events);

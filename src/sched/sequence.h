@@ -30,9 +30,14 @@ struct SchedRequest {
   int32_t priority = 0;         // lower runs first (priority policy only)
   StopCriteria stop;
   BlockHash prefix_root;        // prefix_root_hash(model fingerprint, adapter, tenant salt)
+  // Logits for every prompt position (prompt logprobs): takes no prefix-cache hits, since
+  // cached positions have no logits; its full blocks are still published.
+  bool prompt_logits = false;
 };
 
-enum class SeqStatus : uint8_t { Waiting, Running, Finished };
+// Waiting and Swapped sequences are in the waiting queue; Swapped ones keep their KV in the
+// host tier.
+enum class SeqStatus : uint8_t { Waiting, Running, Swapped, Finished };
 
 // Scheduling order: the lower key runs first and is preempted last.
 struct OrderKey {

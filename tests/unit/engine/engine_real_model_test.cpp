@@ -1,9 +1,11 @@
 // The engine over the real default model (SmolLM2-135M): batching, prefix hits, preemption
-// and forks change no greedy output. Skipped when the model is not in the cache.
+// (recompute and swap) and forks change no greedy output; logprobs and prompt logprobs
+// equal those of a single-sequence Session run. Skipped when the model is not in the cache.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -27,6 +29,8 @@ std::string model_path() {
 
 struct RunResult {
   std::map<RequestId, RequestOutput> out;
+  std::map<RequestId, std::vector<std::vector<Logprobs>>> logprobs;  // [request][choice][token]
+  std::map<RequestId, std::shared_ptr<const std::vector<Logprobs>>> prompt_logprobs;
   EngineStats stats;
 };
 
@@ -44,14 +48,23 @@ class EngineRealModel : public ::testing::Test {
     o.max_kv_blocks = 128;
     o.kv_cache_bytes = 64ll << 20;
     o.warmup = false;
-    // The CPU matmul sums in another order from 8 rows on; padding every forward to 8 rows
-    // makes outputs independent of the batch (without it, greedy runs drift apart).
-    o.batch_invariant = true;
+    o.swap_space_bytes = 8ll << 20;  // ~90 blocks of 4 tokens
     model_ = new ModelEngine(o);
+    // The reference: one sequence at a time, fed in one chunk, every row's logits on demand.
+    SessionOptions so;
+    so.model = model_path();
+    so.backend.threads = 1;
+    so.ctx = 256;
+    so.max_batch_tokens = 64;
+    so.max_logits = 64;
+    so.block_size = 4;
+    reference_ = new Session(so);
   }
   static void TearDownTestSuite() {
     delete model_;
     model_ = nullptr;
+    delete reference_;
+    reference_ = nullptr;
   }
   void SetUp() override {
     if (!model_) GTEST_SKIP() << "model not found: " << model_path();
@@ -72,11 +85,13 @@ class EngineRealModel : public ::testing::Test {
 
   // Runs the requests on a fresh core (submitted together, or one at a time when `alone`),
   // checking invariants every step and wholeness at the end.
-  static RunResult run(const std::vector<Request>& requests, bool alone, int n_blocks = 0, bool prefix_caching = true) {
+  static RunResult run(const std::vector<Request>& requests, bool alone, int n_blocks = 0, bool prefix_caching = true,
+                       const std::function<void(EngineConfig&)>& tweak = {}) {
     EngineConfig c = model_->config();
     c.check_invariants = true;
     c.prefix_caching = prefix_caching;
     if (n_blocks > 0) c.n_blocks = n_blocks;  // the first n_blocks of the cache
+    if (tweak) tweak(c);
     EngineCore core(c, model_->executor());
     RunResult result;
     std::map<RequestId, RequestOutput>& out = result.out;
@@ -84,10 +99,16 @@ class EngineRealModel : public ::testing::Test {
       while (core.has_work()) {
         const StepResult s = core.step();
         EXPECT_EQ(s.error, "");
+        for (const auto& [id, entries] : s.prompt_logprobs) result.prompt_logprobs[id] = entries;
         for (const SeqEvent& e : s.events) {
           RequestOutput& o = out[e.request];
           if (e.token >= 0) o.tokens[e.choice].push_back(e.token);
           if (e.finish != FinishReason::None) o.finish[e.choice] = e.finish;
+          if (e.logprobs) {
+            auto& lp = result.logprobs[e.request];
+            lp.resize(o.tokens.size());
+            lp[e.choice].push_back(*e.logprobs);
+          }
         }
       }
     };
@@ -102,7 +123,41 @@ class EngineRealModel : public ::testing::Test {
     result.stats = core.stats();
     EXPECT_TRUE(core.is_idle());
     EXPECT_EQ(core.kv().n_free(), core.kv().n_blocks());
+    EXPECT_EQ(core.kv().n_host_free(), core.kv().n_host_blocks());
     return result;
+  }
+
+  // Logits rows of a single-sequence Session run over `tokens`, one per token ([n, vocab]).
+  static std::vector<float> session_rows(const std::vector<int32_t>& tokens) {
+    SequenceBlocks seq;
+    std::vector<float> rows;
+    reference_->feed(seq, tokens, ForwardBatch::Logits::All, rows);
+    seq.release_all(reference_->pool());
+    return rows;
+  }
+  static std::span<const float> row(const std::vector<float>& rows, size_t i) {
+    const size_t n_vocab = reference_->config().n_vocab;
+    return std::span<const float>(rows).subspan(i * n_vocab, n_vocab);
+  }
+
+  static void expect_close(const Logprobs& got, const Logprobs& want, const std::string& where) {
+    EXPECT_EQ(got.chosen.token, want.chosen.token) << where;
+    EXPECT_NEAR(got.chosen.logprob, want.chosen.logprob, kLogprobTolerance) << where;
+    ASSERT_EQ(got.top.size(), want.top.size()) << where;
+    for (size_t i = 0; i < got.top.size(); ++i) {
+      EXPECT_EQ(got.top[i].token, want.top[i].token) << where << " top " << i;
+      EXPECT_NEAR(got.top[i].logprob, want.top[i].logprob, kLogprobTolerance) << where << " top " << i;
+    }
+  }
+  // Prompt logprobs a request should get: position p from the row of position p - 1.
+  static void expect_prompt_logprobs(const RunResult& run, RequestId id, const Request& r) {
+    ASSERT_TRUE(run.prompt_logprobs.count(id)) << "request " << id << " got no prompt logprobs";
+    const auto& got = *run.prompt_logprobs.at(id);
+    ASSERT_EQ(got.size(), r.prompt.size() - 1) << id;
+    const std::vector<float> rows = session_rows(r.prompt);
+    for (size_t p = 1; p < r.prompt.size(); ++p)
+      expect_close(got[p - 1], compute_logprobs(row(rows, p - 1), r.prompt[p], r.prompt_logprobs),
+                   "request " + std::to_string(id) + " position " + std::to_string(p));
   }
 
   static const std::vector<Request>& requests() {
@@ -120,10 +175,15 @@ class EngineRealModel : public ::testing::Test {
     return result;
   }
 
+  // The engine computes each row in another batch and chunking than the reference; the
+  // CPU kernels are batch-invariant, so this is a margin, not an expected error.
+  static constexpr double kLogprobTolerance = 1e-5;
   static ModelEngine* model_;
+  static Session* reference_;
 };
 
 ModelEngine* EngineRealModel::model_ = nullptr;
+Session* EngineRealModel::reference_ = nullptr;
 
 }  // namespace
 
@@ -213,4 +273,79 @@ TEST_F(EngineRealModel, OfflineBatchWritesOneLinePerRequestInOrder) {
   for (int c = 0; c < 2; ++c)
     EXPECT_EQ(got[4]["choices"][c]["token_ids"].get<std::vector<int32_t>>(), alone().out.at(2).tokens[0]);
   EXPECT_EQ(got[4]["usage"]["completion_tokens"], 12);
+}
+
+TEST_F(EngineRealModel, TokenLogprobsEqualASingleSessionRun) {
+  std::vector<Request> reqs = requests();
+  for (Request& r : reqs) {
+    r.logprobs = true;
+    r.sampling.n_logprobs = 5;
+  }
+  const RunResult together = run(reqs, false, 0, false);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const RequestId id = i + 1;
+    const auto& tokens = together.out.at(id).tokens[0];
+    EXPECT_EQ(tokens, alone().out.at(id).tokens[0]);
+    ASSERT_EQ(together.logprobs.at(id)[0].size(), tokens.size());
+    std::vector<int32_t> context = reqs[i].prompt;
+    context.insert(context.end(), tokens.begin(), tokens.end());
+    const std::vector<float> rows = session_rows(context);
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      const Logprobs want = compute_logprobs(row(rows, reqs[i].prompt.size() - 1 + t), tokens[t], 5);
+      expect_close(together.logprobs.at(id)[0][t], want, "request " + std::to_string(id) + " token " + std::to_string(t));
+      EXPECT_EQ(want.top[0].token, tokens[t]);  // greedy: the most likely token
+    }
+  }
+}
+
+TEST_F(EngineRealModel, PromptLogprobsEqualATeacherForcedRunWhenChunked) {
+  std::vector<Request> reqs;
+  for (const char* p : {"The quick brown fox jumps over the lazy dog while the farmer sleeps in the afternoon sun",
+                        "Once upon a time"}) {
+    Request r = greedy(p, 3);
+    r.prompt_logprobs = 3;
+    reqs.push_back(r);
+  }
+  ASSERT_GT(reqs[0].prompt.size(), 16u);
+  // 32 tokens a step and 3 logits rows beyond one per sequence: prompts go in small chunks.
+  const RunResult chunked = run(reqs, false, 0, true, [](EngineConfig& c) { c.scheduler.max_logits_rows = 11; });
+  EXPECT_GT(chunked.stats.steps, static_cast<int64_t>(reqs[0].prompt.size() / 4));
+  for (size_t i = 0; i < reqs.size(); ++i) expect_prompt_logprobs(chunked, i + 1, reqs[i]);
+  // The outputs do not change.
+  const RunResult plain = run({greedy("Once upon a time", 3)}, true, 0, false);
+  EXPECT_EQ(chunked.out.at(2).tokens[0], plain.out.at(1).tokens[0]);
+}
+
+TEST_F(EngineRealModel, PromptLogprobsUnderPreemptionAndSwap) {
+  std::vector<Request> reqs = requests();
+  for (Request& r : reqs) {
+    r.prompt_logprobs = 2;
+    r.logprobs = true;
+  }
+  for (const PreemptionMode mode : {PreemptionMode::Recompute, PreemptionMode::Swap}) {
+    const RunResult tight = run(reqs, false, 7, true, [&](EngineConfig& c) {
+      c.scheduler.preemption_mode = mode;
+      if (mode == PreemptionMode::Swap) c.n_host_blocks = model_->executor().n_host_blocks();
+    });
+    EXPECT_GT(tight.stats.preemptions, 0);
+    if (mode == PreemptionMode::Swap) EXPECT_GT(tight.stats.swaps_out, 0);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(tight.out.at(i + 1).tokens[0], alone().out.at(i + 1).tokens[0]) << i;
+      EXPECT_EQ(tight.logprobs.at(i + 1)[0].size(), tight.out.at(i + 1).tokens[0].size());
+      expect_prompt_logprobs(tight, i + 1, reqs[i]);
+    }
+  }
+}
+
+TEST_F(EngineRealModel, SwappedAndResumedEqualsUninterrupted) {
+  const RunResult swapped = run(requests(), false, 7, true, [](EngineConfig& c) {
+    c.scheduler.preemption_mode = PreemptionMode::Swap;
+    c.n_host_blocks = model_->executor().n_host_blocks();
+  });
+  EXPECT_GT(swapped.stats.swaps_out, 0);
+  EXPECT_EQ(swapped.stats.swaps_in, swapped.stats.swaps_out);
+  EXPECT_EQ(swapped.stats.swap_fallbacks, 0);
+  EXPECT_EQ(swapped.stats.swap_out_bytes % model_->config().kv_block_bytes, 0);
+  EXPECT_GT(swapped.stats.swap_in_bytes, 0);
+  for (const auto& [id, o] : alone().out) EXPECT_EQ(swapped.out.at(id).tokens[0], o.tokens[0]) << "request " << id;
 }

@@ -22,7 +22,7 @@ class GatedExecutor : public Executor {
   void add_sequence(SeqId s, const SamplingParams& p, std::span<const int32_t> t) override { inner_.add_sequence(s, p, t); }
   void remove_sequence(SeqId s) override { inner_.remove_sequence(s); }
   size_t n_sequences() const override { return inner_.n_sequences(); }
-  void execute(const StepInput& in, std::vector<int32_t>& tokens) override {
+  void execute(const StepInput& in, StepOutput& out) override {
     std::unique_lock lock(mutex_);
     ++waiting_;
     cv_.notify_all();
@@ -30,7 +30,7 @@ class GatedExecutor : public Executor {
     if (!open_) --permits_;
     --waiting_;
     lock.unlock();
-    inner_.execute(in, tokens);
+    inner_.execute(in, out);
   }
   int max_batch_tokens() const override { return inner_.max_batch_tokens(); }
   int max_logits_rows() const override { return inner_.max_logits_rows(); }
@@ -306,5 +306,91 @@ TEST(Engine, CancellingMostOfAThousandStreams) {
   EXPECT_EQ(aborted + survivors, 1000);
   EXPECT_GT(aborted, 100);
   EXPECT_EQ(exact, 1000);  // survivors whole, aborted ones a prefix of the reference
+  expect_whole(engine);
+}
+
+// Progress is published on the stream when the request is first scheduled, and prompt
+// logprobs before the first token event; token events carry logprobs when asked.
+TEST(Engine, ProgressAndPromptLogprobsComeBeforeTheFirstToken) {
+  Fixture f;
+  GatedExecutor gate(*f.sim);
+  Engine engine(f.config, gate);
+  Request first = greedy({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, 3);
+  SubmitResult a = engine.submit(first);
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a.stream->progress().scheduled_at.has_value());
+  const auto before = std::chrono::steady_clock::now();
+  gate.open();
+  a.stream->collect();
+  const RequestProgress pa = a.stream->progress();
+  ASSERT_TRUE(pa.scheduled_at.has_value());
+  EXPECT_GE(*pa.scheduled_at, before);
+  EXPECT_EQ(pa.cached_prompt_tokens, 0);
+  EXPECT_EQ(pa.prompt_logprobs, nullptr);
+
+  // The same prompt again: two blocks of 8 are cached.
+  Request again = first;
+  again.logprobs = true;
+  again.sampling.n_logprobs = 2;
+  SubmitResult b = engine.submit(again);
+  ASSERT_TRUE(b.ok());
+  StreamEvent e;
+  int n_tokens = 0;
+  while (b.stream->next(e)) {
+    if (e.token < 0) continue;
+    ++n_tokens;
+    ASSERT_TRUE(e.logprobs.has_value());
+    EXPECT_EQ(e.logprobs->chosen.token, e.token);
+    EXPECT_EQ(e.logprobs->top.size(), 2u);
+  }
+  EXPECT_EQ(n_tokens, 3);
+  EXPECT_EQ(b.stream->progress().cached_prompt_tokens, 16);
+
+  // Prompt logprobs: set before the first event can be read.
+  Request echo = first;
+  echo.prompt_logprobs = 1;
+  SubmitResult c = engine.submit(echo);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c.stream->next(e));
+  const RequestProgress pc = c.stream->progress();
+  ASSERT_NE(pc.prompt_logprobs, nullptr);
+  EXPECT_EQ(pc.prompt_logprobs->size(), first.prompt.size() - 1);
+  for (size_t i = 0; i < pc.prompt_logprobs->size(); ++i) {
+    const Logprobs& lp = (*pc.prompt_logprobs)[i];
+    EXPECT_EQ(lp.chosen.token, first.prompt[i + 1]);
+    EXPECT_EQ(lp.top.size(), 1u);
+    const std::vector<int32_t> ctx(first.prompt.begin(), first.prompt.begin() + i + 1);
+    EXPECT_EQ(lp.chosen.logprob,
+              f.sim->fake_logprobs(SimulatedExecutor::context_value(ctx), first.prompt[i + 1], 1).chosen.logprob);
+  }
+  EXPECT_EQ(pc.cached_prompt_tokens, 0);  // no prefix hits for prompt logprobs
+  c.stream->collect();
+  expect_whole(engine);
+}
+
+TEST(Engine, PerTenantTokenLimitIsTypedAndReleased) {
+  Fixture f;
+  f.config.admission.max_tokens_per_tenant = 40;
+  GatedExecutor gate(*f.sim);
+  Engine engine(f.config, gate);
+  Request r = greedy({1, 2, 3, 4}, 8, "t");  // 4 + 8 x 2 = 20 tokens
+  r.n = 2;
+  SubmitResult a = engine.submit(r);
+  SubmitResult b = engine.submit(r);
+  ASSERT_TRUE(a.ok() && b.ok());
+  SubmitResult c = engine.submit(greedy({1}, 1, "t"));  // 40 + 2 > 40
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.rejection->reason, RejectReason::TenantLimit);
+  EXPECT_NE(c.rejection->message.find("40 tokens in flight + 2"), std::string::npos) << c.rejection->message;
+  SubmitResult other = engine.submit(greedy({1}, 1, "u"));
+  EXPECT_TRUE(other.ok());
+  SubmitResult huge = engine.submit(greedy({1}, 40, "u"));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(http_status(huge.rejection->reason), 400);
+  gate.open();
+  for (auto* s : {&a, &b, &other}) s->stream->collect();
+  SubmitResult d = engine.submit(greedy({1}, 1, "t"));  // released
+  EXPECT_TRUE(d.ok());
+  d.stream->collect();
   expect_whole(engine);
 }

@@ -6,6 +6,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "engine/engine_core.h"
@@ -27,22 +29,39 @@ struct SimSetup {
   int32_t eos = -1;
   int eos_one_in = 0;
   bool check_invariants = true;  // after every step
-  int min_forward_rows = 0;
+  PreemptionMode preemption = PreemptionMode::Recompute;
+  int n_host_blocks = 0;          // host tier (swap)
+  int max_logits_rows = 0;        // 0 = max_num_seqs
 };
 
 struct Collected {
   std::vector<std::vector<int32_t>> tokens;  // [n][...]
+  std::vector<std::vector<Logprobs>> logprobs;  // [n][...] for tokens that carried them
   std::vector<FinishReason> finish;
   bool done = false;
   int64_t start_step = -1;
+  int32_t cached_prompt_tokens = -1;
+  std::shared_ptr<const std::vector<Logprobs>> prompt_logprobs;
 };
+
+inline void expect_same_logprobs(const Logprobs& got, const Logprobs& want, const std::string& where) {
+  EXPECT_EQ(got.chosen.token, want.chosen.token) << where;
+  EXPECT_EQ(got.chosen.logprob, want.chosen.logprob) << where;
+  ASSERT_EQ(got.top.size(), want.top.size()) << where;
+  for (size_t i = 0; i < got.top.size(); ++i) {
+    EXPECT_EQ(got.top[i].token, want.top[i].token) << where << " top " << i;
+    EXPECT_EQ(got.top[i].logprob, want.top[i].logprob) << where << " top " << i;
+  }
+}
 
 class SimEngine {
  public:
   explicit SimEngine(const SimSetup& s) : setup_(s) {
     SimulatorConfig sc;
     sc.vocab_size = s.vocab;
-    sc.n_blocks = s.n_blocks + (s.min_forward_rows + s.block_size - 1) / s.block_size;  // + padding blocks
+    sc.n_blocks = s.n_blocks;
+    sc.n_host_blocks = s.n_host_blocks;
+    sc.max_logits_rows = s.max_logits_rows > 0 ? s.max_logits_rows : s.max_num_seqs;
     sc.block_size = s.block_size;
     sc.eos_token = s.eos;
     sc.eos_one_in = s.eos_one_in;
@@ -61,7 +80,10 @@ class SimEngine {
     ec.model_fingerprint = "sim-model";
     ec.vocab_size = s.vocab;
     ec.check_invariants = s.check_invariants;
-    ec.min_forward_rows = s.min_forward_rows;
+    ec.scheduler.preemption_mode = s.preemption;
+    ec.scheduler.max_logits_rows = s.max_logits_rows;
+    ec.n_host_blocks = s.n_host_blocks;
+    ec.kv_block_bytes = 100;  // any: the byte counters are blocks x this
     core_ = std::make_unique<EngineCore>(ec, *sim_);
   }
 
@@ -70,6 +92,7 @@ class SimEngine {
     core_->add(id, r);
     auto& c = out_[id];
     c.tokens.resize(r.n);
+    c.logprobs.resize(r.n);
     c.finish.assign(r.n, FinishReason::None);
     return id;
   }
@@ -80,6 +103,11 @@ class SimEngine {
       ASSERT_FALSE(c.done) << "event after the request ended";
       ASSERT_EQ(c.finish[e.choice], FinishReason::None) << "event after the choice ended";
       if (e.token >= 0) c.tokens[e.choice].push_back(e.token);
+      if (e.logprobs) {
+        ASSERT_GE(e.token, 0) << "logprobs without a token";
+        ASSERT_EQ(e.logprobs->chosen.token, e.token);
+        c.logprobs[e.choice].push_back(*e.logprobs);
+      }
       c.finish[e.choice] = e.finish;
       c.done = e.request_done;
       if (e.request_done) {
@@ -91,7 +119,18 @@ class SimEngine {
   // One step; the invariants are checked inside (EngineConfig::check_invariants).
   StepResult step() {
     StepResult r = core_->step();
-    for (RequestId id : r.started) out_.at(id).start_step = steps_;
+    for (const RequestStart& st : r.started) {
+      Collected& c = out_.at(st.id);
+      EXPECT_EQ(c.start_step, -1) << "request " << st.id << " started twice";
+      c.start_step = steps_;
+      c.cached_prompt_tokens = st.cached_prompt_tokens;
+    }
+    for (const auto& [id, entries] : r.prompt_logprobs) {
+      Collected& c = out_.at(id);
+      EXPECT_EQ(c.prompt_logprobs, nullptr) << "prompt logprobs of request " << id << " published twice";
+      for (const auto& t : c.tokens) EXPECT_TRUE(t.empty()) << "prompt logprobs after a token of request " << id;
+      c.prompt_logprobs = entries;
+    }
     absorb(r.events);
     ++steps_;
     return r;
@@ -116,7 +155,28 @@ class SimEngine {
     EXPECT_EQ(core_->scheduler().n_requests(), 0u);
     EXPECT_EQ(core_->scheduler().n_live_choices(), 0u);
     EXPECT_EQ(sim_->n_sequences(), 0u);
+    EXPECT_EQ(core_->kv().n_host_free(), core_->kv().n_host_blocks());
+    for (int h = 0; h < core_->kv().n_host_blocks(); ++h) ASSERT_FALSE(core_->kv().host_used(h)) << "host slot " << h;
     core_->check_invariants();
+  }
+
+  // The logprobs a request's tokens should carry, and its prompt logprobs: the simulator's
+  // stand-ins over each context, computed directly.
+  std::vector<Logprobs> reference_logprobs(const Request& r, const std::vector<int32_t>& output) const {
+    std::vector<int32_t> ctx = r.prompt;
+    std::vector<Logprobs> out;
+    for (int32_t t : output) {
+      out.push_back(sim_->fake_logprobs(SimulatedExecutor::context_value(ctx), t, r.sampling.n_logprobs));
+      ctx.push_back(t);
+    }
+    return out;
+  }
+  std::vector<Logprobs> reference_prompt_logprobs(const Request& r) const {
+    std::vector<Logprobs> out;
+    for (size_t p = 1; p < r.prompt.size(); ++p)
+      out.push_back(sim_->fake_logprobs(SimulatedExecutor::context_value(std::span(r.prompt).first(p)), r.prompt[p],
+                                        r.prompt_logprobs));
+    return out;
   }
 
   // What choice `choice` of a request produces run alone: the simulator's chain over its

@@ -145,3 +145,73 @@ TEST(Scheduler, ForkHappensOnTheStepThatCompletesThePrompt) {
   while (s.has_work()) step(s, out);
   EXPECT_TRUE(s.is_idle());
 }
+
+TEST(Scheduler, SwapModeMovesTheVictimToTheHostTierAndBack) {
+  KvBlockManager kv({.n_blocks = 4, .block_size = 2, .prefix_caching = false, .n_host_blocks = 8});
+  SchedulerConfig c = config(16, 4);
+  c.preemption_mode = PreemptionMode::Swap;
+  Scheduler s(c, kv);
+  s.add(request(1, 3, 6));
+  s.add(request(2, 3, 6));
+  SchedulerOutput out;
+  step(s, out);
+  step(s, out);
+  const Sequence& victim = s.sequence(1);  // request 2's sequence (handle 1)
+  const std::vector<int32_t> device = victim.kv.table.blocks;
+  step(s, out);  // both need a third block: request 2 is swapped out
+  ASSERT_EQ(out.swapped.size(), 1u);
+  EXPECT_TRUE(out.preempted.empty());
+  ASSERT_EQ(out.swap_out.size(), 2u);
+  EXPECT_EQ(out.swap_out[0].device, device[0]);
+  EXPECT_EQ(out.swap_out[1].device, device[1]);
+  EXPECT_EQ(victim.status, SeqStatus::Swapped);
+  EXPECT_EQ(victim.n_computed(), 4);  // kept: it resumes where it stopped
+  const std::vector<int32_t> host = victim.kv.host_blocks;
+  EXPECT_EQ(kv.n_host_free(), 6);
+  EXPECT_EQ(s.stats().swap_preemptions, 1);
+  bool swapped_in = false;
+  while (s.has_work()) {
+    step(s, out);
+    if (!out.swap_in.empty()) {
+      swapped_in = true;
+      ASSERT_EQ(out.swap_in.size(), 2u);
+      EXPECT_EQ(out.swap_in[0].host, host[0]);
+      EXPECT_EQ(out.swap_in[1].host, host[1]);
+      ASSERT_EQ(out.seqs.size(), 1u);
+      EXPECT_EQ(out.seqs[0].n_computed, 4);  // no recompute
+      EXPECT_EQ(out.seqs[0].n_new, 1);
+    }
+  }
+  EXPECT_TRUE(swapped_in);
+  EXPECT_EQ(s.stats().swap_fallbacks, 0);
+  EXPECT_TRUE(s.is_idle());
+}
+
+TEST(Scheduler, PromptLogitRowsFitTheRowBudgetAndComeOnce) {
+  KvBlockManager kv({.n_blocks = 32, .block_size = 4});
+  SchedulerConfig c = config(64, 2);
+  c.max_logits_rows = 5;  // 3 rows beyond one per sequence
+  Scheduler s(c, kv);
+  SchedRequest r = request(1, 12, 2);
+  r.prompt_logits = true;
+  s.add(r);
+  s.add(request(2, 12, 2));
+  SchedulerOutput out;
+  std::vector<int32_t> rows_seen;
+  while (s.has_work()) {
+    step(s, out);
+    int rows = 0;
+    for (const ScheduledSeq& sc : out.seqs) {
+      rows += sc.n_prompt_rows() + (sc.sample_seqs.empty() ? 0 : 1);
+      if (sc.request == 1)
+        for (int32_t p = sc.prompt_rows_begin; p < sc.prompt_rows_end; ++p) rows_seen.push_back(p);
+      else
+        EXPECT_EQ(sc.n_prompt_rows(), 0);
+    }
+    EXPECT_LE(rows, 5);
+  }
+  std::vector<int32_t> want(11);  // positions 0..10 give prompt tokens 1..11
+  for (int i = 0; i < 11; ++i) want[i] = i;
+  EXPECT_EQ(rows_seen, want);
+  EXPECT_TRUE(s.is_idle());
+}

@@ -1,0 +1,161 @@
+// tessera serve: the OpenAI-compatible HTTP server over the serving engine.
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <regex>
+#include <thread>
+
+#include "apps/commands.h"
+#include "apps/common.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/engine_model.h"
+#include "server/api/api_server.h"
+#include "server/http/server.h"
+#include "server/metrics.h"
+#include "server/web/chat_page.h"
+#include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera::apps {
+
+namespace {
+
+struct ServeArgs {
+  ModelArgs model;
+  EngineArgs engine;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
+  std::string chat_template_file;
+  size_t max_request_body = 8u << 20;
+  int drain_timeout_s = 30;
+  int max_waiting_requests = 4096;
+  int io_threads = 2;
+};
+
+// "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct": the file name without its
+// extension and quantization tag.
+std::string default_model_name(const std::string& path) {
+  std::string stem = std::filesystem::path(path).filename().string();
+  if (stem.size() > 5 && stem.ends_with(".gguf")) stem.resize(stem.size() - 5);
+  static const std::regex kQuantTag(R"([.-](I?Q\d\w*|BF16|F16|F32)$)", std::regex::icase);
+  stem = std::regex_replace(stem, kQuantTag, "");
+  return stem.empty() ? path : stem;
+}
+
+std::unique_ptr<ChatTemplate> load_chat_template(const ServeArgs& a, const Tokenizer& tok) {
+  std::string source;
+  if (!a.chat_template_file.empty()) source = read_file(a.chat_template_file);
+  else source = std::string(tok.chat_template());
+  if (source.empty()) {
+    std::fprintf(stderr, "tessera: the model has no chat template; using ChatML\n");
+    source = ChatTemplate::chatml_source();
+  }
+  ChatTemplateOptions o;
+  if (tok.bos_id() >= 0) o.bos_token = std::string(tok.token_text(tok.bos_id()));
+  if (tok.eos_id() >= 0) o.eos_token = std::string(tok.token_text(tok.eos_id()));
+  return std::make_unique<ChatTemplate>(source, o);
+}
+
+void serve(const ServeArgs& a) {
+  TESSERA_CHECK(a.port >= 0 && a.port <= 65535, "--port ", a.port, " is outside [0, 65535]");
+  TESSERA_CHECK(a.drain_timeout_s >= 0, "--drain-timeout must not be negative");
+  // Signals are taken by sigwait below: block them before any thread exists, so every thread
+  // inherits the mask and none is interrupted.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::vector<std::string> keys = a.api_keys;
+  if (!a.api_key_file.empty())
+    for (std::string& k : api::ApiKeys::read_key_file(a.api_key_file)) keys.push_back(std::move(k));
+
+  ModelEngineOptions mo = a.engine.engine_options(a.model);
+  mo.admission.max_waiting_requests = a.max_waiting_requests;
+  ModelEngine model_engine(mo);
+  Engine engine(model_engine.config(), model_engine.executor());
+  const Tokenizer& tok = model_engine.session().tokenizer();
+  const std::shared_ptr<ChatTemplate> chat_template = load_chat_template(a, tok);
+
+  api::ServedModel served;
+  served.name = !a.served_model_name.empty() ? a.served_model_name
+                                             : default_model_name(resolve_model_path(a.model.model));
+  served.tokenizer = &tok;
+  api::set_engine_limits(served, model_engine.config());
+  served.chat = [chat_template](const nlohmann::json& messages, bool add_generation_prompt,
+                                const nlohmann::json& extra) {
+    return chat_template->apply(messages, add_generation_prompt, extra);
+  };
+
+  ServerMetrics metrics(served.name, served.max_model_len);
+  api::ApiServerOptions options;
+  options.keys = api::ApiKeys(keys);
+  options.chat_page_html = std::string(web::chat_page_html());
+  options.render_metrics = [&] { return metrics.render(engine.stats()); };
+  options.hooks.record = [&](const RequestRecord& r) { metrics.record(r); };
+  options.hooks.record_rejection = [&](int status, std::string_view reason) { metrics.record_rejection(status, reason); };
+  api::ApiServer api(engine, served, std::move(options));
+
+  http::ServerOptions so;
+  so.host = a.host;
+  so.port = static_cast<uint16_t>(a.port);
+  so.io_threads = a.io_threads;
+  so.max_body_bytes = a.max_request_body;
+  so.header_filter = api.header_filter();  // 401 before reading a body
+  http::HttpServer server(so, api.handler());
+  server.start();
+  std::printf("tessera: serving %s on http://%s:%u (OpenAI API at /v1)\n", served.name.c_str(), a.host.c_str(),
+              static_cast<unsigned>(server.port()));
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "tessera: %s: draining (up to %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               a.drain_timeout_s);
+  api.set_draining(true);
+  server.stop_accepting();
+  engine.drain(std::chrono::seconds(a.drain_timeout_s));
+  // The engine is idle; give the connections a moment to write their last chunks.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (api.live_generations() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  server.stop();
+  engine.stop();
+  std::fprintf(stderr, "tessera: stopped\n");
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "serve a model over an OpenAI-compatible HTTP API");
+  args->model.add_to(*cmd);
+  args->engine.add_to(*cmd);
+  cmd->add_option("--host", args->host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", args->port, "port to listen on (0: any free port, printed at start)")
+      ->capture_default_str();
+  cmd->add_option("--served-model-name", args->served_model_name,
+                  "the model name clients must use (default: the model file's name)");
+  cmd->add_option("--api-key", args->api_keys, "accept this API key (repeatable); none: no authentication");
+  cmd->add_option("--api-key-file", args->api_key_file, "file of API keys, one per line");
+  cmd->add_option("--chat-template", args->chat_template_file, "Jinja chat template file (default: the model's)");
+  cmd->add_option("--max-request-body", args->max_request_body, "largest request body in bytes (413 beyond)")
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout", args->drain_timeout_s,
+                  "seconds to let requests finish on SIGINT/SIGTERM before aborting them")
+      ->capture_default_str();
+  cmd->add_option("--max-waiting-requests", args->max_waiting_requests, "queued requests before 429")
+      ->capture_default_str();
+  cmd->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->capture_default_str();
+  cmd->callback([args] { serve(*args); });
+}
+
+}  // namespace tessera::apps

@@ -1,0 +1,215 @@
+#include "server/api/api_server.h"
+
+#include <chrono>
+#include <mutex>
+#include <random>
+
+#include "server/api/api_error.h"
+#include "server/api/prompt_input.h"
+#include "server/api/response_json.h"
+
+namespace tessera::api {
+
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+http::Response json_response(const ojson& body, int status = 200) {
+  http::Response r;
+  r.status = status;
+  r.body = dump_json(body);
+  return r;
+}
+
+// The routes: a path and the one method it answers (anything else on it is a 405).
+struct Route {
+  std::string_view path;
+  std::string_view method;
+  bool needs_key;
+};
+constexpr Route kRoutes[] = {
+    {"/", "GET", false},
+    {"/health", "GET", false},
+    {"/ready", "GET", false},
+    {"/metrics", "GET", false},
+    {"/v1/models", "GET", true},
+    {"/v1/completions", "POST", true},
+    {"/v1/chat/completions", "POST", true},
+    {"/tokenize", "POST", true},
+    {"/detokenize", "POST", true},
+};
+constexpr std::string_view kModelPrefix = "/v1/models/";
+
+// The first header of that (lowercase) name; names arrive lowercased (exchange.h).
+std::optional<std::string_view> find_header(const http::Request& req, std::string_view name) {
+  for (const auto& [k, v] : req.headers)
+    if (k == name) return std::string_view(v);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string random_id(std::string_view prefix) {
+  static std::mutex mutex;
+  static std::mt19937_64 rng{std::random_device{}()};
+  uint64_t a, b;
+  {
+    std::lock_guard lock(mutex);
+    a = rng();
+    b = rng();
+  }
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(a),
+                static_cast<unsigned long long>(b));
+  return std::string(prefix) + buf;
+}
+
+ApiServer::ApiServer(Engine& engine, ServedModel model, ApiServerOptions options)
+    : engine_(engine), model_(std::move(model)), options_(std::move(options)) {
+  TESSERA_CHECK(model_.tokenizer != nullptr, "api: the served model has no tokenizer");
+  if (model_.created == 0) model_.created = unix_now();
+}
+
+void ApiServer::handle(std::shared_ptr<http::Exchange> exchange) {
+  // Generations attach to the exchange's executor: run every handler there too, so a
+  // request's state is only ever touched by one thread at a time.
+  exchange->post([this, exchange] { dispatch(exchange); });
+}
+
+void ApiServer::dispatch(const std::shared_ptr<http::Exchange>& exchange) {
+  try {
+    route(exchange);
+  } catch (const ApiError& e) {
+    exchange->respond(error_response(e));
+  } catch (const std::exception& e) {
+    exchange->respond(
+        error_response(ApiError(500, std::string("internal error: ") + e.what(), "server_error", std::nullopt,
+                                std::nullopt)));
+  }
+}
+
+void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
+  const http::Request& req = exchange->request();
+  const Route* route = nullptr;
+  for (const Route& r : kRoutes)
+    if (req.path == r.path) route = &r;
+  const bool model_path = !route && req.path.size() > kModelPrefix.size() && req.path.starts_with(kModelPrefix);
+  if (!route && !model_path)
+    throw ApiError(404, "no route for " + req.method + " " + req.path, "invalid_request_error", std::nullopt,
+                   "not_found");
+  const std::string_view method = route ? route->method : "GET";
+  if (req.method != method)
+    throw ApiError(405, "method " + req.method + " is not allowed on " + req.path + "; use " + std::string(method),
+                   "invalid_request_error", std::nullopt, "method_not_allowed", {{"Allow", std::string(method)}});
+
+  const Tenant tenant = model_path || route->needs_key ? authenticate(req) : Tenant{};
+
+  if (model_path) return exchange->respond(model_by_id(std::string_view(req.path).substr(kModelPrefix.size())));
+  const std::string_view path = route->path;
+  if (path == "/") {
+    if (options_.chat_page_html.empty())
+      throw ApiError(404, "this server has no chat page", "invalid_request_error", std::nullopt, "not_found");
+    http::Response r;
+    r.content_type = "text/html; charset=utf-8";
+    r.body = options_.chat_page_html;
+    return exchange->respond(std::move(r));
+  }
+  if (path == "/health") return exchange->respond(health(false));
+  if (path == "/ready") return exchange->respond(health(true));
+  if (path == "/metrics") {
+    if (!options_.render_metrics)
+      throw ApiError(404, "metrics are not enabled", "invalid_request_error", std::nullopt, "not_found");
+    http::Response r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = options_.render_metrics();
+    return exchange->respond(std::move(r));
+  }
+  if (path == "/v1/models") return exchange->respond(models());
+  if (path == "/tokenize") return exchange->respond(tokenize(req));
+  if (path == "/detokenize") return exchange->respond(detokenize(req));
+  generate(exchange, path == "/v1/completions" ? Endpoint::Completions : Endpoint::Chat, tenant);
+}
+
+Tenant ApiServer::authenticate(const http::Request& req) const {
+  const std::optional<Tenant> t = options_.keys.authenticate(find_header(req, "authorization"));
+  if (t) return *t;
+  if (options_.hooks.record_rejection) options_.hooks.record_rejection(401, "invalid_api_key");
+  throw ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'", "invalid_request_error",
+                 std::nullopt, "invalid_api_key", {{"WWW-Authenticate", "Bearer"}});
+}
+
+std::optional<http::Response> ApiServer::filter_headers(const http::Request& req) const {
+  if (!options_.keys.enabled()) return std::nullopt;
+  bool needs_key = req.path.size() > kModelPrefix.size() && req.path.starts_with(kModelPrefix);
+  for (const Route& r : kRoutes)
+    if (req.path == r.path) needs_key = r.needs_key;
+  if (!needs_key) return std::nullopt;
+  try {
+    authenticate(req);
+  } catch (const ApiError& e) {
+    return error_response(e);
+  }
+  return std::nullopt;
+}
+
+void ApiServer::generate(const std::shared_ptr<http::Exchange>& exchange, Endpoint endpoint, const Tenant& tenant) {
+  GenerationPlan plan;
+  try {
+    if (draining())
+      throw ApiError(503, "the server is shutting down and admits no new requests", "service_unavailable_error",
+                     std::nullopt, "server_draining", {{"Retry-After", "5"}});
+    const json body = parse_json_body(exchange->request().body);
+    plan = endpoint == Endpoint::Chat ? parse_chat_request(body, model_) : parse_completion_request(body, model_);
+  } catch (const ApiError& e) {
+    if (options_.hooks.record_rejection) options_.hooks.record_rejection(e.status, e.code.value_or("invalid_request"));
+    throw;
+  }
+  plan.tenant = tenant.name;
+  plan.tenant_salt = tenant.salt;
+  plan.id = random_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
+  plan.created = unix_now();
+  Generation::start(exchange, engine_, model_, options_.hooks, std::move(plan));
+}
+
+http::Response ApiServer::health(bool ready) const {
+  if (draining())
+    return error_response(ApiError(503, "the server is draining", "service_unavailable_error", std::nullopt,
+                                   "server_draining"));
+  if (const std::string err = engine_.internal_error(); !err.empty() || engine_.stopping())
+    return error_response(ApiError(503, "the engine has failed: " + (err.empty() ? "stopped" : err),
+                                   "service_unavailable_error", std::nullopt, "engine_failed"));
+  return json_response(ojson{{"status", ready ? "ready" : "ok"}});
+}
+
+namespace {
+ojson model_card(const ServedModel& m) {
+  ojson card;
+  card["id"] = m.name;
+  card["object"] = "model";
+  card["created"] = m.created;
+  card["owned_by"] = "tessera";
+  card["root"] = m.name;
+  card["parent"] = nullptr;
+  card["max_model_len"] = m.max_model_len;
+  return card;
+}
+}  // namespace
+
+http::Response ApiServer::models() const {
+  ojson list;
+  list["object"] = "list";
+  list["data"] = ojson::array({model_card(model_)});
+  return json_response(list);
+}
+
+http::Response ApiServer::model_by_id(std::string_view id) const {
+  if (id != model_.name)
+    throw ApiError(404, "the model '" + std::string(id) + "' does not exist; this server serves '" + model_.name + "'",
+                   "invalid_request_error", "model", "model_not_found");
+  return json_response(model_card(model_));
+}
+
+}  // namespace tessera::api

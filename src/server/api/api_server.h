@@ -1,0 +1,75 @@
+#pragma once
+// The OpenAI-compatible application: routes every HTTP request to its endpoint, checks the API
+// key, parses and validates bodies, and hands generations to the Generation driver. Every
+// refusal is an OpenAI-shaped error (api_error.h). Contract: docs/design/openai-api.md.
+//
+//   ApiServer api(engine, served_model, options);
+//   http::HttpServer http(server_options, api.handler());
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "server/api/auth.h"
+#include "server/api/generation.h"
+#include "server/api/served_model.h"
+#include "server/http/exchange.h"
+
+namespace tessera::api {
+
+struct ApiServerOptions {
+  ApiKeys keys;                                 // none: no authentication
+  std::string chat_page_html;                   // GET /; empty: 404
+  std::function<std::string()> render_metrics;  // GET /metrics (Prometheus text); empty: 404
+  ApiHooks hooks;                               // metrics of finished and refused requests
+};
+
+class ApiServer {
+ public:
+  // engine must outlive the server; model.tokenizer must be set.
+  ApiServer(Engine& engine, ServedModel model, ApiServerOptions options);
+
+  // The transport's handler: moves the request onto its connection's executor and answers it
+  // there. Never blocks and never throws.
+  void handle(std::shared_ptr<http::Exchange> exchange);
+  http::Handler handler() {
+    return [this](std::shared_ptr<http::Exchange> e) { handle(std::move(e)); };
+  }
+  // For ServerOptions::header_filter: answers 401 on a protected route without a valid key
+  // from the headers alone, before the body is read. The handler checks again.
+  http::HeaderFilter header_filter() {
+    return [this](const http::Request& r) -> std::optional<http::Response> { return filter_headers(r); };
+  }
+  std::optional<http::Response> filter_headers(const http::Request& request) const;
+
+  // Shutdown: /health and /ready answer 503 and new generations are refused with 503, while
+  // the ones in flight finish.
+  void set_draining(bool on) { draining_.store(on); }
+  bool draining() const { return draining_.load(); }
+  const ServedModel& model() const { return model_; }
+  // Generations still running or flushing their answer.
+  int live_generations() const { return options_.hooks.live->load(); }
+
+ private:
+  void dispatch(const std::shared_ptr<http::Exchange>& exchange);
+  void route(const std::shared_ptr<http::Exchange>& exchange);
+  // The caller's tenant, or the 401 to answer (recorded as a rejection).
+  Tenant authenticate(const http::Request& request) const;
+  void generate(const std::shared_ptr<http::Exchange>& exchange, Endpoint endpoint, const Tenant& tenant);
+  http::Response health(bool ready) const;
+  http::Response models() const;
+  http::Response model_by_id(std::string_view id) const;
+  http::Response tokenize(const http::Request& request) const;
+  http::Response detokenize(const http::Request& request) const;
+
+  Engine& engine_;
+  ServedModel model_;
+  ApiServerOptions options_;
+  std::atomic<bool> draining_{false};
+};
+
+// A fresh id: prefix + 32 random hex digits ("chatcmpl-...").
+std::string random_id(std::string_view prefix);
+
+}  // namespace tessera::api

@@ -1,0 +1,36 @@
+#pragma once
+// What the API layer knows of the model it serves: its public name, tokenizer, limits and
+// chat template. Built once at start-up (serve_app) and shared, read-only, by every request.
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace tessera {
+class Tokenizer;
+struct EngineConfig;
+}  // namespace tessera
+
+namespace tessera::api {
+
+// Renders chat messages into prompt text (the model's Jinja template, sandboxed). Throws
+// tessera::Error with the template's message on raise_exception: the request gets a 400.
+using ChatRenderer = std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt,
+                                               const nlohmann::json& extra)>;
+
+struct ServedModel {
+  std::string name;               // the `model` a request must name (--served-model-name)
+  const Tokenizer* tokenizer = nullptr;
+  int32_t vocab_size = 0;
+  // Prompt + max_tokens of one choice, at most: the scheduler's max_model_len, or less when
+  // the whole KV cache holds fewer tokens.
+  int32_t max_model_len = 0;
+  int max_n = 16;                 // most choices per request (EngineConfig::max_n)
+  ChatRenderer chat;              // empty: /v1/chat/completions answers 400
+  int64_t created = 0;            // unix time the server started (for /v1/models)
+};
+
+// Fills the limits from the engine's configuration (max_model_len capped by the KV pool).
+void set_engine_limits(ServedModel& model, const EngineConfig& config);
+
+}  // namespace tessera::api

@@ -1,0 +1,64 @@
+// POST /tokenize and POST /detokenize, in vLLM's shapes.
+#include "server/api/api_error.h"
+#include "server/api/api_server.h"
+#include "server/api/prompt_input.h"
+#include "server/api/response_json.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera::api {
+
+http::Response ApiServer::tokenize(const http::Request& request) const {
+  const json body = parse_json_body(request.body);
+  check_model_name(body, model_);
+  const Fields f(body);
+  const Tokenizer& tok = *model_.tokenizer;
+  std::vector<int32_t> tokens;
+  if (const json* messages = f.get("messages")) {
+    if (f.has("prompt")) invalid_request("invalid_value", "give either 'prompt' or 'messages', not both");
+    std::vector<std::string> user_texts;
+    const json normalized = normalize_messages(*messages, user_texts);
+    json extra = json::object();
+    if (const json* kw = f.get("chat_template_kwargs")) {
+      if (!kw->is_object())
+        invalid_param("chat_template_kwargs", "invalid_type", "'chat_template_kwargs' must be an object");
+      extra = *kw;
+    }
+    const std::string rendered =
+        render_chat(model_, normalized, f.boolean("add_generation_prompt").value_or(true), extra);
+    tokens = tokenize_chat(tok, rendered, user_texts, f.boolean("add_special_tokens").value_or(false));
+  } else {
+    const std::optional<std::string> prompt = f.string("prompt", kMaxPromptBytes);
+    if (!prompt) invalid_param("prompt", "missing_required_parameter", "'prompt' (or 'messages') is required");
+    // As /v1/completions tokenizes a prompt, so counts agree with its usage.
+    tokens = tok.encode(*prompt, f.boolean("add_special_tokens").value_or(true), /*parse_special=*/false);
+  }
+  ojson out;
+  out["count"] = tokens.size();
+  out["max_model_len"] = model_.max_model_len;
+  out["tokens"] = tokens;
+  if (f.boolean("return_token_strs").value_or(false)) {
+    ojson strs = ojson::array();
+    for (const int32_t t : tokens) strs.push_back(token_string(tok, t));
+    out["token_strs"] = std::move(strs);
+  } else {
+    out["token_strs"] = nullptr;
+  }
+  http::Response r;
+  r.body = dump_json(out);
+  return r;
+}
+
+http::Response ApiServer::detokenize(const http::Request& request) const {
+  const json body = parse_json_body(request.body);
+  check_model_name(body, model_);
+  const json* tokens = Fields(body).get("tokens");
+  if (!tokens) invalid_param("tokens", "missing_required_parameter", "'tokens' is required");
+  const std::vector<int32_t> ids = parse_token_ids(*tokens, "tokens", model_.vocab_size, 1u << 20);
+  ojson out;
+  out["prompt"] = model_.tokenizer->decode(ids, /*skip_special=*/false);
+  http::Response r;
+  r.body = dump_json(out);  // a partial character at the end becomes U+FFFD
+  return r;
+}
+
+}  // namespace tessera::api

@@ -1,0 +1,379 @@
+// The real handlers over a real Engine with SmolLM2-135M, through an in-memory exchange:
+// chat and completions (plain and streamed), n = 3 with seeds, echo + logprobs, stop strings
+// across tokens, a client that goes away, auth, routing, admission and draining. Outputs are
+// checked against the engine driven directly (greedy) and the tokenizer.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "api_test_util.h"
+#include "engine/engine.h"
+#include "engine/engine_model.h"
+#include "fake_exchange.h"
+#include "server/api/api_server.h"
+#include "server/api/prompt_input.h"
+
+using namespace tessera;
+using namespace tessera::api;
+using api_test::FakeExchange;
+using nlohmann::json;
+
+namespace {
+
+std::string model_file() { return test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"); }
+
+class ApiServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(model_file())) return;
+    ModelEngineOptions o;
+    o.session.model = model_file();
+    o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
+    o.scheduler.max_num_batched_tokens = 64;
+    o.scheduler.max_num_seqs = 8;
+    o.scheduler.max_model_len = 512;
+    o.max_kv_blocks = 128;
+    o.kv_cache_bytes = 64ll << 20;
+    o.warmup = false;
+    model_ = new ModelEngine(o);
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (!model_) GTEST_SKIP() << "model not found: " << model_file();
+  }
+  void TearDown() override {
+    if (!engine_) return;
+    // Everything a test started must be over: no request in the engine, no generation alive.
+    for (int i = 0; i < 500 && (engine_->n_in_flight() > 0 || api_->live_generations() > 0); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(engine_->n_in_flight(), 0u);
+    EXPECT_EQ(api_->live_generations(), 0);
+    engine_->stop();
+    executor_.reset();
+    EXPECT_TRUE(engine_->core().is_idle());
+    api_.reset();
+    engine_.reset();
+  }
+
+  void start(AdmissionLimits limits = {}, std::vector<std::string> keys = {}) {
+    EngineConfig c = model_->config();
+    c.admission = limits;
+    engine_ = std::make_unique<Engine>(c, model_->executor());
+    executor_ = std::make_unique<api_test::FakeExecutor>();
+    ServedModel m = api_test::served_model();
+    m.tokenizer = &model_->session().tokenizer();
+    set_engine_limits(m, c);
+    served_ = m;
+    ApiServerOptions o;
+    o.keys = ApiKeys(keys);
+    o.chat_page_html = "<html>chat</html>";
+    o.render_metrics = [] { return std::string("vllm:num_requests_running 0\n"); };
+    o.hooks.record = [this](const RequestRecord& r) {
+      std::lock_guard lock(mutex_);
+      records_.push_back(r);
+    };
+    o.hooks.record_rejection = [this](int status, std::string_view reason) {
+      std::lock_guard lock(mutex_);
+      rejections_.emplace_back(status, std::string(reason));
+    };
+    api_ = std::make_unique<ApiServer>(*engine_, m, std::move(o));
+  }
+
+  std::shared_ptr<FakeExchange> send(const std::string& method, const std::string& path, const std::string& body = "",
+                                     const std::string& key = "") {
+    http::Request r;
+    r.method = method;
+    r.path = r.target = path;
+    r.body = body;
+    if (!key.empty()) r.headers.emplace_back("authorization", "Bearer " + key);
+    auto ex = std::make_shared<FakeExchange>(*executor_, std::move(r));
+    api_->handle(ex);
+    return ex;
+  }
+  std::shared_ptr<FakeExchange> call(const std::string& method, const std::string& path, const json& body = nullptr,
+                                     const std::string& key = "") {
+    auto ex = send(method, path, body.is_null() ? "" : body.dump(), key);
+    EXPECT_TRUE(ex->wait_done()) << path;
+    return ex;
+  }
+
+  const Tokenizer& tok() { return model_->session().tokenizer(); }
+  // The engine's own greedy tokens for a prompt.
+  std::vector<int32_t> greedy_tokens(const std::vector<int32_t>& prompt, int max_tokens) {
+    Request r;
+    r.prompt = prompt;
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    SubmitResult s = engine_->submit(r);
+    EXPECT_TRUE(s.ok());
+    return s.stream->collect().tokens[0];
+  }
+  static void expect_error(const FakeExchange& ex, int status, const char* code) {
+    const http::Response r = ex.response();
+    EXPECT_EQ(r.status, status) << r.body;
+    const json j = json::parse(r.body);
+    ASSERT_TRUE(j.contains("error")) << r.body;
+    EXPECT_EQ(j["error"]["code"], code) << r.body;
+    EXPECT_TRUE(j["error"]["message"].is_string() && j["error"].contains("type") && j["error"].contains("param"));
+  }
+
+  static ModelEngine* model_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<api_test::FakeExecutor> executor_;
+  std::unique_ptr<ApiServer> api_;
+  ServedModel served_;
+  std::mutex mutex_;
+  std::vector<RequestRecord> records_;
+  std::vector<std::pair<int, std::string>> rejections_;
+};
+
+ModelEngine* ApiServerTest::model_ = nullptr;
+
+const json kChat = json::parse(R"({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+  "temperature": 0, "max_tokens": 6, "ignore_eos": true})");
+
+}  // namespace
+
+TEST_F(ApiServerTest, ChatCompleteAndStreamedAgreeWithTheEngine) {
+  start();
+  const std::vector<int32_t> prompt = parse_chat_request(kChat, served_).prompts[0].tokens;
+  const std::string want = tok().decode(greedy_tokens(prompt, 6), true);
+
+  auto ex = call("POST", "/v1/chat/completions", kChat);
+  ASSERT_EQ(ex->response().status, 200) << ex->response().body;
+  const json r = ex->json();
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["model"], "SmolLM2-135M-Instruct");
+  EXPECT_TRUE(r["id"].get<std::string>().starts_with("chatcmpl-"));
+  ASSERT_EQ(r["choices"].size(), 1u);
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], want);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(r["usage"]["total_tokens"], prompt.size() + 6);
+  EXPECT_TRUE(r["usage"]["prompt_tokens_details"]["cached_tokens"].is_number_integer());
+
+  // /tokenize with the same messages counts the same prompt.
+  json tk = {{"messages", kChat["messages"]}};
+  EXPECT_EQ(call("POST", "/tokenize", tk)->json()["count"], prompt.size());
+
+  json streamed = kChat;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  auto sx = call("POST", "/v1/chat/completions", streamed);
+  ASSERT_TRUE(sx->streamed());
+  const auto frames = api_test::sse_payloads(sx->response().body);
+  ASSERT_GE(frames.size(), 4u);
+  EXPECT_EQ(frames.back(), "[DONE]");
+  const json first = json::parse(frames[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"], json::parse(R"({"role":"assistant","content":""})"));
+  std::string text;
+  for (size_t i = 1; i + 2 < frames.size(); ++i) {
+    const json c = json::parse(frames[i]);
+    EXPECT_EQ(c["id"], first["id"]);
+    ASSERT_EQ(c["choices"].size(), 1u);
+    text += c["choices"][0]["delta"].value("content", "");
+    EXPECT_EQ(c["choices"][0]["finish_reason"], i + 3 == frames.size() ? json("length") : json(nullptr));
+  }
+  EXPECT_EQ(text, want);
+  const json usage = json::parse(frames[frames.size() - 2]);
+  EXPECT_EQ(usage["choices"], json::array());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], prompt.size());
+
+  std::lock_guard lock(mutex_);
+  ASSERT_EQ(records_.size(), 2u);
+  for (const RequestRecord& rec : records_) {
+    EXPECT_EQ(rec.prompt_tokens, static_cast<int64_t>(prompt.size()));
+    EXPECT_EQ(rec.generation_tokens, 6);
+    EXPECT_EQ(rec.finish, FinishReason::Length);
+    ASSERT_TRUE(rec.ttft_s.has_value());
+    EXPECT_GE(rec.e2e_s, *rec.ttft_s);
+    EXPECT_EQ(rec.inter_token_s.size(), 5u);
+    EXPECT_EQ(rec.max_tokens_param, 6);
+  }
+}
+
+TEST_F(ApiServerTest, CompletionsThreeChoicesReproducibleWithSeed) {
+  start();
+  const json body = json::parse(R"({"prompt": "Once upon a time", "n": 3, "temperature": 1.0, "seed": 5,
+    "max_tokens": 4, "ignore_eos": true})");
+  const json a = call("POST", "/v1/completions", body)->json();
+  const json b = call("POST", "/v1/completions", body)->json();
+  EXPECT_EQ(a["object"], "text_completion");
+  ASSERT_EQ(a["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a["choices"][i]["index"], i);
+    EXPECT_EQ(a["choices"][i]["finish_reason"], "length");
+    EXPECT_EQ(a["choices"][i]["text"], b["choices"][i]["text"]);
+  }
+  EXPECT_EQ(a["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(a["usage"]["prompt_tokens"], tok().encode("Once upon a time", true, false).size());
+}
+
+TEST_F(ApiServerTest, EchoWithLogprobs) {
+  start();
+  const std::string prompt = "The capital of France is";
+  const std::vector<int32_t> ids = tok().encode(prompt, true, false);
+  const json body = {{"prompt", prompt}, {"echo", true}, {"logprobs", 2}, {"max_tokens", 3},
+                     {"temperature", 0}, {"ignore_eos", true}};
+  const json r = call("POST", "/v1/completions", body)->json();
+  ASSERT_TRUE(r.contains("choices")) << r.dump();
+  const json& c = r["choices"][0];
+  const std::string generated = tok().decode(greedy_tokens(ids, 3), true);
+  EXPECT_EQ(c["text"], prompt + generated);
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + 3);
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size() + 3);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < ids.size() + 3; ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(lp["token_logprobs"][i].is_number()) << lp.dump();
+    const double chosen = lp["token_logprobs"][i];
+    EXPECT_LE(chosen, 0.0);
+    double best = -1e9;
+    for (const auto& [k, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);
+    // Greedy: every generated token is the most likely one.
+    if (i >= ids.size()) EXPECT_DOUBLE_EQ(chosen, best);
+    else EXPECT_LE(chosen, best);
+  }
+  EXPECT_EQ(lp["text_offset"][0], 0);
+}
+
+TEST_F(ApiServerTest, StopStringAcrossTokensIsCutAndNotLeaked) {
+  start();
+  const std::string prompt = "The capital of France is";
+  const std::vector<int32_t> ids = tok().encode(prompt, true, false);
+  const std::vector<int32_t> out = greedy_tokens(ids, 8);
+  const std::string full = tok().decode(out, true);
+  // A 4-byte stop string that straddles the boundary between output tokens 1 and 2.
+  const size_t boundary = tok().decode(std::vector<int32_t>(out.begin(), out.begin() + 2), true).size();
+  ASSERT_GE(boundary, 2u);
+  const size_t at = boundary - 2;
+  const std::string stop = full.substr(at, 4);
+  ASSERT_EQ(full.find(stop), at) << full;
+
+  const json body = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true},
+                     {"stop", {"never-appears", stop}}};
+  const json r = call("POST", "/v1/completions", body)->json();
+  EXPECT_EQ(r["choices"][0]["text"], full.substr(0, at));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_LT(r["usage"]["completion_tokens"].get<int>(), 8);
+
+  json with = body;
+  with["include_stop_str_in_output"] = true;
+  EXPECT_EQ(call("POST", "/v1/completions", with)->json()["choices"][0]["text"], full.substr(0, at + 4));
+
+  json streamed = body;
+  streamed["stream"] = true;
+  const auto frames = api_test::sse_payloads(call("POST", "/v1/completions", streamed)->response().body);
+  std::string text;
+  std::string last_finish;
+  for (const std::string& f : frames) {
+    if (f == "[DONE]") continue;
+    const json c = json::parse(f);
+    text += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) last_finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, full.substr(0, at));
+  EXPECT_EQ(last_finish, "stop");
+  EXPECT_EQ(text.find(stop), std::string::npos);
+}
+
+TEST_F(ApiServerTest, ClientGoneAbortsTheEngineRequest) {
+  start();
+  const json body = {{"prompt", "Tell me a long story."}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}};
+  auto ex = send("POST", "/v1/completions", body.dump());
+  ASSERT_TRUE(ex->wait_writes(2));
+  EXPECT_EQ(engine_->n_in_flight(), 1u);
+  ex->abandon();
+  for (int i = 0; i < 300 && (engine_->n_in_flight() > 0 || api_->live_generations() > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine_->n_in_flight(), 0u);
+  EXPECT_EQ(api_->live_generations(), 0);
+  std::lock_guard lock(mutex_);
+  ASSERT_EQ(records_.size(), 1u);
+  EXPECT_EQ(records_[0].finish, FinishReason::Abort);
+  EXPECT_LT(records_[0].generation_tokens, 400);
+}
+
+TEST_F(ApiServerTest, AuthRoutingAndModels) {
+  start({}, {"sk-alpha"});
+  expect_error(*call("GET", "/v1/models"), 401, "invalid_api_key");
+  expect_error(*call("GET", "/v1/models", nullptr, "sk-wrong"), 401, "invalid_api_key");
+  expect_error(*call("POST", "/v1/completions", json{{"prompt", "hi"}}), 401, "invalid_api_key");
+  const json models = call("GET", "/v1/models", nullptr, "sk-alpha")->json();
+  EXPECT_EQ(models["object"], "list");
+  EXPECT_EQ(models["data"][0]["id"], "SmolLM2-135M-Instruct");
+  EXPECT_EQ(models["data"][0]["max_model_len"], served_.max_model_len);
+  EXPECT_EQ(call("GET", "/v1/models/SmolLM2-135M-Instruct", nullptr, "sk-alpha")->json()["id"],
+            "SmolLM2-135M-Instruct");
+  expect_error(*call("GET", "/v1/models/gpt-4", nullptr, "sk-alpha"), 404, "model_not_found");
+  expect_error(*call("POST", "/v1/completions", json{{"prompt", "hi"}, {"model", "gpt-4"}}, "sk-alpha"), 404,
+               "model_not_found");
+  // Public routes need no key.
+  EXPECT_EQ(call("GET", "/health")->response().status, 200);
+  EXPECT_EQ(call("GET", "/ready")->json()["status"], "ready");
+  const auto page = call("GET", "/");
+  EXPECT_EQ(page->response().content_type, "text/html; charset=utf-8");
+  EXPECT_EQ(page->response().body, "<html>chat</html>");
+  EXPECT_EQ(call("GET", "/metrics")->response().content_type, "text/plain; version=0.0.4; charset=utf-8");
+  expect_error(*call("GET", "/nowhere"), 404, "not_found");
+  const auto wrong = call("GET", "/v1/completions", nullptr, "sk-alpha");
+  expect_error(*wrong, 405, "method_not_allowed");
+  EXPECT_EQ(wrong->response().headers.at(0), (std::pair<std::string, std::string>{"Allow", "POST"}));
+  expect_error(*call("POST", "/v1/chat/completions", json{{"messages", "x"}}, "sk-alpha"), 400, "invalid_type");
+  auto bad_utf8 = send("POST", "/v1/completions", "{\"prompt\": \"\xff\"}", "sk-alpha");
+  ASSERT_TRUE(bad_utf8->wait_done());
+  expect_error(*bad_utf8, 400, "invalid_json");
+}
+
+TEST_F(ApiServerTest, TokenizeAndDetokenize) {
+  start();
+  const json t = call("POST", "/tokenize", json{{"prompt", "Hello world <|im_start|>"}, {"return_token_strs", true}})->json();
+  const std::vector<int32_t> ids = tok().encode("Hello world <|im_start|>", true, false);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(t["count"], ids.size());
+  EXPECT_EQ(t["max_model_len"], served_.max_model_len);
+  EXPECT_EQ(t["token_strs"].size(), ids.size());
+  const json d = call("POST", "/detokenize", json{{"tokens", ids}})->json();
+  EXPECT_EQ(d["prompt"], "Hello world <|im_start|>");
+  expect_error(*call("POST", "/detokenize", json{{"tokens", {1, 99999}}}), 400, "invalid_value");
+  expect_error(*call("POST", "/tokenize", json::object()), 400, "missing_required_parameter");
+}
+
+TEST_F(ApiServerTest, PerKeyLimitGives429BeforeHeadersAndDrainingGives503) {
+  AdmissionLimits limits;
+  limits.max_requests_per_tenant = 1;
+  start(limits, {"sk-a", "sk-b"});
+  const json body = {{"prompt", "Count to one hundred:"}, {"max_tokens", 300}, {"ignore_eos", true}, {"stream", true}};
+  auto first = send("POST", "/v1/completions", body.dump(), "sk-a");
+  ASSERT_TRUE(first->wait_writes(1));
+  auto second = call("POST", "/v1/completions", body, "sk-a");
+  expect_error(*second, 429, "rate_limit_exceeded");
+  EXPECT_FALSE(second->streamed());
+  EXPECT_EQ(second->response().headers.at(0).first, "Retry-After");
+  auto other = send("POST", "/v1/completions", body.dump(), "sk-b");  // another key, another tenant
+  ASSERT_TRUE(other->wait_writes(1));
+  EXPECT_TRUE(other->streamed());
+
+  api_->set_draining(true);
+  expect_error(*call("GET", "/health"), 503, "server_draining");
+  expect_error(*call("POST", "/v1/completions", json{{"prompt", "hi"}}, "sk-b"), 503, "server_draining");
+  first->abandon();
+  other->abandon();
+  std::lock_guard lock(mutex_);
+  EXPECT_NE(std::find(rejections_.begin(), rejections_.end(), std::pair<int, std::string>{429, "tenant_limit"}),
+            rejections_.end());
+}
