@@ -1,0 +1,79 @@
+#include "template/chat_template.h"
+
+#include "core/error.h"
+
+namespace tessera {
+
+namespace {
+
+jinja::Options jinja_options(const ChatTemplateOptions& o) {
+  jinja::Options j = jinja::Options::huggingface();
+  j.limits.max_output_bytes = o.max_output_bytes;
+  j.limits.max_steps = o.max_steps;
+  j.now = o.now;
+  return j;
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(std::string_view source, ChatTemplateOptions options) : options_(std::move(options)) {
+  try {
+    template_ = std::make_shared<const jinja::Template>(jinja::Template::parse(source, jinja_options(options_)));
+  } catch (const jinja::TemplateError& e) {
+    throw Error(std::string("chat template: ") + e.what());
+  }
+}
+
+template <typename Json>
+std::string ChatTemplate::apply_impl(const Json& messages, bool add_generation_prompt, const Json& extra) const {
+  TESSERA_CHECK(messages.is_array(), "chat template: messages must be a JSON array, not ", messages.type_name());
+  TESSERA_CHECK(extra.is_object(), "chat template: extra variables must be a JSON object, not ", extra.type_name());
+  // The variables transformers passes to render(); `extra` may override any of them.
+  std::vector<std::pair<std::string, jinja::Value>> vars;
+  auto put = [&](const std::string& name, jinja::Value v) {
+    for (auto& kv : vars)
+      if (kv.first == name) {
+        kv.second = std::move(v);
+        return;
+      }
+    vars.emplace_back(name, std::move(v));
+  };
+  try {
+    put("messages", jinja::from_json(messages));
+    put("tools", jinja::Value::none());
+    put("documents", jinja::Value::none());
+    put("add_generation_prompt", jinja::Value(add_generation_prompt));
+    put("bos_token", jinja::Value(options_.bos_token));
+    put("eos_token", jinja::Value(options_.eos_token));
+    for (auto it = extra.begin(); it != extra.end(); ++it) put(it.key(), jinja::from_json(it.value()));
+    return template_->render(vars);
+  } catch (const jinja::RaisedException&) {
+    throw;  // the template's own message, unchanged
+  } catch (const jinja::TemplateError& e) {
+    throw Error(std::string("chat template: ") + e.what());
+  } catch (const Error& e) {
+    throw Error(std::string("chat template: ") + e.what());
+  }
+}
+
+std::string ChatTemplate::apply(const nlohmann::json& messages, bool add_generation_prompt,
+                                const nlohmann::json& extra) const {
+  return apply_impl(messages, add_generation_prompt, extra);
+}
+
+std::string ChatTemplate::apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                const nlohmann::ordered_json& extra) const {
+  return apply_impl(messages, add_generation_prompt, extra);
+}
+
+const std::string& ChatTemplate::chatml_source() {
+  // llama.cpp's LLM_CHAT_TEMPLATE_CHATML output, written as a template.
+  static const std::string source =
+      "{% for message in messages %}"
+      "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+      "{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  return source;
+}
+
+}  // namespace tessera
