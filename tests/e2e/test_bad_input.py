@@ -24,7 +24,9 @@ def still_serving(server, model_id):
     r = requests.post(server.url("/v1/chat/completions"), timeout=60, json={
         "model": model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
     assert r.status_code == 200, r.text
-    assert r.json()["usage"]["completion_tokens"] == 1
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] in ("stop", "length"), body
+    assert body["usage"]["completion_tokens"] <= 1, body
 
 
 def chat_body(model_id, **overrides):

@@ -24,7 +24,7 @@ def request_bytes(port: int, model: str, rng: random.Random) -> bytes:
     body = json.dumps({
         "model": model,
         "messages": [{"role": "user", "content": f"Write one sentence about {rng.choice(TOPICS)}."}],
-        "max_tokens": 16,
+        "max_tokens": 10,
         "temperature": 0.8,
         "seed": rng.randrange(1 << 30),
         "stream": True,
@@ -51,7 +51,7 @@ def one_client(port: int, model: str, seed: int) -> str:
         if plan < 0.15:
             return "dropped-before-reading"  # gone before the first byte back (often mid-prefill)
         if plan < 0.90:
-            budget = rng.randrange(1, 2500)  # gone somewhere mid-stream
+            budget = rng.randrange(1, 1500)  # gone somewhere mid-stream
             received = 0
             while received < budget:
                 chunk = sock.recv(min(512, budget - received))

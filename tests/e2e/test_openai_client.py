@@ -152,14 +152,18 @@ def _spanning_stop_string(openai_client, model_id, prompt):
                                             logprobs=0)
     tokens = resp.choices[0].logprobs.tokens
     text = resp.choices[0].text
-    for k in range(2, len(tokens) - 1):
+    boundary = 0  # offset in text where token k + 1 starts
+    for k in range(len(tokens) - 1):
+        boundary += len(tokens[k])
         left, right = tokens[k], tokens[k + 1]
-        if len(left) >= 2 and len(right) >= 2:
-            stop = left[-2:] + right[:2]
-            cut = text.find(stop)
-            if cut > 0:
-                return text, stop, cut
-    raise AssertionError(f"no two adjacent tokens of two characters in {tokens!r}")
+        if len(left) < 2 or not right:
+            continue
+        # The last two characters of token k and the first of token k + 1; usable when its
+        # first occurrence is at this boundary, so the stop really straddles two tokens.
+        stop = left[-2:] + right[:1]
+        if boundary >= 4 and text.find(stop) == boundary - 2:
+            return text, stop, boundary - 2
+    raise AssertionError(f"no stop string straddling two tokens found in {tokens!r}")
 
 
 def test_stop_string_spanning_tokens_is_not_leaked(openai_client, model_id):

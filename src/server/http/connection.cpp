@@ -455,7 +455,11 @@ void Connection::flush() {
   if (outbox_.empty()) {
     if (final_queued_) {
       final_queued_ = false;
-      // Deferred: the caller may be an exchange's drain or the parser.
+      // Complete now, so a peer that closes right after reading is not taken for one that
+      // left early; what comes next is deferred (the caller may be a drain or the parser).
+      if (auto exchange = current_.lock()) exchange->complete_now();
+      current_.reset();
+      reply_ = Reply::None;
       asio::post(executor_, [self = shared_from_this()] { self->on_response_written(); });
     }
     return;
@@ -499,11 +503,7 @@ void Connection::on_write(const error_code& ec, size_t n) {
 }
 
 void Connection::on_response_written() {
-  if (phase_ != Phase::Handling || reply_ != Reply::Final) return;
-  if (!outbox_.empty() || writing_) return;
-  if (auto exchange = current_.lock()) exchange->complete_now();
-  current_.reset();
-  reply_ = Reply::None;
+  if (phase_ != Phase::Handling) return;
   if (!keep_alive_) {
     start_linger();
     return;
