@@ -233,7 +233,7 @@ void Generation::record_part(size_t p) {
   const Clock::time_point arrival = exchange_->request().received_at;
   RequestRecord r;
   r.prompt_tokens = static_cast<int64_t>(plan_.prompts[p].tokens.size());
-  r.max_tokens_param = plan_.sampling[p].max_tokens;
+  r.max_tokens_param = plan_.options.max_tokens.value_or(0);  // vLLM records only what the client set
   r.n_param = n_per_prompt();
   std::optional<Clock::time_point> first, last;
   const int n = n_per_prompt();
