@@ -128,7 +128,7 @@ std::string svg_line_chart(const std::string& title, const std::string& x_label,
 namespace {
 
 std::string cell(const Summary& s, double Summary::*f) {
-  if (s.count == 0) return "-";
+  if (s.count == 0 || std::isnan(s.*f)) return "-";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f", s.*f);
   return buf;

@@ -4,6 +4,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -74,7 +75,9 @@ class StreamingCall : public std::enable_shared_from_this<StreamingCall> {
     if (!request_.api_key.empty()) http_req_.set(http::field::authorization, "Bearer " + request_.api_key);
     http_req_.body() = request_.body;
     http_req_.prepare_payload();
-    header_parser_.body_limit(boost::none);
+    // No limit. Not boost::none: Boost 1.74 compares "length > body_limit" with an optional,
+    // and any length is greater than none.
+    header_parser_.body_limit(std::numeric_limits<std::uint64_t>::max());
   }
 
   void start(const tcp::resolver::results_type& resolved) {
@@ -111,8 +114,9 @@ class StreamingCall : public std::enable_shared_from_this<StreamingCall> {
       if (ec) return self->finish("read header: " + ec.message());
       self->result_.http_status = static_cast<int>(self->header_parser_.get().result_int());
       // Same parser state, now with a body that hands us each piece as it arrives.
+      if (self->header_parser_.is_done()) return self->finish("");  // no body (e.g. Content-Length: 0)
       self->body_parser_.emplace(std::move(self->header_parser_));
-      self->body_parser_->body_limit(boost::none);
+      self->body_parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
       self->read_body();
     });
   }

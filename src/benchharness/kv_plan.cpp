@@ -1,5 +1,6 @@
 #include "benchharness/kv_plan.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -82,9 +83,11 @@ KvModelInfo load_kv_model_info(const std::string& model) {
     info.config = dummy_preset(spec);
     // Dummy weights exist only in memory; their size is parameters × the element size.
     double bytes_per_param = 0;
+    std::string upper = dtype;
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
     for (uint32_t id = 0; id < 64; ++id) {
       const DType t = dtype_from_ggml_id(id);
-      if (t != DType::Unknown && dtype_name(t) == dtype) {
+      if (t != DType::Unknown && dtype_name(t) == upper) {
         const auto& tr = dtype_traits(t);
         bytes_per_param = static_cast<double>(tr.block_bytes) / static_cast<double>(tr.block_elems);
       }

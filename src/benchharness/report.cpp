@@ -22,15 +22,17 @@ nlohmann::json summary_json(const Summary& s) {
 Summary summary_from_json(const nlohmann::json& j) {
   Summary s;
   if (!j.is_object()) return s;
+  // Fields a writer left out (e.g. the offline bench's P90) read as NaN: "not measured".
+  auto get = [&](const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : NAN; };
   s.count = j.value("count", size_t{0});
-  s.mean = j.value("mean", 0.0);
-  s.std = j.value("std", 0.0);
-  s.min = j.value("min", 0.0);
-  s.p50 = j.value("p50", 0.0);
-  s.p90 = j.value("p90", 0.0);
-  s.p95 = j.value("p95", 0.0);
-  s.p99 = j.value("p99", 0.0);
-  s.max = j.value("max", 0.0);
+  s.mean = get("mean");
+  s.std = get("std");
+  s.min = get("min");
+  s.p50 = get("p50");
+  s.p90 = get("p90");
+  s.p95 = get("p95");
+  s.p99 = get("p99");
+  s.max = get("max");
   return s;
 }
 
@@ -240,7 +242,7 @@ struct Row {
 
 std::vector<Row> compare_rows(const Metrics& a, const Metrics& b) {
   auto s = [](const Summary& x, double Summary::*f) -> std::optional<double> {
-    if (x.count == 0) return std::nullopt;
+    if (x.count == 0 || std::isnan(x.*f)) return std::nullopt;
     return x.*f;
   };
   std::vector<Row> rows = {
@@ -299,7 +301,9 @@ std::string format_summary_table(const BenchReport& report) {
   for (const RunReport& r : report.runs) {
     const Metrics& m = r.summary;
     auto opt = [](const std::optional<double>& v, double mult = 1) { return v ? fmt(*v * mult) : std::string("-"); };
-    auto sm = [](const Summary& s, double Summary::*f) { return s.count ? fmt(s.*f) : std::string("-"); };
+    auto sm = [](const Summary& s, double Summary::*f) {
+      return s.count && !std::isnan(s.*f) ? fmt(s.*f) : std::string("-");
+    };
     os << "| " << r.label << " | " << m.n_ok << " | " << m.n_failed << " | " << fmt(m.request_throughput) << " | "
        << fmt(m.output_throughput, 1) << " | " << fmt(m.total_token_throughput, 1) << " | " << opt(m.goodput_rps)
        << " | " << opt(m.goodput_fraction, 100) << " | " << sm(m.ttft_ms, &Summary::p50) << " | "

@@ -244,7 +244,9 @@ WorkloadPlan plan_workload(const WorkloadSpec& spec, TokenCounter& counter, cons
       plan.conversations.push_back(std::move(c));
     }
   }
-  if (spec.kind != "trace") retime_plan(plan, spec.arrival, seed, spec.duration_s);
+  // The duration limit is applied when the plan is timed for a run (retime_plan per rate), so
+  // a sweep's fast rates are not cut to what the spec's own rate would send in time.
+  if (spec.kind != "trace") retime_plan(plan, spec.arrival, seed, std::nullopt);
   plan.n_requests = 0;
   for (const auto& c : plan.conversations) plan.n_requests += static_cast<int64_t>(c.turns.size());
   return plan;

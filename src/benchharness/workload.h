@@ -76,7 +76,8 @@ struct WorkloadPlan {
 };
 
 // Draws lengths and arrivals from `seed` and cuts the texts. Same spec, seed and counter:
-// same plan. The arrival process's rate comes from spec.arrival (trace: from the file).
+// same plan. Arrivals follow spec.arrival (trace: the file); spec.duration_s is not applied
+// here except to traces (retime_plan applies it per run).
 WorkloadPlan plan_workload(const WorkloadSpec& spec, TokenCounter& counter, const TextSource& text, uint64_t seed);
 
 // Only the arrival times of a plan change between the rates of a sweep: the same prompts are

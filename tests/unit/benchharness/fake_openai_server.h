@@ -89,9 +89,6 @@ class FakeOpenAIServer {
   void serve(boost::asio::ip::tcp::socket sock) {
     namespace http = boost::beast::http;
     namespace net = boost::asio;
-    const int active = ++active_;
-    for (int m = max_active_.load(); active > m && !max_active_.compare_exchange_weak(m, active);) {
-    }
     boost::system::error_code ec;
     boost::beast::flat_buffer buf;
     http::request<http::string_body> req;
@@ -99,8 +96,17 @@ class FakeOpenAIServer {
     const auto t0 = std::chrono::steady_clock::now();
     if (!ec) handle(sock, req, t0);
     sock.shutdown(net::ip::tcp::socket::shutdown_both, ec);
-    --active_;
   }
+
+  // A request counts as active from when it has been read until just before the last bytes of
+  // its response are written, so the client (which needs those bytes to finish) can never
+  // start a follow-up request that overlaps it in this count.
+  void enter() {
+    const int active = ++active_;
+    for (int m = max_active_.load(); active > m && !max_active_.compare_exchange_weak(m, active);) {
+    }
+  }
+  void leave() { --active_; }
 
   void respond(boost::asio::ip::tcp::socket& sock, int status, const nlohmann::json& body) {
     namespace http = boost::beast::http;
@@ -117,7 +123,9 @@ class FakeOpenAIServer {
     namespace http = boost::beast::http;
     namespace net = boost::asio;
     const auto body = nlohmann::json::parse(req.body(), nullptr, false);
+    enter();
     if (req.target() == "/tokenize") {
+      leave();
       const int64_t n = count_words(body.value("prompt", std::string()));
       respond(sock, 200, {{"count", n}, {"tokens", std::vector<int>(n, 7)}});
       return;
@@ -127,6 +135,7 @@ class FakeOpenAIServer {
       bodies_.push_back(body);
     }
     if (config_.fail_status != 0) {
+      leave();
       respond(sock, config_.fail_status, {{"error", {{"message", config_.fail_message}, {"type", "server_error"}}}});
       return;
     }
@@ -164,6 +173,7 @@ class FakeOpenAIServer {
                           {"timings", {{"queue_ms", 1.5}}}}
                .dump());
     }
+    leave();
     send("[DONE]");
     net::write(sock, http::make_chunk_last(), ec);
   }

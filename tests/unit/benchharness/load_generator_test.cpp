@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "benchharness/load_generator.h"
 #include "benchharness/report.h"
@@ -52,6 +53,8 @@ TEST(BenchLoadGenerator, RecoversInjectedTtftAndItlWithinOneMillisecond) {
   const RunReport rep = make_run_report("rate 20", 20, result, slo, Buckets{});
   const Metrics& m = rep.summary;
   ASSERT_EQ(m.n_ok, 24) << (rep.failures.empty() ? "" : rep.failures.front().first);
+  std::printf("[timing] TTFT P50 %.3f ms (P90 %.3f), ITL P50 %.3f ms (P90 %.3f), first byte P50 %.3f ms\n",
+              m.ttft_ms.p50, m.ttft_ms.p90, m.itl_ms.p50, m.itl_ms.p90, m.first_byte_ms.p50);
   EXPECT_NEAR(m.ttft_ms.p50, 50.0, 1.0);
   EXPECT_NEAR(m.itl_ms.p50, 10.0, 1.0);
   EXPECT_EQ(m.itl_ms.count, 24u * 19u);
@@ -95,7 +98,8 @@ TEST(BenchLoadGenerator, RequestBodiesAreStreamingWithIgnoreEos) {
 
 TEST(BenchLoadGenerator, OpenLoopSendsWithoutWaitingAndTheCapHolds) {
   FakeServerConfig cfg;
-  cfg.ttft = std::chrono::milliseconds(150);
+  // Long enough that all six are surely at the server together even on a loaded machine.
+  cfg.ttft = std::chrono::milliseconds(400);
   cfg.itl = std::chrono::milliseconds(1);
   WordCounter counter;
   const std::string workload = R"({"input": 4, "output": 4, "num_requests": 6, "arrival": {"rate": "inf"}})";
@@ -115,7 +119,7 @@ TEST(BenchLoadGenerator, OpenLoopSendsWithoutWaitingAndTheCapHolds) {
     EXPECT_LE(server.max_concurrent(), 2);
     ASSERT_EQ(r.records.size(), 6u);
     int waited = 0;
-    for (const auto& rec : r.records) waited += rec.send_s > rec.scheduled_s + 0.1;
+    for (const auto& rec : r.records) waited += rec.send_s > rec.scheduled_s + 0.3;
     EXPECT_GE(waited, 4);
   }
 }

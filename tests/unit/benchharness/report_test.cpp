@@ -2,10 +2,12 @@
 // round trip, the compare table and the HTML page.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
 #include "benchharness/html_report.h"
+#include "benchharness/offline_report.h"
 #include "benchharness/report.h"
 
 namespace tessera::bench {
@@ -140,6 +142,40 @@ TEST(BenchReport, SvgChartMapsPointsInsideThePlotArea) {
   // Plot area: x in [70, 620], y in [36, 324]; (0,0) is the lower left and (10,5) the upper right.
   EXPECT_NE(svg.find("points=\"70,324 620,36 \""), std::string::npos) << svg;
   EXPECT_NE(svg_line_chart("t", "x", "y", {}).find("no data"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::bench
+
+namespace tessera::bench {
+namespace {
+
+TEST(BenchReport, OfflineRowsReadAsAReportAndCompare) {
+  OfflineBenchRow row;
+  row.concurrency = 8;
+  row.prefix_cache = true;
+  row.n_requests = 64;
+  row.seconds = 16;
+  row.requests_per_s = 4;
+  row.output_tokens_per_s = 256;
+  row.total_tokens_per_s = 768;
+  row.ttft_mean_s = 0.5;
+  row.ttft_p50_s = 0.4;
+  row.ttft_p99_s = 1.25;
+  const std::string path = ::testing::TempDir() + "/bench_offline.json";
+  std::ofstream(path) << offline_report_json({row}, {{"model", "m"}}).dump();
+  const BenchReport r = read_report(path);
+  ASSERT_EQ(r.runs.size(), 1u);
+  EXPECT_EQ(r.runs[0].label, "concurrency 8 (prefix cache)");
+  EXPECT_TRUE(std::isinf(r.runs[0].offered_rate));
+  EXPECT_DOUBLE_EQ(r.runs[0].summary.output_throughput, 256);
+  EXPECT_DOUBLE_EQ(r.runs[0].summary.ttft_ms.p99, 1250);
+  EXPECT_TRUE(std::isnan(r.runs[0].summary.ttft_ms.p90));
+  EXPECT_EQ(r.config["tool"], "tessera bench offline");
+  const std::string table = format_compare(r, r, "a", "b");
+  EXPECT_NE(table.find("| TTFT P99 (ms) | 1250.00 | 1250.00 | 1.00x (lower is better) |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| TTFT P90 (ms) | - | - | - |"), std::string::npos) << table;
+  std::remove(path.c_str());
 }
 
 }  // namespace
