@@ -106,6 +106,7 @@ class ProgressPrinter {
  public:
   ProgressPrinter() : tty_(::isatty(2) == 1) {}
   void operator()(const std::string& label, const bench::Progress& p) {
+    if (label != label_) label_ = label, last_print_ = -1e9;  // a new run of the sweep
     if (!tty_ && p.elapsed_s - last_print_ < 5.0 && p.done < p.planned) return;
     last_print_ = p.elapsed_s;
     std::fprintf(stderr, "%s[bench] %s %6.1fs  sent %lld/%lld  done %lld  failed %lld  in flight %lld%s  |  %.2f req/s  %.1f tok/s%s",
@@ -117,10 +118,10 @@ class ProgressPrinter {
     if (tty_ && p.done >= p.planned && p.in_flight == 0) std::fputc('\n', stderr);
     std::fflush(stderr);
   }
-  void new_run() { last_print_ = -1e9; }
 
  private:
   bool tty_;
+  std::string label_;
   double last_print_ = -1e9;
 };
 

@@ -14,7 +14,7 @@ constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "
 
 std::string num(double v) {
   char buf[32];
-  if (v != 0 && (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-3)) std::snprintf(buf, sizeof buf, "%.2g", v);
+  if (v != 0 && (std::fabs(v) >= 1e7 || std::fabs(v) < 1e-3)) std::snprintf(buf, sizeof buf, "%.2g", v);
   else std::snprintf(buf, sizeof buf, "%.4g", v);
   return buf;
 }
@@ -62,6 +62,7 @@ std::string svg_line_chart(const std::string& title, const std::string& x_label,
     os << "<text x=\"" << W / 2 << "\" y=\"" << H / 2 << "\" text-anchor=\"middle\">no data</text></svg>\n";
     return os.str();
   }
+  if (!log_x) x0 = std::min(x0, 0.0);  // linear axes start at zero: shapes compare at a glance
   auto fx = [&](double x) { return log_x ? std::log10(x) : x; };
   double lx0 = fx(x0), lx1 = fx(x1);
   if (lx1 - lx0 < 1e-12) lx0 -= 0.5, lx1 += 0.5;
@@ -98,9 +99,8 @@ std::string svg_line_chart(const std::string& title, const std::string& x_label,
      << "</text>\n";
   os << "<text transform=\"translate(16," << (T + H - B) / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
      << html_escape(y_label) << "</text>\n";
-  // Series.
+  auto color_of = [](size_t i) { return kColors[i % (sizeof(kColors) / sizeof(kColors[0]))]; };
   for (size_t i = 0; i < series.size(); ++i) {
-    const char* color = kColors[i % (sizeof(kColors) / sizeof(kColors[0]))];
     std::ostringstream pts;
     bool first = true;
     double prev_y = 0;
@@ -111,14 +111,23 @@ std::string svg_line_chart(const std::string& title, const std::string& x_label,
       prev_y = y;
       first = false;
     }
-    os << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.8\" points=\"" << pts.str() << "\"/>\n";
+    os << "<polyline fill=\"none\" stroke=\"" << color_of(i) << "\" stroke-width=\"1.8\" points=\"" << pts.str()
+       << "\"/>\n";
     if (!step)
       for (auto [x, y] : series[i].points)
         if (!log_x || x > 0)
-          os << "<circle cx=\"" << px(x) << "\" cy=\"" << py(y) << "\" r=\"3\" fill=\"" << color << "\"/>\n";
+          os << "<circle cx=\"" << px(x) << "\" cy=\"" << py(y) << "\" r=\"3\" fill=\"" << color_of(i) << "\"/>\n";
+  }
+  // The legend, on a translucent box over the lines.
+  size_t longest = 0;
+  for (const auto& s : series) longest = std::max(longest, s.name.size());
+  if (!series.empty())
+    os << "<rect x=\"" << L + 4 << "\" y=\"" << T + 3 << "\" width=\"" << 34 + 6.5 * static_cast<double>(longest)
+       << "\" height=\"" << 15 * series.size() + 4 << "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#ccc\"/>\n";
+  for (size_t i = 0; i < series.size(); ++i) {
     const double ly = T + 14 + 15 * static_cast<double>(i);
     os << "<line x1=\"" << L + 10 << "\" x2=\"" << L + 28 << "\" y1=\"" << ly - 4 << "\" y2=\"" << ly - 4
-       << "\" stroke=\"" << color << "\" stroke-width=\"2\"/><text x=\"" << L + 32 << "\" y=\"" << ly << "\">"
+       << "\" stroke=\"" << color_of(i) << "\" stroke-width=\"2\"/><text x=\"" << L + 32 << "\" y=\"" << ly << "\">"
        << html_escape(series[i].name) << "</text>\n";
   }
   os << "</svg>\n";

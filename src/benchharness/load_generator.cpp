@@ -110,7 +110,15 @@ class LoadRun {
       last = std::max(last, rec.send_s + rec.e2e_s);
     }
     r.duration_s = r.records.empty() ? 0 : last - first;
-    if (o_.on_progress) o_.on_progress(snapshot());
+    if (o_.on_progress) {
+      // The last line: rates over the whole run.
+      Progress p = snapshot();
+      if (r.duration_s > 0) {
+        p.recent_requests_per_s = static_cast<double>(p.done) / r.duration_s;
+        p.recent_tokens_per_s = static_cast<double>(total_tokens_) / r.duration_s;
+      }
+      o_.on_progress(p);
+    }
     return r;
   }
 
@@ -195,6 +203,7 @@ class LoadRun {
       rec.error = "no generated text in the stream";
     }
     recent_tokens_ += static_cast<int64_t>(r.token_times.size());
+    total_tokens_ += static_cast<int64_t>(r.token_times.size());
     ++recent_done_;
     ++progress_.done;
     if (!rec.ok) ++progress_.failed;
@@ -268,7 +277,7 @@ class LoadRun {
   std::map<std::pair<size_t, int>, int64_t> turn_output_;
   std::vector<RequestRecord> records_;
   Progress progress_;
-  int64_t recent_done_ = 0, recent_tokens_ = 0;
+  int64_t recent_done_ = 0, recent_tokens_ = 0, total_tokens_ = 0;
 };
 
 }  // namespace

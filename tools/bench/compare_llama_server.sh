@@ -97,8 +97,10 @@ run_workloads() {
 
 if [[ "$ONLY" != "tessera" ]]; then
   log="$OUT/llama_server.log"
+  # --interrupt_requests False: by default llama_cpp.server aborts the stream in progress when
+  # another request arrives, which turns every overlapping request into a failure.
   "$VENV/bin/python" -m llama_cpp.server --model "$MODEL" --n_threads "$THREADS" --n_threads_batch "$THREADS" \
-    --n_ctx "$CTX" --host 127.0.0.1 --port "$LLAMA_PORT" >"$log" 2>&1 &
+    --n_ctx "$CTX" --interrupt_requests False --host 127.0.0.1 --port "$LLAMA_PORT" >"$log" 2>&1 &
   SERVER_PID=$!
   wait_ready "$LLAMA_PORT" "$log"
   # llama_cpp.server ignores ignore_eos: ban SmolLM2's end tokens (<|endoftext|> 0, <|im_end|> 2)

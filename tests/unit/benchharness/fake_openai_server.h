@@ -25,6 +25,7 @@ struct FakeServerConfig {
   std::string fail_message = "injected failure";
   bool send_usage = true;
   std::string reply_word = "tok";
+  bool tokenize = true;          // false: POST /tokenize answers 404
 };
 
 class FakeOpenAIServer {
@@ -126,6 +127,10 @@ class FakeOpenAIServer {
     enter();
     if (req.target() == "/tokenize") {
       leave();
+      if (!config_.tokenize) {
+        respond(sock, 404, {{"detail", "Not Found"}});
+        return;
+      }
       const int64_t n = count_words(body.value("prompt", std::string()));
       respond(sock, 200, {{"count", n}, {"tokens", std::vector<int>(n, 7)}});
       return;
