@@ -150,6 +150,7 @@ class StreamingCall : public std::enable_shared_from_this<StreamingCall> {
     if (!c.text.empty()) {
       result_.token_times.push_back(piece_time_);
       result_.text += c.text;
+      if (request_.on_token) request_.on_token();
     }
     if (c.prompt_tokens >= 0) result_.prompt_tokens = c.prompt_tokens;
     if (c.completion_tokens >= 0) result_.completion_tokens = c.completion_tokens;

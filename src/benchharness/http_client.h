@@ -49,6 +49,7 @@ struct StreamRequest {
   std::string body;     // JSON
   std::string api_key;  // sent as "Authorization: Bearer ..." when not empty
   double timeout_s = 600;
+  std::function<void()> on_token;  // runs on the io_context for every chunk with text (progress)
 };
 
 // Starts one streaming POST on `io`; `done` runs on `io` exactly once. `resolved` is the

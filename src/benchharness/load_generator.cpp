@@ -176,6 +176,7 @@ class LoadRun {
     req.body = make_request_body(o_, c, p.turn, replies_[p.conversation]).dump();
     req.api_key = o_.api_key;
     req.timeout_s = o_.timeout_s;
+    req.on_token = [this] { ++recent_tokens_, ++total_tokens_; };
     ++in_flight_;
     ++progress_.sent;
     start_streaming_post(io_, o_.endpoint, resolved_, std::move(req), [this, rec, p](StreamResult r) {
@@ -202,8 +203,6 @@ class LoadRun {
       rec.ok = false;
       rec.error = "no generated text in the stream";
     }
-    recent_tokens_ += static_cast<int64_t>(r.token_times.size());
-    total_tokens_ += static_cast<int64_t>(r.token_times.size());
     ++recent_done_;
     ++progress_.done;
     if (!rec.ok) ++progress_.failed;

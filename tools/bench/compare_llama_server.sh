@@ -16,6 +16,7 @@
 #   --num-requests N    requests per rate (ShareGPT-like)                        [40]
 #   --scale S           length scale of the ShareGPT-like mix                    [0.25]
 #   --prefix-rate R     request rate of the shared-prefix workload               [1]
+#   --prefix-questions Q  questions per system prompt (4 system prompts)         [8]
 #   --slo-ttft-ms X     SLO for goodput: TTFT                                    [2000]
 #   --slo-tpot-ms Y     SLO for goodput: TPOT                                    [100]
 #   --ctx N             context of both servers                                  [4096]
@@ -25,7 +26,7 @@ set -euo pipefail
 
 VENV="" OUT="" MODEL="${TESSERA_CACHE:-$HOME/.cache/tessera/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 TESSERA="build/bin/tessera" THREADS=2 RATES="0.25,0.5,1,2" NUM=40 SCALE=0.25 PREFIX_RATE=1
-SLO_TTFT=2000 SLO_TPOT=100 CTX=4096 ONLY=""
+SLO_TTFT=2000 SLO_TPOT=100 CTX=4096 ONLY="" PREFIX_Q=8
 LLAMA_PORT=8181 TESSERA_PORT=8182
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -38,11 +39,12 @@ while [[ $# -gt 0 ]]; do
     --num-requests) NUM="$2"; shift 2 ;;
     --scale) SCALE="$2"; shift 2 ;;
     --prefix-rate) PREFIX_RATE="$2"; shift 2 ;;
+    --prefix-questions) PREFIX_Q="$2"; shift 2 ;;
     --slo-ttft-ms) SLO_TTFT="$2"; shift 2 ;;
     --slo-tpot-ms) SLO_TPOT="$2"; shift 2 ;;
     --ctx) CTX="$2"; shift 2 ;;
     --only) ONLY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -89,8 +91,8 @@ run_workloads() {
   "$TESSERA" bench serve "${common[@]}" --workload sharegpt --scale "$SCALE" --num-requests "$NUM" \
     --rate-sweep "$RATES" --out "$OUT/${name}_sharegpt.json" --html "$OUT/${name}_sharegpt.html" \
     | tee "$OUT/${name}_sharegpt.md"
-  echo "== $name: shared prefix (4 system prompts x 8 questions) at $PREFIX_RATE req/s" >&2
-  "$TESSERA" bench serve "${common[@]}" --workload shared_prefix --num-prefixes 4 --questions-per-prefix 8 \
+  echo "== $name: shared prefix (4 system prompts x $PREFIX_Q questions) at $PREFIX_RATE req/s" >&2
+  "$TESSERA" bench serve "${common[@]}" --workload shared_prefix --num-prefixes 4 --questions-per-prefix "$PREFIX_Q" \
     --prefix-len 256 --input-len uniform:16:48 --output-len 32 --request-rate "$PREFIX_RATE" \
     --out "$OUT/${name}_prefix.json" --html "$OUT/${name}_prefix.html" | tee "$OUT/${name}_prefix.md"
 }
