@@ -223,6 +223,8 @@ void add_bench(CLI::App& app) {
     });
     std::printf("%s\n", format_offline_bench_table(rows).c_str());
   });
+  add_bench_serve(*bench);
+  add_bench_compare(*bench);
 }
 
 }  // namespace tessera::apps

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   tessera::apps::add_eval(app);
   tessera::apps::add_bench(app);
   tessera::apps::add_serve(app);
+  tessera::apps::add_kv_plan(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,205 @@
+#include "benchharness/kv_plan.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "engine/session.h"
+#include "model/dummy.h"
+#include "model/gguf.h"
+#include "model/hf_config.h"
+#include "model/weights.h"
+
+namespace tessera::bench {
+
+namespace {
+
+// The same mapping as the safetensors loader (loader_safetensors.cpp's config_from_hf), for
+// the fields the plan needs; done here so kv-plan works on a config.json without weights.
+ModelConfig config_from_hf_fields(const HFConfig& h, const std::string& dir) {
+  ModelConfig c;
+  c.arch = h.model_type.empty() ? h.architecture : h.model_type;
+  c.name = std::filesystem::path(dir).filename().string();
+  c.n_vocab = static_cast<int>(h.vocab_size);
+  c.n_embd = static_cast<int>(h.hidden_size);
+  c.n_layer = static_cast<int>(h.num_hidden_layers);
+  c.n_head = static_cast<int>(h.num_attention_heads);
+  c.n_head_kv = static_cast<int>(h.num_key_value_heads);
+  c.head_dim = static_cast<int>(h.head_dim);
+  c.n_ff = static_cast<int>(h.intermediate_size);
+  c.n_ctx_train = static_cast<int>(h.max_position_embeddings);
+  c.tied_embeddings = h.tie_word_embeddings;
+  return c;
+}
+
+std::string human_bytes(double b) {
+  char buf[32];
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(b) >= 1024 && u < 4) b /= 1024, ++u;
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+int64_t parse_memory_size(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    fail("'", text, "' is not a memory size (e.g. 16GiB, 512MiB, 80GB)");
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  double mult = 0;
+  const std::pair<const char*, double> units[] = {
+      {"", 1}, {"B", 1}, {"K", 1024.0}, {"k", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3}, {"M", 1048576.0},
+      {"m", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6}, {"G", 1073741824.0}, {"g", 1073741824.0},
+      {"GiB", 1073741824.0}, {"GB", 1e9}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
+  for (const auto& [name, m] : units)
+    if (unit == name) mult = m;
+  TESSERA_CHECK(mult > 0, "'", text, "' has an unknown unit '", unit, "' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  TESSERA_CHECK(v > 0 && v * mult < 9e18, "'", text, "' is not a positive memory size");
+  return static_cast<int64_t>(v * mult);
+}
+
+KvModelInfo load_kv_model_info(const std::string& model) {
+  KvModelInfo info;
+  info.source = model;
+  if (model.rfind("dummy:", 0) == 0) {
+    std::string spec = model.substr(6);
+    std::string dtype = "f16";
+    if (const size_t colon = spec.find(':'); colon != std::string::npos) {
+      dtype = spec.substr(colon + 1);
+      spec = spec.substr(0, colon);
+    }
+    info.config = dummy_preset(spec);
+    // Dummy weights exist only in memory; their size is parameters × the element size.
+    double bytes_per_param = 0;
+    std::string upper = dtype;
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    for (uint32_t id = 0; id < 64; ++id) {
+      const DType t = dtype_from_ggml_id(id);
+      if (t != DType::Unknown && dtype_name(t) == upper) {
+        const auto& tr = dtype_traits(t);
+        bytes_per_param = static_cast<double>(tr.block_bytes) / static_cast<double>(tr.block_elems);
+      }
+    }
+    TESSERA_CHECK(bytes_per_param > 0, "kv-plan: unknown weight type '", dtype, "' in '", model, "'");
+    info.weight_bytes = static_cast<int64_t>(static_cast<double>(info.config.n_params()) * bytes_per_param);
+    info.weight_bytes_estimated = true;
+    return info;
+  }
+  const std::string path = resolve_model_path(model);
+  if (std::filesystem::is_directory(path) || std::filesystem::path(path).filename() == "config.json") {
+    const std::filesystem::path dir = std::filesystem::is_directory(path) ? std::filesystem::path(path)
+                                                                           : std::filesystem::path(path).parent_path();
+    info.config = config_from_hf_fields(load_hf_config(dir.string()), dir.string());
+    int64_t bytes = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().extension() == ".safetensors") bytes += static_cast<int64_t>(e.file_size());
+    if (bytes > 0) {
+      info.weight_bytes = bytes;
+    } else {
+      // No weight files next to config.json: estimate from the parameters and torch_dtype.
+      const std::string td = load_hf_config(dir.string()).torch_dtype;
+      info.weight_bytes = info.config.n_params() * (td == "float32" ? 4 : 2);
+      info.weight_bytes_estimated = true;
+    }
+    return info;
+  }
+  const auto gguf = GGUFFile::open(path);
+  info.config = config_from_gguf(*gguf);
+  for (const auto& t : gguf->tensors()) info.weight_bytes += static_cast<int64_t>(t.n_bytes);
+  return info;
+}
+
+std::vector<KvDtypeRow> kv_dtype_rows() {
+  return {{"f32", 4, true}, {"f16", 2, true}, {"bf16", 2, false}, {"fp8", 1, false}, {"int8", 1, false},
+          {"int4", 0.5, false}};
+}
+
+double kv_bytes_per_token(const ModelConfig& c, double bytes_per_elem) {
+  return 2.0 * c.n_layer * c.n_head_kv * c.head_dim * bytes_per_elem;
+}
+
+std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& o) {
+  TESSERA_CHECK(!o.ctx.empty() && !o.block_sizes.empty(), "kv-plan: no context lengths or block sizes");
+  std::vector<KvPlanRow> rows;
+  const int64_t budget = o.memory_bytes - model.weight_bytes - o.reserve_bytes;
+  for (const KvDtypeRow& d : kv_dtype_rows())
+    for (int bs : o.block_sizes)
+      for (int64_t ctx : o.ctx) {
+        TESSERA_CHECK(bs >= 1 && ctx >= 1, "kv-plan: block size ", bs, " and context ", ctx, " must be positive");
+        KvPlanRow r;
+        r.dtype = d.name;
+        r.supported = d.supported;
+        r.block_size = bs;
+        r.ctx = ctx;
+        r.bytes_per_token = kv_bytes_per_token(model.config, d.bytes_per_elem);
+        r.block_bytes = bs * r.bytes_per_token;
+        r.blocks_per_seq = (ctx + bs - 1) / bs;
+        r.seq_bytes = static_cast<double>(r.blocks_per_seq) * r.block_bytes;
+        r.expected_waste_bytes = 0.5 * r.block_bytes;
+        r.waste_fraction = r.expected_waste_bytes / (static_cast<double>(ctx) * r.bytes_per_token);
+        r.kv_budget_bytes = budget;
+        r.total_blocks = budget > 0 ? static_cast<int64_t>(std::floor(budget / r.block_bytes)) : 0;
+        r.max_concurrency = r.total_blocks / r.blocks_per_seq;
+        rows.push_back(r);
+      }
+  return rows;
+}
+
+std::string format_kv_plan(const KvModelInfo& m, const KvPlanOptions& o, const std::vector<KvPlanRow>& rows) {
+  std::ostringstream os;
+  const ModelConfig& c = m.config;
+  os << "model: " << (c.name.empty() ? m.source : c.name) << " (" << m.source << ")\n"
+     << "layers " << c.n_layer << ", KV heads " << c.n_head_kv << ", head dim " << c.head_dim << ", trained context "
+     << c.n_ctx_train << "\n"
+     << "weights: " << human_bytes(static_cast<double>(m.weight_bytes)) << (m.weight_bytes_estimated ? " (estimated)" : "")
+     << "; memory " << human_bytes(static_cast<double>(o.memory_bytes));
+  if (o.reserve_bytes) os << " - reserve " << human_bytes(static_cast<double>(o.reserve_bytes));
+  os << " -> KV budget " << human_bytes(static_cast<double>(o.memory_bytes - m.weight_bytes - o.reserve_bytes)) << "\n\n";
+  os << "KV bytes per token = 2 x " << c.n_layer << " layers x " << c.n_head_kv << " KV heads x " << c.head_dim
+     << " head dim x dtype bytes\n\n";
+  os << "| KV dtype | tessera | bytes/token | block | ctx | blocks/seq | KV per seq | expected waste/seq | waste % "
+        "| blocks in budget | max concurrency |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& r : rows) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "| %s | %s | %.0f | %d | %lld | %lld | %s | %s | %.2f | %lld | %lld |\n",
+                  r.dtype.c_str(), r.supported ? "yes" : "plan only", r.bytes_per_token, r.block_size,
+                  static_cast<long long>(r.ctx), static_cast<long long>(r.blocks_per_seq), human_bytes(r.seq_bytes).c_str(),
+                  human_bytes(r.expected_waste_bytes).c_str(), r.waste_fraction * 100,
+                  static_cast<long long>(r.total_blocks), static_cast<long long>(r.max_concurrency));
+    os << buf;
+  }
+  os << "\nmax concurrency = floor(blocks in budget / ceil(ctx / block)): sequences that can each hold the full "
+        "context at once.\nexpected waste: a sequence's last block is on average half empty. fp8/int8/int4 rows count "
+        "element bytes only (no scales).\n";
+  return os.str();
+}
+
+nlohmann::json kv_plan_json(const KvModelInfo& m, const KvPlanOptions& o, const std::vector<KvPlanRow>& rows) {
+  nlohmann::json jr = nlohmann::json::array();
+  for (const auto& r : rows)
+    jr.push_back({{"dtype", r.dtype}, {"supported", r.supported}, {"block_size", r.block_size}, {"ctx", r.ctx},
+                  {"bytes_per_token", r.bytes_per_token}, {"block_bytes", r.block_bytes},
+                  {"blocks_per_seq", r.blocks_per_seq}, {"seq_bytes", r.seq_bytes},
+                  {"expected_waste_bytes", r.expected_waste_bytes}, {"waste_fraction", r.waste_fraction},
+                  {"kv_budget_bytes", r.kv_budget_bytes}, {"total_blocks", r.total_blocks},
+                  {"max_concurrency", r.max_concurrency}});
+  const ModelConfig& c = m.config;
+  return {{"model", {{"source", m.source}, {"name", c.name}, {"n_layer", c.n_layer}, {"n_head_kv", c.n_head_kv},
+                     {"head_dim", c.head_dim}, {"n_ctx_train", c.n_ctx_train}, {"weight_bytes", m.weight_bytes},
+                     {"weight_bytes_estimated", m.weight_bytes_estimated}}},
+          {"memory_bytes", o.memory_bytes}, {"reserve_bytes", o.reserve_bytes}, {"rows", jr}};
+}
+
+}  // namespace tessera::bench

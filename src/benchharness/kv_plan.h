@@ -1,0 +1,66 @@
+#pragma once
+// KV-cache capacity planning (`tessera kv-plan`): bytes per token for each KV dtype, block
+// overhead, and how many sequences of a given context fit in a memory budget next to the
+// weights. Works from a GGUF file, a Hugging Face config.json directory or a dummy: preset.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "model/config.h"
+
+namespace tessera::bench {
+
+struct KvModelInfo {
+  ModelConfig config;
+  int64_t weight_bytes = 0;  // as stored (GGUF tensors, safetensors files) or estimated (dummy)
+  bool weight_bytes_estimated = false;
+  std::string source;
+};
+
+// model: a .gguf path, a model alias (smollm2-135m), a directory with config.json, or
+// dummy:<preset>[:dtype] (weights = parameters × dtype size, default f16).
+KvModelInfo load_kv_model_info(const std::string& model);
+
+struct KvDtypeRow {
+  std::string name;        // "f16", "f32", "bf16", "fp8", "int8", "int4"
+  double bytes_per_elem;   // 4, 2, 2, 1, 1, 0.5 (element bytes only; no scales)
+  bool supported;          // tessera's KV cache can use it today (f16, f32); others plan only
+};
+std::vector<KvDtypeRow> kv_dtype_rows();
+
+// 2 (K and V) × layers × KV heads × head dim × bytes per element.
+double kv_bytes_per_token(const ModelConfig& c, double bytes_per_elem);
+
+struct KvPlanRow {
+  std::string dtype;
+  bool supported = false;
+  int block_size = 0;
+  int64_t ctx = 0;
+  double bytes_per_token = 0;
+  double block_bytes = 0;             // block_size × bytes_per_token
+  int64_t blocks_per_seq = 0;         // ceil(ctx / block_size)
+  double seq_bytes = 0;               // blocks_per_seq × block_bytes
+  double expected_waste_bytes = 0;    // half a block per sequence
+  double waste_fraction = 0;          // expected waste / (ctx × bytes_per_token)
+  int64_t kv_budget_bytes = 0;        // budget − weights − reserve (may be ≤ 0)
+  int64_t total_blocks = 0;           // floor(kv budget / block_bytes)
+  int64_t max_concurrency = 0;        // floor(total_blocks / blocks_per_seq): sequences at full ctx
+};
+
+struct KvPlanOptions {
+  int64_t memory_bytes = int64_t{16} << 30;
+  int64_t reserve_bytes = 0;          // activations, runtime; subtracted with the weights
+  std::vector<int64_t> ctx = {2048, 8192, 32768};
+  std::vector<int> block_sizes = {16};
+};
+
+std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& options);
+std::string format_kv_plan(const KvModelInfo& model, const KvPlanOptions& options, const std::vector<KvPlanRow>& rows);
+nlohmann::json kv_plan_json(const KvModelInfo& model, const KvPlanOptions& options, const std::vector<KvPlanRow>& rows);
+
+// "16GiB", "512MiB", "1.5G", "80GB", "123456" (bytes) → bytes. GiB/G/g binary; GB decimal.
+int64_t parse_memory_size(const std::string& text);
+
+}  // namespace tessera::bench

@@ -1,0 +1,32 @@
+#include "benchharness/offline_report.h"
+
+namespace tessera::bench {
+
+nlohmann::json offline_report_json(const std::vector<OfflineBenchRow>& rows, nlohmann::json config) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const OfflineBenchRow& r : rows) {
+    // Every request arrives at t = 0 (offered rate inf); only what the offline bench measures
+    // is written, so missing percentiles read as absent, not as zero.
+    nlohmann::json summary = {
+        {"n_requests", r.n_requests},
+        {"n_ok", r.n_requests},
+        {"n_failed", 0},
+        {"request_throughput", r.requests_per_s},
+        {"output_throughput", r.output_tokens_per_s},
+        {"total_token_throughput", r.total_tokens_per_s},
+        {"goodput_fraction", nullptr},
+        {"goodput_rps", nullptr},
+        {"ttft_ms",
+         {{"count", r.n_requests}, {"mean", r.ttft_mean_s * 1000}, {"p50", r.ttft_p50_s * 1000}, {"p99", r.ttft_p99_s * 1000}}}};
+    runs.push_back({{"label", "concurrency " + std::to_string(r.concurrency) + (r.prefix_cache ? " (prefix cache)" : "")},
+                    {"offered_rate", "inf"},
+                    {"duration_s", r.seconds},
+                    {"summary", summary},
+                    {"engine", {{"concurrency", r.concurrency}, {"prefix_cache", r.prefix_cache},
+                                {"prefix_hit_tokens", r.prefix_hit_tokens}, {"preemptions", r.preemptions}}}});
+  }
+  config["tool"] = "tessera bench offline";
+  return {{"schema", "tessera.bench.serve/1"}, {"config", std::move(config)}, {"runs", std::move(runs)}};
+}
+
+}  // namespace tessera::bench

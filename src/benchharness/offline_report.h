@@ -1,0 +1,17 @@
+#pragma once
+// `tessera bench offline` rows in the serve report's schema ("tessera.bench.serve/1"), so
+// `tessera bench compare` reads both: one run per (concurrency, prefix cache) row, with the
+// summary fields the offline bench measures (requests/s, tokens/s, TTFT mean/P50/P99).
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine_offline.h"
+
+namespace tessera::bench {
+
+// `config` is copied into the report's "config" (model, prompt/generation lengths, ...).
+nlohmann::json offline_report_json(const std::vector<OfflineBenchRow>& rows, nlohmann::json config);
+
+}  // namespace tessera::bench

@@ -1,0 +1,117 @@
+// kv-plan against the formula: SmolLM2 from its GGUF metadata, Llama-3.1-8B from the dummy
+// preset (128 KiB per token in bf16), a config.json directory, and the concurrency arithmetic.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "benchharness/kv_plan.h"
+#include "core/error.h"
+#include "model/gguf.h"
+
+namespace tessera::bench {
+namespace {
+
+std::string smollm2_path() {
+  const char* cache = std::getenv("TESSERA_CACHE");
+  const char* home = std::getenv("HOME");
+  const std::string dir = cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/tessera/models";
+  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+const KvPlanRow& row(const std::vector<KvPlanRow>& rows, const std::string& dtype, int bs, int64_t ctx) {
+  for (const auto& r : rows)
+    if (r.dtype == dtype && r.block_size == bs && r.ctx == ctx) return r;
+  throw std::runtime_error("no row " + dtype);
+}
+
+TEST(BenchKvPlan, Llama31_8B_Is128KiBPerTokenInBf16) {
+  const KvModelInfo m = load_kv_model_info("dummy:llama-3.1-8b");
+  EXPECT_EQ(kv_bytes_per_token(m.config, 2), 131072.0);  // 2 x 32 x 8 x 128 x 2
+  EXPECT_EQ(kv_bytes_per_token(m.config, 1), 65536.0);
+  KvPlanOptions o;
+  o.memory_bytes = int64_t{80} << 30;
+  o.ctx = {8192};
+  o.block_sizes = {16, 32};
+  const auto rows = kv_plan(m, o);
+  EXPECT_EQ(rows.size(), 6u * 2u * 1u);
+  const KvPlanRow& bf16 = row(rows, "bf16", 16, 8192);
+  EXPECT_EQ(bf16.bytes_per_token, 131072.0);
+  EXPECT_EQ(bf16.blocks_per_seq, 512);
+  EXPECT_EQ(bf16.block_bytes, 16 * 131072.0);
+  // Weights: f16 dummy = parameters x 2 bytes.
+  EXPECT_EQ(m.weight_bytes, m.config.n_params() * 2);
+  const int64_t budget = (int64_t{80} << 30) - m.weight_bytes;
+  EXPECT_EQ(bf16.kv_budget_bytes, budget);
+  EXPECT_EQ(bf16.total_blocks, budget / (16 * 131072));
+  EXPECT_EQ(bf16.max_concurrency, (budget / (16 * 131072)) / 512);
+  EXPECT_DOUBLE_EQ(bf16.expected_waste_bytes, 8 * 131072.0);
+  EXPECT_DOUBLE_EQ(bf16.waste_fraction, 8.0 / 8192.0);
+  EXPECT_EQ(row(rows, "int4", 32, 8192).bytes_per_token, 32768.0);
+  EXPECT_EQ(row(rows, "f32", 32, 8192).blocks_per_seq, 256);
+  EXPECT_TRUE(row(rows, "f16", 16, 8192).supported);
+  EXPECT_FALSE(row(rows, "fp8", 16, 8192).supported);
+}
+
+TEST(BenchKvPlan, SmolLM2FromItsGguf) {
+  const std::string path = smollm2_path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
+  const KvModelInfo m = load_kv_model_info(path);
+  // The formula from the file's own metadata, read here independently of the loader.
+  const auto f = GGUFFile::open(path);
+  const int64_t layers = *f->get_int("llama.block_count");
+  const int64_t kv_heads = *f->get_int("llama.attention.head_count_kv");
+  const int64_t head_dim = *f->get_int("llama.embedding_length") / *f->get_int("llama.attention.head_count");
+  EXPECT_EQ(layers * kv_heads * head_dim, 30 * 3 * 64);
+  KvPlanOptions o;
+  o.memory_bytes = int64_t{1} << 30;
+  o.ctx = {2048, 8192};
+  o.block_sizes = {16};
+  const auto rows = kv_plan(m, o);
+  const KvPlanRow& f16 = row(rows, "f16", 16, 2048);
+  EXPECT_EQ(f16.bytes_per_token, 2.0 * layers * kv_heads * head_dim * 2);
+  EXPECT_EQ(f16.bytes_per_token, 23040.0);
+  int64_t tensor_bytes = 0;
+  for (const auto& t : f->tensors()) tensor_bytes += static_cast<int64_t>(t.n_bytes);
+  EXPECT_EQ(m.weight_bytes, tensor_bytes);
+  EXPECT_FALSE(m.weight_bytes_estimated);
+  const int64_t budget = (int64_t{1} << 30) - tensor_bytes;
+  EXPECT_EQ(f16.max_concurrency, (budget / (16 * 23040)) / 128);
+  EXPECT_EQ(row(rows, "f16", 16, 8192).max_concurrency, (budget / (16 * 23040)) / 512);
+  EXPECT_NE(format_kv_plan(m, o, rows).find("| f16 | yes | 23040 | 16 | 2048 |"), std::string::npos);
+}
+
+TEST(BenchKvPlan, HuggingFaceConfigDirectory) {
+  const std::string dir = ::testing::TempDir() + "/kvplan_hf";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
+      "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "vocab_size": 1000, "torch_dtype": "bfloat16"})";
+  const KvModelInfo m = load_kv_model_info(dir);
+  EXPECT_EQ(m.config.head_dim, 64);
+  EXPECT_EQ(kv_bytes_per_token(m.config, 2), 2.0 * 16 * 8 * 64 * 2);
+  EXPECT_TRUE(m.weight_bytes_estimated);
+  EXPECT_EQ(m.weight_bytes, m.config.n_params() * 2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(BenchKvPlan, MemorySizesAndBudgetsTooSmall) {
+  EXPECT_EQ(parse_memory_size("16GiB"), int64_t{16} << 30);
+  EXPECT_EQ(parse_memory_size("16G"), int64_t{16} << 30);
+  EXPECT_EQ(parse_memory_size("80GB"), int64_t{80} * 1000 * 1000 * 1000);
+  EXPECT_EQ(parse_memory_size("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(parse_memory_size("1.5 GiB"), int64_t{3} << 29);
+  EXPECT_EQ(parse_memory_size("4096"), 4096);
+  EXPECT_THROW(parse_memory_size("16 parsecs"), Error);
+  EXPECT_THROW(parse_memory_size("lots"), Error);
+  EXPECT_THROW(parse_memory_size("-1G"), Error);
+  const KvModelInfo m = load_kv_model_info("dummy:llama-3.1-8b");
+  KvPlanOptions o;
+  o.memory_bytes = int64_t{8} << 30;  // less than the 16 GB of f16 weights
+  for (const auto& r : kv_plan(m, o)) EXPECT_EQ(r.max_concurrency, 0);
+  EXPECT_THROW(load_kv_model_info("dummy:llama-9b"), Error);
+}
+
+}  // namespace
+}  // namespace tessera::bench
