@@ -20,7 +20,10 @@ namespace {
 
 // Bytes read per read_some, and what may wait unparsed beyond a full header (pipelined
 // requests read ahead while a handler works).
-constexpr size_t kReadChunk = 16 * 1024;
+// An idle or streaming connection always has a read pending, so its buffer is kept small;
+// a body being uploaded is read in larger pieces.
+constexpr size_t kReadChunk = 4 * 1024;
+constexpr size_t kBodyReadChunk = 64 * 1024;
 constexpr size_t kReadAhead = 64 * 1024;
 // After the last response on a connection: how long to discard the peer's input.
 constexpr std::chrono::milliseconds kMaxLinger{2000};
@@ -134,8 +137,13 @@ void Connection::read_more() {
   }
   reading_ = true;
   // Into a separate buffer: inbuf_ is parsed and consumed while the read is pending.
-  readbuf_.resize(kReadChunk);
-  socket_.async_read_some(asio::buffer(readbuf_.data(), std::min(room, kReadChunk)),
+  const bool reading_body = phase_ == Phase::ReadRequest && parser_ && parser_->is_header_done();
+  const size_t chunk = reading_body ? kBodyReadChunk : kReadChunk;
+  if (readbuf_.size() != chunk) {
+    readbuf_.assign(chunk, 0);
+    readbuf_.shrink_to_fit();
+  }
+  socket_.async_read_some(asio::buffer(readbuf_.data(), std::min(room, chunk)),
                           [self = shared_from_this()](const error_code& ec, size_t n) {
                             self->on_read(ec, n);
                           });
@@ -145,7 +153,13 @@ void Connection::on_read(const error_code& ec, size_t n) {
   reading_ = false;
   if (phase_ == Phase::Closed) return;
   if (ec) {
-    // EOF or reset: the peer is gone (a half-close counts too), in every phase.
+    // EOF or reset: the peer is gone (a half-close counts too), in every phase. With a
+    // write in flight, its completion decides: if that wrote the last byte of the
+    // response, the exchange completed rather than being abandoned.
+    if (writing_) {
+      peer_gone_ = true;
+      return;
+    }
     close("peer closed the connection");
     return;
   }
@@ -291,6 +305,7 @@ bool Connection::check_header() {
 void Connection::dispatch() {
   auto message = parser_->release();
   parser_.reset();
+  if (inbuf_.capacity() > 2 * kReadChunk) inbuf_.shrink_to_fit();  // after a large header
   Request request = std::move(pending_request_);
   request.body = std::move(message.body());
   request.received_at = std::chrono::steady_clock::now();
@@ -500,6 +515,7 @@ void Connection::on_write(const error_code& ec, size_t n) {
     outbox_offset_ = 0;
   }
   flush();
+  if (peer_gone_) close("peer closed the connection");
 }
 
 void Connection::on_response_written() {

@@ -140,6 +140,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::beast::flat_buffer inbuf_;  // received, not yet parsed
   std::vector<char> readbuf_;        // the pending read's target
   bool reading_ = false;
+  bool peer_gone_ = false;  // EOF seen while a write was in flight
   bool request_started_ = false;  // a byte of the next request has arrived
   std::optional<boost::beast::http::request_parser<LazyStringBody>> parser_;
   bool header_checked_ = false;

@@ -60,17 +60,22 @@ class Exchange {
   virtual size_t queued_bytes() const = 0;
 
   // Runs fn on the connection's executor, after the functions posted before it. Handlers
-  // use it to move work off the engine thread (RequestStream's on_event).
+  // use it to move work off the engine thread (RequestStream's on_event). Functions posted
+  // to one exchange never run concurrently. Once the connection is gone they still run,
+  // in order, on an I/O thread; after HttpServer::stop() they are dropped.
   virtual void post(std::function<void()> fn) = 0;
 
   // fn runs once, on the connection's executor, when the peer goes away (closed socket,
   // reset, write timeout, server stop) before the response is complete; at once if that has
-  // already happened. Handlers abort their engine request in it.
+  // already happened. Handlers abort their engine request in it. Never runs once the
+  // response is complete (its last byte handed to the socket). After HttpServer::stop(),
+  // a late on_abandon on an abandoned exchange runs fn on the caller's thread.
   virtual void on_abandon(std::function<void()> fn) = 0;
   virtual bool abandoned() const = 0;
 };
 
-// Called on an I/O thread for every well-formed request; must not block.
+// Called on an I/O thread for every well-formed request; must not block. Called
+// concurrently for different connections. A throw before answering answers 500.
 using Handler = std::function<void(std::shared_ptr<Exchange>)>;
 
 // Runs on an I/O thread once a request's headers are in and checked, before its body is

@@ -36,7 +36,9 @@ Response echo(const Request& r) {
   Response response;
   response.body = nlohmann::json{{"method", r.method}, {"target", r.target},
                                  {"path", r.path},     {"query", r.query},
-                                 {"body", r.body},     {"headers", headers}}
+                                 {"body", r.body},     {"headers", headers},
+                                 {"remote", r.remote},
+                                 {"received", r.received_at.time_since_epoch().count() != 0}}
                       .dump();
   response.headers.emplace_back("X-Echo", "yes");
   return response;
@@ -67,6 +69,8 @@ TEST(HttpServer, GetAndPostReachTheHandlerIntact) {
   EXPECT_EQ(j["path"], "/v1/models");
   EXPECT_EQ(j["query"], "x=1&y=2");
   EXPECT_EQ(j["target"], "/v1/models?x=1&y=2");
+  EXPECT_EQ(j["remote"].get<std::string>().rfind("127.0.0.1:", 0), 0u) << j["remote"];
+  EXPECT_TRUE(j["received"].get<bool>());
   bool saw_custom = false;
   for (const auto& h : j["headers"])
     if (h[0] == "x-custom") saw_custom = h[1] == "Value One";  // name lowercased
@@ -364,6 +368,22 @@ TEST(HttpServer, HeaderFilterAnswersBeforeTheBodyIsRead) {
     EXPECT_EQ(r->status, 200);
   }
   EXPECT_EQ(handled.load(), 1);
+}
+
+TEST(HttpServer, HeaderFilterThatThrowsGives500) {
+  ServerOptions o = test_options();
+  o.header_filter = [](const Request&) -> std::optional<Response> {
+    throw Error("key store unavailable");
+  };
+  HttpServer server(o, echo_handler);
+  server.start();
+  TestConn c(server.port());
+  ASSERT_TRUE(c.send(get_request("/")));
+  auto r = c.read_response();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500);
+  EXPECT_NE(body_json(*r)["error"]["message"].get<std::string>().find("key store unavailable"),
+            std::string::npos);
 }
 
 TEST(HttpServer, ExpectContinue) {
