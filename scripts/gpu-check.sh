@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One run on the GPU machine (docs/design/cuda-backend.md): build tessera + tessera_tests
 # with every core, run the CUDA conformance tests, compute-sanitizer (memcheck, racecheck)
-# on the attention tests, then the Llama-3.1-8B-shape benchmarks; a short table comes last.
+# on the attention tests, serving through the engine on the GPU (generate --batch, bench
+# offline), then the Llama-3.1-8B-shape benchmarks; a short table comes last.
 # Logs go to $OUT (or ./gpu-check-out). Under 10 minutes on an H200.
 #
 #   scripts/gpu-check.sh                  configure and build in build-gpu/, then check
@@ -48,7 +49,32 @@ timeout ${GPU_CHECK_TEST_TIMEOUT:-240} "$BIN/tessera_tests" --gtest_filter='Cuda
 grep -q "FAILED TEST" "$OUT/conformance.log" && status=1
 conf=$(grep -E "^\[  PASSED  \]|^\[  FAILED  \]" "$OUT/conformance.log" | tr '\n' ' ')
 
-# Knobs for partial runs: GPU_CHECK_SANITIZERS="memcheck racecheck", GPU_CHECK_BENCH_MODEL=1.
+# Serving on the GPU through the engine (dummy weights): generate --batch (KV on the device,
+# argmax readback, padded graph decode) and the offline benchmark at 128 concurrent sequences.
+if [[ "${GPU_CHECK_SERVING:-1}" == 1 ]]; then
+  log "serving: tessera generate --batch and bench offline on cuda"
+  printf '%s\n' '{"prompt_tokens": [1, 2, 3, 4, 5, 6, 7], "max_tokens": 16, "temperature": 0, "n": 2}' \
+    '{"prompt_tokens": [9, 8, 7], "max_tokens": 12, "temperature": 0.8, "seed": 3, "ignore_eos": true}' \
+    '{"prompt_tokens": [11, 12, 13, 14], "max_tokens": 9, "temperature": 0, "repetition_penalty": 1.2}' \
+    >"${TMPDIR:-/tmp}/gpu-check-generate-in.jsonl"
+  timeout 120 "$BIN/tessera" generate --model dummy:smollm2-135m:bf16 --device cuda --batch "${TMPDIR:-/tmp}/gpu-check-generate-in.jsonl" \
+    --out "$OUT/generate-out.jsonl" >"$OUT/generate.log" 2>&1
+  rc=$?
+  echo "generate --batch rc=$rc: $(grep -c token_ids "$OUT/generate-out.jsonl" 2>/dev/null) result lines"
+  tail -2 "$OUT/generate.log"
+  gen_rc=$rc
+  [[ $rc -ne 0 ]] && status=1
+  timeout 240 "$BIN/tessera" bench offline --model dummy:llama-3.1-8b:bf16 --device cuda \
+    --requests ${GPU_CHECK_OFFLINE_REQUESTS:-256} -p 512 -n 128 -C ${GPU_CHECK_OFFLINE_C:-128} \
+    --max-num-batched-tokens 4096 >"$OUT/bench-offline.log" 2>&1
+  rc=$?
+  offline_rc=$rc
+  grep -E "^\||\[bench\]|rror" "$OUT/bench-offline.log" | tail -8
+  [[ $rc -ne 0 ]] && status=1
+fi
+
+# Knobs for partial runs: GPU_CHECK_SANITIZERS="memcheck racecheck", GPU_CHECK_BENCH_MODEL=1,
+# GPU_CHECK_SERVING=1.
 for tool in ${GPU_CHECK_SANITIZERS-memcheck racecheck}; do
   log "compute-sanitizer $tool on the attention tests"
   timeout ${GPU_CHECK_SANITIZER_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/tessera_tests" \
@@ -75,5 +101,7 @@ echo
 echo "== gpu-check summary =="
 echo "conformance: $conf"
 echo "compute-sanitizer: memcheck rc=${san_memcheck:-?}, racecheck rc=${san_racecheck:-?} (0 = clean)"
+echo "serving: generate --batch rc=${gen_rc:-?}, bench offline rc=${offline_rc:-?}"
+grep -E "^\|" "$OUT/bench-offline.log" 2>/dev/null | tail -3
 grep -E "^\||^ceilings" "$OUT/bench-cuda.log"
 exit $status

@@ -153,9 +153,14 @@ void CudaBackend::finish_graph_forward() {
     ++graphs_captured_;
     TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
   } else if (mode == GraphMode::kReplay) {
-    TESSERA_CHECK(op_sig_ == g->signature,
-                  "cuda graphs: this decode forward issued other ops than the captured one (a bug; "
-                  "TESSERA_CUDA_GRAPHS=0 turns graphs off)");
+    if (op_sig_ != g->signature) {
+      // Same shape, other buffers (another KV cache or model on this backend): the skipped
+      // ops cannot be run now, so this forward fails; the key is captured again next time.
+      TESSERA_CUDA_CHECK(cudaGraphExecDestroy(g->exec));
+      g->exec = nullptr;
+      fail("cuda graphs: this decode forward issued other ops than the graph captured for its shape (other "
+           "buffers on the same backend?); it will be captured again (TESSERA_CUDA_GRAPHS=0 turns graphs off)");
+    }
     ++graph_replays_;
     TESSERA_CUDA_CHECK(cudaGraphLaunch(g->exec, stream_));
   }
