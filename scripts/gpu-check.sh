@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One run on the GPU machine (docs/design/cuda-backend.md): build tessera + tessera_tests
 # with every core, run the CUDA conformance tests, compute-sanitizer (memcheck, racecheck)
-# on the attention tests, then the Llama-3.1-8B-shape benchmarks; a short table comes last.
+# on the attention tests, serving through the engine on the GPU (generate --batch, bench
+# offline), then the Llama-3.1-8B-shape benchmarks; a short table comes last.
 # Logs go to $OUT (or ./gpu-check-out). Under 10 minutes on an H200.
 #
 #   scripts/gpu-check.sh                  configure and build in build-gpu/, then check
@@ -48,11 +49,26 @@ timeout ${GPU_CHECK_TEST_TIMEOUT:-240} "$BIN/tessera_tests" --gtest_filter='Cuda
 grep -q "FAILED TEST" "$OUT/conformance.log" && status=1
 conf=$(grep -E "^\[  PASSED  \]|^\[  FAILED  \]" "$OUT/conformance.log" | tr '\n' ' ')
 
-# Knobs for partial runs: GPU_CHECK_SANITIZERS="memcheck racecheck", GPU_CHECK_BENCH_MODEL=1.
+# Serving on the GPU through the engine (dummy weights: KV on the device, argmax readback,
+# padded graph decode): the offline benchmark at 128 concurrent sequences. (generate needs a
+# tokenizer, which dummy weights lack, and no real model travels to this machine.)
+if [[ "${GPU_CHECK_SERVING:-1}" == 1 ]]; then
+  log "serving: tessera bench offline on cuda"
+  timeout 240 "$BIN/tessera" bench offline --model dummy:llama-3.1-8b:bf16 --device cuda \
+    --requests ${GPU_CHECK_OFFLINE_REQUESTS:-256} -p 512 -n 128 -C ${GPU_CHECK_OFFLINE_C:-128} \
+    --max-num-batched-tokens 4096 >"$OUT/bench-offline.log" 2>&1
+  rc=$?
+  offline_rc=$rc
+  grep -E "^\||\[bench\]|rror" "$OUT/bench-offline.log" | tail -8
+  [[ $rc -ne 0 ]] && status=1
+fi
+
+# Knobs for partial runs: GPU_CHECK_SANITIZERS="memcheck racecheck", GPU_CHECK_BENCH_MODEL=1,
+# GPU_CHECK_SERVING=1.
 for tool in ${GPU_CHECK_SANITIZERS-memcheck racecheck}; do
-  log "compute-sanitizer $tool on the attention tests"
+  log "compute-sanitizer $tool on the attention tests and the row argmax"
   timeout ${GPU_CHECK_SANITIZER_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/tessera_tests" \
-    --gtest_filter='CudaAttention.PrefillVariableLengthCausalGqaMatchesCpu:CudaAttention.DecodeSplitOverLongContextsMatchesCpu' \
+    --gtest_filter="${GPU_CHECK_SANITIZER_FILTER:-CudaAttention.PrefillVariableLengthCausalGqaMatchesCpu:CudaAttention.DecodeSplitOverLongContextsMatchesCpu:CudaServing.Argmax*}" \
     >"$OUT/sanitizer-$tool.log" 2>&1
   rc=$?
   tail -3 "$OUT/sanitizer-$tool.log"
@@ -71,9 +87,22 @@ log "benchmark: CUDA bench (batch 1, prefill 512, 128 sequences at 512-640 conte
 TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' >"$OUT/bench-cuda.log" 2>&1
 grep -E "^\[bench\]|Failure|error" "$OUT/bench-cuda.log"
 
+# A/B of the batch-1 matrix-vector kernel (one output feature per warp instead of two).
+if [[ "${GPU_CHECK_AB:-0}" == 1 ]]; then
+  log "benchmark again with TESSERA_CUDA_GEMV_PAIRS=0"
+  TESSERA_CUDA_GEMV_PAIRS=0 TESSERA_CUDA_BENCH=1 timeout 200 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
+    >"$OUT/bench-cuda-nopairs.log" 2>&1
+fi
+
 echo
 echo "== gpu-check summary =="
 echo "conformance: $conf"
 echo "compute-sanitizer: memcheck rc=${san_memcheck:-?}, racecheck rc=${san_racecheck:-?} (0 = clean)"
+echo "serving: bench offline rc=${offline_rc:-?}"
+grep -E "^\|" "$OUT/bench-offline.log" 2>/dev/null | tail -3
 grep -E "^\||^ceilings" "$OUT/bench-cuda.log"
+if [[ -f "$OUT/bench-cuda-nopairs.log" ]]; then
+  echo "with TESSERA_CUDA_GEMV_PAIRS=0:"
+  grep -E "^\| decode" "$OUT/bench-cuda-nopairs.log"
+fi
 exit $status

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_factory.h"
 #include "bench/membw.h"
 #include "model/gguf.h"
 #include "core/error.h"
@@ -155,8 +156,17 @@ void run_bench(const BenchArgs& a) {
     }
   }
   // Floors: decode reads every weight once per token; prefill does 2 FLOPs per weight per token.
-  std::printf("\nfloor: memory read bandwidth %.1f GB/s (measured) -> decode <= %.1f tok/s reading %.1f MB per token\n",
-              bw / 1e9, bw / session.weights().weight_bytes, session.weights().weight_bytes / 1e6);
+  if (session.backend().name() == "cuda") {
+    // The device's own ceilings (copy bandwidth, bf16 tensor-core rate), measured now.
+    const DeviceCeilings dc = measure_cuda_ceilings(session.backend());
+    std::printf("\nfloor: device copy bandwidth %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured) -> decode <= %.1f tok/s "
+                "reading %.1f MB per token, prefill <= %.0f tok/s (matrices only)\n",
+                dc.copy_bytes_per_s / 1e9, dc.bf16_flops_per_s / 1e12, dc.copy_bytes_per_s / session.weights().weight_bytes,
+                session.weights().weight_bytes / 1e6, dc.bf16_flops_per_s / (2.0 * c.n_params()));
+  } else {
+    std::printf("\nfloor: memory read bandwidth %.1f GB/s (measured) -> decode <= %.1f tok/s reading %.1f MB per token\n",
+                bw / 1e9, bw / session.weights().weight_bytes, session.weights().weight_bytes / 1e6);
+  }
   if (!pp.empty())
     std::printf("prefill: %.2f GFLOP per token -> %.1f GFLOP/s achieved\n", 2.0 * c.n_params() / 1e9,
                 stat_of(pp).mean * 2.0 * c.n_params() / 1e9);

@@ -4,7 +4,10 @@
 // host memory); buffers come from alloc(). Ops are issued in order; synchronize() waits for
 // them (a no-op on the CPU, where every op returns when done).
 #include <cstddef>
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -118,11 +121,80 @@ class Backend {
                             int n_logits_rows) {}
   // Device memory still free, in bytes; 0 for a backend that computes in host memory.
   virtual size_t device_free_bytes() { return 0; }
+
+  // ---- Serving on a device: KV block moves, logits readback, decode graphs ----
+
+  // Device → device copy, ordered with the ops (copy-on-write KV blocks).
+  virtual void copy_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+  // Host ↔ device copies that complete by the next synchronize() (swap of KV blocks); the
+  // host memory must stay alive until then. Fastest from alloc_host() memory.
+  virtual void copy_to_host_async(void* host, const void* device, size_t bytes) { copy_to_host(host, device, bytes); }
+  virtual void copy_to_device_async(void* device, const void* host, size_t bytes) {
+    copy_to_device(device, host, bytes);
+  }
+  // Host memory for transfers (page-locked on a device backend), freed with the handle.
+  virtual std::shared_ptr<void> alloc_host(size_t bytes) {
+    return std::shared_ptr<void>(new uint8_t[std::max<size_t>(bytes, 1)], [](void* p) { delete[] static_cast<uint8_t*>(p); });
+  }
+
+  // Which rows of the next forward's logits the caller reads in full. Rows flagged
+  // argmax_only get only their argmax (lowest id on ties) in argmax[row]; a device backend
+  // then moves 4 bytes instead of the row. argmax[row] = -1 when the row holds a NaN or
+  // +inf or is all -inf: that row is copied in full (so the sampler reports the problem).
+  struct LogitsReadback {
+    int n_rows = 0;
+    const uint8_t* argmax_only = nullptr;  // [n_rows], 1 = argmax only
+    int32_t* argmax = nullptr;             // [n_rows] host, written for flagged rows
+  };
+  // The plan the next read_logits() follows (once); without one every row is copied.
+  void plan_logits_readback(const LogitsReadback& plan) { logits_plan_ = plan; }
+  // Logits [n_rows, n_vocab] at `device` to `host`, following and clearing the plan; a model
+  // calls it once, at the end of its forward.
+  void read_logits(float* host, const float* device, int n_rows, int n_vocab) {
+    const LogitsReadback plan = logits_plan_;
+    logits_plan_ = {};
+    read_logits_planned(host, device, n_rows, n_vocab, plan.n_rows == n_rows ? plan : LogitsReadback{});
+  }
+
+  // Decode forwards (every sequence one new token, logits rows 0..n-1) of n sequences run
+  // fastest when padded to decode_graph_batch(n) sequences: such a forward is captured once
+  // as a graph and replayed. 0: this backend replays no graphs; pass batches as they are.
+  virtual int decode_graph_batch(int n_seqs) const { return 0; }
+
+ protected:
+  // The whole copy, then the argmax of flagged rows on the host (same rule as the sampler).
+  virtual void read_logits_planned(float* host, const float* device, int n_rows, int n_vocab,
+                                   const LogitsReadback& plan) {
+    copy_to_host(host, device, sizeof(float) * static_cast<size_t>(n_rows) * n_vocab);
+    if (!plan.argmax_only) return;
+    for (int r = 0; r < n_rows; ++r)
+      if (plan.argmax_only[r]) plan.argmax[r] = host_row_argmax(host + static_cast<size_t>(r) * n_vocab, n_vocab);
+  }
+  // First index of the largest value; -1 for a NaN, a +inf or a row of -inf.
+  static int32_t host_row_argmax(const float* row, int n) {
+    int32_t best = -1;
+    float best_v = -INFINITY;
+    for (int i = 0; i < n; ++i) {
+      const float v = row[i];
+      if (std::isnan(v) || v == INFINITY) return -1;
+      if (v > best_v) {
+        best_v = v;
+        best = i;
+      }
+    }
+    return best;
+  }
+
+ private:
+  LogitsReadback logits_plan_;
 };
 
 struct BackendOptions {
   std::string device = "cpu";  // "cpu" or "cuda[:N]"
   int threads = 0;             // CPU threads; 0 = all cores
+  // CUDA: capture decode forwards as graphs and replay them (off: every op is launched).
+  // The environment variable TESSERA_CUDA_GRAPHS=0 also turns them off.
+  bool cuda_graphs = true;
 };
 
 // Makes the backend named by options.device; throws tessera::Error naming what is missing

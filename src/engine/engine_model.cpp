@@ -34,8 +34,41 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   spec.head_dim = mc.head_dim;
   spec.block_size = o.session.block_size;
   spec.dtype = o.session.kv_dtype;
+  Backend& backend = session_->backend();
+  // The largest step the engine will run, once, so a budget that cannot hold its
+  // activations fails here and not under load. Its KV lands in the first blocks of `kv`.
+  const auto warm_up = [&](KvCache& kv) {
+    const int n = std::min({sc.max_num_batched_tokens, sc.max_model_len - 1, kv.spec().n_blocks * spec.block_size});
+    SequenceBlocks seq;
+    seq.blocks.resize((n + spec.block_size - 1) / spec.block_size);
+    std::iota(seq.blocks.begin(), seq.blocks.end(), 0);
+    std::vector<int32_t> tokens(n, 0);
+    ForwardBatch batch;
+    batch.add_sequence(seq, spec.block_size, tokens.data(), n, ForwardBatch::Logits::Last);
+    std::vector<float> logits(mc.n_vocab);
+    session_->model().forward(batch, kv, logits.data());
+  };
+  // A device backend sizes its KV pool from the device memory left after a warm-up forward
+  // (weights, activations and the GEMM's scratch are resident by then).
+  const bool on_device = backend.device_free_bytes() > 0;
+  bool warmed_up = false;
   int64_t budget = o.kv_cache_bytes;
-  if (budget <= 0) {
+  if (budget <= 0 && on_device) {
+    TESSERA_CHECK(o.device_kv_fraction > 0 && o.device_kv_fraction <= 0.98, "device KV fraction ",
+                  o.device_kv_fraction, " is outside (0, 0.98]");
+    if (o.warmup) {
+      KvCacheSpec tmp = spec;
+      tmp.n_blocks = (std::max(1, std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)) + spec.block_size - 1) /
+                     spec.block_size;
+      KvCache warm_kv(backend, tmp);
+      warm_up(warm_kv);
+      warmed_up = true;
+    }
+    const auto free_bytes = static_cast<double>(backend.device_free_bytes());
+    budget = static_cast<int64_t>(o.device_kv_fraction * free_bytes) - o.device_reserve_bytes;
+    TESSERA_CHECK(budget > 0, "KV sizing: ", static_cast<int64_t>(free_bytes), " bytes of device memory are free after ",
+                  "the warm-up, less than the ", o.device_reserve_bytes, " bytes kept in reserve");
+  } else if (budget <= 0) {
     TESSERA_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 0.95, "KV memory fraction ",
                   o.kv_memory_fraction, " is outside (0, 0.95]");
     budget = static_cast<int64_t>(o.kv_memory_fraction * static_cast<double>(host_available_memory_bytes()));
@@ -53,10 +86,18 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   if (sc.preemption_mode == PreemptionMode::Swap)
     TESSERA_CHECK(config_.n_host_blocks > 0, "swap preemption needs swap space for at least one KV block of ",
                   config_.kv_block_bytes, " bytes (got ", o.swap_space_bytes, ")");
-  kv_ = std::make_unique<KvCache>(session_->backend(), spec);
+  // A backend that replays decode graphs gets one block more than the engine hands out:
+  // the padding sequences of padded decode steps write there.
+  int pad_block = -1;
+  KvCacheSpec pool = spec;
+  if (backend.decode_graph_batch(1) > 0) {
+    pad_block = spec.n_blocks;
+    pool.n_blocks = spec.n_blocks + 1;
+  }
+  kv_ = std::make_unique<KvCache>(backend, pool);
 
-  executor_ = std::make_unique<ModelExecutor>(session_->model(), *kv_, session_->backend(), sc.max_num_batched_tokens,
-                                              sc.max_logits_rows, config_.n_host_blocks);
+  executor_ = std::make_unique<ModelExecutor>(session_->model(), *kv_, backend, sc.max_num_batched_tokens,
+                                              sc.max_logits_rows, config_.n_host_blocks, pad_block);
   config_.scheduler = sc;
   config_.prefix_caching = o.prefix_caching;
   std::ostringstream fp;
@@ -67,19 +108,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   config_.admission = o.admission;
   config_.max_n = o.max_n;
 
-  if (o.warmup) {
-    // The largest step the engine will run, once, so a budget that cannot hold its
-    // activations fails here and not under load. Its KV lands in free blocks.
-    const int n = std::min({sc.max_num_batched_tokens, sc.max_model_len - 1, spec.n_blocks * spec.block_size});
-    SequenceBlocks seq;
-    seq.blocks.resize((n + spec.block_size - 1) / spec.block_size);
-    std::iota(seq.blocks.begin(), seq.blocks.end(), 0);
-    std::vector<int32_t> tokens(n, 0);
-    ForwardBatch batch;
-    batch.add_sequence(seq, spec.block_size, tokens.data(), n, ForwardBatch::Logits::Last);
-    std::vector<float> logits(mc.n_vocab);
-    session_->model().forward(batch, *kv_, logits.data());
-  }
+  if (o.warmup && !warmed_up) warm_up(*kv_);
 }
 
 ModelEngine::~ModelEngine() = default;

@@ -17,6 +17,11 @@ struct ModelEngineOptions {
   SchedulerConfig scheduler;
   int64_t kv_cache_bytes = 0;   // KV budget; 0 = kv_memory_fraction of the memory available
   double kv_memory_fraction = 0.4;
+  // A device backend (CUDA): with kv_cache_bytes 0 the budget is device_kv_fraction of the
+  // device memory free after the warm-up forward, less device_reserve_bytes (decode graphs,
+  // attention scratch, other processes).
+  double device_kv_fraction = 0.9;
+  int64_t device_reserve_bytes = int64_t{1} << 30;
   int max_kv_blocks = 0;        // cap on the pool (tests); 0 = none
   bool prefix_caching = true;
   AdmissionLimits admission;

@@ -33,6 +33,8 @@ class KvCache {
 
   const KvCacheSpec& spec() const { return spec_; }
   KvLayerView layer(int i) const;
+  // The backend whose memory holds K and V (block copies and swaps go through it).
+  Backend& backend() const { return backend_; }
 
  private:
   Backend& backend_;

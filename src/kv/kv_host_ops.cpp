@@ -26,6 +26,23 @@ void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies) {
   }
 }
 
+void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies) {
+  const KvCacheSpec& spec = kv.spec();
+  const size_t elem = spec.dtype == DType::F32 ? 4 : 2;
+  const size_t block_bytes = static_cast<size_t>(spec.n_kv_heads) * spec.block_size * spec.head_dim * elem;
+  for (const BlockCopy& c : copies)
+    TESSERA_CHECK(c.src >= 0 && c.src < spec.n_blocks && c.dst >= 0 && c.dst < spec.n_blocks && c.src != c.dst,
+                  "KV copy: block ", c.src, " -> ", c.dst, " outside [0, ", spec.n_blocks, ")");
+  Backend& be = kv.backend();
+  for (int l = 0; l < spec.n_layers; ++l) {
+    const KvLayerView view = kv.layer(l);
+    for (void* base : {view.k, view.v}) {
+      auto* bytes = static_cast<uint8_t*>(base);
+      for (const BlockCopy& c : copies) be.copy_device(bytes + c.dst * block_bytes, bytes + c.src * block_bytes, block_bytes);
+    }
+  }
+}
+
 namespace {
 // Bytes of one block of K (or V) on one layer: [n_kv_heads, block_size, head_dim].
 size_t layer_block_bytes(const KvCacheSpec& spec) {
@@ -62,12 +79,21 @@ void for_each_swap_part(const KvCache& kv, uint8_t* host_base, int64_t slot_byte
 HostKvTier::HostKvTier(const KvCacheSpec& spec, int n_slots) : n_slots_(n_slots), slot_bytes_(kv_block_bytes(spec)) {
   TESSERA_CHECK(n_slots >= 0, "host KV tier: negative slot count ", n_slots);
   TESSERA_CHECK(slot_bytes_ > 0, "host KV tier: a block of this model takes ", slot_bytes_, " bytes");
-  if (n_slots > 0) data_.reset(new uint8_t[static_cast<size_t>(n_slots) * slot_bytes_]);
+  if (n_slots > 0)
+    data_ = std::shared_ptr<void>(new uint8_t[static_cast<size_t>(n_slots) * slot_bytes_],
+                                  [](void* p) { delete[] static_cast<uint8_t*>(p); });
+}
+
+HostKvTier::HostKvTier(const KvCacheSpec& spec, int n_slots, Backend& backend)
+    : n_slots_(n_slots), slot_bytes_(kv_block_bytes(spec)) {
+  TESSERA_CHECK(n_slots >= 0, "host KV tier: negative slot count ", n_slots);
+  TESSERA_CHECK(slot_bytes_ > 0, "host KV tier: a block of this model takes ", slot_bytes_, " bytes");
+  if (n_slots > 0) data_ = backend.alloc_host(static_cast<size_t>(n_slots) * slot_bytes_);
 }
 
 uint8_t* HostKvTier::slot(int32_t h) {
   TESSERA_CHECK(h >= 0 && h < n_slots_, "host KV tier: slot ", h, " outside [0, ", n_slots_, ")");
-  return data_.get() + static_cast<size_t>(h) * slot_bytes_;
+  return static_cast<uint8_t*>(data_.get()) + static_cast<size_t>(h) * slot_bytes_;
 }
 
 const uint8_t* HostKvTier::slot(int32_t h) const { return const_cast<HostKvTier*>(this)->slot(h); }
@@ -84,6 +110,24 @@ void swap_in_kv_blocks_host(const KvCache& kv, const HostKvTier& host, std::span
   if (swaps.empty()) return;
   for_each_swap_part(kv, const_cast<uint8_t*>(host.slot(0)), host.slot_bytes(), swaps,
                      [](uint8_t* device, uint8_t* slot, size_t n) { std::memcpy(device, slot, n); });
+}
+
+void swap_out_kv_blocks(const KvCache& kv, HostKvTier& host, std::span<const BlockSwap> swaps) {
+  check_swaps(kv.spec(), host, swaps);
+  if (swaps.empty()) return;
+  Backend& be = kv.backend();
+  for_each_swap_part(kv, host.slot(0), host.slot_bytes(), swaps,
+                     [&](uint8_t* device, uint8_t* slot, size_t n) { be.copy_to_host_async(slot, device, n); });
+  be.synchronize();
+}
+
+void swap_in_kv_blocks(const KvCache& kv, const HostKvTier& host, std::span<const BlockSwap> swaps) {
+  check_swaps(kv.spec(), host, swaps);
+  if (swaps.empty()) return;
+  Backend& be = kv.backend();
+  for_each_swap_part(kv, const_cast<uint8_t*>(host.slot(0)), host.slot_bytes(), swaps,
+                     [&](uint8_t* device, uint8_t* slot, size_t n) { be.copy_to_device_async(device, slot, n); });
+  be.synchronize();
 }
 
 int64_t kv_block_bytes(const KvCacheSpec& spec) { return spec.bytes_per_token() * spec.block_size; }

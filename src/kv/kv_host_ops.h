@@ -1,7 +1,7 @@
 #pragma once
-// Host-side operations on KV storage and its sizing: block copies for copy-on-write (CPU
-// backend: K/V live in host memory), the host tier swap preemption moves blocks to, and the
-// number of blocks a memory budget holds.
+// Operations on KV storage and its sizing: block copies for copy-on-write (host memcpy for
+// the CPU backend, or through any backend's copy ops), the host tier swap preemption moves
+// blocks to, and the number of blocks a memory budget holds.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -14,6 +14,9 @@ namespace tessera {
 // Copies block src to block dst in K and V of every layer, in order. Host memory only
 // (the CPU backend's KvCache); each block is [n_kv_heads, block_size, head_dim] contiguous.
 void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies);
+// The same on any backend: device → device copies through kv.backend(), ordered before the
+// ops issued after them (one copy per layer, K and V, block).
+void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies);
 
 // The host-memory KV tier for swap preemption: n_slots blocks, each holding one device
 // block's K and V for every layer, slot-major: [n_slots][n_layers][K, V][n_kv_heads,
@@ -21,6 +24,9 @@ void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies);
 class HostKvTier {
  public:
   HostKvTier(const KvCacheSpec& spec, int n_slots);
+  // Slots in backend.alloc_host() memory (page-locked for a device backend, so swaps are
+  // DMA copies); allocated at once.
+  HostKvTier(const KvCacheSpec& spec, int n_slots, Backend& backend);
   int n_slots() const { return n_slots_; }
   int64_t slot_bytes() const { return slot_bytes_; }
   uint8_t* slot(int32_t h);
@@ -29,7 +35,7 @@ class HostKvTier {
  private:
   int n_slots_;
   int64_t slot_bytes_;
-  std::unique_ptr<uint8_t[]> data_;
+  std::shared_ptr<void> data_;
 };
 
 // Swap copies between a host-memory KvCache (CPU backend) and the host tier, in order.
@@ -37,6 +43,9 @@ class HostKvTier {
 // range (before copying anything).
 void swap_out_kv_blocks_host(const KvCache& kv, HostKvTier& host, std::span<const BlockSwap> swaps);
 void swap_in_kv_blocks_host(const KvCache& kv, const HostKvTier& host, std::span<const BlockSwap> swaps);
+// The same on any backend: asynchronous copies through kv.backend(), then one synchronize().
+void swap_out_kv_blocks(const KvCache& kv, HostKvTier& host, std::span<const BlockSwap> swaps);
+void swap_in_kv_blocks(const KvCache& kv, const HostKvTier& host, std::span<const BlockSwap> swaps);
 
 // Bytes of K and V one block takes across all layers.
 int64_t kv_block_bytes(const KvCacheSpec& spec);

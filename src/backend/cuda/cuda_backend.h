@@ -2,11 +2,14 @@
 // The CUDA implementation of the backend op interface, for one device and one stream.
 // Weights arrive through upload() (cudaMalloc + one copy, never managed memory); activations
 // and the KV pool come from alloc(); the index arrays of a forward are staged once per
-// forward (stage_inputs) into device memory that the kernels read.
+// forward (stage_inputs) into device memory that the kernels read. Decode forwards of the
+// graph batch sizes are captured once as CUDA graphs and replayed (cuda_decode_graphs.cpp).
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -17,7 +20,7 @@ namespace tessera {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device);
+  explicit CudaBackend(int device, bool graphs = true);
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
@@ -52,6 +55,19 @@ class CudaBackend final : public Backend {
                     int n_logits_rows) override;
   size_t device_free_bytes() override;
 
+  void copy_device(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host_async(void* host, const void* device, size_t bytes) override;
+  void copy_to_device_async(void* device, const void* host, size_t bytes) override;
+  std::shared_ptr<void> alloc_host(size_t bytes) override;
+  int decode_graph_batch(int n_seqs) const override;
+  // Graphs captured so far and forwards replayed from them (for tests and reports).
+  int graphs_captured() const { return graphs_captured_; }
+  int64_t graph_replays() const { return graph_replays_; }
+
+ protected:
+  void read_logits_planned(float* host, const float* device, int n_rows, int n_vocab,
+                           const LogitsReadback& plan) override;
+
  private:
   // Index arrays the ops read, each with its own device buffer.
   enum Role { kTokens, kPositions, kSlots, kQStart, kKvLen, kTables, kRows, kRoleCount };
@@ -62,11 +78,53 @@ class CudaBackend final : public Backend {
   };
   // Device copy of a host index array: the staged one when `host` was announced with the
   // same contents, else a fresh copy into the role's own buffer (stream-ordered).
-  const int32_t* ints(Role role, const int32_t* host, size_t n);
+  const int32_t* ints(Role role, const int32_t* host, size_t n, bool* staged = nullptr);
   cuda::DeviceBatch device_batch(const AttentionBatch& b);
   // A device scratch buffer of at least `bytes` (grown, never shrunk).
   void* scratch(void*& buf, size_t& cap, size_t bytes);
   const double* rope_inv_freq_table(const RopeConfig& cfg);
+
+  // ---- Decode graphs (cuda_decode_graphs.cpp) ----
+  // A decode forward of a graph batch size, keyed by (sequences, block-table stride): the
+  // first one runs eagerly (loads kernels, sizes scratch, makes GEMM plans), the second is
+  // captured, later ones replay. Its index arrays live at a fixed device address.
+  struct DecodeGraph {
+    bool seen = false;
+    bool broken = false;            // capture failed once: always eager
+    cudaGraphExec_t exec = nullptr;
+    uint64_t signature = 0;         // of the captured ops' arguments
+    int32_t* inputs = nullptr;      // device, the staged index arrays
+  };
+  enum class GraphMode { kNone, kEager, kCapture, kReplay };
+  // The graph entry for this forward when it is a decode forward of a graph size, else null.
+  DecodeGraph* decode_graph_for(const AttentionBatch& b, const int32_t* tokens, const int32_t* logits_rows,
+                                int n_logits_rows, int stride);
+  // Ends a capture (instantiates and launches) or launches the replayed graph.
+  void finish_graph_forward();
+  // Ends a capture left open by an exception, dropping it.
+  void abandon_graph_forward();
+  // Destroys every graph (a scratch buffer they point into moved).
+  void drop_graphs();
+  // Adds an op's arguments to the forward's signature; true when the op is already in the
+  // graph being replayed (the caller returns without launching).
+  template <typename... A>
+  bool recorded(int op, const A&... args);
+  void sign(uint64_t word) { op_sig_ = (op_sig_ ^ word) * 0x100000001b3ull + (op_sig_ >> 29); }
+
+  bool graphs_enabled_ = true;
+  GraphMode graph_mode_ = GraphMode::kNone;
+  DecodeGraph* graph_ = nullptr;  // of the forward in flight
+  uint64_t op_sig_ = 0;
+  std::map<std::pair<int, int>, DecodeGraph> graphs_;
+  int graphs_captured_ = 0;
+  int64_t graph_replays_ = 0;
+  const int32_t* staged_base_ = nullptr;  // device copy of this forward's staged arrays
+  int staged_stride_ = 0;                 // row stride of the staged block tables
+
+  int32_t* argmax_dev_ = nullptr;  // row argmax ids
+  size_t argmax_dev_cap_ = 0;
+  std::shared_ptr<void> argmax_host_;  // pinned
+  size_t argmax_host_cap_ = 0;
 
   int device_ = 0;
   int sm_count_ = 0;

@@ -23,6 +23,9 @@ struct DeviceCeilings {
   double bf16_flops_per_s = 0;
 };
 DeviceCeilings measure_cuda_ceilings(Backend& backend);
+// Decode forwards `backend` (a CUDA backend) launched from captured graphs so far (0 for
+// any other backend): for tests and reports.
+int64_t cuda_graph_replays(Backend& backend);
 // Page-locked host memory (fast device→host copies), freed with the handle.
 std::shared_ptr<void> cuda_pinned_host(size_t bytes);
 

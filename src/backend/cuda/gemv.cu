@@ -1,7 +1,10 @@
 // Matrix-vector and small-batch products (decode) reading the weights in their stored
 // format: one warp per output feature, each lane decoding 8 consecutive elements per step
 // (16-byte loads for bf16/f16), the x rows read through L1 (they are reused by every warp).
-// Up to kGemvMaxTargets weights sharing the input run in one launch (Q/K/V, gate/up).
+// Up to kGemvMaxTargets weights sharing the input run in one launch (Q/K/V, gate/up). At
+// batch 1 a warp takes two features (gemv_pair_kernel).
+#include <cstdlib>
+
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_decode.cuh"
 
@@ -63,6 +66,62 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
   }
 }
 
+// Batch 1 (the decode that matters most): each warp takes two output features, so one
+// pair of x loads (through L1) feeds two independent weight loads, halving the L1 traffic
+// per weight byte and doubling the loads in flight per lane. Each feature's sum is formed
+// in the same order as gemv_kernel's, so the results are the same bits.
+constexpr int kRowsPerWarp = 2;
+
+template <DType T>
+__global__ void __launch_bounds__(kWarps * 32) gemv_pair_kernel(const float* __restrict__ x, int64_t cols, Targets tg) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
+  const int64_t total = tg.row_end[tg.n - 1];
+  if (row0 >= total) return;
+  const uint8_t* wr[kRowsPerWarp];
+  int ti[kRowsPerWarp];
+  int64_t r[kRowsPerWarp];
+  bool live[kRowsPerWarp];
+#pragma unroll
+  for (int k = 0; k < kRowsPerWarp; ++k) {
+    const int64_t row = min(row0 + k, total - 1);  // a missing second row recomputes the first
+    live[k] = row0 + k < total;
+    int t = 0;
+    while (t < tg.n - 1 && row >= tg.row_end[t]) ++t;
+    ti[k] = t;
+    r[k] = row - (t ? tg.row_end[t - 1] : 0);
+    wr[k] = tg.w[t] + r[k] * tg.row_bytes;
+  }
+  float acc[kRowsPerWarp] = {};
+#pragma unroll 4
+  for (int64_t e = lane * 8; e < cols; e += 256) {
+    float w8[kRowsPerWarp][8];
+#pragma unroll
+    for (int k = 0; k < kRowsPerWarp; ++k) decode8<T>(wr[k], e, w8[k]);
+    const float* xr = x + e;
+    const float4 a = __ldg(reinterpret_cast<const float4*>(xr)), b = __ldg(reinterpret_cast<const float4*>(xr + 4));
+    const float x8[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int k = 0; k < kRowsPerWarp; ++k)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[k] = fmaf(w8[k][j], x8[j], acc[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kRowsPerWarp; ++k) {
+    const float v = warp_sum(acc[k]);
+    if (lane == 0 && live[k]) tg.y[ti[k]][r[k]] = v;
+  }
+}
+
+// TESSERA_CUDA_GEMV_PAIRS=0 selects the one-feature-per-warp kernel at batch 1 (A/B runs).
+bool pairs_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_CUDA_GEMV_PAIRS");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
 }  // namespace
 
 bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t cols, const GemvTarget* targets,
@@ -83,8 +142,12 @@ bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t co
   }
   const unsigned grid = blocks_for(total, kWarps);
   const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
+  const bool pairs = n_rows == 1 && vec_x && pairs_enabled();
+  const unsigned pair_grid = blocks_for((total + kRowsPerWarp - 1) / kRowsPerWarp, kWarps);
   return dispatch_weight_type(type, [&]<DType T>() {
-    if (n_rows == 1 && vec_x)
+    if (pairs)
+      gemv_pair_kernel<T><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+    else if (n_rows == 1 && vec_x)
       gemv_kernel<T, 1, true><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
     else if (n_rows == 1)
       gemv_kernel<T, 1, false><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);

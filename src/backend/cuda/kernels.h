@@ -67,4 +67,8 @@ void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv,
                              float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
                              cudaStream_t s);
 
+// out[r] = first index of the largest value of row r of x [n_rows, n_cols]; -1 for a row
+// with a NaN or +inf, or of -inf only.
+void launch_row_argmax(const float* x, int n_rows, int n_cols, int32_t* out, cudaStream_t s);
+
 }  // namespace tessera::cuda

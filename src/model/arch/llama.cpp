@@ -101,7 +101,7 @@ class LlamaModel final : public Model {
     be_.rms_norm(rows_, w_->output_norm, rows_, n_out, e, c_.rms_eps);
     const MatmulTarget out[] = {{w_->output, logits_, c_.n_vocab}};
     be_.matmul(rows_, n_out, e, out);  // logits: [n_out, n_vocab]
-    be_.copy_to_host(logits, logits_, sizeof(float) * n_out * c_.n_vocab);
+    be_.read_logits(logits, logits_, n_out, c_.n_vocab);  // only what the caller planned to read
   }
 
  private:
