@@ -16,6 +16,7 @@ void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("-b,--batch-size", batch, "tokens per forward (prefill chunk)")->capture_default_str();
   cmd.add_option("--block-size", block_size, "tokens per KV block")->capture_default_str();
   cmd.add_option("--kv-type", kv_type, "KV cache type: f16 or f32")->capture_default_str();
+  cmd.add_flag("--no-cuda-graphs", no_cuda_graphs, "CUDA: launch every op instead of replaying decode graphs");
 }
 
 SessionOptions ModelArgs::session_options() const {
@@ -23,6 +24,7 @@ SessionOptions ModelArgs::session_options() const {
   o.model = model;
   o.backend.device = device;
   o.backend.threads = threads;
+  o.backend.cuda_graphs = !no_cuda_graphs;
   o.ctx = ctx;
   o.max_batch_tokens = batch;
   o.block_size = block_size;

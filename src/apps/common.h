@@ -16,6 +16,7 @@ struct ModelArgs {
   int batch = 512;
   int block_size = 16;
   std::string kv_type = "f16";
+  bool no_cuda_graphs = false;
   uint64_t seed = 0;  // dummy weights
 
   void add_to(CLI::App& cmd);
