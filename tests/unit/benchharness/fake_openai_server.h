@@ -63,6 +63,17 @@ class FakeOpenAIServer {
     std::lock_guard lock(mu_);
     return bodies_;
   }
+  // The delays the server actually produced (ms): connection accepted → first text chunk written,
+  // and between text chunks. On a loaded machine sleep_until overshoots; tests compare the
+  // harness against these as well as against the injected values.
+  std::vector<double> realized_ttft_ms() const {
+    std::lock_guard lock(mu_);
+    return realized_ttft_ms_;
+  }
+  std::vector<double> realized_itl_ms() const {
+    std::lock_guard lock(mu_);
+    return realized_itl_ms_;
+  }
 
   // Words separated by single spaces: the fake tokenizer of the fake server.
   static int64_t count_words(const std::string& s) {
@@ -81,20 +92,22 @@ class FakeOpenAIServer {
       boost::system::error_code ec;
       boost::asio::ip::tcp::socket sock(io_);
       acceptor_.accept(sock, ec);
+      // Delays count from the accept, so the worker thread's start-up (slow on a loaded
+      // machine) is inside the injected TTFT instead of added to it.
+      const auto accepted = std::chrono::steady_clock::now();
       if (ec || stopping_) return;
       std::lock_guard lock(mu_);
-      workers_.emplace_back([this, s = std::move(sock)]() mutable { serve(std::move(s)); });
+      workers_.emplace_back([this, accepted, s = std::move(sock)]() mutable { serve(std::move(s), accepted); });
     }
   }
 
-  void serve(boost::asio::ip::tcp::socket sock) {
+  void serve(boost::asio::ip::tcp::socket sock, std::chrono::steady_clock::time_point t0) {
     namespace http = boost::beast::http;
     namespace net = boost::asio;
     boost::system::error_code ec;
     boost::beast::flat_buffer buf;
     http::request<http::string_body> req;
     http::read(sock, buf, req, ec);
-    const auto t0 = std::chrono::steady_clock::now();
     if (!ec) handle(sock, req, t0);
     sock.shutdown(net::ip::tcp::socket::shutdown_both, ec);
   }
@@ -158,14 +171,24 @@ class FakeOpenAIServer {
     };
     // A role-only chunk at once: first byte, but no text yet (must not count as TTFT).
     if (chat) send(R"({"choices":[{"index":0,"delta":{"role":"assistant"}}]})");
+    std::vector<double> ttft, itl;
+    auto last = t0;
     for (int k = 0; k < n && !ec; ++k) {
       std::this_thread::sleep_until(t0 + config_.ttft + k * config_.itl);
+      const auto now = std::chrono::steady_clock::now();
+      (k == 0 ? ttft : itl).push_back(std::chrono::duration<double, std::milli>(now - (k == 0 ? t0 : last)).count());
+      last = now;
       nlohmann::json chunk;
       const std::string text = config_.reply_word + " ";
       if (chat) chunk = {{"choices", {{{"index", 0}, {"delta", {{"content", text}}}}}}};
       else chunk = {{"choices", {{{"index", 0}, {"text", text}}}}};
       if (k == n - 1) chunk["choices"][0]["finish_reason"] = "length";
       send(chunk.dump());
+    }
+    {
+      std::lock_guard lock(mu_);
+      realized_ttft_ms_.insert(realized_ttft_ms_.end(), ttft.begin(), ttft.end());
+      realized_itl_ms_.insert(realized_itl_ms_.end(), itl.begin(), itl.end());
     }
     if (config_.send_usage) {
       int64_t prompt = 0;
@@ -191,6 +214,7 @@ class FakeOpenAIServer {
   mutable std::mutex mu_;
   std::vector<std::thread> workers_;
   std::vector<nlohmann::json> bodies_;
+  std::vector<double> realized_ttft_ms_, realized_itl_ms_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> active_{0}, max_active_{0};
 };
