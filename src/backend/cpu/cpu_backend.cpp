@@ -140,6 +140,21 @@ void CpuBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, c
     for (int b = batch.q_start[s]; b < batch.q_start[s + 1]; b += kAttentionTileRows)
       for (int h = 0; h < kv.n_kv_heads; ++h)
         tasks_.push_back({s, h, b, std::min(b + kAttentionTileRows, batch.q_start[s + 1])});
+  // Too few tasks to keep every thread busy (decode of one sequence: one per KV head, e.g. 3
+  // over 2 threads, so one thread does twice the work): give each query head of a group its
+  // own task. The K/V blocks are then read once per query head, from cache after the first.
+  if (group > 1 && static_cast<int64_t>(tasks_.size()) < 2 * pool_.size()) {
+    const size_t n = tasks_.size();
+    for (size_t i = 0; i < n; ++i) {
+      cpu::AttentionTask t = tasks_[i];
+      for (int g = 0; g < group; ++g) {
+        t.g_begin = g;
+        t.g_end = g + 1;
+        if (g == 0) tasks_[i] = t;
+        else tasks_.push_back(t);
+      }
+    }
+  }
   const int64_t need = cpu::attention_scratch_floats(kAttentionTileRows, group, kv.block_size, kv.head_dim);
   for (auto& buf : scratch_)
     if (static_cast<int64_t>(buf.size()) < need) buf.resize(need);

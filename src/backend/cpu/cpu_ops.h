@@ -13,6 +13,8 @@ struct AttentionTask {
   int kv_head;   // KV head; its query heads are kv_head*group .. +group
   int q_begin;   // query rows [q_begin, q_end) of that sequence (flat batch rows)
   int q_end;
+  int g_begin = 0;  // query heads of the group this task computes: [g_begin, g_end), in
+  int g_end = -1;   // 0 .. group; g_end < 0 means the whole group
 };
 
 // Scratch floats one attention task needs, for up to `max_q_rows` query rows.

@@ -116,6 +116,18 @@ static void rope_rows_impl(float* x, int64_t n_rows, int64_t ld, int n_heads, in
   }
 }
 
+// Dot product with 8 independent partial sums: the compiler keeps them in one vector
+// register, where a single running sum would be a serial chain of scalar FMAs.
+static inline float dot_f32(const float* a, const float* b, int n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += a[d + k] * b[d + k];
+  float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; d < n; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
 // FlashAttention-style: for a tile of query rows of one sequence and one KV head (all the
 // query heads of its group at once, so each K/V block is read once), walk the sequence's
 // blocks in order keeping a running max m, sum l and unnormalized output O per query vector.
@@ -124,7 +136,8 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
                            const tessera::cpu::AttentionTask& task, float* scratch) {
   const int hd = kv.head_dim, bs = kv.block_size;
   const int group = n_heads / kv.n_kv_heads;
-  const int n_q = (task.q_end - task.q_begin) * group;  // query vectors in this tile
+  const int g0 = task.g_begin, ng = (task.g_end < 0 ? group : task.g_end) - g0;  // query heads of the task
+  const int n_q = (task.q_end - task.q_begin) * ng;  // query vectors in this tile
   float* kf = scratch;             // [bs, hd]
   float* vf = kf + bs * hd;        // [bs, hd]
   float* sc = vf + bs * hd;        // [n_q, bs]
@@ -133,7 +146,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   float* l = m + n_q;              // [n_q]
   float* qs = l + n_q;             // [n_q, hd] queries pre-scaled
   for (int r = 0; r < n_q; ++r) {
-    const int t = task.q_begin + r / group, g = r % group;
+    const int t = task.q_begin + r / ng, g = g0 + r % ng;
     const float* src = q + t * ldq + static_cast<int64_t>(task.kv_head * group + g) * hd;
     for (int d = 0; d < hd; ++d) qs[r * hd + d] = src[d] * scale;
     m[r] = -std::numeric_limits<float>::infinity();
@@ -152,16 +165,14 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     load_f32(kv.k, kv.dtype, off, nk * hd, kf);
     load_f32(kv.v, kv.dtype, off, nk * hd, vf);
     for (int r = 0; r < n_q; ++r) {
-      const int pos = b.positions[task.q_begin + r / group];
+      const int pos = b.positions[task.q_begin + r / ng];
       const int visible = std::min(nk, pos - base + 1);  // causal: keys at positions <= pos
       if (visible <= 0) continue;
       float* s = sc + r * bs;
       const float* qr = qs + r * hd;
       float mx = m[r];
       for (int j = 0; j < visible; ++j) {
-        const float* kr = kf + j * hd;
-        float dot = 0.0f;
-        for (int d = 0; d < hd; ++d) dot += qr[d] * kr[d];
+        const float dot = dot_f32(qr, kf + j * hd, hd);
         s[j] = dot;
         mx = std::max(mx, dot);
       }
@@ -183,7 +194,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     }
   }
   for (int r = 0; r < n_q; ++r) {
-    const int t = task.q_begin + r / group, g = r % group;
+    const int t = task.q_begin + r / ng, g = g0 + r % ng;
     float* dst = out + t * ldo + static_cast<int64_t>(task.kv_head * group + g) * hd;
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
     for (int d = 0; d < hd; ++d) dst[d] = o[r * hd + d] * inv;

@@ -236,6 +236,14 @@ TEST(CpuAttention, DecodeManySequences) {
   check_attention({16, 6, 2, 32, DType::F16, {{0, 1}, {15, 1}, {16, 1}, {100, 1}, {7, 1}}}, 12);
 }
 
+TEST(CpuAttention, DecodeOneSequenceSplitsQueryHeadsAcrossThreads) {
+  // One decoding sequence has fewer KV heads than 2 x threads: the backend gives each query
+  // head of a group its own task (and head_dim 12 exercises the dot product's tail).
+  check_attention({16, 9, 3, 64, DType::F16, {{70, 1}}}, 15);
+  check_attention({5, 4, 2, 12, DType::F32, {{30, 1}}}, 16);
+  check_attention({4, 8, 1, 20, DType::F16, {{9, 1}, {0, 1}}}, 17);
+}
+
 TEST(CpuAttention, MixedChunkedPrefillAndDecode) {
   // A chunk continuing a long prompt, a fresh prompt, and decodes, in one batch.
   check_attention({8, 8, 8, 16, DType::F32, {{40, 19}, {0, 33}, {63, 1}, {64, 1}}}, 13);
