@@ -1,6 +1,17 @@
 #include "benchharness/offline_report.h"
 
+#include "benchharness/report.h"
+#include "benchharness/stats.h"
+
 namespace tessera::bench {
+
+namespace {
+Summary summarize_ms(const std::vector<double>& seconds) {
+  std::vector<double> ms(seconds.size());
+  for (size_t i = 0; i < ms.size(); ++i) ms[i] = seconds[i] * 1000.0;
+  return summarize(ms);
+}
+}  // namespace
 
 nlohmann::json offline_report_json(const std::vector<OfflineBenchRow>& rows, nlohmann::json config) {
   nlohmann::json runs = nlohmann::json::array();
@@ -16,8 +27,10 @@ nlohmann::json offline_report_json(const std::vector<OfflineBenchRow>& rows, nlo
         {"total_token_throughput", r.total_tokens_per_s},
         {"goodput_fraction", nullptr},
         {"goodput_rps", nullptr},
-        {"ttft_ms",
-         {{"count", r.n_requests}, {"mean", r.ttft_mean_s * 1000}, {"p50", r.ttft_p50_s * 1000}, {"p99", r.ttft_p99_s * 1000}}}};
+        {"ttft_ms", summary_json(summarize_ms(r.ttft_s))},
+        {"itl_ms", summary_json(summarize_ms(r.itl_s))},
+        {"tpot_ms", summary_json(summarize_ms(r.tpot_s))},
+        {"e2e_ms", summary_json(summarize_ms(r.e2e_s))}};
     runs.push_back({{"label", "concurrency " + std::to_string(r.concurrency) + (r.prefix_cache ? " (prefix cache)" : "")},
                     {"offered_rate", "inf"},
                     {"duration_s", r.seconds},

@@ -1,7 +1,8 @@
 #pragma once
 // `tessera bench offline` rows in the serve report's schema ("tessera.bench.serve/1"), so
 // `tessera bench compare` reads both: one run per (concurrency, prefix cache) row, with the
-// summary fields the offline bench measures (requests/s, tokens/s, TTFT mean/P50/P99).
+// summary fields the offline bench measures (requests/s, tokens/s, TTFT, ITL, TPOT and
+// end-to-end latency, all from t = 0 when every request arrives).
 #include <string>
 #include <vector>
 

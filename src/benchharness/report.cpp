@@ -11,13 +11,13 @@
 
 namespace tessera::bench {
 
-namespace {
-
 nlohmann::json summary_json(const Summary& s) {
   if (s.count == 0) return nullptr;
   return {{"count", s.count}, {"mean", s.mean}, {"std", s.std}, {"min", s.min}, {"p50", s.p50},
           {"p90", s.p90}, {"p95", s.p95}, {"p99", s.p99}, {"max", s.max}};
 }
+
+namespace {
 
 Summary summary_from_json(const nlohmann::json& j) {
   Summary s;

@@ -14,6 +14,9 @@
 
 namespace tessera::bench {
 
+// A summary as the report writes it (null when it has no samples).
+nlohmann::json summary_json(const Summary& s);
+
 struct Slo {
   std::optional<double> ttft_ms, tpot_ms;
   bool any() const { return ttft_ms || tpot_ms; }

@@ -200,7 +200,8 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
         if (auto rej = core.validate(requests[i])) fail("bench offline: ", rej->message);
         core.add(i, requests[i]);
       }
-      std::vector<double> ttft(requests.size(), -1);
+      std::vector<double> ttft(requests.size(), -1), last(requests.size(), -1), itl;
+      std::vector<int64_t> n_out(requests.size(), 0);
       int64_t out_tokens = 0;
       const auto t0 = Clock::now();
       while (core.has_work()) {
@@ -210,7 +211,10 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
         for (const SeqEvent& e : step.events) {
           if (e.token < 0) continue;
           ++out_tokens;
+          ++n_out[e.request];
           if (ttft[e.request] < 0) ttft[e.request] = now;
+          else itl.push_back(now - last[e.request]);
+          last[e.request] = now;
         }
       }
       OfflineBenchRow row;
@@ -222,12 +226,22 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
       row.requests_per_s = o.n_requests / row.seconds;
       row.output_tokens_per_s = static_cast<double>(out_tokens) / row.seconds;
       row.total_tokens_per_s = static_cast<double>(st.scheduled_tokens) / row.seconds;
-      std::sort(ttft.begin(), ttft.end());
-      double sum = 0;
-      for (double t : ttft) sum += t;
-      row.ttft_mean_s = sum / static_cast<double>(ttft.size());
-      row.ttft_p50_s = ttft[ttft.size() / 2];
-      row.ttft_p99_s = ttft[std::min(ttft.size() - 1, ttft.size() * 99 / 100)];
+      for (size_t i = 0; i < requests.size(); ++i)
+        if (n_out[i] > 1) row.tpot_s.push_back((last[i] - ttft[i]) / static_cast<double>(n_out[i] - 1));
+      row.ttft_s = ttft;
+      row.e2e_s = last;
+      row.itl_s = itl;
+      const auto mean_p50_p99 = [](std::vector<double> v, double& mean, double& p50, double& p99) {
+        if (v.empty()) return;
+        std::sort(v.begin(), v.end());
+        double sum = 0;
+        for (double t : v) sum += t;
+        mean = sum / static_cast<double>(v.size());
+        p50 = v[v.size() / 2];
+        p99 = v[std::min(v.size() - 1, v.size() * 99 / 100)];
+      };
+      mean_p50_p99(ttft, row.ttft_mean_s, row.ttft_p50_s, row.ttft_p99_s);
+      mean_p50_p99(itl, row.itl_mean_s, row.itl_p50_s, row.itl_p99_s);
       row.prefix_hit_tokens = st.prefix.hit_tokens;
       row.preemptions = st.preemptions;
       rows.push_back(row);
@@ -240,13 +254,15 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
 std::string format_offline_bench_table(const std::vector<OfflineBenchRow>& rows) {
   std::string s =
       "| seqs | prefix cache | requests | time (s) | req/s | output tok/s | computed tok/s | TTFT mean (s) | TTFT p50 "
-      "(s) | TTFT p99 (s) | hit tokens | preemptions |\n"
-      "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+      "(s) | TTFT p99 (s) | ITL mean (ms) | ITL p50 (ms) | ITL p99 (ms) | hit tokens | preemptions |\n"
+      "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   char buf[512];
   for (const OfflineBenchRow& r : rows) {
-    std::snprintf(buf, sizeof buf, "| %d | %s | %d | %.2f | %.2f | %.1f | %.1f | %.3f | %.3f | %.3f | %lld | %lld |\n",
+    std::snprintf(buf, sizeof buf,
+                  "| %d | %s | %d | %.2f | %.2f | %.1f | %.1f | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %lld | %lld |\n",
                   r.concurrency, r.prefix_cache ? "on" : "off", r.n_requests, r.seconds, r.requests_per_s,
                   r.output_tokens_per_s, r.total_tokens_per_s, r.ttft_mean_s, r.ttft_p50_s, r.ttft_p99_s,
+                  r.itl_mean_s * 1e3, r.itl_p50_s * 1e3, r.itl_p99_s * 1e3,
                   static_cast<long long>(r.prefix_hit_tokens), static_cast<long long>(r.preemptions));
     s += buf;
   }

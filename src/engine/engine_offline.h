@@ -57,6 +57,12 @@ struct OfflineBenchRow {
   double ttft_mean_s = 0;         // all requests arrive at t = 0
   double ttft_p50_s = 0;
   double ttft_p99_s = 0;
+  double itl_mean_s = 0;          // gaps between consecutive tokens of one request
+  double itl_p50_s = 0;
+  double itl_p99_s = 0;
+  // Raw per-request figures (seconds) for reports: TTFT and end-to-end from t = 0, TPOT =
+  // (last token - first token) / (tokens - 1), and every inter-token gap of every request.
+  std::vector<double> ttft_s, e2e_s, tpot_s, itl_s;
   int64_t prefix_hit_tokens = 0;
   int64_t preemptions = 0;
 };

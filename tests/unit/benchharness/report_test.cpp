@@ -159,9 +159,10 @@ TEST(BenchReport, OfflineRowsReadAsAReportAndCompare) {
   row.requests_per_s = 4;
   row.output_tokens_per_s = 256;
   row.total_tokens_per_s = 768;
-  row.ttft_mean_s = 0.5;
-  row.ttft_p50_s = 0.4;
-  row.ttft_p99_s = 1.25;
+  row.ttft_s = {0.5, 0.25, 1.25};  // seconds from t = 0, one per request
+  row.itl_s = {0.010, 0.030};
+  row.tpot_s = {0.020};
+  row.e2e_s = {2.0, 3.0, 4.0};
   const std::string path = ::testing::TempDir() + "/bench_offline.json";
   std::ofstream(path) << offline_report_json({row}, {{"model", "m"}}).dump();
   const BenchReport r = read_report(path);
@@ -169,12 +170,16 @@ TEST(BenchReport, OfflineRowsReadAsAReportAndCompare) {
   EXPECT_EQ(r.runs[0].label, "concurrency 8 (prefix cache)");
   EXPECT_TRUE(std::isinf(r.runs[0].offered_rate));
   EXPECT_DOUBLE_EQ(r.runs[0].summary.output_throughput, 256);
-  EXPECT_DOUBLE_EQ(r.runs[0].summary.ttft_ms.p99, 1250);
-  EXPECT_TRUE(std::isnan(r.runs[0].summary.ttft_ms.p90));
+  EXPECT_DOUBLE_EQ(r.runs[0].summary.ttft_ms.max, 1250);
+  EXPECT_DOUBLE_EQ(r.runs[0].summary.ttft_ms.p50, 500);
+  EXPECT_EQ(r.runs[0].summary.ttft_ms.count, 3u);
+  EXPECT_NEAR(r.runs[0].summary.itl_ms.mean, 20, 1e-9);
+  EXPECT_NEAR(r.runs[0].summary.tpot_ms.p50, 20, 1e-9);
+  EXPECT_NEAR(r.runs[0].summary.e2e_ms.mean, 3000, 1e-9);
+  EXPECT_EQ(r.runs[0].summary.queue_ms.count, 0u);  // not measured offline
   EXPECT_EQ(r.config["tool"], "tessera bench offline");
   const std::string table = format_compare(r, r, "a", "b");
-  EXPECT_NE(table.find("| TTFT P99 (ms) | 1250.00 | 1250.00 | 1.00x (lower is better) |"), std::string::npos) << table;
-  EXPECT_NE(table.find("| TTFT P90 (ms) | - | - | - |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| TTFT P50 (ms) | 500.00 | 500.00 | 1.00x (lower is better) |"), std::string::npos) << table;
   std::remove(path.c_str());
 }
 
