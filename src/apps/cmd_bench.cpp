@@ -19,6 +19,7 @@
 #include "bench/membw.h"
 #include "model/gguf.h"
 #include "core/error.h"
+#include "benchharness/offline_report.h"
 #include "engine/engine_offline.h"
 
 namespace tessera::apps {
@@ -197,6 +198,7 @@ void add_bench(CLI::App& app) {
     EngineArgs engine;
     OfflineBenchOptions bench;
     std::string concurrency = "1,8,32";
+    std::string out;
   };
   auto o = std::make_shared<OfflineArgs>();
   CLI::App* offline = bench->add_subcommand("offline", "many requests through the serving engine in-process: "
@@ -212,6 +214,8 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   offline->add_flag("--compare-prefix-cache", o->bench.compare_prefix_cache,
                     "run each concurrency with the prefix cache off, then on");
+  offline->add_option("--out", o->out,
+                      "write the JSON report (bench serve's schema, so `bench compare` reads it beside a serve run)");
   offline->callback([o] {
     o->bench.concurrency.clear();
     std::stringstream ss(o->concurrency);
@@ -232,6 +236,16 @@ void add_bench(CLI::App& app) {
                    r.prefix_cache ? " (prefix cache)" : "", r.requests_per_s, r.output_tokens_per_s);
     });
     std::printf("%s\n", format_offline_bench_table(rows).c_str());
+    if (!o->out.empty()) {
+      const nlohmann::json config = {{"model", o->model.model},         {"device", o->model.device},
+                                     {"threads", o->model.threads},     {"requests", o->bench.n_requests},
+                                     {"prompt_tokens", o->bench.prompt_tokens}, {"gen_tokens", o->bench.gen_tokens},
+                                     {"shared_prefix_tokens", o->bench.shared_prefix_tokens}};
+      std::ofstream f(o->out);
+      TESSERA_CHECK(f.good(), "bench offline: cannot write ", o->out);
+      f << bench::offline_report_json(rows, config).dump(1) << "\n";
+      std::fprintf(stderr, "[bench] wrote %s\n", o->out.c_str());
+    }
   });
   add_bench_serve(*bench);
   add_bench_compare(*bench);
