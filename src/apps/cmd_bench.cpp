@@ -1,5 +1,6 @@
 // tessera bench model: prefill and decode speed of one sequence, like llama-bench's pp/tg
 // tests, with the machine's floor beside it.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -45,18 +46,18 @@ struct PeerResult {
   Stat pp, tg;
 };
 
-// Runs llama.cpp (through llama-cpp-python) on the same file, threads and lengths, right
-// after tessera, so both figures share the machine's state.
-PeerResult run_peer(const BenchArgs& a, const std::string& model_path, int threads) {
+// Runs llama.cpp (through llama-cpp-python) on the same file, threads and lengths, for
+// `reps` repetitions (after its own warm-up), so a figure shares the machine's state with
+// the tessera repetition run right before it.
+PeerResult run_peer(const BenchArgs& a, const std::string& model_path, int threads, int reps) {
   PeerResult r;
   const std::string json_path = "/tmp/tessera-peer-" + std::to_string(::getpid()) + ".json";
   const std::string cmd = "'" + a.peer_python + "' '" + a.peer_script + "' --model '" + model_path +
                           "' --threads " + std::to_string(threads) + " --pp " + std::to_string(std::max(1, a.n_prompt)) +
-                          " --tg " + std::to_string(std::max(1, a.n_gen)) + " --reps " + std::to_string(a.reps) +
-                          " --batched --json '" + json_path + "' > /dev/null";
-  std::fprintf(stderr, "[bench] peer: %s\n", cmd.c_str());
+                          " --tg " + std::to_string(std::max(1, a.n_gen)) + " --reps " + std::to_string(reps) +
+                          " --batched --json '" + json_path + "' > /dev/null 2>&1";
   if (std::system(cmd.c_str()) != 0) {
-    std::fprintf(stderr, "[bench] peer run failed; table shows tessera only\n");
+    std::fprintf(stderr, "[bench] peer run failed: %s\n", cmd.c_str());
     return r;
   }
   std::ifstream in(json_path);
@@ -110,7 +111,14 @@ void run_bench(const BenchArgs& a) {
                  ForwardBatch::Logits::Last, logits);
     seq.release_all(session.pool());
   }
-  std::vector<double> pp, tg;
+  // With a peer, every tessera repetition is followed by one of llama.cpp's, so each pair
+  // shares the machine's state (a shared VM's bandwidth drifts by tens of percent within a
+  // minute); the ratio reported is the median of the per-pair ratios.
+  const bool with_peer = !a.peer_python.empty() && session.gguf();
+  const int peer_threads =
+      session.backend().name() == "cpu" ? static_cast<CpuBackend&>(session.backend()).pool().size() : 1;
+  std::vector<double> pp, tg, peer_pp, peer_tg;
+  std::string peer_version;
   for (int r = 0; r < a.reps; ++r) {
     if (a.n_prompt > 0) {
       SequenceBlocks seq;
@@ -132,6 +140,17 @@ void run_bench(const BenchArgs& a) {
       tg.push_back(a.n_gen / t);
       seq.release_all(session.pool());
     }
+    if (with_peer) {
+      const PeerResult peer = run_peer(a, session.gguf()->name(), peer_threads, 1);
+      if (peer.ok) {
+        peer_pp.push_back(peer.pp.mean);
+        peer_tg.push_back(peer.tg.mean);
+        peer_version = peer.version;
+      }
+      std::fprintf(stderr, "[bench] rep %d: tessera pp %.1f tg %.1f | llama.cpp pp %.1f tg %.1f tok/s\n", r + 1,
+                   pp.empty() ? 0.0 : pp.back(), tg.empty() ? 0.0 : tg.back(), peer.ok ? peer.pp.mean : 0.0,
+                   peer.ok ? peer.tg.mean : 0.0);
+    }
   }
   const double bw = measure_read_bandwidth(session.backend());
   const double gib = session.weights().weight_bytes / 1073741824.0;
@@ -143,18 +162,26 @@ void run_bench(const BenchArgs& a) {
   };
   if (!pp.empty()) row("pp", a.n_prompt, stat_of(pp));
   if (!tg.empty()) row("tg", a.n_gen, stat_of(tg));
-  if (!a.peer_python.empty() && session.gguf()) {
-    const PeerResult peer = run_peer(a, session.gguf()->name(), session.backend().name() == "cpu"
-                                                                     ? static_cast<CpuBackend&>(session.backend()).pool().size()
-                                                                     : 1);
-    if (peer.ok) {
-      auto peer_row = [&](const char* test, int n, const Stat& s, const Stat& ours) {
-        std::printf("| %s | | | %s | %s%d | %.2f ± %.2f |\n", "peer", peer.version.c_str(), test, n, s.mean, s.sd);
-        std::printf("| ratio tessera / peer | | | | %s%d | %.2fx |\n", test, n, ours.mean / s.mean);
-      };
-      if (!pp.empty()) peer_row("pp", a.n_prompt, peer.pp, stat_of(pp));
-      if (!tg.empty()) peer_row("tg", a.n_gen, peer.tg, stat_of(tg));
-    }
+  if (with_peer && peer_pp.size() == static_cast<size_t>(a.reps)) {
+    auto median_ratio = [](const std::vector<double>& ours, const std::vector<double>& theirs) {
+      std::vector<double> q(ours.size());
+      for (size_t i = 0; i < q.size(); ++i) q[i] = ours[i] / theirs[i];
+      std::sort(q.begin(), q.end());
+      return q.size() % 2 ? q[q.size() / 2] : 0.5 * (q[q.size() / 2 - 1] + q[q.size() / 2]);
+    };
+    auto peer_row = [&](const char* test, int n, const std::vector<double>& theirs, const std::vector<double>& ours) {
+      const Stat s = stat_of(theirs);
+      std::vector<double> q(ours.size());
+      for (size_t i = 0; i < q.size(); ++i) q[i] = ours[i] / theirs[i];
+      const auto [qlo, qhi] = std::minmax_element(q.begin(), q.end());
+      std::printf("| %s | | | %s | %s%d | %.2f ± %.2f |\n", "peer", peer_version.c_str(), test, n, s.mean, s.sd);
+      std::printf("| ratio tessera / peer (median of %zu pairs, range %.2f-%.2f) | | | | %s%d | %.2fx |\n", q.size(),
+                  *qlo, *qhi, test, n, median_ratio(ours, theirs));
+    };
+    if (!pp.empty()) peer_row("pp", a.n_prompt, peer_pp, pp);
+    if (!tg.empty()) peer_row("tg", a.n_gen, peer_tg, tg);
+  } else if (with_peer) {
+    std::printf("| peer | | | llama.cpp | failed (see stderr) | |\n");
   }
   // Floors: decode reads every weight once per token; prefill does 2 FLOPs per weight per token.
   if (session.backend().name() == "cuda") {
@@ -186,7 +213,8 @@ void add_bench(CLI::App& app) {
   model->add_option("-r,--reps", a->reps, "repetitions")->capture_default_str();
   model->add_option("--seed", a->model.seed, "dummy weight seed")->capture_default_str();
   model->add_option("--peer", a->peer_python,
-                    "Python with llama-cpp-python: measure llama.cpp on the same file in the same run");
+                    "Python with llama-cpp-python: measure llama.cpp on the same file, one of its repetitions after each of "
+                    "tessera's, and report the median of the per-pair ratios");
   model->add_option("--peer-script", a->peer_script, "the peer's bench script")->capture_default_str();
   model->callback([a] {
     TESSERA_CHECK(a->reps >= 1 && a->n_prompt >= 0 && a->n_gen >= 0, "bench: bad counts");

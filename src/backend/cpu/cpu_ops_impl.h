@@ -162,6 +162,18 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     const int base = blk * bs;
     const int nk = std::min(bs, kv_len - base);
     const int64_t off = (static_cast<int64_t>(table[blk]) * kv.n_kv_heads + task.kv_head) * bs * hd;
+    // The KV of a decode step is cold (the weights streamed through the caches since the
+    // layer's last step): ask for the next block while this one is computed.
+    if (blk + 1 < n_blocks) {
+      const int64_t next = (static_cast<int64_t>(table[blk + 1]) * kv.n_kv_heads + task.kv_head) * bs * hd;
+      const int64_t elem = kv.dtype == tessera::DType::F32 ? 4 : 2;
+      const char* nk_ptr = static_cast<const char*>(kv.k) + next * elem;
+      const char* nv_ptr = static_cast<const char*>(kv.v) + next * elem;
+      for (int64_t byte = 0; byte < bs * hd * elem; byte += 64) {
+        __builtin_prefetch(nk_ptr + byte);
+        __builtin_prefetch(nv_ptr + byte);
+      }
+    }
     load_f32(kv.k, kv.dtype, off, nk * hd, kf);
     load_f32(kv.v, kv.dtype, off, nk * hd, vf);
     for (int r = 0; r < n_q; ++r) {
@@ -185,11 +197,23 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       l[r] = l[r] * alpha + sum;
       m[r] = mx;
       float* orow = o + r * hd;
-      for (int d = 0; d < hd; ++d) orow[d] *= alpha;
-      for (int j = 0; j < visible; ++j) {
-        const float p = s[j];
-        const float* vr = vf + j * hd;
-        for (int d = 0; d < hd; ++d) orow[d] += p * vr[d];
+      // o = o * alpha + P·V, 8 columns at a time held in registers across the keys (a
+      // key-outer loop would load and store the whole output row once per key).
+      int d0 = 0;
+      for (; d0 + 8 <= hd; d0 += 8) {
+        float acc[8];
+        for (int k = 0; k < 8; ++k) acc[k] = orow[d0 + k] * alpha;
+        for (int j = 0; j < visible; ++j) {
+          const float p = s[j];
+          const float* vr = vf + j * hd + d0;
+          for (int k = 0; k < 8; ++k) acc[k] += p * vr[k];
+        }
+        for (int k = 0; k < 8; ++k) orow[d0 + k] = acc[k];
+      }
+      for (; d0 < hd; ++d0) {
+        float acc = orow[d0] * alpha;
+        for (int j = 0; j < visible; ++j) acc += s[j] * vf[j * hd + d0];
+        orow[d0] = acc;
       }
     }
   }

@@ -72,8 +72,11 @@ const mm::KernelSet& kernel_set(Isa isa) {
   }
 }
 
-// Decode work units hold about this many bytes of weights: large enough to stream, small
-// enough that both threads stay busy to the end of the last target.
+// Decode work units: the first three quarters of every weight matrix in units of about
+// kDecodeBigChunkBytes (few claims on the shared counter: each claim bounces its cache line
+// between the cores), then the last quarter of every matrix in units of about
+// kDecodeChunkBytes, so all threads stay busy to the end of the call.
+constexpr int64_t kDecodeBigChunkBytes = 96 * 1024;
 constexpr int64_t kDecodeChunkBytes = 24 * 1024;
 // Inputs at most this large are quantized by the calling thread before the parallel region.
 constexpr int64_t kInlineQuantizeElems = 8192;
@@ -100,6 +103,7 @@ struct CpuMatmul::Impl {
   AlignedBuffer<uint8_t> act_q8, act_q8k;  // quantized input rows, reused between calls
   std::vector<AlignedBuffer<uint8_t>> scratch;  // per thread: repacked weight panels
   std::vector<WorkItem> items;
+  std::vector<int64_t> split_rows;  // plan()'s scratch, kept to avoid an allocation per call
 
   void plan(std::span<const MatmulTarget> targets, int64_t n_rows, int64_t cols);
 };
@@ -118,11 +122,22 @@ void CpuMatmul::Impl::plan(std::span<const MatmulTarget> targets, int64_t n_rows
   items.clear();
   const bool panels = ks->panel_rows > 1 && n_rows >= mm::kPanelMinRows;
   if (!panels) {
+    auto rows_per = [](const WeightMatrix& w, int64_t bytes, int64_t max_rows) {
+      return std::clamp<int64_t>(bytes / std::max<int64_t>(1, w.row_bytes()) / 8 * 8, 8, max_rows);
+    };
+    std::vector<int64_t>& split = split_rows;  // per target: rows covered by big units
+    split.assign(targets.size(), 0);
     for (size_t ti = 0; ti < targets.size(); ++ti) {
       const WeightMatrix& w = targets[ti].w;
-      const int64_t row_bytes = std::max<int64_t>(1, w.row_bytes());
-      const int64_t chunk = std::clamp<int64_t>(kDecodeChunkBytes / row_bytes / 8 * 8, 8, 1024);
-      for (int64_t r = 0; r < w.rows; r += chunk)
+      const int64_t big = rows_per(w, kDecodeBigChunkBytes, 4096);
+      const int64_t n_big = (w.rows * 3 / 4) / big;
+      split[ti] = n_big * big;
+      for (int64_t r = 0; r < split[ti]; r += big) items.push_back({static_cast<int32_t>(ti), r, r + big, 0, n_rows});
+    }
+    for (size_t ti = 0; ti < targets.size(); ++ti) {
+      const WeightMatrix& w = targets[ti].w;
+      const int64_t chunk = rows_per(w, kDecodeChunkBytes, 1024);
+      for (int64_t r = split[ti]; r < w.rows; r += chunk)
         items.push_back({static_cast<int32_t>(ti), r, std::min(w.rows, r + chunk), 0, n_rows});
     }
     return;
