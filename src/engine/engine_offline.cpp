@@ -187,6 +187,20 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
     r.sampling.ignore_eos = true;
   }
 
+  // Warm-up, not measured: one short request, so the first timed steps do not pay for
+  // first-time allocations and page faults (the serve benchmark sends warm-up requests too).
+  {
+    EngineCore core(engine.config(), engine.executor());
+    Request warm = requests[0];
+    warm.sampling.max_tokens = 4;
+    warm.prompt.back() = static_cast<int32_t>(100 + (warm.prompt.back() + 1) % std::max(1, vocab - 200));  // no cache hit later
+    core.add(0, warm);
+    while (core.has_work()) {
+      const StepResult step = core.step();
+      TESSERA_CHECK(step.error.empty(), "bench offline: warm-up: ", step.error);
+    }
+  }
+
   std::vector<OfflineBenchRow> rows;
   for (int conc : o.concurrency) {
     TESSERA_CHECK(conc >= 1 && conc <= engine.config().scheduler.max_num_seqs, "bench offline: concurrency ", conc,
