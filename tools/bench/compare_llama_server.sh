@@ -83,7 +83,9 @@ wait_ready() {  # port, log
 # Runs both workloads against the server on $1, writing $OUT/<name>_{sharegpt,prefix}.{json,html}.
 run_workloads() {
   local port="$1" name="$2" extra="$3"
-  local common=(--base-url "http://127.0.0.1:$port" --model "$(basename "$MODEL")" --endpoint chat
+  # No --model: each server is asked for its own name (/v1/models); they name the same file
+  # differently (llama_cpp.server: the path; tessera: the model's name from its metadata).
+  local common=(--base-url "http://127.0.0.1:$port" --endpoint chat
                 --tokenizer-model "$MODEL" --corpus "$CORPUS" --seed 1 --warmup 2
                 --slo-ttft-ms "$SLO_TTFT" --slo-tpot-ms "$SLO_TPOT")
   [[ -n "$extra" ]] && common+=(--extra-body "$extra")
