@@ -43,6 +43,27 @@ else
 fi
 export TESSERA_FIXTURES_DIR=$PWD/tests/fixtures
 
+# A real GGUF model, brought to this machine in parts (one transfer carries at most 64 MiB):
+# GPU_CHECK_MODEL_PARTS="part1 part2" (concatenated in order), GPU_CHECK_MODEL_SHA256 = the
+# whole file's sha256. Then the conformance tests include CudaRealModel (CPU vs CUDA parity),
+# and `tessera serve --device cuda` and `tessera bench model` run on it below.
+REAL_MODEL=""
+if [[ -n "${GPU_CHECK_MODEL_PARTS:-}" ]]; then
+  model_dir=${GPU_CHECK_MODEL_DIR:-/root/tessera-models}
+  mkdir -p "$model_dir"
+  # shellcheck disable=SC2086
+  cat $GPU_CHECK_MODEL_PARTS >"$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
+  got=$(sha256sum "$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)
+  if [[ "$got" == "${GPU_CHECK_MODEL_SHA256:-}" ]]; then
+    log "real model reassembled, sha256 matches ($got)"
+    REAL_MODEL=$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+    export TESSERA_CACHE=$model_dir
+  else
+    log "real model: sha256 $got does not match ${GPU_CHECK_MODEL_SHA256:-<none>}; skipped"
+    status=1
+  fi
+fi
+
 log "conformance tests"
 timeout ${GPU_CHECK_TEST_TIMEOUT:-240} "$BIN/tessera_tests" --gtest_filter='Cuda*:-CudaBench*' 2>&1 | tee "$OUT/conformance.log" |
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|parity|Failure|error|Expected|Which is|rel_err" | head -80
@@ -61,6 +82,17 @@ if [[ "${GPU_CHECK_SERVING:-1}" == 1 ]]; then
   offline_rc=$rc
   grep -E "^\||\[bench\]|rror" "$OUT/bench-offline.log" | tail -8
   [[ $rc -ne 0 ]] && status=1
+fi
+
+if [[ -n "$REAL_MODEL" ]]; then
+  log "serving a real model: tessera serve --device cuda, chat + streamed completion, SIGTERM"
+  timeout 180 tools/gpu/serve_check.sh "$BIN/tessera" "$REAL_MODEL" "$OUT" 2>&1 | tee "$OUT/serve-check.log"
+  serve_rc=${PIPESTATUS[0]}
+  [[ $serve_rc -ne 0 ]] && status=1
+  log "benchmark: tessera bench model on the real model"
+  timeout 120 "$BIN/tessera" bench model --model "$REAL_MODEL" --device cuda -p 512 -n 128 -r 3 \
+    >"$OUT/bench-model-real.log" 2>&1
+  grep -E "^\||rror" "$OUT/bench-model-real.log"
 fi
 
 # Knobs for partial runs: GPU_CHECK_SANITIZERS="memcheck racecheck", GPU_CHECK_BENCH_MODEL=1,
@@ -83,9 +115,20 @@ if [[ "${GPU_CHECK_BENCH_MODEL:-1}" == 1 ]]; then
   grep -E "^\|" "$OUT/bench-model.log"
 fi
 
-log "benchmark: CUDA bench (batch 1, prefill 512, 128 sequences at 512-640 context, with floors)"
-TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' >"$OUT/bench-cuda.log" 2>&1
-grep -E "^\[bench\]|Failure|error" "$OUT/bench-cuda.log"
+if [[ "${GPU_CHECK_BENCH_CUDA:-1}" == 1 ]]; then
+  log "benchmark: CUDA bench (batch 1, prefill 512, 128 sequences at 512-640 context, with floors)"
+  TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' >"$OUT/bench-cuda.log" 2>&1
+  grep -E "^\[bench\]|Failure|error" "$OUT/bench-cuda.log"
+fi
+
+# Per-op device time of each benchmark phase (TESSERA_CUDA_PROFILE=1: events around every
+# op, graphs off), for docs/benchmarks/gpu.md.
+if [[ "${GPU_CHECK_PROFILE:-0}" == 1 ]]; then
+  log "profile: per-op device time of the CUDA bench phases"
+  TESSERA_CUDA_PROFILE=1 TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
+    >"$OUT/bench-profile.log" 2>&1
+  grep -E "^\[profile\]|^\|" "$OUT/bench-profile.log" | head -120
+fi
 
 # A/B of the batch-1 matrix-vector kernel (one output feature per warp instead of two).
 if [[ "${GPU_CHECK_AB:-0}" == 1 ]]; then
@@ -99,6 +142,11 @@ echo "== gpu-check summary =="
 echo "conformance: $conf"
 echo "compute-sanitizer: memcheck rc=${san_memcheck:-?}, racecheck rc=${san_racecheck:-?} (0 = clean)"
 echo "serving: bench offline rc=${offline_rc:-?}"
+if [[ -n "$REAL_MODEL" ]]; then
+  grep -E "^\[real-parity\]" "$OUT/conformance.log"
+  grep -E "^serve-check" "$OUT/serve-check.log"
+  grep -E "^\|" "$OUT/bench-model-real.log"
+fi
 grep -E "^\|" "$OUT/bench-offline.log" 2>/dev/null | tail -3
 grep -E "^\||^ceilings" "$OUT/bench-cuda.log"
 if [[ -f "$OUT/bench-cuda-nopairs.log" ]]; then
