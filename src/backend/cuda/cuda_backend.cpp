@@ -423,7 +423,9 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   for (int s = 0; s < batch.n_seqs; ++s) one_row_each = one_row_each && batch.q_start[s + 1] - batch.q_start[s] == 1;
   if (!one_row_each || !cuda::attention_decode_supported(kv)) {
     if (recorded(kOpAttn, q, ldq, kv.k, kv.v, n_heads, scale, out, ldo, batch.n_tokens, batch.n_seqs)) return;
-    cuda::launch_attention_prefill(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, stream_);
+    const cuda::DeviceBatch db = device_batch(batch);
+    if (!cuda::launch_attention_prefill_mma(q, ldq, kv, db, n_heads, scale, out, ldo, stream_))
+      cuda::launch_attention_prefill(q, ldq, kv, db, n_heads, scale, out, ldo, stream_);
     return;
   }
   // Split each sequence's keys so that the launch fills the GPU a few times over. The
