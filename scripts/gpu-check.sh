@@ -100,7 +100,7 @@ fi
 for tool in ${GPU_CHECK_SANITIZERS-memcheck racecheck}; do
   log "compute-sanitizer $tool on the attention tests and the row argmax"
   timeout ${GPU_CHECK_SANITIZER_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/tessera_tests" \
-    --gtest_filter="${GPU_CHECK_SANITIZER_FILTER:-CudaAttention.PrefillVariableLengthCausalGqaMatchesCpu:CudaAttention.DecodeSplitOverLongContextsMatchesCpu:CudaServing.Argmax*}" \
+    --gtest_filter="${GPU_CHECK_SANITIZER_FILTER:-CudaAttention.*:CudaServing.Argmax*}" \
     >"$OUT/sanitizer-$tool.log" 2>&1
   rc=$?
   tail -3 "$OUT/sanitizer-$tool.log"
@@ -130,12 +130,19 @@ if [[ "${GPU_CHECK_PROFILE:-0}" == 1 ]]; then
   grep -E "^\[profile\]|^\|" "$OUT/bench-profile.log" | head -120
 fi
 
-# A/B of the batch-1 matrix-vector kernel (one output feature per warp instead of two).
-if [[ "${GPU_CHECK_AB:-0}" == 1 ]]; then
-  log "benchmark again with TESSERA_CUDA_GEMV_PAIRS=0"
-  TESSERA_CUDA_GEMV_PAIRS=0 TESSERA_CUDA_BENCH=1 timeout 200 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
-    >"$OUT/bench-cuda-nopairs.log" 2>&1
-fi
+# A/B runs of the CUDA bench: GPU_CHECK_AB="VARIANT ..." where a variant is comma-separated
+# environment assignments, e.g. "TESSERA_CUDA_PREFILL_MMA=0,TESSERA_CUDA_DECODE_KEYS=1
+# TESSERA_CUDA_GEMV_ROWS=4" (two variants). GPU_CHECK_AB=1 keeps the old meaning (one
+# feature per warp in the batch-1 matrix-vector kernel).
+[[ "${GPU_CHECK_AB:-}" == 1 ]] && GPU_CHECK_AB="TESSERA_CUDA_GEMV_PAIRS=0"
+ab_i=0
+for variant in ${GPU_CHECK_AB:-}; do
+  ab_i=$((ab_i + 1))
+  log "benchmark again with ${variant//,/ }"
+  env ${variant//,/ } TESSERA_CUDA_BENCH=1 timeout 200 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
+    >"$OUT/bench-cuda-ab$ab_i.log" 2>&1
+  echo "$variant" >>"$OUT/bench-cuda-ab$ab_i.log"
+done
 
 echo
 echo "== gpu-check summary =="
@@ -149,8 +156,9 @@ if [[ -n "$REAL_MODEL" ]]; then
 fi
 grep -E "^\|" "$OUT/bench-offline.log" 2>/dev/null | tail -3
 grep -E "^\||^ceilings" "$OUT/bench-cuda.log"
-if [[ -f "$OUT/bench-cuda-nopairs.log" ]]; then
-  echo "with TESSERA_CUDA_GEMV_PAIRS=0:"
-  grep -E "^\| decode" "$OUT/bench-cuda-nopairs.log"
-fi
+for f in "$OUT"/bench-cuda-ab*.log; do
+  [[ -f "$f" ]] || continue
+  echo "with $(tail -1 "$f"):"
+  grep -E "^\| (decode|prefill 512)" "$f"
+done
 exit $status

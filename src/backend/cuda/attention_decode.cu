@@ -154,6 +154,38 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split(
 // step instead of once per key.
 constexpr int kKeysPerGroup = 4;
 
+// 8 consecutive KV elements as loaded (16 bytes of f16, 32 of f32).
+template <typename KT>
+struct Piece8;
+template <>
+struct Piece8<__half> {
+  uint4 u;
+  __device__ __forceinline__ void load(const __half* p) { u = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void zero() { u = make_uint4(0, 0, 0, 0); }
+  __device__ __forceinline__ void to_f32(float* out) const {
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(h[j]);
+      out[2 * j] = f.x;
+      out[2 * j + 1] = f.y;
+    }
+  }
+};
+template <>
+struct Piece8<float> {
+  float4 a, b;
+  __device__ __forceinline__ void load(const float* p) {
+    a = *reinterpret_cast<const float4*>(p);
+    b = *reinterpret_cast<const float4*>(p + 4);
+  }
+  __device__ __forceinline__ void zero() { a = b = make_float4(0, 0, 0, 0); }
+  __device__ __forceinline__ void to_f32(float* out) const {
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+  }
+};
+
 template <typename KT, int HD>
 __global__ void __launch_bounds__(kThreads) attention_decode_split_multi(
     const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
@@ -188,8 +220,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split_multi(
   }
   const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
   for (int jb = begin; jb < end; jb += STEP) {
-    // Every load of the step first (independent), then the arithmetic.
-    float kf[kKeysPerGroup][DPL], vf[kKeysPerGroup][DPL];
+    // Every load of the step first (independent, kept in their stored form to save
+    // registers), then the arithmetic.
+    Piece8<KT> kr[kKeysPerGroup], vr[kKeysPerGroup];
     bool valid[kKeysPerGroup];
 #pragma unroll
     for (int u = 0; u < kKeysPerGroup; ++u) {
@@ -198,45 +231,55 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split_multi(
       if (valid[u]) {
         const int64_t base = ((static_cast<int64_t>(table[j / block_size]) * n_kv_heads + kvh) * block_size +
                               j % block_size) * HD + li * DPL;
-        load_dims<KT, DPL>(kc + base, kf[u]);
-        load_dims<KT, DPL>(vc + base, vf[u]);
+        kr[u].load(kc + base);
+        vr[u].load(vc + base);
       } else {
-#pragma unroll
-        for (int d = 0; d < DPL; ++d) kf[u][d] = vf[u][d] = 0.0f;
+        kr[u].zero();
+        vr[u].zero();
       }
     }
+    float s[kKeysPerGroup][kMaxQ];
 #pragma unroll
-    for (int g = 0; g < kMaxQ; ++g) {
-      float s[kKeysPerGroup];
+    for (int u = 0; u < kKeysPerGroup; ++u) {
+      float kf[DPL];
+      kr[u].to_f32(kf);
 #pragma unroll
-      for (int u = 0; u < kKeysPerGroup; ++u) {
+      for (int g = 0; g < kMaxQ; ++g) {
         float v = 0.0f;
 #pragma unroll
-        for (int d = 0; d < DPL; ++d) v = fmaf(qr[g][d], kf[u][d], v);
+        for (int d = 0; d < DPL; ++d) v = fmaf(qr[g][d], kf[d], v);
 #pragma unroll
         for (int o = 1; o < LPK; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        s[u] = v;
+        s[u][g] = v;
       }
+    }
+    float p[kKeysPerGroup][kMaxQ];
+#pragma unroll
+    for (int g = 0; g < kMaxQ; ++g) {
       float mx = m[g];
 #pragma unroll
       for (int u = 0; u < kKeysPerGroup; ++u)
-        if (valid[u]) mx = fmaxf(mx, s[u]);
+        if (valid[u]) mx = fmaxf(mx, s[u][g]);
       const float c = __expf(m[g] - mx);
-      float sum = 0.0f, p[kKeysPerGroup];
+      float sum = 0.0f;
 #pragma unroll
       for (int u = 0; u < kKeysPerGroup; ++u) {
-        p[u] = valid[u] ? __expf(s[u] - mx) : 0.0f;
-        sum += p[u];
+        p[u][g] = valid[u] ? __expf(s[u][g] - mx) : 0.0f;
+        sum += p[u][g];
       }
       l[g] = l[g] * c + sum;
       m[g] = mx;
 #pragma unroll
-      for (int d = 0; d < DPL; ++d) {
-        float a = acc[g][d] * c;
+      for (int d = 0; d < DPL; ++d) acc[g][d] *= c;
+    }
 #pragma unroll
-        for (int u = 0; u < kKeysPerGroup; ++u) a = fmaf(p[u], vf[u][d], a);
-        acc[g][d] = a;
-      }
+    for (int u = 0; u < kKeysPerGroup; ++u) {
+      float vf[DPL];
+      vr[u].to_f32(vf);
+#pragma unroll
+      for (int g = 0; g < kMaxQ; ++g)
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) acc[g][d] = fmaf(p[u][g], vf[d], acc[g][d]);
     }
   }
   // Merge the G groups' states: block max first, then each group's rescaled sums in order.

@@ -66,13 +66,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
   }
 }
 
-// Batch 1 (the decode that matters most): each warp takes two output features, so one
-// pair of x loads (through L1) feeds two independent weight loads, halving the L1 traffic
-// per weight byte and doubling the loads in flight per lane. Each feature's sum is formed
-// in the same order as gemv_kernel's, so the results are the same bits.
-constexpr int kRowsPerWarp = 2;
-
-template <DType T>
+// Batch 1 (the decode that matters most): each warp takes R output features (2 by default,
+// TESSERA_CUDA_GEMV_ROWS=4 for four), so one pair of x loads (through L1) feeds R
+// independent weight loads, cutting the L1 traffic per weight byte and multiplying the
+// loads in flight per lane. Each feature's sum is formed in the same order as gemv_kernel's,
+// so the results are the same bits.
+template <DType T, int kRowsPerWarp>
 __global__ void __launch_bounds__(kWarps * 32) gemv_pair_kernel(const float* __restrict__ x, int64_t cols, Targets tg) {
   const int lane = threadIdx.x & 31;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
@@ -122,6 +121,15 @@ bool pairs_enabled() {
   return on;
 }
 
+// Features per warp at batch 1: 2, or 4 with TESSERA_CUDA_GEMV_ROWS=4 (A/B runs).
+int rows_per_warp() {
+  static const int r = [] {
+    const char* env = std::getenv("TESSERA_CUDA_GEMV_ROWS");
+    return env && env[0] == '4' ? 4 : 2;
+  }();
+  return r;
+}
+
 }  // namespace
 
 bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t cols, const GemvTarget* targets,
@@ -143,10 +151,13 @@ bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t co
   const unsigned grid = blocks_for(total, kWarps);
   const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
   const bool pairs = n_rows == 1 && vec_x && pairs_enabled();
-  const unsigned pair_grid = blocks_for((total + kRowsPerWarp - 1) / kRowsPerWarp, kWarps);
+  const int rpw = rows_per_warp();
+  const unsigned pair_grid = blocks_for((total + rpw - 1) / rpw, kWarps);
   return dispatch_weight_type(type, [&]<DType T>() {
-    if (pairs)
-      gemv_pair_kernel<T><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+    if (pairs && rpw == 4)
+      gemv_pair_kernel<T, 4><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+    else if (pairs)
+      gemv_pair_kernel<T, 2><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
     else if (n_rows == 1 && vec_x)
       gemv_kernel<T, 1, true><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
     else if (n_rows == 1)
