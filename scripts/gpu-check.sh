@@ -2,7 +2,10 @@
 # One run on the GPU machine (docs/design/cuda-backend.md): build tessera + tessera_tests
 # with every core, run the CUDA conformance tests, compute-sanitizer (memcheck, racecheck)
 # on the attention tests, serving through the engine on the GPU (generate --batch, bench
-# offline), then the Llama-3.1-8B-shape benchmarks; a short table comes last.
+# offline), then the Llama-3.1-8B-shape benchmarks; a short table comes last. With a real
+# GGUF model brought in parts (GPU_CHECK_MODEL_PARTS, below): CPU/CUDA parity on it,
+# `tessera serve --device cuda` over HTTP (tools/gpu/serve_check.sh) and `bench model` on it.
+# GPU_CHECK_PROFILE=1: per-op device time of each bench phase; GPU_CHECK_AB: A/B variants.
 # Logs go to $OUT (or ./gpu-check-out). Under 10 minutes on an H200.
 #
 #   scripts/gpu-check.sh                  configure and build in build-gpu/, then check

@@ -152,7 +152,14 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split(
 // dims (one 16-byte f16 load per key), a group takes kKeysPerGroup keys per step and issues
 // all their K and V loads before the first use, and the softmax state is rescaled once per
 // step instead of once per key.
-constexpr int kKeysPerGroup = 4;
+// Keys per group and step: 4, or TESSERA_CUDA_DECODE_KPG=8 (A/B runs).
+int keys_per_group() {
+  static const int k = [] {
+    const char* env = std::getenv("TESSERA_CUDA_DECODE_KPG");
+    return env && env[0] == '8' ? 8 : 4;
+  }();
+  return k;
+}
 
 // 8 consecutive KV elements as loaded (16 bytes of f16, 32 of f32).
 template <typename KT>
@@ -186,7 +193,7 @@ struct Piece8<float> {
   }
 };
 
-template <typename KT, int HD>
+template <typename KT, int HD, int kKeysPerGroup>
 __global__ void __launch_bounds__(kThreads) attention_decode_split_multi(
     const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
     int n_kv_heads, int block_size, int group, int q_chunks, float scale, int split_len, int max_splits,
@@ -355,10 +362,14 @@ void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
   const int q_chunks = (group + kMaxQ - 1) / kMaxQ;
   const dim3 grid(b.n_seqs, kv.n_kv_heads * q_chunks, max_splits);
   if (multi_key_enabled()) {
-    attention_decode_split_multi<KT, HD><<<grid, kThreads, 0, s>>>(q, ldq, static_cast<const KT*>(kv.k),
-                                                                   static_cast<const KT*>(kv.v), b, kv.n_kv_heads,
-                                                                   kv.block_size, group, q_chunks, scale, split_len,
-                                                                   max_splits, partials);
+    const KT* k = static_cast<const KT*>(kv.k);
+    const KT* v = static_cast<const KT*>(kv.v);
+    if (keys_per_group() == 8)
+      attention_decode_split_multi<KT, HD, 8><<<grid, kThreads, 0, s>>>(
+          q, ldq, k, v, b, kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
+    else
+      attention_decode_split_multi<KT, HD, 4><<<grid, kThreads, 0, s>>>(
+          q, ldq, k, v, b, kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
     return;
   }
   attention_decode_split<KT, HD><<<grid, kThreads, 0, s>>>(q, ldq, static_cast<const KT*>(kv.k),

@@ -436,7 +436,13 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   const int max_len = next_pow2(std::max(batch.max_blocks, 1)) * kv.block_size;
   const int group = n_heads / kv.n_kv_heads;
   const int base_blocks = batch.n_seqs * kv.n_kv_heads * ((group + 3) / 4);
-  const int want_splits = std::max(1, (4 * sm_count_ + base_blocks - 1) / base_blocks);
+  // Blocks per SM the split aims for: 4, or TESSERA_CUDA_DECODE_BLOCKS_PER_SM (A/B runs).
+  static const int per_sm = [] {
+    const char* env = std::getenv("TESSERA_CUDA_DECODE_BLOCKS_PER_SM");
+    const int v = env ? std::atoi(env) : 0;
+    return v > 0 && v <= 64 ? v : 4;
+  }();
+  const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
   const int split_len = std::max(32, static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 32)));
   const int max_splits = std::max(1, (max_len + split_len - 1) / split_len);
   const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);

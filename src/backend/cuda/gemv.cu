@@ -66,9 +66,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
   }
 }
 
-// Batch 1 (the decode that matters most): each warp takes R output features (2 by default,
-// TESSERA_CUDA_GEMV_ROWS=4 for four), so one pair of x loads (through L1) feeds R
-// independent weight loads, cutting the L1 traffic per weight byte and multiplying the
+// Batch 1 (the decode that matters most): each warp takes R output features (4 by default;
+// TESSERA_CUDA_GEMV_ROWS=2 or 8 for A/B runs; 2 → 4 measured 137 → 144 tok/s), so one
+// pair of x loads (through L1) feeds R independent weight loads, cutting the L1 traffic per weight byte and multiplying the
 // loads in flight per lane. Each feature's sum is formed in the same order as gemv_kernel's,
 // so the results are the same bits.
 template <DType T, int kRowsPerWarp>
@@ -121,11 +121,11 @@ bool pairs_enabled() {
   return on;
 }
 
-// Features per warp at batch 1: 2, or 4 with TESSERA_CUDA_GEMV_ROWS=4 (A/B runs).
+// Features per warp at batch 1: 4, or TESSERA_CUDA_GEMV_ROWS=2 / 8 (A/B runs).
 int rows_per_warp() {
   static const int r = [] {
     const char* env = std::getenv("TESSERA_CUDA_GEMV_ROWS");
-    return env && env[0] == '4' ? 4 : 2;
+    return env && env[0] == '2' ? 2 : env && env[0] == '8' ? 8 : 4;
   }();
   return r;
 }
@@ -156,6 +156,8 @@ bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t co
   return dispatch_weight_type(type, [&]<DType T>() {
     if (pairs && rpw == 4)
       gemv_pair_kernel<T, 4><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+    else if (pairs && rpw == 8)
+      gemv_pair_kernel<T, 8><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
     else if (pairs)
       gemv_pair_kernel<T, 2><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
     else if (n_rows == 1 && vec_x)
