@@ -68,9 +68,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
 
 // Batch 1 (the decode that matters most): each warp takes R output features (4 by default;
 // TESSERA_CUDA_GEMV_ROWS=2 or 8 for A/B runs; 2 → 4 measured 137 → 144 tok/s), so one
-// pair of x loads (through L1) feeds R independent weight loads, cutting the L1 traffic per weight byte and multiplying the
-// loads in flight per lane. Each feature's sum is formed in the same order as gemv_kernel's,
-// so the results are the same bits.
+// pair of x loads (through L1) feeds R independent weight loads, cutting the L1 traffic
+// per weight byte and multiplying the loads in flight per lane. Each feature's sum is formed
+// in the same order as gemv_kernel's, so the results are the same bits.
 template <DType T, int kRowsPerWarp>
 __global__ void __launch_bounds__(kWarps * 32) gemv_pair_kernel(const float* __restrict__ x, int64_t cols, Targets tg) {
   const int lane = threadIdx.x & 31;
