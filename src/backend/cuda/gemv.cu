@@ -67,12 +67,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
 }
 
 // Batch 1 (the decode that matters most): each warp takes R output features (4 by default;
-// TESSERA_CUDA_GEMV_ROWS=2 or 8 for A/B runs; 2 → 4 measured 137 → 144 tok/s), so one
+// 2 → 4 measured 137 → 144 tok/s, 8 was slower: 132), so one
 // pair of x loads (through L1) feeds R independent weight loads, cutting the L1 traffic
 // per weight byte and multiplying the loads in flight per lane. Each feature's sum is formed
 // in the same order as gemv_kernel's, so the results are the same bits.
-template <DType T, int kRowsPerWarp>
-__global__ void __launch_bounds__(kWarps * 32) gemv_pair_kernel(const float* __restrict__ x, int64_t cols, Targets tg) {
+// MINB > 1 caps the registers so that MINB blocks fit on an SM (ncu: at 72 registers three
+// 256-thread blocks fit, and the 896-block gate/up launch ran in 2.26 waves).
+template <DType T, int kRowsPerWarp, int MINB>
+__global__ void __launch_bounds__(kWarps * 32, MINB) gemv_pair_kernel(const float* __restrict__ x, int64_t cols,
+                                                                       Targets tg) {
   const int lane = threadIdx.x & 31;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
   const int64_t total = tg.row_end[tg.n - 1];
@@ -121,13 +124,23 @@ bool pairs_enabled() {
   return on;
 }
 
-// Features per warp at batch 1: 4, or TESSERA_CUDA_GEMV_ROWS=2 / 8 (A/B runs).
-int rows_per_warp() {
+// Features per warp at batch 1 (A/B runs): 4 by default; TESSERA_CUDA_GEMV_ROWS=2, or =auto
+// (4 for launches of at least 16384 rows, else 2: more warps for the short matrices).
+int rows_per_warp(int64_t total_rows) {
   static const int r = [] {
     const char* env = std::getenv("TESSERA_CUDA_GEMV_ROWS");
-    return env && env[0] == '2' ? 2 : env && env[0] == '8' ? 8 : 4;
+    return env && env[0] == '2' ? 2 : env && env[0] == 'a' ? 0 : 4;
   }();
-  return r;
+  return r ? r : total_rows >= 16384 ? 4 : 2;
+}
+
+// TESSERA_CUDA_GEMV_MINB=4: the 4-feature kernel with registers capped for 4 blocks per SM.
+bool capped_registers() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_CUDA_GEMV_MINB");
+    return env && env[0] == '4';
+  }();
+  return on;
 }
 
 }  // namespace
@@ -151,15 +164,15 @@ bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t co
   const unsigned grid = blocks_for(total, kWarps);
   const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
   const bool pairs = n_rows == 1 && vec_x && pairs_enabled();
-  const int rpw = rows_per_warp();
+  const int rpw = rows_per_warp(total);
   const unsigned pair_grid = blocks_for((total + rpw - 1) / rpw, kWarps);
   return dispatch_weight_type(type, [&]<DType T>() {
-    if (pairs && rpw == 4)
-      gemv_pair_kernel<T, 4><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
-    else if (pairs && rpw == 8)
-      gemv_pair_kernel<T, 8><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+    if (pairs && rpw == 4 && capped_registers())
+      gemv_pair_kernel<T, 4, 4><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+    else if (pairs && rpw == 4)
+      gemv_pair_kernel<T, 4, 1><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
     else if (pairs)
-      gemv_pair_kernel<T, 2><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+      gemv_pair_kernel<T, 2, 1><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
     else if (n_rows == 1 && vec_x)
       gemv_kernel<T, 1, true><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
     else if (n_rows == 1)
