@@ -45,11 +45,11 @@ struct HostBatch {
 
 // Tolerance of the comparison: f32 paths 2e-5; the tensor-core prefill kernel (f16 KV, more
 // than one row in some sequence) rounds Q and the probabilities to f16 (11-bit significands,
-// 2^-12 relative each), so its outputs carry ~1e-3 relative error; 4e-3 bounds it.
+// 2^-12 relative each): measured 2.0e-4 to 2.3e-4 on these cases (H200), bound 1e-3.
 double tolerance(const Case& c) {
   bool prefill = false;
   for (const auto& s : c.seqs) prefill = prefill || s.n_new > 1;
-  return prefill && c.kv_dtype == DType::F16 ? 4e-3 : 2e-5;
+  return prefill && c.kv_dtype == DType::F16 ? 1e-3 : 2e-5;
 }
 
 void run_case(const Case& c, std::mt19937& rng) {
