@@ -71,8 +71,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
 // pair of x loads (through L1) feeds R independent weight loads, cutting the L1 traffic
 // per weight byte and multiplying the loads in flight per lane. Each feature's sum is formed
 // in the same order as gemv_kernel's, so the results are the same bits.
-// MINB > 1 caps the registers so that MINB blocks fit on an SM (ncu: at 72 registers three
-// 256-thread blocks fit, and the 896-block gate/up launch ran in 2.26 waves).
+// MINB: __launch_bounds__' blocks per SM. With 1 (the default) ptxas gives the 4-feature
+// kernel 154 registers (72 without the argument) and more loads in flight: 164 → 184 tok/s
+// at batch 1 (8B bf16, H200). TESSERA_CUDA_GEMV_MINB=4 caps it at 64 (spills: 141).
 template <DType T, int kRowsPerWarp, int MINB>
 __global__ void __launch_bounds__(kWarps * 32, MINB) gemv_pair_kernel(const float* __restrict__ x, int64_t cols,
                                                                        Targets tg) {
@@ -124,8 +125,9 @@ bool pairs_enabled() {
   return on;
 }
 
-// Features per warp at batch 1 (A/B runs): 4 by default; TESSERA_CUDA_GEMV_ROWS=2, or =auto
-// (4 for launches of at least 16384 rows, else 2: more warps for the short matrices).
+// Features per warp at batch 1: 4 by default; for A/B runs TESSERA_CUDA_GEMV_ROWS=2, or =auto
+// (4 for launches of at least 16384 rows, else 2: more warps for the short matrices; 180
+// against 184 tok/s).
 int rows_per_warp(int64_t total_rows) {
   static const int r = [] {
     const char* env = std::getenv("TESSERA_CUDA_GEMV_ROWS");
@@ -134,7 +136,8 @@ int rows_per_warp(int64_t total_rows) {
   return r ? r : total_rows >= 16384 ? 4 : 2;
 }
 
-// TESSERA_CUDA_GEMV_MINB=4: the 4-feature kernel with registers capped for 4 blocks per SM.
+// TESSERA_CUDA_GEMV_MINB=4: the 4-feature kernel with registers capped for 4 blocks per SM
+// (A/B runs; slower).
 bool capped_registers() {
   static const bool on = [] {
     const char* env = std::getenv("TESSERA_CUDA_GEMV_MINB");
