@@ -2,7 +2,10 @@
 # One run on the GPU machine (docs/design/cuda-backend.md): build tessera + tessera_tests
 # with every core, run the CUDA conformance tests, compute-sanitizer (memcheck, racecheck)
 # on the attention tests, serving through the engine on the GPU (generate --batch, bench
-# offline), then the Llama-3.1-8B-shape benchmarks; a short table comes last.
+# offline), then the Llama-3.1-8B-shape benchmarks; a short table comes last. With a real
+# GGUF model brought in parts (GPU_CHECK_MODEL_PARTS, below): CPU/CUDA parity on it,
+# `tessera serve --device cuda` over HTTP (tools/gpu/serve_check.sh) and `bench model` on it.
+# GPU_CHECK_PROFILE=1: per-op device time of each bench phase; GPU_CHECK_AB: A/B variants.
 # Logs go to $OUT (or ./gpu-check-out). Under 10 minutes on an H200.
 #
 #   scripts/gpu-check.sh                  configure and build in build-gpu/, then check
@@ -43,6 +46,27 @@ else
 fi
 export TESSERA_FIXTURES_DIR=$PWD/tests/fixtures
 
+# A real GGUF model, brought to this machine in parts (one transfer carries at most 64 MiB):
+# GPU_CHECK_MODEL_PARTS="part1 part2" (concatenated in order), GPU_CHECK_MODEL_SHA256 = the
+# whole file's sha256. Then the conformance tests include CudaRealModel (CPU vs CUDA parity),
+# and `tessera serve --device cuda` and `tessera bench model` run on it below.
+REAL_MODEL=""
+if [[ -n "${GPU_CHECK_MODEL_PARTS:-}" ]]; then
+  model_dir=${GPU_CHECK_MODEL_DIR:-/root/tessera-models}
+  mkdir -p "$model_dir"
+  # shellcheck disable=SC2086
+  cat $GPU_CHECK_MODEL_PARTS >"$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
+  got=$(sha256sum "$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)
+  if [[ "$got" == "${GPU_CHECK_MODEL_SHA256:-}" ]]; then
+    log "real model reassembled, sha256 matches ($got)"
+    REAL_MODEL=$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+    export TESSERA_CACHE=$model_dir
+  else
+    log "real model: sha256 $got does not match ${GPU_CHECK_MODEL_SHA256:-<none>}; skipped"
+    status=1
+  fi
+fi
+
 log "conformance tests"
 timeout ${GPU_CHECK_TEST_TIMEOUT:-240} "$BIN/tessera_tests" --gtest_filter='Cuda*:-CudaBench*' 2>&1 | tee "$OUT/conformance.log" |
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|parity|Failure|error|Expected|Which is|rel_err" | head -80
@@ -63,12 +87,23 @@ if [[ "${GPU_CHECK_SERVING:-1}" == 1 ]]; then
   [[ $rc -ne 0 ]] && status=1
 fi
 
+if [[ -n "$REAL_MODEL" ]]; then
+  log "serving a real model: tessera serve --device cuda, chat + streamed completion, SIGTERM"
+  timeout 180 tools/gpu/serve_check.sh "$BIN/tessera" "$REAL_MODEL" "$OUT" 2>&1 | tee "$OUT/serve-check.log"
+  serve_rc=${PIPESTATUS[0]}
+  [[ $serve_rc -ne 0 ]] && status=1
+  log "benchmark: tessera bench model on the real model"
+  timeout 120 "$BIN/tessera" bench model --model "$REAL_MODEL" --device cuda -p 512 -n 128 -r 3 \
+    >"$OUT/bench-model-real.log" 2>&1
+  grep -E "^\||rror" "$OUT/bench-model-real.log"
+fi
+
 # Knobs for partial runs: GPU_CHECK_SANITIZERS="memcheck racecheck", GPU_CHECK_BENCH_MODEL=1,
 # GPU_CHECK_SERVING=1.
 for tool in ${GPU_CHECK_SANITIZERS-memcheck racecheck}; do
   log "compute-sanitizer $tool on the attention tests and the row argmax"
   timeout ${GPU_CHECK_SANITIZER_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/tessera_tests" \
-    --gtest_filter="${GPU_CHECK_SANITIZER_FILTER:-CudaAttention.PrefillVariableLengthCausalGqaMatchesCpu:CudaAttention.DecodeSplitOverLongContextsMatchesCpu:CudaServing.Argmax*}" \
+    --gtest_filter="${GPU_CHECK_SANITIZER_FILTER:-CudaAttention.*:CudaServing.Argmax*}" \
     >"$OUT/sanitizer-$tool.log" 2>&1
   rc=$?
   tail -3 "$OUT/sanitizer-$tool.log"
@@ -83,26 +118,50 @@ if [[ "${GPU_CHECK_BENCH_MODEL:-1}" == 1 ]]; then
   grep -E "^\|" "$OUT/bench-model.log"
 fi
 
-log "benchmark: CUDA bench (batch 1, prefill 512, 128 sequences at 512-640 context, with floors)"
-TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' >"$OUT/bench-cuda.log" 2>&1
-grep -E "^\[bench\]|Failure|error" "$OUT/bench-cuda.log"
-
-# A/B of the batch-1 matrix-vector kernel (one output feature per warp instead of two).
-if [[ "${GPU_CHECK_AB:-0}" == 1 ]]; then
-  log "benchmark again with TESSERA_CUDA_GEMV_PAIRS=0"
-  TESSERA_CUDA_GEMV_PAIRS=0 TESSERA_CUDA_BENCH=1 timeout 200 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
-    >"$OUT/bench-cuda-nopairs.log" 2>&1
+if [[ "${GPU_CHECK_BENCH_CUDA:-1}" == 1 ]]; then
+  log "benchmark: CUDA bench (batch 1, prefill 512, 128 sequences at 512-640 context, with floors)"
+  TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' >"$OUT/bench-cuda.log" 2>&1
+  grep -E "^\[bench\]|Failure|error" "$OUT/bench-cuda.log"
 fi
+
+# Per-op device time of each benchmark phase (TESSERA_CUDA_PROFILE=1: events around every
+# op, graphs off), for docs/benchmarks/gpu.md.
+if [[ "${GPU_CHECK_PROFILE:-0}" == 1 ]]; then
+  log "profile: per-op device time of the CUDA bench phases"
+  TESSERA_CUDA_PROFILE=1 TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
+    >"$OUT/bench-profile.log" 2>&1
+  grep -E "^\[profile\]|^\|" "$OUT/bench-profile.log" | head -120
+fi
+
+# A/B runs of the CUDA bench: GPU_CHECK_AB="VARIANT ..." where a variant is comma-separated
+# environment assignments, e.g. "TESSERA_CUDA_PREFILL_MMA=0,TESSERA_CUDA_DECODE_KEYS=1
+# TESSERA_CUDA_GEMV_ROWS=4" (two variants). GPU_CHECK_AB=1 keeps the old meaning (one
+# feature per warp in the batch-1 matrix-vector kernel).
+[[ "${GPU_CHECK_AB:-}" == 1 ]] && GPU_CHECK_AB="TESSERA_CUDA_GEMV_PAIRS=0"
+ab_i=0
+for variant in ${GPU_CHECK_AB:-}; do
+  ab_i=$((ab_i + 1))
+  log "benchmark again with ${variant//,/ }"
+  env ${variant//,/ } TESSERA_CUDA_BENCH=1 timeout 200 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
+    >"$OUT/bench-cuda-ab$ab_i.log" 2>&1
+  echo "$variant" >>"$OUT/bench-cuda-ab$ab_i.log"
+done
 
 echo
 echo "== gpu-check summary =="
 echo "conformance: $conf"
 echo "compute-sanitizer: memcheck rc=${san_memcheck:-?}, racecheck rc=${san_racecheck:-?} (0 = clean)"
 echo "serving: bench offline rc=${offline_rc:-?}"
+if [[ -n "$REAL_MODEL" ]]; then
+  grep -E "^\[real-parity\]" "$OUT/conformance.log"
+  grep -E "^serve-check" "$OUT/serve-check.log"
+  grep -E "^\|" "$OUT/bench-model-real.log"
+fi
 grep -E "^\|" "$OUT/bench-offline.log" 2>/dev/null | tail -3
 grep -E "^\||^ceilings" "$OUT/bench-cuda.log"
-if [[ -f "$OUT/bench-cuda-nopairs.log" ]]; then
-  echo "with TESSERA_CUDA_GEMV_PAIRS=0:"
-  grep -E "^\| decode" "$OUT/bench-cuda-nopairs.log"
-fi
+for f in "$OUT"/bench-cuda-ab*.log; do
+  [[ -f "$f" ]] || continue
+  echo "with $(tail -1 "$f"):"
+  grep -E "^\| (decode|prefill 512)" "$f"
+done
 exit $status

@@ -21,12 +21,42 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
   const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
   for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
+
+// The same with 16-byte accesses (dim a multiple of 4, aligned rows); the second pass
+// re-reads what this thread wrote (from L1). The sum of squares is grouped by four.
+__global__ void add_rms_norm4_kernel(float4* __restrict__ x, const float4* __restrict__ residual,
+                                     const float4* __restrict__ w, float4* __restrict__ out, int dim4, float eps) {
+  float4* xr = x + static_cast<int64_t>(blockIdx.x) * dim4;
+  const float4* rr = residual + static_cast<int64_t>(blockIdx.x) * dim4;
+  float4* o = out + static_cast<int64_t>(blockIdx.x) * dim4;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dim4; i += blockDim.x) {
+    const float4 a = xr[i], b = rr[i];
+    const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    xr[i] = v;
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  ss = block_sum(ss);
+  const float inv = rsqrtf(ss / static_cast<float>(4 * dim4) + eps);
+  for (int i = threadIdx.x; i < dim4; i += blockDim.x) {
+    const float4 v = xr[i], g = w[i];
+    o[i] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+  }
+}
 }  // namespace
 
 void launch_add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim, float eps,
                          cudaStream_t s) {
   if (n_rows <= 0) return;
-  add_rms_norm_kernel<<<n_rows, 256, 0, s>>>(x, residual, w, out, dim, eps);
+  const bool vec = dim % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(residual) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (vec)
+    add_rms_norm4_kernel<<<n_rows, 256, 0, s>>>(reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(residual),
+                                                reinterpret_cast<const float4*>(w), reinterpret_cast<float4*>(out),
+                                                dim / 4, eps);
+  else
+    add_rms_norm_kernel<<<n_rows, 256, 0, s>>>(x, residual, w, out, dim, eps);
   TESSERA_CUDA_CHECK_LAUNCH("add_rms_norm");
 }
 

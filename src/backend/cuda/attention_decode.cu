@@ -5,6 +5,7 @@
 // the block merges its 16 states in a fixed order and writes the split's (m, l, O).
 // Kernel 2 merges the splits of each (sequence, head) and normalizes.
 #include <cfloat>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -144,6 +145,198 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split(
   }
 }
 
+// Several keys in flight per lane group (the default; TESSERA_CUDA_DECODE_KEYS=1 selects the
+// kernel above for A/B runs). A group of HD/8 lanes takes one key at a time there, so each
+// lane has one 16-byte K load and one V load in flight, behind a dependent chain of shuffles
+// and exponentials: latency-bound at ~1.2 TB/s with 128 sequences. Here each lane holds 8
+// dims (one 16-byte f16 load per key), a group takes kKeysPerGroup keys per step and issues
+// all their K and V loads before the first use, and the softmax state is rescaled once per
+// step instead of once per key.
+// Keys per group and step: 4, or TESSERA_CUDA_DECODE_KPG=8 (A/B runs).
+int keys_per_group() {
+  static const int k = [] {
+    const char* env = std::getenv("TESSERA_CUDA_DECODE_KPG");
+    return env && env[0] == '8' ? 8 : 4;
+  }();
+  return k;
+}
+
+// 8 consecutive KV elements as loaded (16 bytes of f16, 32 of f32).
+template <typename KT>
+struct Piece8;
+template <>
+struct Piece8<__half> {
+  uint4 u;
+  __device__ __forceinline__ void load(const __half* p) { u = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void zero() { u = make_uint4(0, 0, 0, 0); }
+  __device__ __forceinline__ void to_f32(float* out) const {
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(h[j]);
+      out[2 * j] = f.x;
+      out[2 * j + 1] = f.y;
+    }
+  }
+};
+template <>
+struct Piece8<float> {
+  float4 a, b;
+  __device__ __forceinline__ void load(const float* p) {
+    a = *reinterpret_cast<const float4*>(p);
+    b = *reinterpret_cast<const float4*>(p + 4);
+  }
+  __device__ __forceinline__ void zero() { a = b = make_float4(0, 0, 0, 0); }
+  __device__ __forceinline__ void to_f32(float* out) const {
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+  }
+};
+
+template <typename KT, int HD, int kKeysPerGroup>
+__global__ void __launch_bounds__(kThreads) attention_decode_split_multi(
+    const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
+    int n_kv_heads, int block_size, int group, int q_chunks, float scale, int split_len, int max_splits,
+    float* __restrict__ partials) {
+  constexpr int DPL = 8;              // dims per lane
+  constexpr int LPK = HD / DPL;       // lanes per key: 8, 16 or 32
+  constexpr int G = kThreads / LPK;   // lane groups per block
+  constexpr int STEP = G * kKeysPerGroup;
+  const int seq = blockIdx.x;
+  const int kvh = blockIdx.y / q_chunks, g0 = (blockIdx.y % q_chunks) * kMaxQ;
+  const int nq = min(kMaxQ, group - g0);
+  const int split = blockIdx.z;
+  const int t = b.q_start[seq];
+  const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
+  const int begin = split * split_len;
+  if (begin >= len) return;
+  const int end = min(len, begin + split_len);
+  const int lg = threadIdx.x / LPK, li = threadIdx.x % LPK;
+  const int n_heads = n_kv_heads * group;
+
+  float qr[kMaxQ][DPL], acc[kMaxQ][DPL], m[kMaxQ], l[kMaxQ];
+#pragma unroll
+  for (int g = 0; g < kMaxQ; ++g) {
+    m[g] = -FLT_MAX;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) {
+      acc[g][d] = 0.0f;
+      qr[g][d] = g < nq ? q[t * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + li * DPL + d] * scale : 0.0f;
+    }
+  }
+  const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
+  for (int jb = begin; jb < end; jb += STEP) {
+    // Every load of the step first (independent, kept in their stored form to save
+    // registers), then the arithmetic.
+    Piece8<KT> kr[kKeysPerGroup], vr[kKeysPerGroup];
+    bool valid[kKeysPerGroup];
+#pragma unroll
+    for (int u = 0; u < kKeysPerGroup; ++u) {
+      const int j = jb + u * G + lg;
+      valid[u] = j < end;
+      if (valid[u]) {
+        const int64_t base = ((static_cast<int64_t>(table[j / block_size]) * n_kv_heads + kvh) * block_size +
+                              j % block_size) * HD + li * DPL;
+        kr[u].load(kc + base);
+        vr[u].load(vc + base);
+      } else {
+        kr[u].zero();
+        vr[u].zero();
+      }
+    }
+    float s[kKeysPerGroup][kMaxQ];
+#pragma unroll
+    for (int u = 0; u < kKeysPerGroup; ++u) {
+      float kf[DPL];
+      kr[u].to_f32(kf);
+#pragma unroll
+      for (int g = 0; g < kMaxQ; ++g) {
+        float v = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) v = fmaf(qr[g][d], kf[d], v);
+#pragma unroll
+        for (int o = 1; o < LPK; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        s[u][g] = v;
+      }
+    }
+    float p[kKeysPerGroup][kMaxQ];
+#pragma unroll
+    for (int g = 0; g < kMaxQ; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < kKeysPerGroup; ++u)
+        if (valid[u]) mx = fmaxf(mx, s[u][g]);
+      const float c = __expf(m[g] - mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kKeysPerGroup; ++u) {
+        p[u][g] = valid[u] ? __expf(s[u][g] - mx) : 0.0f;
+        sum += p[u][g];
+      }
+      l[g] = l[g] * c + sum;
+      m[g] = mx;
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) acc[g][d] *= c;
+    }
+#pragma unroll
+    for (int u = 0; u < kKeysPerGroup; ++u) {
+      float vf[DPL];
+      vr[u].to_f32(vf);
+#pragma unroll
+      for (int g = 0; g < kMaxQ; ++g)
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) acc[g][d] = fmaf(p[u][g], vf[d], acc[g][d]);
+    }
+  }
+  // Merge the G groups' states: block max first, then each group's rescaled sums in order.
+  __shared__ float sm[G][kMaxQ];
+  __shared__ float so[kMaxQ][HD];
+  __shared__ float sl[kMaxQ];
+  if (li == 0)
+#pragma unroll
+    for (int g = 0; g < kMaxQ; ++g) sm[lg][g] = l[g] > 0.0f ? m[g] : -FLT_MAX;
+  for (int i = threadIdx.x; i < kMaxQ * HD; i += kThreads) so[i / HD][i % HD] = 0.0f;
+  if (threadIdx.x < kMaxQ) sl[threadIdx.x] = 0.0f;
+  __syncthreads();
+  float mb[kMaxQ];
+#pragma unroll
+  for (int g = 0; g < kMaxQ; ++g) {
+    mb[g] = -FLT_MAX;
+    for (int i = 0; i < G; ++i) mb[g] = fmaxf(mb[g], sm[i][g]);
+  }
+  for (int turn = 0; turn < G; ++turn) {
+    if (lg == turn) {
+#pragma unroll
+      for (int g = 0; g < kMaxQ; ++g) {
+        const float c = l[g] > 0.0f ? __expf(m[g] - mb[g]) : 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) so[g][li * DPL + d] += acc[g][d] * c;
+        if (li == 0) sl[g] += l[g] * c;
+      }
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < nq * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
+    const int head = kvh * group + g0 + g;
+    float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head) * max_splits + split) * (HD + 2);
+    p[2 + d] = so[g][d];
+    if (d == 0) {
+      p[0] = mb[g];
+      p[1] = sl[g];
+    }
+  }
+}
+
+bool multi_key_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_CUDA_DECODE_KEYS");
+    return !(env && env[0] == '1');
+  }();
+  return on;
+}
+
 __global__ void attention_decode_merge(const float* __restrict__ partials, DeviceBatch b, int n_heads, int head_dim,
                                        int split_len, int max_splits, float* __restrict__ out, int64_t ldo) {
   const int seq = blockIdx.x, head = blockIdx.y;
@@ -168,6 +361,17 @@ void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
                   int split_len, int max_splits, float* partials, cudaStream_t s) {
   const int q_chunks = (group + kMaxQ - 1) / kMaxQ;
   const dim3 grid(b.n_seqs, kv.n_kv_heads * q_chunks, max_splits);
+  if (multi_key_enabled()) {
+    const KT* k = static_cast<const KT*>(kv.k);
+    const KT* v = static_cast<const KT*>(kv.v);
+    if (keys_per_group() == 8)
+      attention_decode_split_multi<KT, HD, 8><<<grid, kThreads, 0, s>>>(
+          q, ldq, k, v, b, kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
+    else
+      attention_decode_split_multi<KT, HD, 4><<<grid, kThreads, 0, s>>>(
+          q, ldq, k, v, b, kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
+    return;
+  }
   attention_decode_split<KT, HD><<<grid, kThreads, 0, s>>>(q, ldq, static_cast<const KT*>(kv.k),
                                                            static_cast<const KT*>(kv.v), b, kv.n_kv_heads,
                                                            kv.block_size, group, q_chunks, scale, split_len,

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -46,6 +47,21 @@ uint64_t sig_word(const T& v) {
     return static_cast<uint64_t>(v);
 }
 
+// Profile names: the path taken and the shape, e.g. "gemv bf16 [1 x 4096] -> 6144 (3 targets)".
+std::string matmul_op_name(int n_rows, std::span<const MatmulTarget> targets) {
+  int64_t rows = 0;
+  for (const MatmulTarget& t : targets) rows += t.w.rows;
+  return std::string(n_rows <= cuda::kGemvMaxRows ? "gemv " : "gemm ") + std::string(dtype_name(targets[0].w.dtype)) +
+         " [" + std::to_string(n_rows) + " x " + std::to_string(targets[0].w.cols) + "] -> " + std::to_string(rows) +
+         (targets.size() > 1 ? " (" + std::to_string(targets.size()) + " targets)" : "");
+}
+
+std::string attention_op_name(const AttentionBatch& b) {
+  bool decode = b.n_tokens == b.n_seqs;
+  for (int s = 0; decode && s < b.n_seqs; ++s) decode = b.q_start[s + 1] - b.q_start[s] == 1;
+  return decode ? "attention decode" : "attention prefill";
+}
+
 }  // namespace
 
 int cuda_device_count() {
@@ -89,11 +105,34 @@ CudaBackend::CudaBackend(int device, bool graphs) : device_(device) {
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&staged_copied_, cudaEventDisableTiming));
   gemm_ = std::make_unique<cuda::GemmLt>();
+  if (const char* prof = std::getenv("TESSERA_CUDA_PROFILE"); prof && std::strcmp(prof, "1") == 0) {
+    profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
+    graphs_enabled_ = false;  // ops inside a replayed graph cannot be bracketed one by one
+  }
+}
+
+std::string CudaBackend::take_profile() {
+  if (!profiler_) return {};
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  profiler_->collect();
+  std::string r = profiler_->report();
+  profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
+  return r;
+}
+
+std::string cuda_profile_take(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda ? cuda->take_profile() : std::string();
 }
 
 CudaBackend::~CudaBackend() {
   // Destructors do not throw: errors here are dropped (the process may be exiting).
   cudaStreamSynchronize(stream_);
+  if (profiler_) {
+    profiler_->collect();
+    if (!profiler_->empty()) std::fprintf(stderr, "[cuda profile] device time per op:\n%s", profiler_->report().c_str());
+    profiler_.reset();
+  }
   if (graph_mode_ == GraphMode::kCapture) {
     cudaGraph_t g = nullptr;
     cudaStreamEndCapture(stream_, &g);
@@ -136,6 +175,7 @@ void CudaBackend::free(void* p) {
 void CudaBackend::synchronize() {
   finish_graph_forward();
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (profiler_) profiler_->collect();
 }
 
 void* CudaBackend::scratch(void*& buf, size_t& cap, size_t bytes) {
@@ -168,6 +208,7 @@ void CudaBackend::copy_to_host(void* host, const void* device, size_t bytes) {
   finish_graph_forward();
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (profiler_) profiler_->collect();
 }
 
 void CudaBackend::copy_device(void* dst, const void* src, size_t bytes) {
@@ -247,22 +288,26 @@ cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
 enum : int { kOpEmbed = 1, kOpRms, kOpAddRms, kOpGemv, kOpGemm, kOpBias, kOpRope, kOpKv, kOpAttn, kOpSwiglu, kOpAdd, kOpGather };
 
 void CudaBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("embed"); });
   if (recorded(kOpEmbed, table.data, static_cast<int>(table.dtype), table.rows, table.cols, n, out)) return;
   cuda::launch_embed(table, ints(kTokens, ids, n), n, out, stream_);
 }
 
 void CudaBackend::rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rms_norm"); });
   if (recorded(kOpRms, x, w, out, n_rows, dim, eps)) return;
   cuda::launch_rms_norm(x, w, out, n_rows, dim, eps, stream_);
 }
 
 void CudaBackend::add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim,
                                float eps) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("add_rms_norm"); });
   if (recorded(kOpAddRms, x, residual, w, out, n_rows, dim, eps)) return;
   cuda::launch_add_rms_norm(x, residual, w, out, n_rows, dim, eps, stream_);
 }
 
 void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<const MatmulTarget> targets) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return matmul_op_name(n_rows, targets); });
   if (n_rows <= 0 || targets.empty()) return;
   const int64_t cols = targets[0].w.cols;
   for (const MatmulTarget& t : targets)
@@ -326,6 +371,7 @@ void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<cons
 }
 
 void CudaBackend::add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("add_bias"); });
   if (recorded(kOpBias, x, ld, bias, n_rows, dim)) return;
   cuda::launch_add_bias(x, ld, bias, n_rows, dim, stream_);
 }
@@ -351,6 +397,7 @@ const double* CudaBackend::rope_inv_freq_table(const RopeConfig& cfg) {
 }
 
 void CudaBackend::rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, const RopeConfig& cfg) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope"); });
   for (int r = 0; r < n_rows; ++r) TESSERA_CHECK(positions[r] >= 0, "rope: negative position ", positions[r]);
   const double* inv = rope_inv_freq_table(cfg);
   if (recorded(kOpRope, x, n_rows, ld, n_heads, cfg.head_dim, cfg.rot_dim, cfg.neox, inv)) return;
@@ -360,6 +407,7 @@ void CudaBackend::rope(float* x, int n_rows, int64_t ld, int n_heads, const int3
 
 void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                            const AttentionBatch& batch) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("kv_store"); });
   if (recorded(kOpKv, kv.k, kv.v, static_cast<int>(kv.dtype), kv.n_blocks, k, ldk, v, ldv, batch.n_tokens)) return;
   cuda::launch_kv_store(kv, k, ldk, v, ldv, ints(kSlots, batch.slot_mapping, batch.n_tokens), batch.n_tokens,
                         stream_);
@@ -367,6 +415,7 @@ void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, c
 
 void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
                             int n_heads, float scale, float* out, int64_t ldo) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return attention_op_name(batch); });
   TESSERA_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0, "attention: ", n_heads,
                 " query heads are not a multiple of ", kv.n_kv_heads, " KV heads");
   if (batch.n_tokens == 0) return;
@@ -374,7 +423,9 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   for (int s = 0; s < batch.n_seqs; ++s) one_row_each = one_row_each && batch.q_start[s + 1] - batch.q_start[s] == 1;
   if (!one_row_each || !cuda::attention_decode_supported(kv)) {
     if (recorded(kOpAttn, q, ldq, kv.k, kv.v, n_heads, scale, out, ldo, batch.n_tokens, batch.n_seqs)) return;
-    cuda::launch_attention_prefill(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, stream_);
+    const cuda::DeviceBatch db = device_batch(batch);
+    if (!cuda::launch_attention_prefill_mma(q, ldq, kv, db, n_heads, scale, out, ldo, stream_))
+      cuda::launch_attention_prefill(q, ldq, kv, db, n_heads, scale, out, ldo, stream_);
     return;
   }
   // Split each sequence's keys so that the launch fills the GPU a few times over. The
@@ -385,7 +436,13 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   const int max_len = next_pow2(std::max(batch.max_blocks, 1)) * kv.block_size;
   const int group = n_heads / kv.n_kv_heads;
   const int base_blocks = batch.n_seqs * kv.n_kv_heads * ((group + 3) / 4);
-  const int want_splits = std::max(1, (4 * sm_count_ + base_blocks - 1) / base_blocks);
+  // Blocks per SM the split aims for: 4, or TESSERA_CUDA_DECODE_BLOCKS_PER_SM (A/B runs).
+  static const int per_sm = [] {
+    const char* env = std::getenv("TESSERA_CUDA_DECODE_BLOCKS_PER_SM");
+    const int v = env ? std::atoi(env) : 0;
+    return v > 0 && v <= 64 ? v : 4;
+  }();
+  const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
   const int split_len = std::max(32, static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 32)));
   const int max_splits = std::max(1, (max_len + split_len - 1) / split_len);
   const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
@@ -396,16 +453,19 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("swiglu"); });
   if (recorded(kOpSwiglu, gate, up, ld_in, out, n_rows, dim)) return;
   cuda::launch_swiglu(gate, up, ld_in, out, n_rows, dim, stream_);
 }
 
 void CudaBackend::add(float* x, const float* y, int64_t n) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("add"); });
   if (recorded(kOpAdd, x, y, n)) return;
   cuda::launch_add(x, y, n, stream_);
 }
 
 void CudaBackend::gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("gather_rows"); });
   if (recorded(kOpGather, src, ld, n, dim, dst)) return;
   cuda::launch_gather_rows(src, ld, ints(kRows, rows, n), n, dim, dst, stream_);
 }

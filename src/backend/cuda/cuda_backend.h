@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_profile.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
 
@@ -63,6 +64,8 @@ class CudaBackend final : public Backend {
   // Graphs captured so far and forwards replayed from them (for tests and reports).
   int graphs_captured() const { return graphs_captured_; }
   int64_t graph_replays() const { return graph_replays_; }
+  // The per-op device-time table since the last call (TESSERA_CUDA_PROFILE=1), then reset.
+  std::string take_profile();
 
  protected:
   void read_logits_planned(float* host, const float* device, int n_rows, int n_vocab,
@@ -154,6 +157,8 @@ class CudaBackend final : public Backend {
     double* inv_freq = nullptr;       // device, [rot_dim/2]
   };
   std::vector<RopeTable> rope_tables_;
+
+  std::unique_ptr<cuda::OpProfiler> profiler_;  // TESSERA_CUDA_PROFILE=1
 };
 
 }  // namespace tessera

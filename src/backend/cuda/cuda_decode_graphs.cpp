@@ -189,6 +189,7 @@ void CudaBackend::drop_graphs() {
 void CudaBackend::read_logits_planned(float* host, const float* device, int n_rows, int n_vocab,
                                       const LogitsReadback& plan) {
   finish_graph_forward();
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("logits readback"); });
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(n_vocab);
   if (!plan.argmax_only || n_rows <= 0) {
     copy_to_host(host, device, row_bytes * std::max(n_rows, 0));
@@ -221,6 +222,7 @@ void CudaBackend::read_logits_planned(float* host, const float* device, int n_ro
   };
   copy_runs([&](int r) { return !plan.argmax_only[r]; });
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (profiler_) profiler_->collect();
   bool any_bad = false;
   for (int r = 0; r < n_rows; ++r)
     if (plan.argmax_only[r]) {

@@ -2,6 +2,7 @@
 // The registry's only view of the CUDA backend: defined by cuda_backend.cpp in a build with
 // CUDA, and by cuda_unavailable.cpp (which says so) in one without.
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -26,6 +27,9 @@ DeviceCeilings measure_cuda_ceilings(Backend& backend);
 // Decode forwards `backend` (a CUDA backend) launched from captured graphs so far (0 for
 // any other backend): for tests and reports.
 int64_t cuda_graph_replays(Backend& backend);
+// With TESSERA_CUDA_PROFILE=1: the per-op device-time table of `backend` (a CUDA backend)
+// since the last call, then reset; "" when profiling is off or for any other backend.
+std::string cuda_profile_take(Backend& backend);
 // Page-locked host memory (fast device→host copies), freed with the handle.
 std::shared_ptr<void> cuda_pinned_host(size_t bytes);
 

@@ -66,14 +66,17 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
   }
 }
 
-// Batch 1 (the decode that matters most): each warp takes two output features, so one
-// pair of x loads (through L1) feeds two independent weight loads, halving the L1 traffic
-// per weight byte and doubling the loads in flight per lane. Each feature's sum is formed
+// Batch 1 (the decode that matters most): each warp takes R output features (4 by default;
+// 2 → 4 measured 137 → 144 tok/s, 8 was slower: 132), so one
+// pair of x loads (through L1) feeds R independent weight loads, cutting the L1 traffic
+// per weight byte and multiplying the loads in flight per lane. Each feature's sum is formed
 // in the same order as gemv_kernel's, so the results are the same bits.
-constexpr int kRowsPerWarp = 2;
-
-template <DType T>
-__global__ void __launch_bounds__(kWarps * 32) gemv_pair_kernel(const float* __restrict__ x, int64_t cols, Targets tg) {
+// MINB: __launch_bounds__' blocks per SM. With 1 (the default) ptxas gives the 4-feature
+// kernel 154 registers (72 without the argument) and more loads in flight: 164 → 184 tok/s
+// at batch 1 (8B bf16, H200). TESSERA_CUDA_GEMV_MINB=4 caps it at 64 (spills: 141).
+template <DType T, int kRowsPerWarp, int MINB>
+__global__ void __launch_bounds__(kWarps * 32, MINB) gemv_pair_kernel(const float* __restrict__ x, int64_t cols,
+                                                                       Targets tg) {
   const int lane = threadIdx.x & 31;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
   const int64_t total = tg.row_end[tg.n - 1];
@@ -122,6 +125,27 @@ bool pairs_enabled() {
   return on;
 }
 
+// Features per warp at batch 1: 4 by default; for A/B runs TESSERA_CUDA_GEMV_ROWS=2, or =auto
+// (4 for launches of at least 16384 rows, else 2: more warps for the short matrices; 180
+// against 184 tok/s).
+int rows_per_warp(int64_t total_rows) {
+  static const int r = [] {
+    const char* env = std::getenv("TESSERA_CUDA_GEMV_ROWS");
+    return env && env[0] == '2' ? 2 : env && env[0] == 'a' ? 0 : 4;
+  }();
+  return r ? r : total_rows >= 16384 ? 4 : 2;
+}
+
+// TESSERA_CUDA_GEMV_MINB=4: the 4-feature kernel with registers capped for 4 blocks per SM
+// (A/B runs; slower).
+bool capped_registers() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_CUDA_GEMV_MINB");
+    return env && env[0] == '4';
+  }();
+  return on;
+}
+
 }  // namespace
 
 bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t cols, const GemvTarget* targets,
@@ -143,10 +167,15 @@ bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t co
   const unsigned grid = blocks_for(total, kWarps);
   const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
   const bool pairs = n_rows == 1 && vec_x && pairs_enabled();
-  const unsigned pair_grid = blocks_for((total + kRowsPerWarp - 1) / kRowsPerWarp, kWarps);
+  const int rpw = rows_per_warp(total);
+  const unsigned pair_grid = blocks_for((total + rpw - 1) / rpw, kWarps);
   return dispatch_weight_type(type, [&]<DType T>() {
-    if (pairs)
-      gemv_pair_kernel<T><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+    if (pairs && rpw == 4 && capped_registers())
+      gemv_pair_kernel<T, 4, 4><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+    else if (pairs && rpw == 4)
+      gemv_pair_kernel<T, 4, 1><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
+    else if (pairs)
+      gemv_pair_kernel<T, 2, 1><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
     else if (n_rows == 1 && vec_x)
       gemv_kernel<T, 1, true><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
     else if (n_rows == 1)

@@ -62,6 +62,11 @@ void launch_convert_rows(const float* x, int n_rows, int64_t ldx, int64_t cols, 
 // then merged by a second kernel.
 void launch_attention_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                               float scale, float* out, int64_t ldo, cudaStream_t s);
+// The same on the tensor cores (f16 KV, head_dim 64/128/256; attention_prefill_mma.cu). False
+// when it does not apply (f32 KV, other head sizes, odd strides, or TESSERA_CUDA_PREFILL_MMA=0):
+// the caller runs launch_attention_prefill instead.
+bool launch_attention_prefill_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
+                                  float scale, float* out, int64_t ldo, cudaStream_t s);
 bool attention_decode_supported(const KvLayerView& kv);
 void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                              float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,

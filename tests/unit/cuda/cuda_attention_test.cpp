@@ -43,6 +43,15 @@ struct HostBatch {
   }
 };
 
+// Tolerance of the comparison: f32 paths 2e-5; the tensor-core prefill kernel (f16 KV, more
+// than one row in some sequence) rounds Q and the probabilities to f16 (11-bit significands,
+// 2^-12 relative each): measured 2.0e-4 to 2.3e-4 on these cases (H200), bound 1e-3.
+double tolerance(const Case& c) {
+  bool prefill = false;
+  for (const auto& s : c.seqs) prefill = prefill || s.n_new > 1;
+  return prefill && c.kv_dtype == DType::F16 ? 1e-3 : 2e-5;
+}
+
 void run_case(const Case& c, std::mt19937& rng) {
   auto gpu = make_cuda();
   auto cpu = make_cpu();
@@ -134,7 +143,10 @@ void run_case(const Case& c, std::mt19937& rng) {
         EXPECT_TRUE(std::isnan(got[t * ldq + i])) << "wrote past the heads at row " << t;
       }
     }
-  EXPECT_LT(rel_err(g, r), 2e-5) << "hd " << hd << " kv heads " << c.n_kv_heads << " group " << c.group << " bs " << bs
+  const double err = rel_err(g, r);
+  if (tolerance(c) > 2e-5)
+    std::printf("[attention] tensor-core prefill hd %d group %d bs %d: rel err %.3g\n", hd, c.group, bs, err);
+  EXPECT_LT(err, tolerance(c)) << "hd " << hd << " kv heads " << c.n_kv_heads << " group " << c.group << " bs " << bs
                                  << " " << dtype_name(c.kv_dtype);
   cpu->free(ck);
   cpu->free(cv);
@@ -150,6 +162,16 @@ TEST(CudaAttention, PrefillVariableLengthCausalGqaMatchesCpu) {
     for (auto [hd, nkv, group, bs] : std::vector<std::array<int, 4>>{{64, 2, 3, 16}, {128, 1, 4, 16}, {64, 1, 7, 7},
                                                                      {128, 2, 1, 7}})
       run_case(Case{hd, nkv, group, bs, kvt, seqs}, rng);
+}
+
+TEST(CudaAttention, LongPrefillAcrossManyKeyTilesMatchesCpu) {
+  TESSERA_REQUIRE_CUDA();
+  // Several 64-key tiles, the causal diagonal inside and across tiles, a chunk after cached
+  // tokens, head_dim 256 (32-key tiles) and a group of 8 (one query-vector tile = 8 rows).
+  std::mt19937 rng(24);
+  const std::vector<SeqSpec> seqs = {{0, 300}, {130, 77}, {3, 2}};
+  for (auto [hd, nkv, group, bs] : std::vector<std::array<int, 4>>{{128, 2, 4, 16}, {256, 1, 2, 16}, {64, 1, 8, 16}})
+    run_case(Case{hd, nkv, group, bs, DType::F16, seqs}, rng);
 }
 
 TEST(CudaAttention, DecodeSplitOverLongContextsMatchesCpu) {

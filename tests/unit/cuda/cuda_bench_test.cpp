@@ -69,13 +69,21 @@ TEST(CudaBench, Llama31_8B_Bf16) {
     model->forward(fb, kv, logits);
     seqs[s].n_tokens = n_prompt;
   };
+  // With TESSERA_CUDA_PROFILE=1 each phase prints its per-op device-time table (warm-ups
+  // excluded); the backend then runs without graphs, so the timings are not the headline ones.
+  auto profile = [&](const char* phase) {
+    const std::string table = cuda_profile_take(*gpu);
+    if (phase && !table.empty()) std::printf("\n[profile] %s\n%s", phase, table.c_str());
+  };
   prefill(0);  // warm-up (cuBLASLt plans, staging buffers)
+  profile(nullptr);
   double best_prefill = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
     t0 = now_s();
     prefill(0);
     best_prefill = std::min(best_prefill, now_s() - t0);
   }
+  profile("prefill, one 512-token prompt (5 forwards)");
   // Decode at batch 1 from the 512-token prompt. Greedy, as the executor runs it: only the
   // argmax of each row comes back (the forwards of 1 and 128 sequences replay CUDA graphs).
   std::vector<uint8_t> argmax_only(n_seqs, 1);
@@ -93,16 +101,20 @@ TEST(CudaBench, Llama31_8B_Bf16) {
   };
   decode_step(1);
   seqs[0].n_tokens = n_prompt;
+  profile(nullptr);
   t0 = now_s();
   for (int i = 0; i < n_gen; ++i) decode_step(1);
   const double t_dec1 = now_s() - t0;
+  profile("decode, batch 1, context 512-640 (128 steps)");
   // 128 sequences: prompts, then decode together.
   t0 = now_s();
   for (int s = 0; s < n_seqs; ++s) prefill(s);
   const double t_prefill_all = now_s() - t0;
+  profile(nullptr);
   t0 = now_s();
   for (int i = 0; i < n_gen; ++i) decode_step(n_seqs);
   const double t_dec128 = now_s() - t0;
+  profile("decode, 128 sequences, context 512-640 (128 steps)");
   std::printf("[bench] decode forwards replayed from CUDA graphs: %lld\n",
               static_cast<long long>(cuda_graph_replays(*gpu)));
 

@@ -224,6 +224,21 @@ TEST(CudaOps, ElementwiseOpsMatchFloat64) {
       ref[r * dim + i] = g / (1 + std::exp(-g)) * up[r * ld + i];
     }
   EXPECT_LT(rel_err(out.read(), ref), 1e-6);
+  {
+    // SwiGLU's 16-byte path: width and stride multiples of 4.
+    const int dim4 = 256;
+    const int64_t ld4 = dim4 + 12;
+    auto g4 = randn(rows * ld4, rng, 3.0f), u4 = randn(rows * ld4, rng);
+    DeviceVec<float> dg4(*gpu, g4), du4(*gpu, u4), out4(*gpu, std::vector<float>(rows * dim4, NAN));
+    gpu->swiglu(dg4.get(), du4.get(), ld4, out4.get(), rows, dim4);
+    std::vector<double> ref4(rows * dim4);
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < dim4; ++i) {
+        const double g = g4[r * ld4 + i];
+        ref4[r * dim4 + i] = g / (1 + std::exp(-g)) * u4[r * ld4 + i];
+      }
+    EXPECT_LT(rel_err(out4.read(), ref4), 1e-6);
+  }
   // bias on a strided matrix; the gap stays untouched
   auto x = randn(rows * ld, rng), bias = randn(dim, rng);
   DeviceVec<float> dx(*gpu, x), db(*gpu, bias);
