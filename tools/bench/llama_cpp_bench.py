@@ -169,6 +169,16 @@ def cpu_model() -> str:
     return platform.processor()
 
 
+def load_model(path: Path):
+    """Initialises llama.cpp (log capture, backend) and loads the GGUF: (model, n_vocab)."""
+    llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+    if not model:
+        raise SystemExit(f"cannot load {path}")
+    return model, llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
@@ -185,12 +195,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 
-    llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))
-    llama_cpp.llama_backend_init()
-    model = llama_cpp.llama_model_load_from_file(str(args.model).encode(), llama_cpp.llama_model_default_params())
-    if not model:
-        raise SystemExit(f"cannot load {args.model}")
-    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    model, n_vocab = load_model(args.model)
     rng = np.random.default_rng(args.seed)
 
     result = {

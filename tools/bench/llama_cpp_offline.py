@@ -14,7 +14,6 @@ and inter-token latency.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
@@ -26,7 +25,7 @@ import numpy as np
 import llama_cpp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_cpp_bench import DEFAULT_MODEL, Bench, _log_cb, cpu_model  # noqa: E402
+from llama_cpp_bench import DEFAULT_MODEL, Bench, cpu_model, load_model  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -116,12 +115,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))
-    llama_cpp.llama_backend_init()
-    model = llama_cpp.llama_model_load_from_file(str(args.model).encode(), llama_cpp.llama_model_default_params())
-    if not model:
-        raise SystemExit(f"cannot load {args.model}")
-    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    model, n_vocab = load_model(args.model)
     rng = np.random.default_rng(args.seed)
     result = {"cpu": cpu_model(), "threads": args.threads, "load_avg_at_start": os.getloadavg(),
               "libllama": llama_cpp.llama_version().decode(), "llama_cpp_python": llama_cpp.__version__,
