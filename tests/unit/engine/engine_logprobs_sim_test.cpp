@@ -12,12 +12,6 @@ using namespace tessera::testing;
 
 namespace {
 
-std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab) {
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
-
 // Checks one finished request: tokens equal the run alone; token logprobs (when asked)
 // and prompt logprobs (when asked) equal the direct reference, with nothing lost or doubled.
 void expect_exact(const SimEngine& e, RequestId id, const Request& r) {

@@ -163,6 +163,39 @@ TEST(Engine, AbortTakesEffectWithinOneStep) {
   EXPECT_EQ(engine.stats().requests_aborted, 1);
 }
 
+TEST(Engine, FinishSequenceEndsOneChoiceWithinOneStep) {
+  Fixture f;
+  GatedExecutor gate(*f.sim);
+  Engine engine(f.config, gate);
+  Request r = greedy({1, 2, 3}, 200);
+  r.n = 2;  // greedy: both choices follow the reference
+  SubmitResult s = engine.submit(r);
+  ASSERT_TRUE(s.ok());
+  gate.permit(3);  // the prompt and fork, then two decode steps: three tokens each
+  StreamEvent e;
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(s.stream->next(e));
+  gate.wait_for_step();  // step 4 is in flight
+  engine.finish_sequence(s.id, 0, FinishReason::Stop);
+  gate.permit(1);  // step 4 may finish; the early finish is handled before step 5
+  gate.open();
+  std::vector<int32_t> tokens[2];
+  FinishReason finish[2] = {FinishReason::None, FinishReason::None};
+  while (s.stream->next(e)) {
+    if (e.token >= 0) tokens[e.choice].push_back(e.token);
+    if (e.finish != FinishReason::None) finish[e.choice] = e.finish;
+  }
+  EXPECT_LE(tokens[0].size(), 1u);  // step 4's, at most
+  EXPECT_EQ(finish[0], FinishReason::Stop);
+  const std::vector<int32_t> ref = f.reference({1, 2, 3}, 200);
+  EXPECT_EQ(tokens[1], std::vector<int32_t>(ref.begin() + 3, ref.end()));
+  EXPECT_EQ(finish[1], FinishReason::Length);
+  engine.finish_sequence(s.id, 1, FinishReason::Stop);  // finished: ignored
+  expect_whole(engine);
+  EXPECT_EQ(engine.stats().requests_finished, 1);
+  EXPECT_EQ(engine.stats().generated_tokens, static_cast<int64_t>(6 + tokens[0].size() + tokens[1].size()));
+  EXPECT_EQ(engine.stats().prompt_tokens, 3);
+}
+
 TEST(Engine, RejectionsAreTypedAndCountNothing) {
   Fixture f;
   f.config.admission.max_waiting_requests = 3;
