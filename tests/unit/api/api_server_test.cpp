@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -24,6 +25,9 @@ using nlohmann::json;
 namespace {
 
 std::string model_file() { return test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"); }
+
+const json kChat = json::parse(R"({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+  "temperature": 0, "max_tokens": 6, "ignore_eos": true})");
 
 class ApiServerTest : public ::testing::Test {
  protected:
@@ -61,16 +65,18 @@ class ApiServerTest : public ::testing::Test {
     engine_.reset();
   }
 
-  void start(AdmissionLimits limits = {}, std::vector<std::string> keys = {}) {
+  void start(AdmissionLimits limits = {}, std::vector<std::string> keys = {}, int prompt_threads = 2) {
     EngineConfig c = model_->config();
     c.admission = limits;
     engine_ = std::make_unique<Engine>(c, model_->executor());
     executor_ = std::make_unique<api_test::FakeExecutor>();
     ServedModel m = api_test::served_model();
     m.tokenizer = &model_->session().tokenizer();
+    if (chat_) m.chat = chat_;
     set_engine_limits(m, c);
     served_ = m;
     ApiServerOptions o;
+    o.prompt_threads = prompt_threads;
     o.keys = ApiKeys(keys);
     o.chat_page_html = "<html>chat</html>";
     o.render_metrics = [] { return std::string("vllm:num_requests_running 0\n"); };
@@ -124,7 +130,29 @@ class ApiServerTest : public ::testing::Test {
     EXPECT_TRUE(j["error"]["message"].is_string() && j["error"].contains("type") && j["error"].contains("param"));
   }
 
+  // Renders chat prompts and notes the thread each render ran on; returns that thread and
+  // the connection executor's.
+  std::pair<std::thread::id, std::thread::id> render_and_executor_threads(int prompt_threads) {
+    std::thread::id rendered_on;
+    chat_ = [&rendered_on](const json& messages, bool add_generation_prompt, const json& extra) {
+      rendered_on = std::this_thread::get_id();
+      return api_test::chatml(messages, add_generation_prompt, extra);
+    };
+    start({}, {}, prompt_threads);
+    std::promise<std::thread::id> executor_thread;
+    executor_->post([&] { executor_thread.set_value(std::this_thread::get_id()); });
+    const auto ex = call("POST", "/v1/chat/completions", kChat);
+    EXPECT_EQ(ex->response().status, 200) << ex->response().body;
+    // A refusal while preparing still answers its 400 and is recorded.
+    expect_error(*call("POST", "/v1/chat/completions", json{{"messages", {{{"role", "raise"}, {"content", "x"}}}}}),
+                 400, "invalid_value");
+    std::lock_guard lock(mutex_);
+    EXPECT_EQ(rejections_.size(), 1u);
+    return {rendered_on, executor_thread.get_future().get()};
+  }
+
   static ModelEngine* model_;
+  ChatRenderer chat_;  // set before start(): replaces the ChatML renderer
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<api_test::FakeExecutor> executor_;
   std::unique_ptr<ApiServer> api_;
@@ -135,9 +163,6 @@ class ApiServerTest : public ::testing::Test {
 };
 
 ModelEngine* ApiServerTest::model_ = nullptr;
-
-const json kChat = json::parse(R"({"messages": [{"role": "user", "content": "What is the capital of France?"}],
-  "temperature": 0, "max_tokens": 6, "ignore_eos": true})");
 
 }  // namespace
 
@@ -400,6 +425,19 @@ TEST_F(ApiServerTest, ThreeChoicesWhereOnlySomeHitTheStopString) {
   EXPECT_EQ(text, want_text);
   EXPECT_EQ(finish, want_finish);
   EXPECT_EQ(json::parse(frames[frames.size() - 2])["usage"]["completion_tokens"], want_tokens);
+}
+
+// Rendering and tokenizing a long chat prompt takes milliseconds: it runs on the prompt
+// workers, never on the connection's executor (the HTTP I/O thread), unless turned off.
+TEST_F(ApiServerTest, PromptsArePreparedOffTheConnectionsExecutor) {
+  const auto [rendered_on, executor] = render_and_executor_threads(2);
+  EXPECT_NE(rendered_on, std::thread::id());
+  EXPECT_NE(rendered_on, executor);
+}
+
+TEST_F(ApiServerTest, WithoutPromptWorkersPromptsArePreparedOnTheExecutor) {
+  const auto [rendered_on, executor] = render_and_executor_threads(0);
+  EXPECT_EQ(rendered_on, executor);
 }
 
 TEST_F(ApiServerTest, ClientGoneAbortsTheEngineRequest) {
