@@ -64,13 +64,8 @@ TEST(EngineSim, StopTokensAndEosEndAChoice) {
 TEST(EngineSim, BatchingAndPreemptionChangeNoOutput) {
   for (uint32_t seed : {1u, 2u, 3u}) {
     std::mt19937 rng(seed);
-    SimSetup s;
-    s.n_blocks = 40;
-    s.block_size = 4;
-    s.max_num_batched_tokens = 24;
-    s.max_num_seqs = 6;
-    s.max_partial_prefills = 2;
-    s.prefix_caching = seed != 2;
+    SimSetup s{.n_blocks = 40, .block_size = 4, .prefix_caching = seed != 2, .max_num_batched_tokens = 24,
+               .max_num_seqs = 6, .max_partial_prefills = 2};
     SimEngine e(s);
     std::vector<std::pair<RequestId, Request>> reqs;
     int to_submit = 60;
@@ -101,14 +96,8 @@ TEST(EngineSim, BatchingAndPreemptionChangeNoOutput) {
 TEST(EngineSim, RandomWorkloadWithAbortsStaysExactAndLeakFree) {
   std::mt19937 rng(77);
   std::mt19937 finish_rng(78);  // early finishes: the workload's own draws stay as they were
-  SimSetup s;
-  s.n_blocks = 64;
-  s.block_size = 4;
-  s.max_num_batched_tokens = 32;
-  s.max_num_seqs = 8;
-  s.eos = 1;
-  s.eos_one_in = 40;
-  s.policy = SchedulingPolicy::Priority;
+  SimSetup s{.n_blocks = 64, .block_size = 4, .max_num_batched_tokens = 32, .max_num_seqs = 8,
+             .policy = SchedulingPolicy::Priority, .eos = 1, .eos_one_in = 40};
   SimEngine e(s);
   std::vector<std::pair<RequestId, Request>> reqs;
   std::set<RequestId> aborted;
@@ -170,10 +159,7 @@ TEST(EngineSim, RandomWorkloadWithAbortsStaysExactAndLeakFree) {
 }
 
 TEST(EngineSim, ForkedChoicesShareThePromptsBlocksAndMatchSingleRuns) {
-  SimSetup s;
-  s.n_blocks = 64;
-  s.block_size = 16;
-  s.max_num_batched_tokens = 256;
+  SimSetup s{.n_blocks = 64, .block_size = 16, .max_num_batched_tokens = 256};
   SimEngine e(s);
   std::mt19937 rng(5);
   Request r;
@@ -262,11 +248,7 @@ TEST(EngineSim, AFullHitStillComputesTheLastToken) {
 }
 
 TEST(EngineSim, ChunkedPrefillKeepsDecodesGoing) {
-  SimSetup s;
-  s.n_blocks = 400;
-  s.block_size = 16;
-  s.max_num_batched_tokens = 64;
-  s.max_model_len = 4096;
+  SimSetup s{.n_blocks = 400, .block_size = 16, .max_num_batched_tokens = 64, .max_model_len = 4096};
   SimEngine e(s);
   std::mt19937 rng(3);
   const RequestId decode = e.add(greedy_request({1, 2, 3}, 100));
@@ -286,12 +268,8 @@ TEST(EngineSim, ChunkedPrefillKeepsDecodesGoing) {
 }
 
 TEST(EngineSim, PartialPrefillCapLimitsConcurrentChunks) {
-  SimSetup s;
-  s.n_blocks = 400;
-  s.block_size = 16;
-  s.max_num_batched_tokens = 64;
-  s.max_partial_prefills = 1;
-  s.max_model_len = 4096;
+  SimSetup s{.n_blocks = 400, .block_size = 16, .max_num_batched_tokens = 64, .max_partial_prefills = 1,
+             .max_model_len = 4096};
   SimEngine e(s);
   std::mt19937 rng(4);
   const RequestId a = e.add(greedy_request(random_tokens(rng, 200, s.vocab), 2));
@@ -316,11 +294,7 @@ TEST(EngineSim, PartialPrefillCapLimitsConcurrentChunks) {
 }
 
 TEST(EngineSim, FcfsStartsRequestsInArrivalOrderAndNoneStarves) {
-  SimSetup s;
-  s.n_blocks = 30;
-  s.block_size = 4;
-  s.max_num_batched_tokens = 16;
-  s.max_num_seqs = 4;
+  SimSetup s{.n_blocks = 30, .block_size = 4, .max_num_batched_tokens = 16, .max_num_seqs = 4};
   SimEngine e(s);
   std::mt19937 rng(11);
   std::vector<RequestId> ids;
@@ -360,10 +334,7 @@ TEST(EngineSim, PriorityPolicyAdmitsLowerValuesFirst) {
 }
 
 TEST(EngineSim, ValidationRejectsWhatCanNeverRun) {
-  SimSetup s;
-  s.n_blocks = 10;
-  s.block_size = 4;
-  s.max_model_len = 100;
+  SimSetup s{.n_blocks = 10, .block_size = 4, .max_model_len = 100};
   SimEngine e(s);
   const auto reason = [&](const Request& r) {
     auto v = e.core().validate(r);
@@ -469,15 +440,9 @@ TEST(EngineSim, AbortOfEveryStateFreesAtOnce) {
 
 // Scale: tens of thousands of requests through the simulator in well under a second.
 TEST(EngineSim, TwentyThousandRequestsAtScale) {
-  SimSetup s;
-  s.n_blocks = 2048;
-  s.block_size = 16;
-  s.max_num_batched_tokens = 2048;
-  s.max_num_seqs = 128;
-  s.max_model_len = 2048;
-  s.eos = 2;
-  s.eos_one_in = 50;
-  s.check_invariants = false;  // O(requests) a step; checked at the end instead
+  // Invariants are O(requests) a step: checked at the end instead.
+  SimSetup s{.n_blocks = 2048, .block_size = 16, .max_num_batched_tokens = 2048, .max_num_seqs = 128,
+             .max_model_len = 2048, .eos = 2, .eos_one_in = 50, .check_invariants = false};
   SimEngine e(s);
   std::mt19937 rng(21);
   std::vector<int32_t> system_prompt = random_tokens(rng, 64, s.vocab);

@@ -15,13 +15,8 @@ using namespace tessera::testing;
 namespace {
 
 SimSetup swap_setup(int n_blocks, int n_host_blocks) {
-  SimSetup s;
-  s.n_blocks = n_blocks;
-  s.block_size = 4;
-  s.max_num_batched_tokens = 16;
-  s.max_num_seqs = 4;
-  s.preemption = PreemptionMode::Swap;
-  s.n_host_blocks = n_host_blocks;
+  SimSetup s{.n_blocks = n_blocks, .block_size = 4, .max_num_batched_tokens = 16, .max_num_seqs = 4,
+             .preemption = PreemptionMode::Swap, .n_host_blocks = n_host_blocks};
   return s;
 }
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -98,6 +99,19 @@ Request greedy(std::vector<int32_t> prompt, int max_tokens, std::string tenant =
   return r;
 }
 
+// Lets three steps run and reads their events (returned), then calls `action` while step 4
+// is in flight and lets that step finish: the engine handles the action before step 5.
+std::vector<StreamEvent> act_during_fourth_step(GatedExecutor& gate, RequestStream& stream, int events_in_three_steps,
+                                                const std::function<void()>& action) {
+  gate.permit(3);
+  std::vector<StreamEvent> first(events_in_three_steps);
+  for (StreamEvent& e : first) EXPECT_TRUE(stream.next(e));
+  gate.wait_for_step();
+  action();
+  gate.permit(1);
+  return first;
+}
+
 void expect_whole(Engine& engine) {
   engine.stop();
   EXPECT_EQ(engine.internal_error(), "");
@@ -141,15 +155,9 @@ TEST(Engine, AbortTakesEffectWithinOneStep) {
   Engine engine(f.config, gate);
   SubmitResult r = engine.submit(greedy({1, 2, 3}, 500));
   ASSERT_TRUE(r.ok());
-  gate.permit(3);
+  const auto first = act_during_fourth_step(gate, *r.stream, 3, [&] { engine.abort(r.id); });
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(first[i].token, f.reference({1, 2, 3}, 3)[i]);
   StreamEvent e;
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(r.stream->next(e));
-    EXPECT_EQ(e.token, f.reference({1, 2, 3}, 3)[i]);
-  }
-  gate.wait_for_step();  // step 4 is in flight
-  engine.abort(r.id);
-  gate.permit(1);  // step 4 may finish; the abort is handled before step 5
   int tokens_after_abort = 0;
   FinishReason finish = FinishReason::None;
   while (r.stream->next(e)) {
@@ -171,13 +179,10 @@ TEST(Engine, FinishSequenceEndsOneChoiceWithinOneStep) {
   r.n = 2;  // greedy: both choices follow the reference
   SubmitResult s = engine.submit(r);
   ASSERT_TRUE(s.ok());
-  gate.permit(3);  // the prompt and fork, then two decode steps: three tokens each
-  StreamEvent e;
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(s.stream->next(e));
-  gate.wait_for_step();  // step 4 is in flight
-  engine.finish_sequence(s.id, 0, FinishReason::Stop);
-  gate.permit(1);  // step 4 may finish; the early finish is handled before step 5
+  // The prompt and fork, then two decode steps: three tokens for each choice.
+  act_during_fourth_step(gate, *s.stream, 6, [&] { engine.finish_sequence(s.id, 0, FinishReason::Stop); });
   gate.open();
+  StreamEvent e;
   std::vector<int32_t> tokens[2];
   FinishReason finish[2] = {FinishReason::None, FinishReason::None};
   while (s.stream->next(e)) {
