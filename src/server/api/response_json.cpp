@@ -148,7 +148,8 @@ ojson chat_chunk(const std::string& id, int64_t created, const std::string& mode
 
 ojson completion_chunk(const std::string& id, int64_t created, const std::string& model, int index,
                        const std::string& text, ojson logprobs, std::optional<FinishReason> finish) {
-  return chunk_json("text_completion", id, created, model, choice_json(index, "text", text, std::move(logprobs), finish));
+  return chunk_json("text_completion", id, created, model,
+                    choice_json(index, "text", text, std::move(logprobs), finish));
 }
 
 ojson usage_chunk(std::string_view object, const std::string& id, int64_t created, const std::string& model,

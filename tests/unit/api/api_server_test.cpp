@@ -352,7 +352,8 @@ TEST_F(ApiServerTest, ThreeChoicesWhereOnlySomeHitTheStopString) {
   for (int c = 0; c < 3; ++c) texts.push_back(tok().decode(full.tokens[c], true));
 
   // A short ASCII stop string from early in choice 0 that some other choice never writes.
-  const std::string early = tok().decode(std::vector<int32_t>(full.tokens[0].begin(), full.tokens[0].begin() + 8), true);
+  const std::vector<int32_t> first8(full.tokens[0].begin(), full.tokens[0].begin() + 8);
+  const std::string early = tok().decode(first8, true);
   std::string stop;
   for (size_t len = 3; len <= 6 && stop.empty(); ++len)
     for (size_t at = 0; at + len <= early.size() && stop.empty(); ++at) {
@@ -396,7 +397,8 @@ TEST_F(ApiServerTest, ThreeChoicesWhereOnlySomeHitTheStopString) {
     EXPECT_EQ(r["choices"][c]["finish_reason"], want_finish[c]) << "choice " << c;
   }
   EXPECT_EQ(r["usage"]["completion_tokens"], want_tokens);
-  for (int i = 0; i < 500 && engine_->n_in_flight() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500 && engine_->n_in_flight() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   // The stopped choices were ended in the engine: it did not generate all 3 x max_tokens.
   const int64_t generated = engine_->stats().generated_tokens - generated_before;
   EXPECT_GE(generated, want_tokens);

@@ -95,7 +95,8 @@ TEST(EngineSimFinishChoice, ChoicesFinishedBeforeTheForkEndAsItForks) {
   EXPECT_EQ(o.finish[1], FinishReason::Length);
   const std::vector<Logprobs> want = e.reference_logprobs(r, o.tokens[1]);
   ASSERT_EQ(o.logprobs[1].size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) expect_same_logprobs(o.logprobs[1][i], want[i], "token " + std::to_string(i));
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_same_logprobs(o.logprobs[1][i], want[i], "token " + std::to_string(i));
   EXPECT_EQ(e.core().stats().generated_tokens, 20);
   EXPECT_EQ(e.core().stats().scheduled_tokens, 37 + 19);
   e.expect_whole();
