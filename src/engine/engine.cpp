@@ -41,26 +41,35 @@ SubmitResult Engine::submit(Request request, std::function<void()> on_event) {
     }
     result.id = next_id_++;
     ++in_flight_;
-    inbox_.push_back(Message{Message::Kind::Add, result.id, std::move(request), result.stream});
+    inbox_.push_back(
+        Message{Message::Kind::Add, result.id, std::move(request), result.stream, 0, FinishReason::None});
   }
   wake_.notify_one();
   return result;
 }
 
-void Engine::abort(RequestId id) {
+void Engine::post(Message message) {
   {
     std::lock_guard lock(mutex_);
-    if (stop_) return;
-    inbox_.push_back(Message{Message::Kind::Abort, id, {}, nullptr});
+    if (stop_) return;  // stop() aborts everything anyway
+    inbox_.push_back(std::move(message));
   }
   wake_.notify_one();
+}
+
+void Engine::abort(RequestId id) { post(Message{Message::Kind::Abort, id, {}, nullptr, 0, FinishReason::None}); }
+
+void Engine::finish_sequence(RequestId id, int32_t choice, FinishReason reason) {
+  TESSERA_CHECK(reason != FinishReason::None, "engine: finish_sequence of request ", id, " choice ", choice,
+                " needs a finish reason");
+  post(Message{Message::Kind::FinishChoice, id, {}, nullptr, choice, reason});
 }
 
 void Engine::drain(std::chrono::milliseconds timeout) {
   admission_.set_draining(true);
   std::unique_lock lock(mutex_);
   if (!idle_.wait_for(lock, timeout, [&] { return in_flight_ == 0 || stop_; })) {
-    inbox_.push_back(Message{Message::Kind::AbortAll, 0, {}, nullptr});  // out of time
+    inbox_.push_back(Message{Message::Kind::AbortAll, 0, {}, nullptr, 0, FinishReason::None});  // out of time
     wake_.notify_one();
     idle_.wait(lock, [&] { return in_flight_ == 0 || stop_; });
   }
@@ -126,6 +135,11 @@ void Engine::handle(Message& message) {
     }
     case Message::Kind::Abort: {
       auto events = core_.abort(message.id);
+      deliver(events, "");
+      return;
+    }
+    case Message::Kind::FinishChoice: {
+      auto events = core_.finish_choice(message.id, message.choice, message.reason);
       deliver(events, "");
       return;
     }

@@ -50,6 +50,12 @@ class Engine {
   // Thread-safe. Ends the request at the next step boundary; unknown or finished ids are
   // ignored.
   void abort(RequestId id);
+  // Thread-safe. Ends one choice of the request at the next step boundary with `reason`
+  // (not None; FinishReason::Stop for a stop string the server matched): its KV blocks are
+  // freed at once (blocks its siblings share stay theirs), its stream gets the choice's
+  // finish event, and the request ends when its last choice does. Unknown or finished
+  // requests and choices are ignored.
+  void finish_sequence(RequestId id, int32_t choice, FinishReason reason = FinishReason::Stop);
   // Stops admitting (new submits get Draining), waits up to `timeout` for the requests in
   // flight to finish, then aborts the rest. Returns when no request is left.
   void drain(std::chrono::milliseconds timeout);
@@ -69,13 +75,17 @@ class Engine {
   const EngineCore& core() const;
 
  private:
-  // Messages to the engine thread (a plain struct: a request, an abort, or abort-all).
+  // Messages to the engine thread (a plain struct: a request, an abort, one choice's early
+  // finish, or abort-all).
   struct Message {
-    enum class Kind : uint8_t { Add, Abort, AbortAll } kind = Kind::Add;
+    enum class Kind : uint8_t { Add, Abort, FinishChoice, AbortAll } kind = Kind::Add;
     RequestId id = 0;
     Request request;
     std::shared_ptr<RequestStream> stream;
+    int32_t choice = 0;                        // FinishChoice
+    FinishReason reason = FinishReason::None;  // FinishChoice
   };
+  void post(Message message);
   struct Live {
     std::shared_ptr<RequestStream> stream;
     std::string tenant;

@@ -91,6 +91,7 @@ void EngineCore::add(RequestId id, const Request& r) {
   sr.prefix_root = prefix_root_hash({config_.model_fingerprint, r.adapter_id, r.tenant_salt});
   sr.prompt_logits = r.prompt_logprobs >= 0;
   const SeqId first = scheduler_.add(std::move(sr));
+  awaiting_first_token_[id] = static_cast<int32_t>(r.prompt.size());
   if (r.logprobs || r.prompt_logprobs >= 0)
     extras_[id] = Extras{r.logprobs, r.prompt_logprobs, static_cast<int32_t>(r.prompt.size()), {}, false};
   for (int c = 0; c < r.n; ++c) {
@@ -102,10 +103,17 @@ void EngineCore::add(RequestId id, const Request& r) {
 
 void EngineCore::forget_finished(const std::vector<SeqEvent>& events) {
   for (const SeqEvent& e : events) {
-    if (e.token >= 0) ++counters_.generated_tokens;
+    if (e.token >= 0) {
+      ++counters_.generated_tokens;
+      if (const auto it = awaiting_first_token_.find(e.request); it != awaiting_first_token_.end()) {
+        counters_.prompt_tokens += it->second;  // the prefill is complete
+        awaiting_first_token_.erase(it);
+      }
+    }
     if (e.finish != FinishReason::None) executor_.remove_sequence(e.seq);
     if (e.request_done) {
       extras_.erase(e.request);
+      awaiting_first_token_.erase(e.request);  // ended before its first token
       // A request counts by how its last choice ended (an abort or error ends all that are left).
       if (e.finish == FinishReason::Error)
         ++counters_.requests_failed;
@@ -119,6 +127,12 @@ void EngineCore::forget_finished(const std::vector<SeqEvent>& events) {
 
 std::vector<SeqEvent> EngineCore::abort(RequestId id, FinishReason reason) {
   auto events = scheduler_.abort(id, reason);
+  forget_finished(events);
+  return events;
+}
+
+std::vector<SeqEvent> EngineCore::finish_choice(RequestId id, int32_t choice, FinishReason reason) {
+  auto events = scheduler_.finish_choice(id, choice, reason);
   forget_finished(events);
   return events;
 }
@@ -185,7 +199,9 @@ void EngineCore::attach_logprobs(std::vector<SeqEvent>& events) const {
                     " got a token before its prompt logprobs were complete");
     if (!samples_[i].logprobs) continue;
     TESSERA_CHECK(next < output_.logprobs.size(), "engine: executor returned too few logprobs");
-    events[i].logprobs = output_.logprobs[next++];
+    // A choice finished before its fork drops its sampled token, and the token's logprobs.
+    if (events[i].token >= 0) events[i].logprobs = output_.logprobs[next];
+    ++next;
   }
   TESSERA_CHECK(next == output_.logprobs.size(), "engine: executor returned ", output_.logprobs.size(),
                 " logprobs for ", next, " requested");
@@ -252,10 +268,12 @@ void EngineCore::check_invariants() const {
                 executor_.n_sequences(), " sequences for ", scheduler_.n_live_choices(), " live choices");
   for (const auto& [id, x] : extras_)
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: logprob state left for ended request ", id);
+  for (const auto& [id, n] : awaiting_first_token_)
+    TESSERA_CHECK(scheduler_.contains(id), "engine invariant: prompt count left for ended request ", id);
 }
 
 bool EngineCore::is_idle() const {
-  return scheduler_.is_idle() && executor_.n_sequences() == 0 && extras_.empty();
+  return scheduler_.is_idle() && executor_.n_sequences() == 0 && extras_.empty() && awaiting_first_token_.empty();
 }
 
 }  // namespace tessera

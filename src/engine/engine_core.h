@@ -35,6 +35,9 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t scheduled_tokens = 0;
   int64_t generated_tokens = 0;
+  // Prompt tokens of requests whose prefill completed, counted once per request at its
+  // first sampled token (vLLM's prompt_tokens_total: the whole prompt, cached or not).
+  int64_t prompt_tokens = 0;
   int64_t preemptions = 0;       // recompute and swap
   int64_t swaps_out = 0;         // sequences preempted by swapping their KV to the host tier
   int64_t swaps_in = 0;          // sequences whose KV came back
@@ -89,6 +92,9 @@ class EngineCore {
   // Ends the request's choices now (FinishReason::Abort) and frees its KV.
   std::vector<SeqEvent> abort(RequestId id, FinishReason reason = FinishReason::Abort);
   std::vector<SeqEvent> abort_all(FinishReason reason = FinishReason::Abort);
+  // Ends one choice of a request now (e.g. FinishReason::Stop on a stop string the server
+  // matched) and frees its KV; its siblings carry on. See Scheduler::finish_choice.
+  std::vector<SeqEvent> finish_choice(RequestId id, int32_t choice, FinishReason reason);
   // One step: schedule, build the batch, execute, sample, update. Nothing when idle.
   StepResult step();
   bool has_work() const { return scheduler_.has_work(); }
@@ -126,6 +132,7 @@ class EngineCore {
   std::vector<RequestId> prompt_target_owner_;  // [prompt_targets_]
   StepOutput output_;
   std::unordered_map<RequestId, Extras> extras_;
+  std::unordered_map<RequestId, int32_t> awaiting_first_token_;  // request -> prompt length
   EngineStats counters_;
 };
 

@@ -370,9 +370,16 @@ void Scheduler::fork(SeqHandle parent_handle, std::span<const int32_t> tokens, s
     running_.insert({child.key, h});
   }
   // Append after every child exists, so a child finishing at once does not free the
-  // request before its siblings are made.
+  // request before its siblings are made. Choices finished early (finish_choice before the
+  // fork) end here instead, dropping their token.
   const std::vector<SeqHandle> handles = r.seqs;
-  for (int c = 0; c < static_cast<int>(handles.size()); ++c) append_token(slots_[handles[c]], tokens[c], events);
+  const std::vector<FinishReason> early = std::move(r.finish_at_fork);
+  for (int c = 0; c < static_cast<int>(handles.size()); ++c) {
+    if (!early.empty() && early[c] != FinishReason::None)
+      finish(slots_[handles[c]], early[c], events, -1);
+    else
+      append_token(slots_[handles[c]], tokens[c], events);
+  }
 }
 
 FinishReason Scheduler::stop_reason(const Sequence& s, const StopCriteria& stop, int32_t token) const {
@@ -432,6 +439,27 @@ std::vector<SeqEvent> Scheduler::abort(RequestId id, FinishReason reason) {
     }
     if (!requests_.count(id)) break;
   }
+  return events;
+}
+
+std::vector<SeqEvent> Scheduler::finish_choice(RequestId id, int32_t choice, FinishReason reason) {
+  TESSERA_CHECK(reason != FinishReason::None, "scheduler: finishing choice ", choice, " of request ", id,
+                " without a reason");
+  std::vector<SeqEvent> events;
+  const auto it = requests_.find(id);
+  if (it == requests_.end()) return events;
+  RequestState& r = it->second;
+  if (choice < 0 || choice >= r.spec.n) return events;
+  if (r.spec.n > 1 && !r.forked) {
+    // Choice 0's sequence is still computing the prompt every choice shares.
+    if (r.finish_at_fork.empty()) r.finish_at_fork.assign(r.spec.n, FinishReason::None);
+    if (r.finish_at_fork[choice] == FinishReason::None) r.finish_at_fork[choice] = reason;
+    return events;
+  }
+  const SeqHandle h = r.seqs[choice];
+  if (h == UINT32_MAX) return events;  // already ended
+  ++version_;
+  finish(slots_[h], reason, events, -1);
   return events;
 }
 

@@ -131,6 +131,12 @@ class Scheduler {
   SeqId add(SchedRequest request);
   // Ends every choice of the request now, freeing its KV. Unknown (finished) ids: no events.
   std::vector<SeqEvent> abort(RequestId id, FinishReason reason = FinishReason::Abort);
+  // Ends one choice now with `reason` (not None), freeing its KV; the other choices carry
+  // on, sharing their blocks as before, and the request ends with its last choice. A
+  // choice of an n > 1 request not yet forked ends as it forks (its sampled token dropped),
+  // so the prompt the siblings need is computed first. Unknown requests, choices out of
+  // range and choices already ended: no events.
+  std::vector<SeqEvent> finish_choice(RequestId id, int32_t choice, FinishReason reason);
   bool contains(RequestId id) const { return requests_.count(id) != 0; }
   std::vector<RequestId> request_ids() const;
 
@@ -168,6 +174,7 @@ class Scheduler {
     bool started = false;
     uint64_t arrival = 0;
     int32_t prompt_rows_next = 0;    // prompt logits: first position whose row is still needed
+    std::vector<FinishReason> finish_at_fork;  // [n] finish_choice() before the fork, or empty
   };
   using QueueEntry = std::pair<OrderKey, SeqHandle>;
 

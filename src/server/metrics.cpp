@@ -188,7 +188,6 @@ struct ServerMetrics::Impl {
   const std::string model_name;
 
   mutable std::mutex mutex;  // guards everything below
-  int64_t prompt_tokens_total = 0;
   std::map<FinishReason, uint64_t> success;               // per finish reason
   std::map<std::pair<int, std::string>, uint64_t> rejected;  // (status, reason) -> count
   Histogram request_prompt_tokens;
@@ -216,7 +215,6 @@ ServerMetrics::~ServerMetrics() = default;
 void ServerMetrics::record(const RequestRecord& r) {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
-  m.prompt_tokens_total += std::max<int64_t>(r.prompt_tokens, 0);
   if (r.finish != FinishReason::None) ++m.success[r.finish];
   m.request_prompt_tokens.observe(static_cast<double>(r.prompt_tokens));
   m.request_generation_tokens.observe(static_cast<double>(r.generation_tokens));
@@ -260,11 +258,14 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   w.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
             static_cast<double>(engine.preemptions));
 
-  std::lock_guard lock(m.mutex);
+  // Token counters as they happen (vLLM counts them per engine step): prompt tokens when a
+  // request's prefill completes, generation tokens as they are sampled.
   w.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
-            static_cast<double>(m.prompt_tokens_total));
+            static_cast<double>(engine.prompt_tokens));
   w.counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
             static_cast<double>(engine.generated_tokens));
+
+  std::lock_guard lock(m.mutex);
 
   w.family("vllm:request_success_total", "counter", "Count of successfully processed requests.");
   for (FinishReason reason : kSuccessReasons) {
@@ -274,29 +275,33 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
              it == m.success.end() ? 0.0 : static_cast<double>(it->second));
   }
 
-  w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.request_prompt_tokens);
-  w.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
-              m.request_generation_tokens);
-  w.histogram("vllm:request_params_n", "Histogram of the n request parameter.", m.request_params_n);
-  w.histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-              m.request_params_max_tokens);
-  w.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-              m.time_to_first_token);
-  w.histogram("vllm:time_per_output_token_seconds",
-              "Histogram of time per output token in seconds. "
-              "DEPRECATED: Use vllm:inter_token_latency_seconds instead.",
-              m.inter_token_latency);
-  w.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-              m.inter_token_latency);
-  w.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", m.e2e_latency);
-  w.histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-              m.queue_time);
-  w.histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
-              m.inference_time);
-  w.histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-              m.prefill_time);
-  w.histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-              m.decode_time);
+  // vLLM's histograms, in its order. The deprecated time_per_output_token shares the
+  // inter-token observations.
+  struct HistogramFamily {
+    const char* name;
+    const char* help;
+    Histogram Impl::*values;
+  };
+  static constexpr HistogramFamily kHistograms[] = {
+      {"vllm:request_prompt_tokens", "Number of prefill tokens processed.", &Impl::request_prompt_tokens},
+      {"vllm:request_generation_tokens", "Number of generation tokens processed.", &Impl::request_generation_tokens},
+      {"vllm:request_params_n", "Histogram of the n request parameter.", &Impl::request_params_n},
+      {"vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+       &Impl::request_params_max_tokens},
+      {"vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &Impl::time_to_first_token},
+      {"vllm:time_per_output_token_seconds",
+       "Histogram of time per output token in seconds. DEPRECATED: Use vllm:inter_token_latency_seconds instead.",
+       &Impl::inter_token_latency},
+      {"vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &Impl::inter_token_latency},
+      {"vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &Impl::e2e_latency},
+      {"vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &Impl::queue_time},
+      {"vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+       &Impl::inference_time},
+      {"vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+       &Impl::prefill_time},
+      {"vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", &Impl::decode_time},
+  };
+  for (const HistogramFamily& h : kHistograms) w.histogram(h.name, h.help, m.*h.values);
 
   // tessera's own: refusals before the engine (400/429/503...), by status and reason.
   w.family("tessera:requests_rejected_total", "counter",

@@ -1,7 +1,8 @@
 #pragma once
 // Prometheus metrics under vLLM's names, so existing dashboards work unchanged. The API
-// layer reports each finished request once; engine gauges and counters are read from
-// EngineStats when /metrics is scraped. Contract: docs/design/metrics.md.
+// layer reports each finished request once (histograms, success counts); engine gauges and
+// counters, the token totals among them, are read from EngineStats when /metrics is
+// scraped, so they move while a request runs. Contract: docs/design/metrics.md.
 #include <chrono>
 #include <cstdint>
 #include <memory>

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import requests
+from conftest import tokenize
 from prometheus_client.parser import text_string_to_metric_families
 
 # Family names as prometheus_client's parser reports them (counters lose "_total").
@@ -99,6 +100,43 @@ def test_counters_follow_a_known_request(server, model_id, openai_client):
     ttft = delta("vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_sum")
     e2e = delta("vllm:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds_sum")
     assert 0 < ttft <= e2e < 60
+
+
+def test_token_counters_move_while_a_request_streams(server, model_id, openai_client):
+    """vLLM counts prompt tokens when prefill completes and generation tokens every step, so a
+    dashboard's rate() is right during a long request; the per-request histograms wait for its end."""
+    wait_idle(server)
+    prompt = "Write a long story about a lighthouse keeper."
+    n_prompt = tokenize(server, model_id, prompt=prompt)["count"]
+    before = scrape(server)
+
+    def delta(families, family, sample):
+        return sample_value(families, family, sample) - sample_value(before, family, sample)
+
+    stream = openai_client.completions.create(model=model_id, prompt=prompt, max_tokens=400, temperature=0,
+                                              stream=True, extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    for _ in range(2):
+        next(chunks)
+    during = scrape(server)
+    assert sample_value(during, "vllm:num_requests_running", "vllm:num_requests_running") == 1
+    assert delta(during, "vllm:prompt_tokens", "vllm:prompt_tokens_total") == n_prompt
+    generated = delta(during, "vllm:generation_tokens", "vllm:generation_tokens_total")
+    assert generated >= 2
+    count = "vllm:e2e_request_latency_seconds_count"
+    assert delta(during, "vllm:e2e_request_latency_seconds", count) == 0  # histograms: at the end
+    assert delta(during, "vllm:request_prompt_tokens", "vllm:request_prompt_tokens_count") == 0
+
+    time.sleep(0.3)
+    later = scrape(server)
+    assert sample_value(later, "vllm:num_requests_running", "vllm:num_requests_running") == 1
+    assert delta(later, "vllm:generation_tokens", "vllm:generation_tokens_total") > generated
+    assert delta(later, "vllm:prompt_tokens", "vllm:prompt_tokens_total") == n_prompt
+
+    stream.close()  # the client goes: the request is aborted
+    after = wait_idle(server)
+    assert delta(after, "vllm:prompt_tokens", "vllm:prompt_tokens_total") == n_prompt  # not counted again
+    assert delta(after, "vllm:e2e_request_latency_seconds", count) == 1
 
 
 def test_idle_server_shows_no_work(server):

@@ -42,15 +42,22 @@ def test_page_is_served_as_html(server):
     assert "http://" not in r.text and "https://" not in r.text
 
 
-def test_chat_streams_an_answer_with_figures(server, model_id, browser):
+def open_chat_page(server, model_id, browser):
+    """Loads / and waits for the model list (from /v1/models); returns a 60 s waiter."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(server.url("/"))
     wait = WebDriverWait(browser, 60)
-    # The model list comes from /v1/models.
     wait.until(lambda b: b.find_element(By.ID, "model").get_attribute("value") == model_id)
+    return wait
+
+
+def test_chat_streams_an_answer_with_figures(server, model_id, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    wait = open_chat_page(server, model_id, browser)
 
     max_tokens = browser.find_element(By.ID, "max_tokens")
     max_tokens.clear()
@@ -84,11 +91,8 @@ def test_chat_streams_an_answer_with_figures(server, model_id, browser):
 
 def test_errors_from_the_server_are_shown(server, model_id, browser):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    browser.get(server.url("/"))
-    wait = WebDriverWait(browser, 60)
-    wait.until(lambda b: b.find_element(By.ID, "model").get_attribute("value") == model_id)
+    wait = open_chat_page(server, model_id, browser)
     # A temperature the API refuses: the OpenAI error body is shown, naming the parameter.
     temperature = browser.find_element(By.ID, "temperature")
     temperature.clear()

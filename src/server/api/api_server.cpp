@@ -71,6 +71,7 @@ ApiServer::ApiServer(Engine& engine, ServedModel model, ApiServerOptions options
     : engine_(engine), model_(std::move(model)), options_(std::move(options)) {
   TESSERA_CHECK(model_.tokenizer != nullptr, "api: the served model has no tokenizer");
   if (model_.created == 0) model_.created = unix_now();
+  if (options_.prompt_threads > 0) prompt_workers_ = std::make_unique<PromptWorkers>(options_.prompt_threads);
 }
 
 void ApiServer::handle(std::shared_ptr<http::Exchange> exchange) {
@@ -156,12 +157,40 @@ std::optional<http::Response> ApiServer::filter_headers(const http::Request& req
 }
 
 void ApiServer::generate(const std::shared_ptr<http::Exchange>& exchange, Endpoint endpoint, const Tenant& tenant) {
+  if (draining()) {
+    if (options_.hooks.record_rejection) options_.hooks.record_rejection(503, "server_draining");
+    throw ApiError(503, "the server is shutting down and admits no new requests", "service_unavailable_error",
+                   std::nullopt, "server_draining", {{"Retry-After", "5"}});
+  }
+  if (!prompt_workers_) {
+    Generation::start(exchange, engine_, model_, options_.hooks, prepare(exchange->request(), endpoint, tenant));
+    return;
+  }
+  // Counted as live from here, so shutdown waits for requests still being prepared.
+  options_.hooks.live->fetch_add(1);
+  prompt_workers_->submit([this, exchange, endpoint, tenant] {
+    std::function<void()> then;  // back on the connection's executor
+    try {
+      then = [this, exchange, plan = prepare(exchange->request(), endpoint, tenant)]() mutable {
+        Generation::start(exchange, engine_, model_, options_.hooks, std::move(plan));
+      };
+    } catch (const ApiError& e) {
+      then = [exchange, e] { exchange->respond(error_response(e)); };
+    } catch (const std::exception& e) {
+      const ApiError error(500, std::string("internal error: ") + e.what(), "server_error", std::nullopt, std::nullopt);
+      then = [exchange, error] { exchange->respond(error_response(error)); };
+    }
+    exchange->post([live = options_.hooks.live, then = std::move(then)] {
+      then();
+      live->fetch_sub(1);
+    });
+  });
+}
+
+GenerationPlan ApiServer::prepare(const http::Request& request, Endpoint endpoint, const Tenant& tenant) const {
   GenerationPlan plan;
   try {
-    if (draining())
-      throw ApiError(503, "the server is shutting down and admits no new requests", "service_unavailable_error",
-                     std::nullopt, "server_draining", {{"Retry-After", "5"}});
-    const json body = parse_json_body(exchange->request().body);
+    const json body = parse_json_body(request.body);
     plan = endpoint == Endpoint::Chat ? parse_chat_request(body, model_) : parse_completion_request(body, model_);
   } catch (const ApiError& e) {
     if (options_.hooks.record_rejection) options_.hooks.record_rejection(e.status, e.code.value_or("invalid_request"));
@@ -171,7 +200,7 @@ void ApiServer::generate(const std::shared_ptr<http::Exchange>& exchange, Endpoi
   plan.tenant_salt = tenant.salt;
   plan.id = random_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
   plan.created = unix_now();
-  Generation::start(exchange, engine_, model_, options_.hooks, std::move(plan));
+  return plan;
 }
 
 http::Response ApiServer::health(bool ready) const {

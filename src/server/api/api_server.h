@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "server/api/auth.h"
 #include "server/api/generation.h"
+#include "server/api/prompt_workers.h"
 #include "server/api/served_model.h"
 #include "server/http/exchange.h"
 
@@ -23,6 +24,9 @@ struct ApiServerOptions {
   std::string chat_page_html;                   // GET /; empty: 404
   std::function<std::string()> render_metrics;  // GET /metrics (Prometheus text); empty: 404
   ApiHooks hooks;                               // metrics of finished and refused requests
+  // Threads that parse, render and tokenize generation requests off the I/O threads
+  // (PromptWorkers); 0: on the connection's executor.
+  int prompt_threads = 2;
 };
 
 class ApiServer {
@@ -57,6 +61,9 @@ class ApiServer {
   // The caller's tenant, or the 401 to answer (recorded as a rejection).
   Tenant authenticate(const http::Request& request) const;
   void generate(const std::shared_ptr<http::Exchange>& exchange, Endpoint endpoint, const Tenant& tenant);
+  // The body as a plan (parsed, rendered, tokenized): any thread. Throws ApiError, recorded
+  // as a rejection.
+  GenerationPlan prepare(const http::Request& request, Endpoint endpoint, const Tenant& tenant) const;
   http::Response health(bool ready) const;
   http::Response models() const;
   http::Response model_by_id(std::string_view id) const;
@@ -67,6 +74,7 @@ class ApiServer {
   ServedModel model_;
   ApiServerOptions options_;
   std::atomic<bool> draining_{false};
+  std::unique_ptr<PromptWorkers> prompt_workers_;  // last: joined first, while the rest is alive
 };
 
 // A fresh id: prefix + 32 random hex digits ("chatcmpl-...").

@@ -123,6 +123,9 @@ void Generation::handle(size_t part_index, const StreamEvent& e, Clock::time_poi
       else ch.chat_logprobs.push_back(*e.logprobs);
     }
     if (ch.output.stopped()) {
+      // The engine would go on generating this choice: end it there too, freeing its KV
+      // (its siblings carry on).
+      if (e.finish == FinishReason::None) engine_.finish_sequence(part.id, e.choice, FinishReason::Stop);
       close_choice(ch, index, FinishReason::Stop, std::move(text));
       return;
     }
@@ -154,24 +157,13 @@ void Generation::begin_choice(Choice& ch, int index) {
 
 void Generation::release(Choice& ch, int index, std::string text, std::optional<FinishReason> finish) {
   if (abandoned_) return;
-  const GenerationOptions& o = plan_.options;
-  if (!o.stream) {
+  if (!plan_.options.stream) {
     ch.text += text;
     return;
   }
   if (text.empty() && !finish) return;  // logprobs wait for the text they belong to
-  const bool chat = plan_.endpoint == Endpoint::Chat;
-  ojson logprobs = nullptr;
-  if (o.logprobs) {
-    if (chat) {
-      logprobs = chat_logprobs_json(*model_.tokenizer, ch.chat_logprobs, o.skip_special_tokens);
-      ch.chat_logprobs.clear();
-    } else {
-      logprobs = ch.completion_logprobs->json();
-      ch.completion_logprobs->clear_entries();
-    }
-  }
-  if (chat) {
+  ojson logprobs = take_logprobs(ch);
+  if (plan_.endpoint == Endpoint::Chat) {
     ojson delta = ojson::object();
     if (!text.empty()) delta["content"] = text;
     exchange_->write(sse_event(chat_chunk(plan_.id, plan_.created, model_.name, index, std::move(delta),
@@ -182,21 +174,28 @@ void Generation::release(Choice& ch, int index, std::string text, std::optional<
   }
 }
 
+ojson Generation::take_logprobs(Choice& ch) {
+  if (!plan_.options.logprobs) return nullptr;
+  if (ch.completion_logprobs) {
+    ojson j = ch.completion_logprobs->json();
+    ch.completion_logprobs->clear_entries();
+    return j;
+  }
+  ojson j = chat_logprobs_json(*model_.tokenizer, ch.chat_logprobs, plan_.options.skip_special_tokens);
+  ch.chat_logprobs.clear();
+  return j;
+}
+
 void Generation::close_choice(Choice& ch, int index, FinishReason finish, std::string text) {
   ch.done = true;
   ch.finish = finish;
   release(ch, index, std::move(text), finish);
+  // Every choice of this prompt is over: the engine request ends with its last choice (a
+  // choice stopped on a stop string was finished in the engine by handle()).
   const size_t p = ch.part;
   const int n = n_per_prompt();
   for (int c = 0; c < n; ++c)
     if (!choices_[p * n + c].done) return;
-  // Every choice of this prompt is over. If the engine is still generating (stop strings),
-  // end it now rather than compute tokens nobody will see.
-  Part& part = parts_[p];
-  if (!part.stream->closed() && !part.abort_sent) {
-    engine_.abort(part.id);
-    part.abort_sent = true;
-  }
   record_part(p);
 }
 
@@ -295,15 +294,9 @@ void Generation::finish_response() {
   for (size_t i = 0; i < choices_.size(); ++i) {
     Choice& ch = choices_[i];
     const int index = static_cast<int>(i);
-    if (chat) {
-      ojson lp = plan_.options.logprobs
-                     ? chat_logprobs_json(*model_.tokenizer, ch.chat_logprobs, plan_.options.skip_special_tokens)
-                     : ojson(nullptr);
-      choices.push_back(chat_choice(index, ch.text, std::move(lp), ch.finish));
-    } else {
-      ojson lp = ch.completion_logprobs ? ch.completion_logprobs->json() : ojson(nullptr);
-      choices.push_back(completion_choice(index, ch.text, std::move(lp), ch.finish));
-    }
+    ojson lp = take_logprobs(ch);
+    choices.push_back(chat ? chat_choice(index, ch.text, std::move(lp), ch.finish)
+                           : completion_choice(index, ch.text, std::move(lp), ch.finish));
   }
   const ojson body = chat ? chat_response(plan_.id, plan_.created, model_.name, std::move(choices), u)
                           : completion_response(plan_.id, plan_.created, model_.name, std::move(choices), u);

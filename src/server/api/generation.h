@@ -3,8 +3,9 @@
 // It submits one engine request per prompt (n choices each), then, every time the engine
 // reports events (RequestStream's on_event, on the engine thread), posts a drain onto the
 // connection's executor, so detokenizing, stop strings and JSON never run on the engine
-// thread. It writes SSE chunks as text is released, or one JSON response at the end, aborts
-// the engine request once every choice has stopped on a stop string or the client has gone
+// thread. It writes SSE chunks as text is released, or one JSON response at the end, ends a
+// choice in the engine as soon as it stops on a stop string (Engine::finish_sequence; its
+// siblings carry on), aborts the engine requests when the client has gone
 // (Exchange::on_abandon), and reports each engine request to the metrics when it ends.
 //
 // All member functions run on the exchange's executor (Exchange::post), one at a time.
@@ -99,6 +100,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void begin_choice(Choice& choice, int index);
   void release(Choice& choice, int index, std::string text, std::optional<FinishReason> finish);
   void close_choice(Choice& choice, int index, FinishReason finish, std::string text);
+  // The choice's logprobs not yet sent, as its endpoint writes them (null without logprobs).
+  ojson take_logprobs(Choice& choice);
   void on_abandon();
   void after_change();
   void record_part(size_t part_index);

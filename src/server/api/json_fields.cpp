@@ -87,27 +87,26 @@ std::optional<int64_t> Fields::integer(std::string_view key, int64_t lo, int64_t
   return x;
 }
 
-std::optional<double> Fields::number(std::string_view key) const {
+const json* Fields::get_typed(std::string_view key, bool (json::*is_type)() const noexcept, const char* what) const {
   const json* v = get(key);
-  if (!v) return std::nullopt;
-  if (!v->is_number())
-    invalid_param(name(key), "invalid_type", "'", name(key), "' must be a number, got ", json_type_name(*v));
-  return v->get<double>();
+  if (v && !(v->*is_type)())
+    invalid_param(name(key), "invalid_type", "'", name(key), "' must be ", what, ", got ", json_type_name(*v));
+  return v;
+}
+
+std::optional<double> Fields::number(std::string_view key) const {
+  const json* v = get_typed(key, &json::is_number, "a number");
+  return v ? std::optional<double>(v->get<double>()) : std::nullopt;
 }
 
 std::optional<bool> Fields::boolean(std::string_view key) const {
-  const json* v = get(key);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean())
-    invalid_param(name(key), "invalid_type", "'", name(key), "' must be a boolean, got ", json_type_name(*v));
-  return v->get<bool>();
+  const json* v = get_typed(key, &json::is_boolean, "a boolean");
+  return v ? std::optional<bool>(v->get<bool>()) : std::nullopt;
 }
 
 std::optional<std::string> Fields::string(std::string_view key, size_t max_bytes) const {
-  const json* v = get(key);
+  const json* v = get_typed(key, &json::is_string, "a string");
   if (!v) return std::nullopt;
-  if (!v->is_string())
-    invalid_param(name(key), "invalid_type", "'", name(key), "' must be a string, got ", json_type_name(*v));
   std::string s = v->get<std::string>();
   check_text(s, name(key), max_bytes);
   return s;

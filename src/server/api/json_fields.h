@@ -41,6 +41,9 @@ class Fields {
   std::string name(std::string_view key) const { return prefix_ + std::string(key); }
 
  private:
+  // The value, nullptr when absent or null; a 400 "must be <what>" when is_type rejects it.
+  const json* get_typed(std::string_view key, bool (json::*is_type)() const noexcept, const char* what) const;
+
   const json& object_;
   std::string prefix_;
 };

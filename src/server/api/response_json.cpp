@@ -35,11 +35,34 @@ ojson finish_json(std::optional<FinishReason> finish) {
 }
 
 ojson response_head(std::string_view object, const std::string& id, int64_t created, const std::string& model) {
-  ojson r;
-  r["id"] = id;
-  r["object"] = object;
-  r["created"] = created;
-  r["model"] = model;
+  return ojson{{"id", id}, {"object", std::string(object)}, {"created", created}, {"model", model}};
+}
+
+// One choice of any endpoint: {"index", <key>: content, "logprobs", "finish_reason"}, where
+// key is "text" (completions), "message" (chat) or "delta" (chat chunks).
+ojson choice_json(int index, const char* key, ojson content, ojson logprobs, std::optional<FinishReason> finish) {
+  ojson c;
+  c["index"] = index;
+  c[key] = std::move(content);
+  c["logprobs"] = std::move(logprobs);
+  c["finish_reason"] = finish_json(finish);
+  return c;
+}
+
+// A streamed chunk: the head and one choice.
+ojson chunk_json(std::string_view object, const std::string& id, int64_t created, const std::string& model,
+                 ojson choice) {
+  ojson r = response_head(object, id, created, model);
+  r["choices"] = ojson::array({std::move(choice)});
+  return r;
+}
+
+// A complete response, or the final usage chunk (no choices): the head, choices and usage.
+ojson body_json(std::string_view object, const std::string& id, int64_t created, const std::string& model,
+                ojson choices, const Usage& usage) {
+  ojson r = response_head(object, id, created, model);
+  r["choices"] = std::move(choices);
+  r["usage"] = usage_json(usage);
   return r;
 }
 
@@ -66,21 +89,19 @@ std::string token_string(const Tokenizer& tok, int32_t id, bool skip_special) {
 }
 
 ojson chat_logprobs_json(const Tokenizer& tok, std::span<const Logprobs> entries, bool skip_special) {
-  auto piece = [&](int32_t id) { return skipped(tok, id, skip_special) ? std::string_view() : tok.token_piece(id); };
+  // {"token", "logprob", "bytes"}: the chosen token's entry and each alternative's alike.
+  auto token_json = [&](const TokenLogprob& t) {
+    ojson e;
+    e["token"] = token_string(tok, t.token, skip_special);
+    e["logprob"] = clamp_logprob(t.logprob);
+    e["bytes"] = bytes_json(skipped(tok, t.token, skip_special) ? std::string_view() : tok.token_piece(t.token));
+    return e;
+  };
   ojson content = ojson::array();
   for (const Logprobs& lp : entries) {
-    ojson e;
-    e["token"] = token_string(tok, lp.chosen.token, skip_special);
-    e["logprob"] = clamp_logprob(lp.chosen.logprob);
-    e["bytes"] = bytes_json(piece(lp.chosen.token));
+    ojson e = token_json(lp.chosen);
     ojson top = ojson::array();
-    for (const TokenLogprob& t : lp.top) {
-      ojson te;
-      te["token"] = token_string(tok, t.token, skip_special);
-      te["logprob"] = clamp_logprob(t.logprob);
-      te["bytes"] = bytes_json(piece(t.token));
-      top.push_back(std::move(te));
-    }
+    for (const TokenLogprob& t : lp.top) top.push_back(token_json(t));
     e["top_logprobs"] = std::move(top);
     content.push_back(std::move(e));
   }
@@ -106,12 +127,10 @@ void CompletionLogprobs::add(int32_t token, const Logprobs* lp) {
 }
 
 ojson CompletionLogprobs::json() const {
-  ojson j;
-  j["tokens"] = tokens_;
-  j["token_logprobs"] = token_logprobs_;
-  j["top_logprobs"] = top_logprobs_;
-  j["text_offset"] = text_offset_;
-  return j;
+  return ojson{{"tokens", tokens_},
+               {"token_logprobs", token_logprobs_},
+               {"top_logprobs", top_logprobs_},
+               {"text_offset", text_offset_}};
 }
 
 void CompletionLogprobs::clear_entries() {
@@ -123,68 +142,38 @@ void CompletionLogprobs::clear_entries() {
 
 ojson chat_chunk(const std::string& id, int64_t created, const std::string& model, int index, ojson delta,
                  ojson logprobs, std::optional<FinishReason> finish) {
-  ojson r = response_head("chat.completion.chunk", id, created, model);
-  ojson choice;
-  choice["index"] = index;
-  choice["delta"] = std::move(delta);
-  choice["logprobs"] = std::move(logprobs);
-  choice["finish_reason"] = finish_json(finish);
-  r["choices"] = ojson::array({std::move(choice)});
-  return r;
+  return chunk_json("chat.completion.chunk", id, created, model,
+                    choice_json(index, "delta", std::move(delta), std::move(logprobs), finish));
 }
 
 ojson completion_chunk(const std::string& id, int64_t created, const std::string& model, int index,
                        const std::string& text, ojson logprobs, std::optional<FinishReason> finish) {
-  ojson r = response_head("text_completion", id, created, model);
-  ojson choice;
-  choice["index"] = index;
-  choice["text"] = text;
-  choice["logprobs"] = std::move(logprobs);
-  choice["finish_reason"] = finish_json(finish);
-  r["choices"] = ojson::array({std::move(choice)});
-  return r;
+  return chunk_json("text_completion", id, created, model,
+                    choice_json(index, "text", text, std::move(logprobs), finish));
 }
 
 ojson usage_chunk(std::string_view object, const std::string& id, int64_t created, const std::string& model,
                   const Usage& usage) {
-  ojson r = response_head(object, id, created, model);
-  r["choices"] = ojson::array();
-  r["usage"] = usage_json(usage);
-  return r;
+  return body_json(object, id, created, model, ojson::array(), usage);
 }
 
 ojson chat_choice(int index, const std::string& content, ojson logprobs, FinishReason finish) {
-  ojson c;
-  c["index"] = index;
-  c["message"] = ojson{{"role", "assistant"}, {"content", content}};
-  c["logprobs"] = std::move(logprobs);
-  c["finish_reason"] = finish_json(finish);
-  return c;
+  return choice_json(index, "message", ojson{{"role", "assistant"}, {"content", content}}, std::move(logprobs),
+                     finish);
 }
 
 ojson completion_choice(int index, const std::string& text, ojson logprobs, FinishReason finish) {
-  ojson c;
-  c["index"] = index;
-  c["text"] = text;
-  c["logprobs"] = std::move(logprobs);
-  c["finish_reason"] = finish_json(finish);
-  return c;
+  return choice_json(index, "text", text, std::move(logprobs), finish);
 }
 
 ojson chat_response(const std::string& id, int64_t created, const std::string& model, ojson choices,
                     const Usage& usage) {
-  ojson r = response_head("chat.completion", id, created, model);
-  r["choices"] = std::move(choices);
-  r["usage"] = usage_json(usage);
-  return r;
+  return body_json("chat.completion", id, created, model, std::move(choices), usage);
 }
 
 ojson completion_response(const std::string& id, int64_t created, const std::string& model, ojson choices,
                           const Usage& usage) {
-  ojson r = response_head("text_completion", id, created, model);
-  r["choices"] = std::move(choices);
-  r["usage"] = usage_json(usage);
-  return r;
+  return body_json("text_completion", id, created, model, std::move(choices), usage);
 }
 
 }  // namespace tessera::api

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -24,6 +25,9 @@ using nlohmann::json;
 namespace {
 
 std::string model_file() { return test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"); }
+
+const json kChat = json::parse(R"({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+  "temperature": 0, "max_tokens": 6, "ignore_eos": true})");
 
 class ApiServerTest : public ::testing::Test {
  protected:
@@ -61,16 +65,18 @@ class ApiServerTest : public ::testing::Test {
     engine_.reset();
   }
 
-  void start(AdmissionLimits limits = {}, std::vector<std::string> keys = {}) {
+  void start(AdmissionLimits limits = {}, std::vector<std::string> keys = {}, int prompt_threads = 2) {
     EngineConfig c = model_->config();
     c.admission = limits;
     engine_ = std::make_unique<Engine>(c, model_->executor());
     executor_ = std::make_unique<api_test::FakeExecutor>();
     ServedModel m = api_test::served_model();
     m.tokenizer = &model_->session().tokenizer();
+    if (chat_) m.chat = chat_;
     set_engine_limits(m, c);
     served_ = m;
     ApiServerOptions o;
+    o.prompt_threads = prompt_threads;
     o.keys = ApiKeys(keys);
     o.chat_page_html = "<html>chat</html>";
     o.render_metrics = [] { return std::string("vllm:num_requests_running 0\n"); };
@@ -124,7 +130,29 @@ class ApiServerTest : public ::testing::Test {
     EXPECT_TRUE(j["error"]["message"].is_string() && j["error"].contains("type") && j["error"].contains("param"));
   }
 
+  // Renders chat prompts and notes the thread each render ran on; returns that thread and
+  // the connection executor's.
+  std::pair<std::thread::id, std::thread::id> render_and_executor_threads(int prompt_threads) {
+    std::thread::id rendered_on;
+    chat_ = [&rendered_on](const json& messages, bool add_generation_prompt, const json& extra) {
+      rendered_on = std::this_thread::get_id();
+      return api_test::chatml(messages, add_generation_prompt, extra);
+    };
+    start({}, {}, prompt_threads);
+    std::promise<std::thread::id> executor_thread;
+    executor_->post([&] { executor_thread.set_value(std::this_thread::get_id()); });
+    const auto ex = call("POST", "/v1/chat/completions", kChat);
+    EXPECT_EQ(ex->response().status, 200) << ex->response().body;
+    // A refusal while preparing still answers its 400 and is recorded.
+    expect_error(*call("POST", "/v1/chat/completions", json{{"messages", {{{"role", "raise"}, {"content", "x"}}}}}),
+                 400, "invalid_value");
+    std::lock_guard lock(mutex_);
+    EXPECT_EQ(rejections_.size(), 1u);
+    return {rendered_on, executor_thread.get_future().get()};
+  }
+
   static ModelEngine* model_;
+  ChatRenderer chat_;  // set before start(): replaces the ChatML renderer
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<api_test::FakeExecutor> executor_;
   std::unique_ptr<ApiServer> api_;
@@ -135,9 +163,6 @@ class ApiServerTest : public ::testing::Test {
 };
 
 ModelEngine* ApiServerTest::model_ = nullptr;
-
-const json kChat = json::parse(R"({"messages": [{"role": "user", "content": "What is the capital of France?"}],
-  "temperature": 0, "max_tokens": 6, "ignore_eos": true})");
 
 }  // namespace
 
@@ -305,6 +330,116 @@ TEST_F(ApiServerTest, StopStringAcrossTokensIsCutAndNotLeaked) {
   EXPECT_EQ(text, full.substr(0, at));
   EXPECT_EQ(last_finish, "stop");
   EXPECT_EQ(text.find(stop), std::string::npos);
+}
+
+// n = 3 where only some choices write the stop string: those stop there (text cut before it,
+// finish "stop", and the engine stops generating them), the others run to max_tokens as they
+// would without it. usage.completion_tokens counts, per choice, the tokens up to and
+// including the one that completed the stop string (vLLM's token_ids of the output).
+TEST_F(ApiServerTest, ThreeChoicesWhereOnlySomeHitTheStopString) {
+  start();
+  constexpr int kMaxTokens = 24;
+  json body = json::parse(R"({"prompt": "Once upon a time", "n": 3, "temperature": 1.0, "seed": 11,
+    "ignore_eos": true})");
+  body["max_tokens"] = kMaxTokens;
+  const GenerationPlan plan = parse_completion_request(body, served_);
+  Request direct;
+  direct.prompt = plan.prompts[0].tokens;
+  direct.sampling = plan.sampling[0];
+  direct.n = 3;
+  const RequestOutput full = engine_->submit(direct).stream->collect();
+  std::vector<std::string> texts;
+  for (int c = 0; c < 3; ++c) texts.push_back(tok().decode(full.tokens[c], true));
+
+  // A short ASCII stop string from early in choice 0 that some other choice never writes.
+  const std::vector<int32_t> first8(full.tokens[0].begin(), full.tokens[0].begin() + 8);
+  const std::string early = tok().decode(first8, true);
+  std::string stop;
+  for (size_t len = 3; len <= 6 && stop.empty(); ++len)
+    for (size_t at = 0; at + len <= early.size() && stop.empty(); ++at) {
+      const std::string s = early.substr(at, len);
+      const bool ascii = std::all_of(s.begin(), s.end(), [](char ch) { return ch > 0x20 && ch < 0x7f; });
+      const bool missed = texts[1].find(s) == std::string::npos || texts[2].find(s) == std::string::npos;
+      if (ascii && missed) stop = s;
+    }
+  ASSERT_FALSE(stop.empty()) << texts[0] << " | " << texts[1] << " | " << texts[2];
+
+  // What each choice should return: cut at the stop string's first occurrence, with the
+  // tokens up to the one whose text completes it.
+  std::vector<std::string> want_text(3);
+  std::vector<std::string> want_finish(3);
+  int64_t want_tokens = 0;
+  for (int c = 0; c < 3; ++c) {
+    const size_t at = texts[c].find(stop);
+    if (at == std::string::npos) {
+      want_text[c] = texts[c];
+      want_finish[c] = "length";
+      want_tokens += kMaxTokens;
+      continue;
+    }
+    want_text[c] = texts[c].substr(0, at);
+    want_finish[c] = "stop";
+    for (int k = 1; k <= kMaxTokens; ++k)
+      if (tok().decode(std::vector<int32_t>(full.tokens[c].begin(), full.tokens[c].begin() + k), true).find(stop) !=
+          std::string::npos) {
+        want_tokens += k;
+        break;
+      }
+  }
+  ASSERT_NE(std::count(want_finish.begin(), want_finish.end(), "stop"), 3);
+
+  body["stop"] = stop;
+  const int64_t generated_before = engine_->stats().generated_tokens;
+  const json r = call("POST", "/v1/completions", body)->json();
+  ASSERT_EQ(r["choices"].size(), 3u) << r.dump();
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(r["choices"][c]["text"], want_text[c]) << "choice " << c << ", stop " << stop;
+    EXPECT_EQ(r["choices"][c]["finish_reason"], want_finish[c]) << "choice " << c;
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"], want_tokens);
+  for (int i = 0; i < 500 && engine_->n_in_flight() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The stopped choices were ended in the engine: it did not generate all 3 x max_tokens.
+  const int64_t generated = engine_->stats().generated_tokens - generated_before;
+  EXPECT_GE(generated, want_tokens);
+  EXPECT_LT(generated, 3 * kMaxTokens);
+  {
+    std::lock_guard lock(mutex_);
+    ASSERT_FALSE(records_.empty());
+    EXPECT_EQ(records_.back().generation_tokens, want_tokens);
+  }
+
+  // Streamed: the same text and finish reason per choice, and the same usage.
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  const auto frames = api_test::sse_payloads(call("POST", "/v1/completions", body)->response().body);
+  ASSERT_GE(frames.size(), 2u);
+  EXPECT_EQ(frames.back(), "[DONE]");
+  std::vector<std::string> text(3), finish(3);
+  for (size_t i = 0; i + 2 < frames.size(); ++i) {
+    const json c = json::parse(frames[i]);
+    const int index = c["choices"][0]["index"];
+    ASSERT_TRUE(index >= 0 && index < 3);
+    EXPECT_TRUE(finish[index].empty()) << "a chunk after choice " << index << " finished";
+    text[index] += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish[index] = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, want_text);
+  EXPECT_EQ(finish, want_finish);
+  EXPECT_EQ(json::parse(frames[frames.size() - 2])["usage"]["completion_tokens"], want_tokens);
+}
+
+// Rendering and tokenizing a long chat prompt takes milliseconds: it runs on the prompt
+// workers, never on the connection's executor (the HTTP I/O thread), unless turned off.
+TEST_F(ApiServerTest, PromptsArePreparedOffTheConnectionsExecutor) {
+  const auto [rendered_on, executor] = render_and_executor_threads(2);
+  EXPECT_NE(rendered_on, std::thread::id());
+  EXPECT_NE(rendered_on, executor);
+}
+
+TEST_F(ApiServerTest, WithoutPromptWorkersPromptsArePreparedOnTheExecutor) {
+  const auto [rendered_on, executor] = render_and_executor_threads(0);
+  EXPECT_EQ(rendered_on, executor);
 }
 
 TEST_F(ApiServerTest, ClientGoneAbortsTheEngineRequest) {

@@ -12,12 +12,6 @@ using namespace tessera::testing;
 
 namespace {
 
-std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab) {
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
-
 // Checks one finished request: tokens equal the run alone; token logprobs (when asked)
 // and prompt logprobs (when asked) equal the direct reference, with nothing lost or doubled.
 void expect_exact(const SimEngine& e, RequestId id, const Request& r) {
@@ -156,14 +150,8 @@ TEST(EngineSimLogprobs, PreemptionAndSwapNeitherDuplicateNorLoseEntries) {
   for (const PreemptionMode mode : {PreemptionMode::Recompute, PreemptionMode::Swap}) {
     for (uint32_t seed : {1u, 2u}) {
       std::mt19937 rng(seed);
-      SimSetup s;
-      s.n_blocks = 36;
-      s.block_size = 4;
-      s.max_num_batched_tokens = 20;
-      s.max_num_seqs = 6;
-      s.max_logits_rows = 10;
-      s.preemption = mode;
-      s.n_host_blocks = mode == PreemptionMode::Swap ? 24 : 0;
+      SimSetup s{.n_blocks = 36, .block_size = 4, .max_num_batched_tokens = 20, .max_num_seqs = 6, .preemption = mode,
+                 .n_host_blocks = mode == PreemptionMode::Swap ? 24 : 0, .max_logits_rows = 10};
       SimEngine e(s);
       std::vector<std::pair<RequestId, Request>> reqs;
       for (int to_submit = 50; to_submit > 0 || e.core().has_work();) {

@@ -14,18 +14,14 @@
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"
 #include "engine/engine_offline.h"
+#include "test_model.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace tessera;
 
 namespace {
 
-std::string model_path() {
-  const char* cache = std::getenv("TESSERA_CACHE");
-  const char* home = std::getenv("HOME");
-  const std::string dir = cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/tessera/models";
-  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string model_path() { return test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"); }
 
 struct RunResult {
   std::map<RequestId, RequestOutput> out;

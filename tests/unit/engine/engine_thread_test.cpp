@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -98,6 +99,19 @@ Request greedy(std::vector<int32_t> prompt, int max_tokens, std::string tenant =
   return r;
 }
 
+// Lets three steps run and reads their events (returned), then calls `action` while step 4
+// is in flight and lets that step finish: the engine handles the action before step 5.
+std::vector<StreamEvent> act_during_fourth_step(GatedExecutor& gate, RequestStream& stream, int events_in_three_steps,
+                                                const std::function<void()>& action) {
+  gate.permit(3);
+  std::vector<StreamEvent> first(events_in_three_steps);
+  for (StreamEvent& e : first) EXPECT_TRUE(stream.next(e));
+  gate.wait_for_step();
+  action();
+  gate.permit(1);
+  return first;
+}
+
 void expect_whole(Engine& engine) {
   engine.stop();
   EXPECT_EQ(engine.internal_error(), "");
@@ -141,15 +155,9 @@ TEST(Engine, AbortTakesEffectWithinOneStep) {
   Engine engine(f.config, gate);
   SubmitResult r = engine.submit(greedy({1, 2, 3}, 500));
   ASSERT_TRUE(r.ok());
-  gate.permit(3);
+  const auto first = act_during_fourth_step(gate, *r.stream, 3, [&] { engine.abort(r.id); });
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(first[i].token, f.reference({1, 2, 3}, 3)[i]);
   StreamEvent e;
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(r.stream->next(e));
-    EXPECT_EQ(e.token, f.reference({1, 2, 3}, 3)[i]);
-  }
-  gate.wait_for_step();  // step 4 is in flight
-  engine.abort(r.id);
-  gate.permit(1);  // step 4 may finish; the abort is handled before step 5
   int tokens_after_abort = 0;
   FinishReason finish = FinishReason::None;
   while (r.stream->next(e)) {
@@ -161,6 +169,36 @@ TEST(Engine, AbortTakesEffectWithinOneStep) {
   gate.open();
   expect_whole(engine);
   EXPECT_EQ(engine.stats().requests_aborted, 1);
+}
+
+TEST(Engine, FinishSequenceEndsOneChoiceWithinOneStep) {
+  Fixture f;
+  GatedExecutor gate(*f.sim);
+  Engine engine(f.config, gate);
+  Request r = greedy({1, 2, 3}, 200);
+  r.n = 2;  // greedy: both choices follow the reference
+  SubmitResult s = engine.submit(r);
+  ASSERT_TRUE(s.ok());
+  // The prompt and fork, then two decode steps: three tokens for each choice.
+  act_during_fourth_step(gate, *s.stream, 6, [&] { engine.finish_sequence(s.id, 0, FinishReason::Stop); });
+  gate.open();
+  StreamEvent e;
+  std::vector<int32_t> tokens[2];
+  FinishReason finish[2] = {FinishReason::None, FinishReason::None};
+  while (s.stream->next(e)) {
+    if (e.token >= 0) tokens[e.choice].push_back(e.token);
+    if (e.finish != FinishReason::None) finish[e.choice] = e.finish;
+  }
+  EXPECT_LE(tokens[0].size(), 1u);  // step 4's, at most
+  EXPECT_EQ(finish[0], FinishReason::Stop);
+  const std::vector<int32_t> ref = f.reference({1, 2, 3}, 200);
+  EXPECT_EQ(tokens[1], std::vector<int32_t>(ref.begin() + 3, ref.end()));
+  EXPECT_EQ(finish[1], FinishReason::Length);
+  engine.finish_sequence(s.id, 1, FinishReason::Stop);  // finished: ignored
+  expect_whole(engine);
+  EXPECT_EQ(engine.stats().requests_finished, 1);
+  EXPECT_EQ(engine.stats().generated_tokens, static_cast<int64_t>(6 + tokens[0].size() + tokens[1].size()));
+  EXPECT_EQ(engine.stats().prompt_tokens, 3);
 }
 
 TEST(Engine, RejectionsAreTypedAndCountNothing) {

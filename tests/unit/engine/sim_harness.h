@@ -3,9 +3,12 @@
 // invariants checked after every step and per-request outputs gathered from the events.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -137,6 +140,12 @@ class SimEngine {
   }
 
   void abort(RequestId id) { absorb(core_->abort(id)); }
+  // Ends one choice early; returns the events it produced (also absorbed).
+  std::vector<SeqEvent> finish_choice(RequestId id, int32_t choice, FinishReason reason = FinishReason::Stop) {
+    std::vector<SeqEvent> events = core_->finish_choice(id, choice, reason);
+    absorb(events);
+    return events;
+  }
 
   // Steps until idle; fails the test if it takes more than max_steps.
   void run(int64_t max_steps = 1000000) {
@@ -214,6 +223,35 @@ class SimEngine {
   RequestId next_id_ = 1;
   int64_t steps_ = 0;
 };
+
+inline std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab) {
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+// After a workload: every choice equals its run alone and ended by Stop or Length, except
+// choices cut short (their request aborted, or the choice itself finished early), which are
+// prefixes of it and ended somehow.
+inline void expect_exact_or_prefix(const SimEngine& e, const std::vector<std::pair<RequestId, Request>>& reqs,
+                                   const std::set<RequestId>& aborted,
+                                   const std::set<std::pair<RequestId, int>>& finished_early = {}) {
+  for (const auto& [id, r] : reqs) {
+    const Collected& o = e.out(id);
+    ASSERT_TRUE(o.done) << id;
+    for (int c = 0; c < r.n; ++c) {
+      const auto ref = e.reference(r, c);
+      if (aborted.count(id) || finished_early.count({id, c})) {
+        ASSERT_LE(o.tokens[c].size(), ref.size());
+        EXPECT_TRUE(std::equal(o.tokens[c].begin(), o.tokens[c].end(), ref.begin())) << id << " choice " << c;
+        EXPECT_NE(o.finish[c], FinishReason::None);
+      } else {
+        EXPECT_EQ(o.tokens[c], ref) << id << " choice " << c;
+        EXPECT_TRUE(o.finish[c] == FinishReason::Stop || o.finish[c] == FinishReason::Length);
+      }
+    }
+  }
+}
 
 inline Request greedy_request(std::vector<int32_t> prompt, int max_tokens) {
   Request r;
