@@ -37,6 +37,7 @@ struct ServeArgs {
   int drain_timeout_s = 30;
   int max_waiting_requests = 4096;
   int io_threads = 2;
+  int prompt_threads = 2;
 };
 
 // "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct": the file name without its
@@ -99,6 +100,7 @@ void serve(const ServeArgs& a) {
   api::ApiServerOptions options;
   options.keys = api::ApiKeys(keys);
   options.chat_page_html = std::string(web::chat_page_html());
+  options.prompt_threads = a.prompt_threads;
   options.render_metrics = [&] { return metrics.render(engine.stats()); };
   options.hooks.record = [&](const RequestRecord& r) { metrics.record(r); };
   options.hooks.record_rejection = [&](int status, std::string_view reason) { metrics.record_rejection(status, reason); };
@@ -155,6 +157,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-waiting-requests", args->max_waiting_requests, "queued requests before 429")
       ->capture_default_str();
   cmd->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->capture_default_str();
+  cmd->add_option("--prompt-threads", args->prompt_threads,
+                  "threads that render chat templates and tokenize prompts (0: on the I/O threads)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->callback([args] { serve(*args); });
 }
 

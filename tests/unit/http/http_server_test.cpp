@@ -19,16 +19,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-ServerOptions test_options() {
-  ServerOptions o;
-  o.port = 0;
-  o.io_threads = 2;
-  o.read_timeout = 3000ms;
-  o.write_timeout = 3000ms;
-  o.keep_alive_timeout = 5000ms;
-  return o;
-}
-
 // Echoes the request as JSON, so a test sees exactly what the handler saw.
 Response echo(const Request& r) {
   nlohmann::json headers = nlohmann::json::array();
@@ -51,7 +41,7 @@ nlohmann::json body_json(const TestResponse& r) { return nlohmann::json::parse(r
 }  // namespace
 
 TEST(HttpServer, GetAndPostReachTheHandlerIntact) {
-  HttpServer server(test_options(), echo_handler);
+  HttpServer server(test_server_options(), echo_handler);
   server.start();
   ASSERT_NE(server.port(), 0);
   TestConn c(server.port());
@@ -85,7 +75,7 @@ TEST(HttpServer, GetAndPostReachTheHandlerIntact) {
 }
 
 TEST(HttpServer, KeepAliveReusesOneConnection) {
-  HttpServer server(test_options(), echo_handler);
+  HttpServer server(test_server_options(), echo_handler);
   server.start();
   TestConn c(server.port());
   for (int i = 0; i < 5; ++i) {
@@ -101,7 +91,7 @@ TEST(HttpServer, KeepAliveReusesOneConnection) {
 }
 
 TEST(HttpServer, ConnectionCloseIsHonoured) {
-  HttpServer server(test_options(), echo_handler);
+  HttpServer server(test_server_options(), echo_handler);
   server.start();
   TestConn c(server.port());
   ASSERT_TRUE(c.send(get_request("/", "Connection: close\r\n")));
@@ -112,7 +102,7 @@ TEST(HttpServer, ConnectionCloseIsHonoured) {
 }
 
 TEST(HttpServer, Http10ClosesUnlessKeepAliveIsAsked) {
-  HttpServer server(test_options(), echo_handler);
+  HttpServer server(test_server_options(), echo_handler);
   server.start();
   {
     TestConn c(server.port());
@@ -140,7 +130,7 @@ TEST(HttpServer, PipelinedRequestsAreAnsweredInOrder) {
   std::mutex mutex;
   std::vector<std::string> handled;
   std::vector<std::thread> threads;
-  HttpServer server(test_options(), [&](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [&](std::shared_ptr<Exchange> ex) {
     std::lock_guard lock(mutex);
     handled.push_back(ex->request().path);
     if (ex->request().path == "/slow") {
@@ -174,7 +164,7 @@ TEST(HttpServer, PipelinedRequestsAreAnsweredInOrder) {
 }
 
 TEST(HttpServer, HeadGetsHeadersWithoutBody) {
-  HttpServer server(test_options(), echo_handler);
+  HttpServer server(test_server_options(), echo_handler);
   server.start();
   TestConn c(server.port());
   ASSERT_TRUE(c.send("HEAD /x HTTP/1.1\r\nHost: t\r\n\r\n"));
@@ -190,7 +180,7 @@ TEST(HttpServer, HeadGetsHeadersWithoutBody) {
 }
 
 TEST(HttpServer, UnknownMethodsReachTheHandler) {
-  HttpServer server(test_options(), [](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [](std::shared_ptr<Exchange> ex) {
     if (ex->request().method == "GET") return echo_handler(ex);
     ex->respond(error_response(405, "method " + ex->request().method + " not allowed"));
   });
@@ -206,7 +196,7 @@ TEST(HttpServer, UnknownMethodsReachTheHandler) {
 }
 
 TEST(HttpServer, ChunkedRequestBodyIsDecoded) {
-  HttpServer server(test_options(), echo_handler);
+  HttpServer server(test_server_options(), echo_handler);
   server.start();
   TestConn c(server.port());
   ASSERT_TRUE(c.send("POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -217,7 +207,7 @@ TEST(HttpServer, ChunkedRequestBodyIsDecoded) {
 }
 
 TEST(HttpServer, AbsoluteFormTargetGivesThePath) {
-  HttpServer server(test_options(), echo_handler);
+  HttpServer server(test_server_options(), echo_handler);
   server.start();
   TestConn c(server.port());
   ASSERT_TRUE(c.send("GET http://example.com:8000/v1/models?a=b HTTP/1.1\r\nHost: t\r\n\r\n"));
@@ -228,7 +218,7 @@ TEST(HttpServer, AbsoluteFormTargetGivesThePath) {
 }
 
 TEST(HttpServer, HandlerThatThrowsGets500AndServerCarriesOn) {
-  HttpServer server(test_options(), [](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [](std::shared_ptr<Exchange> ex) {
     if (ex->request().path == "/boom") throw Error("tokenizer exploded");
     echo_handler(ex);
   });
@@ -248,7 +238,7 @@ TEST(HttpServer, HandlerThatThrowsGets500AndServerCarriesOn) {
 }
 
 TEST(HttpServer, ExchangeDroppedWithoutAnswerGets500) {
-  HttpServer server(test_options(), [](std::shared_ptr<Exchange>) {});
+  HttpServer server(test_server_options(), [](std::shared_ptr<Exchange>) {});
   server.start();
   TestConn c(server.port());
   ASSERT_TRUE(c.send(get_request("/forgotten")));
@@ -263,7 +253,7 @@ TEST(HttpServer, ExchangeDroppedWithoutAnswerGets500) {
 TEST(HttpServer, ResponseFromAForeignThread) {
   std::mutex mutex;
   std::vector<std::shared_ptr<Exchange>> parked;
-  HttpServer server(test_options(), [&](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [&](std::shared_ptr<Exchange> ex) {
     std::lock_guard lock(mutex);
     parked.push_back(std::move(ex));
   });
@@ -291,7 +281,7 @@ TEST(HttpServer, ResponseFromAForeignThread) {
 }
 
 TEST(HttpServer, HandlerHeadersCannotSplitTheResponse) {
-  HttpServer server(test_options(), [](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [](std::shared_ptr<Exchange> ex) {
     Response r;
     r.body = "ok";
     r.headers = {{"X-Bad", "a\r\nSet-Cookie: evil=1"}, {"Content-Length", "999"},
@@ -330,7 +320,7 @@ TEST(HttpServer, ErrorResponseHasOpenAiShape) {
 
 TEST(HttpServer, HeaderFilterAnswersBeforeTheBodyIsRead) {
   std::atomic<int> handled{0};
-  ServerOptions o = test_options();
+  ServerOptions o = test_server_options();
   o.header_filter = [](const Request& r) -> std::optional<Response> {
     if (r.header("authorization") == "Bearer good") return std::nullopt;
     auto resp = error_response(401, "missing or wrong API key", {}, "invalid_api_key");
@@ -371,7 +361,7 @@ TEST(HttpServer, HeaderFilterAnswersBeforeTheBodyIsRead) {
 }
 
 TEST(HttpServer, HeaderFilterThatThrowsGives500) {
-  ServerOptions o = test_options();
+  ServerOptions o = test_server_options();
   o.header_filter = [](const Request&) -> std::optional<Response> {
     throw Error("key store unavailable");
   };
@@ -387,7 +377,7 @@ TEST(HttpServer, HeaderFilterThatThrowsGives500) {
 }
 
 TEST(HttpServer, ExpectContinue) {
-  ServerOptions o = test_options();
+  ServerOptions o = test_server_options();
   o.max_body_bytes = 1000;
   HttpServer server(o, echo_handler);
   server.start();
@@ -424,9 +414,9 @@ TEST(HttpServer, ExpectContinue) {
 }
 
 TEST(HttpServer, BindFailureNamesHostAndPort) {
-  HttpServer first(test_options(), echo_handler);
+  HttpServer first(test_server_options(), echo_handler);
   first.start();
-  ServerOptions o = test_options();
+  ServerOptions o = test_server_options();
   o.port = first.port();
   HttpServer second(o, echo_handler);
   try {
@@ -437,14 +427,14 @@ TEST(HttpServer, BindFailureNamesHostAndPort) {
               std::string::npos)
         << e.what();
   }
-  ServerOptions bad = test_options();
+  ServerOptions bad = test_server_options();
   bad.host = "not a host name";
   HttpServer third(bad, echo_handler);
   EXPECT_THROW(third.start(), Error);
 }
 
 TEST(HttpServer, StopAcceptingRefusesNewConnectionsButServesOpenOnes) {
-  HttpServer server(test_options(), echo_handler);
+  HttpServer server(test_server_options(), echo_handler);
   server.start();
   TestConn open(server.port());
   ASSERT_TRUE(open.send(get_request("/before")));

@@ -20,16 +20,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-ServerOptions stream_options() {
-  ServerOptions o;
-  o.port = 0;
-  o.io_threads = 2;
-  o.read_timeout = 3000ms;
-  o.write_timeout = 3000ms;
-  o.keep_alive_timeout = 5000ms;
-  return o;
-}
-
 // Exchanges parked by the handler, as an engine would hold them.
 struct Parked {
   std::mutex mutex;
@@ -60,7 +50,7 @@ std::string event(int id, int seq) {
 
 TEST(HttpStream, SseHeadersChunksAndReuse) {
   Parked parked;
-  HttpServer server(stream_options(), [&](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [&](std::shared_ptr<Exchange> ex) {
     if (ex->request().path == "/plain") {
       Response r;
       r.body = "plain";
@@ -106,7 +96,7 @@ TEST(HttpStream, SseHeadersChunksAndReuse) {
 }
 
 TEST(HttpStream, Http10StreamEndsWithTheConnection) {
-  HttpServer server(stream_options(), [](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [](std::shared_ptr<Exchange> ex) {
     ex->start_stream();
     ex->write("data: a\n\n");
     ex->write("data: b\n\n");
@@ -123,7 +113,7 @@ TEST(HttpStream, Http10StreamEndsWithTheConnection) {
 }
 
 TEST(HttpStream, HeadStreamSendsHeadersOnly) {
-  HttpServer server(stream_options(), [](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [](std::shared_ptr<Exchange> ex) {
     ex->start_stream();
     ex->write("data: not for HEAD\n\n");
     ex->end_stream();
@@ -144,7 +134,7 @@ TEST(HttpStream, ThousandConcurrentStreamsFromAForeignThread) {
   constexpr int kStreams = 1000;
   constexpr int kEvents = 5;
   Parked parked;
-  HttpServer server(stream_options(), [&](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [&](std::shared_ptr<Exchange> ex) {
     ex->start_stream();
     parked.add(std::move(ex));
   });
@@ -223,7 +213,7 @@ TEST(HttpStream, ClientsThatLeaveMidStreamAreAbandonedOnce) {
   std::array<std::atomic<int>, kClients> abandon_calls{};
   std::array<std::atomic<bool>, kClients> hook_saw_abandoned{};
   Parked parked;
-  HttpServer server(stream_options(), [&](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [&](std::shared_ptr<Exchange> ex) {
     const int id = std::stoi(ex->request().path.substr(3));
     std::weak_ptr<Exchange> weak = ex;
     ex->on_abandon([&, id, weak] {
@@ -304,7 +294,7 @@ TEST(HttpStream, ClientsThatLeaveMidStreamAreAbandonedOnce) {
 
 TEST(HttpStream, AbandonWhileTheHandlerWorksAndLateHooks) {
   Parked parked;
-  HttpServer server(stream_options(), [&](std::shared_ptr<Exchange> ex) { parked.add(ex); });
+  HttpServer server(test_server_options(), [&](std::shared_ptr<Exchange> ex) { parked.add(ex); });
   server.start();
   TestConn c(server.port());
   ASSERT_TRUE(c.send(post_request("/v1/completions", "{}")));
@@ -335,7 +325,7 @@ TEST(HttpStream, AbandonWhileTheHandlerWorksAndLateHooks) {
   EXPECT_EQ(calls.load(), 3);
 
   // A completed exchange never fires its hooks.
-  HttpServer quick(stream_options(), [&](std::shared_ptr<Exchange> e) {
+  HttpServer quick(test_server_options(), [&](std::shared_ptr<Exchange> e) {
     e->on_abandon([&] { ++calls; });
     e->respond(Response{});
     parked.add(e);
@@ -355,7 +345,7 @@ TEST(HttpStream, AbandonWhileTheHandlerWorksAndLateHooks) {
 
 TEST(HttpStream, PostedWorkRunsInOrderAndNeverConcurrently) {
   Parked parked;
-  HttpServer server(stream_options(), [&](std::shared_ptr<Exchange> ex) { parked.add(ex); });
+  HttpServer server(test_server_options(), [&](std::shared_ptr<Exchange> ex) { parked.add(ex); });
   server.start();
   TestConn c(server.port());
   ASSERT_TRUE(c.send(get_request("/")));
@@ -396,7 +386,7 @@ TEST(HttpStream, PostedWorkRunsInOrderAndNeverConcurrently) {
 TEST(HttpStream, ManyConnectionsOpenedAndDropped) {
   std::atomic<int> abandoned{0};
   Parked parked;
-  HttpServer server(stream_options(), [&](std::shared_ptr<Exchange> ex) {
+  HttpServer server(test_server_options(), [&](std::shared_ptr<Exchange> ex) {
     ex->on_abandon([&] { ++abandoned; });
     if (ex->request().path == "/stream") ex->start_stream();
     parked.add(std::move(ex));
@@ -449,7 +439,7 @@ TEST(HttpStream, StopWithStreamsOpenAbandonsThemAll) {
   constexpr int kStreams = 20;
   std::atomic<int> abandoned{0};
   Parked parked;
-  auto server = std::make_unique<HttpServer>(stream_options(), [&](std::shared_ptr<Exchange> ex) {
+  auto server = std::make_unique<HttpServer>(test_server_options(), [&](std::shared_ptr<Exchange> ex) {
     ex->on_abandon([&] { ++abandoned; });
     ex->start_stream();
     parked.add(std::move(ex));

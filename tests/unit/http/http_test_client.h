@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "server/http/exchange.h"
+
 namespace tessera::http::test {
 
 struct TestResponse {
@@ -226,6 +228,18 @@ inline std::string post_request(std::string_view path, std::string_view body,
   return "POST " + std::string(path) + " HTTP/1.1\r\nHost: test\r\nContent-Type: "
          "application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" +
          std::string(extra_headers) + "\r\n" + std::string(body);
+}
+
+// Options of a test server: any free port, 2 I/O threads, timeouts a loaded CI machine meets.
+inline ServerOptions test_server_options() {
+  using namespace std::chrono_literals;
+  ServerOptions o;
+  o.port = 0;
+  o.io_threads = 2;
+  o.read_timeout = 3000ms;
+  o.write_timeout = 3000ms;
+  o.keep_alive_timeout = 5000ms;
+  return o;
 }
 
 }  // namespace tessera::http::test
