@@ -129,8 +129,14 @@ void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
     return exchange->respond(std::move(r));
   }
   if (path == "/v1/models") return exchange->respond(models());
-  if (path == "/tokenize") return exchange->respond(tokenize(req));
-  if (path == "/detokenize") return exchange->respond(detokenize(req));
+  if (path == "/tokenize" || path == "/detokenize") {
+    // Tokenizing a long text takes milliseconds: not on an I/O thread.
+    const bool encode = path == "/tokenize";
+    return off_io_threads(exchange, [this, exchange, encode] {
+      auto r = std::make_shared<http::Response>(encode ? tokenize(exchange->request()) : detokenize(exchange->request()));
+      return std::function<void()>([exchange, r] { exchange->respond(std::move(*r)); });
+    });
+  }
   generate(exchange, path == "/v1/completions" ? Endpoint::Completions : Endpoint::Chat, tenant);
 }
 
@@ -162,25 +168,32 @@ void ApiServer::generate(const std::shared_ptr<http::Exchange>& exchange, Endpoi
     throw ApiError(503, "the server is shutting down and admits no new requests", "service_unavailable_error",
                    std::nullopt, "server_draining", {{"Retry-After", "5"}});
   }
+  off_io_threads(exchange, [this, exchange, endpoint, tenant] {
+    return std::function<void()>([this, exchange, plan = prepare(exchange->request(), endpoint, tenant)]() mutable {
+      Generation::start(exchange, engine_, model_, options_.hooks, std::move(plan));
+    });
+  });
+}
+
+void ApiServer::off_io_threads(const std::shared_ptr<http::Exchange>& exchange,
+                               std::function<std::function<void()>()> work) {
   if (!prompt_workers_) {
-    Generation::start(exchange, engine_, model_, options_.hooks, prepare(exchange->request(), endpoint, tenant));
+    work()();  // errors propagate to handle()'s caller, which answers them
     return;
   }
   // Counted as live from here, so shutdown waits for requests still being prepared.
   options_.hooks.live->fetch_add(1);
-  prompt_workers_->submit([this, exchange, endpoint, tenant] {
+  prompt_workers_->submit([exchange, work = std::move(work), live = options_.hooks.live] {
     std::function<void()> then;  // back on the connection's executor
     try {
-      then = [this, exchange, plan = prepare(exchange->request(), endpoint, tenant)]() mutable {
-        Generation::start(exchange, engine_, model_, options_.hooks, std::move(plan));
-      };
+      then = work();
     } catch (const ApiError& e) {
       then = [exchange, e] { exchange->respond(error_response(e)); };
     } catch (const std::exception& e) {
       const ApiError error(500, std::string("internal error: ") + e.what(), "server_error", std::nullopt, std::nullopt);
       then = [exchange, error] { exchange->respond(error_response(error)); };
     }
-    exchange->post([live = options_.hooks.live, then = std::move(then)] {
+    exchange->post([live, then = std::move(then)] {
       then();
       live->fetch_sub(1);
     });

@@ -437,6 +437,22 @@ TEST_F(ApiServerTest, PromptsArePreparedOffTheConnectionsExecutor) {
   EXPECT_NE(rendered_on, executor);
 }
 
+TEST_F(ApiServerTest, TokenizeRendersAndTokenizesOnAPromptWorker) {
+  std::thread::id rendered_on;
+  chat_ = [&rendered_on](const json& messages, bool add_generation_prompt, const json& extra) {
+    rendered_on = std::this_thread::get_id();
+    return api_test::chatml(messages, add_generation_prompt, extra);
+  };
+  start({}, {}, 2);
+  std::promise<std::thread::id> executor_thread;
+  executor_->post([&] { executor_thread.set_value(std::this_thread::get_id()); });
+  const auto ex = call("POST", "/tokenize", json{{"messages", kChat["messages"]}, {"add_generation_prompt", true}});
+  ASSERT_EQ(ex->response().status, 200) << ex->response().body;
+  EXPECT_EQ(ex->json()["count"], parse_chat_request(kChat, served_).prompts[0].tokens.size());
+  EXPECT_NE(rendered_on, std::thread::id());
+  EXPECT_NE(rendered_on, executor_thread.get_future().get());
+}
+
 TEST_F(ApiServerTest, WithoutPromptWorkersPromptsArePreparedOnTheExecutor) {
   const auto [rendered_on, executor] = render_and_executor_threads(0);
   EXPECT_EQ(rendered_on, executor);
