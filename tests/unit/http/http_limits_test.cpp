@@ -18,9 +18,7 @@ using namespace std::chrono_literals;
 namespace {
 
 ServerOptions limit_options() {
-  ServerOptions o;
-  o.port = 0;
-  o.io_threads = 2;
+  ServerOptions o = test_server_options();
   o.max_header_bytes = 4096;
   o.max_header_count = 20;
   o.max_body_bytes = 10000;
