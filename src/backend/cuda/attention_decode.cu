@@ -43,6 +43,52 @@ __device__ __forceinline__ void load_dims(const KT* p, float* out) {
   }
 }
 
+// The end of both split kernels: merge the G lane groups' softmax states (block max first,
+// then each group's rescaled sums, in order) and store the block's partial result for the
+// merge kernel: per query head, [m, l, o[0..HD)] at partials[(seq, head, split)].
+template <int G, int HD, int DPL>
+__device__ __forceinline__ void merge_groups_and_store(const float (&m)[kMaxQ], const float (&l)[kMaxQ],
+                                                       const float (&acc)[kMaxQ][DPL], int lg, int li, int nq,
+                                                       int head0, int n_heads, int seq, int split, int max_splits,
+                                                       float* __restrict__ partials) {
+  __shared__ float sm[G][kMaxQ];
+  __shared__ float so[kMaxQ][HD];
+  __shared__ float sl[kMaxQ];
+  if (li == 0)
+#pragma unroll
+    for (int g = 0; g < kMaxQ; ++g) sm[lg][g] = l[g] > 0.0f ? m[g] : -FLT_MAX;
+  for (int i = threadIdx.x; i < kMaxQ * HD; i += kThreads) so[i / HD][i % HD] = 0.0f;
+  if (threadIdx.x < kMaxQ) sl[threadIdx.x] = 0.0f;
+  __syncthreads();
+  float mb[kMaxQ];
+#pragma unroll
+  for (int g = 0; g < kMaxQ; ++g) {
+    mb[g] = -FLT_MAX;
+    for (int i = 0; i < G; ++i) mb[g] = fmaxf(mb[g], sm[i][g]);
+  }
+  for (int turn = 0; turn < G; ++turn) {
+    if (lg == turn) {
+#pragma unroll
+      for (int g = 0; g < kMaxQ; ++g) {
+        const float c = l[g] > 0.0f ? __expf(m[g] - mb[g]) : 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) so[g][li * DPL + d] += acc[g][d] * c;
+        if (li == 0) sl[g] += l[g] * c;
+      }
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < nq * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
+    float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head0 + g) * max_splits + split) * (HD + 2);
+    p[2 + d] = so[g][d];
+    if (d == 0) {
+      p[0] = mb[g];
+      p[1] = sl[g];
+    }
+  }
+}
+
 template <typename KT, int HD>
 __global__ void __launch_bounds__(kThreads) attention_decode_split(
     const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
@@ -105,44 +151,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split(
       for (int d = 0; d < DPL; ++d) acc[g][d] = fmaf(p, vf[d], acc[g][d] * c);
     }
   }
-  // Merge the 16 groups' states: block max first, then each group's rescaled sums in order.
-  __shared__ float sm[kGroups][kMaxQ];
-  __shared__ float so[kMaxQ][HD];
-  __shared__ float sl[kMaxQ];
-  if (li == 0)
-#pragma unroll
-    for (int g = 0; g < kMaxQ; ++g) sm[lg][g] = m[g];
-  for (int i = threadIdx.x; i < kMaxQ * HD; i += kThreads) so[i / HD][i % HD] = 0.0f;
-  if (threadIdx.x < kMaxQ) sl[threadIdx.x] = 0.0f;
-  __syncthreads();
-  float mb[kMaxQ];
-#pragma unroll
-  for (int g = 0; g < kMaxQ; ++g) {
-    mb[g] = -FLT_MAX;
-    for (int i = 0; i < kGroups; ++i) mb[g] = fmaxf(mb[g], sm[i][g]);
-  }
-  for (int turn = 0; turn < kGroups; ++turn) {
-    if (lg == turn) {
-#pragma unroll
-      for (int g = 0; g < kMaxQ; ++g) {
-        const float c = l[g] > 0.0f ? __expf(m[g] - mb[g]) : 0.0f;
-#pragma unroll
-        for (int d = 0; d < DPL; ++d) so[g][li * DPL + d] += acc[g][d] * c;
-        if (li == 0) sl[g] += l[g] * c;
-      }
-    }
-    __syncthreads();
-  }
-  for (int i = threadIdx.x; i < nq * HD; i += kThreads) {
-    const int g = i / HD, d = i % HD;
-    const int head = kvh * group + g0 + g;
-    float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head) * max_splits + split) * (HD + 2);
-    p[2 + d] = so[g][d];
-    if (d == 0) {
-      p[0] = mb[g];
-      p[1] = sl[g];
-    }
-  }
+  merge_groups_and_store<kGroups, HD, DPL>(m, l, acc, lg, li, nq, kvh * group + g0, n_heads, seq, split, max_splits,
+                                          partials);
 }
 
 // Several keys in flight per lane group (the default; TESSERA_CUDA_DECODE_KEYS=1 selects the
@@ -289,44 +299,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split_multi(
         for (int d = 0; d < DPL; ++d) acc[g][d] = fmaf(p[u][g], vf[d], acc[g][d]);
     }
   }
-  // Merge the G groups' states: block max first, then each group's rescaled sums in order.
-  __shared__ float sm[G][kMaxQ];
-  __shared__ float so[kMaxQ][HD];
-  __shared__ float sl[kMaxQ];
-  if (li == 0)
-#pragma unroll
-    for (int g = 0; g < kMaxQ; ++g) sm[lg][g] = l[g] > 0.0f ? m[g] : -FLT_MAX;
-  for (int i = threadIdx.x; i < kMaxQ * HD; i += kThreads) so[i / HD][i % HD] = 0.0f;
-  if (threadIdx.x < kMaxQ) sl[threadIdx.x] = 0.0f;
-  __syncthreads();
-  float mb[kMaxQ];
-#pragma unroll
-  for (int g = 0; g < kMaxQ; ++g) {
-    mb[g] = -FLT_MAX;
-    for (int i = 0; i < G; ++i) mb[g] = fmaxf(mb[g], sm[i][g]);
-  }
-  for (int turn = 0; turn < G; ++turn) {
-    if (lg == turn) {
-#pragma unroll
-      for (int g = 0; g < kMaxQ; ++g) {
-        const float c = l[g] > 0.0f ? __expf(m[g] - mb[g]) : 0.0f;
-#pragma unroll
-        for (int d = 0; d < DPL; ++d) so[g][li * DPL + d] += acc[g][d] * c;
-        if (li == 0) sl[g] += l[g] * c;
-      }
-    }
-    __syncthreads();
-  }
-  for (int i = threadIdx.x; i < nq * HD; i += kThreads) {
-    const int g = i / HD, d = i % HD;
-    const int head = kvh * group + g0 + g;
-    float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head) * max_splits + split) * (HD + 2);
-    p[2 + d] = so[g][d];
-    if (d == 0) {
-      p[0] = mb[g];
-      p[1] = sl[g];
-    }
-  }
+  merge_groups_and_store<G, HD, DPL>(m, l, acc, lg, li, nq, kvh * group + g0, n_heads, seq, split, max_splits,
+                                    partials);
 }
 
 bool multi_key_enabled() {
