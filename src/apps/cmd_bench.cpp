@@ -163,20 +163,16 @@ void run_bench(const BenchArgs& a) {
   if (!pp.empty()) row("pp", a.n_prompt, stat_of(pp));
   if (!tg.empty()) row("tg", a.n_gen, stat_of(tg));
   if (with_peer && peer_pp.size() == static_cast<size_t>(a.reps)) {
-    auto median_ratio = [](const std::vector<double>& ours, const std::vector<double>& theirs) {
-      std::vector<double> q(ours.size());
-      for (size_t i = 0; i < q.size(); ++i) q[i] = ours[i] / theirs[i];
-      std::sort(q.begin(), q.end());
-      return q.size() % 2 ? q[q.size() / 2] : 0.5 * (q[q.size() / 2 - 1] + q[q.size() / 2]);
-    };
     auto peer_row = [&](const char* test, int n, const std::vector<double>& theirs, const std::vector<double>& ours) {
       const Stat s = stat_of(theirs);
       std::vector<double> q(ours.size());
       for (size_t i = 0; i < q.size(); ++i) q[i] = ours[i] / theirs[i];
-      const auto [qlo, qhi] = std::minmax_element(q.begin(), q.end());
+      std::sort(q.begin(), q.end());
+      const size_t h = q.size() / 2;
+      const double median = q.size() % 2 ? q[h] : 0.5 * (q[h - 1] + q[h]);
       std::printf("| %s | | | %s | %s%d | %.2f ± %.2f |\n", "peer", peer_version.c_str(), test, n, s.mean, s.sd);
       std::printf("| ratio tessera / peer (median of %zu pairs, range %.2f-%.2f) | | | | %s%d | %.2fx |\n", q.size(),
-                  *qlo, *qhi, test, n, median_ratio(ours, theirs));
+                  q.front(), q.back(), test, n, median);
     };
     if (!pp.empty()) peer_row("pp", a.n_prompt, peer_pp, pp);
     if (!tg.empty()) peer_row("tg", a.n_gen, peer_tg, tg);
@@ -263,7 +259,7 @@ void add_bench(CLI::App& app) {
       std::fprintf(stderr, "[bench] concurrency %d%s: %.2f req/s, %.1f output tok/s\n", r.concurrency,
                    r.prefix_cache ? " (prefix cache)" : "", r.requests_per_s, r.output_tokens_per_s);
     });
-    std::printf("%s\n", format_offline_bench_table(rows).c_str());
+    std::printf("%s\n", bench::format_offline_table(rows).c_str());
     if (!o->out.empty()) {
       const nlohmann::json config = {{"model", o->model.model},         {"device", o->model.device},
                                      {"threads", o->model.threads},     {"requests", o->bench.n_requests},

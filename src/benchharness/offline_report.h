@@ -15,4 +15,8 @@ namespace tessera::bench {
 // `config` is copied into the report's "config" (model, prompt/generation lengths, ...).
 nlohmann::json offline_report_json(const std::vector<OfflineBenchRow>& rows, nlohmann::json config);
 
+// The markdown table `bench offline` prints: one line per row, the latency columns from the
+// same summaries (numpy's percentiles) as the JSON report.
+std::string format_offline_table(const std::vector<OfflineBenchRow>& rows);
+
 }  // namespace tessera::bench

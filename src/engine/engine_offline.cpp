@@ -245,17 +245,6 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
       row.ttft_s = ttft;
       row.e2e_s = last;
       row.itl_s = itl;
-      const auto mean_p50_p99 = [](std::vector<double> v, double& mean, double& p50, double& p99) {
-        if (v.empty()) return;
-        std::sort(v.begin(), v.end());
-        double sum = 0;
-        for (double t : v) sum += t;
-        mean = sum / static_cast<double>(v.size());
-        p50 = v[v.size() / 2];
-        p99 = v[std::min(v.size() - 1, v.size() * 99 / 100)];
-      };
-      mean_p50_p99(ttft, row.ttft_mean_s, row.ttft_p50_s, row.ttft_p99_s);
-      mean_p50_p99(itl, row.itl_mean_s, row.itl_p50_s, row.itl_p99_s);
       row.prefix_hit_tokens = st.prefix.hit_tokens;
       row.preemptions = st.preemptions;
       rows.push_back(row);
@@ -263,24 +252,6 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
     }
   }
   return rows;
-}
-
-std::string format_offline_bench_table(const std::vector<OfflineBenchRow>& rows) {
-  std::string s =
-      "| seqs | prefix cache | requests | time (s) | req/s | output tok/s | computed tok/s | TTFT mean (s) | TTFT p50 "
-      "(s) | TTFT p99 (s) | ITL mean (ms) | ITL p50 (ms) | ITL p99 (ms) | hit tokens | preemptions |\n"
-      "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-  char buf[512];
-  for (const OfflineBenchRow& r : rows) {
-    std::snprintf(buf, sizeof buf,
-                  "| %d | %s | %d | %.2f | %.2f | %.1f | %.1f | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %lld | %lld |\n",
-                  r.concurrency, r.prefix_cache ? "on" : "off", r.n_requests, r.seconds, r.requests_per_s,
-                  r.output_tokens_per_s, r.total_tokens_per_s, r.ttft_mean_s, r.ttft_p50_s, r.ttft_p99_s,
-                  r.itl_mean_s * 1e3, r.itl_p50_s * 1e3, r.itl_p99_s * 1e3,
-                  static_cast<long long>(r.prefix_hit_tokens), static_cast<long long>(r.preemptions));
-    s += buf;
-  }
-  return s;
 }
 
 }  // namespace tessera

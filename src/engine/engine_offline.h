@@ -54,12 +54,6 @@ struct OfflineBenchRow {
   double requests_per_s = 0;
   double output_tokens_per_s = 0;
   double total_tokens_per_s = 0;  // prompt + output tokens computed per second
-  double ttft_mean_s = 0;         // all requests arrive at t = 0
-  double ttft_p50_s = 0;
-  double ttft_p99_s = 0;
-  double itl_mean_s = 0;          // gaps between consecutive tokens of one request
-  double itl_p50_s = 0;
-  double itl_p99_s = 0;
   // Raw per-request figures (seconds) for reports: TTFT and end-to-end from t = 0, TPOT =
   // (last token - first token) / (tokens - 1), and every inter-token gap of every request.
   std::vector<double> ttft_s, e2e_s, tpot_s, itl_s;
@@ -70,6 +64,5 @@ struct OfflineBenchRow {
 // `engine` must have been built with max_num_seqs >= every concurrency level.
 std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBenchOptions& options,
                                            const std::function<void(const OfflineBenchRow&)>& on_row = {});
-std::string format_offline_bench_table(const std::vector<OfflineBenchRow>& rows);
 
 }  // namespace tessera

@@ -180,6 +180,10 @@ TEST(BenchReport, OfflineRowsReadAsAReportAndCompare) {
   EXPECT_EQ(r.config["tool"], "tessera bench offline");
   const std::string table = format_compare(r, r, "a", "b");
   EXPECT_NE(table.find("| TTFT P50 (ms) | 500.00 | 500.00 | 1.00x (lower is better) |"), std::string::npos) << table;
+  // The printed table reads the same summaries: TTFT mean / p50 / p99 in s, ITL in ms.
+  const std::string printed = format_offline_table({row});
+  EXPECT_NE(printed.find("| 8 | on | 64 | 16.00 | 4.00 | 256.0 | 768.0 | 0.667 | 0.500 | 1.235 | 20.0 | 20.0 | 29.8 |"),
+            std::string::npos) << printed;
   std::remove(path.c_str());
 }
 
