@@ -365,6 +365,7 @@ void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv,
   TESSERA_CHECK(attention_decode_supported(kv), "cuda decode attention: head_dim ", kv.head_dim, " / KV ",
                 dtype_name(kv.dtype), " not supported");
   if (b.n_seqs == 0) return;
+  if (launch_attention_decode_mma(q, ldq, kv, b, n_heads, scale, out, ldo, split_len, max_splits, partials, s)) return;
   const int group = n_heads / kv.n_kv_heads;
   const bool f16 = kv.dtype == DType::F16;
   switch (kv.head_dim) {
@@ -381,7 +382,12 @@ void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv,
           : launch_split<float, 256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
   }
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_split");
-  attention_decode_merge<<<dim3(b.n_seqs, n_heads), 128, 0, s>>>(partials, b, n_heads, kv.head_dim, split_len,
+  launch_attention_decode_merge(partials, b, n_heads, kv.head_dim, split_len, max_splits, out, ldo, s);
+}
+
+void launch_attention_decode_merge(const float* partials, const DeviceBatch& b, int n_heads, int head_dim,
+                                   int split_len, int max_splits, float* out, int64_t ldo, cudaStream_t s) {
+  attention_decode_merge<<<dim3(b.n_seqs, n_heads), 128, 0, s>>>(partials, b, n_heads, head_dim, split_len,
                                                                  max_splits, out, ldo);
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_merge");
 }

@@ -443,7 +443,8 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
     return v > 0 && v <= 64 ? v : 4;
   }();
   const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
-  const int split_len = std::max(32, static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 32)));
+  // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.
+  const int split_len = std::max(64, static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 64)));
   const int max_splits = std::max(1, (max_len + split_len - 1) / split_len);
   const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
   if (recorded(kOpAttn + 100, q, ldq, kv.k, kv.v, n_heads, scale, out, ldo, batch.n_seqs, split_len, max_splits))

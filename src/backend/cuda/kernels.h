@@ -71,6 +71,17 @@ bool attention_decode_supported(const KvLayerView& kv);
 void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                              float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
                              cudaStream_t s);
+// The same on the tensor cores (f16 KV, head_dim 64/128, query heads per KV head <= 16;
+// attention_decode_mma.cu): split_len a multiple of 64. With max_splits == 1 it writes `out`
+// directly; otherwise it writes the partials and runs the same merge as
+// launch_attention_decode. False when it does not apply (the caller runs the SIMT kernels).
+bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                 int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
+                                 float* partials, cudaStream_t s);
+// Kernel 2 of the split decode: merges the splits' (m, l, O) partials of each (sequence,
+// head) and normalizes (attention_decode.cu). m is in natural-log units.
+void launch_attention_decode_merge(const float* partials, const DeviceBatch& b, int n_heads, int head_dim,
+                                   int split_len, int max_splits, float* out, int64_t ldo, cudaStream_t s);
 
 // out[r] = first index of the largest value of row r of x [n_rows, n_cols]; -1 for a row
 // with a NaN or +inf, or of -inf only.
