@@ -99,6 +99,14 @@ class Backend {
                          int n_heads, float scale, float* out, int64_t ldo) = 0;
   // out = silu(gate) * up                        gate, up: [n_rows, ld_in]; out: [n_rows, dim]
   virtual void swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) = 0;
+  // targets' y = W · (silu(gate) * up): the FFN's down projection with SwiGLU in front, so a
+  // backend can fuse them (a device one feeds the product without an f32 round trip).
+  // h: [n_rows, dim] workspace; its contents afterwards are unspecified.
+  virtual void swiglu_matmul(const float* gate, const float* up, int64_t ld_in, float* h, int n_rows, int dim,
+                             std::span<const MatmulTarget> targets) {
+    swiglu(gate, up, ld_in, h, n_rows, dim);
+    matmul(h, n_rows, dim, targets);
+  }
   // x += y                                                           [n]
   virtual void add(float* x, const float* y, int64_t n) = 0;
   // Copies rows: dst[i, :] = src[rows[i], :] (gathers the rows whose logits are wanted)

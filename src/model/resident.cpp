@@ -1,7 +1,11 @@
 // Weights made resident on a backend: every matrix and vector uploaded once (a device
 // backend copies; the CPU keeps the host pointers), shared pointers deduplicated so tied
 // embeddings travel once.
+#include <cstring>
+#include <initializer_list>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "model/weights.h"
 
@@ -27,6 +31,38 @@ std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWei
     return r;
   };
   auto vec = [&](const float* v, int64_t n) { return static_cast<const float*>(put(v, sizeof(float) * n)); };
+  // On a device backend the matrices that share an input (Q, K, V; gate, up) of one type and
+  // width go into one allocation, back to back, so the backend can run them as one product.
+  // The CPU computes on the host copy and gains nothing from it.
+  const bool device = backend.device_free_bytes() > 0;
+  auto matrices = [&](std::initializer_list<std::pair<const WeightMatrix*, WeightMatrix*>> parts) {
+    const WeightMatrix& first = *parts.begin()->first;
+    bool fuse = device;
+    size_t total = 0;
+    for (const auto& [h, d] : parts) {
+      fuse = fuse && h->data && h->dtype == first.dtype && h->cols == first.cols && !done.count(h->data);
+      total += static_cast<size_t>(h->rows * h->row_bytes());
+    }
+    if (!fuse) {
+      for (const auto& [h, d] : parts) *d = matrix(*h);
+      return;
+    }
+    std::vector<uint8_t> joined(total);
+    size_t off = 0;
+    for (const auto& [h, d] : parts) {
+      std::memcpy(joined.data() + off, h->data, static_cast<size_t>(h->rows * h->row_bytes()));
+      off += static_cast<size_t>(h->rows * h->row_bytes());
+    }
+    std::shared_ptr<const void> copy = backend.upload(joined.data(), total);
+    w->owners.push_back(copy);
+    off = 0;
+    for (const auto& [h, d] : parts) {
+      *d = *h;
+      d->data = static_cast<const uint8_t*>(copy.get()) + off;
+      done[h->data] = d->data;
+      off += static_cast<size_t>(h->rows * h->row_bytes());
+    }
+  };
   const ModelConfig& c = host->config;
   const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
@@ -39,16 +75,13 @@ std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWei
     const LayerWeights& h = host->layers[i];
     LayerWeights& l = w->layers[i];
     l.attn_norm = vec(h.attn_norm, c.n_embd);
-    l.wq = matrix(h.wq);
-    l.wk = matrix(h.wk);
-    l.wv = matrix(h.wv);
+    matrices({{&h.wq, &l.wq}, {&h.wk, &l.wk}, {&h.wv, &l.wv}});
     l.wo = matrix(h.wo);
     l.bq = vec(h.bq, q_dim);
     l.bk = vec(h.bk, kv_dim);
     l.bv = vec(h.bv, kv_dim);
     l.ffn_norm = vec(h.ffn_norm, c.n_embd);
-    l.w_gate = matrix(h.w_gate);
-    l.w_up = matrix(h.w_up);
+    matrices({{&h.w_gate, &l.w_gate}, {&h.w_up, &l.w_up}});
     l.w_down = matrix(h.w_down);
   }
   return w;

@@ -8,6 +8,8 @@ namespace tessera::cuda {
 namespace {
 __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ residual,
                                     const float* __restrict__ w, float* __restrict__ out, int dim, float eps) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
   float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   const float* rr = residual + static_cast<int64_t>(blockIdx.x) * dim;
   float* o = out + static_cast<int64_t>(blockIdx.x) * dim;
@@ -26,6 +28,8 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
 // re-reads what this thread wrote (from L1). The sum of squares is grouped by four.
 __global__ void add_rms_norm4_kernel(float4* __restrict__ x, const float4* __restrict__ residual,
                                      const float4* __restrict__ w, float4* __restrict__ out, int dim4, float eps) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
   float4* xr = x + static_cast<int64_t>(blockIdx.x) * dim4;
   const float4* rr = residual + static_cast<int64_t>(blockIdx.x) * dim4;
   float4* o = out + static_cast<int64_t>(blockIdx.x) * dim4;
@@ -52,11 +56,11 @@ void launch_add_rms_norm(float* x, const float* residual, const float* w, float*
                    reinterpret_cast<uintptr_t>(residual) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
   if (vec)
-    add_rms_norm4_kernel<<<n_rows, 256, 0, s>>>(reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(residual),
-                                                reinterpret_cast<const float4*>(w), reinterpret_cast<float4*>(out),
-                                                dim / 4, eps);
+    launch_pdl(add_rms_norm4_kernel, dim3(n_rows), dim3(256), 0, s, reinterpret_cast<float4*>(x),
+               reinterpret_cast<const float4*>(residual), reinterpret_cast<const float4*>(w),
+               reinterpret_cast<float4*>(out), dim / 4, eps);
   else
-    add_rms_norm_kernel<<<n_rows, 256, 0, s>>>(x, residual, w, out, dim, eps);
+    launch_pdl(add_rms_norm_kernel, dim3(n_rows), dim3(256), 0, s, x, residual, w, out, dim, eps);
   TESSERA_CUDA_CHECK_LAUNCH("add_rms_norm");
 }
 

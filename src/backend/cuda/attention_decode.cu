@@ -94,6 +94,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split(
     const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
     int n_kv_heads, int block_size, int group, int q_chunks, float scale, int split_len, int max_splits,
     float* __restrict__ partials) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
   constexpr int DPL = HD / kLanesPerKey;
   const int seq = blockIdx.x;
   const int kvh = blockIdx.y / q_chunks, g0 = (blockIdx.y % q_chunks) * kMaxQ;
@@ -208,6 +210,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split_multi(
     const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
     int n_kv_heads, int block_size, int group, int q_chunks, float scale, int split_len, int max_splits,
     float* __restrict__ partials) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
   constexpr int DPL = 8;              // dims per lane
   constexpr int LPK = HD / DPL;       // lanes per key: 8, 16 or 32
   constexpr int G = kThreads / LPK;   // lane groups per block
@@ -313,6 +317,8 @@ bool multi_key_enabled() {
 
 __global__ void attention_decode_merge(const float* __restrict__ partials, DeviceBatch b, int n_heads, int head_dim,
                                        int split_len, int max_splits, float* __restrict__ out, int64_t ldo) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
   const int seq = blockIdx.x, head = blockIdx.y;
   const int t = b.q_start[seq];
   const int len = min(b.kv_len[seq], b.positions[t] + 1);
@@ -339,17 +345,16 @@ void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
     const KT* k = static_cast<const KT*>(kv.k);
     const KT* v = static_cast<const KT*>(kv.v);
     if (keys_per_group() == 8)
-      attention_decode_split_multi<KT, HD, 8><<<grid, kThreads, 0, s>>>(
-          q, ldq, k, v, b, kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
+      launch_pdl(attention_decode_split_multi<KT, HD, 8>, dim3(grid), dim3(kThreads), 0, s, q, ldq, k, v, b,
+                 kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
     else
-      attention_decode_split_multi<KT, HD, 4><<<grid, kThreads, 0, s>>>(
-          q, ldq, k, v, b, kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
+      launch_pdl(attention_decode_split_multi<KT, HD, 4>, dim3(grid), dim3(kThreads), 0, s, q, ldq, k, v, b,
+                 kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
     return;
   }
-  attention_decode_split<KT, HD><<<grid, kThreads, 0, s>>>(q, ldq, static_cast<const KT*>(kv.k),
-                                                           static_cast<const KT*>(kv.v), b, kv.n_kv_heads,
-                                                           kv.block_size, group, q_chunks, scale, split_len,
-                                                           max_splits, partials);
+  launch_pdl(attention_decode_split<KT, HD>, dim3(grid), dim3(kThreads), 0, s, q, ldq, static_cast<const KT*>(kv.k),
+             static_cast<const KT*>(kv.v), b, kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len,
+             max_splits, partials);
 }
 
 }  // namespace
@@ -387,8 +392,8 @@ void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv,
 
 void launch_attention_decode_merge(const float* partials, const DeviceBatch& b, int n_heads, int head_dim,
                                    int split_len, int max_splits, float* out, int64_t ldo, cudaStream_t s) {
-  attention_decode_merge<<<dim3(b.n_seqs, n_heads), 128, 0, s>>>(partials, b, n_heads, head_dim, split_len,
-                                                                 max_splits, out, ldo);
+  launch_pdl(attention_decode_merge, dim3(b.n_seqs, n_heads), dim3(128), 0, s, partials, b, n_heads, head_dim,
+             split_len, max_splits, out, ldo);
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_merge");
 }
 

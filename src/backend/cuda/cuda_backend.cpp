@@ -75,6 +75,16 @@ int cuda_device_count() {
 
 bool cuda_compiled() { return true; }
 
+namespace cuda {
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_CUDA_PDL");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+}  // namespace cuda
+
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   int device = 0;
   if (options.device.size() > 4) {
@@ -285,7 +295,10 @@ cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
 // ---- Ops ----
 
 // Op ids of the graph signature.
-enum : int { kOpEmbed = 1, kOpRms, kOpAddRms, kOpGemv, kOpGemm, kOpBias, kOpRope, kOpKv, kOpAttn, kOpSwiglu, kOpAdd, kOpGather };
+enum : int {
+  kOpEmbed = 1, kOpRms, kOpAddRms, kOpGemv, kOpGemm, kOpBias, kOpRope, kOpKv, kOpAttn, kOpSwiglu, kOpAdd, kOpGather,
+  kOpSwigluGemm, kOpSwigluGemv
+};
 
 void CudaBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("embed"); });
@@ -306,36 +319,60 @@ void CudaBackend::add_rms_norm(float* x, const float* residual, const float* w, 
   cuda::launch_add_rms_norm(x, residual, w, out, n_rows, dim, eps, stream_);
 }
 
-void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<const MatmulTarget> targets) {
-  cuda::OpScope op_scope(profiler_.get(), [&] { return matmul_op_name(n_rows, targets); });
-  if (n_rows <= 0 || targets.empty()) return;
-  const int64_t cols = targets[0].w.cols;
-  for (const MatmulTarget& t : targets)
-    TESSERA_CHECK(t.w.cols == cols, "cuda matmul: targets of different widths (", t.w.cols, " vs ", cols, ")");
-  if (graph_mode_ == GraphMode::kCapture || graph_mode_ == GraphMode::kReplay) {
-    bool skip = recorded(n_rows <= cuda::kGemvMaxRows ? kOpGemv : kOpGemm, x, n_rows, ldx, cols);
-    for (const MatmulTarget& t : targets) skip = recorded(0, t.w.data, static_cast<int>(t.w.dtype), t.w.rows, t.y, t.ldy);
-    if (skip) return;
-  }
-  if (n_rows <= cuda::kGemvMaxRows) {
-    // Decode: straight from the stored format, targets of one type grouped into one launch.
-    size_t i = 0;
-    while (i < targets.size()) {
-      cuda::GemvTarget g[cuda::kGemvMaxTargets];
-      int n = 0;
-      const DType type = targets[i].w.dtype;
-      while (i < targets.size() && n < cuda::kGemvMaxTargets && targets[i].w.dtype == type) {
-        g[n++] = {targets[i].w.data, targets[i].y, targets[i].ldy, targets[i].w.rows};
-        ++i;
+// Targets that sit back to back — weights in one allocation (make_resident puts Q|K|V and
+// gate|up so), outputs side by side in the same rows (the model's layout) — run as one product.
+int CudaBackend::coalesce(std::span<const MatmulTarget> targets, MatmulTarget* runs) {
+  TESSERA_CHECK(targets.size() <= kMaxTargets, "cuda matmul: ", targets.size(), " targets (at most ", kMaxTargets, ")");
+  int n = 0;
+  for (const MatmulTarget& t : targets) {
+    if (n > 0) {
+      MatmulTarget& r = runs[n - 1];
+      const auto* end = static_cast<const uint8_t*>(r.w.data) + r.w.rows * r.w.row_bytes();
+      if (t.w.dtype == r.w.dtype && t.w.cols == r.w.cols && t.w.data == end && t.ldy == r.ldy &&
+          t.y == r.y + r.w.rows) {
+        r.w.rows += t.w.rows;
+        continue;
       }
-      TESSERA_CHECK(cuda::launch_gemv(type, x, n_rows, ldx, cols, g, n, stream_), "cuda matmul: weight type ",
-                    dtype_name(type), " is not supported");
     }
-    return;
+    runs[n++] = t;
   }
-  // Batches: tensor cores through cuBLASLt. Activations are converted once per 16-bit type.
-  const uint16_t* x_bf16 = nullptr;
-  const uint16_t* x_f16 = nullptr;
+  return n;
+}
+
+// Signs a matmul's arguments into the graph signature; true when a replay skips it.
+bool CudaBackend::recorded_matmul(int op, const float* x, const float* x2, int n_rows, int64_t ldx, int64_t cols,
+                                  std::span<const MatmulTarget> targets) {
+  if (graph_mode_ != GraphMode::kCapture && graph_mode_ != GraphMode::kReplay) return false;
+  bool skip = recorded(op, x, x2, n_rows, ldx, cols);
+  for (const MatmulTarget& t : targets) skip = recorded(0, t.w.data, static_cast<int>(t.w.dtype), t.w.rows, t.y, t.ldy);
+  return skip;
+}
+
+void CudaBackend::gemv(const float* x, const float* up, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs,
+                       int n_runs) {
+  // Decode: straight from the stored format, targets of one type grouped into one launch.
+  int i = 0;
+  while (i < n_runs) {
+    cuda::GemvTarget g[cuda::kGemvMaxTargets];
+    int n = 0;
+    const DType type = runs[i].w.dtype;
+    while (i < n_runs && n < cuda::kGemvMaxTargets && runs[i].w.dtype == type) {
+      g[n++] = {runs[i].w.data, runs[i].y, runs[i].ldy, runs[i].w.rows};
+      ++i;
+    }
+    if (n_rows == 1 && cuda::launch_gemv_bulk(type, x, up, cols, g, n, sm_count_, stream_)) continue;
+    TESSERA_CHECK(up == nullptr, "cuda gemv: the fused SwiGLU input needs the bulk kernel");
+    TESSERA_CHECK(cuda::launch_gemv(type, x, n_rows, ldx, cols, g, n, stream_), "cuda matmul: weight type ",
+                  dtype_name(type), " is not supported");
+  }
+}
+
+void CudaBackend::gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs, int n_runs,
+                       const uint16_t* pre16, bool pre_bf16) {
+  // Tensor cores through cuBLASLt. Activations are converted once per 16-bit type (or come
+  // converted already: pre16, dense [n_rows, cols]).
+  const uint16_t* x_bf16 = pre16 && pre_bf16 ? pre16 : nullptr;
+  const uint16_t* x_f16 = pre16 && !pre_bf16 ? pre16 : nullptr;
   auto act = [&](bool bf16) {
     const uint16_t*& cached = bf16 ? x_bf16 : x_f16;
     if (!cached) {
@@ -343,12 +380,14 @@ void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<cons
       const size_t half_bytes = round_up(static_cast<size_t>(n_rows) * cols * 2, 256);
       auto* base = static_cast<uint8_t*>(scratch(act16_, act16_cap_, 2 * half_bytes));
       auto* dst = reinterpret_cast<uint16_t*>(base + (bf16 ? 0 : half_bytes));
+      TESSERA_CHECK(x, "cuda gemm: no f32 activations to convert");
       cuda::launch_convert_rows(x, n_rows, ldx, cols, dst, bf16, stream_);
       cached = dst;
     }
     return cached;
   };
-  for (const MatmulTarget& t : targets) {
+  for (int i = 0; i < n_runs; ++i) {
+    const MatmulTarget& t = runs[i];
     const WeightMatrix& w = t.w;
     switch (w.dtype) {
       case DType::BF16:
@@ -358,6 +397,7 @@ void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<cons
         gemm_->run(CUDA_R_16F, w.data, cols, act(false), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
         break;
       case DType::F32:
+        TESSERA_CHECK(x, "cuda gemm: f32 weights need f32 activations");
         gemm_->run(CUDA_R_32F, w.data, cols, x, ldx, t.y, t.ldy, w.rows, n_rows, cols, stream_);
         break;
       default: {
@@ -368,6 +408,58 @@ void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<cons
       }
     }
   }
+}
+
+void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<const MatmulTarget> targets) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return matmul_op_name(n_rows, targets); });
+  if (n_rows <= 0 || targets.empty()) return;
+  const int64_t cols = targets[0].w.cols;
+  for (const MatmulTarget& t : targets)
+    TESSERA_CHECK(t.w.cols == cols, "cuda matmul: targets of different widths (", t.w.cols, " vs ", cols, ")");
+  if (recorded_matmul(n_rows <= cuda::kGemvMaxRows ? kOpGemv : kOpGemm, x, nullptr, n_rows, ldx, cols, targets))
+    return;
+  MatmulTarget runs[kMaxTargets];
+  const int n_runs = coalesce(targets, runs);
+  if (n_rows <= cuda::kGemvMaxRows)
+    gemv(x, nullptr, n_rows, ldx, cols, runs, n_runs);
+  else
+    gemm(x, n_rows, ldx, cols, runs, n_runs, nullptr, false);
+}
+
+void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_in, float* h, int n_rows, int dim,
+                                std::span<const MatmulTarget> targets) {
+  if (n_rows <= 0 || targets.empty()) return;
+  bool all16 = true, any_f16 = false, any_bf16 = false;
+  for (const MatmulTarget& t : targets) {
+    TESSERA_CHECK(t.w.cols == dim, "cuda swiglu_matmul: target width ", t.w.cols, " is not ", dim);
+    all16 = all16 && t.w.dtype != DType::F32;
+    (t.w.dtype == DType::F16 ? any_f16 : any_bf16) = true;
+  }
+  // One row with 16-bit weights: SwiGLU computed while the bulk matrix-vector kernel loads
+  // its input (when that kernel applies to every run).
+  bool bulk = n_rows == 1;
+  for (const MatmulTarget& t : targets) bulk = bulk && cuda::gemv_bulk_applies(t.w.dtype, dim, gate, up);
+  if (bulk) {
+    cuda::OpScope op_scope(profiler_.get(), [&] { return "swiglu + " + matmul_op_name(n_rows, targets); });
+    if (recorded_matmul(kOpSwigluGemv, gate, up, n_rows, ld_in, dim, targets)) return;
+    MatmulTarget runs[kMaxTargets];
+    const int n_runs = coalesce(targets, runs);
+    gemv(gate, up, 1, ld_in, dim, runs, n_runs);
+    return;
+  }
+  // Batches of 16-bit (or quantized, decoded to bf16) weights: the activation goes straight
+  // into the GEMM's 16-bit input. Elsewhere the two ops run as they are.
+  if (n_rows <= cuda::kGemvMaxRows || !all16 || (any_f16 && any_bf16)) {
+    Backend::swiglu_matmul(gate, up, ld_in, h, n_rows, dim, targets);
+    return;
+  }
+  cuda::OpScope op_scope(profiler_.get(), [&] { return "swiglu + " + matmul_op_name(n_rows, targets); });
+  if (recorded_matmul(kOpSwigluGemm, gate, up, n_rows, ld_in, dim, targets)) return;
+  auto* x16 = static_cast<uint16_t*>(scratch(act16_, act16_cap_, static_cast<size_t>(n_rows) * dim * 2));
+  cuda::launch_swiglu_to16(gate, up, ld_in, x16, n_rows, dim, any_bf16, stream_);
+  MatmulTarget runs[kMaxTargets];
+  const int n_runs = coalesce(targets, runs);
+  gemm(nullptr, n_rows, dim, dim, runs, n_runs, x16, any_bf16);
 }
 
 void CudaBackend::add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) {
@@ -435,16 +527,22 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   // graph and eager forwards split alike, so they give the same bits.
   const int max_len = next_pow2(std::max(batch.max_blocks, 1)) * kv.block_size;
   const int group = n_heads / kv.n_kv_heads;
-  const int base_blocks = batch.n_seqs * kv.n_kv_heads * ((group + 3) / 4);
-  // Blocks per SM the split aims for: 4, or TESSERA_CUDA_DECODE_BLOCKS_PER_SM (A/B runs).
-  static const int per_sm = [] {
+  // The tensor-core kernel takes every query head of a KV head in one block and fits two
+  // blocks per SM; its splits are at least 256 keys (shorter ones measured slower: the four
+  // warps' pipelines never fill). The SIMT kernels take up to 4 query heads per block.
+  const bool mma = cuda::attention_decode_mma_applies(kv, n_heads);
+  const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? 1 : (group + 3) / 4);
+  // Blocks per SM the split aims for: 2 (tensor cores) or 4, or TESSERA_CUDA_DECODE_BLOCKS_PER_SM.
+  static const int env_per_sm = [] {
     const char* env = std::getenv("TESSERA_CUDA_DECODE_BLOCKS_PER_SM");
     const int v = env ? std::atoi(env) : 0;
-    return v > 0 && v <= 64 ? v : 4;
+    return v > 0 && v <= 64 ? v : 0;
   }();
+  const int per_sm = env_per_sm ? env_per_sm : mma ? 2 : 4;
   const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
   // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.
-  const int split_len = std::max(64, static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 64)));
+  const int split_len = std::max(mma ? 256 : 64,
+                                 static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 64)));
   const int max_splits = std::max(1, (max_len + split_len - 1) / split_len);
   const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
   if (recorded(kOpAttn + 100, q, ldq, kv.k, kv.v, n_heads, scale, out, ldo, batch.n_seqs, split_len, max_splits))

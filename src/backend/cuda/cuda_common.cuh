@@ -38,4 +38,39 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as
 
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
+// ---- Programmatic dependent launch (PDL, sm_90) ----
+// A kernel launched with launch_pdl may start while the kernel before it on the stream is
+// still running; it must call pdl_wait() in every thread before touching anything that
+// kernel writes (or reads: WAR), and before exiting, so completion stays transitive along
+// the stream. Work that needs no earlier output (copies of weights) can go before it.
+// pdl_trigger() lets the next PDL kernel start launching. Both are no-ops for a kernel
+// launched the ordinary way. TESSERA_CUDA_PDL=0 launches every kernel the ordinary way.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+bool pdl_enabled();  // cuda_backend.cpp: device 9.0+ and not TESSERA_CUDA_PDL=0
+
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+
 }  // namespace tessera::cuda

@@ -3,6 +3,10 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
@@ -28,6 +32,25 @@ int alignment_of(const void* p, int64_t ld, int elem) {
 }
 
 int elem_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// Candidates timed per shape: kTuneCandidates, or TESSERA_CUDA_GEMM_TUNE=N (1 = the
+// heuristic's first choice, untimed).
+int tune_candidates() {
+  static const int n = [] {
+    const char* env = std::getenv("TESSERA_CUDA_GEMM_TUNE");
+    const int v = env ? std::atoi(env) : 0;
+    return v >= 1 && v <= kTuneCandidates ? v : kTuneCandidates;
+  }();
+  return n;
+}
+// TESSERA_CUDA_GEMM_SPLITK=0: time the heuristic's candidates only.
+bool split_k_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_CUDA_GEMM_SPLITK");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
 }  // namespace
 
 struct GemmLt::Plan {
@@ -56,7 +79,89 @@ GemmLt::~GemmLt() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-GemmLt::Plan& GemmLt::plan(const Key& key) {
+// The heuristic's first choice need not be the fastest: at 128 rows of activations a
+// 4,096-row weight makes only 32 output tiles for 132 SMs (the products read the weights at
+// 1.2-3.0 TB/s on the H200, under the 4.3 TB/s copy rate). So each new shape times the
+// candidates — the heuristic's, and split-K versions of them (2, 4, 8 slices of K, reduced
+// through the workspace in f32: deterministic) — on its real operands (one untimed run that
+// loads the kernel, then a few) and keeps the fastest. D is simply overwritten. Not while a
+// graph is being captured (nothing may synchronize then): -1, the caller takes the first
+// candidate without remembering it.
+std::vector<cublasLtMatmulAlgo_t> GemmLt::candidates(const Plan& p, const cublasLtMatmulHeuristicResult_t* results,
+                                                     int found) {
+  std::vector<cublasLtMatmulAlgo_t> out;
+  auto h = static_cast<cublasLtHandle_t>(handle_);
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    out.push_back(results[i].algo);
+  }
+  if (!split_k_enabled()) return out;
+  const size_t n_heuristic = out.size();
+  for (size_t i = 0; i < n_heuristic; ++i) {
+    int32_t support = 0;
+    size_t written = 0;
+    uint32_t splits_now = 1;
+    if (cublasLtMatmulAlgoCapGetAttribute(&out[i], CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support, sizeof support,
+                                          &written) != CUBLAS_STATUS_SUCCESS ||
+        !support)
+      continue;
+    cublasLtMatmulAlgoConfigGetAttribute(&out[i], CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits_now, sizeof splits_now,
+                                         &written);
+    if (splits_now > 1) continue;  // the heuristic split it already
+    for (uint32_t splits : {2u, 4u, 8u}) {
+      cublasLtMatmulAlgo_t algo = out[i];
+      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                               sizeof scheme) != CUBLAS_STATUS_SUCCESS)
+        continue;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(h, p.op, p.a, p.b, p.d, p.d, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+          check.workspaceSize > workspace_bytes_)
+        continue;
+      out.push_back(algo);
+    }
+  }
+  return out;
+}
+
+int GemmLt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos, const Call& c) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(c.stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return -1;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TESSERA_CUDA_CHECK(cudaEventCreate(&start));
+  TESSERA_CUDA_CHECK(cudaEventCreate(&stop));
+  const float alpha = 1.0f, beta = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, c.A, p.a, c.B, p.b, &beta, c.D, p.d,
+                          c.D, p.d, &algo, workspace_, workspace_bytes_, c.stream);
+  };
+  int best = 0;
+  float best_ms = 1e30f;
+  for (size_t i = 0; i < algos.size(); ++i) {
+    if (run(algos[i]) != CUBLAS_STATUS_SUCCESS) continue;
+    constexpr int kRuns = 4;
+    TESSERA_CUDA_CHECK(cudaEventRecord(start, c.stream));
+    bool ok = true;
+    for (int r = 0; r < kRuns && ok; ++r) ok = run(algos[i]) == CUBLAS_STATUS_SUCCESS;
+    TESSERA_CUDA_CHECK(cudaEventRecord(stop, c.stream));
+    TESSERA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ok && ms < best_ms) {
+      best_ms = ms;
+      best = static_cast<int>(i);
+    }
+  }
+  cudaGetLastError();  // a candidate that failed to launch leaves nothing behind
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+GemmLt::Plan& GemmLt::plan(const Key& key, const Call* call) {
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
   const auto [type_i, M, N, K, lda, ldb, ldd, align] = key;
   const auto type = static_cast<cudaDataType_t>(type_i);
@@ -79,15 +184,29 @@ GemmLt::Plan& GemmLt::plan(const Key& key) {
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->op, p->a,
-                                                             p->b, p->d, p->d, pref, 1, &result, &found);
+                                                             p->b, p->d, p->d, pref, tune_candidates(), results,
+                                                             &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
       fail("cuBLASLt has no algorithm for a ", M, "x", N, "x", K, " product (type ", type_i, ", alignment ", align,
            ", status ", static_cast<int>(st), ")");
-    p->algo = result.algo;
+    // One choice per shape for the whole process: two backends (graphs on and off, say)
+    // then run the same algorithm and agree bit for bit.
+    static std::mutex tuned_mutex;
+    static std::map<Key, int> tuned;
+    std::lock_guard<std::mutex> lock(tuned_mutex);
+    const std::vector<cublasLtMatmulAlgo_t> algos = candidates(*p, results, found);
+    if (algos.empty()) fail("cuBLASLt: no usable algorithm for a ", M, "x", N, "x", K, " product");
+    auto it = tuned.find(key);
+    int pick = 0;
+    if (it != tuned.end() && it->second < static_cast<int>(algos.size()))
+      pick = it->second;
+    else if (algos.size() > 1 && call && (pick = fastest(*p, algos, *call)) >= 0)
+      tuned[key] = pick;
+    p->algo = algos[std::max(pick, 0)];
   } catch (...) {
     delete p;
     throw;
@@ -101,7 +220,8 @@ void GemmLt::run(cudaDataType_t ab_type, const void* A, int64_t lda, const void*
   if (M == 0 || N == 0) return;
   const int e = elem_bytes(ab_type);
   int align = std::min({alignment_of(A, lda, e), alignment_of(B, ldb, e), alignment_of(D, ldd, 4)});
-  Plan& p = plan(Key{static_cast<int>(ab_type), M, N, K, lda, ldb, ldd, align});
+  const Call call{A, B, D, stream};
+  Plan& p = plan(Key{static_cast<int>(ab_type), M, N, K, lda, ldb, ldd, align}, &call);
   const float alpha = 1.0f, beta = 0.0f;
   TESSERA_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, A, p.a, B, p.b, &beta, D,
                                       p.d, D, p.d, &p.algo, workspace_, workspace_bytes_, stream));

@@ -30,6 +30,10 @@ void launch_add_rms_norm(float* x, const float* residual, const float* w, float*
 void launch_rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, int head_dim, int rot_dim,
                  bool neox, const double* inv_freq, cudaStream_t s);
 void launch_swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim, cudaStream_t s);
+// silu(gate) * up rounded to bf16 (to_bf16) or f16, dense [n_rows, dim]: the input of the
+// tensor-core GEMM that follows (the same values as swiglu then convert_rows).
+void launch_swiglu_to16(const float* gate, const float* up, int64_t ld_in, uint16_t* out, int n_rows, int dim,
+                        bool to_bf16, cudaStream_t s);
 void launch_add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim, cudaStream_t s);
 void launch_add(float* x, const float* y, int64_t n, cudaStream_t s);
 void launch_gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst, cudaStream_t s);
@@ -49,6 +53,15 @@ struct GemvTarget {
 // and `cols` columns. False when the type has no decoder.
 bool launch_gemv(DType t, const float* x, int n_rows, int64_t ldx, int64_t cols, const GemvTarget* targets,
                  int n_targets, cudaStream_t s);
+// Batch 1 with bf16/f16 weights: y_i[r] = x · W_i[r, :], or (silu(x) * up) · W_i[r, :] when
+// up is given; the weights streamed through shared memory by the bulk copy engine
+// (gemv_bulk.cu), launched as a programmatic dependent launch. False when it does not apply
+// (other types, widths past 16384 or not a multiple of 8, misaligned pointers, or
+// TESSERA_CUDA_GEMV_BULK=0): the caller uses launch_gemv.
+bool launch_gemv_bulk(DType t, const float* x, const float* up, int64_t cols, const GemvTarget* targets,
+                      int n_targets, int sm_count, cudaStream_t s);
+// Whether launch_gemv_bulk takes weights of type t, `cols` wide, with these inputs.
+bool gemv_bulk_applies(DType t, int64_t cols, const float* x, const float* up);
 // out[r, :] = W[r, :] as bf16 (round to nearest even), for the tensor-core path at large
 // batch. False when the type has no decoder.
 bool launch_dequant_bf16(DType t, const void* w, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t s);
@@ -78,6 +91,9 @@ void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv,
 bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                  int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
                                  float* partials, cudaStream_t s);
+// Whether the tensor-core decode kernel takes this KV layout and head count (the backend
+// sizes its splits for it: one block per KV head, two blocks per SM).
+bool attention_decode_mma_applies(const KvLayerView& kv, int n_heads);
 // Kernel 2 of the split decode: merges the splits' (m, l, O) partials of each (sequence,
 // head) and normalizes (attention_decode.cu). m is in natural-log units.
 void launch_attention_decode_merge(const float* partials, const DeviceBatch& b, int n_heads, int head_dim,

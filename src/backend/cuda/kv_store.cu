@@ -10,6 +10,8 @@ template <typename KT>
 __global__ void kv_store_kernel(KT* __restrict__ kc, KT* __restrict__ vc, const float* __restrict__ k, int64_t ldk,
                                 const float* __restrict__ v, int64_t ldv, const int32_t* __restrict__ slots,
                                 int n_tokens, int n_kv_heads, int block_size, int head_dim) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
   const int64_t width = static_cast<int64_t>(n_kv_heads) * head_dim;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tokens * width) return;
@@ -33,11 +35,13 @@ void launch_kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const f
   if (n <= 0) return;
   const unsigned grid = blocks_for(n, 256);
   if (kv.dtype == DType::F16)
-    kv_store_kernel<__half><<<grid, 256, 0, s>>>(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), k, ldk, v, ldv,
-                                                 slot_mapping, n_tokens, kv.n_kv_heads, kv.block_size, kv.head_dim);
+    launch_pdl(kv_store_kernel<__half>, dim3(grid), dim3(256), 0, s, static_cast<__half*>(kv.k),
+               static_cast<__half*>(kv.v), k, ldk, v, ldv, slot_mapping, n_tokens, kv.n_kv_heads, kv.block_size,
+               kv.head_dim);
   else if (kv.dtype == DType::F32)
-    kv_store_kernel<float><<<grid, 256, 0, s>>>(static_cast<float*>(kv.k), static_cast<float*>(kv.v), k, ldk, v, ldv,
-                                                slot_mapping, n_tokens, kv.n_kv_heads, kv.block_size, kv.head_dim);
+    launch_pdl(kv_store_kernel<float>, dim3(grid), dim3(256), 0, s, static_cast<float*>(kv.k),
+               static_cast<float*>(kv.v), k, ldk, v, ldv, slot_mapping, n_tokens, kv.n_kv_heads, kv.block_size,
+               kv.head_dim);
   else
     fail("cuda kv_store: KV type ", dtype_name(kv.dtype), " (F16 or F32)");
   TESSERA_CUDA_CHECK_LAUNCH("kv_store");

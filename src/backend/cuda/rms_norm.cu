@@ -7,6 +7,8 @@ namespace tessera::cuda {
 namespace {
 __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, float* out, int dim,
                                 float eps) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   float* o = out + static_cast<int64_t>(blockIdx.x) * dim;
   float ss = 0.0f;
@@ -19,7 +21,7 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, flo
 
 void launch_rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps, cudaStream_t s) {
   if (n_rows <= 0) return;
-  rms_norm_kernel<<<n_rows, 256, 0, s>>>(x, w, out, dim, eps);
+  launch_pdl(rms_norm_kernel, dim3(n_rows), dim3(256), 0, s, x, w, out, dim, eps);
   TESSERA_CUDA_CHECK_LAUNCH("rms_norm");
 }
 

@@ -12,6 +12,8 @@ namespace {
 __global__ void rope_kernel(float* __restrict__ x, int n_rows, int64_t ld, int n_heads,
                             const int32_t* __restrict__ positions, int head_dim, int half, bool neox,
                             const double* __restrict__ inv_freq) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<int64_t>(n_rows) * n_heads * half) return;
   const int i = static_cast<int>(idx % half);
@@ -33,7 +35,8 @@ void launch_rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* p
   const int half = rot_dim / 2;
   if (n_rows <= 0 || half <= 0 || n_heads <= 0) return;
   const int64_t n = static_cast<int64_t>(n_rows) * n_heads * half;
-  rope_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n_rows, ld, n_heads, positions, head_dim, half, neox, inv_freq);
+  launch_pdl(rope_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n_rows, ld, n_heads, positions, head_dim, half,
+             neox, inv_freq);
   TESSERA_CUDA_CHECK_LAUNCH("rope");
 }
 

@@ -22,12 +22,15 @@ class LlamaModel final : public Model {
     x_ = buf(t * c_.n_embd);
     xn_ = buf(t * c_.n_embd);
     tmp_ = buf(t * c_.n_embd);
-    q_ = buf(t * q_dim_);
-    k_ = buf(t * kv_dim_);
-    v_ = buf(t * kv_dim_);
+    // Q, K and V side by side in one row (vLLM's qkv_proj layout), gate and up likewise: a
+    // backend may then run each group as one product, and RoPE rotates Q and K in one call.
+    qkv_ld_ = q_dim_ + 2 * kv_dim_;
+    q_ = buf(t * qkv_ld_);  // [t, q_dim | kv_dim | kv_dim]
+    k_ = q_ + q_dim_;
+    v_ = k_ + kv_dim_;
     att_ = buf(t * q_dim_);
-    gate_ = buf(t * c_.n_ff);
-    up_ = buf(t * c_.n_ff);
+    gate_ = buf(t * 2 * c_.n_ff);  // [t, n_ff | n_ff]
+    up_ = gate_ + c_.n_ff;
     h_ = buf(t * c_.n_ff);
     rows_ = buf(static_cast<int64_t>(max_logits) * c_.n_embd);
     logits_ = buf(static_cast<int64_t>(max_logits) * c_.n_vocab);
@@ -74,25 +77,24 @@ class LlamaModel final : public Model {
         be_.rms_norm(x_, L.attn_norm, xn_, n, e, c_.rms_eps);
       else
         be_.add_rms_norm(x_, tmp_, L.attn_norm, xn_, n, e, c_.rms_eps);
-      const MatmulTarget qkv[] = {{L.wq, q_, q_dim_}, {L.wk, k_, kv_dim_}, {L.wv, v_, kv_dim_}};
-      be_.matmul(xn_, n, e, qkv);  // q: [n, q_dim], k, v: [n, kv_dim]
+      const MatmulTarget qkv[] = {{L.wq, q_, qkv_ld_}, {L.wk, k_, qkv_ld_}, {L.wv, v_, qkv_ld_}};
+      be_.matmul(xn_, n, e, qkv);  // q, k, v: [n, q_dim | kv_dim | kv_dim] at stride qkv_ld
       if (L.bq) {
-        be_.add_bias(q_, q_dim_, L.bq, n, static_cast<int>(q_dim_));
-        be_.add_bias(k_, kv_dim_, L.bk, n, static_cast<int>(kv_dim_));
-        be_.add_bias(v_, kv_dim_, L.bv, n, static_cast<int>(kv_dim_));
+        be_.add_bias(q_, qkv_ld_, L.bq, n, static_cast<int>(q_dim_));
+        be_.add_bias(k_, qkv_ld_, L.bk, n, static_cast<int>(kv_dim_));
+        be_.add_bias(v_, qkv_ld_, L.bv, n, static_cast<int>(kv_dim_));
       }
-      be_.rope(q_, n, q_dim_, c_.n_head, ab.positions, rope_);
-      be_.rope(k_, n, kv_dim_, c_.n_head_kv, ab.positions, rope_);
-      be_.kv_store(kvl, k_, kv_dim_, v_, kv_dim_, ab);
-      be_.attention(q_, q_dim_, kvl, ab, c_.n_head, scale, att_, q_dim_);  // att: [n, q_dim]
+      // K's heads follow Q's in the row, with the same head size: one call rotates both.
+      be_.rope(q_, n, qkv_ld_, c_.n_head + c_.n_head_kv, ab.positions, rope_);
+      be_.kv_store(kvl, k_, qkv_ld_, v_, qkv_ld_, ab);
+      be_.attention(q_, qkv_ld_, kvl, ab, c_.n_head, scale, att_, q_dim_);  // att: [n, q_dim]
       const MatmulTarget o[] = {{L.wo, tmp_, e}};
       be_.matmul(att_, n, q_dim_, o);  // tmp: [n, e]
       be_.add_rms_norm(x_, tmp_, L.ffn_norm, xn_, n, e, c_.rms_eps);
-      const MatmulTarget gate_up[] = {{L.w_gate, gate_, c_.n_ff}, {L.w_up, up_, c_.n_ff}};
-      be_.matmul(xn_, n, e, gate_up);  // gate, up: [n, n_ff]
-      be_.swiglu(gate_, up_, c_.n_ff, h_, n, c_.n_ff);
+      const MatmulTarget gate_up[] = {{L.w_gate, gate_, 2 * c_.n_ff}, {L.w_up, up_, 2 * c_.n_ff}};
+      be_.matmul(xn_, n, e, gate_up);  // gate, up: [n, n_ff | n_ff]
       const MatmulTarget down[] = {{L.w_down, tmp_, e}};
-      be_.matmul(h_, n, c_.n_ff, down);  // tmp: [n, e]
+      be_.swiglu_matmul(gate_, up_, 2 * c_.n_ff, h_, n, c_.n_ff, down);  // tmp = W_down · silu(gate)·up: [n, e]
     }
     if (n_out == 0) return;
     be_.add(x_, tmp_, static_cast<int64_t>(n) * e);
@@ -115,7 +117,7 @@ class LlamaModel final : public Model {
   Backend& be_;
   const ModelConfig& c_;
   int max_tokens_, max_logits_;
-  int64_t q_dim_ = 0, kv_dim_ = 0;
+  int64_t q_dim_ = 0, kv_dim_ = 0, qkv_ld_ = 0;
   RopeConfig rope_;
   std::vector<void*> owned_;
   float *x_, *xn_, *tmp_, *q_, *k_, *v_, *att_, *gate_, *up_, *h_, *rows_, *logits_;

@@ -1,0 +1,358 @@
+// Paged attention for decode (one query row per sequence) on the tensor cores (f16 KV cache,
+// head_dim 64/128, up to 16 query heads per KV head). The grid is that of the SIMT kernel in
+// attention_decode.cu: a block of 4 warps per (sequence, KV head, split of split_len keys).
+// The query heads of the KV head are the M dimension of mma.sync m16n8k16 (f16 operands, f32
+// accumulate): rows g < group are the heads, rows >= group zero and discarded, so one k-step
+// serves the whole GQA group and each key is read once. The split's keys are cut into tiles
+// of 16; warp w takes tiles w, w+4, w+8, ... and runs independently of the other warps: its
+// own online softmax (base 2, f32, on the accumulator fragments, as in attention_prefill_mma.cu),
+// O accumulators and a private ring of 3 K/V tile buffers in shared memory, filled by cp.async
+// (16 bytes, key -> block table -> global offset) two tiles ahead of the one computed, and
+// synchronized with __syncwarp only. Q·Kᵀ takes K by ldmatrix, P·V takes V by ldmatrix.trans;
+// shared rows are padded by 8 halves so the 8 rows of each ldmatrix land in distinct banks.
+// At the end the block merges its 4 warps' (m, l, O) in shared memory in a fixed order
+// (deterministic) and writes either the normalized output (one split) or the split's
+// partials in the SIMT kernel's format (m in natural-log units), merged by
+// launch_attention_decode_merge.
+//
+// Numerics: Q is rounded to f16 after scaling by softmax_scale·log2(e) (the KV cache is f16
+// already), P to f16 before P·V; sums and the softmax state are f32. Relative error against
+// the f32 kernel: 1.2e-4 to 2.6e-4 measured (H200, unit-normal q, k, v), 5e-4 with q 6× larger.
+// TESSERA_CUDA_DECODE_MMA=0 selects the SIMT kernel.
+#include <cfloat>
+#include <cstdlib>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kKeys = 16;   // keys per tile: one k-step of P·V, two n-blocks of Q·Kᵀ
+constexpr int kStages = 3;  // tile buffers per warp (two tiles in flight while one is computed)
+constexpr int kPad = 8;     // halves of padding per shared K/V row
+constexpr int kOPad = 8;    // floats of padding per shared O row of the final merge (no bank conflicts)
+
+// Per block: kWarps rings of kStages × (K tile + V tile), each [kKeys][HD + kPad] halves.
+// HD 128: 104,448 bytes (2 blocks per SM), HD 64: 55,296.
+template <int HD>
+__host__ __device__ constexpr size_t ring_smem_bytes() {
+  return sizeof(__half) * kWarps * kStages * 2 * kKeys * (HD + kPad);
+}
+// The final merge, in the same memory: O [kWarps][16][HD + kOPad], m and l [kWarps][16] floats.
+template <int HD>
+__host__ __device__ constexpr size_t merge_smem_bytes() {
+  return sizeof(float) * kWarps * 16 * (HD + kOPad + 2);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// d += a · b, m16n8k16, f16 operands, f32 accumulators.
+__device__ __forceinline__ void mma_f16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
+    const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc, const __half* __restrict__ vc,
+    DeviceBatch b, int n_kv_heads, int block_size, int group, float q_scale, int split_len, int max_splits,
+    float* __restrict__ out, int64_t ldo, float* __restrict__ partials) {
+  constexpr int LD = HD + kPad;       // shared K/V row stride in halves
+  constexpr int PPK = HD / 8;         // 16-byte pieces per key row
+  constexpr int KPR = 32 / PPK;       // keys per warp-wide round of pieces: 2 (HD 128) or 4 (HD 64)
+  constexpr int OLD = HD + kOPad;     // shared O row stride in floats (merge)
+  static_assert(merge_smem_bytes<HD>() <= ring_smem_bytes<HD>(), "the merge reuses the tile rings");
+  extern __shared__ __align__(16) __half smem_h[];
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
+
+  const int seq = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int t = b.q_start[seq];
+  const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
+  const int begin = split * split_len;
+  const int n_heads = n_kv_heads * group, head0 = kvh * group;
+  if (begin >= len) {  // the whole block (the merge reads only the splits that hold keys)
+    if (max_splits == 1)  // no keys at all: zeros, as the merge gives
+      for (int i = threadIdx.x; i < group * HD; i += kThreads)
+        out[t * ldo + static_cast<int64_t>(head0) * HD + i] = 0.0f;
+    return;
+  }
+  const int end = min(len, begin + split_len);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int fr = lane >> 2, fc = lane & 3;  // fragment row (0..7) and column pair (0..3)
+
+  // Q A-fragments, loaded once from global: row r = query head head0 + r (zeros for r >= group),
+  // k-step kk: {row fr, cols 16kk + 2fc, +1}, {row fr + 8, same}, {row fr, +8}, {row fr + 8, +8}.
+  uint32_t qf[HD / 16][4];
+  {
+    auto load_q = [&](int row, int col) {
+      float2 v = make_float2(0.0f, 0.0f);
+      if (row < group) v = *reinterpret_cast<const float2*>(q + t * ldq + static_cast<int64_t>(head0 + row) * HD + col);
+      return pack_half2(v.x * q_scale, v.y * q_scale);
+    };
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      qf[kk][0] = load_q(fr, kk * 16 + 2 * fc);
+      qf[kk][1] = load_q(fr + 8, kk * 16 + 2 * fc);
+      qf[kk][2] = load_q(fr, kk * 16 + 8 + 2 * fc);
+      qf[kk][3] = load_q(fr + 8, kk * 16 + 8 + 2 * fc);
+    }
+  }
+
+  const int n_tiles = (end - begin + kKeys - 1) / kKeys;  // tiles of this split
+  const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
+  // This warp's ring: K buffers [kStages][kKeys][LD], then V buffers likewise.
+  __half* const ring = smem_h + warp * (kStages * 2 * kKeys * LD);
+  const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
+  const int pj = lane / PPK, pc = (lane % PPK) * 8;  // this lane's first key of a tile and its piece
+
+  // Issues this warp's local tile i (global tile warp + 4i) into buffer i % kStages and commits
+  // a group, an empty one past the warp's last tile (the wait below counts groups). Keys past
+  // the split end get zeros, not stale data: P is 0 there, but 0 · NaN would poison O.
+  auto load_tile = [&](int i) {
+    if (i < my_tiles) {
+      __half* kd = ring + (i % kStages) * kKeys * LD + pj * LD + pc;
+      __half* vd = kd + kStages * kKeys * LD;
+      int key = begin + (warp + i * kWarps) * kKeys + pj;
+      int blk = key / block_size, off = key - blk * block_size;
+#pragma unroll
+      for (int r = 0; r < kKeys / KPR; ++r) {
+        if (key < end) {
+          const int64_t src = ((static_cast<int64_t>(table[blk]) * n_kv_heads + kvh) * block_size + off) * HD + pc;
+          cp_async16(kd, kc + src);
+          cp_async16(vd, vc + src);
+        } else {
+          *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+          *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+        }
+        kd += KPR * LD;
+        vd += KPR * LD;
+        key += KPR;
+        off += KPR;
+        while (off >= block_size) {  // next block of the table (block_size may be < KPR)
+          off -= block_size;
+          ++blk;
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+
+  float o[HD / 8][4];  // O rows fr (elements 0, 1) and fr + 8 (2, 3), dims n*8 + 2fc, +1
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) load_tile(i);
+  for (int i = 0; i < my_tiles; ++i) {
+    load_tile(i + kStages - 1);  // into the buffer of tile i - 1, released by the __syncwarp ending i - 1
+    // Groups committed: kStages + i; at most kStages - 1 pending = groups 0..i (tile i) landed.
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
+    __syncwarp();  // every lane's copies and zero stores visible to the whole warp
+    const __half* Ks = ring + (i % kStages) * kKeys * LD;
+    const __half* Vs = Ks + kStages * kKeys * LD;
+    const int key0 = begin + (warp + i * kWarps) * kKeys;
+
+    // S = Q · Kᵀ: [16 query heads] × [16 keys] (n-blocks of keys 0..7 and 8..15).
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4(smem_addr(Ks + ((lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8), b0, b1, b2,
+                  b3);
+      mma_f16(s[0], qf[kk], b0, b1);
+      mma_f16(s[1], qf[kk], b2, b3);
+    }
+    // Length mask, then the online softmax of rows fr (elements 0, 1) and fr + 8 (2, 3).
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (key0 + n * 8 + 2 * fc + (e & 1) >= end) s[n][e] = -INFINITY;
+        if (e < 2)
+          mx_a = fmaxf(mx_a, s[n][e]);
+        else
+          mx_b = fmaxf(mx_b, s[n][e]);
+      }
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+    const float new_a = fmaxf(m_a, mx_a), new_b = fmaxf(m_b, mx_b);
+    // Key 0 of every tile is in range, so the max is finite; kept as a guard against NaN.
+    const float ref_a = new_a == -INFINITY ? 0.0f : new_a, ref_b = new_b == -INFINITY ? 0.0f : new_b;
+    const float c_a = exp2f(m_a - ref_a), c_b = exp2f(m_b - ref_b);
+    m_a = new_a;
+    m_b = new_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      s[n][0] = exp2f(s[n][0] - ref_a);
+      s[n][1] = exp2f(s[n][1] - ref_a);
+      s[n][2] = exp2f(s[n][2] - ref_b);
+      s[n][3] = exp2f(s[n][3] - ref_b);
+      sum_a += s[n][0] + s[n][1];
+      sum_b += s[n][2] + s[n][3];
+    }
+    l_a = l_a * c_a + sum_a;  // this lane's share of the row sum (reduced at the end)
+    l_b = l_b * c_b + sum_b;
+    // O = O · c + P · V: the score fragments are the A fragment of the one k-step.
+    const uint32_t pa[4] = {pack_half2(s[0][0], s[0][1]), pack_half2(s[0][2], s[0][3]), pack_half2(s[1][0], s[1][1]),
+                            pack_half2(s[1][2], s[1][3])};
+#pragma unroll
+    for (int n = 0; n < HD / 8; n += 2) {
+      o[n][0] *= c_a;
+      o[n][1] *= c_a;
+      o[n][2] *= c_b;
+      o[n][3] *= c_b;
+      o[n + 1][0] *= c_a;
+      o[n + 1][1] *= c_a;
+      o[n + 1][2] *= c_b;
+      o[n + 1][3] *= c_b;
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4_trans(smem_addr(Vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8), b0, b1,
+                        b2, b3);
+      mma_f16(o[n], pa, b0, b1);
+      mma_f16(o[n + 1], pa, b2, b3);
+    }
+    __syncwarp();  // every lane done reading this buffer before the next iteration refills it
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // only empty groups can be pending here
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+
+  // Merge of the 4 warps. A warp without tiles has m = -inf, l = 0, O = 0 and adds nothing.
+  __syncthreads();  // every warp is done with its ring: the merge area spans all of them
+  float* so = reinterpret_cast<float*>(smem_h);  // [kWarps][16][OLD]
+  float* sm = so + kWarps * 16 * OLD;            // [kWarps][16]
+  float* sl = sm + kWarps * 16;                  // [kWarps][16]
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = fr + 8 * half;
+    if (row >= group) continue;
+    if (fc == 0) {
+      sm[warp * 16 + row] = half ? m_b : m_a;
+      sl[warp * 16 + row] = half ? l_b : l_a;
+    }
+    float* dst = so + (warp * 16 + row) * OLD + 2 * fc;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < group * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w * 16 + g]);
+    float l = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = sm[w * 16 + g];
+      if (mw == -INFINITY) continue;  // never -inf - -inf; exp2 of -inf - finite would be 0 anyway
+      const float c = exp2f(mw - mx);
+      l += sl[w * 16 + g] * c;
+      acc += so[(w * 16 + g) * OLD + d] * c;
+    }
+    if (max_splits == 1) {
+      out[t * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * (1.0f / l) : 0.0f;
+    } else {
+      float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head0 + g) * max_splits + split) * (HD + 2);
+      p[2 + d] = acc;
+      if (d == 0) {
+        p[0] = mx * 0.6931471805599453f;  // base 2 -> natural log units (the merge uses __expf)
+        p[1] = l;
+      }
+    }
+  }
+}
+
+template <int HD>
+void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads, int group,
+                float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials, cudaStream_t s) {
+  constexpr size_t smem = ring_smem_bytes<HD>();
+  static bool configured = false;  // per instantiation; the attribute is per function
+  if (!configured) {
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_mma_kernel<HD>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    configured = true;
+  }
+  const float q_scale = scale * 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
+  launch_pdl(attention_decode_mma_kernel<HD>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem, s, q,
+             ldq, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b, kv.n_kv_heads,
+             kv.block_size, group, q_scale, split_len, max_splits, out, ldo, partials);
+  TESSERA_CUDA_CHECK_LAUNCH("attention_decode_mma");
+  if (max_splits > 1) launch_attention_decode_merge(partials, b, n_heads, HD, split_len, max_splits, out, ldo, s);
+}
+
+bool decode_mma_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_CUDA_DECODE_MMA");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
+}  // namespace
+
+bool attention_decode_mma_applies(const KvLayerView& kv, int n_heads) {
+  if (kv.dtype != DType::F16 || !decode_mma_enabled()) return false;
+  if (kv.head_dim != 64 && kv.head_dim != 128) return false;
+  if (kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0) return false;
+  const int group = n_heads / kv.n_kv_heads;
+  return group >= 1 && group <= 16;  // the query heads of a KV head are the 16 rows of one mma
+}
+
+bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                 int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
+                                 float* partials, cudaStream_t s) {
+  if (!attention_decode_mma_applies(kv, n_heads)) return false;
+  const int group = n_heads / kv.n_kv_heads;
+  if (split_len <= 0 || split_len % 64 != 0 || max_splits < 1) return false;  // 4 warps × 16-key tiles
+  if (reinterpret_cast<uintptr_t>(q) % 8 != 0 || ldq % 2 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0 ||
+      ldo % 2 != 0)
+    return false;  // float2 loads of Q
+  if (b.n_seqs == 0) return true;
+  if (kv.head_dim == 64)
+    launch_mma<64>(q, ldq, kv, b, n_heads, group, scale, out, ldo, split_len, max_splits, partials, s);
+  else
+    launch_mma<128>(q, ldq, kv, b, n_heads, group, scale, out, ldo, split_len, max_splits, partials, s);
+  return true;
+}
+
+}  // namespace tessera::cuda

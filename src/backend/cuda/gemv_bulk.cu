@@ -1,0 +1,280 @@
+// Batch-1 matrix-vector products for 16-bit weights (bf16, f16), streamed through shared
+// memory by the bulk copy engine: y[r] = x · W[r, :].
+//
+// Why: decode at batch 1 reads every weight once per token, so the product is a pure
+// stream and its speed is bytes in flight. The warp-per-row kernel (gemv.cu) keeps each
+// lane's few loads in flight only while its warp lives (a 4,096-wide row is 16 steps), and
+// the grid's waves and tail leave the short matrices well under the copy rate. Here a
+// persistent grid (two blocks per SM) walks contiguous chunks of rows (1-4 rows, 8-32 KB),
+// and one thread keeps `stages` chunks in flight with cp.async.bulk completing on mbarriers;
+// the block's 256 threads read each landed chunk from shared memory, with x held in
+// registers for the whole launch (thread t owns columns 8t + 2048j).
+//
+// Programmatic dependent launch: the first chunks' copies are issued before pdl_wait() (the
+// weights do not depend on the kernel before), so they overlap its tail; x is read after.
+// With `up`, the input is silu(x) * up computed while loading it (the FFN's down
+// projection with SwiGLU fused, the same arithmetic as swiglu.cu).
+//
+// Sums: per thread over its columns in order, a warp butterfly, then the 8 warps' sums in
+// order: a fixed order, so graph and eager runs give the same bits.
+#include <cstdlib>
+
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/quant_decode.cuh"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kSweep = kThreads * 8;      // columns one pass of the block covers
+constexpr int kMaxSweeps = 8;             // cols <= 16384
+constexpr int kMaxRowsPerChunk = 4;
+constexpr size_t kSmemPerSm = 220 << 10;  // what the blocks of one SM may take together
+
+// Bytes per chunk at most and bytes of chunks in flight per block: 32 KB and 96 KB (two
+// blocks per SM), or TESSERA_CUDA_GEMV_BULK_CHUNK_KB / TESSERA_CUDA_GEMV_BULK_KB (A/B runs).
+size_t env_kb(const char* name, size_t fallback) {
+  const char* env = std::getenv(name);
+  const long v = env ? std::atol(env) : 0;
+  return v >= 8 && v <= 200 ? static_cast<size_t>(v) << 10 : fallback;
+}
+size_t chunk_budget() {
+  static const size_t b = env_kb("TESSERA_CUDA_GEMV_BULK_CHUNK_KB", 32 << 10);
+  return b;
+}
+size_t stage_budget() {
+  static const size_t b = env_kb("TESSERA_CUDA_GEMV_BULK_KB", 96 << 10);
+  return b;
+}
+
+struct BulkTargets {
+  const uint8_t* w[kGemvMaxTargets];
+  float* y[kGemvMaxTargets];
+  int64_t chunk_end[kGemvMaxTargets];  // cumulative chunks: target i owns [chunk_end[i-1], chunk_end[i])
+  int n;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+}
+
+// Global → shared copy of `bytes` (a multiple of 16, both ends 16-byte aligned) by the copy
+// engine, counted against `bar`'s expected transaction bytes.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ float silu_times(float g, float u) {
+  const float e = __expf(-fabsf(g));
+  const float sig = g >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+  return g * sig * u;
+}
+
+// NS: sweeps of kSweep columns (cols <= NS * kSweep); SWIGLU: x = silu(x) * up.
+template <DType T, int NS, bool SWIGLU>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemv_bulk_kernel(const float* __restrict__ x, const float* __restrict__ up, int cols, int rows_per_chunk,
+                     int64_t n_chunks, int stages, const __grid_constant__ BulkTargets tg) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t chunk_bytes = static_cast<uint32_t>(rows_per_chunk) * cols * 2;
+  const uint32_t stage_stride = (chunk_bytes + 127) / 128 * 128;
+  auto* bars = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(stages) * stage_stride);
+  auto* red = reinterpret_cast<float*>(bars + stages);  // [2][kWarps][kMaxRowsPerChunk]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * n_chunks / gridDim.x;
+  const int64_t c1 = static_cast<int64_t>(blockIdx.x + 1) * n_chunks / gridDim.x;
+
+  auto target_of = [&](int64_t chunk, int& ti) {
+    ti = 0;
+    while (ti < tg.n - 1 && chunk >= tg.chunk_end[ti]) ++ti;
+    return chunk - (ti ? tg.chunk_end[ti - 1] : 0);  // chunk index inside target ti
+  };
+  auto issue = [&](int64_t chunk, int stage) {
+    int ti;
+    const int64_t local = target_of(chunk, ti);
+    mbar_expect_tx(&bars[stage], chunk_bytes);
+    bulk_copy(smem + static_cast<size_t>(stage) * stage_stride, tg.w[ti] + local * chunk_bytes, chunk_bytes,
+              &bars[stage]);
+  };
+
+  if (tid == 0) {
+    for (int st = 0; st < stages; ++st) mbar_init(&bars[st], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (tid == 0)
+    for (int st = 0; st < stages && c0 + st < c1; ++st) issue(c0 + st, st);
+
+  pdl_wait();  // x is the previous kernel's output
+  float xr[NS][8];
+#pragma unroll
+  for (int j = 0; j < NS; ++j) {
+    const int e = (j * kThreads + tid) * 8;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) xr[j][k] = 0.0f;
+    if (e < cols) {
+      const float4 a = *reinterpret_cast<const float4*>(x + e), b = *reinterpret_cast<const float4*>(x + e + 4);
+      float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      if constexpr (SWIGLU) {
+        const float4 ua = *reinterpret_cast<const float4*>(up + e), ub = *reinterpret_cast<const float4*>(up + e + 4);
+        const float u[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = silu_times(v[k], u[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) xr[j][k] = v[k];
+    }
+  }
+  pdl_trigger();
+
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t i = c - c0;
+    const int stage = static_cast<int>(i % stages);
+    mbar_wait(&bars[stage], static_cast<uint32_t>((i / stages) & 1));
+    const uint8_t* chunk = smem + static_cast<size_t>(stage) * stage_stride;
+    float* red_i = red + (i & 1) * kWarps * kMaxRowsPerChunk;
+    for (int r = 0; r < rows_per_chunk; ++r) {
+      const uint8_t* row = chunk + static_cast<size_t>(r) * cols * 2;
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+        const int e = (j * kThreads + tid) * 8;
+        if (e < cols) {
+          float w8[8];
+          decode8<T>(row, e, w8);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) acc = fmaf(w8[k], xr[j][k], acc);
+        }
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) red_i[warp * kMaxRowsPerChunk + r] = acc;
+    }
+    __syncthreads();  // the stage is read by every thread; red_i is complete
+    if (tid == 0 && c + stages < c1) issue(c + stages, stage);
+    if (tid < rows_per_chunk) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += red_i[w * kMaxRowsPerChunk + tid];
+      int ti;
+      const int64_t local = target_of(c, ti);
+      tg.y[ti][local * rows_per_chunk + tid] = sum;
+    }
+  }
+}
+
+bool bulk_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_CUDA_GEMV_BULK");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
+template <DType T, bool SWIGLU>
+void launch_typed(int ns, const float* x, const float* up, int cols, int rpc, int64_t n_chunks, int stages,
+                  unsigned grid, size_t smem, const BulkTargets& tg, cudaStream_t s) {
+  auto go = [&]<int NS>() {
+    static size_t configured = 0;  // the attribute is per function
+    if (smem > configured) {
+      TESSERA_CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<T, NS, SWIGLU>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      configured = smem;
+    }
+    launch_pdl(gemv_bulk_kernel<T, NS, SWIGLU>, dim3(grid), dim3(kThreads), smem, s, x, up, cols, rpc, n_chunks,
+               stages, tg);
+  };
+  switch (ns) {
+    case 1: go.template operator()<1>(); break;
+    case 2: go.template operator()<2>(); break;
+    case 3: go.template operator()<3>(); break;
+    case 4: go.template operator()<4>(); break;
+    case 5: go.template operator()<5>(); break;
+    case 6: go.template operator()<6>(); break;
+    case 7: go.template operator()<7>(); break;
+    default: go.template operator()<8>(); break;
+  }
+}
+
+}  // namespace
+
+bool gemv_bulk_applies(DType type, int64_t cols, const float* x, const float* up) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return (type == DType::BF16 || type == DType::F16) && bulk_enabled() && cols % 8 == 0 &&
+         cols <= int64_t{kSweep} * kMaxSweeps && aligned(x) && (!up || aligned(up));
+}
+
+bool launch_gemv_bulk(DType type, const float* x, const float* up, int64_t cols, const GemvTarget* targets,
+                      int n_targets, int sm_count, cudaStream_t s) {
+  if (!gemv_bulk_applies(type, cols, x, up) || n_targets < 1 || n_targets > kGemvMaxTargets) return false;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const size_t row_bytes = static_cast<size_t>(cols) * 2;
+  int64_t total_rows = 0;
+  for (int i = 0; i < n_targets; ++i) {
+    if (!aligned(targets[i].w)) return false;
+    total_rows += targets[i].rows;
+  }
+  // Blocks per SM from the shared memory one takes (stages of chunks up to the budget).
+  const size_t budget = stage_budget();
+  const int per_sm = std::max<int>(1, static_cast<int>(kSmemPerSm / (budget + 2048)));
+  // Rows per chunk: as many as fit the chunk budget while every target splits into whole
+  // chunks and each block of the grid still gets a few (balance).
+  int rpc = kMaxRowsPerChunk;
+  auto fits = [&](int r) {
+    if (static_cast<size_t>(r) * row_bytes > chunk_budget() || total_rows / r < 4 * per_sm * sm_count) return false;
+    for (int i = 0; i < n_targets; ++i)
+      if (targets[i].rows % r != 0) return false;
+    return true;
+  };
+  while (rpc > 1 && !fits(rpc)) rpc /= 2;
+  const size_t chunk_bytes = static_cast<size_t>(rpc) * row_bytes;
+  if (chunk_bytes > budget / 2) return false;  // at least two stages in flight
+  BulkTargets tg{};
+  tg.n = n_targets;
+  int64_t chunks = 0;
+  for (int i = 0; i < n_targets; ++i) {
+    tg.w[i] = static_cast<const uint8_t*>(targets[i].w);
+    tg.y[i] = targets[i].y;
+    chunks += targets[i].rows / rpc;
+    tg.chunk_end[i] = chunks;
+  }
+  const size_t stage_stride = (chunk_bytes + 127) / 128 * 128;
+  const int stages = static_cast<int>(std::min<size_t>(8, budget / stage_stride));
+  const size_t smem = stages * stage_stride + stages * sizeof(uint64_t) + 2 * kWarps * kMaxRowsPerChunk * sizeof(float);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(chunks, int64_t{per_sm} * sm_count));
+  const int ns = static_cast<int>((cols + kSweep - 1) / kSweep);
+  const int c = static_cast<int>(cols);
+  if (type == DType::BF16)
+    up ? launch_typed<DType::BF16, true>(ns, x, up, c, rpc, chunks, stages, grid, smem, tg, s)
+       : launch_typed<DType::BF16, false>(ns, x, up, c, rpc, chunks, stages, grid, smem, tg, s);
+  else
+    up ? launch_typed<DType::F16, true>(ns, x, up, c, rpc, chunks, stages, grid, smem, tg, s)
+       : launch_typed<DType::F16, false>(ns, x, up, c, rpc, chunks, stages, grid, smem, tg, s);
+  TESSERA_CUDA_CHECK_LAUNCH("gemv_bulk");
+  return true;
+}
+
+}  // namespace tessera::cuda
