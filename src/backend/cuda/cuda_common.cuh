@@ -36,6 +36,14 @@ __device__ __forceinline__ float block_sum(float v) {
 __device__ __forceinline__ float half_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
+// silu(g) * u = g / (1 + e^-g) * u, through e^-|g| so large |g| never overflows (swiglu.cu
+// and the fused input of gemv_bulk.cu compute it alike: the same bits).
+__device__ __forceinline__ float silu_times(float g, float u) {
+  const float e = __expf(-fabsf(g));
+  const float sig = g >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+  return g * sig * u;
+}
+
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 // ---- Programmatic dependent launch (PDL, sm_90) ----

@@ -33,11 +33,13 @@ int alignment_of(const void* p, int64_t ld, int elem) {
 
 int elem_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
-// Heuristic candidates per shape: 1, or TESSERA_CUDA_GEMM_TUNE=N (up to kTuneCandidates),
-// each with its split-K versions. Measured on the H200 (decode of 128 sequences, 8B bf16):
-// the heuristic's first choice and its split-K versions, timed, 14,081 tok/s; its 16 best
-// candidates and their split-K versions, timed, 12,731 (13,005 without split-K): the
-// isolated timings do not rank the candidates as they run inside the decode step.
+// Heuristic candidates per shape: 1 (then nothing is timed: cuBLASLt's first choice), or
+// TESSERA_CUDA_GEMM_TUNE=N (up to kTuneCandidates), timed with their split-K versions when
+// TESSERA_CUDA_GEMM_SPLITK=1. Kept for experiments, off by default because it measured no
+// gain on the H200 (decode of 128 sequences, 8B bf16, one run each, 2026-12-01): first
+// choice alone 14,488 tok/s; with its split-K versions, timed, 14,476; 16 candidates and
+// their split-K versions, timed, 12,956 (12,731 and 13,005 without split-K in an earlier
+// run): the isolated timings do not rank the candidates as they run inside the decode step.
 int tune_candidates() {
   static const int n = [] {
     const char* env = std::getenv("TESSERA_CUDA_GEMM_TUNE");
@@ -52,11 +54,11 @@ int tune_candidates() {
 // take the heuristic's first choice.
 bool tuned_size(int64_t n) { return n >= 1 && n <= 512 && (n & (n - 1)) == 0; }
 
-// TESSERA_CUDA_GEMM_SPLITK=0: time the heuristic's candidates only.
+// TESSERA_CUDA_GEMM_SPLITK=1: split-K versions of each candidate join the timing.
 bool split_k_enabled() {
   static const bool on = [] {
     const char* env = std::getenv("TESSERA_CUDA_GEMM_SPLITK");
-    return !(env && env[0] == '0');
+    return env && env[0] == '1';
   }();
   return on;
 }
@@ -88,7 +90,8 @@ GemmLt::~GemmLt() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-// The heuristic's first choice need not be the fastest: at 128 rows of activations a
+// Opt-in tuning (tune_candidates, split_k_enabled). The idea: the heuristic's first
+// choice need not be the fastest: at 128 rows of activations a
 // 4,096-row weight makes only 32 output tiles for 132 SMs (the products read the weights at
 // 1.2-3.0 TB/s on the H200, under the 4.3 TB/s copy rate). So each new shape times the
 // candidates — the heuristic's, and split-K versions of them (2, 4, 8 slices of K, reduced

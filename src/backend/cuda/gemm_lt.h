@@ -2,8 +2,8 @@
 // Dense products through cuBLASLt, for batches past the matrix-vector kernels:
 //   D[t * ldd + r] = sum_k A[r * lda + k] * B[t * ldb + k]    for r < M, t < N
 // A: weights [M, K] row-major; B: activations [N, K] row-major; both bf16, f16 or f32;
-// D f32; f32 accumulation (no TF32). Each new shape times cuBLASLt's candidate algorithms
-// on its operands and caches the fastest.
+// D f32; f32 accumulation (no TF32). The algorithm chosen for each shape is cached (cuBLASLt's
+// first choice; TESSERA_CUDA_GEMM_TUNE / _SPLITK time candidates instead, gemm_lt.cpp).
 #include <cuda_runtime.h>
 #include <cublasLt.h>
 #include <library_types.h>
@@ -15,7 +15,7 @@
 
 namespace tessera::cuda {
 
-// Heuristic candidates timed when a shape is first seen (gemm_lt.cpp).
+// Heuristic candidates TESSERA_CUDA_GEMM_TUNE may ask for (gemm_lt.cpp).
 constexpr int kTuneCandidates = 16;
 
 class GemmLt {

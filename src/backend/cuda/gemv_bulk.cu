@@ -88,12 +88,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
-__device__ __forceinline__ float silu_times(float g, float u) {
-  const float e = __expf(-fabsf(g));
-  const float sig = g >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
-  return g * sig * u;
-}
-
 // NS: sweeps of kSweep columns (cols <= NS * kSweep); SWIGLU: x = silu(x) * up.
 template <DType T, int NS, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1)
