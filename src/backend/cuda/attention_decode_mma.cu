@@ -162,40 +162,15 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       mma_f16(s[0], qf[kk], b0, b1);
       mma_f16(s[1], qf[kk], b2, b3);
     }
-    // Length mask, then the online softmax of rows fr (elements 0, 1) and fr + 8 (2, 3).
-    float mx_a = -INFINITY, mx_b = -INFINITY;
+    // Length mask, then the online softmax of rows fr (elements 0, 1) and fr + 8 (2, 3);
+    // key 0 of every tile is in range, so each row's max is finite.
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 4; ++e)
         if (key0 + n * 8 + 2 * fc + (e & 1) >= end) s[n][e] = -INFINITY;
-        if (e < 2)
-          mx_a = fmaxf(mx_a, s[n][e]);
-        else
-          mx_b = fmaxf(mx_b, s[n][e]);
-      }
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
-    const float new_a = fmaxf(m_a, mx_a), new_b = fmaxf(m_b, mx_b);
-    // Key 0 of every tile is in range, so the max is finite; kept as a guard against NaN.
-    const float ref_a = new_a == -INFINITY ? 0.0f : new_a, ref_b = new_b == -INFINITY ? 0.0f : new_b;
-    const float c_a = exp2f(m_a - ref_a), c_b = exp2f(m_b - ref_b);
-    m_a = new_a;
-    m_b = new_b;
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      s[n][0] = exp2f(s[n][0] - ref_a);
-      s[n][1] = exp2f(s[n][1] - ref_a);
-      s[n][2] = exp2f(s[n][2] - ref_b);
-      s[n][3] = exp2f(s[n][3] - ref_b);
-      sum_a += s[n][0] + s[n][1];
-      sum_b += s[n][2] + s[n][3];
-    }
-    l_a = l_a * c_a + sum_a;  // this lane's share of the row sum (reduced at the end)
-    l_b = l_b * c_b + sum_b;
+    float c_a, c_b;
+    online_softmax_step<2>(s, m_a, m_b, l_a, l_b, c_a, c_b);
     // O = O · c + P · V: the score fragments are the A fragment of the one k-step.
     const uint32_t pa[4] = {pack_half2(s[0][0], s[0][1]), pack_half2(s[0][2], s[0][3]), pack_half2(s[1][0], s[1][1]),
                             pack_half2(s[1][2], s[1][3])};

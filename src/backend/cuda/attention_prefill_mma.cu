@@ -168,7 +168,6 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_mma_kernel(
         }
       }
       // Causal and length mask, then the online softmax of rows qa (elements 0, 1) and qb (2, 3).
-      float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
       for (int n = 0; n < KT / 8; ++n)
 #pragma unroll
@@ -176,33 +175,9 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_mma_kernel(
           const int key = base + n * 8 + 2 * fc + (e & 1);
           const bool visible = key < kv_end && key <= (e < 2 ? pos_a : pos_b);
           s[n][e] = visible ? s[n][e] : -INFINITY;
-          if (e < 2)
-            mx_a = fmaxf(mx_a, s[n][e]);
-          else
-            mx_b = fmaxf(mx_b, s[n][e]);
         }
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
-      const float new_a = fmaxf(m_a, mx_a), new_b = fmaxf(m_b, mx_b);
-      // A row with nothing visible yet keeps a finite reference so exp2 gives 0, not NaN.
-      const float ref_a = new_a == -INFINITY ? 0.0f : new_a, ref_b = new_b == -INFINITY ? 0.0f : new_b;
-      const float c_a = exp2f(m_a - ref_a), c_b = exp2f(m_b - ref_b);
-      m_a = new_a;
-      m_b = new_b;
-      float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-      for (int n = 0; n < KT / 8; ++n) {
-        s[n][0] = exp2f(s[n][0] - ref_a);
-        s[n][1] = exp2f(s[n][1] - ref_a);
-        s[n][2] = exp2f(s[n][2] - ref_b);
-        s[n][3] = exp2f(s[n][3] - ref_b);
-        sum_a += s[n][0] + s[n][1];
-        sum_b += s[n][2] + s[n][3];
-      }
-      l_a = l_a * c_a + sum_a;  // this lane's share of the row sum (reduced at the end)
-      l_b = l_b * c_b + sum_b;
+      float c_a, c_b;  // l: this lane's share of the row sum (reduced at the end)
+      online_softmax_step<KT / 8>(s, m_a, m_b, l_a, l_b, c_a, c_b);
 #pragma unroll
       for (int n = 0; n < HD / 8; ++n) {
         o[n][0] *= c_a;
