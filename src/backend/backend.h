@@ -97,6 +97,20 @@ class Backend {
   // (tiled, online softmax, GQA).              q: [n_tokens, n_heads*hd]; out likewise
   virtual void attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
                          int n_heads, float scale, float* out, int64_t ldo) = 0;
+  // RoPE on every query and key head of each row (q: n_q_heads heads at stride ldq, k:
+  // kv.n_kv_heads heads at stride ldk), then this step's rotated keys and its values into
+  // their slots: one call, so a backend can do it in one pass. K's heads may follow Q's in
+  // the same rows (the model's Q|K|V layout): then one rope call takes both.
+  virtual void rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v,
+                             int64_t ldv, const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg) {
+    if (k == q + static_cast<int64_t>(n_q_heads) * cfg.head_dim && ldk == ldq) {
+      rope(q, batch.n_tokens, ldq, n_q_heads + kv.n_kv_heads, batch.positions, cfg);
+    } else {
+      rope(q, batch.n_tokens, ldq, n_q_heads, batch.positions, cfg);
+      rope(k, batch.n_tokens, ldk, kv.n_kv_heads, batch.positions, cfg);
+    }
+    kv_store(kv, k, ldk, v, ldv, batch);
+  }
   // out = silu(gate) * up                        gate, up: [n_rows, ld_in]; out: [n_rows, dim]
   virtual void swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) = 0;
   // targets' y = W · (silu(gate) * up): the FFN's down projection with SwiGLU in front, so a

@@ -297,7 +297,7 @@ cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
 // Op ids of the graph signature.
 enum : int {
   kOpEmbed = 1, kOpRms, kOpAddRms, kOpGemv, kOpGemm, kOpBias, kOpRope, kOpKv, kOpAttn, kOpSwiglu, kOpAdd, kOpGather,
-  kOpSwigluGemm, kOpSwigluGemv
+  kOpSwigluGemm, kOpSwigluGemv, kOpRopeKv
 };
 
 void CudaBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
@@ -503,6 +503,33 @@ void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, c
   if (recorded(kOpKv, kv.k, kv.v, static_cast<int>(kv.dtype), kv.n_blocks, k, ldk, v, ldv, batch.n_tokens)) return;
   cuda::launch_kv_store(kv, k, ldk, v, ldv, ints(kSlots, batch.slot_mapping, batch.n_tokens), batch.n_tokens,
                         stream_);
+}
+
+// TESSERA_CUDA_FUSED_ROPE_KV=0: rope and kv_store as separate launches (A/B runs).
+static bool fused_rope_kv_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_CUDA_FUSED_ROPE_KV");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
+void CudaBackend::rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v,
+                                int64_t ldv, const KvLayerView& kv, const AttentionBatch& batch,
+                                const RopeConfig& cfg) {
+  if (!fused_rope_kv_enabled() || cfg.head_dim != kv.head_dim) {
+    Backend::rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, batch, cfg);
+    return;
+  }
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope+kv_store"); });
+  const int n = batch.n_tokens;
+  for (int r = 0; r < n; ++r) TESSERA_CHECK(batch.positions[r] >= 0, "rope: negative position ", batch.positions[r]);
+  const double* inv = rope_inv_freq_table(cfg);
+  if (recorded(kOpRopeKv, q, ldq, n_q_heads, k, ldk, v, ldv, kv.k, kv.v, static_cast<int>(kv.dtype), kv.n_blocks,
+               n, cfg.rot_dim, cfg.neox, inv))
+    return;
+  cuda::launch_rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, ints(kPositions, batch.positions, n),
+                             ints(kSlots, batch.slot_mapping, n), n, cfg.rot_dim, cfg.neox, inv, stream_);
 }
 
 void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,

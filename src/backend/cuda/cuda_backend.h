@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
   void rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, const RopeConfig& cfg) override;
   void kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                 const AttentionBatch& batch) override;
+  void rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v, int64_t ldv,
+                     const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg) override;
   void attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch, int n_heads,
                  float scale, float* out, int64_t ldo) override;
   void swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) override;

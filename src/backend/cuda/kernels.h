@@ -37,6 +37,11 @@ void launch_swiglu_to16(const float* gate, const float* up, int64_t ld_in, uint1
 void launch_add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim, cudaStream_t s);
 void launch_add(float* x, const float* y, int64_t n, cudaStream_t s);
 void launch_gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst, cudaStream_t s);
+// RoPE on q's n_q_heads and k's kv.n_kv_heads heads (in place) and the rotated keys and the
+// values of every row into their slots, in one launch (rope_kv_store.cu).
+void launch_rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v, int64_t ldv,
+                          const KvLayerView& kv, const int32_t* positions, const int32_t* slots, int n_rows,
+                          int rot_dim, bool neox, const double* inv_freq, cudaStream_t s);
 void launch_kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                      const int32_t* slot_mapping, int n_tokens, cudaStream_t s);
 

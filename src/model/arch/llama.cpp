@@ -84,9 +84,8 @@ class LlamaModel final : public Model {
         be_.add_bias(k_, qkv_ld_, L.bk, n, static_cast<int>(kv_dim_));
         be_.add_bias(v_, qkv_ld_, L.bv, n, static_cast<int>(kv_dim_));
       }
-      // K's heads follow Q's in the row, with the same head size: one call rotates both.
-      be_.rope(q_, n, qkv_ld_, c_.n_head + c_.n_head_kv, ab.positions, rope_);
-      be_.kv_store(kvl, k_, qkv_ld_, v_, qkv_ld_, ab);
+      // Q and K rotated, K and V into the cache (K's heads follow Q's in the row).
+      be_.rope_kv_store(q_, qkv_ld_, c_.n_head, k_, qkv_ld_, v_, qkv_ld_, kvl, ab, rope_);
       be_.attention(q_, qkv_ld_, kvl, ab, c_.n_head, scale, att_, q_dim_);  // att: [n, q_dim]
       const MatmulTarget o[] = {{L.wo, tmp_, e}};
       be_.matmul(att_, n, q_dim_, o);  // tmp: [n, e]

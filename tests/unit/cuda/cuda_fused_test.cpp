@@ -6,7 +6,9 @@
 // 16-bit activations straight into cuBLASLt beyond). Outputs are poisoned (NaN) first.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
+#include "core/fp16.h"
 #include "cuda_test_util.h"
 #include "quant/quant.h"
 
@@ -155,4 +157,129 @@ TEST(CudaFused, SwigluMatmulMatchesFloat64) {
       EXPECT_LT(rel_err(y, ref), tol) << dtype_name(type) << " n=" << n;
     }
   }
+}
+
+namespace {
+
+float f16_to_f32(uint16_t h) { return tessera::fp16_to_f32(h); }
+
+}  // namespace
+
+// rope_kv_store in one launch against the separate rope and kv_store ops on the same device
+// (which tests/unit/cuda/cuda_ops_test.cpp and cuda_attention_test.cpp check against float64
+// and the CPU): the Q|K|V layout and separate buffers, normal and neox pairs, a partial
+// rotation, f16 and f32 caches, 1 and 37 rows. Slots not written must keep their poison.
+TEST(CudaFused, RopeAndKvStoreInOneLaunchMatchTheSeparateOps) {
+  TESSERA_REQUIRE_CUDA();
+  auto gpu = make_cuda();
+  std::mt19937 rng(24);
+  struct Variant {
+    bool neox;
+    int rot_dim;
+    bool joined;
+    DType kv;
+  };
+  const int hd = 64, n_q = 6, n_kv = 2, bs = 7, n_blocks = 20;
+  for (Variant vt : {Variant{false, 64, true, DType::F16}, Variant{true, 64, true, DType::F32},
+                     Variant{true, 32, false, DType::F16}, Variant{false, 48, false, DType::F32}})
+    for (int n : {1, 37}) {
+      RopeConfig cfg;
+      cfg.head_dim = hd;
+      cfg.rot_dim = vt.rot_dim;
+      cfg.neox = vt.neox;
+      cfg.freq_base = 500000.0f;
+      const int64_t qd = n_q * hd, kd = n_kv * hd;
+      const int64_t ldq = vt.joined ? qd + 2 * kd : qd + 3, ldk = vt.joined ? ldq : kd + 5;
+      std::vector<int32_t> pos(n), slots(n);
+      std::vector<int32_t> all_slots(n_blocks * bs);
+      std::iota(all_slots.begin(), all_slots.end(), 0);
+      std::shuffle(all_slots.begin(), all_slots.end(), rng);
+      for (int r = 0; r < n; ++r) {
+        pos[r] = static_cast<int32_t>(rng() % 5000);
+        slots[r] = all_slots[r];
+      }
+      std::vector<int32_t> q_start = {0, n}, kv_len = {n}, tables(n_blocks);
+      std::iota(tables.begin(), tables.end(), 0);
+      AttentionBatch b;
+      b.n_tokens = n;
+      b.n_seqs = 1;
+      b.positions = pos.data();
+      b.slot_mapping = slots.data();
+      b.q_start = q_start.data();
+      b.kv_len = kv_len.data();
+      b.block_tables = tables.data();
+      b.max_blocks = n_blocks;
+      // Two copies of the inputs and of a poisoned cache: one for each path.
+      const int64_t q_elems = n * ldq, k_elems = vt.joined ? 0 : n * ldk;
+      // Separate buffers: K's rows, then V's rows (of the same stride) after them.
+      auto qin = randn(q_elems, rng), kin = randn(std::max<int64_t>(2 * k_elems, 1), rng);
+      const size_t elem = vt.kv == DType::F16 ? 2 : 4;
+      const size_t cache_bytes = static_cast<size_t>(n_blocks) * n_kv * bs * hd * elem;
+      std::vector<uint8_t> poison(cache_bytes, 0x7c);  // f16 0x7c7c is a NaN, f32 likewise
+      struct Path {
+        std::unique_ptr<DeviceVec<float>> q, k;
+        std::unique_ptr<DeviceVec<uint8_t>> kc, vc;
+      } path[2];
+      for (Path& p : path) {
+        p.q = std::make_unique<DeviceVec<float>>(*gpu, qin);
+        p.k = std::make_unique<DeviceVec<float>>(*gpu, kin);
+        p.kc = std::make_unique<DeviceVec<uint8_t>>(*gpu, poison);
+        p.vc = std::make_unique<DeviceVec<uint8_t>>(*gpu, poison);
+      }
+      auto view = [&](Path& p) {
+        KvLayerView kv;
+        kv.k = p.kc->get();
+        kv.v = p.vc->get();
+        kv.dtype = vt.kv;
+        kv.n_blocks = n_blocks;
+        kv.block_size = bs;
+        kv.n_kv_heads = n_kv;
+        kv.head_dim = hd;
+        return kv;
+      };
+      auto kptr = [&](Path& p) { return vt.joined ? p.q->get() + qd : p.k->get(); };
+      auto vptr = [&](Path& p) { return vt.joined ? p.q->get() + qd + kd : p.k->get() + k_elems; };
+      const int64_t ldv = vt.joined ? ldq : ldk;
+      gpu->rope_kv_store(path[0].q->get(), ldq, n_q, kptr(path[0]), ldk, vptr(path[0]), ldv, view(path[0]), b, cfg);
+      gpu->rope(path[1].q->get(), n, ldq, n_q, pos.data(), cfg);
+      gpu->rope(kptr(path[1]), n, ldk, n_kv, pos.data(), cfg);
+      gpu->kv_store(view(path[1]), kptr(path[1]), ldk, vptr(path[1]), ldv, b);
+      const auto q0 = path[0].q->read(), q1 = path[1].q->read();
+      for (int64_t i = 0; i < q_elems; ++i)
+        ASSERT_NEAR(q0[i], q1[i], 1e-6f * (1.0f + std::fabs(q1[i]))) << "q " << i << " n=" << n;
+      if (!vt.joined) {
+        const auto k0 = path[0].k->read(), k1 = path[1].k->read();
+        for (int64_t i = 0; i < k_elems; ++i) ASSERT_NEAR(k0[i], k1[i], 1e-6f * (1.0f + std::fabs(k1[i])));
+      }
+      for (int which = 0; which < 2; ++which) {
+        const auto c0 = (which ? path[0].vc : path[0].kc)->read(), c1 = (which ? path[1].vc : path[1].kc)->read();
+        for (size_t e = 0; e < cache_bytes / elem; ++e) {
+          float a, bb;
+          if (elem == 2) {
+            uint16_t ha, hb;
+            std::memcpy(&ha, c0.data() + e * 2, 2);
+            std::memcpy(&hb, c1.data() + e * 2, 2);
+            if (hb == 0x7c7c) {  // not written by the separate ops: not by the fused one either
+              ASSERT_EQ(ha, 0x7c7c) << "slot element " << e;
+              continue;
+            }
+            a = f16_to_f32(ha);
+            bb = f16_to_f32(hb);
+          } else {
+            uint32_t ua, ub;
+            std::memcpy(&ua, c0.data() + e * 4, 4);
+            std::memcpy(&ub, c1.data() + e * 4, 4);
+            if (ub == 0x7c7c7c7cu) {
+              ASSERT_EQ(ua, 0x7c7c7c7cu) << "slot element " << e;
+              continue;
+            }
+            std::memcpy(&a, &ua, 4);
+            std::memcpy(&bb, &ub, 4);
+          }
+          // f16: one rounding step apart at most (the rotation may differ in its last f32 bit).
+          ASSERT_NEAR(a, bb, (elem == 2 ? 1e-3f : 1e-6f) * (1.0f + std::fabs(bb)))
+              << (which ? "V" : "K") << " element " << e << " n=" << n;
+        }
+      }
+    }
 }
