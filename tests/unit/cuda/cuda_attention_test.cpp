@@ -26,24 +26,6 @@ struct Case {
   std::vector<SeqSpec> seqs;
 };
 
-// Host arrays of one AttentionBatch.
-struct HostBatch {
-  std::vector<int32_t> positions, slots, q_start, kv_len, tables;
-  int max_blocks = 0;
-  AttentionBatch view() const {
-    AttentionBatch b;
-    b.n_tokens = static_cast<int>(positions.size());
-    b.n_seqs = static_cast<int>(kv_len.size());
-    b.positions = positions.data();
-    b.slot_mapping = slots.data();
-    b.q_start = q_start.data();
-    b.kv_len = kv_len.data();
-    b.block_tables = tables.data();
-    b.max_blocks = max_blocks;
-    return b;
-  }
-};
-
 bool is_prefill(const Case& c) {
   bool prefill = false;
   for (const auto& s : c.seqs) prefill = prefill || s.n_new > 1;

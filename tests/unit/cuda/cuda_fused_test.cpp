@@ -190,25 +190,22 @@ TEST(CudaFused, RopeAndKvStoreInOneLaunchMatchTheSeparateOps) {
       cfg.freq_base = 500000.0f;
       const int64_t qd = n_q * hd, kd = n_kv * hd;
       const int64_t ldq = vt.joined ? qd + 2 * kd : qd + 3, ldk = vt.joined ? ldq : kd + 5;
-      std::vector<int32_t> pos(n), slots(n);
+      // n rows at random positions, written to distinct random slots of the cache.
+      HostBatch hb;
       std::vector<int32_t> all_slots(n_blocks * bs);
       std::iota(all_slots.begin(), all_slots.end(), 0);
       std::shuffle(all_slots.begin(), all_slots.end(), rng);
       for (int r = 0; r < n; ++r) {
-        pos[r] = static_cast<int32_t>(rng() % 5000);
-        slots[r] = all_slots[r];
+        hb.positions.push_back(static_cast<int32_t>(rng() % 5000));
+        hb.slots.push_back(all_slots[r]);
       }
-      std::vector<int32_t> q_start = {0, n}, kv_len = {n}, tables(n_blocks);
-      std::iota(tables.begin(), tables.end(), 0);
-      AttentionBatch b;
-      b.n_tokens = n;
-      b.n_seqs = 1;
-      b.positions = pos.data();
-      b.slot_mapping = slots.data();
-      b.q_start = q_start.data();
-      b.kv_len = kv_len.data();
-      b.block_tables = tables.data();
-      b.max_blocks = n_blocks;
+      hb.q_start = {0, n};
+      hb.kv_len = {n};
+      hb.tables.resize(n_blocks);
+      std::iota(hb.tables.begin(), hb.tables.end(), 0);
+      hb.max_blocks = n_blocks;
+      const AttentionBatch b = hb.view();
+      const std::vector<int32_t>& pos = hb.positions;
       // Two copies of the inputs and of a poisoned cache: one for each path.
       const int64_t q_elems = n * ldq, k_elems = vt.joined ? 0 : n * ldk;
       // Separate buffers: K's rows, then V's rows (of the same stride) after them.

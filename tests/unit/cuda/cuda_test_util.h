@@ -64,6 +64,24 @@ double rel_err(const std::vector<A>& got, const std::vector<B>& ref) {
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// Host arrays of one AttentionBatch.
+struct HostBatch {
+  std::vector<int32_t> positions, slots, q_start, kv_len, tables;
+  int max_blocks = 0;
+  AttentionBatch view() const {
+    AttentionBatch b;
+    b.n_tokens = static_cast<int>(positions.size());
+    b.n_seqs = static_cast<int>(kv_len.size());
+    b.positions = positions.data();
+    b.slot_mapping = slots.data();
+    b.q_start = q_start.data();
+    b.kv_len = kv_len.data();
+    b.block_tables = tables.data();
+    b.max_blocks = max_blocks;
+    return b;
+  }
+};
+
 inline std::unique_ptr<Backend> make_cuda() { return make_backend(BackendOptions{"cuda", 0}); }
 inline std::unique_ptr<Backend> make_cpu() { return make_backend(BackendOptions{"cpu", 2}); }
 
