@@ -107,6 +107,10 @@ for tool in ${GPU_CHECK_SANITIZERS-memcheck racecheck}; do
     >"$OUT/sanitizer-$tool.log" 2>&1
   rc=$?
   tail -3 "$OUT/sanitizer-$tool.log"
+  # Which kernels the reports name (the device tool brings back few files: say it here).
+  grep -E "^=========" "$OUT/sanitizer-$tool.log" | grep -oE " at [A-Za-z_][A-Za-z0-9_]*\+0x" |
+    sed -E 's/^ at //; s/\+0x$//' | sort | uniq -c | sort -rn | head -8 | sed "s/^/  $tool report in: /" |
+    tee -a "$OUT/sanitizer-kernels.txt"
   eval "san_$tool=$rc"
   [[ $rc -ne 0 ]] && status=1
 done
@@ -151,6 +155,7 @@ echo
 echo "== gpu-check summary =="
 echo "conformance: $conf"
 echo "compute-sanitizer: memcheck rc=${san_memcheck:-?}, racecheck rc=${san_racecheck:-?} (0 = clean)"
+[[ -f "$OUT/sanitizer-kernels.txt" ]] && cat "$OUT/sanitizer-kernels.txt"
 echo "serving: bench offline rc=${offline_rc:-?}"
 if [[ -n "$REAL_MODEL" ]]; then
   grep -E "^\[real-parity\]" "$OUT/conformance.log"
