@@ -2,21 +2,15 @@
 // Dense products through cuBLASLt, for batches past the matrix-vector kernels:
 //   D[t * ldd + r] = sum_k A[r * lda + k] * B[t * ldb + k]    for r < M, t < N
 // A: weights [M, K] row-major; B: activations [N, K] row-major; both bf16, f16 or f32;
-// D f32; f32 accumulation (no TF32). The algorithm chosen for each shape is cached (cuBLASLt's
-// first choice; TESSERA_CUDA_GEMM_TUNE / _SPLITK time candidates instead, gemm_lt.cpp).
+// D f32; f32 accumulation (no TF32). The algorithm chosen for each shape is cached.
 #include <cuda_runtime.h>
-#include <cublasLt.h>
 #include <library_types.h>
 
 #include <cstdint>
 #include <map>
 #include <tuple>
-#include <vector>
 
 namespace tessera::cuda {
-
-// Heuristic candidates TESSERA_CUDA_GEMM_TUNE may ask for (gemm_lt.cpp).
-constexpr int kTuneCandidates = 16;
 
 class GemmLt {
  public:
@@ -30,17 +24,8 @@ class GemmLt {
 
  private:
   struct Plan;
-  struct Call {  // the operands of the call that makes a plan (timed on them)
-    const void* A;
-    const void* B;
-    float* D;
-    cudaStream_t stream;
-  };
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
-  Plan& plan(const Key& key, const Call* call);
-  std::vector<cublasLtMatmulAlgo_t> candidates(const Plan& p, const cublasLtMatmulHeuristicResult_t* results,
-                                               int found);
-  int fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos, const Call& call);
+  Plan& plan(const Key& key);
 
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
