@@ -36,12 +36,13 @@ std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWei
   // The CPU computes on the host copy and gains nothing from it.
   const bool device = backend.device_free_bytes() > 0;
   auto matrices = [&](std::initializer_list<std::pair<const WeightMatrix*, WeightMatrix*>> parts) {
+    auto bytes = [](const WeightMatrix* m) { return static_cast<size_t>(m->rows * m->row_bytes()); };
     const WeightMatrix& first = *parts.begin()->first;
     bool fuse = device;
     size_t total = 0;
     for (const auto& [h, d] : parts) {
       fuse = fuse && h->data && h->dtype == first.dtype && h->cols == first.cols && !done.count(h->data);
-      total += static_cast<size_t>(h->rows * h->row_bytes());
+      total += bytes(h);
     }
     if (!fuse) {
       for (const auto& [h, d] : parts) *d = matrix(*h);
@@ -50,8 +51,8 @@ std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWei
     std::vector<uint8_t> joined(total);
     size_t off = 0;
     for (const auto& [h, d] : parts) {
-      std::memcpy(joined.data() + off, h->data, static_cast<size_t>(h->rows * h->row_bytes()));
-      off += static_cast<size_t>(h->rows * h->row_bytes());
+      std::memcpy(joined.data() + off, h->data, bytes(h));
+      off += bytes(h);
     }
     std::shared_ptr<const void> copy = backend.upload(joined.data(), total);
     w->owners.push_back(copy);
@@ -60,7 +61,7 @@ std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWei
       *d = *h;
       d->data = static_cast<const uint8_t*>(copy.get()) + off;
       done[h->data] = d->data;
-      off += static_cast<size_t>(h->rows * h->row_bytes());
+      off += bytes(h);
     }
   };
   const ModelConfig& c = host->config;

@@ -263,10 +263,7 @@ void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const Device
 }
 
 bool decode_mma_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("TESSERA_CUDA_DECODE_MMA");
-    return !(env && env[0] == '0');
-  }();
+  static const bool on = env_switch_on("TESSERA_CUDA_DECODE_MMA");
   return on;
 }
 

@@ -265,10 +265,7 @@ void launch_mma_staged(const float* q, int64_t ldq, const KvLayerView& kv, const
 }  // namespace
 
 bool attention_prefill_mma_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("TESSERA_CUDA_PREFILL_MMA");
-    return !(env && env[0] == '0');
-  }();
+  static const bool on = env_switch_on("TESSERA_CUDA_PREFILL_MMA");
   return on;
 }
 

@@ -10,7 +10,7 @@ __global__ void convert_rows_kernel(const float* __restrict__ x, int64_t ldx, in
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = x[(i / cols) * ldx + i % cols];
-    out[i] = to_bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+    out[i] = f32_to_16bits(v, to_bf16);
   }
 }
 
@@ -21,9 +21,7 @@ __global__ void convert_rows4_kernel(const float4* __restrict__ x, int64_t ld4, 
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float4 v = x[(i / cols4) * ld4 + i % cols4];
-    auto h = [&](float f) -> uint32_t {
-      return to_bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
-    };
+    auto h = [&](float f) { return static_cast<uint32_t>(f32_to_16bits(f, to_bf16)); };
     out[i] = make_uint2(h(v.x) | h(v.y) << 16, h(v.z) | h(v.w) << 16);
   }
 }

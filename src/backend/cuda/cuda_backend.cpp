@@ -77,10 +77,7 @@ bool cuda_compiled() { return true; }
 
 namespace cuda {
 bool pdl_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("TESSERA_CUDA_PDL");
-    return !(env && env[0] == '0');
-  }();
+  static const bool on = env_switch_on("TESSERA_CUDA_PDL");
   return on;
 }
 }  // namespace cuda
@@ -488,10 +485,14 @@ const double* CudaBackend::rope_inv_freq_table(const RopeConfig& cfg) {
   return rope_tables_.back().inv_freq;
 }
 
+const double* CudaBackend::checked_rope_table(const int32_t* positions, int n_rows, const RopeConfig& cfg) {
+  for (int r = 0; r < n_rows; ++r) TESSERA_CHECK(positions[r] >= 0, "rope: negative position ", positions[r]);
+  return rope_inv_freq_table(cfg);
+}
+
 void CudaBackend::rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, const RopeConfig& cfg) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope"); });
-  for (int r = 0; r < n_rows; ++r) TESSERA_CHECK(positions[r] >= 0, "rope: negative position ", positions[r]);
-  const double* inv = rope_inv_freq_table(cfg);
+  const double* inv = checked_rope_table(positions, n_rows, cfg);
   if (recorded(kOpRope, x, n_rows, ld, n_heads, cfg.head_dim, cfg.rot_dim, cfg.neox, inv)) return;
   cuda::launch_rope(x, n_rows, ld, n_heads, ints(kPositions, positions, n_rows), cfg.head_dim, cfg.rot_dim, cfg.neox,
                     inv, stream_);
@@ -507,10 +508,7 @@ void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, c
 
 // TESSERA_CUDA_FUSED_ROPE_KV=0: rope and kv_store as separate launches (A/B runs).
 static bool fused_rope_kv_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("TESSERA_CUDA_FUSED_ROPE_KV");
-    return !(env && env[0] == '0');
-  }();
+  static const bool on = cuda::env_switch_on("TESSERA_CUDA_FUSED_ROPE_KV");
   return on;
 }
 
@@ -523,8 +521,7 @@ void CudaBackend::rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, 
   }
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope+kv_store"); });
   const int n = batch.n_tokens;
-  for (int r = 0; r < n; ++r) TESSERA_CHECK(batch.positions[r] >= 0, "rope: negative position ", batch.positions[r]);
-  const double* inv = rope_inv_freq_table(cfg);
+  const double* inv = checked_rope_table(batch.positions, n, cfg);
   if (recorded(kOpRopeKv, q, ldq, n_q_heads, k, ldk, v, ldv, kv.k, kv.v, static_cast<int>(kv.dtype), kv.n_blocks,
                n, cfg.rot_dim, cfg.neox, inv))
     return;

@@ -101,6 +101,8 @@ class CudaBackend final : public Backend {
   // A device scratch buffer of at least `bytes` (grown, never shrunk).
   void* scratch(void*& buf, size_t& cap, size_t bytes);
   const double* rope_inv_freq_table(const RopeConfig& cfg);
+  // The table, after checking that no position is negative (a clear error, not a bad angle).
+  const double* checked_rope_table(const int32_t* positions, int n_rows, const RopeConfig& cfg);
 
   // ---- Decode graphs (cuda_decode_graphs.cpp) ----
   // A decode forward of a graph batch size, keyed by (sequences, block-table stride): the

@@ -3,9 +3,18 @@
 // tessera::Error naming the call, the file and line, and the driver's message.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "core/error.h"
 
 namespace tessera::cuda {
+
+// An A/B switch of the environment, on unless the variable starts with '0'. Callers keep
+// the answer in a function-local static: it is read once.
+inline bool env_switch_on(const char* name) {
+  const char* env = std::getenv(name);
+  return !(env && env[0] == '0');
+}
 
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 [[noreturn]] void throw_cublas_error(int status, const char* what, const char* file, int line);

@@ -33,6 +33,17 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(t);
 }
 
+// Shared-memory address of a generic pointer into shared memory (for PTX operands).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// f32 rounded to nearest even as bf16 (to_bf16) or f16, as raw bits: the 16-bit activations
+// of the tensor-core GEMMs.
+__device__ __forceinline__ uint16_t f32_to_16bits(float v, bool to_bf16) {
+  return to_bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+}
+
 __device__ __forceinline__ float half_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
@@ -42,6 +53,18 @@ __device__ __forceinline__ float silu_times(float g, float u) {
   const float e = __expf(-fabsf(g));
   const float sig = g >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
   return g * sig * u;
+}
+
+// RoPE on one pair (a, b) at `position` with the pair's inverse frequency: the angle's
+// cos/sin in double (as the CPU's table), the rotation in f32. rope.cu and rope_kv_store.cu
+// both call it, so their bits agree.
+__device__ __forceinline__ void rope_rotate(float& a, float& b, int32_t position, double inv_freq) {
+  double sd, cd;
+  sincos(static_cast<double>(position) * inv_freq, &sd, &cd);
+  const float c = static_cast<float>(cd), s = static_cast<float>(sd);
+  const float ra = a * c - b * s, rb = a * s + b * c;
+  a = ra;
+  b = rb;
 }
 
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
@@ -64,7 +87,7 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-bool pdl_enabled();  // cuda_backend.cpp: device 9.0+ and not TESSERA_CUDA_PDL=0
+bool pdl_enabled();  // cuda_backend.cpp: unless TESSERA_CUDA_PDL=0
 
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {

@@ -118,10 +118,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) gemv_pair_kernel(const floa
 
 // TESSERA_CUDA_GEMV_PAIRS=0 selects the one-feature-per-warp kernel at batch 1 (A/B runs).
 bool pairs_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("TESSERA_CUDA_GEMV_PAIRS");
-    return !(env && env[0] == '0');
-  }();
+  static const bool on = env_switch_on("TESSERA_CUDA_GEMV_PAIRS");
   return on;
 }
 

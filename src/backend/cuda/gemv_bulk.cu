@@ -56,16 +56,12 @@ struct BulkTargets {
   int n;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
 }
 
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                : "memory");
 }
 
@@ -75,7 +71,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
+        : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
 }
 
@@ -83,8 +79,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 // engine, counted against `bar`'s expected transaction bytes.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
 
@@ -181,10 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 bool bulk_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("TESSERA_CUDA_GEMV_BULK");
-    return !(env && env[0] == '0');
-  }();
+  static const bool on = env_switch_on("TESSERA_CUDA_GEMV_BULK");
   return on;
 }
 
@@ -213,10 +206,12 @@ void launch_typed(int ns, const float* x, const float* up, int cols, int rpc, in
   }
 }
 
+// 16-byte loads of x and bulk copies of whole rows need 16-byte aligned pointers.
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace
 
 bool gemv_bulk_applies(DType type, int64_t cols, const float* x, const float* up) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return (type == DType::BF16 || type == DType::F16) && bulk_enabled() && cols % 8 == 0 &&
          cols <= int64_t{kSweep} * kMaxSweeps && aligned(x) && (!up || aligned(up));
 }
@@ -224,7 +219,6 @@ bool gemv_bulk_applies(DType type, int64_t cols, const float* x, const float* up
 bool launch_gemv_bulk(DType type, const float* x, const float* up, int64_t cols, const GemvTarget* targets,
                       int n_targets, int sm_count, cudaStream_t s) {
   if (!gemv_bulk_applies(type, cols, x, up) || n_targets < 1 || n_targets > kGemvMaxTargets) return false;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const size_t row_bytes = static_cast<size_t>(cols) * 2;
   int64_t total_rows = 0;
   for (int i = 0; i < n_targets; ++i) {

@@ -19,14 +19,12 @@ __global__ void rope_kernel(float* __restrict__ x, int n_rows, int64_t ld, int n
   const int i = static_cast<int>(idx % half);
   const int64_t rh = idx / half;
   const int h = static_cast<int>(rh % n_heads), r = static_cast<int>(rh / n_heads);
-  double sd, cd;
-  sincos(static_cast<double>(positions[r]) * inv_freq[i], &sd, &cd);
-  const float c = static_cast<float>(cd), s = static_cast<float>(sd);
   float* v = x + r * ld + static_cast<int64_t>(h) * head_dim;
   const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-  const float a = v[ia], b = v[ib];
-  v[ia] = a * c - b * s;
-  v[ib] = a * s + b * c;
+  float a = v[ia], b = v[ib];
+  rope_rotate(a, b, positions[r], inv_freq[i]);
+  v[ia] = a;
+  v[ib] = b;
 }
 }  // namespace
 

@@ -4,7 +4,7 @@
 // head, pair of dims): a query head's thread rotates its pair in place; a key head's thread
 // rotates its pair in place too, stores it into the K cache and stores the same two dims of
 // V. Pairs past rot_dim (partial rotation) are copied unrotated. The rotation is rope.cu's
-// (angle in double from the per-configuration inverse-frequency table) and the stores are
+// (`rope_rotate`, cuda_common.cuh) and the stores are
 // kv_store.cu's (f16 round to nearest even, or f32), so the bits equal the three separate ops.
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -45,12 +45,7 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int64_t ldq, int n_q
                     : q + r * ldq + static_cast<int64_t>(h) * head_dim;
   float a = x[ia], b = x[ib];
   if (rotated) {
-    double sd, cd;
-    sincos(static_cast<double>(positions[r]) * inv_freq[i], &sd, &cd);
-    const float c = static_cast<float>(cd), s = static_cast<float>(sd);
-    const float ra = a * c - b * s, rb = a * s + b * c;
-    a = ra;
-    b = rb;
+    rope_rotate(a, b, positions[r], inv_freq[i]);
     x[ia] = a;
     x[ib] = b;
   }
