@@ -280,3 +280,63 @@ TEST(CudaFused, RopeAndKvStoreInOneLaunchMatchTheSeparateOps) {
       }
     }
 }
+
+// Bad input to the fused ops: a clear error naming the problem, and the backend still works.
+TEST(CudaFused, BadInputIsRefusedWithAClearError) {
+  TESSERA_REQUIRE_CUDA();
+  auto gpu = make_cuda();
+  std::mt19937 rng(26);
+  JoinedWeights w = make_joined(*gpu, DType::BF16, {16}, 256, rng);
+  DeviceVec<float> gu(*gpu, randn(2 * 512, rng)), h(*gpu, 512), y(*gpu, 16);
+  const MatmulTarget t[] = {{w.parts[0], y.get(), 16}};
+  // SwiGLU of width 512 into a product of width 256.
+  try {
+    gpu->swiglu_matmul(gu.get(), gu.get() + 512, 1024, h.get(), 1, 512, t);
+    FAIL() << "a target of another width was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("target width 256 is not 512"), std::string::npos) << e.what();
+  }
+  // More targets than a matmul takes.
+  std::vector<MatmulTarget> many(9, t[0]);
+  try {
+    gpu->matmul(gu.get(), 1, 256, many);
+    FAIL() << "9 targets were accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("9 targets"), std::string::npos) << e.what();
+  }
+  // A negative position for RoPE + KV store.
+  RopeConfig cfg;
+  cfg.head_dim = cfg.rot_dim = 64;
+  HostBatch hb;
+  hb.positions = {-3};
+  hb.slots = {0};
+  hb.q_start = {0, 1};
+  hb.kv_len = {1};
+  hb.tables = {0};
+  hb.max_blocks = 1;
+  DeviceVec<float> q(*gpu, randn(3 * 64, rng));
+  DeviceVec<uint8_t> kc(*gpu, 16 * 64 * 2), vc(*gpu, 16 * 64 * 2);
+  KvLayerView kv;
+  kv.k = kc.get();
+  kv.v = vc.get();
+  kv.n_blocks = 1;
+  kv.block_size = 16;
+  kv.n_kv_heads = 1;
+  kv.head_dim = 64;
+  try {
+    gpu->rope_kv_store(q.get(), 192, 1, q.get() + 64, 192, q.get() + 128, 192, kv, hb.view(), cfg);
+    FAIL() << "a negative position was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("negative position -3"), std::string::npos) << e.what();
+  }
+  // The backend carries on: a good product after the refusals.
+  const auto x = randn(256, rng);
+  DeviceVec<float> dx(*gpu, x);
+  gpu->matmul(dx.get(), 1, 256, t);
+  const auto got = y.read();
+  for (int r = 0; r < 16; ++r) {
+    double acc = 0;
+    for (int k = 0; k < 256; ++k) acc += double(x[k]) * w.decoded[0][r * 256 + k];
+    EXPECT_NEAR(got[r], acc, 1e-4 * (1 + std::fabs(acc)));
+  }
+}
