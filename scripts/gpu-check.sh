@@ -146,7 +146,7 @@ ab_i=0
 for variant in ${GPU_CHECK_AB:-}; do
   ab_i=$((ab_i + 1))
   log "benchmark again with ${variant//,/ }"
-  env ${variant//,/ } TESSERA_CUDA_BENCH=1 timeout 200 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
+  env TESSERA_CUDA_BENCH=${GPU_CHECK_AB_BENCH:-1} ${variant//,/ } timeout 200 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
     >"$OUT/bench-cuda-ab$ab_i.log" 2>&1
   echo "$variant" >>"$OUT/bench-cuda-ab$ab_i.log"
 done
@@ -163,10 +163,10 @@ if [[ -n "$REAL_MODEL" ]]; then
   grep -E "^\|" "$OUT/bench-model-real.log"
 fi
 grep -E "^\|" "$OUT/bench-offline.log" 2>/dev/null | tail -3
-grep -E "^\||^ceilings" "$OUT/bench-cuda.log"
+grep -E "^\||^ceilings|fused decoder-stack" "$OUT/bench-cuda.log"
 for f in "$OUT"/bench-cuda-ab*.log; do
   [[ -f "$f" ]] || continue
   echo "with $(tail -1 "$f"):"
-  grep -E "^\| (decode|prefill 512)" "$f"
+  grep -E "^\| (decode|prefill 512)|fused decoder-stack" "$f"
 done
 exit $status

@@ -9,7 +9,7 @@
 
 namespace tessera {
 
-const char* dummy_presets() { return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b"; }
+const char* dummy_presets() { return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b"; }
 
 ModelConfig dummy_preset(const std::string& name) {
   ModelConfig c;
@@ -25,6 +25,12 @@ ModelConfig dummy_preset(const std::string& name) {
   } else if (name == "llama-3.1-8b") {
     c.n_vocab = 128256; c.n_embd = 4096; c.n_layer = 32; c.n_head = 32; c.n_head_kv = 8; c.head_dim = 128;
     c.n_ff = 14336; c.n_ctx_train = 131072; c.rope_freq_base = 500000; c.rope_scaling = "llama3";
+    c.rope_scaling_factor = 8; c.rope_original_ctx = 8192;
+  } else if (name == "llama3-tiny") {
+    // Llama 3's block shape (head_dim 128, 4 query heads per KV head, llama3 RoPE) at a
+    // size tests can afford: the CUDA kernels' head_dim-128 paths without 16 GB of weights.
+    c.n_vocab = 4096; c.n_embd = 1024; c.n_layer = 3; c.n_head = 8; c.n_head_kv = 2; c.head_dim = 128;
+    c.n_ff = 2816; c.n_ctx_train = 131072; c.rope_freq_base = 500000; c.rope_scaling = "llama3";
     c.rope_scaling_factor = 8; c.rope_original_ctx = 8192;
   } else if (name == "qwen2.5-0.5b") {
     c.arch = "qwen2"; c.n_vocab = 151936; c.n_embd = 896; c.n_layer = 24; c.n_head = 14; c.n_head_kv = 2;

@@ -34,19 +34,6 @@ int next_pow2(int n) {
   return p;
 }
 
-// Words of an op's signature (cuda graphs): pointers, integers, floats (by their bits).
-template <typename T>
-uint64_t sig_word(const T& v) {
-  if constexpr (std::is_pointer_v<T>)
-    return reinterpret_cast<uintptr_t>(v);
-  else if constexpr (std::is_same_v<T, float>) {
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    return u;
-  } else
-    return static_cast<uint64_t>(v);
-}
-
 // Profile names: the path taken and the shape, e.g. "gemv bf16 [1 x 4096] -> 6144 (3 targets)".
 std::string matmul_op_name(int n_rows, std::span<const MatmulTarget> targets) {
   int64_t rows = 0;
@@ -96,11 +83,14 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   // TESSERA_CUDA_GRAPHS=0 turns decode graphs off as --no-cuda-graphs does.
   const char* env = std::getenv("TESSERA_CUDA_GRAPHS");
   const bool graphs = options.cuda_graphs && !(env && std::strcmp(env, "0") == 0);
-  return std::make_unique<CudaBackend>(device, graphs);
+  // TESSERA_CUDA_DECODE_STACK=0 turns the fused batch-1 decode off as --no-fused-decode does.
+  const bool fused = options.cuda_fused_decode && cuda::env_switch_on("TESSERA_CUDA_DECODE_STACK");
+  return std::make_unique<CudaBackend>(device, graphs, fused);
 }
 
-CudaBackend::CudaBackend(int device, bool graphs) : device_(device) {
+CudaBackend::CudaBackend(int device, bool graphs, bool fused_decode) : device_(device) {
   graphs_enabled_ = graphs;
+  fused_decode_ = fused_decode;
   TESSERA_CUDA_CHECK(cudaSetDevice(device_));
   cudaDeviceProp prop{};
   TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -158,6 +148,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(act16_);
   cudaFree(wdeq_);
   cudaFree(partials_);
+  cudaFree(stack_scratch_);
   cudaEventDestroy(staged_copied_);
   cudaStreamDestroy(stream_);
 }
@@ -239,14 +230,6 @@ size_t CudaBackend::device_free_bytes() {
 }
 
 // ---- Input staging ----
-
-template <typename... A>
-bool CudaBackend::recorded(int op, const A&... args) {
-  if (graph_mode_ != GraphMode::kCapture && graph_mode_ != GraphMode::kReplay) return false;
-  sign(static_cast<uint64_t>(op));
-  (sign(sig_word(args)), ...);
-  return graph_mode_ == GraphMode::kReplay;
-}
 
 const int32_t* CudaBackend::ints(Role role, const int32_t* host, size_t n, bool* staged) {
   if (staged) *staged = false;

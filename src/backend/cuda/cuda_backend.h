@@ -6,7 +6,9 @@
 // graph batch sizes are captured once as CUDA graphs and replayed (cuda_decode_graphs.cpp).
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <map>
+#include <type_traits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -14,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_profile.h"
+#include "backend/cuda/decode_stack.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
 
@@ -21,7 +24,7 @@ namespace tessera {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device, bool graphs = true);
+  explicit CudaBackend(int device, bool graphs = true, bool fused_decode = true);
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
@@ -65,6 +68,9 @@ class CudaBackend final : public Backend {
   void copy_to_device_async(void* device, const void* host, size_t bytes) override;
   std::shared_ptr<void> alloc_host(size_t bytes) override;
   int decode_graph_batch(int n_seqs) const override;
+  // Batch-1 decode as one persistent kernel (cuda_decode_stack.cpp, decode_stack.cu).
+  bool decode_stack(const DecoderStack& stack, const AttentionBatch& batch, float* x) override;
+  int64_t fused_decodes() const { return fused_decodes_; }
   // Graphs captured so far and forwards replayed from them (for tests and reports).
   int graphs_captured() const { return graphs_captured_; }
   int64_t graph_replays() const { return graph_replays_; }
@@ -167,6 +173,17 @@ class CudaBackend final : public Backend {
   size_t wdeq_cap_ = 0;
   void* partials_ = nullptr;  // split-KV attention partial results
   size_t partials_cap_ = 0;
+  bool fused_decode_ = true;        // decode_stack runs where the shapes allow
+  void* stack_scratch_ = nullptr;   // decode_stack's activations, partials and barrier
+  size_t stack_scratch_cap_ = 0;
+  struct StackPlan {                // decode_stack's plan for the last stack shape seen
+    cuda::StackShape shape;
+    bool ok = false;                // the kernel takes this shape
+    cuda::StackParams params;
+    cuda::StackLaunch launch;
+  };
+  std::unique_ptr<StackPlan> stack_plan_;
+  int64_t fused_decodes_ = 0;
 
   struct RopeTable {
     RopeConfig cfg;
@@ -177,5 +194,28 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<cuda::OpProfiler> profiler_;  // TESSERA_CUDA_PROFILE=1
 };
+
+namespace cuda {
+// Words of an op's signature (cuda graphs): pointers, integers, floats (by their bits).
+template <typename T>
+uint64_t sig_word(const T& v) {
+  if constexpr (std::is_pointer_v<T>)
+    return reinterpret_cast<uintptr_t>(v);
+  else if constexpr (std::is_same_v<T, float>) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return u;
+  } else
+    return static_cast<uint64_t>(v);
+}
+}  // namespace cuda
+
+template <typename... A>
+bool CudaBackend::recorded(int op, const A&... args) {
+  if (graph_mode_ != GraphMode::kCapture && graph_mode_ != GraphMode::kReplay) return false;
+  sign(static_cast<uint64_t>(op));
+  (sign(cuda::sig_word(args)), ...);
+  return graph_mode_ == GraphMode::kReplay;
+}
 
 }  // namespace tessera

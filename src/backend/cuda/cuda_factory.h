@@ -27,6 +27,9 @@ DeviceCeilings measure_cuda_ceilings(Backend& backend);
 // Decode forwards `backend` (a CUDA backend) launched from captured graphs so far (0 for
 // any other backend): for tests and reports.
 int64_t cuda_graph_replays(Backend& backend);
+// Decode forwards `backend` (a CUDA backend) ran as one fused decoder-stack kernel
+// (Backend::decode_stack) so far, graph replays included; 0 for any other backend.
+int64_t cuda_fused_decodes(Backend& backend);
 // With TESSERA_CUDA_PROFILE=1: the per-op device-time table of `backend` (a CUDA backend)
 // since the last call, then reset; "" when profiling is off or for any other backend.
 std::string cuda_profile_take(Backend& backend);

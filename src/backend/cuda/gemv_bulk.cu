@@ -19,6 +19,7 @@
 // order: a fixed order, so graph and eager runs give the same bits.
 #include <cstdlib>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_decode.cuh"
 
@@ -56,34 +57,6 @@ struct BulkTargets {
   int n;
 };
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-}
-
-// Global → shared copy of `bytes` (a multiple of 16, both ends 16-byte aligned) by the copy
-// engine, counted against `bar`'s expected transaction bytes.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-
 // NS: sweeps of kSweep columns (cols <= NS * kSweep); SWIGLU: x = silu(x) * up.
 template <DType T, int NS, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -113,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid == 0) {
     for (int st = 0; st < stages; ++st) mbar_init(&bars[st], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
   if (tid == 0)
