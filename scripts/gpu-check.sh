@@ -167,6 +167,6 @@ grep -E "^\||^ceilings|fused decoder-stack" "$OUT/bench-cuda.log"
 for f in "$OUT"/bench-cuda-ab*.log; do
   [[ -f "$f" ]] || continue
   echo "with $(tail -1 "$f"):"
-  grep -E "^\| (decode|prefill 512)|fused decoder-stack" "$f"
+  grep -E "^\| (decode|prefill 512|gemv|rms_norm|gather_rows|embed|logits|all ops)|fused decoder-stack" "$f"
 done
 exit $status
