@@ -149,6 +149,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(wdeq_);
   cudaFree(partials_);
   cudaFree(stack_scratch_);
+  cudaFree(stack_timing_);
+  cudaFree(stack_timing_ns_);
   cudaEventDestroy(staged_copied_);
   cudaStreamDestroy(stream_);
 }

@@ -71,6 +71,8 @@ class CudaBackend final : public Backend {
   // Batch-1 decode as one persistent kernel (cuda_decode_stack.cpp, decode_stack.cu).
   bool decode_stack(const DecoderStack& stack, const AttentionBatch& batch, float* x) override;
   int64_t fused_decodes() const { return fused_decodes_; }
+  // TESSERA_CUDA_STACK_TIMING=1: decode_stack's per-phase table since the last call, then reset.
+  std::string take_stack_timing();
   // Graphs captured so far and forwards replayed from them (for tests and reports).
   int graphs_captured() const { return graphs_captured_; }
   int64_t graph_replays() const { return graph_replays_; }
@@ -184,6 +186,9 @@ class CudaBackend final : public Backend {
   };
   std::unique_ptr<StackPlan> stack_plan_;
   int64_t fused_decodes_ = 0;
+  unsigned long long* stack_timing_ = nullptr;     // TESSERA_CUDA_STACK_TIMING=1 (device)
+  unsigned long long* stack_timing_ns_ = nullptr;
+  int64_t stack_timing_steps_ = 0;
 
   struct RopeTable {
     RopeConfig cfg;

@@ -4,7 +4,10 @@
 // cache, head sizes 64/128), fills its parameters from the staged batch and launches it;
 // anything else returns false and the model runs its blocks op by op.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -58,6 +61,7 @@ bool blocks_fit(const DecoderStack& st, const cuda::StackShape& sh) {
     if (b.kv.dtype != DType::F16 || b.kv.n_kv_heads != kv0.n_kv_heads || b.kv.head_dim != kv0.head_dim ||
         b.kv.block_size != kv0.block_size)
       return false;
+    if (!aligned16(b.kv.k) || !aligned16(b.kv.v)) return false;  // 16-byte loads of K, 8-byte of V
     // The kernel indexes a layer's cache with 32-bit offsets (halves).
     if (int64_t{b.kv.n_blocks} * b.kv.n_kv_heads * b.kv.block_size * b.kv.head_dim >= (int64_t{1} << 32)) return false;
   }
@@ -69,6 +73,57 @@ bool blocks_fit(const DecoderStack& st, const cuda::StackShape& sh) {
 int64_t cuda_fused_decodes(Backend& backend) {
   const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
   return cuda ? cuda->fused_decodes() : 0;
+}
+
+std::string cuda_stack_timing_take(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda ? cuda->take_stack_timing() : std::string();
+}
+
+std::string CudaBackend::take_stack_timing() {
+  if (!stack_timing_ || stack_timing_steps_ == 0 || !stack_plan_) return {};
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const int grid = stack_plan_->launch.grid, layers = stack_plan_->shape.n_layers;
+  std::vector<unsigned long long> t(static_cast<size_t>(grid) * layers * cuda::kStackPhases), ns(2 * grid);
+  TESSERA_CUDA_CHECK(cudaMemcpy(t.data(), stack_timing_, t.size() * 8, cudaMemcpyDeviceToHost));
+  TESSERA_CUDA_CHECK(cudaMemcpy(ns.data(), stack_timing_ns_, ns.size() * 8, cudaMemcpyDeviceToHost));
+  double sum_ns = 0, sum_cycles = 0;
+  for (int b = 0; b < grid; ++b) {
+    sum_ns += static_cast<double>(ns[2 * b]);
+    sum_cycles += static_cast<double>(ns[2 * b + 1]);
+  }
+  const double us_per_cycle = sum_cycles > 0 ? sum_ns / sum_cycles / 1000 : 0;
+  static const char* kNames[cuda::kStackPhases] = {
+      "norm + Q|K|V", "barrier", "attention splits", "barrier", "merge", "barrier",
+      "O + residual", "barrier", "norm + gate|up", "barrier", "down + residual", "barrier"};
+  const double steps = static_cast<double>(stack_timing_steps_);
+  std::string out = "| phase | mean us per layer (all blocks) | slowest block, us per layer |\n|---|---|---|\n";
+  double total_mean = 0, total_max = 0;
+  char line[256];
+  for (int ph = 0; ph < cuda::kStackPhases; ++ph) {
+    double sum = 0, sum_max = 0;
+    for (int l = 0; l < layers; ++l) {
+      double mx = 0;
+      for (int b = 0; b < grid; ++b) {
+        const double v = static_cast<double>(t[(static_cast<size_t>(b) * layers + l) * cuda::kStackPhases + ph]);
+        sum += v;
+        mx = std::max(mx, v);
+      }
+      sum_max += mx;
+    }
+    const double mean = sum / grid / layers / steps * us_per_cycle, worst = sum_max / layers / steps * us_per_cycle;
+    total_mean += mean;
+    total_max += worst;
+    std::snprintf(line, sizeof line, "| %s | %.2f | %.2f |\n", kNames[ph], mean, worst);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "| all (%d layers, %.0f steps; kernel %.1f us per step) | %.2f | %.2f |\n", layers,
+                steps, sum_ns / grid / steps / 1000, total_mean, total_max);
+  out += line;
+  TESSERA_CUDA_CHECK(cudaMemset(stack_timing_, 0, t.size() * 8));
+  TESSERA_CUDA_CHECK(cudaMemset(stack_timing_ns_, 0, ns.size() * 8));
+  stack_timing_steps_ = 0;
+  return out;
 }
 
 bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, float* x) {
@@ -103,7 +158,6 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
       scratch(stack_scratch_, stack_scratch_cap_, launch.scratch_floats * sizeof(float) + 256));
   cuda::StackParams& p = stack_plan_->params;
   p.block_size = kv0.block_size;
-  p.table_stride = db.max_blocks;
   p.positions = db.positions;
   p.slots = db.slot_mapping;
   p.kv_len = db.kv_len;
@@ -118,13 +172,25 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
   p.att = p.qkv + p.q_dim + 2 * p.kv_dim;
   p.act = p.att + p.q_dim;
   p.partials = p.act + p.n_ff;
+  // TESSERA_CUDA_STACK_TIMING=1: per-phase clocks (a kernel of its own; take_stack_timing).
+  static const bool timing = std::getenv("TESSERA_CUDA_STACK_TIMING") && std::getenv("TESSERA_CUDA_STACK_TIMING")[0] == '1';
+  if (timing && !stack_timing_) {
+    const size_t n = static_cast<size_t>(launch.grid) * sh.n_layers * cuda::kStackPhases;
+    stack_timing_ = static_cast<unsigned long long*>(alloc(n * 8));
+    stack_timing_ns_ = static_cast<unsigned long long*>(alloc(2 * launch.grid * 8));
+    TESSERA_CUDA_CHECK(cudaMemset(stack_timing_, 0, n * 8));
+    TESSERA_CUDA_CHECK(cudaMemset(stack_timing_ns_, 0, 2 * launch.grid * 8));
+  }
+  p.timing = stack_timing_;
+  p.timing_ns = stack_timing_ns_;
   for (size_t i = 0; i < st.blocks.size(); ++i) {
     const DecoderBlockView& blk = st.blocks[i];
     p.layers[i] = {blk.wq.data, blk.wo.data, blk.w_gate.data, blk.w_down.data, blk.attn_norm, blk.ffn_norm,
                    blk.kv.k, blk.kv.v};
   }
-  bool skip = recorded(kOpDecodeStack, x, buf, inv_freq, p.positions, p.slots, p.kv_len, p.block_table,
-                       p.table_stride, p.block_size, p.neox, p.eps, p.q_scale, sh.n_layers);
+  bool skip = recorded(kOpDecodeStack, x, buf, inv_freq, p.positions, p.slots, p.kv_len, p.block_table, p.block_size,
+                       p.neox, p.eps, p.q_scale, p.timing, static_cast<int>(sh.wtype), sh.n_layers, sh.n_embd,
+                       sh.n_head, sh.n_kv, sh.head_dim, sh.n_ff, sh.rot_dim);
   for (int i = 0; i < sh.n_layers; ++i) {
     const cuda::StackLayer& l = p.layers[i];
     for (const void* ptr : {l.wqkv, l.wo, l.wgu, l.wdown, static_cast<const void*>(l.attn_norm),
@@ -133,6 +199,7 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
       skip = recorded(0, ptr);
   }
   ++fused_decodes_;
+  if (p.timing) ++stack_timing_steps_;
   if (skip) return true;
   cuda::launch_decode_stack(sh.wtype, p, launch, stream_);
   return true;

@@ -64,7 +64,9 @@ constexpr int kOffRed = kOffEmpty + 8 * kStackMaxSlots;                // float 
 constexpr int kOffNorm = kOffRed + 4 * 2 * kConsumerWarps * kRedRows;  // float [warps] (64 B)
 constexpr int kOffQs = kOffNorm + 64;                                  // float [kStackMaxGroupDims]
 constexpr int kOffComb = kOffQs + 4 * kStackMaxGroupDims;              // float [warps][128 + 2]
-constexpr int kHeader = (kOffComb + 4 * kConsumerWarps * (128 + 2) + 127) / 128 * 128;
+constexpr int kOffResid = kOffComb + 4 * kConsumerWarps * (128 + 2);    // float [kMaxResid]
+constexpr int kMaxResid = 256;  // residual rows of one block's share of O or down held in smem
+constexpr int kHeader = (kOffResid + 4 * kMaxResid + 127) / 128 * 128;
 
 enum Product { kQkv = 0, kO = 1, kGu = 2, kDown = 3 };
 
@@ -117,31 +119,69 @@ __device__ __forceinline__ void block_range(int n, int& c0, int& c1) {
   c1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * n / gridDim.x);
 }
 
-// The producer (one thread): every chunk of this block, in the consumers' order.
-__device__ void produce(const StackParams& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
-  uint32_t it = 0;
-  for (int layer = 0; layer < p.n_layers; ++layer)
-    for (int which = 0; which < 4; ++which) {
-      const Prod d = product(p, layer, which);
-      int c0, c1;
-      block_range(d.n_chunks, c0, c1);
-      const uint32_t part = static_cast<uint32_t>(d.rpc) * d.row_bytes;
-      for (int c = c0; c < c1; ++c, ++it) {
-        const int slot = static_cast<int>(it % p.n_slots);
-        const uint32_t round = it / p.n_slots;
-        if (round > 0) mbar_wait_bounded(&empty[slot], (round - 1) & 1);  // consumers released it
-        uint8_t* dst = ring + static_cast<size_t>(slot) * p.slot_stride;
-        const uint8_t* src = d.w + static_cast<size_t>(c) * part;
-        if (which == kGu) {
-          mbar_expect_tx(&full[slot], 2 * part);
-          bulk_copy(dst, src, part, &full[slot]);
-          bulk_copy(dst + part, src + d.half_bytes, part, &full[slot]);
-        } else {
-          mbar_expect_tx(&full[slot], part);
-          bulk_copy(dst, src, part, &full[slot]);
-        }
+// This block's chunks of the whole step in order (layer, product, chunk), skipping
+// products where its share is empty.
+struct ChunkCursor {
+  Prod d;
+  int layer = 0, which = -1, c = 0, c1 = 0;
+  uint32_t part = 0;  // bytes of one part (gate|up chunks have two)
+
+  __device__ __forceinline__ void start(const StackParams& p) { advance(p); }
+  __device__ __forceinline__ bool done(const StackParams& p) const { return layer >= p.n_layers; }
+  __device__ __forceinline__ void next(const StackParams& p) {
+    if (++c >= c1) advance(p);
+  }
+  __device__ __forceinline__ const uint8_t* src() const { return d.w + static_cast<size_t>(c) * part; }
+  __device__ __forceinline__ void advance(const StackParams& p) {
+    for (;;) {
+      if (++which == 4) {
+        which = 0;
+        ++layer;
       }
+      if (layer >= p.n_layers) return;
+      d = product(p, layer, which);
+      block_range(d.n_chunks, c, c1);
+      part = static_cast<uint32_t>(d.rpc) * d.row_bytes;
+      if (c < c1) return;
     }
+  }
+};
+
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
+// The producer (one thread): every chunk of this block, in the consumers' order, into the
+// ring; p.l2_ahead chunks past the ring are prefetched into L2 first, so that while the
+// ring is full (consumers at a barrier or in the attention) the memory keeps streaming.
+__device__ void produce(const StackParams& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
+  ChunkCursor cur, ahead;
+  cur.start(p);
+  ahead.start(p);
+  uint32_t pf = 0;  // chunks `ahead` has passed
+  for (uint32_t it = 0; !cur.done(p); cur.next(p), ++it) {
+    while (p.l2_ahead > 0 && !ahead.done(p) && pf < it + p.n_slots + p.l2_ahead) {
+      if (pf >= it + p.n_slots) {  // the ring's own chunks are copied directly
+        prefetch_l2(ahead.src(), ahead.part);
+        if (ahead.which == kGu) prefetch_l2(ahead.src() + ahead.d.half_bytes, ahead.part);
+      }
+      ahead.next(p);
+      ++pf;
+    }
+    const int slot = static_cast<int>(it % p.n_slots);
+    const uint32_t round = it / p.n_slots;
+    if (round > 0) mbar_wait_bounded(&empty[slot], (round - 1) & 1);  // consumers released it
+    uint8_t* dst = ring + static_cast<size_t>(slot) * p.slot_stride;
+    const uint8_t* src = cur.src();
+    if (cur.which == kGu) {
+      mbar_expect_tx(&full[slot], 2 * cur.part);
+      bulk_copy(dst, src, cur.part, &full[slot]);
+      bulk_copy(dst + cur.part, src + cur.d.half_bytes, cur.part, &full[slot]);
+    } else {
+      mbar_expect_tx(&full[slot], cur.part);
+      bulk_copy(dst, src, cur.part, &full[slot]);
+    }
+  }
 }
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
@@ -150,18 +190,29 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 
-// Every consumer thread of every block arrives; returns when all have.
-__device__ void grid_sync(unsigned* counter, unsigned& epoch) {
+__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// Every consumer thread of every block arrives; returns when all have. bar[0] counts
+// arrivals (over the whole launch); the block that completes barrier `epoch` publishes it
+// in bar[32] (another 128-byte line, so the polling does not slow the arrivals down).
+__device__ void grid_sync(unsigned* bar, unsigned& epoch) {
   consumer_sync();  // this block's writes are done
   ++epoch;
   if (threadIdx.x == 0) {
+    unsigned* flag = bar + 32;
     __threadfence();
-    atomicAdd(counter, 1u);
-    const unsigned target = epoch * gridDim.x;
-    if (ld_acquire(counter) < target) {
+    const unsigned arrived = atomicAdd(bar, 1u) + 1;
+    if (arrived == epoch * gridDim.x) {
+      __threadfence();
+      st_release(flag, epoch);
+    } else if (ld_acquire(flag) < epoch) {
       const uint64_t t0 = global_timer_ns();
-      while (ld_acquire(counter) < target)
+      while (ld_acquire(flag) < epoch) {
+        __nanosleep(32);
         if (global_timer_ns() - t0 > kSpinLimitNs) __trap();
+      }
     }
     __threadfence();
   }
@@ -227,13 +278,21 @@ __device__ __forceinline__ void load_plain(const float* src, int cols, float (&x
 }
 
 // The consumers' side of one product: every chunk of this block's range as it lands.
+// O and down add into the residual rows this block owns: those are read into `resid`
+// (shared) before the first chunk, off the chunks' critical path.
 template <DType T>
 __device__ __forceinline__ void consume(const StackParams& p, const Prod& d, int which, const float (&xr)[kMaxSweeps][8],
-                        const uint8_t* ring, uint64_t* full, uint64_t* empty, float* red, uint32_t& it) {
+                                        const uint8_t* ring, uint64_t* full, uint64_t* empty, float* red,
+                                        float* resid, uint32_t& it) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int c0, c1;
   block_range(d.n_chunks, c0, c1);
   const int rows = which == kGu ? 2 * d.rpc : d.rpc;
+  const int row0 = c0 * d.rpc;
+  const bool adds = which == kO || which == kDown;
+  const bool resid_in_smem = adds && (c1 - c0) * d.rpc <= kMaxResid;
+  // Visible to the threads that use it after the first chunk's consumer_sync.
+  if (resid_in_smem && tid < (c1 - c0) * d.rpc) resid[tid] = __ldcg(p.x + row0 + tid);
   for (int c = c0; c < c1; ++c, ++it) {
     const int slot = static_cast<int>(it % p.n_slots);
     mbar_wait_bounded(&full[slot], (it / p.n_slots) & 1);
@@ -276,14 +335,35 @@ __device__ __forceinline__ void consume(const StackParams& p, const Prod& d, int
 #pragma unroll
         for (int w = 0; w < kConsumerWarps; ++w) up += red_i[w * kRedRows + d.rpc + tid];
         __stcg(p.act + row, silu_times(sum, up));
-      } else {
-        __stcg(p.x + row, __ldcg(p.x + row) + sum);  // the residual: this block owns the row
+      } else {  // the residual: this block owns the row
+        __stcg(p.x + row, (resid_in_smem ? resid[row - row0] : __ldcg(p.x + row)) + sum);
       }
     }
   }
 }
 
-template <DType T, int HD>
+// TESSERA_CUDA_STACK_TIMING=1: SM cycles of each phase of each layer, added per block (a
+// kernel of its own: the clocks' registers would make the fast one spill).
+template <bool kTimed>
+struct PhaseClock {
+  unsigned long long* slot = nullptr;  // this block's [n_layers][kStackPhases], or nullptr
+  long long last = 0;
+  __device__ __forceinline__ void start(const StackParams& p) {
+    if (kTimed && p.timing && threadIdx.x == 0) {
+      slot = p.timing + static_cast<size_t>(blockIdx.x) * p.n_layers * kStackPhases;
+      last = clock64();
+    }
+  }
+  __device__ __forceinline__ void mark(int layer, int phase) {
+    if (kTimed && slot) {
+      const long long now = clock64();
+      slot[layer * kStackPhases + phase] += static_cast<unsigned long long>(now - last);
+      last = now;
+    }
+  }
+};
+
+template <DType T, int HD, bool kTimed>
 __global__ void __maxnreg__(112) decode_stack_kernel(const __grid_constant__ StackParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   auto* full = reinterpret_cast<uint64_t*>(smem + kOffFull);
@@ -292,6 +372,7 @@ __global__ void __maxnreg__(112) decode_stack_kernel(const __grid_constant__ Sta
   auto* norm_red = reinterpret_cast<float*>(smem + kOffNorm);
   auto* qs = reinterpret_cast<float*>(smem + kOffQs);
   auto* comb = reinterpret_cast<float*>(smem + kOffComb);
+  auto* resid = reinterpret_cast<float*>(smem + kOffResid);
   uint8_t* ring = smem + kHeader;
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -309,32 +390,58 @@ __global__ void __maxnreg__(112) decode_stack_kernel(const __grid_constant__ Sta
   uint32_t it = 0;
   unsigned epoch = 0;
   float xr[kMaxSweeps][8];
+  const uint64_t t_start = kTimed && tid == 0 ? global_timer_ns() : 0;
+  const long long c_start = kTimed ? clock64() : 0;
+  PhaseClock<kTimed> clk;
+  clk.start(p);
   for (int layer = 0; layer < p.n_layers; ++layer) {
     const StackLayer& L = p.layers[layer];
     load_normed(p.x, L.attn_norm, p.n_embd, p.eps, xr, norm_red);
-    consume<T>(p, product(p, layer, kQkv), kQkv, xr, ring, full, empty, red, it);
+    consume<T>(p, product(p, layer, kQkv), kQkv, xr, ring, full, empty, red, resid, it);
+    clk.mark(layer, 0);
     grid_sync(p.barrier, epoch);
+    clk.mark(layer, 1);
     stack::attention_split_phase<HD>(p, layer, qs, comb);
+    clk.mark(layer, 2);
     grid_sync(p.barrier, epoch);
+    clk.mark(layer, 3);
     stack::attention_merge_phase<HD>(p);
+    clk.mark(layer, 4);
     grid_sync(p.barrier, epoch);
+    clk.mark(layer, 5);
     load_plain(p.att, p.q_dim, xr);
-    consume<T>(p, product(p, layer, kO), kO, xr, ring, full, empty, red, it);
+    consume<T>(p, product(p, layer, kO), kO, xr, ring, full, empty, red, resid, it);
+    clk.mark(layer, 6);
     grid_sync(p.barrier, epoch);
+    clk.mark(layer, 7);
     load_normed(p.x, L.ffn_norm, p.n_embd, p.eps, xr, norm_red);
-    consume<T>(p, product(p, layer, kGu), kGu, xr, ring, full, empty, red, it);
+    consume<T>(p, product(p, layer, kGu), kGu, xr, ring, full, empty, red, resid, it);
+    clk.mark(layer, 8);
     grid_sync(p.barrier, epoch);
+    clk.mark(layer, 9);
     load_plain(p.act, p.n_ff, xr);
-    consume<T>(p, product(p, layer, kDown), kDown, xr, ring, full, empty, red, it);
+    consume<T>(p, product(p, layer, kDown), kDown, xr, ring, full, empty, red, resid, it);
+    clk.mark(layer, 10);
     if (layer + 1 < p.n_layers) grid_sync(p.barrier, epoch);
+    clk.mark(layer, 11);
+  }
+  if (kTimed && p.timing_ns && tid == 0) {
+    p.timing_ns[2 * blockIdx.x] += global_timer_ns() - t_start;
+    p.timing_ns[2 * blockIdx.x + 1] += static_cast<unsigned long long>(clock64() - c_start);
   }
 }
 
 using StackKernel = void (*)(const StackParams);
 
-StackKernel pick_kernel(DType wtype, int head_dim) {
-  if (wtype == DType::BF16) return head_dim == 64 ? decode_stack_kernel<DType::BF16, 64> : decode_stack_kernel<DType::BF16, 128>;
-  return head_dim == 64 ? decode_stack_kernel<DType::F16, 64> : decode_stack_kernel<DType::F16, 128>;
+template <bool kTimed>
+StackKernel pick_timed(DType wtype, int head_dim) {
+  if (wtype == DType::BF16)
+    return head_dim == 64 ? decode_stack_kernel<DType::BF16, 64, kTimed> : decode_stack_kernel<DType::BF16, 128, kTimed>;
+  return head_dim == 64 ? decode_stack_kernel<DType::F16, 64, kTimed> : decode_stack_kernel<DType::F16, 128, kTimed>;
+}
+
+StackKernel pick_kernel(DType wtype, int head_dim, bool timed) {
+  return timed ? pick_timed<true>(wtype, head_dim) : pick_timed<false>(wtype, head_dim);
 }
 
 size_t env_kb(const char* name, size_t fallback) {
@@ -377,9 +484,10 @@ bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, Stack
   p.n_slots = static_cast<int>(std::min<size_t>(kStackMaxSlots, ring / p.slot_stride));
   if (p.n_slots < 2) return false;
   launch.smem = kHeader + static_cast<size_t>(p.n_slots) * p.slot_stride;
-  const StackKernel kernel = pick_kernel(sh.wtype, sh.head_dim);
-  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(launch.smem)));
+  const StackKernel kernel = pick_kernel(sh.wtype, sh.head_dim, false);
+  for (const StackKernel k : {kernel, pick_kernel(sh.wtype, sh.head_dim, true)})
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(launch.smem)));
   int per_sm = 0;
   TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, launch.smem));
   if (per_sm < 1) return false;
@@ -395,13 +503,20 @@ bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, Stack
   p.group = group;
   p.rot_half = sh.rot_dim / 2;
   p.max_splits = std::max(1, launch.grid / sh.n_kv);
+  // L2 prefetch past the ring: 2 chunks per block (TESSERA_CUDA_STACK_L2_AHEAD, 0 = none).
+  static const int l2_ahead = [] {
+    const char* env = std::getenv("TESSERA_CUDA_STACK_L2_AHEAD");
+    const int v = env ? std::atoi(env) : 2;
+    return v >= 0 && v <= 64 ? v : 2;
+  }();
+  p.l2_ahead = l2_ahead;
   launch.scratch_floats = static_cast<size_t>(q_dim + 2 * kv_dim) + q_dim + sh.n_ff +
                           static_cast<size_t>(sh.n_head) * p.max_splits * (sh.head_dim + 2);
   return true;
 }
 
 void launch_decode_stack(DType wtype, const StackParams& p, const StackLaunch& launch, cudaStream_t s) {
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.barrier, 0, sizeof(unsigned), s));
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.barrier, 0, kStackBarrierBytes, s));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(launch.grid);
   cfg.blockDim = dim3(kThreads);
@@ -416,7 +531,7 @@ void launch_decode_stack(DType wtype, const StackParams& p, const StackLaunch& l
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = coop ? 1 : 0;
-  TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(wtype, p.head_dim), p));
+  TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(wtype, p.head_dim, p.timing != nullptr), p));
   TESSERA_CUDA_CHECK_LAUNCH("decode_stack");
 }
 

@@ -15,6 +15,11 @@ constexpr int kStackMaxSlots = 8;        // ring buffers per block
 constexpr int kStackMaxChunkRows = 8;    // rows of one matrix per chunk (gate|up: 8 of each)
 constexpr int kStackMaxCols = 16384;     // widths x can hold in registers (256 threads × 8 × 8)
 constexpr int kStackMaxGroupDims = 512;  // query heads per KV head × head_dim
+constexpr int kStackBarrierBytes = 256;  // the grid barrier's counter and flag (own lines)
+// Phases of a layer timed by TESSERA_CUDA_STACK_TIMING=1 (each block, per layer): norm +
+// Q|K|V, barrier, attention splits, barrier, merge, barrier, O, barrier, norm + gate|up,
+// barrier, down, barrier.
+constexpr int kStackPhases = 12;
 
 // One block's weights (16-bit, rows contiguous; Q|K|V and gate|up each one allocation, the
 // second part right after the first) and its KV cache (f16, [n_blocks, n_kv, bs, hd]).
@@ -38,13 +43,14 @@ struct StackParams {
   int n_slots = 0;
   uint32_t slot_stride = 0;  // bytes, a multiple of 128
   int max_splits = 0;        // attention splits per KV head at most (partials' stride)
-  int block_size = 0, table_stride = 0;
+  int block_size = 0;
   // The one sequence's index arrays on the device (staged: fixed addresses under graphs).
   const int32_t* positions = nullptr;
   const int32_t* slots = nullptr;
   const int32_t* kv_len = nullptr;
   const int32_t* block_table = nullptr;
   const double* inv_freq = nullptr;  // [rot_dim / 2] (rope_inv_freq)
+  int l2_ahead = 0;  // chunks past the ring the producer prefetches into L2
   int rot_half = 0;
   int neox = 0;
   float eps = 0.0f;
@@ -52,12 +58,17 @@ struct StackParams {
   // Residual stream [n_embd]: the embedding in, the last block's output added out.
   float* x = nullptr;
   // Scratch: qkv [q_dim + 2 kv_dim], att [q_dim], act [n_ff],
-  // partials [n_head, max_splits, head_dim + 2], barrier counter (zeroed per launch).
+  // partials [n_head, max_splits, head_dim + 2]; the grid barrier (kStackBarrierBytes,
+  // zeroed before every launch).
   float* qkv = nullptr;
   float* att = nullptr;
   float* act = nullptr;
   float* partials = nullptr;
   unsigned* barrier = nullptr;
+  // TESSERA_CUDA_STACK_TIMING=1: SM cycles added per (block, layer, phase), and nanoseconds
+  // of the whole kernel per block (to convert); nullptr otherwise.
+  unsigned long long* timing = nullptr;  // [grid][n_layers][kStackPhases]
+  unsigned long long* timing_ns = nullptr;  // [grid][2]: ns, cycles
   StackLayer layers[kStackMaxLayers];
 };
 
@@ -73,11 +84,11 @@ struct StackShape {
 struct StackLaunch {
   int grid = 0;
   size_t smem = 0;
-  size_t scratch_floats = 0;  // qkv + att + act + partials
+  size_t scratch_floats = 0;  // qkv + att + act + partials (the barrier's bytes not counted)
 };
 bool plan_decode_stack(const StackShape& shape, int sm_count, StackParams& p, StackLaunch& launch);
 
-// Zeroes the barrier counter and launches the stack kernel (cooperative: every block
+// Zeroes the grid barrier and launches the stack kernel (cooperative: every block
 // resident at once) on `s`.
 void launch_decode_stack(DType wtype, const StackParams& p, const StackLaunch& launch, cudaStream_t s);
 

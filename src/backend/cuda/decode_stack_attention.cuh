@@ -37,6 +37,12 @@ __host__ __device__ __forceinline__ int attention_splits(int kv_len, int max_spl
   return want < 1 ? 1 : (want > max_splits ? max_splits : want);
 }
 
+// Keys the query attends to: the sequence's first min(kv_len, position + 1) (causal, as the
+// op path's decode attention).
+__device__ __forceinline__ int attended_keys(const StackParams& p) {
+  return max(0, min(p.kv_len[0], p.positions[0] + 1));
+}
+
 // Dims (ia, ib) of rotated pair i (rope_kv_store.cu's rule): adjacent, or i and i + rot_half
 // (neox); pairs past rot_half are the unrotated tail, in order.
 __device__ __forceinline__ void rope_pair_dims(int i, int rot_half, bool neox, int& ia, int& ib) {
@@ -63,7 +69,8 @@ __device__ void attention_split_phase(const StackParams& p, int layer, float* qs
   const StackLayer& L = p.layers[layer];
   __half* kc = static_cast<__half*>(L.k);
   __half* vc = static_cast<__half*>(L.v);
-  const int kv_len = p.kv_len[0], pos = p.positions[0], g = p.group;
+  const int pos = p.positions[0], g = p.group;
+  const int kv_len = attended_keys(p);
   const int n_splits = attention_splits(kv_len, p.max_splits);
   const int split_len = (kv_len + n_splits - 1) / n_splits;
   const bool neox = p.neox != 0;
@@ -83,7 +90,7 @@ __device__ void attention_split_phase(const StackParams& p, int layer, float* qs
     }
     // The new position's split stores its key and value (and reads them back below); a
     // position outside [0, kv_len) is read by no split: the last one stores it.
-    const bool stores_kv = pos >= 0 && pos < kv_len ? pos >= k0 && pos < k1 : s == n_splits - 1;
+    const bool stores_kv = pos < kv_len ? pos >= k0 && pos < k1 : s == n_splits - 1;
     if (stores_kv) {
       const int slot = p.slots[0];
       const size_t dst = ((static_cast<size_t>(slot / p.block_size) * p.n_kv + h) * p.block_size + slot % p.block_size) * HD;
@@ -245,7 +252,7 @@ __device__ void attention_split_phase(const StackParams& p, int layer, float* qs
 template <int HD>
 __device__ void attention_merge_phase(const StackParams& p) {
   const int tid = threadIdx.x;
-  const int n_splits = attention_splits(p.kv_len[0], p.max_splits);
+  const int n_splits = attention_splits(attended_keys(p), p.max_splits);
   for (int hq = blockIdx.x; hq < p.n_head; hq += gridDim.x) {
     if (tid >= HD) continue;
     const float* base = p.partials + static_cast<size_t>(hq) * p.max_splits * (HD + 2);
@@ -260,7 +267,7 @@ __device__ void attention_merge_phase(const StackParams& p) {
       num = fmaf(__ldcg(st + tid), wt, num);
       den = fmaf(__ldcg(st + HD + 1), wt, den);
     }
-    __stcg(p.att + static_cast<size_t>(hq) * HD + tid, num / den);
+    __stcg(p.att + static_cast<size_t>(hq) * HD + tid, den > 0.0f ? num / den : 0.0f);  // no keys: 0
   }
 }
 

@@ -110,6 +110,8 @@ TEST(CudaBench, Llama31_8B_Bf16) {
   profile("decode, batch 1, context 512-640 (128 steps)");
   std::printf("[bench] batch-1 decode steps run as one fused decoder-stack kernel: %lld of %d\n",
               static_cast<long long>(cuda_fused_decodes(*gpu)), n_gen + 1);
+  if (const std::string t = cuda_stack_timing_take(*gpu); !t.empty())  // TESSERA_CUDA_STACK_TIMING=1
+    std::printf("\n[stack-timing] fused decode, batch 1, per layer (warm-up step included)\n%s", t.c_str());
   const double bw = ceil.copy_bytes_per_s, rate = ceil.bf16_flops_per_s;
   const double avg_ctx = n_prompt + n_gen / 2.0;
   const double dec1_bytes = weight_read_bytes + avg_ctx * kv_bytes_per_token;
