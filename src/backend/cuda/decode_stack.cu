@@ -66,7 +66,8 @@ constexpr int kOffQs = kOffNorm + 64;                                  // float 
 constexpr int kOffComb = kOffQs + 4 * kStackMaxGroupDims;              // float [warps][128 + 2]
 constexpr int kOffResid = kOffComb + 4 * kConsumerWarps * (128 + 2);    // float [kMaxResid]
 constexpr int kMaxResid = 256;  // residual rows of one block's share of O or down held in smem
-constexpr int kHeader = (kOffResid + 4 * kMaxResid + 127) / 128 * 128;
+constexpr int kOffRope = kOffResid + 4 * kMaxResid;                    // float [64][2]: cos, sin
+constexpr int kHeader = (kOffRope + 4 * 128 + 127) / 128 * 128;
 
 enum Product { kQkv = 0, kO = 1, kGu = 2, kDown = 3 };
 
@@ -146,10 +147,6 @@ struct ChunkCursor {
     }
   }
 };
-
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
 
 // The producer (one thread): every chunk of this block, in the consumers' order, into the
 // ring; p.l2_ahead chunks past the ring are prefetched into L2 first, so that while the
@@ -373,6 +370,7 @@ __global__ void __maxnreg__(112) decode_stack_kernel(const __grid_constant__ Sta
   auto* qs = reinterpret_cast<float*>(smem + kOffQs);
   auto* comb = reinterpret_cast<float*>(smem + kOffComb);
   auto* resid = reinterpret_cast<float*>(smem + kOffResid);
+  auto* rope_cs = reinterpret_cast<float*>(smem + kOffRope);
   uint8_t* ring = smem + kHeader;
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -394,14 +392,16 @@ __global__ void __maxnreg__(112) decode_stack_kernel(const __grid_constant__ Sta
   const long long c_start = kTimed ? clock64() : 0;
   PhaseClock<kTimed> clk;
   clk.start(p);
+  stack::rope_table(p, rope_cs);  // read after the first layer's first consumer_sync
   for (int layer = 0; layer < p.n_layers; ++layer) {
     const StackLayer& L = p.layers[layer];
+    stack::prefetch_attention_kv<HD>(p, layer);
     load_normed(p.x, L.attn_norm, p.n_embd, p.eps, xr, norm_red);
     consume<T>(p, product(p, layer, kQkv), kQkv, xr, ring, full, empty, red, resid, it);
     clk.mark(layer, 0);
     grid_sync(p.barrier, epoch);
     clk.mark(layer, 1);
-    stack::attention_split_phase<HD>(p, layer, qs, comb);
+    stack::attention_split_phase<HD>(p, layer, qs, comb, rope_cs);
     clk.mark(layer, 2);
     grid_sync(p.barrier, epoch);
     clk.mark(layer, 3);

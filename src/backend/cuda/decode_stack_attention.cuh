@@ -17,6 +17,7 @@
 // with ld.global.cg (L2, never a stale L1 line).
 #include <cfloat>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/decode_stack.h"
 
@@ -59,8 +60,63 @@ __device__ __forceinline__ uint32_t kv_offset(const StackParams& p, int h, int k
   return ((blk * p.n_kv + h) * p.block_size + key % p.block_size) * HD;
 }
 
+// cos/sin of every rotated pair at this step's position (the same for every layer): once
+// per launch, in double as rope_rotate does, so the rotations give rope_rotate's bits.
+__device__ __forceinline__ void rope_table(const StackParams& p, float* rope_cs) {
+  for (int i = threadIdx.x; i < p.rot_half; i += kConsumers) {
+    double sd, cd;
+    sincos(static_cast<double>(p.positions[0]) * p.inv_freq[i], &sd, &cd);
+    rope_cs[2 * i] = static_cast<float>(cd);
+    rope_cs[2 * i + 1] = static_cast<float>(sd);
+  }
+}
+
+// rope_rotate with the pair's cos/sin from the table.
+__device__ __forceinline__ void rotate_pair(float& a, float& b, const float* rope_cs, int i) {
+  const float c = rope_cs[2 * i], sn = rope_cs[2 * i + 1];
+  const float ra = a * c - b * sn, rb = a * sn + b * c;
+  a = ra;
+  b = rb;
+}
+
+// Split item `item` of this step: KV head h, keys [k0, k1).
+struct SplitItem {
+  int h, s, k0, k1;
+};
+
+__device__ __forceinline__ SplitItem split_item(int item, int n_splits, int split_len, int kv_len) {
+  SplitItem it;
+  it.h = item / n_splits;
+  it.s = item % n_splits;
+  it.k0 = it.s * split_len;
+  it.k1 = min(kv_len, it.k0 + split_len);
+  return it;
+}
+
+// At the start of a layer, every block asks the copy engine to bring the K and V blocks of
+// its attention items into L2: by the time the splits run (after the Q|K|V product) their
+// loads hit L2 instead of waiting on device memory.
 template <int HD>
-__device__ void attention_split_phase(const StackParams& p, int layer, float* qs, float* comb) {
+__device__ __forceinline__ void prefetch_attention_kv(const StackParams& p, int layer) {
+  const StackLayer& L = p.layers[layer];
+  const int kv_len = attended_keys(p);
+  const int n_splits = attention_splits(kv_len, p.max_splits);
+  const int split_len = (kv_len + n_splits - 1) / n_splits;
+  const uint32_t block_bytes = static_cast<uint32_t>(p.block_size) * HD * 2;
+  for (int item = blockIdx.x; item < p.n_kv * n_splits; item += gridDim.x) {
+    const SplitItem it = split_item(item, n_splits, split_len, kv_len);
+    if (it.k0 >= it.k1) continue;
+    const int b0 = it.k0 / p.block_size, n_blocks = (it.k1 - 1) / p.block_size - b0 + 1;
+    for (int i = threadIdx.x; i < n_blocks; i += kConsumers) {
+      const size_t off = (static_cast<size_t>(p.block_table[b0 + i]) * p.n_kv + it.h) * p.block_size * HD;
+      prefetch_l2(static_cast<const __half*>(L.k) + off, block_bytes);
+      prefetch_l2(static_cast<const __half*>(L.v) + off, block_bytes);
+    }
+  }
+}
+
+template <int HD>
+__device__ void attention_split_phase(const StackParams& p, int layer, float* qs, float* comb, const float* rope_cs) {
   constexpr int kDpl = HD / 32;                       // output dims per lane
   constexpr int kMaxGroup = kStackMaxGroupDims / HD;  // query heads per KV head
   constexpr int kHalf = HD / 2;
@@ -75,32 +131,30 @@ __device__ void attention_split_phase(const StackParams& p, int layer, float* qs
   const int split_len = (kv_len + n_splits - 1) / n_splits;
   const bool neox = p.neox != 0;
   for (int item = blockIdx.x; item < p.n_kv * n_splits; item += gridDim.x) {
-    const int h = item / n_splits, s = item % n_splits;
-    const int k0 = s * split_len, k1 = min(kv_len, k0 + split_len);
-    consumer_sync();  // qs and comb are free (previous item done)
-    for (int idx = tid; idx < g * kHalf; idx += kConsumers) {
-      const int gi = idx / kHalf, i = idx % kHalf;
-      int ia, ib;
-      rope_pair_dims(i, p.rot_half, neox, ia, ib);
-      const float* qh = p.qkv + static_cast<size_t>(h * g + gi) * HD;
-      float a = __ldcg(qh + ia), b = __ldcg(qh + ib);
-      if (i < p.rot_half) rope_rotate(a, b, pos, p.inv_freq[i]);
-      qs[gi * HD + ia] = a * p.q_scale;
-      qs[gi * HD + ib] = b * p.q_scale;
-    }
+    const SplitItem si = split_item(item, n_splits, split_len, kv_len);
+    const int h = si.h, s = si.s, k0 = si.k0, k1 = si.k1;
     // The new position's split stores its key and value (and reads them back below); a
     // position outside [0, kv_len) is read by no split: the last one stores it.
     const bool stores_kv = pos < kv_len ? pos >= k0 && pos < k1 : s == n_splits - 1;
-    if (stores_kv) {
-      const int slot = p.slots[0];
-      const size_t dst = ((static_cast<size_t>(slot / p.block_size) * p.n_kv + h) * p.block_size + slot % p.block_size) * HD;
-      const float* kh = p.qkv + p.q_dim + static_cast<size_t>(h) * HD;
-      const float* vh = kh + p.kv_dim;
-      for (int i = tid; i < kHalf; i += kConsumers) {
-        int ia, ib;
-        rope_pair_dims(i, p.rot_half, neox, ia, ib);
-        float a = __ldcg(kh + ia), b = __ldcg(kh + ib);
-        if (i < p.rot_half) rope_rotate(a, b, pos, p.inv_freq[i]);
+    const size_t dst = ((static_cast<size_t>(p.slots[0] / p.block_size) * p.n_kv + h) * p.block_size +
+                        p.slots[0] % p.block_size) * HD;
+    consumer_sync();  // qs and comb are free (previous item done)
+    // One pass over the group's query pairs, then (the storing split) the key's pairs: the
+    // rotated queries, scaled, into qs; the rotated key and the value into their slot.
+    const int q_pairs = g * kHalf;
+    for (int idx = tid; idx < q_pairs + (stores_kv ? kHalf : 0); idx += kConsumers) {
+      const bool is_key = idx >= q_pairs;
+      const int gi = is_key ? 0 : idx / kHalf, i = is_key ? idx - q_pairs : idx % kHalf;
+      int ia, ib;
+      rope_pair_dims(i, p.rot_half, neox, ia, ib);
+      const float* src = p.qkv + (is_key ? p.q_dim + static_cast<size_t>(h) * HD : static_cast<size_t>(h * g + gi) * HD);
+      float a = __ldcg(src + ia), b = __ldcg(src + ib);
+      if (i < p.rot_half) rotate_pair(a, b, rope_cs, i);
+      if (!is_key) {
+        qs[gi * HD + ia] = a * p.q_scale;
+        qs[gi * HD + ib] = b * p.q_scale;
+      } else {
+        const float* vh = p.qkv + p.q_dim + p.kv_dim + static_cast<size_t>(h) * HD;
         kc[dst + ia] = __float2half_rn(a);
         kc[dst + ib] = __float2half_rn(b);
         vc[dst + ia] = __float2half_rn(__ldcg(vh + ia));
