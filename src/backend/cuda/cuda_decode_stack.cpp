@@ -37,7 +37,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 bool same_shape(const cuda::StackShape& a, const cuda::StackShape& b) {
   return a.wtype == b.wtype && a.n_layers == b.n_layers && a.n_embd == b.n_embd && a.n_head == b.n_head &&
-         a.n_kv == b.n_kv && a.head_dim == b.head_dim && a.n_ff == b.n_ff && a.rot_dim == b.rot_dim;
+         a.n_kv == b.n_kv && a.head_dim == b.head_dim && a.n_ff == b.n_ff && a.rot_dim == b.rot_dim &&
+         a.block_size == b.block_size;
 }
 
 // Whether every block has the layout and types the kernel reads.
@@ -93,9 +94,9 @@ std::string CudaBackend::take_stack_timing() {
     sum_cycles += static_cast<double>(ns[2 * b + 1]);
   }
   const double us_per_cycle = sum_cycles > 0 ? sum_ns / sum_cycles / 1000 : 0;
-  static const char* kNames[cuda::kStackPhases] = {
-      "norm + Q|K|V", "barrier", "attention splits", "barrier", "merge", "barrier",
-      "O + residual", "barrier", "norm + gate|up", "barrier", "down + residual", "barrier"};
+  static const char* kNames[cuda::kStackPhases] = {"norm + Q|K|V",   "barrier", "attention (+ merge)", "barrier",
+                                                     "O + residual",   "barrier", "norm + gate|up",      "barrier",
+                                                     "down + residual", "barrier"};
   const double steps = static_cast<double>(stack_timing_steps_);
   std::string out = "| phase | mean us per layer (all blocks) | slowest block, us per layer |\n|---|---|---|\n";
   double total_mean = 0, total_max = 0;
@@ -132,7 +133,10 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
   const KvLayerView& kv0 = first.kv;
   if (kv0.dtype != DType::F16 || kv0.block_size < 1 || kv0.n_kv_heads < 1 || st.rope.head_dim != kv0.head_dim)
     return false;
-  if (int64_t{next_pow2(std::max(b.max_blocks, 1))} * kv0.block_size > kMaxStackContext) return false;
+  // The bound a graph key implies (its block tables' width rounded up to a power of two);
+  // the kernel keeps the sequence's block table in shared memory.
+  const int table_bound = next_pow2(std::max(b.max_blocks, 1));
+  if (int64_t{table_bound} * kv0.block_size > kMaxStackContext || table_bound > cuda::kStackMaxTable) return false;
   cuda::StackShape sh;
   sh.wtype = first.wq.dtype;
   sh.n_layers = static_cast<int>(st.blocks.size());
@@ -142,6 +146,7 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
   sh.head_dim = kv0.head_dim;
   sh.n_ff = static_cast<int>(first.w_gate.rows);
   sh.rot_dim = st.rope.rot_dim;
+  sh.block_size = kv0.block_size;
   if (!stack_plan_ || !same_shape(stack_plan_->shape, sh)) {
     auto plan = std::make_unique<StackPlan>();
     plan->shape = sh;
@@ -155,9 +160,8 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
   const cuda::DeviceBatch db = device_batch(b);
   const cuda::StackLaunch& launch = stack_plan_->launch;
   auto* buf = static_cast<uint8_t*>(
-      scratch(stack_scratch_, stack_scratch_cap_, launch.scratch_floats * sizeof(float) + 256));
+      scratch(stack_scratch_, stack_scratch_cap_, launch.sync_bytes + 256 + launch.scratch_floats * sizeof(float)));
   cuda::StackParams& p = stack_plan_->params;
-  p.block_size = kv0.block_size;
   p.positions = db.positions;
   p.slots = db.slot_mapping;
   p.kv_len = db.kv_len;
@@ -167,8 +171,8 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
   p.eps = st.rms_eps;
   p.q_scale = st.attn_scale * 1.4426950408889634f;  // scores in base 2
   p.x = x;
-  p.barrier = reinterpret_cast<unsigned*>(buf);  // 256 bytes of its own
-  p.qkv = reinterpret_cast<float*>(buf + 256);
+  p.sync = reinterpret_cast<unsigned*>(buf);  // the counters, then the activations (256-aligned)
+  p.qkv = reinterpret_cast<float*>(buf + (launch.sync_bytes + 255) / 256 * 256);
   p.att = p.qkv + p.q_dim + 2 * p.kv_dim;
   p.act = p.att + p.q_dim;
   p.partials = p.act + p.n_ff;
@@ -188,7 +192,7 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
     p.layers[i] = {blk.wq.data, blk.wo.data, blk.w_gate.data, blk.w_down.data, blk.attn_norm, blk.ffn_norm,
                    blk.kv.k, blk.kv.v};
   }
-  bool skip = recorded(kOpDecodeStack, x, buf, inv_freq, p.positions, p.slots, p.kv_len, p.block_table, p.block_size,
+  bool skip = recorded(kOpDecodeStack, x, buf, inv_freq, p.positions, p.slots, p.kv_len, p.block_table, sh.block_size,
                        p.neox, p.eps, p.q_scale, p.timing, static_cast<int>(sh.wtype), sh.n_layers, sh.n_embd,
                        sh.n_head, sh.n_kv, sh.head_dim, sh.n_ff, sh.rot_dim);
   for (int i = 0; i < sh.n_layers; ++i) {

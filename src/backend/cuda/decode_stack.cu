@@ -5,21 +5,22 @@
 // bytes over the memory bandwidth. Op by op, each of a layer's ~8 kernels drains the GPU
 // at its end and fills it again at the next one's start (the 4,096-row products ran at
 // 2.0–2.8 TB/s for that reason), and the small kernels between the products add their
-// own launch and latency. Here the weight stream never stops: in every block one producer
-// thread walks the block's share of every product of every layer in order and keeps a
-// ring of shared-memory buffers filled with cp.async.bulk (completing on mbarriers). It
-// depends on nothing but free buffers, so while the consumer warps wait at a grid barrier
-// or compute the attention, the next product's weights are already arriving.
+// own launch and latency. Here every block walks one stream of chunks for the whole step —
+// its share of every product of every layer, and between a layer's Q|K|V rows and its O
+// rows the KV blocks of its attention splits — through a ring of shared-memory buffers
+// filled by cp.async.bulk (completing on mbarriers). A buffer is refilled with the chunk
+// `slots` places ahead as soon as the block is done with it, whatever product that chunk
+// belongs to, so the next product's weights (or the attention's keys) are already arriving
+// while the block waits at a grid barrier.
 //
-// Grid: two blocks per SM (each 8 consumer warps + 1 producer warp, ~100 KB of ring), all
-// resident (a cooperative launch). A layer, for the consumers:
+// Grid: two blocks of 256 threads per SM, ~100 KB of ring each, all resident (a cooperative
+// launch). A layer:
 //   x̂ = rms_norm(x) · attn_norm      every block, into registers (thread t owns columns
 //                                     8t + 2048j, as gemv_bulk.cu)
 //   qkv = Wqkv · x̂                    chunks of whole rows; each block a contiguous range
 //   ── grid barrier ──
-//   attention splits (RoPE, KV store, partials)      decode_stack_attention.cuh
-//   ── grid barrier ──
-//   att = merge of the splits
+//   attention splits (RoPE, KV store, partials; the last split of each KV head merges its
+//   group into att)                    decode_stack_attention.cuh
 //   ── grid barrier ──
 //   x += Wo · att                      (each row written by the one block that owns it)
 //   ── grid barrier ──
@@ -31,9 +32,11 @@
 // Row sums: per thread over its columns in order, a warp butterfly, the 8 warps in order:
 // the same order as gemv_bulk.cu, and fixed, so graph and eager runs give the same bits.
 //
-// A grid barrier is a counter (zeroed before the launch) that every block increments once
-// per barrier; a block passes barrier k when it reads k × grid. Spins are bounded
-// (bulk_copy.cuh: kSpinLimitNs) so a schedule bug traps instead of hanging the device.
+// Grid barrier: blocks count in groups of kStackBarrierGroup on counters of their own (128
+// bytes apart, so arrivals do not queue on one address); the last of a group counts on the
+// top counter, and the last there publishes the barrier's number on a flag the others
+// poll. Spins are bounded (bulk_copy.cuh: kSpinLimitNs): a schedule bug traps instead of
+// hanging the device.
 #include <algorithm>
 #include <cstdlib>
 
@@ -48,30 +51,33 @@ namespace {
 
 using stack::consumer_sync;
 using stack::kConsumers;
-using stack::kConsumerWarps;
+using stack::kWarps;
 
-constexpr int kThreads = kConsumers + 32;           // + the producer warp
-constexpr int kSweep = kConsumers * 8;              // columns one pass of the consumers covers
+constexpr int kSweep = kConsumers * 8;              // columns one pass of the block covers
 constexpr int kMaxSweeps = kStackMaxCols / kSweep;  // 8
 constexpr int kRedRows = 2 * kStackMaxChunkRows;    // partial row sums per warp and chunk
-// Rows a thread sums at once: their loads and butterflies overlap; 4 spills at 112 registers.
-constexpr int kRowsAtOnce = 2;
+constexpr int kRowsAtOnce = 2;                      // rows a thread sums at once (overlapped)
+constexpr int kMaxResid = 256;  // residual rows of one block's share of O or down held in smem
+constexpr int kLine = 32;       // unsigned per 128-byte line
 
 // Dynamic shared memory: barriers and scratch first, then the ring (128-byte aligned).
-constexpr int kOffFull = 0;                                            // uint64 [kStackMaxSlots]
-constexpr int kOffEmpty = kOffFull + 8 * kStackMaxSlots;               // uint64 [kStackMaxSlots]
-constexpr int kOffRed = kOffEmpty + 8 * kStackMaxSlots;                // float [2][warps][kRedRows]
-constexpr int kOffNorm = kOffRed + 4 * 2 * kConsumerWarps * kRedRows;  // float [warps] (64 B)
-constexpr int kOffQs = kOffNorm + 64;                                  // float [kStackMaxGroupDims]
-constexpr int kOffComb = kOffQs + 4 * kStackMaxGroupDims;              // float [warps][128 + 2]
-constexpr int kOffResid = kOffComb + 4 * kConsumerWarps * (128 + 2);    // float [kMaxResid]
-constexpr int kMaxResid = 256;  // residual rows of one block's share of O or down held in smem
-constexpr int kOffRope = kOffResid + 4 * kMaxResid;                    // float [64][2]: cos, sin
-constexpr int kHeader = (kOffRope + 4 * 128 + 127) / 128 * 128;
+constexpr int kOffFull = 0;                                     // uint64 [kStackMaxSlots]
+constexpr int kOffRed = kOffFull + 8 * kStackMaxSlots;          // float [2][warps][kRedRows]
+constexpr int kOffNorm = kOffRed + 4 * 2 * kWarps * kRedRows;   // float [warps] (+ flag)
+constexpr int kOffQs = kOffNorm + 64;                           // float [kStackMaxGroupDims]
+constexpr int kOffSc = kOffQs + 4 * kStackMaxGroupDims;         // float [kStackMaxScores]
+constexpr int kOffState = kOffSc + 4 * kStackMaxScores;         // float [3][8]
+constexpr int kOffKvNew = kOffState + 4 * 32;                   // float [2][128]
+constexpr int kOffResid = kOffKvNew + 4 * 256;                  // float [kMaxResid]
+constexpr int kOffRope = kOffResid + 4 * kMaxResid;             // float [64][2]: cos, sin
+constexpr int kOffTable = kOffRope + 4 * 128;                   // int [kStackMaxTable]
+constexpr int kOffCursor = kOffTable + 4 * kStackMaxTable;      // ChunkCursor (thread 0's)
+constexpr int kHeader = (kOffCursor + 128 + 127) / 128 * 128;
 
-enum Product { kQkv = 0, kO = 1, kGu = 2, kDown = 3 };
+// The stream's kinds of chunk, in a layer's order.
+enum Kind { kQkv = 0, kAtt = 1, kO = 2, kGu = 3, kDown = 4 };
 
-// One product of one layer as the producer and the consumers walk it.
+// One product of one layer as the issuer and the block walk it.
 struct Prod {
   const uint8_t* w;
   size_t half_bytes;  // gate|up: from a gate row to the same up row (n_ff rows); else 0
@@ -81,12 +87,14 @@ struct Prod {
   int n_chunks;
 };
 
-__device__ __forceinline__ Prod product(const StackParams& p, int layer, int which) {
+__device__ __forceinline__ int rpc_index(int kind) { return kind == kQkv ? 0 : kind - 1; }
+
+__device__ __forceinline__ Prod product(const StackParams& p, int layer, int kind) {
   const StackLayer& L = p.layers[layer];
   Prod d;
   int rows;
   d.half_bytes = 0;
-  switch (which) {
+  switch (kind) {
     case kQkv:
       d.w = static_cast<const uint8_t*>(L.wqkv);
       d.cols = p.n_embd;
@@ -109,7 +117,7 @@ __device__ __forceinline__ Prod product(const StackParams& p, int layer, int whi
       rows = p.n_embd;
   }
   d.row_bytes = d.cols * 2;
-  d.rpc = p.rpc[which];
+  d.rpc = p.rpc[rpc_index(kind)];
   d.n_chunks = rows / d.rpc;
   return d;
 }
@@ -120,27 +128,43 @@ __device__ __forceinline__ void block_range(int n, int& c0, int& c1) {
   c1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * n / gridDim.x);
 }
 
-// This block's chunks of the whole step in order (layer, product, chunk), skipping
-// products where its share is empty.
+// The issuer's walk over this block's stream (thread 0; sizeof <= 128, kOffCursor): layer, kind, then the chunk (a
+// product's range, or an attention item's KV chunks; kinds where the block has none are
+// skipped). The block consumes in the same order.
 struct ChunkCursor {
   Prod d;
-  int layer = 0, which = -1, c = 0, c1 = 0;
-  uint32_t part = 0;  // bytes of one part (gate|up chunks have two)
+  int layer = 0, kind = -1, c = 0, c1 = 0;
+  int item = 0, n_items = 0;  // kAtt: item, and the items of the step
+  uint32_t part = 0;          // bytes of one part (gate|up chunks have two)
 
-  __device__ __forceinline__ void start(const StackParams& p) { advance(p); }
   __device__ __forceinline__ bool done(const StackParams& p) const { return layer >= p.n_layers; }
-  __device__ __forceinline__ void next(const StackParams& p) {
-    if (++c >= c1) advance(p);
+  __device__ __forceinline__ void next(const StackParams& p, const stack::SplitPlan& sp) {
+    if (++c < c1) return;
+    if (kind == kAtt && next_item(sp, item + gridDim.x)) return;
+    advance(p, sp);
   }
-  __device__ __forceinline__ const uint8_t* src() const { return d.w + static_cast<size_t>(c) * part; }
-  __device__ __forceinline__ void advance(const StackParams& p) {
+  // The first item from `from` with chunks; false when there is none.
+  __device__ __forceinline__ bool next_item(const stack::SplitPlan& sp, int from) {
+    for (item = from; item < n_items; item += gridDim.x) {
+      c = 0;
+      c1 = sp.chunks(item);
+      if (c1 > 0) return true;
+    }
+    return false;
+  }
+  __device__ __forceinline__ void advance(const StackParams& p, const stack::SplitPlan& sp) {
     for (;;) {
-      if (++which == 4) {
-        which = 0;
+      if (++kind == 5) {
+        kind = 0;
         ++layer;
       }
       if (layer >= p.n_layers) return;
-      d = product(p, layer, which);
+      if (kind == kAtt) {
+        n_items = sp.items(p);
+        if (next_item(sp, blockIdx.x)) return;
+        continue;
+      }
+      d = product(p, layer, kind);
       block_range(d.n_chunks, c, c1);
       part = static_cast<uint32_t>(d.rpc) * d.row_bytes;
       if (c < c1) return;
@@ -148,38 +172,77 @@ struct ChunkCursor {
   }
 };
 
-// The producer (one thread): every chunk of this block, in the consumers' order, into the
-// ring; p.l2_ahead chunks past the ring are prefetched into L2 first, so that while the
-// ring is full (consumers at a barrier or in the attention) the memory keeps streaming.
-__device__ void produce(const StackParams& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
-  ChunkCursor cur, ahead;
-  cur.start(p);
-  ahead.start(p);
-  uint32_t pf = 0;  // chunks `ahead` has passed
-  for (uint32_t it = 0; !cur.done(p); cur.next(p), ++it) {
-    while (p.l2_ahead > 0 && !ahead.done(p) && pf < it + p.n_slots + p.l2_ahead) {
-      if (pf >= it + p.n_slots) {  // the ring's own chunks are copied directly
-        prefetch_l2(ahead.src(), ahead.part);
-        if (ahead.which == kGu) prefetch_l2(ahead.src() + ahead.d.half_bytes, ahead.part);
-      }
-      ahead.next(p);
-      ++pf;
+static_assert(sizeof(ChunkCursor) <= 128, "kOffCursor reserves 128 bytes");
+
+// Thread 0 queues the cursor's chunk into `slot` (an mbarrier phase per fill).
+template <int HD>
+__device__ __forceinline__ void issue(const StackParams& p, const stack::SplitPlan& sp, const ChunkCursor& cur,
+                                      const int* table, uint8_t* dst, uint64_t* bar) {
+  if (cur.kind == kAtt) {
+    const int h = cur.item / sp.n_splits;
+    const int kc0 = sp.k0(cur.item) + cur.c * sp.kpc;
+    const int n = min(sp.kpc, sp.k1(cur.item) - kc0);
+    const int b0 = kc0 / p.block_size, nb = (n + p.block_size - 1) / p.block_size;
+    const uint32_t blk_bytes = static_cast<uint32_t>(p.block_size) * HD * 2;
+    const StackLayer& L = p.layers[cur.layer];
+    mbar_expect_tx(bar, 2 * nb * blk_bytes);
+    uint8_t* vdst = dst + static_cast<size_t>(sp.kpc) * HD * 2;
+    for (int j = 0; j < nb; ++j) {
+      const size_t off = (static_cast<size_t>(table[b0 + j]) * p.n_kv + h) * p.block_size * HD * 2;
+      bulk_copy(dst + j * blk_bytes, static_cast<const uint8_t*>(L.k) + off, blk_bytes, bar);
+      bulk_copy(vdst + j * blk_bytes, static_cast<const uint8_t*>(L.v) + off, blk_bytes, bar);
     }
-    const int slot = static_cast<int>(it % p.n_slots);
-    const uint32_t round = it / p.n_slots;
-    if (round > 0) mbar_wait_bounded(&empty[slot], (round - 1) & 1);  // consumers released it
-    uint8_t* dst = ring + static_cast<size_t>(slot) * p.slot_stride;
-    const uint8_t* src = cur.src();
-    if (cur.which == kGu) {
-      mbar_expect_tx(&full[slot], 2 * cur.part);
-      bulk_copy(dst, src, cur.part, &full[slot]);
-      bulk_copy(dst + cur.part, src + cur.d.half_bytes, cur.part, &full[slot]);
-    } else {
-      mbar_expect_tx(&full[slot], cur.part);
-      bulk_copy(dst, src, cur.part, &full[slot]);
-    }
+    return;
+  }
+  const uint8_t* src = cur.d.w + static_cast<size_t>(cur.c) * cur.part;
+  if (cur.kind == kGu) {
+    mbar_expect_tx(bar, 2 * cur.part);
+    bulk_copy(dst, src, cur.part, bar);
+    bulk_copy(dst + cur.part, src + cur.d.half_bytes, cur.part, bar);
+  } else {
+    mbar_expect_tx(bar, cur.part);
+    bulk_copy(dst, src, cur.part, bar);
   }
 }
+
+// The block's ring: chunk `it` lives in slot it % n_slots; releasing it (after a block
+// barrier: every thread is done with it) refills that slot with chunk it + n_slots. The
+// issuer's cursor lives in shared memory (thread 0 alone uses it; in registers every
+// thread would carry it through the products).
+template <int HD>
+struct Ring {
+  const StackParams& p;
+  const stack::SplitPlan sp;
+  uint8_t* base;
+  uint64_t* full;
+  const int* table;
+  ChunkCursor* cur;  // the next chunk to issue
+  uint32_t it = 0;   // the next chunk to consume
+
+  __device__ __forceinline__ Ring(const StackParams& p_, const stack::SplitPlan& sp_, uint8_t* base_, uint64_t* full_,
+                                  const int* table_, ChunkCursor* cur_)
+      : p(p_), sp(sp_), base(base_), full(full_), table(table_), cur(cur_) {}
+  __device__ __forceinline__ uint8_t* slot(uint32_t i) const { return base + static_cast<size_t>(i % p.n_slots) * p.slot_stride; }
+  // Thread 0: the first n_slots chunks of the stream.
+  __device__ __forceinline__ void start() {
+    *cur = ChunkCursor();
+    cur->advance(p, sp);
+    for (uint32_t i = 0; i < static_cast<uint32_t>(p.n_slots) && !cur->done(p); ++i, cur->next(p, sp))
+      issue<HD>(p, sp, *cur, table, slot(i), &full[i]);
+  }
+  __device__ __forceinline__ const uint8_t* wait() const {
+    mbar_wait_bounded(&full[it % p.n_slots], (it / p.n_slots) & 1);
+    return slot(it);
+  }
+  __device__ __forceinline__ void release() {
+    consumer_sync();  // every thread is done with the buffer
+    if (threadIdx.x == 0 && !cur->done(p)) {
+      issue<HD>(p, sp, *cur, table, slot(it), &full[it % p.n_slots]);
+      cur->next(p, sp);
+    }
+    ++it;
+  }
+};
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
@@ -191,23 +254,28 @@ __device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
-// Every consumer thread of every block arrives; returns when all have. bar[0] counts
-// arrivals (over the whole launch); the block that completes barrier `epoch` publishes it
-// in bar[32] (another 128-byte line, so the polling does not slow the arrivals down).
-__device__ void grid_sync(unsigned* bar, unsigned& epoch) {
+// Every thread of every block arrives; returns when all have. sync[0]: the flag (the last
+// barrier completed); sync[kLine]: the top counter; sync[(2 + g) * kLine]: group g's.
+__device__ void grid_sync(unsigned* sync, unsigned& epoch) {
   consumer_sync();  // this block's writes are done
   ++epoch;
   if (threadIdx.x == 0) {
-    unsigned* flag = bar + 32;
+    const unsigned group = blockIdx.x / kStackBarrierGroup;
+    const unsigned n_groups = (gridDim.x + kStackBarrierGroup - 1) / kStackBarrierGroup;
+    const unsigned in_group = min(static_cast<unsigned>(kStackBarrierGroup), gridDim.x - group * kStackBarrierGroup);
     __threadfence();
-    const unsigned arrived = atomicAdd(bar, 1u) + 1;
-    if (arrived == epoch * gridDim.x) {
+    bool last = atomicAdd(sync + (2 + group) * kLine, 1u) + 1 == epoch * in_group;
+    if (last) {
       __threadfence();
-      st_release(flag, epoch);
-    } else if (ld_acquire(flag) < epoch) {
+      last = atomicAdd(sync + kLine, 1u) + 1 == epoch * n_groups;
+    }
+    if (last) {
+      __threadfence();
+      st_release(sync, epoch);
+    } else if (ld_acquire(sync) < epoch) {
       const uint64_t t0 = global_timer_ns();
-      while (ld_acquire(flag) < epoch) {
-        __nanosleep(32);
+      while (ld_acquire(sync) < epoch) {
+        __nanosleep(20);
         if (global_timer_ns() - t0 > kSpinLimitNs) __trap();
       }
     }
@@ -217,8 +285,8 @@ __device__ void grid_sync(unsigned* bar, unsigned& epoch) {
 }
 
 // xr = rms_norm(x) · w for this thread's columns.
-__device__ __forceinline__ void load_normed(const float* x, const float* w, int cols, float eps, float (&xr)[kMaxSweeps][8],
-                            float* norm_red) {
+__device__ __forceinline__ void load_normed(const float* x, const float* w, int cols, float eps,
+                                            float (&xr)[kMaxSweeps][8], float* norm_red) {
   const int tid = threadIdx.x;
   float ss = 0.0f;
 #pragma unroll
@@ -242,7 +310,7 @@ __device__ __forceinline__ void load_normed(const float* x, const float* w, int 
   consumer_sync();
   float total = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kConsumerWarps; ++i) total += norm_red[i];
+  for (int i = 0; i < kWarps; ++i) total += norm_red[i];
   const float inv = rsqrtf(total / static_cast<float>(cols) + eps);
 #pragma unroll
   for (int j = 0; j < kMaxSweeps; ++j) {
@@ -274,27 +342,25 @@ __device__ __forceinline__ void load_plain(const float* src, int cols, float (&x
   }
 }
 
-// The consumers' side of one product: every chunk of this block's range as it lands.
-// O and down add into the residual rows this block owns: those are read into `resid`
-// (shared) before the first chunk, off the chunks' critical path.
-template <DType T>
-__device__ __forceinline__ void consume(const StackParams& p, const Prod& d, int which, const float (&xr)[kMaxSweeps][8],
-                                        const uint8_t* ring, uint64_t* full, uint64_t* empty, float* red,
-                                        float* resid, uint32_t& it) {
+// This block's chunks of one product as they land. O and down add into the residual rows
+// this block owns: those are read into `resid` (shared) before the first chunk, off the
+// chunks' critical path.
+template <DType T, int HD>
+__device__ __forceinline__ void consume(const StackParams& p, int layer, int kind, const float (&xr)[kMaxSweeps][8],
+                                        Ring<HD>& ring, float* red, float* resid) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const Prod d = product(p, layer, kind);
   int c0, c1;
   block_range(d.n_chunks, c0, c1);
-  const int rows = which == kGu ? 2 * d.rpc : d.rpc;
+  const int rows = kind == kGu ? 2 * d.rpc : d.rpc;
   const int row0 = c0 * d.rpc;
-  const bool adds = which == kO || which == kDown;
+  const bool adds = kind == kO || kind == kDown;
   const bool resid_in_smem = adds && (c1 - c0) * d.rpc <= kMaxResid;
-  // Visible to the threads that use it after the first chunk's consumer_sync.
+  // Read after the first chunk's barrier.
   if (resid_in_smem && tid < (c1 - c0) * d.rpc) resid[tid] = __ldcg(p.x + row0 + tid);
-  for (int c = c0; c < c1; ++c, ++it) {
-    const int slot = static_cast<int>(it % p.n_slots);
-    mbar_wait_bounded(&full[slot], (it / p.n_slots) & 1);
-    const uint8_t* chunk = ring + static_cast<size_t>(slot) * p.slot_stride;
-    float* red_i = red + (it & 1) * kConsumerWarps * kRedRows;
+  for (int c = c0; c < c1; ++c) {
+    const uint8_t* chunk = ring.wait();
+    float* red_i = red + (ring.it & 1) * kWarps * kRedRows;
     for (int r0 = 0; r0 < rows; r0 += kRowsAtOnce) {
       float acc[kRowsAtOnce] = {};
 #pragma unroll
@@ -318,19 +384,18 @@ __device__ __forceinline__ void consume(const StackParams& p, const Prod& d, int
         if (lane == 0 && r0 + q < rows) red_i[warp * kRedRows + r0 + q] = s;
       }
     }
-    consumer_sync();  // every warp is done with the buffer; red_i is complete
-    if (tid == 0) mbar_arrive(&empty[slot]);
+    ring.release();  // every warp is done with the buffer; red_i is complete
     if (tid < d.rpc) {
       float sum = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kConsumerWarps; ++w) sum += red_i[w * kRedRows + tid];
+      for (int w = 0; w < kWarps; ++w) sum += red_i[w * kRedRows + tid];
       const int row = c * d.rpc + tid;
-      if (which == kQkv) {
+      if (kind == kQkv) {
         __stcg(p.qkv + row, sum);
-      } else if (which == kGu) {
+      } else if (kind == kGu) {
         float up = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kConsumerWarps; ++w) up += red_i[w * kRedRows + d.rpc + tid];
+        for (int w = 0; w < kWarps; ++w) up += red_i[w * kRedRows + d.rpc + tid];
         __stcg(p.act + row, silu_times(sum, up));
       } else {  // the residual: this block owns the row
         __stcg(p.x + row, (resid_in_smem ? resid[row - row0] : __ldcg(p.x + row)) + sum);
@@ -361,69 +426,63 @@ struct PhaseClock {
 };
 
 template <DType T, int HD, bool kTimed>
-__global__ void __maxnreg__(112) decode_stack_kernel(const __grid_constant__ StackParams p) {
+__global__ void __launch_bounds__(kConsumers, 2) decode_stack_kernel(const __grid_constant__ StackParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   auto* full = reinterpret_cast<uint64_t*>(smem + kOffFull);
-  auto* empty = reinterpret_cast<uint64_t*>(smem + kOffEmpty);
   auto* red = reinterpret_cast<float*>(smem + kOffRed);
   auto* norm_red = reinterpret_cast<float*>(smem + kOffNorm);
-  auto* qs = reinterpret_cast<float*>(smem + kOffQs);
-  auto* comb = reinterpret_cast<float*>(smem + kOffComb);
   auto* resid = reinterpret_cast<float*>(smem + kOffResid);
   auto* rope_cs = reinterpret_cast<float*>(smem + kOffRope);
-  uint8_t* ring = smem + kHeader;
+  auto* table = reinterpret_cast<int*>(smem + kOffTable);
+  const stack::AttnSmem att_smem{reinterpret_cast<float*>(smem + kOffQs), reinterpret_cast<float*>(smem + kOffSc),
+                                 reinterpret_cast<float*>(smem + kOffState),
+                                 reinterpret_cast<float*>(smem + kOffKvNew), table,
+                                 reinterpret_cast<int*>(smem + kOffNorm + 4 * kWarps)};
   const int tid = threadIdx.x;
+  const uint64_t t_start = kTimed && tid == 0 ? global_timer_ns() : 0;
+  const long long c_start = kTimed ? clock64() : 0;
+  const stack::SplitPlan sp(p);
+  // The block table (the issuer reads it for every KV chunk) and RoPE's cos/sin, once.
+  for (int i = tid; i < (sp.kv_len + p.block_size - 1) / p.block_size; i += kConsumers) table[i] = p.block_table[i];
+  stack::rope_table(p, rope_cs);
   if (tid == 0) {
-    for (int s = 0; s < p.n_slots; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
-    }
+    for (int s = 0; s < p.n_slots; ++s) mbar_init(&full[s], 1);
     mbar_fence_init();
   }
   __syncthreads();
-  if (tid >= kConsumers) {
-    if (tid == kConsumers) produce(p, ring, full, empty);
-    return;
-  }
-  uint32_t it = 0;
+  Ring<HD> ring(p, sp, smem + kHeader, full, table, reinterpret_cast<ChunkCursor*>(smem + kOffCursor));
+  if (tid == 0) ring.start();
+  unsigned* split_arrivals = p.sync + (2 + (gridDim.x + kStackBarrierGroup - 1) / kStackBarrierGroup) * kLine;
   unsigned epoch = 0;
   float xr[kMaxSweeps][8];
-  const uint64_t t_start = kTimed && tid == 0 ? global_timer_ns() : 0;
-  const long long c_start = kTimed ? clock64() : 0;
   PhaseClock<kTimed> clk;
   clk.start(p);
-  stack::rope_table(p, rope_cs);  // read after the first layer's first consumer_sync
   for (int layer = 0; layer < p.n_layers; ++layer) {
     const StackLayer& L = p.layers[layer];
-    stack::prefetch_attention_kv<HD>(p, layer);
     load_normed(p.x, L.attn_norm, p.n_embd, p.eps, xr, norm_red);
-    consume<T>(p, product(p, layer, kQkv), kQkv, xr, ring, full, empty, red, resid, it);
+    consume<T, HD>(p, layer, kQkv, xr, ring, red, resid);
     clk.mark(layer, 0);
-    grid_sync(p.barrier, epoch);
+    grid_sync(p.sync, epoch);
     clk.mark(layer, 1);
-    stack::attention_split_phase<HD>(p, layer, qs, comb, rope_cs);
+    stack::attention_phase<HD>(p, layer, ring, att_smem, rope_cs, split_arrivals);
     clk.mark(layer, 2);
-    grid_sync(p.barrier, epoch);
+    grid_sync(p.sync, epoch);
     clk.mark(layer, 3);
-    stack::attention_merge_phase<HD>(p);
-    clk.mark(layer, 4);
-    grid_sync(p.barrier, epoch);
-    clk.mark(layer, 5);
     load_plain(p.att, p.q_dim, xr);
-    consume<T>(p, product(p, layer, kO), kO, xr, ring, full, empty, red, resid, it);
-    clk.mark(layer, 6);
-    grid_sync(p.barrier, epoch);
-    clk.mark(layer, 7);
+    consume<T, HD>(p, layer, kO, xr, ring, red, resid);
+    clk.mark(layer, 4);
+    grid_sync(p.sync, epoch);
+    clk.mark(layer, 5);
     load_normed(p.x, L.ffn_norm, p.n_embd, p.eps, xr, norm_red);
-    consume<T>(p, product(p, layer, kGu), kGu, xr, ring, full, empty, red, resid, it);
-    clk.mark(layer, 8);
-    grid_sync(p.barrier, epoch);
-    clk.mark(layer, 9);
+    consume<T, HD>(p, layer, kGu, xr, ring, red, resid);
+    clk.mark(layer, 6);
+    grid_sync(p.sync, epoch);
+    clk.mark(layer, 7);
     load_plain(p.act, p.n_ff, xr);
-    consume<T>(p, product(p, layer, kDown), kDown, xr, ring, full, empty, red, resid, it);
-    clk.mark(layer, 10);
-    if (layer + 1 < p.n_layers) grid_sync(p.barrier, epoch);
-    clk.mark(layer, 11);
+    consume<T, HD>(p, layer, kDown, xr, ring, red, resid);
+    clk.mark(layer, 8);
+    if (layer + 1 < p.n_layers) grid_sync(p.sync, epoch);
+    clk.mark(layer, 9);
   }
   if (kTimed && p.timing_ns && tid == 0) {
     p.timing_ns[2 * blockIdx.x] += global_timer_ns() - t_start;
@@ -458,7 +517,7 @@ bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, Stack
   if (sh.n_layers < 1 || sh.n_layers > kStackMaxLayers || sh.n_kv <= 0 || sh.n_head % sh.n_kv != 0) return false;
   const int group = sh.n_head / sh.n_kv;
   if (group * sh.head_dim > kStackMaxGroupDims) return false;
-  if (sh.rot_dim < 2 || sh.rot_dim % 2 != 0 || sh.rot_dim > sh.head_dim) return false;
+  if (sh.rot_dim < 2 || sh.rot_dim % 2 != 0 || sh.rot_dim > sh.head_dim || sh.block_size < 1) return false;
   const int q_dim = sh.n_head * sh.head_dim, kv_dim = sh.n_kv * sh.head_dim;
   for (int cols : {sh.n_embd, q_dim, sh.n_ff})
     if (cols <= 0 || cols % 8 != 0 || cols > kStackMaxCols) return false;
@@ -469,16 +528,23 @@ bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, Stack
       if (rows % r == 0 && static_cast<size_t>(r) * cols * 2 * parts <= chunk_target) return r;
     return static_cast<size_t>(cols) * 2 * parts <= (64u << 10) ? 1 : 0;  // one row, past the target
   };
-  p.rpc[kQkv] = rows_per_chunk(q_dim + 2 * kv_dim, sh.n_embd, 1);
-  p.rpc[kO] = rows_per_chunk(sh.n_embd, q_dim, 1);
-  p.rpc[kGu] = rows_per_chunk(sh.n_ff, sh.n_embd, 2);
-  p.rpc[kDown] = rows_per_chunk(sh.n_embd, sh.n_ff, 1);
-  if (!p.rpc[kQkv] || !p.rpc[kO] || !p.rpc[kGu] || !p.rpc[kDown]) return false;
-  const size_t chunk_max = std::max({static_cast<size_t>(p.rpc[kQkv]) * sh.n_embd * 2,
-                                     static_cast<size_t>(p.rpc[kO]) * q_dim * 2,
-                                     static_cast<size_t>(p.rpc[kGu]) * sh.n_embd * 4,
-                                     static_cast<size_t>(p.rpc[kDown]) * sh.n_ff * 2});
+  p.rpc[0] = rows_per_chunk(q_dim + 2 * kv_dim, sh.n_embd, 1);
+  p.rpc[1] = rows_per_chunk(sh.n_embd, q_dim, 1);
+  p.rpc[2] = rows_per_chunk(sh.n_ff, sh.n_embd, 2);
+  p.rpc[3] = rows_per_chunk(sh.n_embd, sh.n_ff, 1);
+  if (!p.rpc[0] || !p.rpc[1] || !p.rpc[2] || !p.rpc[3]) return false;
+  const size_t chunk_max = std::max({static_cast<size_t>(p.rpc[0]) * sh.n_embd * 2,
+                                     static_cast<size_t>(p.rpc[1]) * q_dim * 2,
+                                     static_cast<size_t>(p.rpc[2]) * sh.n_embd * 4,
+                                     static_cast<size_t>(p.rpc[3]) * sh.n_ff * 2});
   p.slot_stride = static_cast<uint32_t>((chunk_max + 127) / 128 * 128);
+  // KV chunks: as many whole KV blocks (keys and values of one head) as a slot holds, and
+  // their scores within the shared buffer.
+  const size_t kv_block_bytes = static_cast<size_t>(sh.block_size) * sh.head_dim * 2;
+  p.kv_blocks_per_chunk = static_cast<int>(p.slot_stride / (2 * kv_block_bytes));
+  while (p.kv_blocks_per_chunk > 0 && group * p.kv_blocks_per_chunk * sh.block_size > kStackMaxScores)
+    --p.kv_blocks_per_chunk;
+  if (p.kv_blocks_per_chunk < 1) return false;
   // Ring: 96 KB per block (TESSERA_CUDA_STACK_RING_KB), two blocks per SM.
   static const size_t ring = env_kb("TESSERA_CUDA_STACK_RING_KB", 96 << 10);
   p.n_slots = static_cast<int>(std::min<size_t>(kStackMaxSlots, ring / p.slot_stride));
@@ -489,7 +555,7 @@ bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, Stack
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(launch.smem)));
   int per_sm = 0;
-  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, launch.smem));
+  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kConsumers, launch.smem));
   if (per_sm < 1) return false;
   launch.grid = std::min(per_sm, 2) * sm_count;
   p.n_layers = sh.n_layers;
@@ -501,25 +567,23 @@ bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, Stack
   p.n_kv = sh.n_kv;
   p.head_dim = sh.head_dim;
   p.group = group;
+  p.block_size = sh.block_size;
   p.rot_half = sh.rot_dim / 2;
   p.max_splits = std::max(1, launch.grid / sh.n_kv);
-  // L2 prefetch past the ring: 2 chunks per block (TESSERA_CUDA_STACK_L2_AHEAD, 0 = none).
-  static const int l2_ahead = [] {
-    const char* env = std::getenv("TESSERA_CUDA_STACK_L2_AHEAD");
-    const int v = env ? std::atoi(env) : 2;
-    return v >= 0 && v <= 64 ? v : 2;
-  }();
-  p.l2_ahead = l2_ahead;
   launch.scratch_floats = static_cast<size_t>(q_dim + 2 * kv_dim) + q_dim + sh.n_ff +
                           static_cast<size_t>(sh.n_head) * p.max_splits * (sh.head_dim + 2);
+  // The barrier's flag, top counter and group counters, then a split-arrival counter per
+  // (layer, KV head): one 128-byte line each for the barrier's.
+  const int n_groups = (launch.grid + kStackBarrierGroup - 1) / kStackBarrierGroup;
+  launch.sync_bytes = (2 + static_cast<size_t>(n_groups)) * kLine * 4 + static_cast<size_t>(sh.n_layers) * sh.n_kv * 4;
   return true;
 }
 
 void launch_decode_stack(DType wtype, const StackParams& p, const StackLaunch& launch, cudaStream_t s) {
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.barrier, 0, kStackBarrierBytes, s));
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.sync, 0, launch.sync_bytes, s));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(launch.grid);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(kConsumers);
   cfg.dynamicSmemBytes = launch.smem;
   cfg.stream = s;
   // Every block must be resident at once (the grid barriers): a cooperative launch
