@@ -189,6 +189,7 @@ class CudaBackend final : public Backend {
   unsigned long long* stack_timing_ = nullptr;     // TESSERA_CUDA_STACK_TIMING=1 (device)
   unsigned long long* stack_timing_ns_ = nullptr;
   int64_t stack_timing_steps_ = 0;
+  size_t stack_timing_n_ = 0;  // entries of stack_timing_
 
   struct RopeTable {
     RopeConfig cfg;

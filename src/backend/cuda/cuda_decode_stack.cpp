@@ -178,8 +178,16 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
   p.partials = p.act + p.n_ff;
   // TESSERA_CUDA_STACK_TIMING=1: per-phase clocks (a kernel of its own; take_stack_timing).
   static const bool timing = std::getenv("TESSERA_CUDA_STACK_TIMING") && std::getenv("TESSERA_CUDA_STACK_TIMING")[0] == '1';
-  if (timing && !stack_timing_) {
-    const size_t n = static_cast<size_t>(launch.grid) * sh.n_layers * cuda::kStackPhases;
+  const size_t timing_n = static_cast<size_t>(launch.grid) * sh.n_layers * cuda::kStackPhases;
+  if (timing && stack_timing_n_ != timing_n) {  // a new shape: new clocks
+    TESSERA_CHECK(graph_mode_ != GraphMode::kCapture && graph_mode_ != GraphMode::kReplay,
+                  "decode stack: timing buffers change inside a captured forward");
+    drop_graphs();
+    if (stack_timing_) TESSERA_CUDA_CHECK(cudaFree(stack_timing_));
+    if (stack_timing_ns_) TESSERA_CUDA_CHECK(cudaFree(stack_timing_ns_));
+    stack_timing_n_ = timing_n;
+    stack_timing_steps_ = 0;
+    const size_t n = timing_n;
     stack_timing_ = static_cast<unsigned long long*>(alloc(n * 8));
     stack_timing_ns_ = static_cast<unsigned long long*>(alloc(2 * launch.grid * 8));
     TESSERA_CUDA_CHECK(cudaMemset(stack_timing_, 0, n * 8));
