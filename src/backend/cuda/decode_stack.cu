@@ -71,8 +71,8 @@ constexpr int kOffKvNew = kOffState + 4 * 32;                   // float [2][128
 constexpr int kOffResid = kOffKvNew + 4 * 256;                  // float [kMaxResid]
 constexpr int kOffRope = kOffResid + 4 * kMaxResid;             // float [64][2]: cos, sin
 constexpr int kOffTable = kOffRope + 4 * 128;                   // int [kStackMaxTable]
-constexpr int kOffCursor = kOffTable + 4 * kStackMaxTable;      // ChunkCursor (thread 0's)
-constexpr int kHeader = (kOffCursor + 128 + 127) / 128 * 128;
+constexpr int kOffCursor = kOffTable + 4 * kStackMaxTable;      // 2 ChunkCursor (thread 0's)
+constexpr int kHeader = (kOffCursor + 256 + 127) / 128 * 128;
 
 // The stream's kinds of chunk, in a layer's order.
 enum Kind { kQkv = 0, kAtt = 1, kO = 2, kGu = 3, kDown = 4 };
@@ -172,7 +172,7 @@ struct ChunkCursor {
   }
 };
 
-static_assert(sizeof(ChunkCursor) <= 128, "kOffCursor reserves 128 bytes");
+static_assert(sizeof(ChunkCursor) <= 128, "kOffCursor reserves 128 bytes a cursor");
 
 // Thread 0 queues the cursor's chunk into `slot` (an mbarrier phase per fill).
 template <int HD>
@@ -205,10 +205,21 @@ __device__ __forceinline__ void issue(const StackParams& p, const stack::SplitPl
   }
 }
 
+// Thread 0 asks for the cursor's chunk to be brought into L2 (weights only; a KV chunk is
+// small and follows right after the Q|K|V rows).
+__device__ __forceinline__ void prefetch(const ChunkCursor& cur) {
+  if (cur.kind == kAtt) return;
+  const uint8_t* src = cur.d.w + static_cast<size_t>(cur.c) * cur.part;
+  prefetch_l2(src, cur.part);
+  if (cur.kind == kGu) prefetch_l2(src + cur.d.half_bytes, cur.part);
+}
+
 // The block's ring: chunk `it` lives in slot it % n_slots; releasing it (after a block
-// barrier: every thread is done with it) refills that slot with chunk it + n_slots. The
-// issuer's cursor lives in shared memory (thread 0 alone uses it; in registers every
-// thread would carry it through the products).
+// barrier: every thread is done with it) refills that slot with chunk it + n_slots, and
+// asks L2 for chunk it + n_slots + l2_ahead (so that while the block waits at a grid
+// barrier, with its ring full, the memory still streams its next chunks). The issuer's
+// cursors live in shared memory (thread 0 alone uses them; in registers every thread would
+// carry them through the products).
 template <int HD>
 struct Ring {
   const StackParams& p;
@@ -217,11 +228,12 @@ struct Ring {
   uint64_t* full;
   const int* table;
   ChunkCursor* cur;  // the next chunk to issue
+  ChunkCursor* pf;   // the next chunk to prefetch into L2 (p.l2_ahead past `cur`)
   uint32_t it = 0;   // the next chunk to consume
 
   __device__ __forceinline__ Ring(const StackParams& p_, const stack::SplitPlan& sp_, uint8_t* base_, uint64_t* full_,
                                   const int* table_, ChunkCursor* cur_)
-      : p(p_), sp(sp_), base(base_), full(full_), table(table_), cur(cur_) {}
+      : p(p_), sp(sp_), base(base_), full(full_), table(table_), cur(cur_), pf(cur_ + 1) {}
   __device__ __forceinline__ uint8_t* slot(uint32_t i) const { return base + static_cast<size_t>(i % p.n_slots) * p.slot_stride; }
   // Thread 0: the first n_slots chunks of the stream.
   __device__ __forceinline__ void start() {
@@ -229,6 +241,8 @@ struct Ring {
     cur->advance(p, sp);
     for (uint32_t i = 0; i < static_cast<uint32_t>(p.n_slots) && !cur->done(p); ++i, cur->next(p, sp))
       issue<HD>(p, sp, *cur, table, slot(i), &full[i]);
+    *pf = *cur;
+    for (int i = 0; i < p.l2_ahead && !pf->done(p); ++i, pf->next(p, sp)) prefetch(*pf);
   }
   __device__ __forceinline__ const uint8_t* wait() const {
     mbar_wait_bounded(&full[it % p.n_slots], (it / p.n_slots) & 1);
@@ -239,6 +253,10 @@ struct Ring {
     if (threadIdx.x == 0 && !cur->done(p)) {
       issue<HD>(p, sp, *cur, table, slot(it), &full[it % p.n_slots]);
       cur->next(p, sp);
+      if (p.l2_ahead > 0 && !pf->done(p)) {
+        prefetch(*pf);
+        pf->next(p, sp);
+      }
     }
     ++it;
   }
@@ -570,6 +588,13 @@ bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, Stack
   p.block_size = sh.block_size;
   p.rot_half = sh.rot_dim / 2;
   p.max_splits = std::max(1, launch.grid / sh.n_kv);
+  // L2 prefetch past the ring: TESSERA_CUDA_STACK_L2_AHEAD chunks per block (default 0).
+  static const int l2_ahead = [] {
+    const char* env = std::getenv("TESSERA_CUDA_STACK_L2_AHEAD");
+    const int v = env ? std::atoi(env) : 0;
+    return v >= 0 && v <= 16 ? v : 0;
+  }();
+  p.l2_ahead = l2_ahead;
   launch.scratch_floats = static_cast<size_t>(q_dim + 2 * kv_dim) + q_dim + sh.n_ff +
                           static_cast<size_t>(sh.n_head) * p.max_splits * (sh.head_dim + 2);
   // The barrier's flag, top counter and group counters, then a split-arrival counter per

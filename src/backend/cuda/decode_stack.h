@@ -44,6 +44,7 @@ struct StackParams {
   int rpc[4] = {};
   int n_slots = 0;
   uint32_t slot_stride = 0;  // bytes, a multiple of 128
+  int l2_ahead = 0;          // chunks past the ring prefetched into L2
   // Attention: a KV chunk holds kv_blocks_per_chunk whole KV blocks of one head (their keys,
   // then their values); splits are whole chunks of keys.
   int kv_blocks_per_chunk = 0;
