@@ -251,9 +251,10 @@ struct BackendOptions {
   // The environment variable TESSERA_CUDA_GRAPHS=0 also turns them off.
   bool cuda_graphs = true;
   // CUDA: run batch-1 decode forwards as one fused kernel for the whole decoder stack
-  // (Backend::decode_stack) where the shapes allow. TESSERA_CUDA_DECODE_STACK=0 also turns
-  // it off.
-  bool cuda_fused_decode = true;
+  // (Backend::decode_stack) where the shapes allow. Off by default: on the H200 it measured
+  // 200-203 tok/s against the op path's 208-210 (docs/benchmarks/gpu.md).
+  // TESSERA_CUDA_DECODE_STACK=1 / =0 overrides this either way.
+  bool cuda_fused_decode = false;
 };
 
 // Makes the backend named by options.device; throws tessera::Error naming what is missing

@@ -83,8 +83,11 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   // TESSERA_CUDA_GRAPHS=0 turns decode graphs off as --no-cuda-graphs does.
   const char* env = std::getenv("TESSERA_CUDA_GRAPHS");
   const bool graphs = options.cuda_graphs && !(env && std::strcmp(env, "0") == 0);
-  // TESSERA_CUDA_DECODE_STACK=0 turns the fused batch-1 decode off as --no-fused-decode does.
-  const bool fused = options.cuda_fused_decode && cuda::env_switch_on("TESSERA_CUDA_DECODE_STACK");
+  // TESSERA_CUDA_DECODE_STACK=1 / =0 turns the fused batch-1 decode on / off whatever the
+  // options say (A/B runs).
+  const char* stack_env = std::getenv("TESSERA_CUDA_DECODE_STACK");
+  const bool fused = stack_env && (stack_env[0] == '0' || stack_env[0] == '1') ? stack_env[0] == '1'
+                                                                              : options.cuda_fused_decode;
   return std::make_unique<CudaBackend>(device, graphs, fused);
 }
 

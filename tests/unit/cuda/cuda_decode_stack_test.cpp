@@ -47,6 +47,7 @@ void compare_with_op_path(const Case& c) {
   o.max_batch_tokens = 512;
   o.block_size = c.block_size;
   o.kv_dtype = DType::F16;
+  o.backend.cuda_fused_decode = true;
   SessionOptions op = o;
   op.backend.cuda_fused_decode = false;
   Session fused(o), plain(op);
@@ -119,6 +120,7 @@ TEST(CudaDecodeStack, OtherShapesFallBackToOpPath) {
     SessionOptions o;
     o.model = std::string("dummy:") + model;
     o.backend.device = "cuda";
+    o.backend.cuda_fused_decode = true;
     o.ctx = 64;
     Session s(o);
     SequenceBlocks seq;
