@@ -302,27 +302,34 @@ __device__ void grid_sync(unsigned* sync, unsigned& epoch) {
   consumer_sync();
 }
 
-// xr = rms_norm(x) · w for this thread's columns.
-__device__ __forceinline__ void load_normed(const float* x, const float* w, int cols, float eps,
-                                            float (&xr)[kMaxSweeps][8], float* norm_red) {
+// xr = src for this thread's columns (src written earlier in this launch: read from L2).
+__device__ __forceinline__ void load_plain(const float* src, int cols, float (&xr)[kMaxSweeps][8]) {
   const int tid = threadIdx.x;
-  float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxSweeps; ++j) {
     const int e = (j * kConsumers + tid) * 8;
 #pragma unroll
     for (int k = 0; k < 8; ++k) xr[j][k] = 0.0f;
     if (e < cols) {
-      const float4 a = __ldcg(reinterpret_cast<const float4*>(x + e));
-      const float4 b = __ldcg(reinterpret_cast<const float4*>(x + e + 4));
-      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        xr[j][k] = v[k];
-        ss = fmaf(v[k], v[k], ss);
-      }
+      const float4 a = __ldcg(reinterpret_cast<const float4*>(src + e));
+      const float4 b = __ldcg(reinterpret_cast<const float4*>(src + e + 4));
+      xr[j][0] = a.x; xr[j][1] = a.y; xr[j][2] = a.z; xr[j][3] = a.w;
+      xr[j][4] = b.x; xr[j][5] = b.y; xr[j][6] = b.z; xr[j][7] = b.w;
     }
   }
+}
+
+// xr = rms_norm(x) · w for this thread's columns (columns past `cols` are 0 in xr and add
+// nothing to the sum).
+__device__ __forceinline__ void load_normed(const float* x, const float* w, int cols, float eps,
+                                            float (&xr)[kMaxSweeps][8], float* norm_red) {
+  const int tid = threadIdx.x;
+  load_plain(x, cols, xr);
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxSweeps; ++j)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) ss = fmaf(xr[j][k], xr[j][k], ss);
   ss = warp_sum(ss);
   if ((tid & 31) == 0) norm_red[tid >> 5] = ss;
   consumer_sync();
@@ -339,23 +346,6 @@ __device__ __forceinline__ void load_normed(const float* x, const float* w, int 
       const float wv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
       for (int k = 0; k < 8; ++k) xr[j][k] = xr[j][k] * inv * wv[k];
-    }
-  }
-}
-
-// xr = src for this thread's columns (src written earlier in this launch: read from L2).
-__device__ __forceinline__ void load_plain(const float* src, int cols, float (&xr)[kMaxSweeps][8]) {
-  const int tid = threadIdx.x;
-#pragma unroll
-  for (int j = 0; j < kMaxSweeps; ++j) {
-    const int e = (j * kConsumers + tid) * 8;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) xr[j][k] = 0.0f;
-    if (e < cols) {
-      const float4 a = __ldcg(reinterpret_cast<const float4*>(src + e));
-      const float4 b = __ldcg(reinterpret_cast<const float4*>(src + e + 4));
-      xr[j][0] = a.x; xr[j][1] = a.y; xr[j][2] = a.z; xr[j][3] = a.w;
-      xr[j][4] = b.x; xr[j][5] = b.y; xr[j][6] = b.z; xr[j][7] = b.w;
     }
   }
 }
