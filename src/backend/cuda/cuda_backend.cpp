@@ -26,13 +26,7 @@ void throw_cublas_error(int status, const char* what, const char* file, int line
 
 namespace {
 
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-int next_pow2(int n) {
-  int p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
+using cuda::round_up;
 
 // Profile names: the path taken and the shape, e.g. "gemv bf16 [1 x 4096] -> 6144 (3 targets)".
 std::string matmul_op_name(int n_rows, std::span<const MatmulTarget> targets) {
@@ -85,9 +79,8 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   const bool graphs = options.cuda_graphs && !(env && std::strcmp(env, "0") == 0);
   // TESSERA_CUDA_DECODE_STACK=1 / =0 turns the fused batch-1 decode on / off whatever the
   // options say (A/B runs).
-  const char* stack_env = std::getenv("TESSERA_CUDA_DECODE_STACK");
-  const bool fused = stack_env && (stack_env[0] == '0' || stack_env[0] == '1') ? stack_env[0] == '1'
-                                                                              : options.cuda_fused_decode;
+  const int stack_env = cuda::env_int("TESSERA_CUDA_DECODE_STACK", -1, 0, 1);
+  const bool fused = stack_env < 0 ? options.cuda_fused_decode : stack_env == 1;
   return std::make_unique<CudaBackend>(device, graphs, fused);
 }
 
@@ -537,7 +530,7 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   // rounded up to a power of two), not the actual one: a graph replayed at any context up
   // to that bound launches the same grid (splits past a sequence's end exit at once), and
   // graph and eager forwards split alike, so they give the same bits.
-  const int max_len = next_pow2(std::max(batch.max_blocks, 1)) * kv.block_size;
+  const int max_len = cuda::graph_table_width(batch.max_blocks) * kv.block_size;
   const int group = n_heads / kv.n_kv_heads;
   // The tensor-core kernel takes every query head of a KV head in one block and fits two
   // blocks per SM; its splits are at least 256 keys (shorter ones measured slower: the four
@@ -545,11 +538,7 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   const bool mma = cuda::attention_decode_mma_applies(kv, n_heads);
   const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? 1 : (group + 3) / 4);
   // Blocks per SM the split aims for: 2 (tensor cores) or 4, or TESSERA_CUDA_DECODE_BLOCKS_PER_SM.
-  static const int env_per_sm = [] {
-    const char* env = std::getenv("TESSERA_CUDA_DECODE_BLOCKS_PER_SM");
-    const int v = env ? std::atoi(env) : 0;
-    return v > 0 && v <= 64 ? v : 0;
-  }();
+  static const int env_per_sm = cuda::env_int("TESSERA_CUDA_DECODE_BLOCKS_PER_SM", 0, 1, 64);
   const int per_sm = env_per_sm ? env_per_sm : mma ? 2 : 4;
   const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
   // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.

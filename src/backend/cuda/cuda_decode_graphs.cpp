@@ -21,13 +21,8 @@ namespace tessera {
 
 namespace {
 
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-int next_pow2(int n) {
-  int p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
+using cuda::next_pow2;
+using cuda::round_up;
 
 constexpr int kMaxGraphBatch = 128;
 
@@ -58,7 +53,7 @@ CudaBackend::DecodeGraph* CudaBackend::decode_graph_for(const AttentionBatch& b,
 void CudaBackend::stage_inputs(const AttentionBatch& b, const int32_t* tokens, const int32_t* logits_rows,
                                int n_logits_rows) {
   abandon_graph_forward();
-  const int wide = next_pow2(std::max(b.max_blocks, 1));
+  const int wide = cuda::graph_table_width(b.max_blocks);
   DecodeGraph* g = decode_graph_for(b, tokens, logits_rows, n_logits_rows, wide);
   // A graph reads block tables at a fixed stride: its key's, wider than this batch's.
   const int stride = g ? wide : b.max_blocks;

@@ -36,11 +36,6 @@ constexpr size_t kSmemPerSm = 220 << 10;  // what the blocks of one SM may take 
 
 // Bytes per chunk at most and bytes of chunks in flight per block: 32 KB and 96 KB (two
 // blocks per SM), or TESSERA_CUDA_GEMV_BULK_CHUNK_KB / TESSERA_CUDA_GEMV_BULK_KB (A/B runs).
-size_t env_kb(const char* name, size_t fallback) {
-  const char* env = std::getenv(name);
-  const long v = env ? std::atol(env) : 0;
-  return v >= 8 && v <= 200 ? static_cast<size_t>(v) << 10 : fallback;
-}
 size_t chunk_budget() {
   static const size_t b = env_kb("TESSERA_CUDA_GEMV_BULK_CHUNK_KB", 32 << 10);
   return b;
