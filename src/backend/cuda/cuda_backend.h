@@ -24,7 +24,7 @@ namespace tessera {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device, bool graphs = true, bool fused_decode = true);
+  explicit CudaBackend(int device, bool graphs = true, bool fused_decode = false);
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
@@ -175,7 +175,7 @@ class CudaBackend final : public Backend {
   size_t wdeq_cap_ = 0;
   void* partials_ = nullptr;  // split-KV attention partial results
   size_t partials_cap_ = 0;
-  bool fused_decode_ = true;        // decode_stack runs where the shapes allow
+  bool fused_decode_ = false;       // decode_stack runs where the shapes allow
   void* stack_scratch_ = nullptr;   // decode_stack's activations, partials and barrier
   size_t stack_scratch_cap_ = 0;
   struct StackPlan {                // decode_stack's plan for the last stack shape seen
@@ -186,10 +186,13 @@ class CudaBackend final : public Backend {
   };
   std::unique_ptr<StackPlan> stack_plan_;
   int64_t fused_decodes_ = 0;
-  unsigned long long* stack_timing_ = nullptr;     // TESSERA_CUDA_STACK_TIMING=1 (device)
-  unsigned long long* stack_timing_ns_ = nullptr;
+  // TESSERA_CUDA_STACK_TIMING=1: the kernel's clocks (scratch buffers, zeroed per shape).
+  void* stack_timing_ = nullptr;     // [grid][layers][phases] cycles
+  size_t stack_timing_cap_ = 0;
+  void* stack_timing_ns_ = nullptr;  // [grid][2]: ns, cycles
+  size_t stack_timing_ns_cap_ = 0;
   int64_t stack_timing_steps_ = 0;
-  size_t stack_timing_n_ = 0;  // entries of stack_timing_
+  size_t stack_timing_n_ = 0;        // entries in use of stack_timing_
 
   struct RopeTable {
     RopeConfig cfg;

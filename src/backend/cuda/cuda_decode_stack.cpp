@@ -25,12 +25,6 @@ constexpr int kOpDecodeStack = 64;  // graph-signature op id (cuda_backend.cpp n
 // over the whole GPU, runs instead.
 constexpr int64_t kMaxStackContext = 8192;
 
-int next_pow2(int n) {
-  int p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
-
 const uint8_t* end_of(const WeightMatrix& m) { return static_cast<const uint8_t*>(m.data) + m.rows * m.row_bytes(); }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -82,7 +76,7 @@ std::string cuda_stack_timing_take(Backend& backend) {
 }
 
 std::string CudaBackend::take_stack_timing() {
-  if (!stack_timing_ || stack_timing_steps_ == 0 || !stack_plan_) return {};
+  if (stack_timing_n_ == 0 || stack_timing_steps_ == 0 || !stack_plan_) return {};
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const int grid = stack_plan_->launch.grid, layers = stack_plan_->shape.n_layers;
   std::vector<unsigned long long> t(static_cast<size_t>(grid) * layers * cuda::kStackPhases), ns(2 * grid);
@@ -135,7 +129,7 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
     return false;
   // The bound a graph key implies (its block tables' width rounded up to a power of two);
   // the kernel keeps the sequence's block table in shared memory.
-  const int table_bound = next_pow2(std::max(b.max_blocks, 1));
+  const int table_bound = cuda::graph_table_width(b.max_blocks);
   if (int64_t{table_bound} * kv0.block_size > kMaxStackContext || table_bound > cuda::kStackMaxTable) return false;
   cuda::StackShape sh;
   sh.wtype = first.wq.dtype;
@@ -177,24 +171,20 @@ bool CudaBackend::decode_stack(const DecoderStack& st, const AttentionBatch& b, 
   p.act = p.att + p.q_dim;
   p.partials = p.act + p.n_ff;
   // TESSERA_CUDA_STACK_TIMING=1: per-phase clocks (a kernel of its own; take_stack_timing).
-  static const bool timing = std::getenv("TESSERA_CUDA_STACK_TIMING") && std::getenv("TESSERA_CUDA_STACK_TIMING")[0] == '1';
+  static const bool timing = cuda::env_int("TESSERA_CUDA_STACK_TIMING", 0, 0, 1) == 1;
   const size_t timing_n = static_cast<size_t>(launch.grid) * sh.n_layers * cuda::kStackPhases;
-  if (timing && stack_timing_n_ != timing_n) {  // a new shape: new clocks
-    TESSERA_CHECK(graph_mode_ != GraphMode::kCapture && graph_mode_ != GraphMode::kReplay,
-                  "decode stack: timing buffers change inside a captured forward");
-    drop_graphs();
-    if (stack_timing_) TESSERA_CUDA_CHECK(cudaFree(stack_timing_));
-    if (stack_timing_ns_) TESSERA_CUDA_CHECK(cudaFree(stack_timing_ns_));
-    stack_timing_n_ = timing_n;
-    stack_timing_steps_ = 0;
-    const size_t n = timing_n;
-    stack_timing_ = static_cast<unsigned long long*>(alloc(n * 8));
-    stack_timing_ns_ = static_cast<unsigned long long*>(alloc(2 * launch.grid * 8));
-    TESSERA_CUDA_CHECK(cudaMemset(stack_timing_, 0, n * 8));
-    TESSERA_CUDA_CHECK(cudaMemset(stack_timing_ns_, 0, 2 * launch.grid * 8));
+  p.timing = nullptr;
+  p.timing_ns = nullptr;
+  if (timing) {
+    p.timing = static_cast<unsigned long long*>(scratch(stack_timing_, stack_timing_cap_, timing_n * 8));
+    p.timing_ns = static_cast<unsigned long long*>(scratch(stack_timing_ns_, stack_timing_ns_cap_, 2 * launch.grid * 8));
+    if (stack_timing_n_ != timing_n) {  // a new shape: the clocks start again
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(p.timing, 0, timing_n * 8, stream_));
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(p.timing_ns, 0, 2 * launch.grid * 8, stream_));
+      stack_timing_n_ = timing_n;
+      stack_timing_steps_ = 0;
+    }
   }
-  p.timing = stack_timing_;
-  p.timing_ns = stack_timing_ns_;
   for (size_t i = 0; i < st.blocks.size(); ++i) {
     const DecoderBlockView& blk = st.blocks[i];
     p.layers[i] = {blk.wq.data, blk.wo.data, blk.w_gate.data, blk.w_down.data, blk.attn_norm, blk.ffn_norm,

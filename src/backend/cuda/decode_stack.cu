@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(kConsumers, 2) decode_stack_kernel(const __gri
   auto* table = reinterpret_cast<int*>(smem + kOffTable);
   const stack::AttnSmem att_smem{reinterpret_cast<float*>(smem + kOffQs), reinterpret_cast<float*>(smem + kOffSc),
                                  reinterpret_cast<float*>(smem + kOffState),
-                                 reinterpret_cast<float*>(smem + kOffKvNew), table,
+                                 reinterpret_cast<float*>(smem + kOffKvNew),
                                  reinterpret_cast<int*>(smem + kOffNorm + 4 * kWarps)};
   const int tid = threadIdx.x;
   const uint64_t t_start = kTimed && tid == 0 ? global_timer_ns() : 0;
@@ -511,12 +511,6 @@ StackKernel pick_kernel(DType wtype, int head_dim, bool timed) {
   return timed ? pick_timed<true>(wtype, head_dim) : pick_timed<false>(wtype, head_dim);
 }
 
-size_t env_kb(const char* name, size_t fallback) {
-  const char* env = std::getenv(name);
-  const long v = env ? std::atol(env) : 0;
-  return v >= 8 && v <= 200 ? static_cast<size_t>(v) << 10 : fallback;
-}
-
 }  // namespace
 
 bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, StackLaunch& launch) {
@@ -579,11 +573,7 @@ bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, Stack
   p.rot_half = sh.rot_dim / 2;
   p.max_splits = std::max(1, launch.grid / sh.n_kv);
   // L2 prefetch past the ring: TESSERA_CUDA_STACK_L2_AHEAD chunks per block (default 0).
-  static const int l2_ahead = [] {
-    const char* env = std::getenv("TESSERA_CUDA_STACK_L2_AHEAD");
-    const int v = env ? std::atoi(env) : 0;
-    return v >= 0 && v <= 16 ? v : 0;
-  }();
+  static const int l2_ahead = env_int("TESSERA_CUDA_STACK_L2_AHEAD", 0, 0, 16);
   p.l2_ahead = l2_ahead;
   launch.scratch_floats = static_cast<size_t>(q_dim + 2 * kv_dim) + q_dim + sh.n_ff +
                           static_cast<size_t>(sh.n_head) * p.max_splits * (sh.head_dim + 2);

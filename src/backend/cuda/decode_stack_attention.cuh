@@ -93,7 +93,6 @@ struct AttnSmem {
   float* sc;      // [group][kpc] scores, then probabilities
   float* state;   // [3][8]: m, l, correction per query head
   float* kv_new;  // [2][HD]: this step's key and value as stored (f16-rounded)
-  const int* table;  // the block table
   int* flag;      // 1 int: this block's item was its head's last split
 };
 
