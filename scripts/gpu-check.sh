@@ -11,12 +11,15 @@
 #   scripts/gpu-check.sh                  configure and build in build-gpu/, then check
 #   scripts/gpu-check.sh --prebuilt DIR   use DIR/tessera and DIR/tessera_tests (built
 #                                         elsewhere with CUDA; DIR/lib holds extra .so files)
+#   scripts/gpu-check.sh --prebuilt-if-usable DIR   the same when they start here, else build
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 PREBUILT=""
+PREBUILT_IF_USABLE=""
 if [[ "${1:-}" == "--prebuilt" ]]; then PREBUILT=$2; fi
+if [[ "${1:-}" == "--prebuilt-if-usable" ]]; then PREBUILT_IF_USABLE=$2; fi
 log() { echo "[gpu-check $(date +%T)] $*"; }
 status=0
 
@@ -28,6 +31,17 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
   [[ -e "$d/libcublasLt.so.13" ]] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
+
+# Binaries built on another machine run here only when this image's libraries suit them.
+if [[ -n "$PREBUILT_IF_USABLE" ]]; then
+  if [[ -x "$PREBUILT_IF_USABLE/tessera" ]] && LD_LIBRARY_PATH=$PWD/$PREBUILT_IF_USABLE/lib:${LD_LIBRARY_PATH:-} \
+       "$PREBUILT_IF_USABLE/tessera_tests" --gtest_list_tests >/dev/null 2>&1; then
+    log "using the carried binaries ($PREBUILT_IF_USABLE)"
+    PREBUILT=$PREBUILT_IF_USABLE
+  else
+    log "no usable carried binaries in $PREBUILT_IF_USABLE: building here"
+  fi
+fi
 
 if [[ -z "$PREBUILT" ]]; then
   log "configure + build (tessera, tessera_tests) with $(nproc) cores"
