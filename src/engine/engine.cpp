@@ -234,8 +234,10 @@ void Engine::run() {
       }
       StepResult step = core_.step();
       publish_progress(step);  // before the step's token events
-      deliver(step.events, step.error);
+      // The stats first: a client that reads them (/metrics) once its stream has ended must
+      // see the step that ended it (its prefix hits, its finish).
       publish();
+      deliver(step.events, step.error);
     } catch (const std::exception& e) {
       // Not a failed forward (EngineCore::step handles those) but a broken invariant: end
       // every request with the error rather than serve from inconsistent state.

@@ -149,6 +149,24 @@ TEST(Engine, ClientsOnManyThreadsGetExactOutputs) {
   EXPECT_EQ(engine.stats().requests_finished, 200);
 }
 
+TEST(Engine, StatsIncludeARequestOnceItsStreamHasEnded) {
+  // The snapshot is published before the step's events end the streams (the e2e metrics
+  // tests read /metrics right after a response; published after, they read it stale under
+  // load). Many rounds, because the old order failed only when the client won the race.
+  Fixture f;
+  Engine engine(f.config, *f.sim);
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21};
+  for (int i = 0; i < 2000; ++i) {
+    SubmitResult r = engine.submit(greedy(prompt, 1));
+    ASSERT_TRUE(r.ok());
+    r.stream->collect();
+    const EngineStats s = engine.stats();
+    ASSERT_EQ(s.requests_finished, i + 1) << "round " << i;
+    ASSERT_EQ(s.prefix.queried_tokens, int64_t{i + 1} * static_cast<int64_t>(prompt.size())) << "round " << i;
+  }
+  expect_whole(engine);
+}
+
 TEST(Engine, AbortTakesEffectWithinOneStep) {
   Fixture f;
   GatedExecutor gate(*f.sim);
