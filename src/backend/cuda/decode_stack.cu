@@ -72,7 +72,8 @@ constexpr int kOffResid = kOffKvNew + 4 * 256;                  // float [kMaxRe
 constexpr int kOffRope = kOffResid + 4 * kMaxResid;             // float [64][2]: cos, sin
 constexpr int kOffTable = kOffRope + 4 * 128;                   // int [kStackMaxTable]
 constexpr int kOffCursor = kOffTable + 4 * kStackMaxTable;      // 2 ChunkCursor (thread 0's)
-constexpr int kHeader = (kOffCursor + 256 + 127) / 128 * 128;
+constexpr int kOffIssuer = kOffCursor + 256;                    // IssuerState (thread 0's)
+constexpr int kHeader = (kOffIssuer + 16 + 127) / 128 * 128;
 
 // The stream's kinds of chunk, in a layer's order.
 enum Kind { kQkv = 0, kAtt = 1, kO = 2, kGu = 3, kDown = 4 };
@@ -174,10 +175,17 @@ struct ChunkCursor {
 
 static_assert(sizeof(ChunkCursor) <= 128, "kOffCursor reserves 128 bytes a cursor");
 
+// Thread 0's L2 policy for the weight copies (shared memory, kOffIssuer: in registers every
+// thread would carry it).
+struct IssuerState {
+  uint64_t policy = 0;
+};
+static_assert(sizeof(IssuerState) <= 16, "kOffIssuer reserves 16 bytes");
+
 // Thread 0 queues the cursor's chunk into `slot` (an mbarrier phase per fill).
 template <int HD>
 __device__ __forceinline__ void issue(const StackParams& p, const stack::SplitPlan& sp, const ChunkCursor& cur,
-                                      const int* table, uint8_t* dst, uint64_t* bar) {
+                                      const int* table, uint8_t* dst, uint64_t* bar, uint64_t policy) {
   if (cur.kind == kAtt) {
     const int h = cur.item / sp.n_splits;
     const int kc0 = sp.k0(cur.item) + cur.c * sp.kpc;
@@ -195,31 +203,26 @@ __device__ __forceinline__ void issue(const StackParams& p, const stack::SplitPl
     return;
   }
   const uint8_t* src = cur.d.w + static_cast<size_t>(cur.c) * cur.part;
+  auto copy = [&](uint8_t* to, const uint8_t* from) {
+    if (p.evict_first)
+      bulk_copy_hint(to, from, cur.part, bar, policy);
+    else
+      bulk_copy(to, from, cur.part, bar);
+  };
   if (cur.kind == kGu) {
     mbar_expect_tx(bar, 2 * cur.part);
-    bulk_copy(dst, src, cur.part, bar);
-    bulk_copy(dst + cur.part, src + cur.d.half_bytes, cur.part, bar);
+    copy(dst, src);
+    copy(dst + cur.part, src + cur.d.half_bytes);
   } else {
     mbar_expect_tx(bar, cur.part);
-    bulk_copy(dst, src, cur.part, bar);
+    copy(dst, src);
   }
 }
 
-// Thread 0 asks for the cursor's chunk to be brought into L2 (weights only; a KV chunk is
-// small and follows right after the Q|K|V rows).
-__device__ __forceinline__ void prefetch(const ChunkCursor& cur) {
-  if (cur.kind == kAtt) return;
-  const uint8_t* src = cur.d.w + static_cast<size_t>(cur.c) * cur.part;
-  prefetch_l2(src, cur.part);
-  if (cur.kind == kGu) prefetch_l2(src + cur.d.half_bytes, cur.part);
-}
-
 // The block's ring: chunk `it` lives in slot it % n_slots; releasing it (after a block
-// barrier: every thread is done with it) refills that slot with chunk it + n_slots, and
-// asks L2 for chunk it + n_slots + l2_ahead (so that while the block waits at a grid
-// barrier, with its ring full, the memory still streams its next chunks). The issuer's
-// cursors live in shared memory (thread 0 alone uses them; in registers every thread would
-// carry them through the products).
+// barrier: every thread is done with it) refills that slot with chunk it + n_slots. The
+// issuer's cursor and state live in shared memory (thread 0 alone uses them; in registers
+// every thread would carry them through the products).
 template <int HD>
 struct Ring {
   const StackParams& p;
@@ -228,21 +231,20 @@ struct Ring {
   uint64_t* full;
   const int* table;
   ChunkCursor* cur;  // the next chunk to issue
-  ChunkCursor* pf;   // the next chunk to prefetch into L2 (p.l2_ahead past `cur`)
+  IssuerState* st;
   uint32_t it = 0;   // the next chunk to consume
 
   __device__ __forceinline__ Ring(const StackParams& p_, const stack::SplitPlan& sp_, uint8_t* base_, uint64_t* full_,
-                                  const int* table_, ChunkCursor* cur_)
-      : p(p_), sp(sp_), base(base_), full(full_), table(table_), cur(cur_), pf(cur_ + 1) {}
+                                  const int* table_, ChunkCursor* cur_, IssuerState* st_)
+      : p(p_), sp(sp_), base(base_), full(full_), table(table_), cur(cur_), st(st_) {}
   __device__ __forceinline__ uint8_t* slot(uint32_t i) const { return base + static_cast<size_t>(i % p.n_slots) * p.slot_stride; }
   // Thread 0: the first n_slots chunks of the stream.
   __device__ __forceinline__ void start() {
+    st->policy = p.evict_first ? l2_policy_evict_first() : 0;
     *cur = ChunkCursor();
     cur->advance(p, sp);
     for (uint32_t i = 0; i < static_cast<uint32_t>(p.n_slots) && !cur->done(p); ++i, cur->next(p, sp))
-      issue<HD>(p, sp, *cur, table, slot(i), &full[i]);
-    *pf = *cur;
-    for (int i = 0; i < p.l2_ahead && !pf->done(p); ++i, pf->next(p, sp)) prefetch(*pf);
+      issue<HD>(p, sp, *cur, table, slot(i), &full[i], st->policy);
   }
   __device__ __forceinline__ const uint8_t* wait() const {
     mbar_wait_bounded(&full[it % p.n_slots], (it / p.n_slots) & 1);
@@ -251,12 +253,8 @@ struct Ring {
   __device__ __forceinline__ void release() {
     consumer_sync();  // every thread is done with the buffer
     if (threadIdx.x == 0 && !cur->done(p)) {
-      issue<HD>(p, sp, *cur, table, slot(it), &full[it % p.n_slots]);
+      issue<HD>(p, sp, *cur, table, slot(it), &full[it % p.n_slots], st->policy);
       cur->next(p, sp);
-      if (p.l2_ahead > 0 && !pf->done(p)) {
-        prefetch(*pf);
-        pf->next(p, sp);
-      }
     }
     ++it;
   }
@@ -293,6 +291,27 @@ __device__ void grid_sync(unsigned* sync, unsigned& epoch) {
     } else if (ld_acquire(sync) < epoch) {
       const uint64_t t0 = global_timer_ns();
       while (ld_acquire(sync) < epoch) {
+        __nanosleep(20);
+        if (global_timer_ns() - t0 > kSpinLimitNs) __trap();
+      }
+    }
+    __threadfence();
+  }
+  consumer_sync();
+}
+
+// grid_sync with one counter (TESSERA_CUDA_STACK_FLAT_BARRIER=1): every block adds one
+// (a reduction: no reply to wait for) and polls the counter until the whole grid has.
+__device__ void grid_sync_flat(unsigned* sync, unsigned& epoch) {
+  consumer_sync();  // this block's writes are done
+  ++epoch;
+  if (threadIdx.x == 0) {
+    unsigned* counter = sync + kLine;
+    const unsigned target = epoch * gridDim.x;
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(counter) : "memory");
+    if (ld_acquire(counter) < target) {
+      const uint64_t t0 = global_timer_ns();
+      while (ld_acquire(counter) < target) {
         __nanosleep(20);
         if (global_timer_ns() - t0 > kSpinLimitNs) __trap();
       }
@@ -458,10 +477,12 @@ __global__ void __launch_bounds__(kConsumers, 2) decode_stack_kernel(const __gri
     mbar_fence_init();
   }
   __syncthreads();
-  Ring<HD> ring(p, sp, smem + kHeader, full, table, reinterpret_cast<ChunkCursor*>(smem + kOffCursor));
+  Ring<HD> ring(p, sp, smem + kHeader, full, table, reinterpret_cast<ChunkCursor*>(smem + kOffCursor),
+                 reinterpret_cast<IssuerState*>(smem + kOffIssuer));
   if (tid == 0) ring.start();
   unsigned* split_arrivals = p.sync + (2 + (gridDim.x + kStackBarrierGroup - 1) / kStackBarrierGroup) * kLine;
   unsigned epoch = 0;
+  auto barrier = [&] { p.flat_barrier ? grid_sync_flat(p.sync, epoch) : grid_sync(p.sync, epoch); };
   float xr[kMaxSweeps][8];
   PhaseClock<kTimed> clk;
   clk.start(p);
@@ -470,26 +491,26 @@ __global__ void __launch_bounds__(kConsumers, 2) decode_stack_kernel(const __gri
     load_normed(p.x, L.attn_norm, p.n_embd, p.eps, xr, norm_red);
     consume<T, HD>(p, layer, kQkv, xr, ring, red, resid);
     clk.mark(layer, 0);
-    grid_sync(p.sync, epoch);
+    barrier();
     clk.mark(layer, 1);
     stack::attention_phase<HD>(p, layer, ring, att_smem, rope_cs, split_arrivals);
     clk.mark(layer, 2);
-    grid_sync(p.sync, epoch);
+    barrier();
     clk.mark(layer, 3);
     load_plain(p.att, p.q_dim, xr);
     consume<T, HD>(p, layer, kO, xr, ring, red, resid);
     clk.mark(layer, 4);
-    grid_sync(p.sync, epoch);
+    barrier();
     clk.mark(layer, 5);
     load_normed(p.x, L.ffn_norm, p.n_embd, p.eps, xr, norm_red);
     consume<T, HD>(p, layer, kGu, xr, ring, red, resid);
     clk.mark(layer, 6);
-    grid_sync(p.sync, epoch);
+    barrier();
     clk.mark(layer, 7);
     load_plain(p.act, p.n_ff, xr);
     consume<T, HD>(p, layer, kDown, xr, ring, red, resid);
     clk.mark(layer, 8);
-    if (layer + 1 < p.n_layers) grid_sync(p.sync, epoch);
+    if (layer + 1 < p.n_layers) barrier();
     clk.mark(layer, 9);
   }
   if (kTimed && p.timing_ns && tid == 0) {
@@ -572,9 +593,13 @@ bool plan_decode_stack(const StackShape& sh, int sm_count, StackParams& p, Stack
   p.block_size = sh.block_size;
   p.rot_half = sh.rot_dim / 2;
   p.max_splits = std::max(1, launch.grid / sh.n_kv);
-  // L2 prefetch past the ring: TESSERA_CUDA_STACK_L2_AHEAD chunks per block (default 0).
-  static const int l2_ahead = env_int("TESSERA_CUDA_STACK_L2_AHEAD", 0, 0, 16);
-  p.l2_ahead = l2_ahead;
+  // The weight copies marked evict_first in L2: read once a step, they no longer push out
+  // the activations, the KV and the barrier's lines (TESSERA_CUDA_STACK_EVICT_FIRST=0: off).
+  static const bool evict_first = env_switch_on("TESSERA_CUDA_STACK_EVICT_FIRST");
+  p.evict_first = evict_first ? 1 : 0;
+  // TESSERA_CUDA_STACK_FLAT_BARRIER=1: one counter for the whole grid (A/B).
+  static const bool flat = env_int("TESSERA_CUDA_STACK_FLAT_BARRIER", 0, 0, 1) != 0;
+  p.flat_barrier = flat ? 1 : 0;
   launch.scratch_floats = static_cast<size_t>(q_dim + 2 * kv_dim) + q_dim + sh.n_ff +
                           static_cast<size_t>(sh.n_head) * p.max_splits * (sh.head_dim + 2);
   // The barrier's flag, top counter and group counters, then a split-arrival counter per

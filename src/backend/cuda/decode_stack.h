@@ -44,7 +44,8 @@ struct StackParams {
   int rpc[4] = {};
   int n_slots = 0;
   uint32_t slot_stride = 0;  // bytes, a multiple of 128
-  int l2_ahead = 0;          // chunks past the ring prefetched into L2
+  int evict_first = 0;       // weight chunks copied with an L2 evict_first policy
+  int flat_barrier = 0;      // grid barrier on one counter (else two levels)
   // Attention: a KV chunk holds kv_blocks_per_chunk whole KV blocks of one head (their keys,
   // then their values); splits are whole chunks of keys.
   int kv_blocks_per_chunk = 0;

@@ -56,7 +56,7 @@ struct BulkTargets {
 template <DType T, int NS, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_bulk_kernel(const float* __restrict__ x, const float* __restrict__ up, int cols, int rows_per_chunk,
-                     int64_t n_chunks, int stages, const __grid_constant__ BulkTargets tg) {
+                     int64_t n_chunks, int stages, int evict_first, const __grid_constant__ BulkTargets tg) {
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t chunk_bytes = static_cast<uint32_t>(rows_per_chunk) * cols * 2;
   const uint32_t stage_stride = (chunk_bytes + 127) / 128 * 128;
@@ -71,12 +71,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (ti < tg.n - 1 && chunk >= tg.chunk_end[ti]) ++ti;
     return chunk - (ti ? tg.chunk_end[ti - 1] : 0);  // chunk index inside target ti
   };
+  const uint64_t policy = evict_first && tid == 0 ? l2_policy_evict_first() : 0;
   auto issue = [&](int64_t chunk, int stage) {
     int ti;
     const int64_t local = target_of(chunk, ti);
     mbar_expect_tx(&bars[stage], chunk_bytes);
-    bulk_copy(smem + static_cast<size_t>(stage) * stage_stride, tg.w[ti] + local * chunk_bytes, chunk_bytes,
-              &bars[stage]);
+    uint8_t* dst = smem + static_cast<size_t>(stage) * stage_stride;
+    if (evict_first)
+      bulk_copy_hint(dst, tg.w[ti] + local * chunk_bytes, chunk_bytes, &bars[stage], policy);
+    else
+      bulk_copy(dst, tg.w[ti] + local * chunk_bytes, chunk_bytes, &bars[stage]);
   };
 
   if (tid == 0) {
@@ -144,6 +148,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// The weight copies marked evict_first in L2: read once a step, they no longer push out the
+// activations and the KV cache (TESSERA_CUDA_GEMV_EVICT_FIRST=0: off, for A/B runs).
+bool evict_first_enabled() {
+  static const bool on = env_switch_on("TESSERA_CUDA_GEMV_EVICT_FIRST");
+  return on;
+}
+
 bool bulk_enabled() {
   static const bool on = env_switch_on("TESSERA_CUDA_GEMV_BULK");
   return on;
@@ -160,7 +171,7 @@ void launch_typed(int ns, const float* x, const float* up, int cols, int rpc, in
       configured = smem;
     }
     launch_pdl(gemv_bulk_kernel<T, NS, SWIGLU>, dim3(grid), dim3(kThreads), smem, s, x, up, cols, rpc, n_chunks,
-               stages, tg);
+               stages, evict_first_enabled() ? 1 : 0, tg);
   };
   switch (ns) {
     case 1: go.template operator()<1>(); break;
