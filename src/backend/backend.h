@@ -104,6 +104,16 @@ class Backend {
   // x += residual, then out = rms_norm(x) (fused: one pass over x)
   virtual void add_rms_norm(float* x, const float* residual, const float* w, float* out,
                             int n_rows, int dim, float eps) = 0;
+  // x_out = x + residual, then targets' y = W · (rms_norm(x_out) * w): a block's pre-norm and
+  // the product after it, so a device backend can fold the norm into the product. x_out must
+  // not alias x or residual (a backend may read them while writing it); xn: [n_rows, dim]
+  // workspace, its contents afterwards unspecified. All rows dense ([n_rows, dim]).
+  virtual void add_rms_norm_matmul(const float* x, const float* residual, const float* w, float* x_out, float* xn,
+                                   int n_rows, int dim, float eps, std::span<const MatmulTarget> targets) {
+    copy_device(x_out, x, sizeof(float) * static_cast<size_t>(n_rows) * dim);
+    add_rms_norm(x_out, residual, w, xn, n_rows, dim, eps);
+    matmul(xn, n_rows, dim, targets);
+  }
   // Shared-input matrix products (see MatmulTarget)                  x: [n_rows, ldx]
   virtual void matmul(const float* x, int n_rows, int64_t ldx, std::span<const MatmulTarget> targets) = 0;
   // x[r, :] += bias                                                  x: [n_rows, ld]

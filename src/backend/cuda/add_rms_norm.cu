@@ -47,7 +47,41 @@ __global__ void add_rms_norm4_kernel(float4* __restrict__ x, const float4* __res
     o[i] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
   }
 }
+
+// x_out = x + residual into its own buffer and the norm as f32 or 16-bit values (the input of
+// the product that follows, Backend::add_rms_norm_matmul); one block per row.
+__global__ void add_rms_norm_into_kernel(const float* __restrict__ x, const float* __restrict__ residual,
+                                         const float* __restrict__ w, float* __restrict__ x_out,
+                                         float* __restrict__ out32, uint16_t* __restrict__ out16, bool to_bf16,
+                                         int dim, float eps) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = x[row + i] + residual[row + i];
+    x_out[row + i] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss);  // its barrier also orders the writes of x_out above before the reads below
+  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float o = x_out[row + i] * inv * w[i];
+    if (out16)
+      out16[row + i] = to_bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(o)) : __half_as_ushort(__float2half_rn(o));
+    else
+      out32[row + i] = o;
+  }
+}
 }  // namespace
+
+void launch_add_rms_norm_into(const float* x, const float* residual, const float* w, float* x_out, float* out32,
+                              uint16_t* out16, bool to_bf16, int n_rows, int dim, float eps, cudaStream_t s) {
+  if (n_rows <= 0) return;
+  launch_pdl(add_rms_norm_into_kernel, dim3(n_rows), dim3(256), 0, s, x, residual, w, x_out, out32, out16, to_bf16,
+             dim, eps);
+  TESSERA_CUDA_CHECK_LAUNCH("add_rms_norm_into");
+}
 
 void launch_add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim, float eps,
                          cudaStream_t s) {

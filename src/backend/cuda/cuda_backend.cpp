@@ -275,7 +275,7 @@ cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
 // Op ids of the graph signature.
 enum : int {
   kOpEmbed = 1, kOpRms, kOpAddRms, kOpGemv, kOpGemm, kOpBias, kOpRope, kOpKv, kOpAttn, kOpSwiglu, kOpAdd, kOpGather,
-  kOpSwigluGemm, kOpSwigluGemv, kOpRopeKv
+  kOpSwigluGemm, kOpSwigluGemv, kOpRopeKv, kOpNormGemv, kOpNormGemm
 };
 
 void CudaBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
@@ -326,7 +326,7 @@ bool CudaBackend::recorded_matmul(int op, const float* x, const float* x2, int n
   return skip;
 }
 
-void CudaBackend::gemv(const float* x, const float* up, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs,
+void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs,
                        int n_runs) {
   // Decode: straight from the stored format, targets of one type grouped into one launch.
   int i = 0;
@@ -338,9 +338,9 @@ void CudaBackend::gemv(const float* x, const float* up, int n_rows, int64_t ldx,
       g[n++] = {runs[i].w.data, runs[i].y, runs[i].ldy, runs[i].w.rows};
       ++i;
     }
-    if (n_rows == 1 && cuda::launch_gemv_bulk(type, x, up, cols, g, n, sm_count_, stream_)) continue;
-    TESSERA_CHECK(up == nullptr, "cuda gemv: the fused SwiGLU input needs the bulk kernel");
-    TESSERA_CHECK(cuda::launch_gemv(type, x, n_rows, ldx, cols, g, n, stream_), "cuda matmul: weight type ",
+    if (n_rows == 1 && cuda::launch_gemv_bulk(type, in, cols, g, n, sm_count_, stream_)) continue;
+    TESSERA_CHECK(!in.up && !in.residual, "cuda gemv: a fused input needs the bulk kernel");
+    TESSERA_CHECK(cuda::launch_gemv(type, in.x, n_rows, ldx, cols, g, n, stream_), "cuda matmul: weight type ",
                   dtype_name(type), " is not supported");
   }
 }
@@ -398,10 +398,13 @@ void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<cons
     return;
   MatmulTarget runs[kMaxTargets];
   const int n_runs = coalesce(targets, runs);
-  if (n_rows <= cuda::kGemvMaxRows)
-    gemv(x, nullptr, n_rows, ldx, cols, runs, n_runs);
-  else
+  if (n_rows <= cuda::kGemvMaxRows) {
+    cuda::GemvInput in;
+    in.x = x;
+    gemv(in, n_rows, ldx, cols, runs, n_runs);
+  } else {
     gemm(x, n_rows, ldx, cols, runs, n_runs, nullptr, false);
+  }
 }
 
 void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_in, float* h, int n_rows, int dim,
@@ -415,14 +418,17 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
   }
   // One row with 16-bit weights: SwiGLU computed while the bulk matrix-vector kernel loads
   // its input (when that kernel applies to every run).
+  cuda::GemvInput in;
+  in.x = gate;
+  in.up = up;
   bool bulk = n_rows == 1;
-  for (const MatmulTarget& t : targets) bulk = bulk && cuda::gemv_bulk_applies(t.w.dtype, dim, gate, up);
+  for (const MatmulTarget& t : targets) bulk = bulk && cuda::gemv_bulk_applies(t.w.dtype, dim, in);
   if (bulk) {
     cuda::OpScope op_scope(profiler_.get(), [&] { return "swiglu + " + matmul_op_name(n_rows, targets); });
     if (recorded_matmul(kOpSwigluGemv, gate, up, n_rows, ld_in, dim, targets)) return;
     MatmulTarget runs[kMaxTargets];
     const int n_runs = coalesce(targets, runs);
-    gemv(gate, up, 1, ld_in, dim, runs, n_runs);
+    gemv(in, 1, ld_in, dim, runs, n_runs);
     return;
   }
   // Batches of 16-bit (or quantized, decoded to bf16) weights: the activation goes straight
@@ -438,6 +444,58 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
   MatmulTarget runs[kMaxTargets];
   const int n_runs = coalesce(targets, runs);
   gemm(nullptr, n_rows, dim, dim, runs, n_runs, x16, any_bf16);
+}
+
+void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, const float* w, float* x_out, float* xn,
+                                      int n_rows, int dim, float eps, std::span<const MatmulTarget> targets) {
+  if (n_rows <= 0 || targets.empty()) return;
+  TESSERA_CHECK(x_out != x && x_out != residual, "add_rms_norm_matmul: x_out aliases its inputs");
+  // TESSERA_CUDA_NORM_FUSION=0: copy, add_rms_norm and the product as three ops (A/B runs).
+  static const bool fused = cuda::env_switch_on("TESSERA_CUDA_NORM_FUSION");
+  if (!fused) return Backend::add_rms_norm_matmul(x, residual, w, x_out, xn, n_rows, dim, eps, targets);
+  bool all16 = true, any_f16 = false, any_bf16 = false;
+  for (const MatmulTarget& t : targets) {
+    TESSERA_CHECK(t.w.cols == dim, "cuda add_rms_norm_matmul: target width ", t.w.cols, " is not ", dim);
+    all16 = all16 && t.w.dtype != DType::F32;
+    (t.w.dtype == DType::F16 ? any_f16 : any_bf16) = true;
+  }
+  MatmulTarget runs[kMaxTargets];
+  // One row with 16-bit weights: every block of the bulk matrix-vector kernel forms the norm
+  // itself, block 0 writes x_out; no kernel in front of the product.
+  cuda::GemvInput in;
+  in.x = x;
+  in.residual = residual;
+  in.norm_w = w;
+  in.x_out = x_out;
+  in.eps = eps;
+  bool bulk = n_rows == 1;
+  for (const MatmulTarget& t : targets) bulk = bulk && cuda::gemv_bulk_applies(t.w.dtype, dim, in);
+  if (bulk) {
+    cuda::OpScope op_scope(profiler_.get(), [&] { return "add_rms_norm + " + matmul_op_name(n_rows, targets); });
+    const bool skip = recorded_matmul(kOpNormGemv, x, residual, n_rows, dim, dim, targets);
+    if (recorded(0, w, x_out, eps) || skip) return;  // both sign, always
+    gemv(in, 1, dim, dim, runs, coalesce(targets, runs));
+    return;
+  }
+  // Batches of 16-bit (or quantized) weights: the norm straight into the GEMM's 16-bit input.
+  const bool gemm16 = n_rows > cuda::kGemvMaxRows && all16 && !(any_f16 && any_bf16);
+  cuda::OpScope op_scope(profiler_.get(), [&] { return "add_rms_norm + " + matmul_op_name(n_rows, targets); });
+  const bool skip = recorded_matmul(kOpNormGemm, x, residual, n_rows, dim, dim, targets);
+  if (recorded(0, w, x_out, xn, eps) || skip) return;  // both sign, always
+  const int n_runs = coalesce(targets, runs);
+  if (gemm16) {
+    auto* x16 = static_cast<uint16_t*>(scratch(act16_, act16_cap_, static_cast<size_t>(n_rows) * dim * 2));
+    cuda::launch_add_rms_norm_into(x, residual, w, x_out, nullptr, x16, any_bf16, n_rows, dim, eps, stream_);
+    gemm(nullptr, n_rows, dim, dim, runs, n_runs, x16, any_bf16);
+    return;
+  }
+  cuda::launch_add_rms_norm_into(x, residual, w, x_out, xn, nullptr, false, n_rows, dim, eps, stream_);
+  cuda::GemvInput plain;
+  plain.x = xn;
+  if (n_rows <= cuda::kGemvMaxRows)
+    gemv(plain, n_rows, dim, dim, runs, n_runs);
+  else
+    gemm(xn, n_rows, dim, dim, runs, n_runs, nullptr, false);
 }
 
 void CudaBackend::add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) {

@@ -53,6 +53,8 @@ class CudaBackend final : public Backend {
   void swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) override;
   void swiglu_matmul(const float* gate, const float* up, int64_t ld_in, float* h, int n_rows, int dim,
                      std::span<const MatmulTarget> targets) override;
+  void add_rms_norm_matmul(const float* x, const float* residual, const float* w, float* x_out, float* xn, int n_rows,
+                           int dim, float eps, std::span<const MatmulTarget> targets) override;
   void add(float* x, const float* y, int64_t n) override;
   void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) override;
   void copy_to_host(void* host, const void* device, size_t bytes) override;
@@ -95,15 +97,14 @@ class CudaBackend final : public Backend {
   // same contents, else a fresh copy into the role's own buffer (stream-ordered).
   const int32_t* ints(Role role, const int32_t* host, size_t n, bool* staged = nullptr);
   cuda::DeviceBatch device_batch(const AttentionBatch& b);
-  // Matmul paths (cuda_backend.cpp). runs: the targets after coalesce(); up != nullptr feeds
-  // the product silu(x) * up (the bulk matrix-vector kernel only); pre16: activations already
+  // Matmul paths (cuda_backend.cpp). runs: the targets after coalesce(); `in` says what the
+  // row of a one-row product is (fused inputs: the bulk kernel only); pre16: activations already
   // converted to 16 bits (bf16 when pre_bf16), dense [n_rows, cols].
   static constexpr int kMaxTargets = 8;
   static int coalesce(std::span<const MatmulTarget> targets, MatmulTarget* runs);
   bool recorded_matmul(int op, const float* x, const float* x2, int n_rows, int64_t ldx, int64_t cols,
                        std::span<const MatmulTarget> targets);
-  void gemv(const float* x, const float* up, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs,
-            int n_runs);
+  void gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs, int n_runs);
   void gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs, int n_runs,
             const uint16_t* pre16, bool pre_bf16);
   // A device scratch buffer of at least `bytes` (grown, never shrunk).

@@ -52,10 +52,13 @@ struct BulkTargets {
   int n;
 };
 
-// NS: sweeps of kSweep columns (cols <= NS * kSweep); SWIGLU: x = silu(x) * up.
-template <DType T, int NS, bool SWIGLU>
+// How the input row is formed (GemvInput).
+enum class Input { kPlain, kSwiglu, kAddNorm };
+
+// NS: sweeps of kSweep columns (cols <= NS * kSweep); IN: what the input row is.
+template <DType T, int NS, Input IN>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemv_bulk_kernel(const float* __restrict__ x, const float* __restrict__ up, int cols, int rows_per_chunk,
+    gemv_bulk_kernel(const __grid_constant__ GemvInput in, int cols, int rows_per_chunk,
                      int64_t n_chunks, int stages, int evict_first, const __grid_constant__ BulkTargets tg) {
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t chunk_bytes = static_cast<uint32_t>(rows_per_chunk) * cols * 2;
@@ -93,22 +96,54 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   pdl_wait();  // x is the previous kernel's output
   float xr[NS][8];
+  float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < NS; ++j) {
     const int e = (j * kThreads + tid) * 8;
 #pragma unroll
     for (int k = 0; k < 8; ++k) xr[j][k] = 0.0f;
     if (e < cols) {
-      const float4 a = *reinterpret_cast<const float4*>(x + e), b = *reinterpret_cast<const float4*>(x + e + 4);
+      const float4 a = *reinterpret_cast<const float4*>(in.x + e), b = *reinterpret_cast<const float4*>(in.x + e + 4);
       float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      if constexpr (SWIGLU) {
-        const float4 ua = *reinterpret_cast<const float4*>(up + e), ub = *reinterpret_cast<const float4*>(up + e + 4);
+      if constexpr (IN == Input::kSwiglu) {
+        const float4 ua = *reinterpret_cast<const float4*>(in.up + e),
+                     ub = *reinterpret_cast<const float4*>(in.up + e + 4);
         const float u[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
 #pragma unroll
         for (int k = 0; k < 8; ++k) v[k] = silu_times(v[k], u[k]);
       }
+      if constexpr (IN == Input::kAddNorm) {
+        const float4 ra = *reinterpret_cast<const float4*>(in.residual + e),
+                     rb = *reinterpret_cast<const float4*>(in.residual + e + 4);
+        const float r[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          v[k] += r[k];
+          ss = fmaf(v[k], v[k], ss);
+        }
+        if (blockIdx.x == 0) {
+          *reinterpret_cast<float4*>(in.x_out + e) = make_float4(v[0], v[1], v[2], v[3]);
+          *reinterpret_cast<float4*>(in.x_out + e + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        }
+      }
 #pragma unroll
       for (int k = 0; k < 8; ++k) xr[j][k] = v[k];
+    }
+  }
+  if constexpr (IN == Input::kAddNorm) {
+    // Every block forms the whole row's norm itself (16 KB from L2 at 4,096 wide): no kernel
+    // in front of the product, and x_out (written by block 0) is read by nobody here.
+    const float inv = rsqrtf(block_sum(ss) / static_cast<float>(cols) + in.eps);
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const int e = (j * kThreads + tid) * 8;
+      if (e < cols) {
+        const float4 a = *reinterpret_cast<const float4*>(in.norm_w + e),
+                     b = *reinterpret_cast<const float4*>(in.norm_w + e + 4);
+        const float g[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) xr[j][k] = xr[j][k] * inv * g[k];
+      }
     }
   }
   pdl_trigger();
@@ -160,17 +195,17 @@ bool bulk_enabled() {
   return on;
 }
 
-template <DType T, bool SWIGLU>
-void launch_typed(int ns, const float* x, const float* up, int cols, int rpc, int64_t n_chunks, int stages,
+template <DType T, Input IN>
+void launch_typed(int ns, const GemvInput& in, int cols, int rpc, int64_t n_chunks, int stages,
                   unsigned grid, size_t smem, const BulkTargets& tg, cudaStream_t s) {
   auto go = [&]<int NS>() {
     static size_t configured = 0;  // the attribute is per function
     if (smem > configured) {
-      TESSERA_CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<T, NS, SWIGLU>,
+      TESSERA_CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<T, NS, IN>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       configured = smem;
     }
-    launch_pdl(gemv_bulk_kernel<T, NS, SWIGLU>, dim3(grid), dim3(kThreads), smem, s, x, up, cols, rpc, n_chunks,
+    launch_pdl(gemv_bulk_kernel<T, NS, IN>, dim3(grid), dim3(kThreads), smem, s, in, cols, rpc, n_chunks,
                stages, evict_first_enabled() ? 1 : 0, tg);
   };
   switch (ns) {
@@ -190,14 +225,18 @@ bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
-bool gemv_bulk_applies(DType type, int64_t cols, const float* x, const float* up) {
+bool gemv_bulk_applies(DType type, int64_t cols, const GemvInput& in) {
+  const bool norm = in.residual || in.norm_w || in.x_out;
+  if (norm && (!in.residual || !in.norm_w || !in.x_out || in.up || !aligned(in.residual) || !aligned(in.norm_w) ||
+               !aligned(in.x_out)))
+    return false;
   return (type == DType::BF16 || type == DType::F16) && bulk_enabled() && cols % 8 == 0 &&
-         cols <= int64_t{kSweep} * kMaxSweeps && aligned(x) && (!up || aligned(up));
+         cols <= int64_t{kSweep} * kMaxSweeps && aligned(in.x) && (!in.up || aligned(in.up));
 }
 
-bool launch_gemv_bulk(DType type, const float* x, const float* up, int64_t cols, const GemvTarget* targets,
-                      int n_targets, int sm_count, cudaStream_t s) {
-  if (!gemv_bulk_applies(type, cols, x, up) || n_targets < 1 || n_targets > kGemvMaxTargets) return false;
+bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvTarget* targets, int n_targets,
+                      int sm_count, cudaStream_t s) {
+  if (!gemv_bulk_applies(type, cols, in) || n_targets < 1 || n_targets > kGemvMaxTargets) return false;
   const size_t row_bytes = static_cast<size_t>(cols) * 2;
   int64_t total_rows = 0;
   for (int i = 0; i < n_targets; ++i) {
@@ -234,12 +273,19 @@ bool launch_gemv_bulk(DType type, const float* x, const float* up, int64_t cols,
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(chunks, int64_t{per_sm} * sm_count));
   const int ns = static_cast<int>((cols + kSweep - 1) / kSweep);
   const int c = static_cast<int>(cols);
+  const Input mode = in.up ? Input::kSwiglu : in.residual ? Input::kAddNorm : Input::kPlain;
+  auto typed = [&]<DType T>() {
+    if (mode == Input::kSwiglu)
+      launch_typed<T, Input::kSwiglu>(ns, in, c, rpc, chunks, stages, grid, smem, tg, s);
+    else if (mode == Input::kAddNorm)
+      launch_typed<T, Input::kAddNorm>(ns, in, c, rpc, chunks, stages, grid, smem, tg, s);
+    else
+      launch_typed<T, Input::kPlain>(ns, in, c, rpc, chunks, stages, grid, smem, tg, s);
+  };
   if (type == DType::BF16)
-    up ? launch_typed<DType::BF16, true>(ns, x, up, c, rpc, chunks, stages, grid, smem, tg, s)
-       : launch_typed<DType::BF16, false>(ns, x, up, c, rpc, chunks, stages, grid, smem, tg, s);
+    typed.template operator()<DType::BF16>();
   else
-    up ? launch_typed<DType::F16, true>(ns, x, up, c, rpc, chunks, stages, grid, smem, tg, s)
-       : launch_typed<DType::F16, false>(ns, x, up, c, rpc, chunks, stages, grid, smem, tg, s);
+    typed.template operator()<DType::F16>();
   TESSERA_CUDA_CHECK_LAUNCH("gemv_bulk");
   return true;
 }

@@ -25,6 +25,10 @@ void launch_embed(const WeightMatrix& table, const int32_t* ids, int n, float* o
 void launch_rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps, cudaStream_t s);
 void launch_add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim, float eps,
                          cudaStream_t s);
+// x_out = x + residual (x_out not aliasing either), out = rms_norm(x_out) * w as f32 (out32) or
+// rounded to bf16/f16 (out16, dense [n_rows, dim]: the input of the tensor-core GEMM).
+void launch_add_rms_norm_into(const float* x, const float* residual, const float* w, float* x_out, float* out32,
+                              uint16_t* out16, bool to_bf16, int n_rows, int dim, float eps, cudaStream_t s);
 // inv_freq: [rot_dim/2] inverse frequencies (llama3 scaling, freq factors and linear scaling
 // folded in), in double so angles at long positions keep the CPU's precision.
 void launch_rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, int head_dim, int rot_dim,
@@ -58,15 +62,26 @@ struct GemvTarget {
 // and `cols` columns. False when the type has no decoder.
 bool launch_gemv(DType t, const float* x, int n_rows, int64_t ldx, int64_t cols, const GemvTarget* targets,
                  int n_targets, cudaStream_t s);
-// Batch 1 with bf16/f16 weights: y_i[r] = x · W_i[r, :], or (silu(x) * up) · W_i[r, :] when
-// up is given; the weights streamed through shared memory by the bulk copy engine
+// Batch 1 with bf16/f16 weights: y_i[r] = input · W_i[r, :] (GemvInput says what the input
+// is); the weights streamed through shared memory by the bulk copy engine
 // (gemv_bulk.cu), launched as a programmatic dependent launch. False when it does not apply
 // (other types, widths past 16384 or not a multiple of 8, misaligned pointers, or
 // TESSERA_CUDA_GEMV_BULK=0): the caller uses launch_gemv.
-bool launch_gemv_bulk(DType t, const float* x, const float* up, int64_t cols, const GemvTarget* targets,
-                      int n_targets, int sm_count, cudaStream_t s);
+// What the bulk kernel computes its input row from: x itself; silu(x) * up; or, with
+// residual and norm_w, rms_norm(x + residual) * norm_w, the sum written to x_out by one block
+// (x_out must not alias x or residual: every block reads them).
+struct GemvInput {
+  const float* x = nullptr;  // [cols]
+  const float* up = nullptr;
+  const float* residual = nullptr;
+  const float* norm_w = nullptr;
+  float* x_out = nullptr;
+  float eps = 0.0f;
+};
+bool launch_gemv_bulk(DType t, const GemvInput& in, int64_t cols, const GemvTarget* targets, int n_targets,
+                      int sm_count, cudaStream_t s);
 // Whether launch_gemv_bulk takes weights of type t, `cols` wide, with these inputs.
-bool gemv_bulk_applies(DType t, int64_t cols, const float* x, const float* up);
+bool gemv_bulk_applies(DType t, int64_t cols, const GemvInput& in);
 // out[r, :] = W[r, :] as bf16 (round to nearest even), for the tensor-core path at large
 // batch. False when the type has no decoder.
 bool launch_dequant_bf16(DType t, const void* w, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t s);

@@ -2,6 +2,7 @@
 // RMSNorm → GQA attention with RoPE → residual → RMSNorm → SwiGLU FFN → residual.
 #include <cmath>
 #include <memory>
+#include <utility>
 
 #include "core/error.h"
 #include "model/model.h"
@@ -19,7 +20,11 @@ class LlamaModel final : public Model {
     q_dim_ = static_cast<int64_t>(c_.n_head) * c_.head_dim;
     kv_dim_ = static_cast<int64_t>(c_.n_head_kv) * c_.head_dim;
     const int64_t t = max_tokens;
+    // The residual stream alternates between two buffers: each pre-norm writes x + residual
+    // into the other one (add_rms_norm_matmul), so a backend can fold the norm into the
+    // product that follows without a second kernel or an in-place race.
     x_ = buf(t * c_.n_embd);
+    x2_ = buf(t * c_.n_embd);
     xn_ = buf(t * c_.n_embd);
     tmp_ = buf(t * c_.n_embd);
     // Q, K and V side by side in one row (vLLM's qkv_proj layout), gate and up likewise: a
@@ -68,20 +73,25 @@ class LlamaModel final : public Model {
     const int e = c_.n_embd;
     const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
 
-    be_.embed(w_->tok_embd, batch.tokens.data(), n, x_);  // x: [n, e]
+    float* x = x_;         // the residual stream: [n, e]
+    float* x_next = x2_;   // where the next pre-norm writes x + residual
+    be_.embed(w_->tok_embd, batch.tokens.data(), n, x);
     // One token: the backend may run the whole stack at once (x then holds the last
     // block's output already added); otherwise block by block.
     const bool fused = n == 1 && decode_stack(ab, scale, kv);
     for (int il = 0; il < (fused ? 0 : c_.n_layer); ++il) {
       const LayerWeights& L = w_->layers[il];
       const KvLayerView kvl = kv.layer(il);
-      // xn = norm(x), after folding the previous layer's FFN output into the residual stream
-      if (il == 0)
-        be_.rms_norm(x_, L.attn_norm, xn_, n, e, c_.rms_eps);
-      else
-        be_.add_rms_norm(x_, tmp_, L.attn_norm, xn_, n, e, c_.rms_eps);
       const MatmulTarget qkv[] = {{L.wq, q_, qkv_ld_}, {L.wk, k_, qkv_ld_}, {L.wv, v_, qkv_ld_}};
-      be_.matmul(xn_, n, e, qkv);  // q, k, v: [n, q_dim | kv_dim | kv_dim] at stride qkv_ld
+      // q, k, v = W_qkv · norm(x): [n, q_dim | kv_dim | kv_dim] at stride qkv_ld, after folding
+      // the previous layer's FFN output into the residual stream
+      if (il == 0) {
+        be_.rms_norm(x, L.attn_norm, xn_, n, e, c_.rms_eps);
+        be_.matmul(xn_, n, e, qkv);
+      } else {
+        be_.add_rms_norm_matmul(x, tmp_, L.attn_norm, x_next, xn_, n, e, c_.rms_eps, qkv);
+        std::swap(x, x_next);
+      }
       if (L.bq) {
         be_.add_bias(q_, qkv_ld_, L.bq, n, static_cast<int>(q_dim_));
         be_.add_bias(k_, qkv_ld_, L.bk, n, static_cast<int>(kv_dim_));
@@ -92,16 +102,16 @@ class LlamaModel final : public Model {
       be_.attention(q_, qkv_ld_, kvl, ab, c_.n_head, scale, att_, q_dim_);  // att: [n, q_dim]
       const MatmulTarget o[] = {{L.wo, tmp_, e}};
       be_.matmul(att_, n, q_dim_, o);  // tmp: [n, e]
-      be_.add_rms_norm(x_, tmp_, L.ffn_norm, xn_, n, e, c_.rms_eps);
       const MatmulTarget gate_up[] = {{L.w_gate, gate_, 2 * c_.n_ff}, {L.w_up, up_, 2 * c_.n_ff}};
-      be_.matmul(xn_, n, e, gate_up);  // gate, up: [n, n_ff | n_ff]
+      be_.add_rms_norm_matmul(x, tmp_, L.ffn_norm, x_next, xn_, n, e, c_.rms_eps, gate_up);  // gate, up: [n, n_ff | n_ff]
+      std::swap(x, x_next);
       const MatmulTarget down[] = {{L.w_down, tmp_, e}};
       be_.swiglu_matmul(gate_, up_, 2 * c_.n_ff, h_, n, c_.n_ff, down);  // tmp = W_down · silu(gate)·up: [n, e]
     }
     if (n_out == 0) return;
-    if (!fused) be_.add(x_, tmp_, static_cast<int64_t>(n) * e);
+    if (!fused) be_.add(x, tmp_, static_cast<int64_t>(n) * e);
     // Only the wanted rows go through the final norm and the (large) output matrix.
-    be_.gather_rows(x_, e, batch.logits_rows.data(), n_out, e, rows_);
+    be_.gather_rows(x, e, batch.logits_rows.data(), n_out, e, rows_);
     be_.rms_norm(rows_, w_->output_norm, rows_, n_out, e, c_.rms_eps);
     const MatmulTarget out[] = {{w_->output, logits_, c_.n_vocab}};
     be_.matmul(rows_, n_out, e, out);  // logits: [n_out, n_vocab]
@@ -140,7 +150,7 @@ class LlamaModel final : public Model {
   RopeConfig rope_;
   std::vector<void*> owned_;
   std::vector<DecoderBlockView> blocks_;
-  float *x_, *xn_, *tmp_, *q_, *k_, *v_, *att_, *gate_, *up_, *h_, *rows_, *logits_;
+  float *x_, *x2_, *xn_, *tmp_, *q_, *k_, *v_, *att_, *gate_, *up_, *h_, *rows_, *logits_;
 };
 
 }  // namespace

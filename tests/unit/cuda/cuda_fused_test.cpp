@@ -340,3 +340,59 @@ TEST(CudaFused, BadInputIsRefusedWithAClearError) {
     EXPECT_NEAR(got[r], acc, 1e-4 * (1 + std::fabs(acc)));
   }
 }
+
+// add_rms_norm_matmul: x_out = x + residual (exact, f32), y = W · rms_norm(x_out) · w, against
+// float64: the bulk kernel forming the norm in every block at one row (16-bit weights), the
+// f32 norm then the product (quantized weights, 2..8 rows, f32 weights), the norm straight into
+// the GEMM's 16-bit input (33 rows). x and residual must be left as they were.
+TEST(CudaFused, AddRmsNormMatmulMatchesFloat64) {
+  TESSERA_REQUIRE_CUDA();
+  auto gpu = make_cuda();
+  std::mt19937 rng(25);
+  const float eps = 1e-5f;
+  for (DType type : {DType::BF16, DType::F16, DType::Q8_0, DType::F32})
+    for (int64_t dim : {int64_t{4096}, int64_t{2080}, int64_t{576}}) {
+      const std::vector<int64_t> rows = {40, 24, 24};  // Q|K|V-like targets back to back
+      JoinedWeights wts = make_joined(*gpu, type, rows, dim, rng);
+      const int64_t ldy = 40 + 24 + 24;
+      for (int n : {1, 3, 33}) {
+        auto x = randn(n * dim, rng), res = randn(n * dim, rng), g = randn(dim, rng);
+        DeviceVec<float> dx(*gpu, x), dres(*gpu, res), dg(*gpu, g);
+        DeviceVec<float> dxo(*gpu, std::vector<float>(n * dim, NAN)), dxn(*gpu, n * dim);
+        DeviceVec<float> dy(*gpu, std::vector<float>(n * ldy, NAN));
+        std::vector<MatmulTarget> targets;
+        int64_t off = 0;
+        for (size_t t = 0; t < rows.size(); ++t) {
+          targets.push_back({wts.parts[t], dy.get() + off, ldy});
+          off += rows[t];
+        }
+        gpu->add_rms_norm_matmul(dx.get(), dres.get(), dg.get(), dxo.get(), dxn.get(), n, static_cast<int>(dim), eps,
+                                 targets);
+        const auto xo = dxo.read(), y = dy.read();
+        EXPECT_EQ(dx.read(), x);
+        EXPECT_EQ(dres.read(), res);
+        std::vector<double> ref;
+        std::vector<float> got;
+        for (int i = 0; i < n; ++i) {
+          double ss = 0;
+          for (int64_t k = 0; k < dim; ++k) {
+            ASSERT_EQ(xo[i * dim + k], x[i * dim + k] + res[i * dim + k]) << "x_out " << i << "," << k;
+            ss += double(xo[i * dim + k]) * xo[i * dim + k];
+          }
+          const double inv = 1.0 / std::sqrt(ss / dim + eps);
+          off = 0;
+          for (size_t t = 0; t < rows.size(); ++t) {
+            for (int64_t r = 0; r < rows[t]; ++r) {
+              double acc = 0;
+              for (int64_t k = 0; k < dim; ++k) acc += xo[i * dim + k] * inv * g[k] * wts.decoded[t][r * dim + k];
+              ref.push_back(acc);
+              got.push_back(y[i * ldy + off + r]);
+            }
+            off += rows[t];
+          }
+        }
+        const double tol = type == DType::F32 ? 2e-5 : tolerance(type, n);
+        EXPECT_LT(rel_err(got, ref), tol) << dtype_name(type) << " dim " << dim << " n=" << n;
+      }
+    }
+}
