@@ -61,6 +61,28 @@ __device__ __forceinline__ void mbar_wait_bounded(uint64_t* bar, uint32_t parity
     if (global_timer_ns() - t0 > kSpinLimitNs) __trap();
 }
 
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Adds to a counter other blocks poll, ordering this thread's earlier writes (and, after a
+// block barrier, its block's) before the addition; no reply to wait for.
+__device__ __forceinline__ void red_release_gpu_add(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// Polls a counter (acquire) until it reaches `target`; traps after kSpinLimitNs.
+__device__ __forceinline__ void spin_until_at_least(const unsigned* p, unsigned target) {
+  if (ld_acquire_gpu(p) >= target) return;
+  const uint64_t t0 = global_timer_ns();
+  while (ld_acquire_gpu(p) < target) {
+    __nanosleep(20);
+    if (global_timer_ns() - t0 > kSpinLimitNs) __trap();
+  }
+}
+
 // Global → shared copy of `bytes` (a multiple of 16, both ends 16-byte aligned) by the copy
 // engine, counted against `bar`'s expected transaction bytes.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

@@ -88,7 +88,7 @@ std::string CudaBackend::take_stack_timing() {
     sum_cycles += static_cast<double>(ns[2 * b + 1]);
   }
   const double us_per_cycle = sum_cycles > 0 ? sum_ns / sum_cycles / 1000 : 0;
-  static const char* kNames[cuda::kStackPhases] = {"norm + Q|K|V",   "barrier", "attention (+ merge)", "barrier",
+  static const char* kNames[cuda::kStackPhases] = {"norm + Q|K|V",   "rows published", "attention (+ its heads' rows, merge)", "barrier",
                                                      "O + residual",   "barrier", "norm + gate|up",      "barrier",
                                                      "down + residual", "barrier"};
   const double steps = static_cast<double>(stack_timing_steps_);

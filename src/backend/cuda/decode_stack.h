@@ -17,7 +17,6 @@ constexpr int kStackMaxCols = 16384;      // widths x can hold in registers (256
 constexpr int kStackMaxGroupDims = 512;   // query heads per KV head × head_dim
 constexpr int kStackMaxTable = 1024;      // KV blocks of the sequence (its block table in smem)
 constexpr int kStackMaxScores = 1024;     // query heads per KV head × keys per KV chunk
-constexpr int kStackBarrierGroup = 16;    // blocks per first-level counter of the grid barrier
 // Phases of a layer timed by TESSERA_CUDA_STACK_TIMING=1 (each block, per layer): norm +
 // Q|K|V, barrier, attention (+ merge), barrier, O, barrier, norm + gate|up, barrier, down,
 // barrier.
@@ -45,7 +44,6 @@ struct StackParams {
   int n_slots = 0;
   uint32_t slot_stride = 0;  // bytes, a multiple of 128
   int evict_first = 0;       // weight chunks copied with an L2 evict_first policy
-  int flat_barrier = 0;      // grid barrier on one counter (else two levels)
   // Attention: a KV chunk holds kv_blocks_per_chunk whole KV blocks of one head (their keys,
   // then their values); splits are whole chunks of keys.
   int kv_blocks_per_chunk = 0;

@@ -191,10 +191,11 @@ __device__ __forceinline__ void attention_chunk(const StackParams& p, const Attn
 }
 
 // The attention of one layer for this block's items: its KV chunks come from `ring` in the
-// order the issuer queued them (decode_stack.cu's ChunkCursor).
+// order the issuer queued them (decode_stack.cu's ChunkCursor). head_ready: this layer's
+// per-KV-head counts of Q|K|V rows written (no grid barrier before this phase).
 template <int HD, typename Ring>
 __device__ void attention_phase(const StackParams& p, int layer, Ring& ring, const AttnSmem& sm,
-                                const float* rope_cs, unsigned* split_arrivals) {
+                                const float* rope_cs, unsigned* split_arrivals, const unsigned* head_ready) {
   constexpr int kHalf = HD / 2;
   const int tid = threadIdx.x;
   const StackLayer& L = p.layers[layer];
@@ -207,7 +208,9 @@ __device__ void attention_phase(const StackParams& p, int layer, Ring& ring, con
     // The new position's split stores its key and value; a position outside [0, kv_len) is
     // attended by no split: the last one stores it.
     const bool stores_kv = pos < sp.kv_len ? pos >= k0 && pos < k1 : s == sp.n_splits - 1;
-    consumer_sync();  // qs, kv_new and state are free (previous item done)
+    // No grid barrier before the phase: wait for this head's Q|K|V rows, all (g + 2) · HD.
+    if (tid == 0) spin_until_at_least(head_ready + h, static_cast<unsigned>((g + 2) * HD));
+    consumer_sync();  // qs, kv_new and state are free (previous item done); the rows are in
     const int q_pairs = g * kHalf;
     for (int idx = tid; idx < q_pairs + (stores_kv ? kHalf : 0); idx += kConsumers) {
       const bool is_key = idx >= q_pairs;
@@ -274,18 +277,42 @@ __device__ void attention_phase(const StackParams& p, int layer, Ring& ring, con
       if (tid < g * kHalf) {
         const int gi = tid / kHalf, d = 2 * (tid % kHalf);
         const float* base = p.partials + static_cast<size_t>(h * g + gi) * p.max_splits * (HD + 2);
+        // The partials are in L2, written by other blocks: each batch's loads are issued
+        // together (a round trip per batch, not per split: under the weight stream's load a
+        // round trip takes about a microsecond).
+        constexpr int kBatch = 8;
         float mx = -INFINITY;
-        for (int t = 0; t < sp.n_splits; ++t) mx = fmaxf(mx, __ldcg(base + t * (HD + 2) + HD));
+        for (int t0 = 0; t0 < sp.n_splits; t0 += 2 * kBatch) {
+          float m[2 * kBatch];
+#pragma unroll
+          for (int i = 0; i < 2 * kBatch; ++i)
+            m[i] = t0 + i < sp.n_splits ? __ldcg(base + (t0 + i) * (HD + 2) + HD) : -INFINITY;
+#pragma unroll
+          for (int i = 0; i < 2 * kBatch; ++i) mx = fmaxf(mx, m[i]);
+        }
         float n0 = 0.0f, n1 = 0.0f, den = 0.0f;
         if (mx != -INFINITY) {
-          for (int t = 0; t < sp.n_splits; ++t) {
-            const float* st = base + t * (HD + 2);
-            const float ms = __ldcg(st + HD);
-            if (ms == -INFINITY) continue;  // a split without keys
-            const float wt = exp2f(ms - mx);
-            n0 = fmaf(__ldcg(st + d), wt, n0);
-            n1 = fmaf(__ldcg(st + d + 1), wt, n1);
-            den = fmaf(__ldcg(st + HD + 1), wt, den);
+          for (int t0 = 0; t0 < sp.n_splits; t0 += kBatch) {
+            float2 ml[kBatch], ov[kBatch];
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) {
+              ml[i] = make_float2(-INFINITY, 0.0f);
+              ov[i] = make_float2(0.0f, 0.0f);
+              if (t0 + i < sp.n_splits) {
+                const float* st = base + (t0 + i) * (HD + 2);
+                ml[i] = __ldcg(reinterpret_cast<const float2*>(st + HD));
+                ov[i] = __ldcg(reinterpret_cast<const float2*>(st + d));
+              }
+            }
+            // In split order, as before: the same sums.
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) {
+              if (ml[i].x == -INFINITY) continue;  // a split without keys (or past the last)
+              const float wt = exp2f(ml[i].x - mx);
+              n0 = fmaf(ov[i].x, wt, n0);
+              n1 = fmaf(ov[i].y, wt, n1);
+              den = fmaf(ml[i].y, wt, den);
+            }
           }
         }
         const float inv = den > 0.0f ? 1.0f / den : 0.0f;  // no keys at all: 0
