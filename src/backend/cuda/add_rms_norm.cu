@@ -73,13 +73,54 @@ __global__ void add_rms_norm_into_kernel(const float* __restrict__ x, const floa
       out32[row + i] = o;
   }
 }
+
+// The same with 16-byte accesses (dim a multiple of 4, aligned rows), as add_rms_norm4_kernel:
+// the 128-row decode runs it before each GEMM (64 times a step).
+__global__ void add_rms_norm_into4_kernel(const float4* __restrict__ x, const float4* __restrict__ residual,
+                                          const float4* __restrict__ w, float4* __restrict__ x_out,
+                                          float4* __restrict__ out32, uint2* __restrict__ out16, bool to_bf16,
+                                          int dim4, float eps) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * dim4;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dim4; i += blockDim.x) {
+    const float4 a = x[row + i], b = residual[row + i];
+    const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    x_out[row + i] = v;
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  ss = block_sum(ss);  // its barrier also orders the writes of x_out above before the reads below
+  const float inv = rsqrtf(ss / static_cast<float>(4 * dim4) + eps);
+  for (int i = threadIdx.x; i < dim4; i += blockDim.x) {
+    const float4 v = x_out[row + i], g = w[i];
+    const float4 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    if (out16) {
+      const uint32_t lo = f32_to_16bits(o.x, to_bf16) | static_cast<uint32_t>(f32_to_16bits(o.y, to_bf16)) << 16;
+      const uint32_t hi = f32_to_16bits(o.z, to_bf16) | static_cast<uint32_t>(f32_to_16bits(o.w, to_bf16)) << 16;
+      out16[row + i] = make_uint2(lo, hi);
+    } else {
+      out32[row + i] = o;
+    }
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 }  // namespace
 
 void launch_add_rms_norm_into(const float* x, const float* residual, const float* w, float* x_out, float* out32,
                               uint16_t* out16, bool to_bf16, int n_rows, int dim, float eps, cudaStream_t s) {
   if (n_rows <= 0) return;
-  launch_pdl(add_rms_norm_into_kernel, dim3(n_rows), dim3(256), 0, s, x, residual, w, x_out, out32, out16, to_bf16,
-             dim, eps);
+  // 16-bit rows of dim/4 uint2 need 8-byte alignment; 16 asked of every pointer for simplicity.
+  if (dim % 4 == 0 && aligned16(x) && aligned16(residual) && aligned16(w) && aligned16(x_out) &&
+      aligned16(out32 ? static_cast<const void*>(out32) : out16))
+    launch_pdl(add_rms_norm_into4_kernel, dim3(n_rows), dim3(256), 0, s, reinterpret_cast<const float4*>(x),
+               reinterpret_cast<const float4*>(residual), reinterpret_cast<const float4*>(w),
+               reinterpret_cast<float4*>(x_out), reinterpret_cast<float4*>(out32), reinterpret_cast<uint2*>(out16),
+               to_bf16, dim / 4, eps);
+  else
+    launch_pdl(add_rms_norm_into_kernel, dim3(n_rows), dim3(256), 0, s, x, residual, w, x_out, out32, out16, to_bf16,
+               dim, eps);
   TESSERA_CUDA_CHECK_LAUNCH("add_rms_norm_into");
 }
 

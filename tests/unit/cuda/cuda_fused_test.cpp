@@ -344,18 +344,23 @@ TEST(CudaFused, BadInputIsRefusedWithAClearError) {
 // add_rms_norm_matmul: x_out = x + residual (exact, f32), y = W · rms_norm(x_out) · w, against
 // float64: the bulk kernel forming the norm in every block at one row (16-bit weights), the
 // f32 norm then the product (quantized weights, 2..8 rows, f32 weights), the norm straight into
-// the GEMM's 16-bit input (33 rows). x and residual must be left as they were.
+// the GEMM's 16-bit input (33 rows); widths a multiple of 4 (16-byte rows) and not. x and
+// residual must be left as they were.
 TEST(CudaFused, AddRmsNormMatmulMatchesFloat64) {
   TESSERA_REQUIRE_CUDA();
   auto gpu = make_cuda();
   std::mt19937 rng(25);
   const float eps = 1e-5f;
   for (DType type : {DType::BF16, DType::F16, DType::Q8_0, DType::F32})
-    for (int64_t dim : {int64_t{4096}, int64_t{2080}, int64_t{576}}) {
+    for (int64_t dim : {int64_t{4096}, int64_t{2080}, int64_t{576}, int64_t{1022}}) {
+      // 1,022: the norm kernel's scalar path (rows not 16-byte multiples), through the GEMM
+      // alone (matrix-vector products take widths that are multiples of 8; Q8_0 of 32).
+      if (dim % 4 != 0 && type == DType::Q8_0) continue;
       const std::vector<int64_t> rows = {40, 24, 24};  // Q|K|V-like targets back to back
       JoinedWeights wts = make_joined(*gpu, type, rows, dim, rng);
       const int64_t ldy = 40 + 24 + 24;
       for (int n : {1, 3, 33}) {
+        if (dim % 8 != 0 && n <= 8) continue;
         auto x = randn(n * dim, rng), res = randn(n * dim, rng), g = randn(dim, rng);
         DeviceVec<float> dx(*gpu, x), dres(*gpu, res), dg(*gpu, g);
         DeviceVec<float> dxo(*gpu, std::vector<float>(n * dim, NAN)), dxn(*gpu, n * dim);
