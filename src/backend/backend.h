@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "backend/tensor.h"
+#include "core/error.h"
 
 namespace tessera {
 
@@ -110,6 +111,7 @@ class Backend {
   // workspace, its contents afterwards unspecified. All rows dense ([n_rows, dim]).
   virtual void add_rms_norm_matmul(const float* x, const float* residual, const float* w, float* x_out, float* xn,
                                    int n_rows, int dim, float eps, std::span<const MatmulTarget> targets) {
+    check_add_rms_norm_matmul_buffers(x, residual, x_out);
     copy_device(x_out, x, sizeof(float) * static_cast<size_t>(n_rows) * dim);
     add_rms_norm(x_out, residual, w, xn, n_rows, dim, eps);
     matmul(xn, n_rows, dim, targets);
@@ -227,6 +229,12 @@ class Backend {
   virtual bool decode_stack(const DecoderStack& stack, const AttentionBatch& batch, float* x) { return false; }
 
  protected:
+  // add_rms_norm_matmul's contract, checked by every implementation: x_out is a buffer of its
+  // own (a device backend reads x and residual in every block while one block writes x_out).
+  static void check_add_rms_norm_matmul_buffers(const float* x, const float* residual, const float* x_out) {
+    TESSERA_CHECK(x_out != x && x_out != residual, "add_rms_norm_matmul: x_out aliases ",
+                  x_out == x ? "x" : "residual", "; it needs a buffer of its own");
+  }
   // The whole copy, then the argmax of flagged rows on the host (same rule as the sampler).
   virtual void read_logits_planned(float* host, const float* device, int n_rows, int n_vocab,
                                    const LogitsReadback& plan) {
@@ -262,7 +270,8 @@ struct BackendOptions {
   bool cuda_graphs = true;
   // CUDA: run batch-1 decode forwards as one fused kernel for the whole decoder stack
   // (Backend::decode_stack) where the shapes allow. Off by default: on the H200 it measured
-  // 200-203 tok/s against the op path's 208-210 (docs/benchmarks/gpu.md).
+  // level with the op path (227-230 tok/s against 226-231, docs/benchmarks/gpu.md), which
+  // covers every shape.
   // TESSERA_CUDA_DECODE_STACK=1 / =0 overrides this either way.
   bool cuda_fused_decode = false;
 };

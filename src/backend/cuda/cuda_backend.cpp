@@ -449,7 +449,7 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
 void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, const float* w, float* x_out, float* xn,
                                       int n_rows, int dim, float eps, std::span<const MatmulTarget> targets) {
   if (n_rows <= 0 || targets.empty()) return;
-  TESSERA_CHECK(x_out != x && x_out != residual, "add_rms_norm_matmul: x_out aliases its inputs");
+  check_add_rms_norm_matmul_buffers(x, residual, x_out);
   // TESSERA_CUDA_NORM_FUSION=0: copy, add_rms_norm and the product as three ops (A/B runs).
   static const bool fused = cuda::env_switch_on("TESSERA_CUDA_NORM_FUSION");
   if (!fused) return Backend::add_rms_norm_matmul(x, residual, w, x_out, xn, n_rows, dim, eps, targets);

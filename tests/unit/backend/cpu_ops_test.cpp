@@ -6,10 +6,12 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
 #include "core/fp16.h"
 #include "model/model.h"
 
@@ -272,3 +274,54 @@ TEST(CpuAttention, AvxAndScalarAgree) {
   }
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(a[i])));
 }
+
+namespace {
+
+// Backend::add_rms_norm_matmul's default (the CPU's): x_out = x + residual exactly, y = W ·
+// rms_norm(x_out) · w against float64, x and residual untouched; an x_out that aliases x or
+// residual is refused with an error naming which, before anything is written.
+TEST(CpuBackend, AddRmsNormMatmulMatchesFloat64AndRefusesAliasedOutput) {
+  auto be = make_backend(BackendOptions{"cpu", 2});
+  std::mt19937 rng(31);
+  const int n = 3, dim = 72, rows = 10;
+  const float eps = 1e-5f;
+  const auto x = randn(size_t(n) * dim, rng), res = randn(x.size(), rng), g = randn(dim, rng);
+  const auto w = randn(size_t(rows) * dim, rng);
+  std::vector<float> x_in = x, res_in = res, x_out(x.size(), NAN), xn(x.size(), NAN), y(size_t(n) * rows, NAN);
+  const MatmulTarget target{{w.data(), DType::F32, rows, dim}, y.data(), rows};
+  be->add_rms_norm_matmul(x_in.data(), res_in.data(), g.data(), x_out.data(), xn.data(), n, dim, eps,
+                          std::span(&target, 1));
+  EXPECT_EQ(x_in, x);
+  EXPECT_EQ(res_in, res);
+  std::vector<double> ref;
+  for (int i = 0; i < n; ++i) {
+    double ss = 0;
+    for (int k = 0; k < dim; ++k) {
+      ASSERT_EQ(x_out[i * dim + k], x[i * dim + k] + res[i * dim + k]) << i << "," << k;
+      ss += double(x_out[i * dim + k]) * x_out[i * dim + k];
+    }
+    const double inv = 1.0 / std::sqrt(ss / dim + eps);
+    for (int r = 0; r < rows; ++r) {
+      double acc = 0;
+      for (int k = 0; k < dim; ++k) acc += x_out[i * dim + k] * inv * g[k] * w[r * dim + k];
+      ref.push_back(acc);
+    }
+  }
+  EXPECT_LT(rel_err(y, ref), 1e-5);
+
+  for (float* alias : {x_in.data(), res_in.data()}) {
+    try {
+      be->add_rms_norm_matmul(x_in.data(), res_in.data(), g.data(), alias, xn.data(), n, dim, eps,
+                              std::span(&target, 1));
+      ADD_FAILURE() << "an aliased x_out was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(alias == x_in.data() ? "aliases x" : "aliases residual"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(x_in, x);
+    EXPECT_EQ(res_in, res);
+  }
+}
+
+}  // namespace
