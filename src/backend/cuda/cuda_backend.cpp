@@ -470,19 +470,16 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
   in.eps = eps;
   bool bulk = n_rows == 1;
   for (const MatmulTarget& t : targets) bulk = bulk && cuda::gemv_bulk_applies(t.w.dtype, dim, in);
+  cuda::OpScope op_scope(profiler_.get(), [&] { return "add_rms_norm + " + matmul_op_name(n_rows, targets); });
+  const bool skip = recorded_matmul(bulk ? kOpNormGemv : kOpNormGemm, x, residual, n_rows, dim, dim, targets);
+  if (recorded(0, w, x_out, xn, eps) || skip) return;  // both sign, always
+  const int n_runs = coalesce(targets, runs);
   if (bulk) {
-    cuda::OpScope op_scope(profiler_.get(), [&] { return "add_rms_norm + " + matmul_op_name(n_rows, targets); });
-    const bool skip = recorded_matmul(kOpNormGemv, x, residual, n_rows, dim, dim, targets);
-    if (recorded(0, w, x_out, eps) || skip) return;  // both sign, always
-    gemv(in, 1, dim, dim, runs, coalesce(targets, runs));
+    gemv(in, 1, dim, dim, runs, n_runs);
     return;
   }
   // Batches of 16-bit (or quantized) weights: the norm straight into the GEMM's 16-bit input.
   const bool gemm16 = n_rows > cuda::kGemvMaxRows && all16 && !(any_f16 && any_bf16);
-  cuda::OpScope op_scope(profiler_.get(), [&] { return "add_rms_norm + " + matmul_op_name(n_rows, targets); });
-  const bool skip = recorded_matmul(kOpNormGemm, x, residual, n_rows, dim, dim, targets);
-  if (recorded(0, w, x_out, xn, eps) || skip) return;  // both sign, always
-  const int n_runs = coalesce(targets, runs);
   if (gemm16) {
     auto* x16 = static_cast<uint16_t*>(scratch(act16_, act16_cap_, static_cast<size_t>(n_rows) * dim * 2));
     cuda::launch_add_rms_norm_into(x, residual, w, x_out, nullptr, x16, any_bf16, n_rows, dim, eps, stream_);

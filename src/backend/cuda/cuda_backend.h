@@ -8,9 +8,9 @@
 
 #include <cstring>
 #include <map>
-#include <type_traits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 

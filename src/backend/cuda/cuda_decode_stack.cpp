@@ -5,7 +5,6 @@
 // anything else returns false and the model runs its blocks op by op.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -88,9 +87,9 @@ std::string CudaBackend::take_stack_timing() {
     sum_cycles += static_cast<double>(ns[2 * b + 1]);
   }
   const double us_per_cycle = sum_cycles > 0 ? sum_ns / sum_cycles / 1000 : 0;
-  static const char* kNames[cuda::kStackPhases] = {"norm + Q|K|V",   "rows published", "attention (+ its heads' rows, merge)", "barrier",
-                                                     "O + residual",   "barrier", "norm + gate|up",      "barrier",
-                                                     "down + residual", "barrier"};
+  static const char* kNames[cuda::kStackPhases] = {
+      "norm + Q|K|V",   "rows published", "attention (+ its heads' rows, merge)", "barrier", "O + residual",
+      "barrier",        "norm + gate|up", "barrier", "down + residual", "barrier"};
   const double steps = static_cast<double>(stack_timing_steps_);
   std::string out = "| phase | mean us per layer (all blocks) | slowest block, us per layer |\n|---|---|---|\n";
   double total_mean = 0, total_max = 0;

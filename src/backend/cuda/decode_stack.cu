@@ -68,8 +68,8 @@ constexpr int kOffKvNew = kOffState + 4 * 32;                   // float [2][128
 constexpr int kOffResid = kOffKvNew + 4 * 256;                  // float [kMaxResid]
 constexpr int kOffRope = kOffResid + 4 * kMaxResid;             // float [64][2]: cos, sin
 constexpr int kOffTable = kOffRope + 4 * 128;                   // int [kStackMaxTable]
-constexpr int kOffCursor = kOffTable + 4 * kStackMaxTable;      // 2 ChunkCursor (thread 0's)
-constexpr int kOffIssuer = kOffCursor + 256;                    // IssuerState (thread 0's)
+constexpr int kOffCursor = kOffTable + 4 * kStackMaxTable;      // ChunkCursor (thread 0's)
+constexpr int kOffIssuer = kOffCursor + 128;                    // IssuerState (thread 0's)
 constexpr int kHeader = (kOffIssuer + 16 + 127) / 128 * 128;
 
 // The stream's kinds of chunk, in a layer's order.
@@ -178,6 +178,8 @@ struct IssuerState {
   uint64_t policy = 0;
 };
 static_assert(sizeof(IssuerState) <= 16, "kOffIssuer reserves 16 bytes");
+static_assert(kOffCursor % alignof(ChunkCursor) == 0 && kOffIssuer % alignof(IssuerState) == 0,
+              "thread 0's cursor and state are aligned in shared memory");
 
 // Thread 0 queues the cursor's chunk into `slot` (an mbarrier phase per fill).
 template <int HD>

@@ -17,8 +17,6 @@
 //
 // Sums: per thread over its columns in order, a warp butterfly, then the 8 warps' sums in
 // order: a fixed order, so graph and eager runs give the same bits.
-#include <cstdlib>
-
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_decode.cuh"
