@@ -117,7 +117,7 @@ fi
 for tool in ${GPU_CHECK_SANITIZERS-memcheck racecheck}; do
   log "compute-sanitizer $tool on the attention tests and the row argmax"
   timeout ${GPU_CHECK_SANITIZER_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/tessera_tests" \
-    --gtest_filter="${GPU_CHECK_SANITIZER_FILTER:-CudaAttention.*:CudaServing.Argmax*}" \
+    --gtest_filter="${GPU_CHECK_SANITIZER_FILTER:-CudaAttention.*:CudaFusedAttention.*:CudaServing.Argmax*}" \
     >"$OUT/sanitizer-$tool.log" 2>&1
   rc=$?
   tail -3 "$OUT/sanitizer-$tool.log"

@@ -144,6 +144,15 @@ class Backend {
     }
     kv_store(kv, k, ldk, v, ldv, batch);
   }
+  // rope_kv_store, then attention over the cache it wrote: one call, so a backend can fuse
+  // them at decode (RoPE and the store inside the attention kernel). q and k hold unspecified
+  // values afterwards (rotated in place, or as they were).   out: [n_tokens, n_heads*hd]
+  virtual void rope_kv_store_attention(float* q, int64_t ldq, int n_heads, float* k, int64_t ldk, const float* v,
+                                       int64_t ldv, const KvLayerView& kv, const AttentionBatch& batch,
+                                       const RopeConfig& cfg, float scale, float* out, int64_t ldo) {
+    rope_kv_store(q, ldq, n_heads, k, ldk, v, ldv, kv, batch, cfg);
+    attention(q, ldq, kv, batch, n_heads, scale, out, ldo);
+  }
   // out = silu(gate) * up                        gate, up: [n_rows, ld_in]; out: [n_rows, dim]
   virtual void swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) = 0;
   // targets' y = W · (silu(gate) * up): the FFN's down projection with SwiGLU in front, so a

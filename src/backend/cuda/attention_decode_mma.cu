@@ -19,6 +19,8 @@
 // already), P to f16 before P·V; sums and the softmax state are f32. Relative error against
 // the f32 kernel: 1.2e-4 to 2.6e-4 measured (H200, unit-normal q, k, v), 5e-4 with q 6× larger.
 // TESSERA_CUDA_DECODE_MMA=0 selects the SIMT kernel.
+#include <cooperative_groups.h>
+
 #include <cfloat>
 #include <cstdlib>
 
@@ -50,52 +52,73 @@ __host__ __device__ constexpr size_t merge_smem_bytes() {
 }
 
 
+// The fused variant (kFused): RoPE + this step's K/V store + attention + the splits' merge in
+// one launch (Backend::rope_kv_store_attention at decode). The splits of a (sequence, KV head)
+// form one thread-block cluster (grid z = cluster z = the split count, at most 8); each block
+// merges its warps as below, then the cluster merges the blocks through distributed shared
+// memory, so no partials go through global memory and no merge kernel follows. Before the
+// programmatic-dependent-launch wait the blocks already copy their first K/V tiles: those
+// keys were written by earlier steps, and the kernel before this one triggers only after its
+// own wait, so every kernel before that one is complete (cuda_common.cuh). The one key this
+// step adds (position p) is rotated and stored by the block whose split holds it, which also
+// writes it over the stale copy in its tile. The query heads are loaded raw and rotated in
+// shared memory (rope_rotate, the bits of rope_kv_store.cu), then scaled and rounded as in
+// the plain variant: the output equals rope_kv_store + this kernel + the merge kernel up to
+// the rounding of the merge's exponentials (exp2 here, exp there).
+struct RopeStoreArgs {
+  const float* k = nullptr;  // this step's keys, raw: [n_tokens, ldk], KV head h at h * head_dim
+  int64_t ldk = 0;
+  const float* v = nullptr;  // values: likewise
+  int64_t ldv = 0;
+  __half* kc = nullptr;  // the layer's caches, written at each row's slot
+  __half* vc = nullptr;
+  const double* inv_freq = nullptr;  // [rot_half]
+  int rot_half = 0;
+  int neox = 0;
+};
+
+// Shared memory of the fused variant past the tile rings: the rotated query heads
+// [16][HD] floats, the new key and value [2][HD] halves, each pair's cos/sin [HD/2][2] floats.
 template <int HD>
+__host__ __device__ constexpr size_t fused_smem_bytes() {
+  return ring_smem_bytes<HD>() + sizeof(float) * 16 * HD + sizeof(__half) * 2 * HD + sizeof(float) * HD;
+}
+
+template <int HD, bool kFused>
 __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
     const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc, const __half* __restrict__ vc,
     DeviceBatch b, int n_kv_heads, int block_size, int group, float q_scale, int split_len, int max_splits,
-    float* __restrict__ out, int64_t ldo, float* __restrict__ partials) {
+    float* __restrict__ out, int64_t ldo, float* __restrict__ partials, RopeStoreArgs rs) {
   constexpr int LD = HD + kPad;       // shared K/V row stride in halves
   constexpr int PPK = HD / 8;         // 16-byte pieces per key row
   constexpr int KPR = 32 / PPK;       // keys per warp-wide round of pieces: 2 (HD 128) or 4 (HD 64)
   constexpr int OLD = HD + kOPad;     // shared O row stride in floats (merge)
-  static_assert(merge_smem_bytes<HD>() <= ring_smem_bytes<HD>(), "the merge reuses the tile rings");
+  static_assert(merge_smem_bytes<HD>() + sizeof(float) * 16 * (HD + 2) <= ring_smem_bytes<HD>(),
+                "the merges reuse the tile rings");
   extern __shared__ __align__(16) __half smem_h[];
-  pdl_wait();  // every thread, first: see cuda_common.cuh
-  pdl_trigger();
+  if constexpr (!kFused) {
+    pdl_wait();  // every thread, first: see cuda_common.cuh
+    pdl_trigger();
+  }
 
   const int seq = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int t = b.q_start[seq];
-  const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
+  const int pos = b.positions[t];
+  const int len = min(b.kv_len[seq], pos + 1);  // causal
   const int begin = split * split_len;
   const int n_heads = n_kv_heads * group, head0 = kvh * group;
-  if (begin >= len) {  // the whole block (the merge reads only the splits that hold keys)
-    if (max_splits == 1)  // no keys at all: zeros, as the merge gives
-      for (int i = threadIdx.x; i < group * HD; i += kThreads)
-        out[t * ldo + static_cast<int64_t>(head0) * HD + i] = 0.0f;
-    return;
-  }
-  const int end = min(len, begin + split_len);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int fr = lane >> 2, fc = lane & 3;  // fragment row (0..7) and column pair (0..3)
-
-  // Q A-fragments, loaded once from global: row r = query head head0 + r (zeros for r >= group),
-  // k-step kk: {row fr, cols 16kk + 2fc, +1}, {row fr + 8, same}, {row fr, +8}, {row fr + 8, +8}.
-  uint32_t qf[HD / 16][4];
-  {
-    auto load_q = [&](int row, int col) {
-      float2 v = make_float2(0.0f, 0.0f);
-      if (row < group) v = *reinterpret_cast<const float2*>(q + t * ldq + static_cast<int64_t>(head0 + row) * HD + col);
-      return pack_half2(v.x * q_scale, v.y * q_scale);
-    };
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      qf[kk][0] = load_q(fr, kk * 16 + 2 * fc);
-      qf[kk][1] = load_q(fr + 8, kk * 16 + 2 * fc);
-      qf[kk][2] = load_q(fr, kk * 16 + 8 + 2 * fc);
-      qf[kk][3] = load_q(fr + 8, kk * 16 + 8 + 2 * fc);
+  if constexpr (!kFused) {
+    if (begin >= len) {  // the whole block (the merge reads only the splits that hold keys)
+      if (max_splits == 1)  // no keys at all: zeros, as the merge gives
+        for (int i = threadIdx.x; i < group * HD; i += kThreads)
+          out[t * ldo + static_cast<int64_t>(head0) * HD + i] = 0.0f;
+      return;
     }
   }
+  // A fused block without keys stays: it takes part in the cluster's merge with nothing.
+  const int end = max(begin, min(len, begin + split_len));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int fr = lane >> 2, fc = lane & 3;  // fragment row (0..7) and column pair (0..3)
 
   const int n_tiles = (end - begin + kKeys - 1) / kKeys;  // tiles of this split
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
@@ -136,13 +159,83 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
 
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) load_tile(i);  // fused: before the wait (see above)
+
+  float* const sq = reinterpret_cast<float*>(smem_h + ring_smem_bytes<HD>() / sizeof(__half));  // [16][HD]
+  __half* const snew = reinterpret_cast<__half*>(sq + 16 * HD);  // the added key [HD], its value [HD]
+  float* const rope_cs = reinterpret_cast<float*>(snew + 2 * HD);  // [HD/2][2]: cos, sin
+  const bool owns_new = kFused && begin <= pos && pos < end;     // this split holds the added key
+  if constexpr (kFused) {
+    // The angles depend on the position only: computed (in double) while the kernel before
+    // still runs.
+    for (int pr = threadIdx.x; pr < rs.rot_half; pr += kThreads)
+      rope_cos_sin(pos, rs.inv_freq[pr], rope_cs[2 * pr], rope_cs[2 * pr + 1]);
+    pdl_wait();  // every thread: q, k, v are the kernel before's output
+    pdl_trigger();
+    // Query heads head0 .. head0 + group - 1, raw, then rotated in place.
+    const float* qrow = q + t * ldq + static_cast<int64_t>(head0) * HD;
+    for (int i = threadIdx.x; i < group * HD / 4; i += kThreads)
+      reinterpret_cast<float4*>(sq)[i] = reinterpret_cast<const float4*>(qrow)[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * (HD / 2); i += kThreads) {
+      const int g = i / (HD / 2), pr = i % (HD / 2);
+      if (pr >= rs.rot_half) continue;  // the unrotated tail
+      float* x = sq + g * HD;
+      const int ia = rs.neox ? pr : 2 * pr, ib = rs.neox ? pr + rs.rot_half : 2 * pr + 1;
+      rope_apply(x[ia], x[ib], rope_cs[2 * pr], rope_cs[2 * pr + 1]);
+    }
+    if (owns_new) {  // this step's key (rotated) and value: into the cache and into snew
+      const float* kr = rs.k + t * rs.ldk + static_cast<int64_t>(kvh) * HD;
+      const float* vr = rs.v + t * rs.ldv + static_cast<int64_t>(kvh) * HD;
+      const int64_t slot = b.slot_mapping[t], blk = slot / block_size, off = slot % block_size;
+      const int64_t dst = ((blk * n_kv_heads + kvh) * block_size + off) * HD;
+      for (int pr = threadIdx.x; pr < HD / 2; pr += kThreads) {
+        const bool rot = pr < rs.rot_half;  // pairs as rope_kv_store.cu takes them
+        const int ia = rot ? (rs.neox ? pr : 2 * pr) : 2 * pr;
+        const int ib = rot ? (rs.neox ? pr + rs.rot_half : 2 * pr + 1) : 2 * pr + 1;
+        float ka = kr[ia], kb = kr[ib];
+        if (rot) rope_apply(ka, kb, rope_cs[2 * pr], rope_cs[2 * pr + 1]);
+        const __half hka = __float2half_rn(ka), hkb = __float2half_rn(kb);
+        const __half hva = __float2half_rn(vr[ia]), hvb = __float2half_rn(vr[ib]);
+        snew[ia] = hka;
+        snew[ib] = hkb;
+        snew[HD + ia] = hva;
+        snew[HD + ib] = hvb;
+        rs.kc[dst + ia] = hka;
+        rs.kc[dst + ib] = hkb;
+        rs.vc[dst + ia] = hva;
+        rs.vc[dst + ib] = hvb;
+      }
+    }
+    __syncthreads();
+  }
+
+  // Q A-fragments: row r = query head head0 + r (zeros for r >= group), k-step kk:
+  // {row fr, cols 16kk + 2fc, +1}, {row fr + 8, same}, {row fr, +8}, {row fr + 8, +8};
+  // from global, or (fused) from the rotated rows in shared memory.
+  uint32_t qf[HD / 16][4];
+  {
+    auto load_q = [&](int row, int col) {
+      float2 v = make_float2(0.0f, 0.0f);
+      if (row < group)
+        v = kFused ? *reinterpret_cast<const float2*>(sq + row * HD + col)
+                   : *reinterpret_cast<const float2*>(q + t * ldq + static_cast<int64_t>(head0 + row) * HD + col);
+      return pack_half2(v.x * q_scale, v.y * q_scale);
+    };
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      qf[kk][0] = load_q(fr, kk * 16 + 2 * fc);
+      qf[kk][1] = load_q(fr + 8, kk * 16 + 2 * fc);
+      qf[kk][2] = load_q(fr, kk * 16 + 8 + 2 * fc);
+      qf[kk][3] = load_q(fr + 8, kk * 16 + 8 + 2 * fc);
+    }
+  }
+
   float o[HD / 8][4];  // O rows fr (elements 0, 1) and fr + 8 (2, 3), dims n*8 + 2fc, +1
 #pragma unroll
   for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
-
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) load_tile(i);
   for (int i = 0; i < my_tiles; ++i) {
     load_tile(i + kStages - 1);  // into the buffer of tile i - 1, released by the __syncwarp ending i - 1
     // Groups committed: kStages + i; at most kStages - 1 pending = groups 0..i (tile i) landed.
@@ -151,6 +244,14 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
     const __half* Ks = ring + (i % kStages) * kKeys * LD;
     const __half* Vs = Ks + kStages * kKeys * LD;
     const int key0 = begin + (warp + i * kWarps) * kKeys;
+    if (owns_new && pos >= key0 && pos < key0 + kKeys) {  // fused: the added key over its stale copy
+      if (lane < 2 * PPK) {
+        const int piece = lane % PPK;
+        __half* row = const_cast<__half*>(lane < PPK ? Ks : Vs) + (pos - key0) * LD + piece * 8;
+        *reinterpret_cast<uint4*>(row) = *reinterpret_cast<const uint4*>(snew + (lane < PPK ? 0 : HD) + piece * 8);
+      }
+      __syncwarp();
+    }
 
     // S = Q · Kᵀ: [16 query heads] × [16 keys] (n-blocks of keys 0..7 and 8..15).
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -231,7 +332,14 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       l += sl[w * 16 + g] * c;
       acc += so[(w * 16 + g) * OLD + d] * c;
     }
-    if (max_splits == 1) {
+    if constexpr (kFused) {  // the block's state for the cluster's merge, past the warps' area
+      float* part = so + kWarps * 16 * (OLD + 2);  // [16][HD] O, then m [16], l [16]
+      part[g * HD + d] = acc;
+      if (d == 0) {
+        part[16 * HD + g] = mx;
+        part[16 * HD + 16 + g] = l;
+      }
+    } else if (max_splits == 1) {
       out[t * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * (1.0f / l) : 0.0f;
     } else {
       float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head0 + g) * max_splits + split) * (HD + 2);
@@ -242,6 +350,31 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       }
     }
   }
+  if constexpr (kFused) {
+    // The cluster's merge, in split order (deterministic): block r of the cluster (= split r)
+    // finishes outputs r, r + n, ... of the group's heads from every block's state.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's state written and visible across the cluster
+    const int n_blocks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+    float* const part = so + kWarps * 16 * (OLD + 2);
+    for (int i = rank * kThreads + threadIdx.x; i < group * HD; i += n_blocks * kThreads) {
+      const int g = i / HD, d = i % HD;
+      float mx = -INFINITY;
+      for (int r = 0; r < n_blocks; ++r) mx = fmaxf(mx, cluster.map_shared_rank(part, r)[16 * HD + g]);
+      float l = 0.0f, acc = 0.0f;
+      for (int r = 0; r < n_blocks; ++r) {
+        const float* pr = cluster.map_shared_rank(part, r);
+        const float mr = pr[16 * HD + g];
+        if (mr == -INFINITY) continue;  // a split without keys
+        const float c = exp2f(mr - mx);
+        l += pr[16 * HD + 16 + g] * c;
+        acc += pr[g * HD + d] * c;
+      }
+      out[t * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * (1.0f / l) : 0.0f;
+    }
+    cluster.sync();  // no block leaves while another still reads its shared memory
+  }
 }
 
 template <int HD>
@@ -250,16 +383,50 @@ void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const Device
   constexpr size_t smem = ring_smem_bytes<HD>();
   static bool configured = false;  // per instantiation; the attribute is per function
   if (!configured) {
-    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_mma_kernel<HD>,
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_mma_kernel<HD, false>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     configured = true;
   }
   const float q_scale = scale * 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
-  launch_pdl(attention_decode_mma_kernel<HD>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem, s, q,
-             ldq, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b, kv.n_kv_heads,
-             kv.block_size, group, q_scale, split_len, max_splits, out, ldo, partials);
+  launch_pdl(attention_decode_mma_kernel<HD, false>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem,
+             s, q, ldq, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b, kv.n_kv_heads,
+             kv.block_size, group, q_scale, split_len, max_splits, out, ldo, partials, RopeStoreArgs{});
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_mma");
   if (max_splits > 1) launch_attention_decode_merge(partials, b, n_heads, HD, split_len, max_splits, out, ldo, s);
+}
+
+// The fused variant: a cluster of n_splits blocks per (sequence, KV head), launched as a
+// programmatic dependent launch (its tile copies overlap the kernel before).
+template <int HD>
+void launch_fused(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
+                  const RopeStoreArgs& rs, float* out, int64_t ldo, int split_len, int n_splits, cudaStream_t s) {
+  constexpr size_t smem = fused_smem_bytes<HD>();
+  static bool configured = false;
+  if (!configured) {
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_mma_kernel<HD, true>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    configured = true;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(b.n_seqs, kv.n_kv_heads, n_splits);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = static_cast<unsigned>(n_splits);
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  const float q_scale = scale * 1.4426950408889634f;
+  TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attention_decode_mma_kernel<HD, true>, q, ldq,
+                                        static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b,
+                                        kv.n_kv_heads, kv.block_size, group, q_scale, split_len, n_splits, out, ldo,
+                                        static_cast<float*>(nullptr), rs));
+  TESSERA_CUDA_CHECK_LAUNCH("attention_decode_mma (fused rope + kv store)");
 }
 
 bool decode_mma_enabled() {
@@ -292,6 +459,45 @@ bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView&
   else
     launch_mma<128>(q, ldq, kv, b, n_heads, group, scale, out, ldo, split_len, max_splits, partials, s);
   return true;
+}
+
+}  // namespace tessera::cuda
+
+namespace tessera::cuda {
+
+bool rope_kv_store_attention_decode_applies(const float* q, int64_t ldq, const float* out, int64_t ldo,
+                                            const KvLayerView& kv, int n_heads, int rot_dim, int split_len,
+                                            int n_splits) {
+  if (!attention_decode_mma_applies(kv, n_heads)) return false;
+  if (split_len <= 0 || split_len % 64 != 0 || n_splits < 1 || n_splits > kMaxFusedSplits) return false;
+  if (rot_dim < 0 || rot_dim % 2 != 0 || rot_dim > kv.head_dim) return false;
+  // float4 loads of Q, float2 stores of out
+  return reinterpret_cast<uintptr_t>(q) % 16 == 0 && ldq % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
+         ldo % 2 == 0;
+}
+
+void launch_rope_kv_store_attention_decode(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
+                                           int64_t ldv, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
+                                           float scale, int rot_dim, bool neox, const double* inv_freq, float* out,
+                                           int64_t ldo, int split_len, int n_splits, cudaStream_t s) {
+  TESSERA_CHECK(rope_kv_store_attention_decode_applies(q, ldq, out, ldo, kv, n_heads, rot_dim, split_len, n_splits),
+                "cuda fused rope + kv store + decode attention: does not apply to this layout");
+  if (b.n_seqs == 0) return;
+  RopeStoreArgs rs;
+  rs.k = k;
+  rs.ldk = ldk;
+  rs.v = v;
+  rs.ldv = ldv;
+  rs.kc = static_cast<__half*>(kv.k);
+  rs.vc = static_cast<__half*>(kv.v);
+  rs.inv_freq = inv_freq;
+  rs.rot_half = rot_dim / 2;
+  rs.neox = neox ? 1 : 0;
+  const int group = n_heads / kv.n_kv_heads;
+  if (kv.head_dim == 64)
+    launch_fused<64>(q, ldq, kv, b, group, scale, rs, out, ldo, split_len, n_splits, s);
+  else
+    launch_fused<128>(q, ldq, kv, b, group, scale, rs, out, ldo, split_len, n_splits, s);
 }
 
 }  // namespace tessera::cuda

@@ -275,7 +275,7 @@ cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
 // Op ids of the graph signature.
 enum : int {
   kOpEmbed = 1, kOpRms, kOpAddRms, kOpGemv, kOpGemm, kOpBias, kOpRope, kOpKv, kOpAttn, kOpSwiglu, kOpAdd, kOpGather,
-  kOpSwigluGemm, kOpSwigluGemv, kOpRopeKv, kOpNormGemv, kOpNormGemm
+  kOpSwigluGemm, kOpSwigluGemv, kOpRopeKv, kOpNormGemv, kOpNormGemm, kOpRopeKvAttn
 };
 
 void CudaBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
@@ -565,6 +565,78 @@ void CudaBackend::rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, 
                              ints(kSlots, batch.slot_mapping, n), n, cfg.rot_dim, cfg.neox, inv, stream_);
 }
 
+// Split each sequence's keys so that the launch fills the GPU a few times over. The split is
+// chosen for the longest context the block tables can describe (their width rounded up to a
+// power of two), not the actual one: a graph replayed at any context up to that bound
+// launches the same grid (splits past a sequence's end exit at once), and graph and eager
+// forwards split alike, so they give the same bits.
+CudaBackend::DecodeSplit CudaBackend::decode_split(const KvLayerView& kv, const AttentionBatch& batch,
+                                                   int n_heads) const {
+  const int max_len = cuda::graph_table_width(batch.max_blocks) * kv.block_size;
+  const int group = n_heads / kv.n_kv_heads;
+  // The tensor-core kernel takes every query head of a KV head in one block and fits two
+  // blocks per SM; its splits are at least 256 keys (shorter ones measured slower: the four
+  // warps' pipelines never fill). The SIMT kernels take up to 4 query heads per block.
+  const bool mma = cuda::attention_decode_mma_applies(kv, n_heads);
+  const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? 1 : (group + 3) / 4);
+  // Blocks per SM the split aims for: 2 (tensor cores) or 4, or TESSERA_CUDA_DECODE_BLOCKS_PER_SM.
+  static const int env_per_sm = cuda::env_int("TESSERA_CUDA_DECODE_BLOCKS_PER_SM", 0, 1, 64);
+  const int per_sm = env_per_sm ? env_per_sm : mma ? 2 : 4;
+  const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
+  // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.
+  DecodeSplit d;
+  d.max_len = max_len;
+  d.split_len = std::max(mma ? 256 : 64, static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 64)));
+  d.max_splits = std::max(1, (max_len + d.split_len - 1) / d.split_len);
+  return d;
+}
+
+// TESSERA_CUDA_FUSED_ATTENTION=0: rope_kv_store and the decode attention as separate launches.
+static bool fused_attention_enabled() {
+  static const bool on = cuda::env_switch_on("TESSERA_CUDA_FUSED_ATTENTION");
+  return on;
+}
+
+void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, float* k, int64_t ldk, const float* v,
+                                          int64_t ldv, const KvLayerView& kv, const AttentionBatch& batch,
+                                          const RopeConfig& cfg, float scale, float* out, int64_t ldo) {
+  // Decode only (every sequence one query row), where RoPE and the store fold into the
+  // tensor-core kernel and its splits (one cluster) merge on chip. Only when the separate
+  // kernel would split at all (few sequences: the step's attention is a chain of short
+  // launches the GPU waits on); with one block per (sequence, KV head) already filling the
+  // GPU, the separate launches measured faster (128 sequences: 14,636 against 14,213 tok/s,
+  // each fused block computing its own RoPE angles).
+  bool one_row_each = batch.n_tokens == batch.n_seqs && batch.n_tokens > 0;
+  for (int s = 0; one_row_each && s < batch.n_seqs; ++s)
+    one_row_each = batch.q_start[s + 1] - batch.q_start[s] == 1;
+  const bool fits = one_row_each && fused_attention_enabled() && fused_rope_kv_enabled() &&
+                    cfg.head_dim == kv.head_dim && kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0 &&
+                    cuda::attention_decode_mma_applies(kv, n_heads);
+  DecodeSplit split = fits ? decode_split(kv, batch, n_heads) : DecodeSplit{};
+  const bool would_split = split.max_splits >= 2;
+  if (would_split) {
+    // At most 8 splits (a cluster), as short as 128 keys: the fused kernel copies each warp's
+    // first two 16-key tiles before its wait, so a split of 128 is in shared memory when
+    // the Q|K|V product ends.
+    split.split_len = std::max(128, static_cast<int>(round_up((split.max_len + cuda::kMaxFusedSplits - 1) /
+                                                                  cuda::kMaxFusedSplits, 64)));
+    split.max_splits = (split.max_len + split.split_len - 1) / split.split_len;
+  }
+  if (!fits || !would_split || !cuda::rope_kv_store_attention_decode_applies(q, ldq, out, ldo, kv, n_heads, cfg.rot_dim,
+                                                             split.split_len, split.max_splits)) {
+    Backend::rope_kv_store_attention(q, ldq, n_heads, k, ldk, v, ldv, kv, batch, cfg, scale, out, ldo);
+    return;
+  }
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope+kv_store+attention decode"); });
+  const double* inv = checked_rope_table(batch.positions, batch.n_tokens, cfg);
+  if (recorded(kOpRopeKvAttn, q, ldq, k, ldk, v, ldv, kv.k, kv.v, kv.n_blocks, n_heads, scale, out, ldo,
+               batch.n_seqs, split.split_len, split.max_splits, cfg.rot_dim, cfg.neox, inv))
+    return;
+  cuda::launch_rope_kv_store_attention_decode(q, ldq, k, ldk, v, ldv, kv, device_batch(batch), n_heads, scale,
+                                              cfg.rot_dim, cfg.neox, inv, out, ldo, split.split_len,
+                                              split.max_splits, stream_);
+}
+
 void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
                             int n_heads, float scale, float* out, int64_t ldo) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return attention_op_name(batch); });
@@ -580,26 +652,7 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
       cuda::launch_attention_prefill(q, ldq, kv, db, n_heads, scale, out, ldo, stream_);
     return;
   }
-  // Split each sequence's keys so that the launch fills the GPU a few times over. The
-  // split is chosen for the longest context the block tables can describe (their width
-  // rounded up to a power of two), not the actual one: a graph replayed at any context up
-  // to that bound launches the same grid (splits past a sequence's end exit at once), and
-  // graph and eager forwards split alike, so they give the same bits.
-  const int max_len = cuda::graph_table_width(batch.max_blocks) * kv.block_size;
-  const int group = n_heads / kv.n_kv_heads;
-  // The tensor-core kernel takes every query head of a KV head in one block and fits two
-  // blocks per SM; its splits are at least 256 keys (shorter ones measured slower: the four
-  // warps' pipelines never fill). The SIMT kernels take up to 4 query heads per block.
-  const bool mma = cuda::attention_decode_mma_applies(kv, n_heads);
-  const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? 1 : (group + 3) / 4);
-  // Blocks per SM the split aims for: 2 (tensor cores) or 4, or TESSERA_CUDA_DECODE_BLOCKS_PER_SM.
-  static const int env_per_sm = cuda::env_int("TESSERA_CUDA_DECODE_BLOCKS_PER_SM", 0, 1, 64);
-  const int per_sm = env_per_sm ? env_per_sm : mma ? 2 : 4;
-  const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
-  // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.
-  const int split_len = std::max(mma ? 256 : 64,
-                                 static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 64)));
-  const int max_splits = std::max(1, (max_len + split_len - 1) / split_len);
+  const auto [max_len, split_len, max_splits] = decode_split(kv, batch, n_heads);
   const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
   if (recorded(kOpAttn + 100, q, ldq, kv.k, kv.v, n_heads, scale, out, ldo, batch.n_seqs, split_len, max_splits))
     return;

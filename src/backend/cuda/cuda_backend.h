@@ -50,6 +50,9 @@ class CudaBackend final : public Backend {
                      const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg) override;
   void attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch, int n_heads,
                  float scale, float* out, int64_t ldo) override;
+  void rope_kv_store_attention(float* q, int64_t ldq, int n_heads, float* k, int64_t ldk, const float* v,
+                               int64_t ldv, const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg,
+                               float scale, float* out, int64_t ldo) override;
   void swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) override;
   void swiglu_matmul(const float* gate, const float* up, int64_t ld_in, float* h, int n_rows, int dim,
                      std::span<const MatmulTarget> targets) override;
@@ -110,6 +113,13 @@ class CudaBackend final : public Backend {
   // A device scratch buffer of at least `bytes` (grown, never shrunk).
   void* scratch(void*& buf, size_t& cap, size_t bytes);
   const double* rope_inv_freq_table(const RopeConfig& cfg);
+  // How the decode attention splits each sequence's keys (attention(), cuda_backend.cpp).
+  struct DecodeSplit {
+    int max_len = 0;  // keys the block tables can describe (their width rounded up to a power of two)
+    int split_len = 0;
+    int max_splits = 0;
+  };
+  DecodeSplit decode_split(const KvLayerView& kv, const AttentionBatch& batch, int n_heads) const;
   // The table, after checking that no position is negative (a clear error, not a bad angle).
   const double* checked_rope_table(const int32_t* positions, int n_rows, const RopeConfig& cfg);
 

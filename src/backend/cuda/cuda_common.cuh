@@ -58,13 +58,22 @@ __device__ __forceinline__ float silu_times(float g, float u) {
 // RoPE on one pair (a, b) at `position` with the pair's inverse frequency: the angle's
 // cos/sin in double (as the CPU's table), the rotation in f32. rope.cu and rope_kv_store.cu
 // both call it, so their bits agree.
-__device__ __forceinline__ void rope_rotate(float& a, float& b, int32_t position, double inv_freq) {
+// Split in two for kernels that compute each pair's cos/sin once and rotate several heads.
+__device__ __forceinline__ void rope_cos_sin(int32_t position, double inv_freq, float& c, float& s) {
   double sd, cd;
   sincos(static_cast<double>(position) * inv_freq, &sd, &cd);
-  const float c = static_cast<float>(cd), s = static_cast<float>(sd);
+  c = static_cast<float>(cd);
+  s = static_cast<float>(sd);
+}
+__device__ __forceinline__ void rope_apply(float& a, float& b, float c, float s) {
   const float ra = a * c - b * s, rb = a * s + b * c;
   a = ra;
   b = rb;
+}
+__device__ __forceinline__ void rope_rotate(float& a, float& b, int32_t position, double inv_freq) {
+  float c, s;
+  rope_cos_sin(position, inv_freq, c, s);
+  rope_apply(a, b, c, s);
 }
 
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }

@@ -71,20 +71,13 @@ __device__ __forceinline__ void rope_pair_dims(int i, int rot_half, bool neox, i
 // cos/sin of every rotated pair at this step's position (the same for every layer): once
 // per launch, in double as rope_rotate does, so the rotations give rope_rotate's bits.
 __device__ __forceinline__ void rope_table(const StackParams& p, float* rope_cs) {
-  for (int i = threadIdx.x; i < p.rot_half; i += kConsumers) {
-    double sd, cd;
-    sincos(static_cast<double>(p.positions[0]) * p.inv_freq[i], &sd, &cd);
-    rope_cs[2 * i] = static_cast<float>(cd);
-    rope_cs[2 * i + 1] = static_cast<float>(sd);
-  }
+  for (int i = threadIdx.x; i < p.rot_half; i += kConsumers)
+    rope_cos_sin(p.positions[0], p.inv_freq[i], rope_cs[2 * i], rope_cs[2 * i + 1]);
 }
 
 // rope_rotate with the pair's cos/sin from the table.
 __device__ __forceinline__ void rotate_pair(float& a, float& b, const float* rope_cs, int i) {
-  const float c = rope_cs[2 * i], sn = rope_cs[2 * i + 1];
-  const float ra = a * c - b * sn, rb = a * sn + b * c;
-  a = ra;
-  b = rb;
+  rope_apply(a, b, rope_cs[2 * i], rope_cs[2 * i + 1]);
 }
 
 // Shared memory of the attention phase.

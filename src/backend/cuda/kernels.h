@@ -114,6 +114,21 @@ bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView&
 // Whether the tensor-core decode kernel takes this KV layout and head count (the backend
 // sizes its splits for it: one block per KV head, two blocks per SM).
 bool attention_decode_mma_applies(const KvLayerView& kv, int n_heads);
+// RoPE on q and k, this step's K/V into the cache, the tensor-core decode attention and the
+// merge of its splits in one launch (attention_decode_mma.cu, the fused variant): every
+// sequence one query row (its position b.positions, slot b.slot_mapping), q/k/v raw from the
+// Q|K|V product (q 16-byte aligned, ldq a multiple of 4), n_splits <= kMaxFusedSplits blocks
+// per (sequence, KV head) forming one cluster. Writes out; q and k are left as they were.
+// rope_kv_store_attention_decode_applies says whether it takes these (the caller runs
+// rope_kv_store and the attention otherwise).
+constexpr int kMaxFusedSplits = 8;  // the portable cluster size
+bool rope_kv_store_attention_decode_applies(const float* q, int64_t ldq, const float* out, int64_t ldo,
+                                            const KvLayerView& kv, int n_heads, int rot_dim, int split_len,
+                                            int n_splits);
+void launch_rope_kv_store_attention_decode(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
+                                           int64_t ldv, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
+                                           float scale, int rot_dim, bool neox, const double* inv_freq, float* out,
+                                           int64_t ldo, int split_len, int n_splits, cudaStream_t s);
 // Kernel 2 of the split decode: merges the splits' (m, l, O) partials of each (sequence,
 // head) and normalizes (attention_decode.cu). m is in natural-log units.
 void launch_attention_decode_merge(const float* partials, const DeviceBatch& b, int n_heads, int head_dim,

@@ -97,9 +97,9 @@ class LlamaModel final : public Model {
         be_.add_bias(k_, qkv_ld_, L.bk, n, static_cast<int>(kv_dim_));
         be_.add_bias(v_, qkv_ld_, L.bv, n, static_cast<int>(kv_dim_));
       }
-      // Q and K rotated, K and V into the cache (K's heads follow Q's in the row).
-      be_.rope_kv_store(q_, qkv_ld_, c_.n_head, k_, qkv_ld_, v_, qkv_ld_, kvl, ab, rope_);
-      be_.attention(q_, qkv_ld_, kvl, ab, c_.n_head, scale, att_, q_dim_);  // att: [n, q_dim]
+      // Q and K rotated, K and V into the cache (K's heads follow Q's in the row), then the
+      // attention over it.                                               att: [n, q_dim]
+      be_.rope_kv_store_attention(q_, qkv_ld_, c_.n_head, k_, qkv_ld_, v_, qkv_ld_, kvl, ab, rope_, scale, att_, q_dim_);
       const MatmulTarget o[] = {{L.wo, tmp_, e}};
       be_.matmul(att_, n, q_dim_, o);  // tmp: [n, e]
       const MatmulTarget gate_up[] = {{L.w_gate, gate_, 2 * c_.n_ff}, {L.w_up, up_, 2 * c_.n_ff}};
