@@ -279,8 +279,8 @@ struct BackendOptions {
   bool cuda_graphs = true;
   // CUDA: run batch-1 decode forwards as one fused kernel for the whole decoder stack
   // (Backend::decode_stack) where the shapes allow. Off by default: on the H200 it measured
-  // level with the op path (227-230 tok/s against 226-231, docs/benchmarks/gpu.md), which
-  // covers every shape.
+  // 227-230 tok/s, behind the op path (245-246 since its fused decode attention,
+  // docs/benchmarks/gpu.md), which covers every shape.
   // TESSERA_CUDA_DECODE_STACK=1 / =0 overrides this either way.
   bool cuda_fused_decode = false;
 };
