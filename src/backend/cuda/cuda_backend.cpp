@@ -622,8 +622,11 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
                                                                   cuda::kMaxFusedSplits, 64)));
     split.max_splits = (split.max_len + split.split_len - 1) / split.split_len;
   }
-  if (!fits || !would_split || !cuda::rope_kv_store_attention_decode_applies(q, ldq, out, ldo, kv, n_heads, cfg.rot_dim,
-                                                             split.split_len, split.max_splits)) {
+  // Longer splits (tables wider than 2,048 keys) would leave most SMs idle at few sequences:
+  // the separate kernels' 256-key splits and merge take those (not measured fused).
+  if (!fits || !would_split || split.split_len > 256 ||
+      !cuda::rope_kv_store_attention_decode_applies(q, ldq, out, ldo, kv, n_heads, cfg.rot_dim, split.split_len,
+                                                    split.max_splits)) {
     Backend::rope_kv_store_attention(q, ldq, n_heads, k, ldk, v, ldv, kv, batch, cfg, scale, out, ldo);
     return;
   }
