@@ -165,7 +165,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
   float* const sq = reinterpret_cast<float*>(smem_h + ring_smem_bytes<HD>() / sizeof(__half));  // [16][HD]
   __half* const snew = reinterpret_cast<__half*>(sq + 16 * HD);  // the added key [HD], its value [HD]
   float* const rope_cs = reinterpret_cast<float*>(snew + 2 * HD);  // [HD/2][2]: cos, sin
-  const bool owns_new = kFused && begin <= pos && pos < end;     // this split holds the added key
+  // The split whose range holds this step's key stores it (always, as rope_kv_store would);
+  // it attends to it when it is inside the causal length too.
+  const bool stores_new = kFused && begin <= pos && pos < begin + split_len;
+  const bool owns_new = stores_new && pos < end;
   if constexpr (kFused) {
     // The angles depend on the position only: computed (in double) while the kernel before
     // still runs.
@@ -185,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       const int ia = rs.neox ? pr : 2 * pr, ib = rs.neox ? pr + rs.rot_half : 2 * pr + 1;
       rope_apply(x[ia], x[ib], rope_cs[2 * pr], rope_cs[2 * pr + 1]);
     }
-    if (owns_new) {  // this step's key (rotated) and value: into the cache and into snew
+    if (stores_new) {  // this step's key (rotated) and value: into the cache and into snew
       const float* kr = rs.k + t * rs.ldk + static_cast<int64_t>(kvh) * HD;
       const float* vr = rs.v + t * rs.ldv + static_cast<int64_t>(kvh) * HD;
       const int64_t slot = b.slot_mapping[t], blk = slot / block_size, off = slot % block_size;
