@@ -18,8 +18,8 @@ void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--kv-type", kv_type, "KV cache type: f16 or f32")->capture_default_str();
   cmd.add_flag("--no-cuda-graphs", no_cuda_graphs, "CUDA: launch every op instead of replaying decode graphs");
   cmd.add_flag("--fused-decode", fused_decode,
-               "CUDA: run batch-1 decode as one kernel for the whole decoder stack (experimental; level "
-               "with the op path on an H200 today)");
+               "CUDA: run batch-1 decode as one kernel for the whole decoder stack (experimental; slower "
+               "than the op path on an H200 today)");
 }
 
 SessionOptions ModelArgs::session_options() const {
