@@ -185,7 +185,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       const int g = i / (HD / 2), pr = i % (HD / 2);
       if (pr >= rs.rot_half) continue;  // the unrotated tail
       float* x = sq + g * HD;
-      const int ia = rs.neox ? pr : 2 * pr, ib = rs.neox ? pr + rs.rot_half : 2 * pr + 1;
+      int ia, ib;
+      rope_pair_dims(pr, rs.rot_half, rs.neox, ia, ib);
       rope_apply(x[ia], x[ib], rope_cs[2 * pr], rope_cs[2 * pr + 1]);
     }
     if (stores_new) {  // this step's key (rotated) and value: into the cache and into snew
@@ -194,11 +195,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       const int64_t slot = b.slot_mapping[t], blk = slot / block_size, off = slot % block_size;
       const int64_t dst = ((blk * n_kv_heads + kvh) * block_size + off) * HD;
       for (int pr = threadIdx.x; pr < HD / 2; pr += kThreads) {
-        const bool rot = pr < rs.rot_half;  // pairs as rope_kv_store.cu takes them
-        const int ia = rot ? (rs.neox ? pr : 2 * pr) : 2 * pr;
-        const int ib = rot ? (rs.neox ? pr + rs.rot_half : 2 * pr + 1) : 2 * pr + 1;
+        int ia, ib;  // pairs as rope_kv_store.cu takes them
+        rope_pair_dims(pr, rs.rot_half, rs.neox, ia, ib);
         float ka = kr[ia], kb = kr[ib];
-        if (rot) rope_apply(ka, kb, rope_cs[2 * pr], rope_cs[2 * pr + 1]);
+        if (pr < rs.rot_half) rope_apply(ka, kb, rope_cs[2 * pr], rope_cs[2 * pr + 1]);
         const __half hka = __float2half_rn(ka), hkb = __float2half_rn(kb);
         const __half hva = __float2half_rn(vr[ia]), hvb = __float2half_rn(vr[ib]);
         snew[ia] = hka;

@@ -70,6 +70,14 @@ __device__ __forceinline__ void rope_apply(float& a, float& b, float c, float s)
   a = ra;
   b = rb;
 }
+// Dims (ia, ib) of rotated pair i (rope_kv_store.cu's rule): adjacent, or i and i + rot_half
+// (neox); pairs past rot_half are the unrotated tail, in order.
+__device__ __forceinline__ void rope_pair_dims(int i, int rot_half, bool neox, int& ia, int& ib) {
+  const bool rotated = i < rot_half;
+  ia = rotated ? (neox ? i : 2 * i) : 2 * rot_half + 2 * (i - rot_half);
+  ib = rotated ? (neox ? i + rot_half : 2 * i + 1) : ia + 1;
+}
+
 __device__ __forceinline__ void rope_rotate(float& a, float& b, int32_t position, double inv_freq) {
   float c, s;
   rope_cos_sin(position, inv_freq, c, s);

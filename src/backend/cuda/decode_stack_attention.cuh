@@ -60,14 +60,6 @@ struct SplitPlan {
   }
 };
 
-// Dims (ia, ib) of rotated pair i (rope_kv_store.cu's rule): adjacent, or i and i + rot_half
-// (neox); pairs past rot_half are the unrotated tail, in order.
-__device__ __forceinline__ void rope_pair_dims(int i, int rot_half, bool neox, int& ia, int& ib) {
-  const bool rotated = i < rot_half;
-  ia = rotated ? (neox ? i : 2 * i) : 2 * rot_half + 2 * (i - rot_half);
-  ib = rotated ? (neox ? i + rot_half : 2 * i + 1) : ia + 1;
-}
-
 // cos/sin of every rotated pair at this step's position (the same for every layer): once
 // per launch, in double as rope_rotate does, so the rotations give rope_rotate's bits.
 __device__ __forceinline__ void rope_table(const StackParams& p, float* rope_cs) {

@@ -38,9 +38,8 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int64_t ldq, int n_q
   const bool is_key = h >= n_q_heads;
   const bool rotated = i < rot_half;
   if (!is_key && !rotated) return;  // a query's unrotated dims stay as they are
-  // Dims of this pair: rotated pairs as rope.cu takes them, the unrotated tail in order.
-  const int ia = rotated ? (neox ? i : 2 * i) : 2 * rot_half + 2 * (i - rot_half);
-  const int ib = rotated ? (neox ? i + rot_half : 2 * i + 1) : ia + 1;
+  int ia, ib;  // dims of this pair: rotated pairs as rope.cu takes them, the unrotated tail in order
+  rope_pair_dims(i, rot_half, neox, ia, ib);
   float* x = is_key ? k + r * ldk + static_cast<int64_t>(h - n_q_heads) * head_dim
                     : q + r * ldq + static_cast<int64_t>(h) * head_dim;
   float a = x[ia], b = x[ib];
