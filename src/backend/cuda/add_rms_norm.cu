@@ -68,7 +68,7 @@ __global__ void add_rms_norm_into_kernel(const float* __restrict__ x, const floa
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     const float o = x_out[row + i] * inv * w[i];
     if (out16)
-      out16[row + i] = to_bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(o)) : __half_as_ushort(__float2half_rn(o));
+      out16[row + i] = f32_to_16bits(o, to_bf16);
     else
       out32[row + i] = o;
   }
