@@ -163,6 +163,20 @@ class Backend {
     swiglu(gate, up, ld_in, h, n_rows, dim);
     matmul(h, n_rows, dim, targets);
   }
+  // The feed-forward block after its pre-norm: x_out = x + residual; gate's and up's y =
+  // W · (rms_norm(x_out) * w) (add_rms_norm_matmul's contract); down's y = W_down ·
+  // (silu(gate) * up). One call, so a backend can fuse the SwiGLU into the gate|up product
+  // at decode. gate and up: n_ff rows each, y at the same ldy; down: n_ff columns. xn: [n_rows,
+  // dim] and h: [n_rows, n_ff] workspaces, unspecified afterwards. down's y may be residual.
+  virtual void add_rms_norm_swiglu_ffn(const float* x, const float* residual, const float* w, float* x_out, float* xn,
+                                       int n_rows, int dim, float eps, const MatmulTarget& gate,
+                                       const MatmulTarget& up, float* h, const MatmulTarget& down) {
+    check_swiglu_ffn_targets(dim, gate, up, down);
+    const MatmulTarget gate_up[] = {gate, up};
+    add_rms_norm_matmul(x, residual, w, x_out, xn, n_rows, dim, eps, gate_up);
+    const MatmulTarget out[] = {down};
+    swiglu_matmul(gate.y, up.y, gate.ldy, h, n_rows, static_cast<int>(gate.w.rows), out);
+  }
   // x += y                                                           [n]
   virtual void add(float* x, const float* y, int64_t n) = 0;
   // Copies rows: dst[i, :] = src[rows[i], :] (gathers the rows whose logits are wanted)
@@ -240,6 +254,15 @@ class Backend {
  protected:
   // add_rms_norm_matmul's contract, checked by every implementation: x_out is a buffer of its
   // own (a device backend reads x and residual in every block while one block writes x_out).
+  // add_rms_norm_swiglu_ffn's shapes, checked by every implementation.
+  static void check_swiglu_ffn_targets(int dim, const MatmulTarget& gate, const MatmulTarget& up,
+                                       const MatmulTarget& down) {
+    TESSERA_CHECK(gate.w.cols == dim && up.w.cols == dim, "add_rms_norm_swiglu_ffn: gate and up are ", gate.w.cols,
+                  " and ", up.w.cols, " wide, not ", dim);
+    TESSERA_CHECK(gate.w.rows == up.w.rows && down.w.cols == gate.w.rows && gate.ldy == up.ldy,
+                  "add_rms_norm_swiglu_ffn: gate (", gate.w.rows, " rows), up (", up.w.rows, " rows, ldy ", up.ldy,
+                  " vs ", gate.ldy, ") and down (", down.w.cols, " columns) do not match");
+  }
   static void check_add_rms_norm_matmul_buffers(const float* x, const float* residual, const float* x_out) {
     TESSERA_CHECK(x_out != x && x_out != residual, "add_rms_norm_matmul: x_out aliases ",
                   x_out == x ? "x" : "residual", "; it needs a buffer of its own");

@@ -27,8 +27,10 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_common.cuh"
+#include "backend/cuda/probe.cuh"
 
 namespace tessera::cuda {
+TESSERA_PROBE_TU(attn)
 
 namespace {
 
@@ -96,6 +98,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
   static_assert(merge_smem_bytes<HD>() + sizeof(float) * 16 * (HD + 2) <= ring_smem_bytes<HD>(),
                 "the merges reuse the tile rings");
   extern __shared__ __align__(16) __half smem_h[];
+  TESSERA_PROBE_DECL;
+  TESSERA_PROBE_MARK(0);
   if constexpr (!kFused) {
     pdl_wait();  // every thread, first: see cuda_common.cuh
     pdl_trigger();
@@ -105,7 +109,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
   const int t = b.q_start[seq];
   const int pos = b.positions[t];
   const int len = min(b.kv_len[seq], pos + 1);  // causal
-  const int begin = split * split_len;
+  // Fused: the cluster's splits share this step's keys evenly in whole tiles, from the
+  // position itself rather than the graph key's width (every split gets keys, so each block
+  // copies fewer); the plain variant keeps split_len, which its merge kernel reads.
+  const int span = kFused ? (pos + max_splits * kKeys) / (max_splits * kKeys) * kKeys : split_len;
+  const int begin = split * span;
   const int n_heads = n_kv_heads * group, head0 = kvh * group;
   if constexpr (!kFused) {
     if (begin >= len) {  // the whole block (the merge reads only the splits that hold keys)
@@ -116,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
     }
   }
   // A fused block without keys stays: it takes part in the cluster's merge with nothing.
-  const int end = max(begin, min(len, begin + split_len));
+  const int end = max(begin, min(len, begin + span));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int fr = lane >> 2, fc = lane & 3;  // fragment row (0..7) and column pair (0..3)
 
@@ -136,10 +144,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       __half* vd = kd + kStages * kKeys * LD;
       int key = begin + (warp + i * kWarps) * kKeys + pj;
       int blk = key / block_size, off = key - blk * block_size;
+      // The table entry read once per block of keys, not once per round: the stores below
+      // may alias it for the compiler, which would make every round wait for a reload.
+      int phys = key < end ? __ldg(table + blk) : 0;
 #pragma unroll
       for (int r = 0; r < kKeys / KPR; ++r) {
         if (key < end) {
-          const int64_t src = ((static_cast<int64_t>(table[blk]) * n_kv_heads + kvh) * block_size + off) * HD + pc;
+          const int64_t src = ((static_cast<int64_t>(phys) * n_kv_heads + kvh) * block_size + off) * HD + pc;
           cp_async16(kd, kc + src);
           cp_async16(vd, vc + src);
         } else {
@@ -150,9 +161,12 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
         vd += KPR * LD;
         key += KPR;
         off += KPR;
-        while (off >= block_size) {  // next block of the table (block_size may be < KPR)
-          off -= block_size;
-          ++blk;
+        if (off >= block_size) {  // next block of the table (block_size may be < KPR)
+          do {
+            off -= block_size;
+            ++blk;
+          } while (off >= block_size);
+          if (key < end) phys = __ldg(table + blk);
         }
       }
     }
@@ -161,13 +175,14 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
 
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) load_tile(i);  // fused: before the wait (see above)
+  TESSERA_PROBE_MARK(1);
 
   float* const sq = reinterpret_cast<float*>(smem_h + ring_smem_bytes<HD>() / sizeof(__half));  // [16][HD]
   __half* const snew = reinterpret_cast<__half*>(sq + 16 * HD);  // the added key [HD], its value [HD]
   float* const rope_cs = reinterpret_cast<float*>(snew + 2 * HD);  // [HD/2][2]: cos, sin
   // The split whose range holds this step's key stores it (always, as rope_kv_store would);
   // it attends to it when it is inside the causal length too.
-  const bool stores_new = kFused && begin <= pos && pos < begin + split_len;
+  const bool stores_new = kFused && begin <= pos && pos < begin + span;
   const bool owns_new = stores_new && pos < end;
   if constexpr (kFused) {
     // The angles depend on the position only: computed (in double) while the kernel before
@@ -176,40 +191,49 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       rope_cos_sin(pos, rs.inv_freq[pr], rope_cs[2 * pr], rope_cs[2 * pr + 1]);
     pdl_wait();  // every thread: q, k, v are the kernel before's output
     pdl_trigger();
+    TESSERA_PROBE_MARK(2);
+    // This step's key and value pair (the storing split; one pair per thread), loaded
+    // together with the query heads so that both wait on one round trip.
+    static_assert(HD / 2 <= kThreads, "one key pair per thread");
+    const int pr = threadIdx.x;
+    const bool my_pair = stores_new && pr < HD / 2;
+    int ia = 0, ib = 0;
+    float ka = 0.0f, kb = 0.0f, va = 0.0f, vb = 0.0f;
+    int64_t slot = 0;
+    if (my_pair) {
+      const float* kr = rs.k + t * rs.ldk + static_cast<int64_t>(kvh) * HD;
+      const float* vr = rs.v + t * rs.ldv + static_cast<int64_t>(kvh) * HD;
+      rope_pair_dims(pr, rs.rot_half, rs.neox, ia, ib);  // pairs as rope_kv_store.cu takes them
+      ka = kr[ia], kb = kr[ib], va = vr[ia], vb = vr[ib];
+      slot = b.slot_mapping[t];
+    }
     // Query heads head0 .. head0 + group - 1, raw, then rotated in place.
     const float* qrow = q + t * ldq + static_cast<int64_t>(head0) * HD;
     for (int i = threadIdx.x; i < group * HD / 4; i += kThreads)
       reinterpret_cast<float4*>(sq)[i] = reinterpret_cast<const float4*>(qrow)[i];
     __syncthreads();
     for (int i = threadIdx.x; i < group * (HD / 2); i += kThreads) {
-      const int g = i / (HD / 2), pr = i % (HD / 2);
-      if (pr >= rs.rot_half) continue;  // the unrotated tail
+      const int g = i / (HD / 2), qp = i % (HD / 2);
+      if (qp >= rs.rot_half) continue;  // the unrotated tail
       float* x = sq + g * HD;
-      int ia, ib;
-      rope_pair_dims(pr, rs.rot_half, rs.neox, ia, ib);
-      rope_apply(x[ia], x[ib], rope_cs[2 * pr], rope_cs[2 * pr + 1]);
+      int qa, qb;
+      rope_pair_dims(qp, rs.rot_half, rs.neox, qa, qb);
+      rope_apply(x[qa], x[qb], rope_cs[2 * qp], rope_cs[2 * qp + 1]);
     }
-    if (stores_new) {  // this step's key (rotated) and value: into the cache and into snew
-      const float* kr = rs.k + t * rs.ldk + static_cast<int64_t>(kvh) * HD;
-      const float* vr = rs.v + t * rs.ldv + static_cast<int64_t>(kvh) * HD;
-      const int64_t slot = b.slot_mapping[t], blk = slot / block_size, off = slot % block_size;
+    if (my_pair) {  // this step's key (rotated) and value: into the cache and into snew
+      const int64_t blk = slot / block_size, off = slot % block_size;
       const int64_t dst = ((blk * n_kv_heads + kvh) * block_size + off) * HD;
-      for (int pr = threadIdx.x; pr < HD / 2; pr += kThreads) {
-        int ia, ib;  // pairs as rope_kv_store.cu takes them
-        rope_pair_dims(pr, rs.rot_half, rs.neox, ia, ib);
-        float ka = kr[ia], kb = kr[ib];
-        if (pr < rs.rot_half) rope_apply(ka, kb, rope_cs[2 * pr], rope_cs[2 * pr + 1]);
-        const __half hka = __float2half_rn(ka), hkb = __float2half_rn(kb);
-        const __half hva = __float2half_rn(vr[ia]), hvb = __float2half_rn(vr[ib]);
-        snew[ia] = hka;
-        snew[ib] = hkb;
-        snew[HD + ia] = hva;
-        snew[HD + ib] = hvb;
-        rs.kc[dst + ia] = hka;
-        rs.kc[dst + ib] = hkb;
-        rs.vc[dst + ia] = hva;
-        rs.vc[dst + ib] = hvb;
-      }
+      if (pr < rs.rot_half) rope_apply(ka, kb, rope_cs[2 * pr], rope_cs[2 * pr + 1]);
+      const __half hka = __float2half_rn(ka), hkb = __float2half_rn(kb);
+      const __half hva = __float2half_rn(va), hvb = __float2half_rn(vb);
+      snew[ia] = hka;
+      snew[ib] = hkb;
+      snew[HD + ia] = hva;
+      snew[HD + ib] = hvb;
+      rs.kc[dst + ia] = hka;
+      rs.kc[dst + ib] = hkb;
+      rs.vc[dst + ia] = hva;
+      rs.vc[dst + ib] = hvb;
     }
     __syncthreads();
   }
@@ -358,25 +382,44 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
     // finishes outputs r, r + n, ... of the group's heads from every block's state.
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
+    TESSERA_PROBE_MARK(3);
     cluster.sync();  // every block's state written and visible across the cluster
+    TESSERA_PROBE_MARK(4);
     const int n_blocks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
     float* const part = so + kWarps * 16 * (OLD + 2);
     for (int i = rank * kThreads + threadIdx.x; i < group * HD; i += n_blocks * kThreads) {
       const int g = i / HD, d = i % HD;
+      // Every block's m, l and O first (the remote reads in flight together), then the
+      // merge in split order.
+      float m[kMaxFusedSplits], lr[kMaxFusedSplits], o[kMaxFusedSplits];
+#pragma unroll
+      for (int r = 0; r < kMaxFusedSplits; ++r) {
+        m[r] = -INFINITY;
+        lr[r] = o[r] = 0.0f;
+        if (r < n_blocks) {
+          const float* pr = cluster.map_shared_rank(part, r);
+          m[r] = pr[16 * HD + g];
+          lr[r] = pr[16 * HD + 16 + g];
+          o[r] = pr[g * HD + d];
+        }
+      }
       float mx = -INFINITY;
-      for (int r = 0; r < n_blocks; ++r) mx = fmaxf(mx, cluster.map_shared_rank(part, r)[16 * HD + g]);
+#pragma unroll
+      for (int r = 0; r < kMaxFusedSplits; ++r) mx = fmaxf(mx, m[r]);
       float l = 0.0f, acc = 0.0f;
-      for (int r = 0; r < n_blocks; ++r) {
-        const float* pr = cluster.map_shared_rank(part, r);
-        const float mr = pr[16 * HD + g];
-        if (mr == -INFINITY) continue;  // a split without keys
-        const float c = exp2f(mr - mx);
-        l += pr[16 * HD + 16 + g] * c;
-        acc += pr[g * HD + d] * c;
+#pragma unroll
+      for (int r = 0; r < kMaxFusedSplits; ++r) {
+        if (m[r] == -INFINITY) continue;  // a split without keys (or past the cluster)
+        const float c = exp2f(m[r] - mx);
+        l += lr[r] * c;
+        acc += o[r] * c;
       }
       out[t * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * (1.0f / l) : 0.0f;
     }
+    TESSERA_PROBE_MARK(5);
     cluster.sync();  // no block leaves while another still reads its shared memory
+    // start, tiles issued, wait over, own splits done, cluster synced, merged; tag 7
+    TESSERA_PROBE_PUT(attn, 7, split_len);
   }
 }
 

@@ -102,6 +102,7 @@ CudaBackend::CudaBackend(int device, bool graphs, bool fused_decode) : device_(d
     profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     graphs_enabled_ = false;  // ops inside a replayed graph cannot be bracketed one by one
   }
+  cuda::probe_open();  // TESSERA_CUDA_PROBE builds only
 }
 
 std::string CudaBackend::take_profile() {
@@ -121,6 +122,7 @@ std::string cuda_profile_take(Backend& backend) {
 CudaBackend::~CudaBackend() {
   // Destructors do not throw: errors here are dropped (the process may be exiting).
   cudaStreamSynchronize(stream_);
+  cuda::probe_close();
   if (profiler_) {
     profiler_->collect();
     if (!profiler_->empty()) std::fprintf(stderr, "[cuda profile] device time per op:\n%s", profiler_->report().c_str());
@@ -275,7 +277,7 @@ cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
 // Op ids of the graph signature.
 enum : int {
   kOpEmbed = 1, kOpRms, kOpAddRms, kOpGemv, kOpGemm, kOpBias, kOpRope, kOpKv, kOpAttn, kOpSwiglu, kOpAdd, kOpGather,
-  kOpSwigluGemm, kOpSwigluGemv, kOpRopeKv, kOpNormGemv, kOpNormGemm, kOpRopeKvAttn
+  kOpSwigluGemm, kOpSwigluGemv, kOpRopeKv, kOpNormGemv, kOpNormGemm, kOpRopeKvAttn, kOpSwigluFfn
 };
 
 void CudaBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
@@ -493,6 +495,47 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
     gemv(plain, n_rows, dim, dim, runs, n_runs);
   else
     gemm(xn, n_rows, dim, dim, runs, n_runs, nullptr, false);
+}
+
+void CudaBackend::add_rms_norm_swiglu_ffn(const float* x, const float* residual, const float* w, float* x_out,
+                                          float* xn, int n_rows, int dim, float eps, const MatmulTarget& gate,
+                                          const MatmulTarget& up, float* h, const MatmulTarget& down) {
+  check_swiglu_ffn_targets(dim, gate, up, down);
+  check_add_rms_norm_matmul_buffers(x, residual, x_out);
+  // One row with 16-bit weights: the gate|up product takes a row of each in every chunk and
+  // writes h = silu(gate) * up itself, so the down product reads one f32 vector, not two
+  // (TESSERA_CUDA_FFN_FUSION=0: the two ops, for A/B runs).
+  static const bool fused = cuda::env_switch_on("TESSERA_CUDA_FFN_FUSION") && cuda::env_switch_on("TESSERA_CUDA_NORM_FUSION");
+  cuda::GemvInput in;
+  in.x = x;
+  in.residual = residual;
+  in.norm_w = w;
+  in.x_out = x_out;
+  in.eps = eps;
+  cuda::GemvInput plain;
+  plain.x = h;
+  const int n_ff = static_cast<int>(gate.w.rows);
+  if (!fused || n_rows != 1 || gate.w.dtype != up.w.dtype || !cuda::gemv_bulk_applies(gate.w.dtype, dim, in) ||
+      !cuda::gemv_bulk_applies(down.w.dtype, n_ff, plain))
+    return Backend::add_rms_norm_swiglu_ffn(x, residual, w, x_out, xn, n_rows, dim, eps, gate, up, h, down);
+  cuda::OpScope op_scope(profiler_.get(), [&] {
+    const MatmulTarget gu[] = {gate, up};
+    return "add_rms_norm + " + matmul_op_name(n_rows, gu) + " + swiglu";
+  });
+  const MatmulTarget gate_up[] = {gate, up}, out[] = {down};
+  bool skip = recorded_matmul(kOpSwigluFfn, x, residual, n_rows, dim, dim, gate_up);
+  skip = recorded(0, w, x_out, xn, eps, h) || skip;
+  skip = recorded_matmul(kOpGemv, h, nullptr, n_rows, n_ff, n_ff, out) || skip;  // all three sign, always
+  if (skip) return;
+  const cuda::GemvTarget g[] = {{gate.w.data, gate.y, gate.ldy, gate.w.rows}, {up.w.data, up.y, up.ldy, up.w.rows}};
+  if (!cuda::launch_gemv_bulk(gate.w.dtype, in, dim, g, 2, sm_count_, stream_, h)) {
+    MatmulTarget runs[2];  // the rows do not pair into chunks: the product as it is, then swiglu
+    gemv(in, 1, dim, dim, runs, coalesce(gate_up, runs));
+    cuda::launch_swiglu(gate.y, up.y, gate.ldy, h, 1, n_ff, stream_);
+  }
+  const cuda::GemvTarget d = {down.w.data, down.y, down.ldy, down.w.rows};
+  TESSERA_CHECK(cuda::launch_gemv_bulk(down.w.dtype, plain, n_ff, &d, 1, sm_count_, stream_),
+                "cuda add_rms_norm_swiglu_ffn: the down product did not launch");
 }
 
 void CudaBackend::add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) {

@@ -58,6 +58,9 @@ class CudaBackend final : public Backend {
                      std::span<const MatmulTarget> targets) override;
   void add_rms_norm_matmul(const float* x, const float* residual, const float* w, float* x_out, float* xn, int n_rows,
                            int dim, float eps, std::span<const MatmulTarget> targets) override;
+  void add_rms_norm_swiglu_ffn(const float* x, const float* residual, const float* w, float* x_out, float* xn,
+                               int n_rows, int dim, float eps, const MatmulTarget& gate, const MatmulTarget& up,
+                               float* h, const MatmulTarget& down) override;
   void add(float* x, const float* y, int64_t n) override;
   void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) override;
   void copy_to_host(void* host, const void* device, size_t bytes) override;

@@ -13,15 +13,21 @@
 // Programmatic dependent launch: the first chunks' copies are issued before pdl_wait() (the
 // weights do not depend on the kernel before), so they overlap its tail; x is read after.
 // With `up`, the input is silu(x) * up computed while loading it (the FFN's down
-// projection with SwiGLU fused, the same arithmetic as swiglu.cu).
+// projection with SwiGLU fused, the same arithmetic as swiglu.cu). With the norm inputs, its
+// weights are read before the wait too. Paired targets (the FFN's gate and up) put a row of
+// each in every chunk, so the block that sums both writes silu(gate) * up as well: the down
+// product after it then reads one f32 vector per block instead of two (at 14,336 wide that
+// read, ~5 µs before its first chunk, was the largest gap of a layer).
 //
 // Sums: per thread over its columns in order, a warp butterfly, then the 8 warps' sums in
 // order: a fixed order, so graph and eager runs give the same bits.
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/probe.cuh"
 #include "backend/cuda/quant_decode.cuh"
 
 namespace tessera::cuda {
+TESSERA_PROBE_TU(gemv)
 
 namespace {
 
@@ -48,6 +54,10 @@ struct BulkTargets {
   float* y[kGemvMaxTargets];
   int64_t chunk_end[kGemvMaxTargets];  // cumulative chunks: target i owns [chunk_end[i-1], chunk_end[i])
   int n;
+  // Paired (the FFN's gate and up with SwiGLU after them): n is 1, chunk c holds rows
+  // [c·h, c·h + h) of w[0] and then the same rows of w[1] (h = rows per chunk / 2); their
+  // products go to y[0] and y[1], and silu(y[0]) · y[1] to swiglu_out.
+  float* swiglu_out;
 };
 
 // How the input row is formed (GemvInput).
@@ -58,6 +68,8 @@ template <DType T, int NS, Input IN>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_bulk_kernel(const __grid_constant__ GemvInput in, int cols, int rows_per_chunk,
                      int64_t n_chunks, int stages, int evict_first, const __grid_constant__ BulkTargets tg) {
+  TESSERA_PROBE_DECL;
+  TESSERA_PROBE_MARK(0);
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t chunk_bytes = static_cast<uint32_t>(rows_per_chunk) * cols * 2;
   const uint32_t stage_stride = (chunk_bytes + 127) / 128 * 128;
@@ -78,10 +90,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t local = target_of(chunk, ti);
     mbar_expect_tx(&bars[stage], chunk_bytes);
     uint8_t* dst = smem + static_cast<size_t>(stage) * stage_stride;
-    if (evict_first)
-      bulk_copy_hint(dst, tg.w[ti] + local * chunk_bytes, chunk_bytes, &bars[stage], policy);
-    else
-      bulk_copy(dst, tg.w[ti] + local * chunk_bytes, chunk_bytes, &bars[stage]);
+    auto copy = [&](uint8_t* to, const uint8_t* from, uint32_t bytes) {
+      if (evict_first)
+        bulk_copy_hint(to, from, bytes, &bars[stage], policy);
+      else
+        bulk_copy(to, from, bytes, &bars[stage]);
+    };
+    if (tg.swiglu_out) {
+      const uint32_t half = chunk_bytes / 2;
+      copy(dst, tg.w[0] + local * half, half);
+      copy(dst + half, tg.w[1] + local * half, half);
+    } else {
+      copy(dst, tg.w[ti] + local * chunk_bytes, chunk_bytes);
+    }
   };
 
   if (tid == 0) {
@@ -92,7 +113,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0)
     for (int st = 0; st < stages && c0 + st < c1; ++st) issue(c0 + st, st);
 
+  // The norm's weights are no kernel's output: read while the kernel before still runs.
+  float gw[IN == Input::kAddNorm ? NS : 1][8];
+  if constexpr (IN == Input::kAddNorm) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const int e = (j * kThreads + tid) * 8;
+      if (e < cols) {
+        const float4 a = *reinterpret_cast<const float4*>(in.norm_w + e),
+                     b = *reinterpret_cast<const float4*>(in.norm_w + e + 4);
+        gw[j][0] = a.x, gw[j][1] = a.y, gw[j][2] = a.z, gw[j][3] = a.w;
+        gw[j][4] = b.x, gw[j][5] = b.y, gw[j][6] = b.z, gw[j][7] = b.w;
+      }
+    }
+  }
   pdl_wait();  // x is the previous kernel's output
+  TESSERA_PROBE_MARK(1);
   float xr[NS][8];
   float ss = 0.0f;
 #pragma unroll
@@ -136,15 +172,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < NS; ++j) {
       const int e = (j * kThreads + tid) * 8;
       if (e < cols) {
-        const float4 a = *reinterpret_cast<const float4*>(in.norm_w + e),
-                     b = *reinterpret_cast<const float4*>(in.norm_w + e + 4);
-        const float g[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-        for (int k = 0; k < 8; ++k) xr[j][k] = xr[j][k] * inv * g[k];
+        for (int k = 0; k < 8; ++k) xr[j][k] = xr[j][k] * inv * gw[j][k];
       }
     }
   }
   pdl_trigger();
+  TESSERA_PROBE_MARK(2);
 
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t i = c - c0;
@@ -170,7 +204,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // the stage is read by every thread; red_i is complete
     if (tid == 0 && c + stages < c1) issue(c + stages, stage);
-    if (tid < rows_per_chunk) {
+    if (tg.swiglu_out) {
+      const int h = rows_per_chunk / 2;
+      if (tid < h) {
+        float g = 0.0f, u = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          g += red_i[w * kMaxRowsPerChunk + tid];
+          u += red_i[w * kMaxRowsPerChunk + h + tid];
+        }
+        const int64_t row = c * h + tid;
+        tg.y[0][row] = g;
+        tg.y[1][row] = u;
+        tg.swiglu_out[row] = silu_times(g, u);  // swiglu.cu's arithmetic
+      }
+    } else if (tid < rows_per_chunk) {
       float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += red_i[w * kMaxRowsPerChunk + tid];
@@ -179,6 +227,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       tg.y[ti][local * rows_per_chunk + tid] = sum;
     }
   }
+  TESSERA_PROBE_MARK(3);  // start, input wait over, input read, end; tag: input kind and width
+  TESSERA_PROBE_PUT(gemv, 1000000u * static_cast<uint32_t>(IN) + cols, static_cast<uint32_t>(n_chunks));
 }
 
 // The weight copies marked evict_first in L2: read once a step, they no longer push out the
@@ -243,8 +293,10 @@ bool gemv_bulk_applies(DType type, int64_t cols, const GemvInput& in) {
 }
 
 bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvTarget* targets, int n_targets,
-                      int sm_count, cudaStream_t s) {
+                      int sm_count, cudaStream_t s, float* swiglu_out) {
   if (!gemv_bulk_applies(type, cols, in) || n_targets < 1 || n_targets > kGemvMaxTargets) return false;
+  const bool paired = swiglu_out != nullptr;
+  if (paired && (n_targets != 2 || targets[0].rows != targets[1].rows)) return false;
   const size_t row_bytes = static_cast<size_t>(cols) * 2;
   int64_t total_rows = 0;
   for (int i = 0; i < n_targets; ++i) {
@@ -257,23 +309,26 @@ bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvT
   // Rows per chunk: as many as fit the chunk budget while every target splits into whole
   // chunks and each block of the grid still gets a few (balance).
   int rpc = kMaxRowsPerChunk;
+  // Paired: a chunk takes rpc / 2 rows of each target.
   auto fits = [&](int r) {
     if (static_cast<size_t>(r) * row_bytes > chunk_budget() || total_rows / r < min_chunks_per_block() * per_sm * sm_count)
       return false;
     for (int i = 0; i < n_targets; ++i)
-      if (targets[i].rows % r != 0) return false;
+      if (targets[i].rows % (paired ? r / 2 : r) != 0) return false;
     return true;
   };
   while (rpc > 1 && !fits(rpc)) rpc /= 2;
+  if (paired && rpc < 2) return false;
   const size_t chunk_bytes = static_cast<size_t>(rpc) * row_bytes;
   if (chunk_bytes > budget / 2) return false;  // at least two stages in flight
   BulkTargets tg{};
-  tg.n = n_targets;
+  tg.n = paired ? 1 : n_targets;
+  tg.swiglu_out = swiglu_out;
   int64_t chunks = 0;
   for (int i = 0; i < n_targets; ++i) {
     tg.w[i] = static_cast<const uint8_t*>(targets[i].w);
     tg.y[i] = targets[i].y;
-    chunks += targets[i].rows / rpc;
+    if (!paired || i == 0) chunks += targets[i].rows / (paired ? rpc / 2 : rpc);
     tg.chunk_end[i] = chunks;
   }
   const size_t stage_stride = (chunk_bytes + 127) / 128 * 128;

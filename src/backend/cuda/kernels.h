@@ -78,8 +78,16 @@ struct GemvInput {
   float* x_out = nullptr;
   float eps = 0.0f;
 };
+// Per-block timestamps (probe.cuh), in builds with TESSERA_CUDA_PROBE only: probe_open()
+// allocates the record ring when TESSERA_PROBE_FILE is set, probe_close() writes it there.
+void probe_open();
+void probe_close();
+
+// With swiglu_out: targets are the FFN's gate and up (same rows), each chunk takes rows of
+// both, and swiglu_out[r] = silu(gate[r]) * up[r] is written beside them (false when the
+// rows do not split into such chunks).
 bool launch_gemv_bulk(DType t, const GemvInput& in, int64_t cols, const GemvTarget* targets, int n_targets,
-                      int sm_count, cudaStream_t s);
+                      int sm_count, cudaStream_t s, float* swiglu_out = nullptr);
 // Whether launch_gemv_bulk takes weights of type t, `cols` wide, with these inputs.
 bool gemv_bulk_applies(DType t, int64_t cols, const GemvInput& in);
 // out[r, :] = W[r, :] as bf16 (round to nearest even), for the tensor-core path at large

@@ -102,11 +102,10 @@ class LlamaModel final : public Model {
       be_.rope_kv_store_attention(q_, qkv_ld_, c_.n_head, k_, qkv_ld_, v_, qkv_ld_, kvl, ab, rope_, scale, att_, q_dim_);
       const MatmulTarget o[] = {{L.wo, tmp_, e}};
       be_.matmul(att_, n, q_dim_, o);  // tmp: [n, e]
-      const MatmulTarget gate_up[] = {{L.w_gate, gate_, 2 * c_.n_ff}, {L.w_up, up_, 2 * c_.n_ff}};
-      be_.add_rms_norm_matmul(x, tmp_, L.ffn_norm, x_next, xn_, n, e, c_.rms_eps, gate_up);  // gate, up: [n, n_ff | n_ff]
+      // gate, up = W_gate|up · norm(x + tmp): [n, n_ff | n_ff]; then tmp = W_down · silu(gate)·up: [n, e]
+      be_.add_rms_norm_swiglu_ffn(x, tmp_, L.ffn_norm, x_next, xn_, n, e, c_.rms_eps, {L.w_gate, gate_, 2 * c_.n_ff},
+                                  {L.w_up, up_, 2 * c_.n_ff}, h_, {L.w_down, tmp_, e});
       std::swap(x, x_next);
-      const MatmulTarget down[] = {{L.w_down, tmp_, e}};
-      be_.swiglu_matmul(gate_, up_, 2 * c_.n_ff, h_, n, c_.n_ff, down);  // tmp = W_down · silu(gate)·up: [n, e]
     }
     if (n_out == 0) return;
     if (!fused) be_.add(x, tmp_, static_cast<int64_t>(n) * e);

@@ -135,10 +135,11 @@ TEST(CudaFusedAttention, RopeKvStoreAttentionMatchesTheSeparateOps) {
   auto gpu = make_cuda();
   std::mt19937 rng(61);
   std::vector<Case> cases;
-  // Llama-3.1-8B's layout at batch 1: 128 blocks of 16 = 2,048 keys, 8 splits of 256.
+  // Llama-3.1-8B's layout at batch 1: 128 blocks of 16 = 2,048 keys, a cluster of 8 blocks
+  // (the fused kernel shares each step's keys evenly among them, in whole tiles).
   for (int len : {1, 17, 255, 256, 257, 640, 1500, 2048})
     cases.push_back({128, 8, 4, 16, 128, 128, true, {len}});
-  // The same with 64 blocks of table (the bench's): 8 splits of 128.
+  // The same with 64 blocks of table (the bench's).
   for (int len : {2, 128, 129, 600, 1024}) cases.push_back({128, 8, 4, 16, 64, 128, true, {len}});
   // Several sequences of mixed lengths (fewer splits each), block size 7, interleaved pairs.
   cases.push_back({128, 2, 4, 7, 64, 128, false, {5, 300, 1, 448, 77}});

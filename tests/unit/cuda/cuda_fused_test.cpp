@@ -401,3 +401,65 @@ TEST(CudaFused, AddRmsNormMatmulMatchesFloat64) {
       }
     }
 }
+
+// add_rms_norm_swiglu_ffn against float64: at one row with 16-bit weights the gate|up
+// product pairs a row of each in every chunk and writes silu(gate) * up itself (n_ff 4,096
+// and 1,536: two and one row of each per chunk); 520 rows are too few to pair (the product,
+// then swiglu); 3 rows and the other types take the default path. x_out, gate, up and the
+// down product are all checked.
+TEST(CudaFused, AddRmsNormSwigluFfnMatchesFloat64) {
+  TESSERA_REQUIRE_CUDA();
+  auto gpu = make_cuda();
+  std::mt19937 rng(27);
+  const float eps = 1e-5f;
+  for (DType type : {DType::BF16, DType::F16, DType::Q8_0, DType::F32})
+    for (int64_t n_ff : {int64_t{4096}, int64_t{1536}, int64_t{520}}) {
+      if (type == DType::Q8_0 && n_ff % 32 != 0) continue;
+      const int64_t dim = 576;
+      JoinedWeights gu = make_joined(*gpu, type, {n_ff, n_ff}, dim, rng);  // gate | up, one allocation
+      JoinedWeights dn = make_joined(*gpu, type, {dim}, n_ff, rng);
+      for (int n : {1, 3}) {
+        auto x = randn(n * dim, rng), res = randn(n * dim, rng), g = randn(dim, rng);
+        DeviceVec<float> dx(*gpu, x), dres(*gpu, res), dg(*gpu, g);
+        DeviceVec<float> dxo(*gpu, std::vector<float>(n * dim, NAN)), dxn(*gpu, n * dim), dh(*gpu, n * n_ff);
+        DeviceVec<float> dgu(*gpu, std::vector<float>(n * 2 * n_ff, NAN));
+        DeviceVec<float> dy(*gpu, std::vector<float>(n * dim, NAN));
+        gpu->add_rms_norm_swiglu_ffn(dx.get(), dres.get(), dg.get(), dxo.get(), dxn.get(), n, static_cast<int>(dim),
+                                     eps, {gu.parts[0], dgu.get(), 2 * n_ff}, {gu.parts[1], dgu.get() + n_ff, 2 * n_ff},
+                                     dh.get(), {dn.parts[0], dy.get(), dim});
+        const auto xo = dxo.read(), gate_up = dgu.read(), y = dy.read();
+        std::vector<double> ref_gu, ref_y;
+        std::vector<float> got_gu;
+        for (int i = 0; i < n; ++i) {
+          double ss = 0;
+          for (int64_t k = 0; k < dim; ++k) {
+            ASSERT_EQ(xo[i * dim + k], x[i * dim + k] + res[i * dim + k]) << "x_out " << i << "," << k;
+            ss += double(xo[i * dim + k]) * xo[i * dim + k];
+          }
+          const double inv = 1.0 / std::sqrt(ss / dim + eps);
+          std::vector<double> act(n_ff);
+          for (int64_t r = 0; r < n_ff; ++r) {
+            double a = 0, b = 0;
+            for (int64_t k = 0; k < dim; ++k) {
+              const double xn = xo[i * dim + k] * inv * g[k];
+              a += xn * gu.decoded[0][r * dim + k];
+              b += xn * gu.decoded[1][r * dim + k];
+            }
+            ref_gu.push_back(a);
+            ref_gu.push_back(b);
+            got_gu.push_back(gate_up[i * 2 * n_ff + r]);
+            got_gu.push_back(gate_up[i * 2 * n_ff + n_ff + r]);
+            act[r] = a / (1 + std::exp(-a)) * b;
+          }
+          for (int64_t d = 0; d < dim; ++d) {
+            double acc = 0;
+            for (int64_t k = 0; k < n_ff; ++k) acc += act[k] * dn.decoded[0][d * n_ff + k];
+            ref_y.push_back(acc);
+          }
+        }
+        const double tol = type == DType::F32 ? 2e-5 : tolerance(type, n);
+        EXPECT_LT(rel_err(got_gu, ref_gu), tol) << dtype_name(type) << " n_ff " << n_ff << " n=" << n << " gate|up";
+        EXPECT_LT(rel_err(y, ref_y), 2 * tol) << dtype_name(type) << " n_ff " << n_ff << " n=" << n << " down";
+      }
+    }
+}
