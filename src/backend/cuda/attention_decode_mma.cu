@@ -64,7 +64,7 @@ __host__ __device__ constexpr size_t merge_smem_bytes() {
 // own wait, so every kernel before that one is complete (cuda_common.cuh). The one key this
 // step adds (position p) is rotated and stored by the block whose split holds it, which also
 // writes it over the stale copy in its tile. The query heads are loaded raw and rotated in
-// shared memory (rope_rotate, the bits of rope_kv_store.cu), then scaled and rounded as in
+// shared memory (rope_apply, the bits of rope_kv_store.cu), then scaled and rounded as in
 // the plain variant: the output equals rope_kv_store + this kernel + the merge kernel up to
 // the rounding of the merge's exponentials (exp2 here, exp there).
 struct RopeStoreArgs {

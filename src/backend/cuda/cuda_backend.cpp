@@ -448,6 +448,19 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
   gemm(nullptr, n_rows, dim, dim, runs, n_runs, x16, any_bf16);
 }
 
+// The bulk matrix-vector kernel's input when it forms rms_norm(x + residual) * w itself
+// (block 0 writing x_out).
+static cuda::GemvInput norm_gemv_input(const float* x, const float* residual, const float* w, float* x_out,
+                                       float eps) {
+  cuda::GemvInput in;
+  in.x = x;
+  in.residual = residual;
+  in.norm_w = w;
+  in.x_out = x_out;
+  in.eps = eps;
+  return in;
+}
+
 void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, const float* w, float* x_out, float* xn,
                                       int n_rows, int dim, float eps, std::span<const MatmulTarget> targets) {
   if (n_rows <= 0 || targets.empty()) return;
@@ -464,12 +477,7 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
   MatmulTarget runs[kMaxTargets];
   // One row with 16-bit weights: every block of the bulk matrix-vector kernel forms the norm
   // itself, block 0 writes x_out; no kernel in front of the product.
-  cuda::GemvInput in;
-  in.x = x;
-  in.residual = residual;
-  in.norm_w = w;
-  in.x_out = x_out;
-  in.eps = eps;
+  const cuda::GemvInput in = norm_gemv_input(x, residual, w, x_out, eps);
   bool bulk = n_rows == 1;
   for (const MatmulTarget& t : targets) bulk = bulk && cuda::gemv_bulk_applies(t.w.dtype, dim, in);
   cuda::OpScope op_scope(profiler_.get(), [&] { return "add_rms_norm + " + matmul_op_name(n_rows, targets); });
@@ -506,12 +514,7 @@ void CudaBackend::add_rms_norm_swiglu_ffn(const float* x, const float* residual,
   // writes h = silu(gate) * up itself, so the down product reads one f32 vector, not two
   // (TESSERA_CUDA_FFN_FUSION=0: the two ops, for A/B runs).
   static const bool fused = cuda::env_switch_on("TESSERA_CUDA_FFN_FUSION") && cuda::env_switch_on("TESSERA_CUDA_NORM_FUSION");
-  cuda::GemvInput in;
-  in.x = x;
-  in.residual = residual;
-  in.norm_w = w;
-  in.x_out = x_out;
-  in.eps = eps;
+  const cuda::GemvInput in = norm_gemv_input(x, residual, w, x_out, eps);
   cuda::GemvInput plain;
   plain.x = h;
   const int n_ff = static_cast<int>(gate.w.rows);
@@ -663,9 +666,9 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
   DecodeSplit split = fits ? decode_split(kv, batch, n_heads) : DecodeSplit{};
   const bool would_split = split.max_splits >= 2;
   if (would_split) {
-    // At most 8 splits (a cluster), as short as 128 keys: the fused kernel copies each warp's
-    // first two 16-key tiles before its wait, so a split of 128 is in shared memory when
-    // the Q|K|V product ends.
+    // A cluster of one block per 128 keys of the table's width, at most 8 (tables up to 2,048
+    // keys). The kernel shares each step's actual keys evenly among the cluster's blocks, so
+    // split_len here only sizes the cluster and bounds the table it takes.
     split.split_len = std::max(128, static_cast<int>(round_up((split.max_len + cuda::kMaxFusedSplits - 1) /
                                                                   cuda::kMaxFusedSplits, 64)));
     split.max_splits = (split.max_len + split.split_len - 1) / split.split_len;
