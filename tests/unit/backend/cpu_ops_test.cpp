@@ -277,6 +277,24 @@ TEST(CpuAttention, AvxAndScalarAgree) {
 
 namespace {
 
+// Row i of the pre-norm in float64, x_out / rms(x_out) * g, after checking that x_out holds
+// x + residual exactly; empty when it does not.
+std::vector<double> reference_norm_row(const std::vector<float>& x_out, const std::vector<float>& x,
+                                       const std::vector<float>& res, const std::vector<float>& g, int i, int dim,
+                                       float eps) {
+  double ss = 0;
+  for (int k = 0; k < dim; ++k) {
+    const size_t e = size_t(i) * dim + k;
+    EXPECT_EQ(x_out[e], x[e] + res[e]) << i << "," << k;
+    if (x_out[e] != x[e] + res[e]) return {};
+    ss += double(x_out[e]) * x_out[e];
+  }
+  const double inv = 1.0 / std::sqrt(ss / dim + eps);
+  std::vector<double> xn(dim);
+  for (int k = 0; k < dim; ++k) xn[k] = x_out[size_t(i) * dim + k] * inv * g[k];
+  return xn;
+}
+
 // Backend::add_rms_norm_matmul's default (the CPU's): x_out = x + residual exactly, y = W ·
 // rms_norm(x_out) · w against float64, x and residual untouched; an x_out that aliases x or
 // residual is refused with an error naming which, before anything is written.
@@ -295,15 +313,11 @@ TEST(CpuBackend, AddRmsNormMatmulMatchesFloat64AndRefusesAliasedOutput) {
   EXPECT_EQ(res_in, res);
   std::vector<double> ref;
   for (int i = 0; i < n; ++i) {
-    double ss = 0;
-    for (int k = 0; k < dim; ++k) {
-      ASSERT_EQ(x_out[i * dim + k], x[i * dim + k] + res[i * dim + k]) << i << "," << k;
-      ss += double(x_out[i * dim + k]) * x_out[i * dim + k];
-    }
-    const double inv = 1.0 / std::sqrt(ss / dim + eps);
+    const std::vector<double> xn_ref = reference_norm_row(x_out, x, res, g, i, dim, eps);
+    ASSERT_EQ(xn_ref.size(), size_t(dim));
     for (int r = 0; r < rows; ++r) {
       double acc = 0;
-      for (int k = 0; k < dim; ++k) acc += x_out[i * dim + k] * inv * g[k] * w[r * dim + k];
+      for (int k = 0; k < dim; ++k) acc += xn_ref[k] * w[r * dim + k];
       ref.push_back(acc);
     }
   }
@@ -321,6 +335,66 @@ TEST(CpuBackend, AddRmsNormMatmulMatchesFloat64AndRefusesAliasedOutput) {
     }
     EXPECT_EQ(x_in, x);
     EXPECT_EQ(res_in, res);
+  }
+}
+
+// Backend::add_rms_norm_swiglu_ffn's default (the CPU's) against float64: x_out = x +
+// residual, gate and up = W · rms_norm(x_out) · w, down's y = W_down · (silu(gate) · up), down
+// writing over residual as the Llama runner does; targets whose shapes do not fit together
+// are refused with an error naming the op, before anything is written.
+TEST(CpuBackend, AddRmsNormSwigluFfnMatchesFloat64AndRefusesMismatchedShapes) {
+  auto be = make_backend(BackendOptions{"cpu", 2});
+  std::mt19937 rng(37);
+  const int n = 2, dim = 40, n_ff = 24;
+  const float eps = 1e-5f;
+  const auto x = randn(size_t(n) * dim, rng), res = randn(x.size(), rng), g = randn(dim, rng);
+  const auto wg = randn(size_t(n_ff) * dim, rng), wu = randn(wg.size(), rng), wd = randn(size_t(dim) * n_ff, rng);
+  std::vector<float> x_in = x, res_in = res, x_out(x.size(), NAN), xn(x.size(), NAN), h(size_t(n) * n_ff, NAN);
+  std::vector<float> gu(size_t(n) * 2 * n_ff, NAN);
+  const MatmulTarget gate{{wg.data(), DType::F32, n_ff, dim}, gu.data(), 2 * n_ff};
+  const MatmulTarget up{{wu.data(), DType::F32, n_ff, dim}, gu.data() + n_ff, 2 * n_ff};
+  const MatmulTarget down{{wd.data(), DType::F32, dim, n_ff}, res_in.data(), dim};
+  be->add_rms_norm_swiglu_ffn(x_in.data(), res_in.data(), g.data(), x_out.data(), xn.data(), n, dim, eps, gate, up,
+                              h.data(), down);
+  EXPECT_EQ(x_in, x);
+  std::vector<double> ref_gu, ref_y;
+  for (int i = 0; i < n; ++i) {
+    const std::vector<double> xn_ref = reference_norm_row(x_out, x, res, g, i, dim, eps);
+    ASSERT_EQ(xn_ref.size(), size_t(dim));
+    std::vector<double> act(n_ff), gate_up(2 * n_ff);
+    for (int r = 0; r < n_ff; ++r) {
+      double a = 0, b = 0;
+      for (int k = 0; k < dim; ++k) {
+        a += xn_ref[k] * wg[r * dim + k];
+        b += xn_ref[k] * wu[r * dim + k];
+      }
+      gate_up[r] = a;
+      gate_up[n_ff + r] = b;
+      act[r] = a / (1 + std::exp(-a)) * b;
+    }
+    ref_gu.insert(ref_gu.end(), gate_up.begin(), gate_up.end());
+    for (int d = 0; d < dim; ++d) {
+      double acc = 0;
+      for (int k = 0; k < n_ff; ++k) acc += act[k] * wd[d * n_ff + k];
+      ref_y.push_back(acc);
+    }
+  }
+  EXPECT_LT(rel_err(gu, ref_gu), 1e-5);
+  EXPECT_LT(rel_err(res_in, ref_y), 1e-5);
+
+  // down's columns are not gate's rows; then up of another height.
+  const MatmulTarget wide_down{{wd.data(), DType::F32, n_ff, dim}, res_in.data(), dim};
+  const MatmulTarget short_up{{wu.data(), DType::F32, n_ff - 8, dim}, gu.data() + n_ff, 2 * n_ff};
+  const std::vector<float> before = res_in;
+  for (const auto& [u, d] : {std::pair{up, wide_down}, std::pair{short_up, down}}) {
+    try {
+      be->add_rms_norm_swiglu_ffn(x_in.data(), res_in.data(), g.data(), x_out.data(), xn.data(), n, dim, eps, gate, u,
+                                  h.data(), d);
+      ADD_FAILURE() << "mismatched FFN targets were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("add_rms_norm_swiglu_ffn"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(res_in, before);
   }
 }
 

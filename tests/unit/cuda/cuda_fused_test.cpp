@@ -163,6 +163,24 @@ namespace {
 
 float f16_to_f32(uint16_t h) { return tessera::fp16_to_f32(h); }
 
+// Row i of the pre-norm in float64, x_out / rms(x_out) * g, after checking that x_out holds
+// x + residual exactly; empty when it does not.
+std::vector<double> reference_norm_row(const std::vector<float>& xo, const std::vector<float>& x,
+                                       const std::vector<float>& res, const std::vector<float>& g, int i,
+                                       int64_t dim, float eps) {
+  double ss = 0;
+  for (int64_t k = 0; k < dim; ++k) {
+    const int64_t e = i * dim + k;
+    EXPECT_EQ(xo[e], x[e] + res[e]) << "x_out " << i << "," << k;
+    if (xo[e] != x[e] + res[e]) return {};
+    ss += double(xo[e]) * xo[e];
+  }
+  const double inv = 1.0 / std::sqrt(ss / dim + eps);
+  std::vector<double> xn(dim);
+  for (int64_t k = 0; k < dim; ++k) xn[k] = xo[i * dim + k] * inv * g[k];
+  return xn;
+}
+
 }  // namespace
 
 // rope_kv_store in one launch against the separate rope and kv_store ops on the same device
@@ -379,17 +397,13 @@ TEST(CudaFused, AddRmsNormMatmulMatchesFloat64) {
         std::vector<double> ref;
         std::vector<float> got;
         for (int i = 0; i < n; ++i) {
-          double ss = 0;
-          for (int64_t k = 0; k < dim; ++k) {
-            ASSERT_EQ(xo[i * dim + k], x[i * dim + k] + res[i * dim + k]) << "x_out " << i << "," << k;
-            ss += double(xo[i * dim + k]) * xo[i * dim + k];
-          }
-          const double inv = 1.0 / std::sqrt(ss / dim + eps);
+          const std::vector<double> xn = reference_norm_row(xo, x, res, g, i, dim, eps);
+          ASSERT_EQ(xn.size(), static_cast<size_t>(dim));
           off = 0;
           for (size_t t = 0; t < rows.size(); ++t) {
             for (int64_t r = 0; r < rows[t]; ++r) {
               double acc = 0;
-              for (int64_t k = 0; k < dim; ++k) acc += xo[i * dim + k] * inv * g[k] * wts.decoded[t][r * dim + k];
+              for (int64_t k = 0; k < dim; ++k) acc += xn[k] * wts.decoded[t][r * dim + k];
               ref.push_back(acc);
               got.push_back(y[i * ldy + off + r]);
             }
@@ -431,19 +445,14 @@ TEST(CudaFused, AddRmsNormSwigluFfnMatchesFloat64) {
         std::vector<double> ref_gu, ref_y;
         std::vector<float> got_gu;
         for (int i = 0; i < n; ++i) {
-          double ss = 0;
-          for (int64_t k = 0; k < dim; ++k) {
-            ASSERT_EQ(xo[i * dim + k], x[i * dim + k] + res[i * dim + k]) << "x_out " << i << "," << k;
-            ss += double(xo[i * dim + k]) * xo[i * dim + k];
-          }
-          const double inv = 1.0 / std::sqrt(ss / dim + eps);
+          const std::vector<double> xn = reference_norm_row(xo, x, res, g, i, dim, eps);
+          ASSERT_EQ(xn.size(), static_cast<size_t>(dim));
           std::vector<double> act(n_ff);
           for (int64_t r = 0; r < n_ff; ++r) {
             double a = 0, b = 0;
             for (int64_t k = 0; k < dim; ++k) {
-              const double xn = xo[i * dim + k] * inv * g[k];
-              a += xn * gu.decoded[0][r * dim + k];
-              b += xn * gu.decoded[1][r * dim + k];
+              a += xn[k] * gu.decoded[0][r * dim + k];
+              b += xn[k] * gu.decoded[1][r * dim + k];
             }
             ref_gu.push_back(a);
             ref_gu.push_back(b);
