@@ -252,8 +252,6 @@ class Backend {
   virtual bool decode_stack(const DecoderStack& stack, const AttentionBatch& batch, float* x) { return false; }
 
  protected:
-  // add_rms_norm_matmul's contract, checked by every implementation: x_out is a buffer of its
-  // own (a device backend reads x and residual in every block while one block writes x_out).
   // add_rms_norm_swiglu_ffn's shapes, checked by every implementation.
   static void check_swiglu_ffn_targets(int dim, const MatmulTarget& gate, const MatmulTarget& up,
                                        const MatmulTarget& down) {
@@ -263,6 +261,8 @@ class Backend {
                   "add_rms_norm_swiglu_ffn: gate (", gate.w.rows, " rows), up (", up.w.rows, " rows, ldy ", up.ldy,
                   " vs ", gate.ldy, ") and down (", down.w.cols, " columns) do not match");
   }
+  // add_rms_norm_matmul's contract, checked by every implementation: x_out is a buffer of its
+  // own (a device backend reads x and residual in every block while one block writes x_out).
   static void check_add_rms_norm_matmul_buffers(const float* x, const float* residual, const float* x_out) {
     TESSERA_CHECK(x_out != x && x_out != residual, "add_rms_norm_matmul: x_out aliases ",
                   x_out == x ? "x" : "residual", "; it needs a buffer of its own");

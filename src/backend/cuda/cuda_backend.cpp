@@ -513,7 +513,8 @@ void CudaBackend::add_rms_norm_swiglu_ffn(const float* x, const float* residual,
   // One row with 16-bit weights: the gate|up product takes a row of each in every chunk and
   // writes h = silu(gate) * up itself, so the down product reads one f32 vector, not two
   // (TESSERA_CUDA_FFN_FUSION=0: the two ops, for A/B runs).
-  static const bool fused = cuda::env_switch_on("TESSERA_CUDA_FFN_FUSION") && cuda::env_switch_on("TESSERA_CUDA_NORM_FUSION");
+  static const bool fused =
+      cuda::env_switch_on("TESSERA_CUDA_FFN_FUSION") && cuda::env_switch_on("TESSERA_CUDA_NORM_FUSION");
   const cuda::GemvInput in = norm_gemv_input(x, residual, w, x_out, eps);
   cuda::GemvInput plain;
   plain.x = h;
@@ -521,11 +522,9 @@ void CudaBackend::add_rms_norm_swiglu_ffn(const float* x, const float* residual,
   if (!fused || n_rows != 1 || gate.w.dtype != up.w.dtype || !cuda::gemv_bulk_applies(gate.w.dtype, dim, in) ||
       !cuda::gemv_bulk_applies(down.w.dtype, n_ff, plain))
     return Backend::add_rms_norm_swiglu_ffn(x, residual, w, x_out, xn, n_rows, dim, eps, gate, up, h, down);
-  cuda::OpScope op_scope(profiler_.get(), [&] {
-    const MatmulTarget gu[] = {gate, up};
-    return "add_rms_norm + " + matmul_op_name(n_rows, gu) + " + swiglu";
-  });
   const MatmulTarget gate_up[] = {gate, up}, out[] = {down};
+  cuda::OpScope op_scope(profiler_.get(),
+                         [&] { return "add_rms_norm + " + matmul_op_name(n_rows, gate_up) + " + swiglu"; });
   bool skip = recorded_matmul(kOpSwigluFfn, x, residual, n_rows, dim, dim, gate_up);
   skip = recorded(0, w, x_out, xn, eps, h) || skip;
   skip = recorded_matmul(kOpGemv, h, nullptr, n_rows, n_ff, n_ff, out) || skip;  // all three sign, always

@@ -94,8 +94,9 @@ inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned
 // pdl_trigger() lets the next PDL kernel start launching; every kernel calls it only after
 // its own pdl_wait(), so when a kernel starts, every kernel before its predecessor is
 // complete: work before the wait may read anything the predecessor does not write (the
-// fused decode attention copies earlier steps' K/V tiles there). Keep that order. Both are no-ops for a kernel
-// launched the ordinary way. TESSERA_CUDA_PDL=0 launches every kernel the ordinary way.
+// fused decode attention copies earlier steps' K/V tiles there). Keep that order. Both are
+// no-ops for a kernel launched the ordinary way. TESSERA_CUDA_PDL=0 launches every kernel the
+// ordinary way.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

@@ -311,7 +311,8 @@ bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvT
   int rpc = kMaxRowsPerChunk;
   // Paired: a chunk takes rpc / 2 rows of each target.
   auto fits = [&](int r) {
-    if (static_cast<size_t>(r) * row_bytes > chunk_budget() || total_rows / r < min_chunks_per_block() * per_sm * sm_count)
+    if (static_cast<size_t>(r) * row_bytes > chunk_budget() ||
+        total_rows / r < int64_t{min_chunks_per_block()} * per_sm * sm_count)
       return false;
     for (int i = 0; i < n_targets; ++i)
       if (targets[i].rows % (paired ? r / 2 : r) != 0) return false;

@@ -99,7 +99,8 @@ class LlamaModel final : public Model {
       }
       // Q and K rotated, K and V into the cache (K's heads follow Q's in the row), then the
       // attention over it.                                               att: [n, q_dim]
-      be_.rope_kv_store_attention(q_, qkv_ld_, c_.n_head, k_, qkv_ld_, v_, qkv_ld_, kvl, ab, rope_, scale, att_, q_dim_);
+      be_.rope_kv_store_attention(q_, qkv_ld_, c_.n_head, k_, qkv_ld_, v_, qkv_ld_, kvl, ab, rope_, scale, att_,
+                                  q_dim_);
       const MatmulTarget o[] = {{L.wo, tmp_, e}};
       be_.matmul(att_, n, q_dim_, o);  // tmp: [n, e]
       // gate, up = W_gate|up · norm(x + tmp): [n, n_ff | n_ff]; then tmp = W_down · silu(gate)·up: [n, e]
