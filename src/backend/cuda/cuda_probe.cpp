@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/probe.cuh"
 
 namespace tessera::cuda {
 
@@ -17,8 +18,8 @@ void gemv_probe_attach(void* buf, unsigned* n);  // gemv_bulk.cu
 void attn_probe_attach(void* buf, unsigned* n);  // attention_decode_mma.cu
 
 namespace {
-constexpr size_t kRecBytes = 64, kCap = 1u << 18;  // probe::Rec, probe::kCap
-void* g_ring = nullptr;                            // [kCap] records, then the counter
+constexpr size_t kRecBytes = sizeof(probe::Rec), kCap = probe::kCap;
+void* g_ring = nullptr;  // [kCap] records, then the counter
 }  // namespace
 
 void probe_open() {
@@ -39,13 +40,11 @@ void probe_close() {
   if (FILE* f = std::fopen(std::getenv("TESSERA_PROBE_FILE"), "w")) {
     const unsigned count = n < kCap ? n : kCap;
     for (unsigned k = 0; k < count; ++k) {
-      const char* rec = host.data() + ((n - count + k) % kCap) * kRecBytes;
-      uint32_t head[4];
-      unsigned long long t[6];
-      std::memcpy(head, rec, sizeof head);
-      std::memcpy(t, rec + sizeof head, sizeof t);
-      std::fprintf(f, "%u %u %u %u %llu %llu %llu %llu %llu %llu\n", head[0], head[1], head[2], head[3], t[0], t[1],
-                   t[2], t[3], t[4], t[5]);
+      probe::Rec r;
+      std::memcpy(&r, host.data() + ((n - count + k) % kCap) * kRecBytes, sizeof r);
+      std::fprintf(f, "%u %u %u %u", r.tag, r.block, r.smid, r.aux);
+      for (uint64_t t : r.t) std::fprintf(f, " %llu", static_cast<unsigned long long>(t));
+      std::fputc('\n', f);
     }
     std::fclose(f);
   }
