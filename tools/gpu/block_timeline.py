@@ -6,6 +6,7 @@ Build with -DTESSERA_CUDA_PROBE=ON, run a batch-1 decode with TESSERA_PROBE_FILE
 
   block_timeline.py path[.gz]            median over the steady launches, per kernel after kernel
   block_timeline.py path[.gz] --layer 6  one layer's launches, block quantiles of each mark
+  block_timeline.py path[.gz] --tails    per launch, when its blocks end (p50 ... last)
 
 Record: tag block SM aux t0..t5 (ns). Tag 7 is the fused decode attention (marks: start,
 tiles issued, wait over, own split done, cluster synced, merged); other tags are bulk GEMVs,
@@ -93,13 +94,34 @@ def one_layer(ls, count):
             print(f"   {label:9s}" + "".join(f"{x:8.1f}" for x in q))
 
 
+def tails(ls):
+    """Per launch, when its blocks end (p50, p90, p97, last), medians over the steady launches:
+    how long the last blocks of each product run after most have finished."""
+    ends = collections.defaultdict(lambda: collections.defaultdict(list))
+    for i in range(max(1, len(ls) * 2 // 5), len(ls)):
+        (_, prev), (key, cur) = ls[i - 1], ls[i]
+        base = max(end(r) for r in prev)
+        col = 9 if key[0] == ATTENTION else 7
+        e = sorted((r[col] - base) / 1e3 for r in cur)
+        for q in (0.5, 0.9, 0.97, 1.0):
+            ends[key][q].append(e[min(len(e) - 1, int(q * len(e)))])
+    for key, qs in sorted(ends.items(), key=lambda kv: -len(kv[1][0.5])):
+        if len(qs[0.5]) < 3:
+            continue
+        cells = " ".join(f"p{int(q * 100)} {statistics.median(v):.1f}" for q, v in qs.items())
+        print(f"{name(key)} (x{len(qs[0.5])}): blocks end {cells}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path")
     ap.add_argument("--layer", type=int, default=0, help="print this many launches of one layer instead")
+    ap.add_argument("--tails", action="store_true", help="per launch, when its blocks end (quantiles)")
     a = ap.parse_args()
     ls = launches(load(a.path))
-    if a.layer:
+    if a.tails:
+        tails(ls)
+    elif a.layer:
         print("quantiles over blocks: min 10% 25% 50% 75% 90% max (us after the launch before)")
         one_layer(ls, a.layer)
     else:

@@ -51,7 +51,12 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 
 // A spin that cannot end (a bug in a persistent kernel's schedule) traps after this long
 // instead of hanging the device: the launch fails and the next CUDA call reports it.
-constexpr uint64_t kSpinLimitNs = 20ull * 1000 * 1000 * 1000;
+// Builds for compute-sanitizer raise it (-DTESSERA_CUDA_SPIN_LIMIT_S=900 in the CUDA flags):
+// instrumented, one block can wait on another for longer than 20 s without any bug.
+#ifndef TESSERA_CUDA_SPIN_LIMIT_S
+#define TESSERA_CUDA_SPIN_LIMIT_S 20
+#endif
+constexpr uint64_t kSpinLimitNs = uint64_t{TESSERA_CUDA_SPIN_LIMIT_S} * 1000 * 1000 * 1000;
 
 // mbar_wait that traps after kSpinLimitNs.
 __device__ __forceinline__ void mbar_wait_bounded(uint64_t* bar, uint32_t parity) {

@@ -100,6 +100,15 @@ TEST(CudaDecodeStack, HeadDim64MatchesOpPath) {
   compare_with_op_path({"smollm2-135m:f16", 16, 600, 20, true, true});
 }
 
+// Few steps at both head dims, split keys (prompt 37) and a block size that does not divide
+// them: the case compute-sanitizer runs on (racecheck slows the kernel ~1000×, so the three
+// cases above take longer than a device call; see docs/design/cuda-backend.md).
+TEST(CudaDecodeStack, ShortRunsMatchOpPath) {
+  TESSERA_REQUIRE_CUDA();
+  compare_with_op_path({"smollm2-135m:bf16", 7, 37, 3, false, true});
+  compare_with_op_path({"llama3-tiny:bf16", 7, 37, 3, false, true});
+}
+
 TEST(CudaDecodeStack, HeadDim128MatchesOpPath) {
   TESSERA_REQUIRE_CUDA();
   compare_with_op_path({"llama3-tiny:bf16", 16, 5, 40, true, true});
