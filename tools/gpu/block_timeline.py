@@ -65,11 +65,21 @@ def marks(key):
     return [(4, "start"), (5, "wait"), (6, "input"), (7, "end")]
 
 
+def steady(ls):
+    """(key before, key, records, end of the launch before) of each launch past the first 40%
+    (warm-up and prefill)."""
+    for i in range(max(1, len(ls) * 2 // 5), len(ls)):
+        (pkey, prev), (key, cur) = ls[i - 1], ls[i]
+        yield pkey, key, cur, max(end(r) for r in prev)
+
+
+def quantile(sorted_values, p):
+    return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]
+
+
 def summary(ls):
     rows = collections.defaultdict(lambda: collections.defaultdict(list))
-    for i in range(max(1, len(ls) * 2 // 5), len(ls)):  # the first 40%: warm-up and prefill
-        (pkey, prev), (key, cur) = ls[i - 1], ls[i]
-        base = max(end(r) for r in prev)
+    for pkey, key, cur, base in steady(ls):
         row = rows[(name(pkey), name(key))]
         row["blocks"].append(len(cur))
         row["late blocks"].append(sum(1 for r in cur if r[4] > base))
@@ -90,7 +100,7 @@ def one_layer(ls, count):
         print(f"{name(key)}: {len(cur)} blocks on {len(set(r[2] for r in cur))} SMs")
         for col, label in marks(key):
             v = sorted((r[col] - base) / 1e3 for r in cur)
-            q = [v[min(len(v) - 1, int(p * len(v)))] for p in (0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)]
+            q = [quantile(v, p) for p in (0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)]
             print(f"   {label:9s}" + "".join(f"{x:8.1f}" for x in q))
 
 
@@ -98,13 +108,10 @@ def tails(ls):
     """Per launch, when its blocks end (p50, p90, p97, last), medians over the steady launches:
     how long the last blocks of each product run after most have finished."""
     ends = collections.defaultdict(lambda: collections.defaultdict(list))
-    for i in range(max(1, len(ls) * 2 // 5), len(ls)):
-        (_, prev), (key, cur) = ls[i - 1], ls[i]
-        base = max(end(r) for r in prev)
-        col = 9 if key[0] == ATTENTION else 7
-        e = sorted((r[col] - base) / 1e3 for r in cur)
+    for _, key, cur, base in steady(ls):
+        e = sorted((end(r) - base) / 1e3 for r in cur)  # a block's last mark: end, or merged
         for q in (0.5, 0.9, 0.97, 1.0):
-            ends[key][q].append(e[min(len(e) - 1, int(q * len(e)))])
+            ends[key][q].append(quantile(e, q))
     for key, qs in sorted(ends.items(), key=lambda kv: -len(kv[1][0.5])):
         if len(qs[0.5]) < 3:
             continue
