@@ -12,6 +12,8 @@
 //
 // Programmatic dependent launch: the first chunks' copies are issued before pdl_wait() (the
 // weights do not depend on the kernel before), so they overlap its tail; x is read after.
+// With a normed input only 2 of the 3 stages go out before the wait, the third right after
+// x's and the residual's loads, which would otherwise queue behind it.
 // With `up`, the input is silu(x) * up computed while loading it (the FFN's down
 // projection with SwiGLU fused, the same arithmetic as swiglu.cu). With the norm inputs, its
 // weights are read before the wait too. Paired targets (the FFN's gate and up) put a row of
@@ -67,7 +69,8 @@ enum class Input { kPlain, kSwiglu, kAddNorm };
 template <DType T, int NS, Input IN>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_bulk_kernel(const __grid_constant__ GemvInput in, int cols, int rows_per_chunk,
-                     int64_t n_chunks, int stages, int evict_first, const __grid_constant__ BulkTargets tg) {
+                     int64_t n_chunks, int stages, int prewait, int held_early, int evict_first,
+                     const __grid_constant__ BulkTargets tg) {
   TESSERA_PROBE_DECL;
   TESSERA_PROBE_MARK(0);
   extern __shared__ __align__(128) uint8_t smem[];
@@ -110,8 +113,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_fence_init();
   }
   __syncthreads();
+  // Stages [0, prewait) go out now, the rest once the input's loads are issued (or, with
+  // held_early off, once the input is formed): fewer copies for those loads to queue behind.
   if (tid == 0)
-    for (int st = 0; st < stages && c0 + st < c1; ++st) issue(c0 + st, st);
+    for (int st = 0; st < prewait && c0 + st < c1; ++st) issue(c0 + st, st);
+  auto issue_held = [&]() {
+    if (tid == 0)
+      for (int st = prewait; st < stages && c0 + st < c1; ++st) issue(c0 + st, st);
+  };
 
   // The norm's weights are no kernel's output: read while the kernel before still runs.
   float gw[IN == Input::kAddNorm ? NS : 1][8];
@@ -129,8 +138,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   pdl_wait();  // x is the previous kernel's output
   TESSERA_PROBE_MARK(1);
-  float xr[NS][8];
-  float ss = 0.0f;
+  // The input's raw values first, every load in flight together, then what is formed from
+  // them: with the loads of each sweep next to its x_out stores, the compiler (which cannot
+  // tell x_out from x) kept the second sweep's loads behind the first's stores, a second
+  // round trip to L2 per normed product (batch-1 decode 256 -> 261 tok/s, H200, same call).
+  float xr[NS][8], r2[IN == Input::kPlain ? 1 : NS][8];  // x; the residual or up
 #pragma unroll
   for (int j = 0; j < NS; ++j) {
     const int e = (j * kThreads + tid) * 8;
@@ -138,30 +150,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int k = 0; k < 8; ++k) xr[j][k] = 0.0f;
     if (e < cols) {
       const float4 a = *reinterpret_cast<const float4*>(in.x + e), b = *reinterpret_cast<const float4*>(in.x + e + 4);
-      float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      if constexpr (IN == Input::kSwiglu) {
-        const float4 ua = *reinterpret_cast<const float4*>(in.up + e),
-                     ub = *reinterpret_cast<const float4*>(in.up + e + 4);
-        const float u[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+      xr[j][0] = a.x, xr[j][1] = a.y, xr[j][2] = a.z, xr[j][3] = a.w;
+      xr[j][4] = b.x, xr[j][5] = b.y, xr[j][6] = b.z, xr[j][7] = b.w;
+      if constexpr (IN != Input::kPlain) {
+        const float* other = IN == Input::kSwiglu ? in.up : in.residual;
+        const float4 c = *reinterpret_cast<const float4*>(other + e), d = *reinterpret_cast<const float4*>(other + e + 4);
+        r2[j][0] = c.x, r2[j][1] = c.y, r2[j][2] = c.z, r2[j][3] = c.w;
+        r2[j][4] = d.x, r2[j][5] = d.y, r2[j][6] = d.z, r2[j][7] = d.w;
+      }
+    }
+  }
+  if (held_early) issue_held();
+  float ss = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = silu_times(v[k], u[k]);
+  for (int j = 0; j < NS; ++j) {
+    const int e = (j * kThreads + tid) * 8;
+    if (e < cols) {
+      if constexpr (IN == Input::kSwiglu) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) xr[j][k] = silu_times(xr[j][k], r2[j][k]);
       }
       if constexpr (IN == Input::kAddNorm) {
-        const float4 ra = *reinterpret_cast<const float4*>(in.residual + e),
-                     rb = *reinterpret_cast<const float4*>(in.residual + e + 4);
-        const float r[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-          v[k] += r[k];
-          ss = fmaf(v[k], v[k], ss);
+          xr[j][k] += r2[j][k];
+          ss = fmaf(xr[j][k], xr[j][k], ss);
         }
         if (blockIdx.x == 0) {
-          *reinterpret_cast<float4*>(in.x_out + e) = make_float4(v[0], v[1], v[2], v[3]);
-          *reinterpret_cast<float4*>(in.x_out + e + 4) = make_float4(v[4], v[5], v[6], v[7]);
+          *reinterpret_cast<float4*>(in.x_out + e) = make_float4(xr[j][0], xr[j][1], xr[j][2], xr[j][3]);
+          *reinterpret_cast<float4*>(in.x_out + e + 4) = make_float4(xr[j][4], xr[j][5], xr[j][6], xr[j][7]);
         }
       }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) xr[j][k] = v[k];
     }
   }
   if constexpr (IN == Input::kAddNorm) {
@@ -177,6 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  if (!held_early) issue_held();
   pdl_trigger();
   TESSERA_PROBE_MARK(2);
 
@@ -248,13 +268,33 @@ int min_chunks_per_block() {
   return n;
 }
 
+// Ring stages issued before the PDL wait; the rest wait for the input's loads, so that
+// those loads queue behind fewer copies. Normed inputs (the Q|K|V and gate|up products and
+// the output head: x and the residual read after the wait): 2 of 3 (batch-1 decode
+// 261 -> 265-266 tok/s, H200, same call; 1 gave 261-262), or
+// TESSERA_CUDA_GEMV_NORM_PREWAIT. Plain inputs (O, down: their input is read in one short
+// trip): all (2 measured the same), or TESSERA_CUDA_GEMV_PLAIN_PREWAIT.
+int prewait_stages(bool normed) {
+  static const int norm = env_int("TESSERA_CUDA_GEMV_NORM_PREWAIT", 2, 1, 8);
+  static const int plain = env_int("TESSERA_CUDA_GEMV_PLAIN_PREWAIT", 8, 1, 8);
+  return normed ? norm : plain;
+}
+
+// The held-back stages go out as soon as the input's loads are issued, so the copies queue
+// behind them (batch-1 decode 263 -> 265-266 tok/s against going out once the input is
+// formed, H200, same call; TESSERA_CUDA_GEMV_HELD_EARLY=0 for that, A/B runs).
+bool held_early() {
+  static const bool on = env_switch_on("TESSERA_CUDA_GEMV_HELD_EARLY");
+  return on;
+}
+
 bool bulk_enabled() {
   static const bool on = env_switch_on("TESSERA_CUDA_GEMV_BULK");
   return on;
 }
 
 template <DType T, Input IN>
-void launch_typed(int ns, const GemvInput& in, int cols, int rpc, int64_t n_chunks, int stages,
+void launch_typed(int ns, const GemvInput& in, int cols, int rpc, int64_t n_chunks, int stages, int prewait,
                   unsigned grid, size_t smem, const BulkTargets& tg, cudaStream_t s) {
   auto go = [&]<int NS>() {
     static size_t configured = 0;  // the attribute is per function
@@ -264,7 +304,7 @@ void launch_typed(int ns, const GemvInput& in, int cols, int rpc, int64_t n_chun
       configured = smem;
     }
     launch_pdl(gemv_bulk_kernel<T, NS, IN>, dim3(grid), dim3(kThreads), smem, s, in, cols, rpc, n_chunks,
-               stages, evict_first_enabled() ? 1 : 0, tg);
+               stages, prewait, held_early() ? 1 : 0, evict_first_enabled() ? 1 : 0, tg);
   };
   switch (ns) {
     case 1: go.template operator()<1>(); break;
@@ -336,16 +376,17 @@ bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvT
   const int stages = static_cast<int>(std::min<size_t>(8, budget / stage_stride));
   const size_t smem = stages * stage_stride + stages * sizeof(uint64_t) + 2 * kWarps * kMaxRowsPerChunk * sizeof(float);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(chunks, int64_t{per_sm} * sm_count));
+  const int prewait = std::min(stages, prewait_stages(in.residual != nullptr));
   const int ns = static_cast<int>((cols + kSweep - 1) / kSweep);
   const int c = static_cast<int>(cols);
   const Input mode = in.up ? Input::kSwiglu : in.residual ? Input::kAddNorm : Input::kPlain;
   auto typed = [&]<DType T>() {
     if (mode == Input::kSwiglu)
-      launch_typed<T, Input::kSwiglu>(ns, in, c, rpc, chunks, stages, grid, smem, tg, s);
+      launch_typed<T, Input::kSwiglu>(ns, in, c, rpc, chunks, stages, prewait, grid, smem, tg, s);
     else if (mode == Input::kAddNorm)
-      launch_typed<T, Input::kAddNorm>(ns, in, c, rpc, chunks, stages, grid, smem, tg, s);
+      launch_typed<T, Input::kAddNorm>(ns, in, c, rpc, chunks, stages, prewait, grid, smem, tg, s);
     else
-      launch_typed<T, Input::kPlain>(ns, in, c, rpc, chunks, stages, grid, smem, tg, s);
+      launch_typed<T, Input::kPlain>(ns, in, c, rpc, chunks, stages, prewait, grid, smem, tg, s);
   };
   if (type == DType::BF16)
     typed.template operator()<DType::BF16>();
