@@ -139,9 +139,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_wait();  // x is the previous kernel's output
   TESSERA_PROBE_MARK(1);
   // The input's raw values first, every load in flight together, then what is formed from
-  // them: with the loads of each sweep next to its x_out stores, the compiler (which cannot
-  // tell x_out from x) kept the second sweep's loads behind the first's stores, a second
-  // round trip to L2 per normed product (batch-1 decode 256 -> 261 tok/s, H200, same call).
+  // them. Written sweep by sweep, with block 0's x_out stores (which the compiler cannot tell
+  // from x) inside the loop, the second sweep's loads came after the first sweep's adds and
+  // stores in the SASS: a second round trip to L2 per normed product (batch-1 decode 256 ->
+  // 261 tok/s, H200, same call).
   float xr[NS][8], r2[IN == Input::kPlain ? 1 : NS][8];  // x; the residual or up
 #pragma unroll
   for (int j = 0; j < NS; ++j) {
