@@ -377,10 +377,10 @@ bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvT
   const int stages = static_cast<int>(std::min<size_t>(8, budget / stage_stride));
   const size_t smem = stages * stage_stride + stages * sizeof(uint64_t) + 2 * kWarps * kMaxRowsPerChunk * sizeof(float);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(chunks, int64_t{per_sm} * sm_count));
-  const int prewait = std::min(stages, prewait_stages(in.residual != nullptr));
   const int ns = static_cast<int>((cols + kSweep - 1) / kSweep);
   const int c = static_cast<int>(cols);
   const Input mode = in.up ? Input::kSwiglu : in.residual ? Input::kAddNorm : Input::kPlain;
+  const int prewait = std::min(stages, prewait_stages(mode == Input::kAddNorm));
   auto typed = [&]<DType T>() {
     if (mode == Input::kSwiglu)
       launch_typed<T, Input::kSwiglu>(ns, in, c, rpc, chunks, stages, prewait, grid, smem, tg, s);
