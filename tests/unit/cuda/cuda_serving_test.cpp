@@ -41,70 +41,74 @@ int32_t sampler_argmax(std::vector<float> row) {
   }
 }
 
+// Planned readback of n_rows rows of n_vocab logits on every device, twice on the same
+// backend: ids against the sampler's own greedy pick, full rows copied exactly, argmax rows
+// not copied.
+void check_argmax_readback(int n_vocab, int n_rows) {
+  SCOPED_TRACE("vocab " + std::to_string(n_vocab) + ", rows " + std::to_string(n_rows));
+  std::mt19937 rng(7);
+  std::vector<float> logits = randn(static_cast<size_t>(n_rows) * n_vocab, rng, 3.0f);
+  auto row = [&](int r) { return logits.data() + static_cast<size_t>(r) * n_vocab; };
+  const float inf = std::numeric_limits<float>::infinity();
+  row(1)[900] = 50.0f;  // a tie: the lower id wins
+  row(1)[77] = 50.0f;
+  row(2)[n_vocab - 1] = 60.0f;  // the last id
+  for (int i = 0; i < n_vocab; ++i) row(3)[i] = -std::fabs(row(3)[i]) - 1.0f;
+  row(3)[5000] = -0.0f;  // -0 == +0: the first one wins
+  row(3)[30] = 0.0f;
+  row(4)[12] = std::nanf("");                 // the sampler refuses: -1, row copied
+  std::fill(row(5), row(5) + n_vocab, -inf);  // all -inf: likewise
+  row(6)[99] = inf;                           // +inf: likewise
+  row(8)[n_vocab - 2] = 70.0f;                // a tie across the row's ends
+  row(8)[3] = 70.0f;
+  // the other rows ordinary; row 7 is read in full.
+  std::vector<uint8_t> argmax_only(n_rows, 1);
+  argmax_only[7] = 0;
+  for (const std::string& device : devices()) {
+    SCOPED_TRACE(device);
+    auto be = make(device);
+    DeviceVec<float> dev(*be, logits);
+    const float sentinel = 12345.0f;
+    std::vector<float> host(logits.size(), sentinel);
+    std::vector<int32_t> ids(n_rows, -7);
+    for (int round = 0; round < 2; ++round) {
+      std::fill(ids.begin(), ids.end(), -7);
+      be->plan_logits_readback({n_rows, argmax_only.data(), ids.data()});
+      be->read_logits(host.data(), dev.get(), n_rows, n_vocab);
+      for (int r = 0; r < n_rows; ++r) {
+        const std::vector<float> ref(row(r), row(r) + n_vocab);
+        const float* got = host.data() + static_cast<size_t>(r) * n_vocab;
+        if (!argmax_only[r]) {
+          EXPECT_EQ(ids[r], -7) << "row " << r << " was not asked for its argmax";
+          EXPECT_EQ(std::memcmp(got, ref.data(), sizeof(float) * n_vocab), 0) << "row " << r;
+          continue;
+        }
+        EXPECT_EQ(ids[r], sampler_argmax(ref)) << "row " << r;
+        if (ids[r] < 0) {
+          EXPECT_EQ(std::memcmp(got, ref.data(), sizeof(float) * n_vocab), 0) << "unreducible row " << r;
+        } else if (device != "cpu") {
+          EXPECT_EQ(got[0], sentinel) << "row " << r << " crossed the bus";
+        }
+      }
+      EXPECT_EQ(ids[1], 77);
+      EXPECT_EQ(ids[2], n_vocab - 1);
+      EXPECT_EQ(ids[3], 30);
+      EXPECT_EQ(ids[4], -1);
+      EXPECT_EQ(ids[8], 3);
+    }
+    // Without a plan (it is used once) every row is copied.
+    std::fill(host.begin(), host.end(), sentinel);
+    be->read_logits(host.data(), dev.get(), n_rows, n_vocab);
+    EXPECT_EQ(std::memcmp(host.data(), logits.data(), sizeof(float) * logits.size()), 0);
+  }
+}
+
 }  // namespace
 
-// Vocabularies that are and are not a multiple of 4, fewer rows than and more than 16, and
-// each readback twice on the same backend.
+// Vocabularies that are and are not a multiple of 4 (scalar and vector widths), 9 and 20 rows.
 TEST(CudaServing, ArgmaxReadbackMatchesTheSamplerAndCopiesOnlyFullRows) {
   for (const int n_vocab : {49157, 49152})
-    for (const int n_rows : {9, 20}) {
-      SCOPED_TRACE("vocab " + std::to_string(n_vocab) + ", rows " + std::to_string(n_rows));
-      std::mt19937 rng(7);
-      std::vector<float> logits = randn(static_cast<size_t>(n_rows) * n_vocab, rng, 3.0f);
-      auto row = [&](int r) { return logits.data() + static_cast<size_t>(r) * n_vocab; };
-      const float inf = std::numeric_limits<float>::infinity();
-      row(1)[900] = 50.0f;  // a tie: the lower id wins
-      row(1)[77] = 50.0f;
-      row(2)[n_vocab - 1] = 60.0f;  // the last id
-      for (int i = 0; i < n_vocab; ++i) row(3)[i] = -std::fabs(row(3)[i]) - 1.0f;
-      row(3)[5000] = -0.0f;  // -0 == +0: the first one wins
-      row(3)[30] = 0.0f;
-      row(4)[12] = std::nanf("");                 // the sampler refuses: -1, row copied
-      std::fill(row(5), row(5) + n_vocab, -inf);  // all -inf: likewise
-      row(6)[99] = inf;                           // +inf: likewise
-      row(8)[n_vocab - 2] = 70.0f;                // a tie across the row's ends
-      row(8)[3] = 70.0f;
-      // the other rows ordinary; row 7 is read in full.
-      std::vector<uint8_t> argmax_only(n_rows, 1);
-      argmax_only[7] = 0;
-      for (const std::string& device : devices()) {
-        SCOPED_TRACE(device);
-        auto be = make(device);
-        DeviceVec<float> dev(*be, logits);
-        const float sentinel = 12345.0f;
-        std::vector<float> host(logits.size(), sentinel);
-        std::vector<int32_t> ids(n_rows, -7);
-        for (int round = 0; round < 2; ++round) {
-          std::fill(ids.begin(), ids.end(), -7);
-          be->plan_logits_readback({n_rows, argmax_only.data(), ids.data()});
-          be->read_logits(host.data(), dev.get(), n_rows, n_vocab);
-          for (int r = 0; r < n_rows; ++r) {
-            const std::vector<float> ref(row(r), row(r) + n_vocab);
-            const float* got = host.data() + static_cast<size_t>(r) * n_vocab;
-            if (!argmax_only[r]) {
-              EXPECT_EQ(ids[r], -7) << "row " << r << " was not asked for its argmax";
-              EXPECT_EQ(std::memcmp(got, ref.data(), sizeof(float) * n_vocab), 0) << "row " << r;
-              continue;
-            }
-            EXPECT_EQ(ids[r], sampler_argmax(ref)) << "row " << r;
-            if (ids[r] < 0) {
-              EXPECT_EQ(std::memcmp(got, ref.data(), sizeof(float) * n_vocab), 0) << "unreducible row " << r;
-            } else if (device != "cpu") {
-              EXPECT_EQ(got[0], sentinel) << "row " << r << " crossed the bus";
-            }
-          }
-          EXPECT_EQ(ids[1], 77);
-          EXPECT_EQ(ids[2], n_vocab - 1);
-          EXPECT_EQ(ids[3], 30);
-          EXPECT_EQ(ids[4], -1);
-          EXPECT_EQ(ids[8], 3);
-        }
-        // Without a plan (it is used once) every row is copied.
-        std::fill(host.begin(), host.end(), sentinel);
-        be->read_logits(host.data(), dev.get(), n_rows, n_vocab);
-        EXPECT_EQ(std::memcmp(host.data(), logits.data(), sizeof(float) * logits.size()), 0);
-      }
-    }
+    for (const int n_rows : {9, 20}) check_argmax_readback(n_vocab, n_rows);
 }
 
 TEST(CudaServing, KvBlockCopiesAndSwapsGoThroughTheBackend) {
