@@ -4,7 +4,7 @@
 set -euo pipefail
 need=()
 for pkg in cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev \
-           libcli11-dev libssl-dev libxxhash-dev libboost-dev python3 python3-venv ccache \
+           libcli11-dev libssl-dev libxxhash-dev libboost-dev python3 python3-venv ccache clang-format \
            chromium chromium-driver; do  # the last two: the web page's e2e test (tests/e2e)
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
