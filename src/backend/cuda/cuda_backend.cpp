@@ -73,7 +73,10 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
 
 CudaBackend::CudaBackend(int device, bool graphs) : device_(device) {
   graphs_enabled_ = graphs;
+  // A bad TESSERA_CUDA_DIAG (or a probe this build lacks) fails before anything is allocated.
+  const cuda::Diagnostics& diag = cuda::diagnostics();
   TESSERA_CUDA_CHECK(cudaSetDevice(device_));
+  cuda::probe_open();
   cudaDeviceProp prop{};
   TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   sm_count_ = prop.multiProcessorCount;
@@ -84,11 +87,10 @@ CudaBackend::CudaBackend(int device, bool graphs) : device_(device) {
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&staged_copied_, cudaEventDisableTiming));
   gemm_ = std::make_unique<cuda::GemmLt>();
-  if (cuda::diagnostics().profile) {
+  if (diag.profile) {
     profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     graphs_enabled_ = false;  // ops inside a replayed graph cannot be bracketed one by one
   }
-  cuda::probe_open();  // TESSERA_CUDA_PROBE builds only
 }
 
 std::string CudaBackend::take_profile() {
