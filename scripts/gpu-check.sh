@@ -5,7 +5,8 @@
 # offline), then the Llama-3.1-8B-shape benchmarks; a short table comes last. With a real
 # GGUF model brought in parts (GPU_CHECK_MODEL_PARTS, below): CPU/CUDA parity on it,
 # `tessera serve --device cuda` over HTTP (tools/gpu/serve_check.sh) and `bench model` on it.
-# GPU_CHECK_PROFILE=1: per-op device time of each bench phase; GPU_CHECK_AB: A/B variants.
+# GPU_CHECK_PROFILE=1: per-op device time of each bench phase; GPU_CHECK_BASELINE=DIR: the
+# CUDA bench of another build (DIR/tessera_tests) and of this one, alternately, in this call.
 # Logs go to $OUT (or ./gpu-check-out). Under 10 minutes on an H200.
 #
 #   scripts/gpu-check.sh                  configure and build in build-gpu/, then check
@@ -142,28 +143,31 @@ if [[ "${GPU_CHECK_BENCH_CUDA:-1}" == 1 ]]; then
   grep -E "^\[bench\]|Failure|error" "$OUT/bench-cuda.log"
 fi
 
-# Per-op device time of each benchmark phase (TESSERA_CUDA_PROFILE=1: events around every
+# Per-op device time of each benchmark phase (TESSERA_CUDA_DIAG=profile: events around every
 # op, graphs off), for docs/benchmarks/gpu.md.
 if [[ "${GPU_CHECK_PROFILE:-0}" == 1 ]]; then
   log "profile: per-op device time of the CUDA bench phases"
-  TESSERA_CUDA_PROFILE=1 TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
+  TESSERA_CUDA_DIAG=profile TESSERA_CUDA_BENCH=1 timeout 300 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
     >"$OUT/bench-profile.log" 2>&1
   grep -E "^\[profile\]|^\|" "$OUT/bench-profile.log" | head -120
 fi
 
-# A/B runs of the CUDA bench: GPU_CHECK_AB="VARIANT ..." where a variant is comma-separated
-# environment assignments, e.g. "TESSERA_CUDA_PREFILL_MMA=0,TESSERA_CUDA_DECODE_KEYS=1
-# TESSERA_CUDA_GEMV_ROWS=4" (two variants). GPU_CHECK_AB=1 keeps the old meaning (one
-# feature per warp in the batch-1 matrix-vector kernel).
-[[ "${GPU_CHECK_AB:-}" == 1 ]] && GPU_CHECK_AB="TESSERA_CUDA_GEMV_PAIRS=0"
+# A change measured against another build in the same call (machines differ by a few percent
+# at batch 1): GPU_CHECK_BASELINE=DIR (a tessera_tests built elsewhere, e.g. from main) and this
+# build's CUDA bench alternately, GPU_CHECK_BASELINE_REPS (2) times each;
+# GPU_CHECK_BASELINE_BENCH=b1 benches batch-1 decode alone.
 ab_i=0
-for variant in ${GPU_CHECK_AB:-}; do
-  ab_i=$((ab_i + 1))
-  log "benchmark again with ${variant//,/ }"
-  env TESSERA_CUDA_BENCH=${GPU_CHECK_AB_BENCH:-1} ${variant//,/ } timeout 200 "$BIN/tessera_tests" --gtest_filter='CudaBench*' \
-    >"$OUT/bench-cuda-ab$ab_i.log" 2>&1
-  echo "$variant" >>"$OUT/bench-cuda-ab$ab_i.log"
-done
+if [[ -n "${GPU_CHECK_BASELINE:-}" ]]; then
+  for ((rep = 0; rep < ${GPU_CHECK_BASELINE_REPS:-2}; ++rep)); do
+    for side in "$GPU_CHECK_BASELINE" "$BIN"; do
+      ab_i=$((ab_i + 1))
+      log "benchmark $ab_i: $side"
+      TESSERA_CUDA_BENCH=${GPU_CHECK_BASELINE_BENCH:-1} timeout 200 "$side/tessera_tests" --gtest_filter='CudaBench*' \
+        >"$OUT/bench-cuda-ab$ab_i.log" 2>&1
+      echo "$side" >>"$OUT/bench-cuda-ab$ab_i.log"
+    done
+  done
+fi
 
 echo
 echo "== gpu-check summary =="
@@ -177,10 +181,10 @@ if [[ -n "$REAL_MODEL" ]]; then
   grep -E "^\|" "$OUT/bench-model-real.log"
 fi
 grep -E "^\|" "$OUT/bench-offline.log" 2>/dev/null | tail -3
-grep -E "^\||^ceilings|fused decoder-stack" "$OUT/bench-cuda.log"
-for f in "$OUT"/bench-cuda-ab*.log; do
-  [[ -f "$f" ]] || continue
-  echo "with $(tail -1 "$f"):"
-  grep -E "^\| [a-zA-Z]|fused decoder-stack" "$f" | grep -v "^| test |"
+grep -E "^\||^ceilings" "$OUT/bench-cuda.log"
+for ((i = 1; i <= ab_i; ++i)); do
+  f=$OUT/bench-cuda-ab$i.log
+  echo "bench $i, $(tail -1 "$f"):"
+  grep -E "^\| [a-zA-Z]" "$f" | grep -v "^| test |"
 done
 exit $status

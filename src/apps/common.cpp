@@ -17,9 +17,6 @@ void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--block-size", block_size, "tokens per KV block")->capture_default_str();
   cmd.add_option("--kv-type", kv_type, "KV cache type: f16 or f32")->capture_default_str();
   cmd.add_flag("--no-cuda-graphs", no_cuda_graphs, "CUDA: launch every op instead of replaying decode graphs");
-  cmd.add_flag("--fused-decode", fused_decode,
-               "CUDA: run batch-1 decode as one kernel for the whole decoder stack (experimental; slower "
-               "than the op path on an H200 today)");
 }
 
 SessionOptions ModelArgs::session_options() const {
@@ -28,7 +25,6 @@ SessionOptions ModelArgs::session_options() const {
   o.backend.device = device;
   o.backend.threads = threads;
   o.backend.cuda_graphs = !no_cuda_graphs;
-  o.backend.cuda_fused_decode = fused_decode;
   o.ctx = ctx;
   o.max_batch_tokens = batch;
   o.block_size = block_size;

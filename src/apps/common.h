@@ -17,7 +17,6 @@ struct ModelArgs {
   int block_size = 16;
   std::string kv_type = "f16";
   bool no_cuda_graphs = false;
-  bool fused_decode = false;
   uint64_t seed = 0;  // dummy weights
 
   void add_to(CLI::App& cmd);

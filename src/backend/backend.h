@@ -67,27 +67,6 @@ struct AttentionBatch {
   int max_blocks = 0;
 };
 
-// One decoder block's weights and KV storage, as Backend::decode_stack reads them.
-struct DecoderBlockView {
-  const float* attn_norm = nullptr;  // [n_embd]
-  WeightMatrix wq, wk, wv, wo;       // [n_head*hd, n_embd], [n_kv*hd, n_embd] x2, [n_embd, n_head*hd]
-  const float* bq = nullptr;         // Q/K/V biases or nullptr
-  const float* bk = nullptr;
-  const float* bv = nullptr;
-  const float* ffn_norm = nullptr;   // [n_embd]
-  WeightMatrix w_gate, w_up, w_down; // [n_ff, n_embd] x2, [n_embd, n_ff]
-  KvLayerView kv;
-};
-
-// A decoder stack for Backend::decode_stack.
-struct DecoderStack {
-  std::span<const DecoderBlockView> blocks;
-  int n_head = 0;          // query heads (kv.n_kv_heads key/value heads)
-  float rms_eps = 0.0f;
-  float attn_scale = 0.0f; // usually 1/sqrt(head_dim)
-  RopeConfig rope;
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -239,18 +218,6 @@ class Backend {
   // as a graph and replayed. 0: this backend replays no graphs; pass batches as they are.
   virtual int decode_graph_batch(int n_seqs) const { return 0; }
 
-  // ---- The whole decoder stack for one token (batch-1 decode) ----
-
-  // Every block of a pre-norm decoder (Llama family: RMSNorm → GQA attention with RoPE →
-  // residual → RMSNorm → SwiGLU FFN → residual) for one token of one sequence
-  // (batch.n_tokens == batch.n_seqs == 1): block by block, x += attention(rms_norm(x)),
-  // this step's key and value into their slots, x += ffn(rms_norm(x)). x: [n_embd], the
-  // token's embedding in, the residual stream after the last block out. Returns false,
-  // having done nothing, when the backend has no fused path for these shapes (the caller
-  // then runs the blocks op by op; the results agree up to summation order). A device
-  // backend can then stream every weight of the step without a gap between the ops.
-  virtual bool decode_stack(const DecoderStack& stack, const AttentionBatch& batch, float* x) { return false; }
-
  protected:
   // add_rms_norm_swiglu_ffn's shapes, checked by every implementation.
   static void check_swiglu_ffn_targets(int dim, const MatmulTarget& gate, const MatmulTarget& up,
@@ -298,14 +265,7 @@ struct BackendOptions {
   std::string device = "cpu";  // "cpu" or "cuda[:N]"
   int threads = 0;             // CPU threads; 0 = all cores
   // CUDA: capture decode forwards as graphs and replay them (off: every op is launched).
-  // The environment variable TESSERA_CUDA_GRAPHS=0 also turns them off.
   bool cuda_graphs = true;
-  // CUDA: run batch-1 decode forwards as one fused kernel for the whole decoder stack
-  // (Backend::decode_stack) where the shapes allow. Off by default: on the H200 it measured
-  // 227-230 tok/s, behind the op path (245-246 since its fused decode attention,
-  // docs/benchmarks/gpu.md), which covers every shape.
-  // TESSERA_CUDA_DECODE_STACK=1 / =0 overrides this either way.
-  bool cuda_fused_decode = false;
 };
 
 // Makes the backend named by options.device; throws tessera::Error naming what is missing

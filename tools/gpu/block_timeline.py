@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Folds per-block probe records (src/backend/cuda/probe.cuh) into a decode layer's timeline.
 
-Build with -DTESSERA_CUDA_PROBE=ON, run a batch-1 decode with TESSERA_PROBE_FILE=path
+Build with -DTESSERA_CUDA_PROBE=ON, run a batch-1 decode with TESSERA_CUDA_DIAG=probe=path
 (e.g. TESSERA_CUDA_BENCH=b1 tessera_tests --gtest_filter='CudaBench*'), then:
 
   block_timeline.py path[.gz]            median over the steady launches, per kernel after kernel

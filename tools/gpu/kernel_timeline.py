@@ -20,7 +20,7 @@ def short(name):
                        (r"attention_decode_merge", "attn_merge"),
                        (r"attention_decode_split", "attn_split"), (r"embed_kernel", "embed"),
                        (r"rms_norm_kernel", "rms_norm"), (r"gather_rows", "gather_rows"), (r"add_kernel", "add"),
-                       (r"row_argmax", "argmax"), (r"decode_stack", "decode_stack")]:
+                       (r"row_argmax", "argmax")]:
         if re.search(pat, name):
             return label
     return name[:40]

@@ -1,13 +1,14 @@
-// Paged attention for decode (one query row per sequence), split over the KV length:
+// Paged attention for decode (one query row per sequence), split over the KV length, on the
+// SIMT cores (f32 KV, or layouts the tensor-core kernel of attention_decode_mma.cu declines):
 // kernel 1 gives each (sequence, KV head, up to 4 of its query heads, split of split_len
-// keys) to one block of 128 threads = 16 groups of 8 lanes; a group takes one key at a
-// time (each lane 1/8 of head_dim, 16-byte loads), keeping its own online-softmax state;
-// the block merges its 16 states in a fixed order and writes the split's (m, l, O).
-// Kernel 2 merges the splits of each (sequence, head) and normalizes.
+// keys) to one block of 128 threads = groups of head_dim/8 lanes; a group takes
+// kDecodeKeysPerGroup keys per step (each lane 8 dims, 16-byte loads), keeping its own
+// online-softmax state; the block merges its groups' states in a fixed order and writes the
+// split's (m, l, O). Kernel 2 merges the splits of each (sequence, head) and normalizes.
 #include <cfloat>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_tuning.h"
 #include "backend/cuda/kernels.h"
 
 namespace tessera::cuda {
@@ -15,35 +16,9 @@ namespace tessera::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kLanesPerKey = 8;
-constexpr int kGroups = kThreads / kLanesPerKey;  // keys in flight per block
-constexpr int kMaxQ = 4;                          // query heads per block
+constexpr int kMaxQ = 4;  // query heads per block
 
-template <typename KT, int DPL>
-__device__ __forceinline__ void load_dims(const KT* p, float* out) {
-  if constexpr (sizeof(KT) == 2) {
-    static_assert(DPL % 8 == 0);
-#pragma unroll
-    for (int i = 0; i < DPL; i += 8) {
-      const uint4 u = *reinterpret_cast<const uint4*>(p + i);
-      const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __half22float2(h[j]);
-        out[i + 2 * j] = f.x;
-        out[i + 2 * j + 1] = f.y;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < DPL; i += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(p + i);
-      out[i] = f.x; out[i + 1] = f.y; out[i + 2] = f.z; out[i + 3] = f.w;
-    }
-  }
-}
-
-// The end of both split kernels: merge the G lane groups' softmax states (block max first,
+// The end of the split kernel: merge the G lane groups' softmax states (block max first,
 // then each group's rescaled sums, in order) and store the block's partial result for the
 // merge kernel: per query head, [m, l, o[0..HD)] at partials[(seq, head, split)].
 template <int G, int HD, int DPL>
@@ -89,90 +64,6 @@ __device__ __forceinline__ void merge_groups_and_store(const float (&m)[kMaxQ], 
   }
 }
 
-template <typename KT, int HD>
-__global__ void __launch_bounds__(kThreads) attention_decode_split(
-    const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
-    int n_kv_heads, int block_size, int group, int q_chunks, float scale, int split_len, int max_splits,
-    float* __restrict__ partials) {
-  pdl_wait();  // every thread, first: see cuda_common.cuh
-  pdl_trigger();
-  constexpr int DPL = HD / kLanesPerKey;
-  const int seq = blockIdx.x;
-  const int kvh = blockIdx.y / q_chunks, g0 = (blockIdx.y % q_chunks) * kMaxQ;
-  const int nq = min(kMaxQ, group - g0);
-  const int split = blockIdx.z;
-  const int t = b.q_start[seq];
-  const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
-  const int begin = split * split_len;
-  if (begin >= len) return;  // the merge reads only the splits that hold keys
-  const int end = min(len, begin + split_len);
-  const int lg = threadIdx.x / kLanesPerKey, li = threadIdx.x % kLanesPerKey;
-  const int n_heads = n_kv_heads * group;
-
-  float qr[kMaxQ][DPL], acc[kMaxQ][DPL], m[kMaxQ], l[kMaxQ];
-#pragma unroll
-  for (int g = 0; g < kMaxQ; ++g) {
-    m[g] = -FLT_MAX;
-    l[g] = 0.0f;
-#pragma unroll
-    for (int d = 0; d < DPL; ++d) {
-      acc[g][d] = 0.0f;
-      qr[g][d] = g < nq ? q[t * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + li * DPL + d] * scale : 0.0f;
-    }
-  }
-  const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
-  // Every lane runs the same number of steps (the shuffles below need the whole warp); a
-  // group past the end of the split computes on zeros and keeps its state.
-  for (int jb = begin; jb < end; jb += kGroups) {
-    const int j = jb + lg;
-    const bool valid = j < end;
-    float kf[DPL], vf[DPL];
-    if (valid) {
-      const int64_t base = ((static_cast<int64_t>(table[j / block_size]) * n_kv_heads + kvh) * block_size +
-                            j % block_size) * HD + li * DPL;
-      load_dims<KT, DPL>(kc + base, kf);
-      load_dims<KT, DPL>(vc + base, vf);
-    } else {
-#pragma unroll
-      for (int d = 0; d < DPL; ++d) kf[d] = vf[d] = 0.0f;
-    }
-#pragma unroll
-    for (int g = 0; g < kMaxQ; ++g) {
-      float s = 0.0f;
-#pragma unroll
-      for (int d = 0; d < DPL; ++d) s = fmaf(qr[g][d], kf[d], s);
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      s += __shfl_xor_sync(0xffffffffu, s, 4);
-      if (!valid) continue;
-      const float m_new = fmaxf(m[g], s);
-      const float c = __expf(m[g] - m_new), p = __expf(s - m_new);
-      l[g] = l[g] * c + p;
-      m[g] = m_new;
-#pragma unroll
-      for (int d = 0; d < DPL; ++d) acc[g][d] = fmaf(p, vf[d], acc[g][d] * c);
-    }
-  }
-  merge_groups_and_store<kGroups, HD, DPL>(m, l, acc, lg, li, nq, kvh * group + g0, n_heads, seq, split, max_splits,
-                                          partials);
-}
-
-// Several keys in flight per lane group (the default; TESSERA_CUDA_DECODE_KEYS=1 selects the
-// kernel above for A/B runs). A group of HD/8 lanes takes one key at a time there, so each
-// lane has one 16-byte K load and one V load in flight, behind a dependent chain of shuffles
-// and exponentials: latency-bound at ~1.2 TB/s with 128 sequences. Here each lane holds 8
-// dims (one 16-byte f16 load per key), a group takes kKeysPerGroup keys per step and issues
-// all their K and V loads before the first use, and the softmax state is rescaled once per
-// step instead of once per key.
-// Keys per group and step: 4, or TESSERA_CUDA_DECODE_KPG=8 (A/B runs).
-int keys_per_group() {
-  static const int k = [] {
-    const char* env = std::getenv("TESSERA_CUDA_DECODE_KPG");
-    return env && env[0] == '8' ? 8 : 4;
-  }();
-  return k;
-}
-
 // 8 consecutive KV elements as loaded (16 bytes of f16, 32 of f32).
 template <typename KT>
 struct Piece8;
@@ -205,8 +96,13 @@ struct Piece8<float> {
   }
 };
 
+// Each lane holds 8 dims of a key (one 16-byte f16 load), a group of HD/8 lanes takes
+// kKeysPerGroup keys per step and issues all their K and V loads before the first use, and
+// the softmax state is rescaled once per step instead of once per key. One key per group and
+// step (the first kernel: one K and one V load in flight per lane, behind a dependent chain
+// of shuffles and exponentials) was latency-bound at ~1.2 TB/s with 128 sequences.
 template <typename KT, int HD, int kKeysPerGroup>
-__global__ void __launch_bounds__(kThreads) attention_decode_split_multi(
+__global__ void __launch_bounds__(kThreads) attention_decode_split(
     const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
     int n_kv_heads, int block_size, int group, int q_chunks, float scale, int split_len, int max_splits,
     float* __restrict__ partials) {
@@ -307,14 +203,6 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split_multi(
                                     partials);
 }
 
-bool multi_key_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("TESSERA_CUDA_DECODE_KEYS");
-    return !(env && env[0] == '1');
-  }();
-  return on;
-}
-
 __global__ void attention_decode_merge(const float* __restrict__ partials, DeviceBatch b, int n_heads, int head_dim,
                                        int split_len, int max_splits, float* __restrict__ out, int64_t ldo) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
@@ -341,20 +229,10 @@ void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
                   int split_len, int max_splits, float* partials, cudaStream_t s) {
   const int q_chunks = (group + kMaxQ - 1) / kMaxQ;
   const dim3 grid(b.n_seqs, kv.n_kv_heads * q_chunks, max_splits);
-  if (multi_key_enabled()) {
-    const KT* k = static_cast<const KT*>(kv.k);
-    const KT* v = static_cast<const KT*>(kv.v);
-    if (keys_per_group() == 8)
-      launch_pdl(attention_decode_split_multi<KT, HD, 8>, dim3(grid), dim3(kThreads), 0, s, q, ldq, k, v, b,
-                 kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
-    else
-      launch_pdl(attention_decode_split_multi<KT, HD, 4>, dim3(grid), dim3(kThreads), 0, s, q, ldq, k, v, b,
-                 kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len, max_splits, partials);
-    return;
-  }
-  launch_pdl(attention_decode_split<KT, HD>, dim3(grid), dim3(kThreads), 0, s, q, ldq, static_cast<const KT*>(kv.k),
-             static_cast<const KT*>(kv.v), b, kv.n_kv_heads, kv.block_size, group, q_chunks, scale, split_len,
-             max_splits, partials);
+  constexpr int kKeys = CudaTuning::kDecodeKeysPerGroup;
+  launch_pdl(attention_decode_split<KT, HD, kKeys>, dim3(grid), dim3(kThreads), 0, s, q, ldq,
+             static_cast<const KT*>(kv.k), static_cast<const KT*>(kv.v), b, kv.n_kv_heads, kv.block_size, group,
+             q_chunks, scale, split_len, max_splits, partials);
 }
 
 }  // namespace

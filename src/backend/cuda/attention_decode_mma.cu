@@ -18,11 +18,9 @@
 // Numerics: Q is rounded to f16 after scaling by softmax_scale·log2(e) (the KV cache is f16
 // already), P to f16 before P·V; sums and the softmax state are f32. Relative error against
 // the f32 kernel: 1.2e-4 to 2.6e-4 measured (H200, unit-normal q, k, v), 5e-4 with q 6× larger.
-// TESSERA_CUDA_DECODE_MMA=0 selects the SIMT kernel.
 #include <cooperative_groups.h>
 
 #include <cfloat>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -466,7 +464,7 @@ void launch_fused(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  cfg.numAttrs = 2;
   const float q_scale = scale * 1.4426950408889634f;
   TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attention_decode_mma_kernel<HD, true>, q, ldq,
                                         static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b,
@@ -475,15 +473,10 @@ void launch_fused(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_mma (fused rope + kv store)");
 }
 
-bool decode_mma_enabled() {
-  static const bool on = env_switch_on("TESSERA_CUDA_DECODE_MMA");
-  return on;
-}
-
 }  // namespace
 
 bool attention_decode_mma_applies(const KvLayerView& kv, int n_heads) {
-  if (kv.dtype != DType::F16 || !decode_mma_enabled()) return false;
+  if (kv.dtype != DType::F16) return false;
   if (kv.head_dim != 64 && kv.head_dim != 128) return false;
   if (kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0) return false;
   const int group = n_heads / kv.n_kv_heads;

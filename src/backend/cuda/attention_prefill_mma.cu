@@ -13,7 +13,6 @@
 // already), P to f16 before P·V; sums and the softmax state are f32. Relative error against
 // the f32 kernel is ~2e-4 (measured; tests/unit/cuda/cuda_attention_test.cpp).
 #include <cfloat>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -33,15 +32,16 @@ __host__ __device__ constexpr int keys_per_tile() {
   return HD <= 128 ? 64 : 32;  // HD 256: fewer keys keep the O fragments in registers
 }
 
-// STAGES K/V tile buffers: 2 = the next tile's cp.async copies run while this one is
-// computed (default), 1 = copy, wait, compute (TESSERA_CUDA_PREFILL_STAGES=1, A/B runs).
-template <int HD, int STAGES>
+// Two K/V tile buffers: the next tile's cp.async copies run while this one is computed.
+constexpr int kBuffers = 2;
+
+template <int HD>
 constexpr size_t mma_smem_bytes() {
-  return sizeof(__half) * (kQ + 2 * STAGES * keys_per_tile<HD>()) * (HD + kPad);
+  return sizeof(__half) * (kQ + 2 * kBuffers * keys_per_tile<HD>()) * (HD + kPad);
 }
 
 
-template <int HD, int STAGES>
+template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_prefill_mma_kernel(
     const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc, const __half* __restrict__ vc,
     DeviceBatch b, int n_kv_heads, int block_size, int group, int gc, int rows_per_tile, float q_scale,
@@ -50,8 +50,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_mma_kernel(
   constexpr int LD = HD + kPad;  // shared row stride in halves
   extern __shared__ __align__(16) __half smem_h[];
   __half* Qs = smem_h;           // [kQ][LD], pre-scaled
-  __half* Ks0 = Qs + kQ * LD;           // [STAGES][KT][LD]
-  __half* Vs0 = Ks0 + STAGES * KT * LD;  // [STAGES][KT][LD]
+  __half* Ks0 = Qs + kQ * LD;             // [kBuffers][KT][LD]
+  __half* Vs0 = Ks0 + kBuffers * KT * LD;  // [kBuffers][KT][LD]
   __shared__ int tile_info[3];   // sequence, first row, end row
   __shared__ int pos_s[kQ];
 
@@ -134,15 +134,11 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_mma_kernel(
   const int n_tiles = (kv_end + KT - 1) / KT;
   if (n_tiles > 0) load_tile(0, 0);
   for (int t = 0; t < n_tiles; ++t) {
-    const int base = t * KT, buf = STAGES == 2 ? t & 1 : 0;
-    if constexpr (STAGES == 2) {
-      // The other buffer was last read in iteration t - 1, which ended with a barrier.
-      if (t + 1 < n_tiles) {
-        load_tile(t + 1, buf ^ 1);
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // tile t has landed
-      } else {
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-      }
+    const int base = t * KT, buf = t & 1;
+    // The other buffer was last read in iteration t - 1, which ended with a barrier.
+    if (t + 1 < n_tiles) {
+      load_tile(t + 1, buf ^ 1);
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // tile t has landed
     } else {
       asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     }
@@ -202,9 +198,6 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_mma_kernel(
       }
     }  // this warp's tile
     __syncthreads();  // every warp is done with this buffer before it is refilled
-    if constexpr (STAGES == 1) {
-      if (t + 1 < n_tiles) load_tile(t + 1, 0);
-    }
   }
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
@@ -224,54 +217,32 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_mma_kernel(
   }
 }
 
-template <int HD, int STAGES>
+template <int HD>
 void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
                 float* out, int64_t ldo, cudaStream_t s) {
   const int gc = min(group, kQ);
   const int rows_per_tile = kQ / gc;
   const int g_chunks = (group + gc - 1) / gc;
   const unsigned n_tiles = static_cast<unsigned>(b.n_tokens / rows_per_tile + b.n_seqs);
-  constexpr size_t smem = mma_smem_bytes<HD, STAGES>();
+  constexpr size_t smem = mma_smem_bytes<HD>();
   static bool configured = false;  // per instantiation; the attribute is per function
   if (!configured) {
-    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_mma_kernel<HD, STAGES>,
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_mma_kernel<HD>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     configured = true;
   }
   const float q_scale = scale * 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
-  attention_prefill_mma_kernel<HD, STAGES><<<dim3(n_tiles, kv.n_kv_heads * g_chunks), kThreads, smem, s>>>(
+  attention_prefill_mma_kernel<HD><<<dim3(n_tiles, kv.n_kv_heads * g_chunks), kThreads, smem, s>>>(
       q, ldq, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b, kv.n_kv_heads, kv.block_size,
       group, gc, rows_per_tile, q_scale, out, ldo);
   TESSERA_CUDA_CHECK_LAUNCH("attention_prefill_mma");
 }
 
-int prefill_stages() {
-  static const int n = [] {
-    const char* env = std::getenv("TESSERA_CUDA_PREFILL_STAGES");
-    return env && env[0] == '1' ? 1 : 2;
-  }();
-  return n;
-}
-
-template <int HD>
-void launch_mma_staged(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group,
-                       float scale, float* out, int64_t ldo, cudaStream_t s) {
-  if (prefill_stages() == 1)
-    launch_mma<HD, 1>(q, ldq, kv, b, group, scale, out, ldo, s);
-  else
-    launch_mma<HD, 2>(q, ldq, kv, b, group, scale, out, ldo, s);
-}
-
 }  // namespace
-
-bool attention_prefill_mma_enabled() {
-  static const bool on = env_switch_on("TESSERA_CUDA_PREFILL_MMA");
-  return on;
-}
 
 bool launch_attention_prefill_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                                   float scale, float* out, int64_t ldo, cudaStream_t s) {
-  if (kv.dtype != DType::F16 || !attention_prefill_mma_enabled()) return false;
+  if (kv.dtype != DType::F16) return false;
   if (reinterpret_cast<uintptr_t>(q) % 8 != 0 || ldq % 2 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0 ||
       ldo % 2 != 0)
     return false;  // float2 accesses need even strides
@@ -279,13 +250,13 @@ bool launch_attention_prefill_mma(const float* q, int64_t ldq, const KvLayerView
   const int group = n_heads / kv.n_kv_heads;
   switch (kv.head_dim) {
     case 64:
-      launch_mma_staged<64>(q, ldq, kv, b, group, scale, out, ldo, s);
+      launch_mma<64>(q, ldq, kv, b, group, scale, out, ldo, s);
       return true;
     case 128:
-      launch_mma_staged<128>(q, ldq, kv, b, group, scale, out, ldo, s);
+      launch_mma<128>(q, ldq, kv, b, group, scale, out, ldo, s);
       return true;
     case 256:
-      launch_mma_staged<256>(q, ldq, kv, b, group, scale, out, ldo, s);
+      launch_mma<256>(q, ldq, kv, b, group, scale, out, ldo, s);
       return true;
     default:
       return false;

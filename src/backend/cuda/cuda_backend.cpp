@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_diag.h"
 #include "backend/cuda/cuda_factory.h"
+#include "backend/cuda/cuda_tuning.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -56,13 +57,6 @@ int cuda_device_count() {
 
 bool cuda_compiled() { return true; }
 
-namespace cuda {
-bool pdl_enabled() {
-  static const bool on = env_switch_on("TESSERA_CUDA_PDL");
-  return on;
-}
-}  // namespace cuda
-
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   int device = 0;
   if (options.device.size() > 4) {
@@ -74,20 +68,15 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   const int n = cuda_device_count();
   TESSERA_CHECK(n > 0, "device '", options.device, "': no CUDA device is visible (driver missing or no GPU)");
   TESSERA_CHECK(device < n, "device '", options.device, "': only ", n, " CUDA device(s) visible");
-  // TESSERA_CUDA_GRAPHS=0 turns decode graphs off as --no-cuda-graphs does.
-  const char* env = std::getenv("TESSERA_CUDA_GRAPHS");
-  const bool graphs = options.cuda_graphs && !(env && std::strcmp(env, "0") == 0);
-  // TESSERA_CUDA_DECODE_STACK=1 / =0 turns the fused batch-1 decode on / off whatever the
-  // options say (A/B runs).
-  const int stack_env = cuda::env_int("TESSERA_CUDA_DECODE_STACK", -1, 0, 1);
-  const bool fused = stack_env < 0 ? options.cuda_fused_decode : stack_env == 1;
-  return std::make_unique<CudaBackend>(device, graphs, fused);
+  return std::make_unique<CudaBackend>(device, options.cuda_graphs);
 }
 
-CudaBackend::CudaBackend(int device, bool graphs, bool fused_decode) : device_(device) {
+CudaBackend::CudaBackend(int device, bool graphs) : device_(device) {
   graphs_enabled_ = graphs;
-  fused_decode_ = fused_decode;
+  // A bad TESSERA_CUDA_DIAG (or a probe this build lacks) fails before anything is allocated.
+  const cuda::Diagnostics& diag = cuda::diagnostics();
   TESSERA_CUDA_CHECK(cudaSetDevice(device_));
+  cuda::probe_open();
   cudaDeviceProp prop{};
   TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   sm_count_ = prop.multiProcessorCount;
@@ -98,11 +87,10 @@ CudaBackend::CudaBackend(int device, bool graphs, bool fused_decode) : device_(d
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&staged_copied_, cudaEventDisableTiming));
   gemm_ = std::make_unique<cuda::GemmLt>();
-  if (const char* prof = std::getenv("TESSERA_CUDA_PROFILE"); prof && std::strcmp(prof, "1") == 0) {
+  if (diag.profile) {
     profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     graphs_enabled_ = false;  // ops inside a replayed graph cannot be bracketed one by one
   }
-  cuda::probe_open();  // TESSERA_CUDA_PROBE builds only
 }
 
 std::string CudaBackend::take_profile() {
@@ -146,9 +134,6 @@ CudaBackend::~CudaBackend() {
   cudaFree(act16_);
   cudaFree(wdeq_);
   cudaFree(partials_);
-  cudaFree(stack_scratch_);
-  cudaFree(stack_timing_);
-  cudaFree(stack_timing_ns_);
   cudaEventDestroy(staged_copied_);
   cudaStreamDestroy(stream_);
 }
@@ -465,9 +450,6 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
                                       int n_rows, int dim, float eps, std::span<const MatmulTarget> targets) {
   if (n_rows <= 0 || targets.empty()) return;
   check_add_rms_norm_matmul_buffers(x, residual, x_out);
-  // TESSERA_CUDA_NORM_FUSION=0: copy, add_rms_norm and the product as three ops (A/B runs).
-  static const bool fused = cuda::env_switch_on("TESSERA_CUDA_NORM_FUSION");
-  if (!fused) return Backend::add_rms_norm_matmul(x, residual, w, x_out, xn, n_rows, dim, eps, targets);
   bool all16 = true, any_f16 = false, any_bf16 = false;
   for (const MatmulTarget& t : targets) {
     TESSERA_CHECK(t.w.cols == dim, "cuda add_rms_norm_matmul: target width ", t.w.cols, " is not ", dim);
@@ -511,15 +493,12 @@ void CudaBackend::add_rms_norm_swiglu_ffn(const float* x, const float* residual,
   check_swiglu_ffn_targets(dim, gate, up, down);
   check_add_rms_norm_matmul_buffers(x, residual, x_out);
   // One row with 16-bit weights: the gate|up product takes a row of each in every chunk and
-  // writes h = silu(gate) * up itself, so the down product reads one f32 vector, not two
-  // (TESSERA_CUDA_FFN_FUSION=0: the two ops, for A/B runs).
-  static const bool fused =
-      cuda::env_switch_on("TESSERA_CUDA_FFN_FUSION") && cuda::env_switch_on("TESSERA_CUDA_NORM_FUSION");
+  // writes h = silu(gate) * up itself, so the down product reads one f32 vector, not two.
   const cuda::GemvInput in = norm_gemv_input(x, residual, w, x_out, eps);
   cuda::GemvInput plain;
   plain.x = h;
   const int n_ff = static_cast<int>(gate.w.rows);
-  if (!fused || n_rows != 1 || gate.w.dtype != up.w.dtype || !cuda::gemv_bulk_applies(gate.w.dtype, dim, in) ||
+  if (n_rows != 1 || gate.w.dtype != up.w.dtype || !cuda::gemv_bulk_applies(gate.w.dtype, dim, in) ||
       !cuda::gemv_bulk_applies(down.w.dtype, n_ff, plain))
     return Backend::add_rms_norm_swiglu_ffn(x, residual, w, x_out, xn, n_rows, dim, eps, gate, up, h, down);
   const MatmulTarget gate_up[] = {gate, up}, out[] = {down};
@@ -587,16 +566,10 @@ void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, c
                         stream_);
 }
 
-// TESSERA_CUDA_FUSED_ROPE_KV=0: rope and kv_store as separate launches (A/B runs).
-static bool fused_rope_kv_enabled() {
-  static const bool on = cuda::env_switch_on("TESSERA_CUDA_FUSED_ROPE_KV");
-  return on;
-}
-
 void CudaBackend::rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v,
                                 int64_t ldv, const KvLayerView& kv, const AttentionBatch& batch,
                                 const RopeConfig& cfg) {
-  if (!fused_rope_kv_enabled() || cfg.head_dim != kv.head_dim) {
+  if (cfg.head_dim != kv.head_dim) {
     Backend::rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, batch, cfg);
     return;
   }
@@ -632,22 +605,15 @@ CudaBackend::DecodeSplit CudaBackend::decode_split(const KvLayerView& kv, const 
   // warps' pipelines never fill). The SIMT kernels take up to 4 query heads per block.
   const bool mma = cuda::attention_decode_mma_applies(kv, n_heads);
   const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? 1 : (group + 3) / 4);
-  // Blocks per SM the split aims for: 2 (tensor cores) or 4, or TESSERA_CUDA_DECODE_BLOCKS_PER_SM.
-  static const int env_per_sm = cuda::env_int("TESSERA_CUDA_DECODE_BLOCKS_PER_SM", 0, 1, 64);
-  const int per_sm = env_per_sm ? env_per_sm : mma ? 2 : 4;
+  const int per_sm = mma ? cuda::CudaTuning::kDecodeMmaBlocksPerSm : cuda::CudaTuning::kDecodeBlocksPerSm;
   const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
   // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.
   DecodeSplit d;
   d.max_len = max_len;
-  d.split_len = std::max(mma ? 256 : 64, static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 64)));
+  d.split_len = std::max(mma ? cuda::CudaTuning::kDecodeMmaMinSplitKeys : 64,
+                         static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 64)));
   d.max_splits = std::max(1, (max_len + d.split_len - 1) / d.split_len);
   return d;
-}
-
-// TESSERA_CUDA_FUSED_ATTENTION=0: rope_kv_store and the decode attention as separate launches.
-static bool fused_attention_enabled() {
-  static const bool on = cuda::env_switch_on("TESSERA_CUDA_FUSED_ATTENTION");
-  return on;
 }
 
 void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, float* k, int64_t ldk, const float* v,
@@ -659,9 +625,8 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
   // launches the GPU waits on); with one block per (sequence, KV head) already filling the
   // GPU, the separate launches measured faster (128 sequences: 14,636 against 14,213 tok/s,
   // each fused block computing its own RoPE angles).
-  const bool fits = batch.n_tokens > 0 && one_row_each(batch) && fused_attention_enabled() && fused_rope_kv_enabled() &&
-                    cfg.head_dim == kv.head_dim && kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0 &&
-                    cuda::attention_decode_mma_applies(kv, n_heads);
+  const bool fits = batch.n_tokens > 0 && one_row_each(batch) && cfg.head_dim == kv.head_dim && kv.n_kv_heads > 0 &&
+                    n_heads % kv.n_kv_heads == 0 && cuda::attention_decode_mma_applies(kv, n_heads);
   DecodeSplit split = fits ? decode_split(kv, batch, n_heads) : DecodeSplit{};
   const bool would_split = split.max_splits >= 2;
   if (would_split) {

@@ -16,7 +16,6 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_profile.h"
-#include "backend/cuda/decode_stack.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
 
@@ -24,7 +23,7 @@ namespace tessera {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device, bool graphs = true, bool fused_decode = false);
+  explicit CudaBackend(int device, bool graphs = true);
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
@@ -76,15 +75,10 @@ class CudaBackend final : public Backend {
   void copy_to_device_async(void* device, const void* host, size_t bytes) override;
   std::shared_ptr<void> alloc_host(size_t bytes) override;
   int decode_graph_batch(int n_seqs) const override;
-  // Batch-1 decode as one persistent kernel (cuda_decode_stack.cpp, decode_stack.cu).
-  bool decode_stack(const DecoderStack& stack, const AttentionBatch& batch, float* x) override;
-  int64_t fused_decodes() const { return fused_decodes_; }
-  // TESSERA_CUDA_STACK_TIMING=1: decode_stack's per-phase table since the last call, then reset.
-  std::string take_stack_timing();
   // Graphs captured so far and forwards replayed from them (for tests and reports).
   int graphs_captured() const { return graphs_captured_; }
   int64_t graph_replays() const { return graph_replays_; }
-  // The per-op device-time table since the last call (TESSERA_CUDA_PROFILE=1), then reset.
+  // The per-op device-time table since the last call (TESSERA_CUDA_DIAG=profile), then reset.
   std::string take_profile();
 
  protected:
@@ -189,24 +183,6 @@ class CudaBackend final : public Backend {
   size_t wdeq_cap_ = 0;
   void* partials_ = nullptr;  // split-KV attention partial results
   size_t partials_cap_ = 0;
-  bool fused_decode_ = false;       // decode_stack runs where the shapes allow
-  void* stack_scratch_ = nullptr;   // decode_stack's activations, partials and barrier
-  size_t stack_scratch_cap_ = 0;
-  struct StackPlan {                // decode_stack's plan for the last stack shape seen
-    cuda::StackShape shape;
-    bool ok = false;                // the kernel takes this shape
-    cuda::StackParams params;
-    cuda::StackLaunch launch;
-  };
-  std::unique_ptr<StackPlan> stack_plan_;
-  int64_t fused_decodes_ = 0;
-  // TESSERA_CUDA_STACK_TIMING=1: the kernel's clocks (scratch buffers, zeroed per shape).
-  void* stack_timing_ = nullptr;     // [grid][layers][phases] cycles
-  size_t stack_timing_cap_ = 0;
-  void* stack_timing_ns_ = nullptr;  // [grid][2]: ns, cycles
-  size_t stack_timing_ns_cap_ = 0;
-  int64_t stack_timing_steps_ = 0;
-  size_t stack_timing_n_ = 0;        // entries in use of stack_timing_
 
   struct RopeTable {
     RopeConfig cfg;
@@ -215,7 +191,7 @@ class CudaBackend final : public Backend {
   };
   std::vector<RopeTable> rope_tables_;
 
-  std::unique_ptr<cuda::OpProfiler> profiler_;  // TESSERA_CUDA_PROFILE=1
+  std::unique_ptr<cuda::OpProfiler> profiler_;  // TESSERA_CUDA_DIAG=profile
 };
 
 namespace cuda {

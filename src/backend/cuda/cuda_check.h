@@ -1,35 +1,14 @@
 #pragma once
 // Every CUDA runtime and cuBLASLt call goes through one of these: a failure becomes a
 // tessera::Error naming the call, the file and line, and the driver's message. Also the
-// host-side helpers the backend's files share (environment knobs, rounding).
+// host-side helpers the backend's files share (rounding).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
+#include <cstddef>
 
 #include "core/error.h"
 
 namespace tessera::cuda {
-
-// An A/B switch of the environment, on unless the variable starts with '0'. Callers keep
-// the answer in a function-local static: it is read once.
-inline bool env_switch_on(const char* name) {
-  const char* env = std::getenv(name);
-  return !(env && env[0] == '0');
-}
-
-// An integer knob of the environment: its value when set and within [lo, hi], else `fallback`.
-inline int env_int(const char* name, int fallback, int lo, int hi) {
-  const char* env = std::getenv(name);
-  if (!env || !*env) return fallback;
-  const long v = std::atol(env);
-  return v >= lo && v <= hi ? static_cast<int>(v) : fallback;
-}
-
-// A size knob in KiB (8 to 200), as bytes; `fallback` bytes when unset or out of range.
-inline size_t env_kb(const char* name, size_t fallback) {
-  const int kb = env_int(name, 0, 8, 200);
-  return kb ? static_cast<size_t>(kb) << 10 : fallback;
-}
 
 inline size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -40,8 +19,8 @@ inline int next_pow2(int n) {
 }
 
 // The widest block table a decode graph key stands for: a batch's width rounded up to a
-// power of two. Choices made from it (attention splits, the fused decode's context bound)
-// are the same for every forward of one key.
+// power of two. Choices made from it (the attention's splits) are the same for every forward
+// of one key.
 inline int graph_table_width(int max_blocks) { return next_pow2(max_blocks > 1 ? max_blocks : 1); }
 
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);

@@ -95,8 +95,7 @@ inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned
 // its own pdl_wait(), so when a kernel starts, every kernel before its predecessor is
 // complete: work before the wait may read anything the predecessor does not write (the
 // fused decode attention copies earlier steps' K/V tiles there). Keep that order. Both are
-// no-ops for a kernel launched the ordinary way. TESSERA_CUDA_PDL=0 launches every kernel the
-// ordinary way.
+// no-ops for a kernel launched the ordinary way.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -107,8 +106,6 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-
-bool pdl_enabled();  // cuda_backend.cpp: unless TESSERA_CUDA_PDL=0
 
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
@@ -121,7 +118,7 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = 1;
   TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 

@@ -154,7 +154,7 @@ void CudaBackend::finish_graph_forward() {
       TESSERA_CUDA_CHECK(cudaGraphExecDestroy(g->exec));
       g->exec = nullptr;
       fail("cuda graphs: this decode forward issued other ops than the graph captured for its shape (other "
-           "buffers on the same backend?); it will be captured again (TESSERA_CUDA_GRAPHS=0 turns graphs off)");
+           "buffers on the same backend?); it will be captured again (--no-cuda-graphs turns graphs off)");
     }
     ++graph_replays_;
     TESSERA_CUDA_CHECK(cudaGraphLaunch(g->exec, stream_));

@@ -27,13 +27,7 @@ DeviceCeilings measure_cuda_ceilings(Backend& backend);
 // Decode forwards `backend` (a CUDA backend) launched from captured graphs so far (0 for
 // any other backend): for tests and reports.
 int64_t cuda_graph_replays(Backend& backend);
-// Decode forwards `backend` (a CUDA backend) ran as one fused decoder-stack kernel
-// (Backend::decode_stack) so far, graph replays included; 0 for any other backend.
-int64_t cuda_fused_decodes(Backend& backend);
-// With TESSERA_CUDA_STACK_TIMING=1: the fused decode's time per phase of a layer since the
-// last call (SM clocks in the kernel), then reset; "" otherwise or for any other backend.
-std::string cuda_stack_timing_take(Backend& backend);
-// With TESSERA_CUDA_PROFILE=1: the per-op device-time table of `backend` (a CUDA backend)
+// With TESSERA_CUDA_DIAG=profile (backend/cuda/cuda_diag.h): the per-op device-time table of `backend` (a CUDA backend)
 // since the last call, then reset; "" when profiling is off or for any other backend.
 std::string cuda_profile_take(Backend& backend);
 // Page-locked host memory (fast device→host copies), freed with the handle.

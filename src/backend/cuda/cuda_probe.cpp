@@ -1,13 +1,14 @@
 // The host side of probe.cuh: the device ring of per-block records, allocated when
-// TESSERA_PROBE_FILE is set and written there as text (one record a line: tag block SM aux
-// t0..t5, oldest first) when the backend closes. No-ops unless built with TESSERA_CUDA_PROBE.
+// TESSERA_CUDA_DIAG names a probe file (cuda_diag.h) and written there as text (one record a
+// line: tag block SM aux t0..t5, oldest first) when the backend closes. Only in builds with
+// TESSERA_CUDA_PROBE; in others asking for the probe is an error that says so.
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_diag.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/probe.cuh"
 
@@ -23,7 +24,7 @@ void* g_ring = nullptr;  // [kCap] records, then the counter
 }  // namespace
 
 void probe_open() {
-  if (!std::getenv("TESSERA_PROBE_FILE") || g_ring) return;
+  if (diagnostics().probe_file.empty() || g_ring) return;
   if (cudaMalloc(&g_ring, kRecBytes * kCap + 256) != cudaSuccess) return;
   cudaMemset(g_ring, 0, kRecBytes * kCap + 256);
   auto* n = reinterpret_cast<unsigned*>(static_cast<char*>(g_ring) + kRecBytes * kCap);
@@ -37,7 +38,7 @@ void probe_close() {
   cudaMemcpy(host.data(), g_ring, host.size(), cudaMemcpyDeviceToHost);
   unsigned n = 0;
   std::memcpy(&n, host.data() + kRecBytes * kCap, sizeof n);
-  if (FILE* f = std::fopen(std::getenv("TESSERA_PROBE_FILE"), "w")) {
+  if (FILE* f = std::fopen(diagnostics().probe_file.c_str(), "w")) {
     const unsigned count = n < kCap ? n : kCap;
     for (unsigned k = 0; k < count; ++k) {
       probe::Rec r;
@@ -52,7 +53,10 @@ void probe_close() {
   g_ring = nullptr;
 }
 #else
-void probe_open() {}
+void probe_open() {
+  TESSERA_CHECK(diagnostics().probe_file.empty(),
+                "TESSERA_CUDA_DIAG=probe=...: this build has no probe (configure with -DTESSERA_CUDA_PROBE=ON)");
+}
 void probe_close() {}
 #endif
 

@@ -1,5 +1,5 @@
 #pragma once
-// Per-op device timing for profiling without Nsight (TESSERA_CUDA_PROFILE=1): every backend
+// Per-op device timing for profiling without Nsight (TESSERA_CUDA_DIAG=profile, cuda_diag.h): every backend
 // op is bracketed by two CUDA events on the backend's stream; after each synchronization the
 // finished intervals are added to per-op totals, and the backend prints the table when it is
 // destroyed. The intervals hold the kernels' run time plus any wait for the host to launch

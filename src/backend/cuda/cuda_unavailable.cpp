@@ -13,8 +13,6 @@ bool cuda_compiled() { return false; }
 
 DeviceCeilings measure_cuda_ceilings(Backend&) { fail("this build of tessera was not compiled with CUDA"); }
 int64_t cuda_graph_replays(Backend&) { return 0; }
-int64_t cuda_fused_decodes(Backend&) { return 0; }
-std::string cuda_stack_timing_take(Backend&) { return {}; }
 std::string cuda_profile_take(Backend&) { return {}; }
 std::shared_ptr<void> cuda_pinned_host(size_t) { fail("this build of tessera was not compiled with CUDA"); }
 

@@ -2,9 +2,9 @@
 // format: one warp per output feature, each lane decoding 8 consecutive elements per step
 // (16-byte loads for bf16/f16), the x rows read through L1 (they are reused by every warp).
 // Up to kGemvMaxTargets weights sharing the input run in one launch (Q/K/V, gate/up). At
-// batch 1 a warp takes two features (gemv_pair_kernel).
-#include <cstdlib>
-
+// batch 1 a warp takes several features (gemv_pair_kernel). Batch 1 with bf16/f16 weights
+// normally takes the bulk kernel (gemv_bulk.cu) instead.
+#include "backend/cuda/cuda_tuning.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_decode.cuh"
 
@@ -24,7 +24,7 @@ struct Targets {
 };
 
 // NR: rows of x computed at once (1, or up to kGemvMaxRows with n_rows guarding the rest).
-template <DType T, int NR, bool kVecX>
+template <DType T, int NR>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restrict__ x, int n_rows, int64_t ldx,
                                                              int64_t cols, Targets tg) {
   const int lane = threadIdx.x & 31;
@@ -46,14 +46,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
       if (NR > 1 && t >= n_rows) break;
       const float* xr = x + t * ldx + e;
       float x8[8];
-      if constexpr (kVecX) {
-        // Two 16-byte loads: scalar loads here cost 4x the L1 wavefronts of the weight load.
-        const float4 a = __ldg(reinterpret_cast<const float4*>(xr)), b = __ldg(reinterpret_cast<const float4*>(xr + 4));
-        x8[0] = a.x; x8[1] = a.y; x8[2] = a.z; x8[3] = a.w; x8[4] = b.x; x8[5] = b.y; x8[6] = b.z; x8[7] = b.w;
-      } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) x8[k] = __ldg(xr + k);
-      }
+      for (int k = 0; k < 8; ++k) x8[k] = __ldg(xr + k);
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[t] = fmaf(w8[k], x8[k], acc[t]);
     }
@@ -66,17 +60,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restri
   }
 }
 
-// Batch 1 (the decode that matters most): each warp takes R output features (4 by default;
-// 2 → 4 measured 137 → 144 tok/s, 8 was slower: 132), so one
-// pair of x loads (through L1) feeds R independent weight loads, cutting the L1 traffic
-// per weight byte and multiplying the loads in flight per lane. Each feature's sum is formed
-// in the same order as gemv_kernel's, so the results are the same bits.
-// MINB: __launch_bounds__' blocks per SM. With 1 (the default) ptxas gives the 4-feature
-// kernel 154 registers (72 without the argument) and more loads in flight: 164 → 184 tok/s
-// at batch 1 (8B bf16, H200). TESSERA_CUDA_GEMV_MINB=4 caps it at 64 (spills: 141).
-template <DType T, int kRowsPerWarp, int MINB>
-__global__ void __launch_bounds__(kWarps * 32, MINB) gemv_pair_kernel(const float* __restrict__ x, int64_t cols,
-                                                                       Targets tg) {
+// Batch 1 with x 16-byte aligned: each warp takes kRowsPerWarp output features, so one pair
+// of 16-byte x loads (through L1; scalar loads cost 4x the L1 wavefronts of the weight load)
+// feeds kRowsPerWarp independent weight loads, cutting the L1 traffic per weight byte and
+// multiplying the loads in flight per lane. Each feature's sum is formed in the same order as
+// gemv_kernel's, so the results are the same bits. CudaTuning::kGemvMinBlocksPerSm in
+// __launch_bounds__ lets ptxas give the kernel 154 registers and deeper unrolling.
+template <DType T, int kRowsPerWarp>
+__global__ void __launch_bounds__(kWarps * 32, CudaTuning::kGemvMinBlocksPerSm)
+    gemv_pair_kernel(const float* __restrict__ x, int64_t cols, Targets tg) {
   const int lane = threadIdx.x & 31;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
   const int64_t total = tg.row_end[tg.n - 1];
@@ -116,33 +108,6 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) gemv_pair_kernel(const floa
   }
 }
 
-// TESSERA_CUDA_GEMV_PAIRS=0 selects the one-feature-per-warp kernel at batch 1 (A/B runs).
-bool pairs_enabled() {
-  static const bool on = env_switch_on("TESSERA_CUDA_GEMV_PAIRS");
-  return on;
-}
-
-// Features per warp at batch 1: 4 by default; for A/B runs TESSERA_CUDA_GEMV_ROWS=2, or =auto
-// (4 for launches of at least 16384 rows, else 2: more warps for the short matrices; 180
-// against 184 tok/s).
-int rows_per_warp(int64_t total_rows) {
-  static const int r = [] {
-    const char* env = std::getenv("TESSERA_CUDA_GEMV_ROWS");
-    return env && env[0] == '2' ? 2 : env && env[0] == 'a' ? 0 : 4;
-  }();
-  return r ? r : total_rows >= 16384 ? 4 : 2;
-}
-
-// TESSERA_CUDA_GEMV_MINB=4: the 4-feature kernel with registers capped for 4 blocks per SM
-// (A/B runs; slower).
-bool capped_registers() {
-  static const bool on = [] {
-    const char* env = std::getenv("TESSERA_CUDA_GEMV_MINB");
-    return env && env[0] == '4';
-  }();
-  return on;
-}
-
 }  // namespace
 
 bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t cols, const GemvTarget* targets,
@@ -163,22 +128,15 @@ bool launch_gemv(DType type, const float* x, int n_rows, int64_t ldx, int64_t co
   }
   const unsigned grid = blocks_for(total, kWarps);
   const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
-  const bool pairs = n_rows == 1 && vec_x && pairs_enabled();
-  const int rpw = rows_per_warp(total);
-  const unsigned pair_grid = blocks_for((total + rpw - 1) / rpw, kWarps);
+  constexpr int kRpw = CudaTuning::kGemvFeaturesPerWarp;
+  const unsigned pair_grid = blocks_for((total + kRpw - 1) / kRpw, kWarps);
   return dispatch_weight_type(type, [&]<DType T>() {
-    if (pairs && rpw == 4 && capped_registers())
-      gemv_pair_kernel<T, 4, 4><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
-    else if (pairs && rpw == 4)
-      gemv_pair_kernel<T, 4, 1><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
-    else if (pairs)
-      gemv_pair_kernel<T, 2, 1><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
-    else if (n_rows == 1 && vec_x)
-      gemv_kernel<T, 1, true><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
+    if (n_rows == 1 && vec_x)
+      gemv_pair_kernel<T, kRpw><<<pair_grid, kWarps * 32, 0, s>>>(x, cols, tg);
     else if (n_rows == 1)
-      gemv_kernel<T, 1, false><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
+      gemv_kernel<T, 1><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
     else
-      gemv_kernel<T, kGemvMaxRows, false><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
+      gemv_kernel<T, kGemvMaxRows><<<grid, kWarps * 32, 0, s>>>(x, n_rows, ldx, cols, tg);
     TESSERA_CUDA_CHECK_LAUNCH("gemv");
   });
 }

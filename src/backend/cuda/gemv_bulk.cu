@@ -24,6 +24,7 @@
 // Sums: per thread over its columns in order, a warp butterfly, then the 8 warps' sums in
 // order: a fixed order, so graph and eager runs give the same bits.
 #include "backend/cuda/bulk_copy.cuh"
+#include "backend/cuda/cuda_tuning.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/probe.cuh"
 #include "backend/cuda/quant_decode.cuh"
@@ -39,17 +40,6 @@ constexpr int kSweep = kThreads * 8;      // columns one pass of the block cover
 constexpr int kMaxSweeps = 8;             // cols <= 16384
 constexpr int kMaxRowsPerChunk = 4;
 constexpr size_t kSmemPerSm = 220 << 10;  // what the blocks of one SM may take together
-
-// Bytes per chunk at most and bytes of chunks in flight per block: 32 KB and 96 KB (two
-// blocks per SM), or TESSERA_CUDA_GEMV_BULK_CHUNK_KB / TESSERA_CUDA_GEMV_BULK_KB (A/B runs).
-size_t chunk_budget() {
-  static const size_t b = env_kb("TESSERA_CUDA_GEMV_BULK_CHUNK_KB", 32 << 10);
-  return b;
-}
-size_t stage_budget() {
-  static const size_t b = env_kb("TESSERA_CUDA_GEMV_BULK_KB", 96 << 10);
-  return b;
-}
 
 struct BulkTargets {
   const uint8_t* w[kGemvMaxTargets];
@@ -69,8 +59,7 @@ enum class Input { kPlain, kSwiglu, kAddNorm };
 template <DType T, int NS, Input IN>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_bulk_kernel(const __grid_constant__ GemvInput in, int cols, int rows_per_chunk,
-                     int64_t n_chunks, int stages, int prewait, int held_early, int evict_first,
-                     const __grid_constant__ BulkTargets tg) {
+                     int64_t n_chunks, int stages, int prewait, const __grid_constant__ BulkTargets tg) {
   TESSERA_PROBE_DECL;
   TESSERA_PROBE_MARK(0);
   extern __shared__ __align__(128) uint8_t smem[];
@@ -87,17 +76,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (ti < tg.n - 1 && chunk >= tg.chunk_end[ti]) ++ti;
     return chunk - (ti ? tg.chunk_end[ti - 1] : 0);  // chunk index inside target ti
   };
-  const uint64_t policy = evict_first && tid == 0 ? l2_policy_evict_first() : 0;
+  // The weight copies marked evict_first in L2: read once a step, they do not push out the
+  // activations and the KV cache.
+  const uint64_t policy = tid == 0 ? l2_policy_evict_first() : 0;
   auto issue = [&](int64_t chunk, int stage) {
     int ti;
     const int64_t local = target_of(chunk, ti);
     mbar_expect_tx(&bars[stage], chunk_bytes);
     uint8_t* dst = smem + static_cast<size_t>(stage) * stage_stride;
     auto copy = [&](uint8_t* to, const uint8_t* from, uint32_t bytes) {
-      if (evict_first)
-        bulk_copy_hint(to, from, bytes, &bars[stage], policy);
-      else
-        bulk_copy(to, from, bytes, &bars[stage]);
+      bulk_copy_hint(to, from, bytes, &bars[stage], policy);
     };
     if (tg.swiglu_out) {
       const uint32_t half = chunk_bytes / 2;
@@ -113,8 +101,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_fence_init();
   }
   __syncthreads();
-  // Stages [0, prewait) go out now, the rest once the input's loads are issued (or, with
-  // held_early off, once the input is formed): fewer copies for those loads to queue behind.
+  // Stages [0, prewait) go out now, the rest once the input's loads are issued: fewer copies
+  // for those loads to queue behind.
   if (tid == 0)
     for (int st = 0; st < prewait && c0 + st < c1; ++st) issue(c0 + st, st);
   auto issue_held = [&]() {
@@ -161,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (held_early) issue_held();
+  issue_held();
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < NS; ++j) {
@@ -197,7 +185,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (!held_early) issue_held();
   pdl_trigger();
   TESSERA_PROBE_MARK(2);
 
@@ -252,46 +239,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   TESSERA_PROBE_PUT(gemv, 1000000u * static_cast<uint32_t>(IN) + cols, static_cast<uint32_t>(n_chunks));
 }
 
-// The weight copies marked evict_first in L2: read once a step, they no longer push out the
-// activations and the KV cache (TESSERA_CUDA_GEMV_EVICT_FIRST=0: off, for A/B runs).
-bool evict_first_enabled() {
-  static const bool on = env_switch_on("TESSERA_CUDA_GEMV_EVICT_FIRST");
-  return on;
-}
-
-// Chunks each block gets at least when choosing rows per chunk: 3, or
-// TESSERA_CUDA_GEMV_MIN_CHUNKS (A/B runs). Fewer chunks of more rows mean fewer of the
-// per-chunk block barriers a block runs through once its input is ready: the 4,096-row
-// output projection takes 4-row chunks instead of 2-row ones (batch-1 decode 244-245 ->
-// 247-248 tok/s, H200, same call; 2 gave the same as 3).
-int min_chunks_per_block() {
-  static const int n = env_int("TESSERA_CUDA_GEMV_MIN_CHUNKS", 3, 1, 64);
-  return n;
-}
-
-// Ring stages issued before the PDL wait; the rest wait for the input's loads, so that
-// those loads queue behind fewer copies. Normed inputs (the Q|K|V and gate|up products and
-// the output head: x and the residual read after the wait): 2 of 3 (batch-1 decode
-// 261 -> 265-266 tok/s, H200, same call; 1 gave 261-262), or
-// TESSERA_CUDA_GEMV_NORM_PREWAIT. Plain inputs (O, down: their input is read in one short
-// trip): all (2 measured the same), or TESSERA_CUDA_GEMV_PLAIN_PREWAIT.
+// Ring stages issued before the PDL wait: with a normed input (the Q|K|V and gate|up
+// products and the output head: x and the residual read after the wait) fewer, so the
+// input's loads queue behind fewer copies; with a plain one (O, down) all of them.
 int prewait_stages(bool normed) {
-  static const int norm = env_int("TESSERA_CUDA_GEMV_NORM_PREWAIT", 2, 1, 8);
-  static const int plain = env_int("TESSERA_CUDA_GEMV_PLAIN_PREWAIT", 8, 1, 8);
-  return normed ? norm : plain;
-}
-
-// The held-back stages go out as soon as the input's loads are issued, so the copies queue
-// behind them (batch-1 decode 263 -> 265-266 tok/s against going out once the input is
-// formed, H200, same call; TESSERA_CUDA_GEMV_HELD_EARLY=0 for that, A/B runs).
-bool held_early() {
-  static const bool on = env_switch_on("TESSERA_CUDA_GEMV_HELD_EARLY");
-  return on;
-}
-
-bool bulk_enabled() {
-  static const bool on = env_switch_on("TESSERA_CUDA_GEMV_BULK");
-  return on;
+  return normed ? CudaTuning::kGemvNormPrewaitStages : CudaTuning::kGemvPlainPrewaitStages;
 }
 
 template <DType T, Input IN>
@@ -305,7 +257,7 @@ void launch_typed(int ns, const GemvInput& in, int cols, int rpc, int64_t n_chun
       configured = smem;
     }
     launch_pdl(gemv_bulk_kernel<T, NS, IN>, dim3(grid), dim3(kThreads), smem, s, in, cols, rpc, n_chunks,
-               stages, prewait, held_early() ? 1 : 0, evict_first_enabled() ? 1 : 0, tg);
+               stages, prewait, tg);
   };
   switch (ns) {
     case 1: go.template operator()<1>(); break;
@@ -329,7 +281,7 @@ bool gemv_bulk_applies(DType type, int64_t cols, const GemvInput& in) {
   if (norm && (!in.residual || !in.norm_w || !in.x_out || in.up || !aligned(in.residual) || !aligned(in.norm_w) ||
                !aligned(in.x_out)))
     return false;
-  return (type == DType::BF16 || type == DType::F16) && bulk_enabled() && cols % 8 == 0 &&
+  return (type == DType::BF16 || type == DType::F16) && cols % 8 == 0 &&
          cols <= int64_t{kSweep} * kMaxSweeps && aligned(in.x) && (!in.up || aligned(in.up));
 }
 
@@ -345,15 +297,15 @@ bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvT
     total_rows += targets[i].rows;
   }
   // Blocks per SM from the shared memory one takes (stages of chunks up to the budget).
-  const size_t budget = stage_budget();
+  const size_t budget = CudaTuning::kGemvBulkRingBytes;
   const int per_sm = std::max<int>(1, static_cast<int>(kSmemPerSm / (budget + 2048)));
   // Rows per chunk: as many as fit the chunk budget while every target splits into whole
   // chunks and each block of the grid still gets a few (balance).
   int rpc = kMaxRowsPerChunk;
   // Paired: a chunk takes rpc / 2 rows of each target.
   auto fits = [&](int r) {
-    if (static_cast<size_t>(r) * row_bytes > chunk_budget() ||
-        total_rows / r < int64_t{min_chunks_per_block()} * per_sm * sm_count)
+    if (static_cast<size_t>(r) * row_bytes > CudaTuning::kGemvBulkChunkBytes ||
+        total_rows / r < int64_t{CudaTuning::kGemvBulkMinChunksPerBlock} * per_sm * sm_count)
       return false;
     for (int i = 0; i < n_targets; ++i)
       if (targets[i].rows % (paired ? r / 2 : r) != 0) return false;

@@ -65,8 +65,8 @@ bool launch_gemv(DType t, const float* x, int n_rows, int64_t ldx, int64_t cols,
 // Batch 1 with bf16/f16 weights: y_i[r] = input · W_i[r, :] (GemvInput says what the input
 // is); the weights streamed through shared memory by the bulk copy engine
 // (gemv_bulk.cu), launched as a programmatic dependent launch. False when it does not apply
-// (other types, widths past 16384 or not a multiple of 8, misaligned pointers, or
-// TESSERA_CUDA_GEMV_BULK=0): the caller uses launch_gemv.
+// (other types, widths past 16384 or not a multiple of 8, misaligned pointers): the caller
+// uses launch_gemv.
 // What the bulk kernel computes its input row from: x itself; silu(x) * up; or, with
 // residual and norm_w, rms_norm(x + residual) * norm_w, the sum written to x_out by one block
 // (x_out must not alias x or residual: every block reads them).
@@ -79,7 +79,8 @@ struct GemvInput {
   float eps = 0.0f;
 };
 // Per-block timestamps (probe.cuh), in builds with TESSERA_CUDA_PROBE only: probe_open()
-// allocates the record ring when TESSERA_PROBE_FILE is set, probe_close() writes it there.
+// allocates the record ring when TESSERA_CUDA_DIAG names a probe file (cuda_diag.h),
+// probe_close() writes it there.
 void probe_open();
 void probe_close();
 
@@ -104,8 +105,8 @@ void launch_convert_rows(const float* x, int n_rows, int64_t ldx, int64_t cols, 
 void launch_attention_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                               float scale, float* out, int64_t ldo, cudaStream_t s);
 // The same on the tensor cores (f16 KV, head_dim 64/128/256; attention_prefill_mma.cu). False
-// when it does not apply (f32 KV, other head sizes, odd strides, or TESSERA_CUDA_PREFILL_MMA=0):
-// the caller runs launch_attention_prefill instead.
+// when it does not apply (f32 KV, other head sizes, odd strides): the caller runs
+// launch_attention_prefill instead.
 bool launch_attention_prefill_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                                   float scale, float* out, int64_t ldo, cudaStream_t s);
 bool attention_decode_supported(const KvLayerView& kv);

@@ -8,8 +8,8 @@
 //   TESSERA_PROBE_MARK(i);       slot i = %globaltimer (ns, 32 ns steps on the H200)
 //   TESSERA_PROBE_PUT(gemv, tag, aux);  thread 0 appends {tag, block, SM, aux, slots}
 //
-// Records go to one device ring (cuda_probe.cpp allocates it when TESSERA_PROBE_FILE is set
-// and writes it there as text when the backend closes).
+// Records go to one device ring (cuda_probe.cpp allocates it when TESSERA_CUDA_DIAG=probe=PATH
+// is set, cuda_diag.h, and writes it to PATH as text when the backend closes).
 #include <cstdint>
 
 #ifdef TESSERA_CUDA_PROBE

@@ -76,10 +76,7 @@ class LlamaModel final : public Model {
     float* x = x_;         // the residual stream: [n, e]
     float* x_next = x2_;   // where the next pre-norm writes x + residual
     be_.embed(w_->tok_embd, batch.tokens.data(), n, x);
-    // One token: the backend may run the whole stack at once (x then holds the last
-    // block's output already added); otherwise block by block.
-    const bool fused = n == 1 && decode_stack(ab, scale, kv);
-    for (int il = 0; il < (fused ? 0 : c_.n_layer); ++il) {
+    for (int il = 0; il < c_.n_layer; ++il) {
       const LayerWeights& L = w_->layers[il];
       const KvLayerView kvl = kv.layer(il);
       const MatmulTarget qkv[] = {{L.wq, q_, qkv_ld_}, {L.wk, k_, qkv_ld_}, {L.wv, v_, qkv_ld_}};
@@ -109,7 +106,7 @@ class LlamaModel final : public Model {
       std::swap(x, x_next);
     }
     if (n_out == 0) return;
-    if (!fused) be_.add(x, tmp_, static_cast<int64_t>(n) * e);
+    be_.add(x, tmp_, static_cast<int64_t>(n) * e);
     // Only the wanted rows go through the final norm and the (large) output matrix.
     be_.gather_rows(x, e, batch.logits_rows.data(), n_out, e, rows_);
     be_.rms_norm(rows_, w_->output_norm, rows_, n_out, e, c_.rms_eps);
@@ -119,23 +116,6 @@ class LlamaModel final : public Model {
   }
 
  private:
-  // Backend::decode_stack over every block (views of this forward's KV cache).
-  bool decode_stack(const AttentionBatch& ab, float scale, KvCache& kv) {
-    blocks_.resize(c_.n_layer);
-    for (int il = 0; il < c_.n_layer; ++il) {
-      const LayerWeights& L = w_->layers[il];
-      blocks_[il] = {L.attn_norm, L.wq, L.wk, L.wv, L.wo, L.bq, L.bk, L.bv, L.ffn_norm, L.w_gate, L.w_up, L.w_down,
-                     kv.layer(il)};
-    }
-    DecoderStack stack;
-    stack.blocks = blocks_;
-    stack.n_head = c_.n_head;
-    stack.rms_eps = c_.rms_eps;
-    stack.attn_scale = scale;
-    stack.rope = rope_;
-    return be_.decode_stack(stack, ab, x_);
-  }
-
   float* buf(int64_t n) {
     void* p = be_.alloc(sizeof(float) * static_cast<size_t>(n));
     owned_.push_back(p);
@@ -149,7 +129,6 @@ class LlamaModel final : public Model {
   int64_t q_dim_ = 0, kv_dim_ = 0, qkv_ld_ = 0;
   RopeConfig rope_;
   std::vector<void*> owned_;
-  std::vector<DecoderBlockView> blocks_;
   float *x_, *x2_, *xn_, *tmp_, *q_, *k_, *v_, *att_, *gate_, *up_, *h_, *rows_, *logits_;
 };
 

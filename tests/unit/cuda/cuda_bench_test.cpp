@@ -71,7 +71,7 @@ TEST(CudaBench, Llama31_8B_Bf16) {
     model->forward(fb, kv, logits);
     seqs[s].n_tokens = n_prompt;
   };
-  // With TESSERA_CUDA_PROFILE=1 each phase prints its per-op device-time table (warm-ups
+  // With TESSERA_CUDA_DIAG=profile each phase prints its per-op device-time table (warm-ups
   // excluded); the backend then runs without graphs, so the timings are not the headline ones.
   auto profile = [&](const char* phase) {
     const std::string table = cuda_profile_take(*gpu);
@@ -108,10 +108,6 @@ TEST(CudaBench, Llama31_8B_Bf16) {
   for (int i = 0; i < n_gen; ++i) decode_step(1);
   const double t_dec1 = now_s() - t0;
   profile("decode, batch 1, context 512-640 (128 steps)");
-  std::printf("[bench] batch-1 decode steps run as one fused decoder-stack kernel: %lld of %d\n",
-              static_cast<long long>(cuda_fused_decodes(*gpu)), n_gen + 1);
-  if (const std::string t = cuda_stack_timing_take(*gpu); !t.empty())  // TESSERA_CUDA_STACK_TIMING=1
-    std::printf("\n[stack-timing] fused decode, batch 1, per layer (warm-up step included)\n%s", t.c_str());
   const double bw = ceil.copy_bytes_per_s, rate = ceil.bf16_flops_per_s;
   const double avg_ctx = n_prompt + n_gen / 2.0;
   const double dec1_bytes = weight_read_bytes + avg_ctx * kv_bytes_per_token;

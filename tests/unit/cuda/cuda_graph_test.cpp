@@ -1,11 +1,9 @@
 // CUDA graphs for the decode step: a forward replayed from a captured graph must give the
 // same bits as the same forward launched op by op, at every graph batch size (GEMV and
 // cuBLASLt paths), across steps whose contexts grow past block boundaries (new keys when
-// the block tables widen), with the KV cache written identically; also with batch-1 steps
-// run as the fused decoder-stack kernel (--fused-decode).
+// the block tables widen), with the KV cache written identically.
 #include <cstring>
 #include <string>
-#include <utility>
 
 #include "cuda_test_util.h"
 #include "model/dummy.h"
@@ -22,12 +20,11 @@ struct Rig {
   std::unique_ptr<KvCache> kv;
 };
 
-Rig make_rig(bool graphs, bool fused, const std::shared_ptr<ModelWeights>& w, const KvCacheSpec& spec) {
+Rig make_rig(bool graphs, const std::shared_ptr<ModelWeights>& w, const KvCacheSpec& spec) {
   Rig r;
   BackendOptions o;
   o.device = "cuda";
   o.cuda_graphs = graphs;
-  o.cuda_fused_decode = fused;
   r.be = make_backend(o);
   r.model = create_model(w, *r.be, 256, 128);
   r.kv = std::make_unique<KvCache>(*r.be, spec);
@@ -49,10 +46,8 @@ std::vector<uint8_t> kv_bytes(Rig& r) {
 
 TEST(CudaGraphs, ReplayedDecodeGivesTheSameBitsAsEagerLaunches) {
   TESSERA_REQUIRE_CUDA();
-  const std::pair<const char*, bool> cases[] = {
-      {"smollm2-135m:bf16", false}, {"smollm2-135m:q4_0", false}, {"smollm2-135m:bf16", true}};
-  for (const auto& [spec_name, fused] : cases) {
-    SCOPED_TRACE(std::string(spec_name) + (fused ? " fused decode" : ""));
+  for (const char* spec_name : {"smollm2-135m:bf16", "smollm2-135m:q4_0"}) {
+    SCOPED_TRACE(spec_name);
     const auto w = make_dummy_weights(spec_name, 5);
     KvCacheSpec spec;
     spec.n_layers = w->config.n_layer;
@@ -60,8 +55,8 @@ TEST(CudaGraphs, ReplayedDecodeGivesTheSameBitsAsEagerLaunches) {
     spec.head_dim = w->config.head_dim;
     spec.block_size = 4;
     spec.n_blocks = 1024;
-    Rig eager = make_rig(false, fused, w, spec);
-    Rig graph = make_rig(true, fused, w, spec);
+    Rig eager = make_rig(false, w, spec);
+    Rig graph = make_rig(true, w, spec);
     EXPECT_EQ(eager.be->decode_graph_batch(3), 0);
     ASSERT_EQ(graph.be->decode_graph_batch(3), 4);
     EXPECT_EQ(graph.be->decode_graph_batch(100), 128);
@@ -109,9 +104,5 @@ TEST(CudaGraphs, ReplayedDecodeGivesTheSameBitsAsEagerLaunches) {
     // counter, so the bitwise comparison above covers the replays.
     EXPECT_GT(cuda_graph_replays(*graph.be), 5);
     EXPECT_EQ(cuda_graph_replays(*eager.be), 0);
-    if (fused) {  // the 12 batch-1 steps ran fused, replayed ones included
-      EXPECT_EQ(cuda_fused_decodes(*eager.be), 12);
-      EXPECT_EQ(cuda_fused_decodes(*graph.be), 12);
-    }
   }
 }
