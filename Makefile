@@ -31,7 +31,9 @@ PORT ?= 8000
 run: build model
 	$(BUILD_DIR)/bin/tessera serve --model smollm2-135m --host $(HOST) --port $(PORT)
 
+# The layer check first (a second, no build needed): an include across layers fails fast.
 test: build test-models
+	bash scripts/check-layers.sh
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # PEER=path/to/python-with-llama-cpp-python adds llama.cpp measured in the same run.

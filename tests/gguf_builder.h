@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 namespace tessera::test {
 

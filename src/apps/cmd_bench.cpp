@@ -18,7 +18,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_factory.h"
 #include "bench/membw.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "core/error.h"
 #include "benchharness/offline_report.h"
 #include "engine/engine_offline.h"

@@ -5,7 +5,7 @@
 #include "apps/commands.h"
 #include "apps/common.h"
 #include "model/dummy.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 

@@ -6,7 +6,7 @@
 #include "apps/commands.h"
 #include "apps/common.h"
 #include "core/error.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::apps {

@@ -1,38 +1,12 @@
+// The backend registry: the one place that knows every backend (CPU, CUDA), so the
+// backends themselves never depend on each other (docs/design/layers.md).
 #include "backend/backend.h"
-
-#include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_factory.h"
 #include "core/error.h"
 
 namespace tessera {
-
-double rope_inv_freq(const RopeConfig& cfg, int i, const float* host_freq_factors) {
-  double inv = std::pow(static_cast<double>(cfg.freq_base), -2.0 * i / cfg.rot_dim);
-  if (cfg.llama3_factor > 0) {
-    const double pi = 3.14159265358979323846;
-    const double wavelen = 2 * pi / inv;
-    const double low_wavelen = cfg.llama3_original_ctx / cfg.llama3_low_freq_factor;
-    const double high_wavelen = cfg.llama3_original_ctx / cfg.llama3_high_freq_factor;
-    if (wavelen > low_wavelen) {
-      inv /= cfg.llama3_factor;
-    } else if (wavelen >= high_wavelen) {
-      const double smooth = (cfg.llama3_original_ctx / wavelen - cfg.llama3_low_freq_factor) /
-                            (cfg.llama3_high_freq_factor - cfg.llama3_low_freq_factor);
-      inv = (1 - smooth) * inv / cfg.llama3_factor + smooth * inv;
-    }
-  }
-  if (host_freq_factors) inv /= host_freq_factors[i];
-  return inv / cfg.linear_factor;
-}
-
-bool same_rope_config(const RopeConfig& a, const RopeConfig& b) {
-  return a.head_dim == b.head_dim && a.rot_dim == b.rot_dim && a.freq_base == b.freq_base && a.neox == b.neox &&
-         a.llama3_factor == b.llama3_factor && a.llama3_low_freq_factor == b.llama3_low_freq_factor &&
-         a.llama3_high_freq_factor == b.llama3_high_freq_factor && a.llama3_original_ctx == b.llama3_original_ctx &&
-         a.linear_factor == b.linear_factor && a.freq_factors == b.freq_factors;
-}
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
   if (options.device == "cpu") return std::make_unique<CpuBackend>(options.threads);

@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "engine/session.h"
 #include "model/dummy.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "model/hf_config.h"
 #include "model/weights.h"
 

@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "engine/session.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 #include <filesystem>

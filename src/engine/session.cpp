@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "model/dummy.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera {

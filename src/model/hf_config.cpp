@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 namespace tessera {
 

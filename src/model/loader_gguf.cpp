@@ -4,7 +4,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "model/bind_llama.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "model/weights.h"
 #include "quant/quant.h"
 

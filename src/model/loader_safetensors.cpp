@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "model/bind_llama.h"
 #include "model/hf_config.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 #include "model/weights.h"
 #include "quant/quant.h"
 

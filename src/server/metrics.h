@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "engine/engine_core.h"  // EngineStats
-#include "sched/sequence.h"      // FinishReason
+#include "engine/request.h"       // FinishReason, through the engine's API
 
 namespace tessera {
 

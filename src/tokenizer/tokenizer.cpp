@@ -8,7 +8,7 @@
 #include <queue>
 
 #include "core/error.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode.h"
 

@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
-#include "sched/admission.h"
+#include "engine/request.h"  // admission verdicts, through the engine's API
 #include "server/http/exchange.h"
 
 namespace tessera::api {

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "sample/sampler.h"
-#include "sched/sequence.h"
+#include "engine/request.h"  // FinishReason
 
 namespace tessera {
 class Tokenizer;

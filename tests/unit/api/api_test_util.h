@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "server/api/api_error.h"
 #include "server/api/served_model.h"
 #include "test_model.h"

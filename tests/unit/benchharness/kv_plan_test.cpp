@@ -8,7 +8,7 @@
 
 #include "benchharness/kv_plan.h"
 #include "core/error.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 namespace tessera::bench {
 namespace {

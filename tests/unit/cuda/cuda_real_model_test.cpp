@@ -19,7 +19,7 @@
 
 #include "cuda_test_util.h"
 #include "engine/session.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "quant/quant.h"
 #include "tokenizer/tokenizer.h"
 

@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "model/hf_config.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 using namespace tessera;
 

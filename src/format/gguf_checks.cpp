@@ -3,7 +3,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 namespace tessera {
 
