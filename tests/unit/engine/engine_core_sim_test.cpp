@@ -109,7 +109,7 @@ TEST(EngineSim, RandomWorkloadWithAbortsStaysExactAndLeakFree) {
       // 8 symbols: prefix hits; up to 4 chunks of prefill.
       Request r = greedy_request(random_tokens(rng, 1 + rng() % 120, 8), 1 + rng() % 40);
       r.priority = static_cast<int32_t>(rng() % 3);
-      r.tenant_salt = rng() % 2 ? "a" : "b";
+      r.tenant_salt = std::string(rng() % 2 ? "a" : "b");  // not `= "a"`: GCC 12 false -Wrestrict (PR 105329)
       if (rng() % 5 == 0) {
         r.n = 2 + rng() % 3;
         r.sampling.temperature = 1.0f;

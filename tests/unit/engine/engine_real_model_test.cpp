@@ -324,7 +324,9 @@ TEST_F(EngineRealModel, PromptLogprobsUnderPreemptionAndSwap) {
       if (mode == PreemptionMode::Swap) c.n_host_blocks = model_->executor().n_host_blocks();
     });
     EXPECT_GT(tight.stats.preemptions, 0);
-    if (mode == PreemptionMode::Swap) EXPECT_GT(tight.stats.swaps_out, 0);
+    if (mode == PreemptionMode::Swap) {
+      EXPECT_GT(tight.stats.swaps_out, 0);
+    }
     for (size_t i = 0; i < reqs.size(); ++i) {
       EXPECT_EQ(tight.out.at(i + 1).tokens[0], alone().out.at(i + 1).tokens[0]) << i;
       EXPECT_EQ(tight.logprobs.at(i + 1)[0].size(), tight.out.at(i + 1).tokens[0].size());

@@ -97,9 +97,12 @@ TEST(ChatTemplate, ChatmlFallback) {
 }
 
 TEST(ChatTemplate, VariablesAndOverrides) {
+  ChatTemplateOptions options;  // by field: a brace list without `now` warns (missing-field-initializers)
+  options.bos_token = "<s>";
+  options.eos_token = "</s>";
   const ChatTemplate tmpl("{{ bos_token }}|{{ eos_token }}|{{ tools }}|{{ documents }}|{{ add_generation_prompt }}|"
                           "{{ enable_thinking | default('unset') }}|{{ messages | length }}",
-                          ChatTemplateOptions{"<s>", "</s>"});
+                          options);
   EXPECT_EQ(tmpl.apply(nlohmann::json::array(), true), "<s>|</s>|None|None|True|unset|0");
   EXPECT_EQ(tmpl.apply(nlohmann::json::array({{{"role", "user"}}}), false,
                        {{"enable_thinking", false}, {"tools", {1}}}),

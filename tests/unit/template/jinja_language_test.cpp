@@ -39,7 +39,9 @@ TEST(JinjaLanguage, MatchesJinja2) {
     } else {
       const std::string want = c["error"].get<std::string>();
       EXPECT_NE(error, "") << label << " should fail with: " << want;
-      if (!wording_differs(want)) EXPECT_NE(error.find(want), std::string::npos) << label << ": " << error;
+      if (!wording_differs(want)) {
+        EXPECT_NE(error.find(want), std::string::npos) << label << ": " << error;
+      }
     }
     ++checked;
   }
