@@ -28,7 +28,9 @@ if(TESSERA_CUDA)
   set(CMAKE_CUDA_ARCHITECTURES OFF)  # the -gencode flags below say it
   set(CMAKE_CUDA_FLAGS_RELEASE "-O3 -DNDEBUG")
   tessera_layer(backend_cuda DIRS src/backend/cuda EXCLUDE src/backend/cuda/cuda_unavailable.cpp
-    PUBLIC backend core PRIVATE quant LIBS CUDA::cudart_static CUDA::cublasLt)
+    PUBLIC backend core PRIVATE quant)
+  # PRIVATE: no header outside this folder includes the CUDA runtime, so no user compiles with it.
+  target_link_libraries(tessera_backend_cuda PRIVATE CUDA::cudart_static CUDA::cublasLt)
   set_target_properties(tessera_backend_cuda PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
   target_compile_options(tessera_backend_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${TESSERA_CUDA_GENCODE}>)
   # Per-block kernel timestamps (src/backend/cuda/probe.cuh, tools/gpu/block_timeline.py).
