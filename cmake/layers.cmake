@@ -82,6 +82,12 @@ tessera_layer(bench     DIRS src/bench PUBLIC core PRIVATE backend_cpu)
 tessera_layer(benchharness DIRS src/benchharness PUBLIC core engine model
   PRIVATE format tokenizer LIBS Boost::headers nlohmann_json::nlohmann_json)
 
+# Every layer at once, for programs that drive the whole engine (tests, fuzz targets, tools).
+# Code under src/ links the layers it lists instead.
+add_library(tessera_lib INTERFACE)
+list(TRANSFORM TESSERA_LAYERS PREPEND tessera_ OUTPUT_VARIABLE TESSERA_LAYER_TARGETS)
+target_link_libraries(tessera_lib INTERFACE ${TESSERA_LAYER_TARGETS})
+
 # The command line: a program, not a layer; it may use every layer it names here.
 # tessera_program(<name> DIRS <folder>... PRIVATE <layer>...)
 function(tessera_program name)

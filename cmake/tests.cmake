@@ -7,8 +7,7 @@ add_executable(tessera_tests ${TESSERA_TEST_SOURCES})
 tessera_warnings(tessera_tests)
 target_include_directories(tessera_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests)
 # Tests may reach into any layer (and its internals); the layering binds src/ only.
-list(TRANSFORM TESSERA_LAYERS PREPEND tessera_ OUTPUT_VARIABLE TESSERA_LAYER_TARGETS)
-target_link_libraries(tessera_tests PRIVATE ${TESSERA_LAYER_TARGETS} GTest::gtest GTest::gtest_main)
+target_link_libraries(tessera_tests PRIVATE tessera_lib GTest::gtest GTest::gtest_main)
 target_compile_definitions(tessera_tests PRIVATE
   TESSERA_FIXTURES_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
 gtest_discover_tests(tessera_tests DISCOVERY_TIMEOUT 60
