@@ -65,6 +65,9 @@ class RecordingBackend final : public Backend {
   void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) override {
     op([=, this] { cpu_.gather_rows(src, ld, rows, n, dim, dst); });
   }
+  void copy_device(void* dst, const void* src, size_t bytes) override {  // an op (add_rms_norm_matmul's copy)
+    op([=] { std::memcpy(dst, src, bytes); });
+  }
   void copy_to_host(void* host, const void* device, size_t bytes) override {
     EXPECT_FALSE(capturing_) << "copy to the host inside a capture";
     std::memcpy(host, device, bytes);

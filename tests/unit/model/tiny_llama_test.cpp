@@ -302,7 +302,7 @@ TEST(TinyLlama, OutOfVocabularyTokenIsAnErrorNotARead) {
     ForwardBatch fb;
     fb.add_sequence(seq, 4, &bad, 1, ForwardBatch::Logits::Last);
     std::vector<float> logits(tiny.vocab);
-    EXPECT_THROW(model->forward(fb, kv, logits.data()), Error);
+    EXPECT_THROW(ModelRunner(*model, kv, be).forward(fb, logits.data()), Error);
   }
 }
 
