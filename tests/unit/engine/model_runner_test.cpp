@@ -151,6 +151,13 @@ struct Rig {
     model = std::make_unique<CountingModel>(create_model(weights, be, 32, 8));
     const ModelConfig& c = weights->config;
     kv = std::make_unique<KvCache>(be, KvCacheSpec{c.n_layer, c.n_head_kv, c.head_dim, kBlock, 64, DType::F32});
+    // Zeroed, so the slots no forward writes compare equal across rigs (alloc does not clear).
+    for (int l = 0; l < c.n_layer; ++l) {
+      const KvLayerView v = kv->layer(l);
+      const size_t bytes = static_cast<size_t>(v.n_blocks) * v.n_kv_heads * v.block_size * v.head_dim * sizeof(float);
+      std::memset(v.k, 0, bytes);
+      std::memset(v.v, 0, bytes);
+    }
     runner = std::make_unique<ModelRunner>(*model, *kv, be, pad_block);
   }
   int n_vocab() const { return weights->config.n_vocab; }
