@@ -13,58 +13,27 @@
 #include <string>
 #include <string_view>
 
+#include "backend/op_types.h"
 #include "backend/tensor.h"
 #include "core/error.h"
 
 namespace tessera {
 
-struct RopeConfig {
-  int head_dim = 0;       // elements per head
-  int rot_dim = 0;        // leading elements of each head that rotate (= head_dim usually)
-  float freq_base = 10000.0f;
-  bool neox = false;      // pairs (i, i + rot_dim/2) instead of (2i, 2i + 1)
-  // Llama 3 frequency scaling (rope_scaling.rope_type == "llama3"); factor 0 = off.
-  float llama3_factor = 0.0f;
-  float llama3_low_freq_factor = 1.0f;
-  float llama3_high_freq_factor = 4.0f;
-  int llama3_original_ctx = 8192;
-  // Linear position scaling (rope_scaling.type == "linear"): positions / linear_factor.
-  float linear_factor = 1.0f;
-  // Per-pair frequency divisors [rot_dim/2] (GGUF tensor rope_freqs.weight), or nullptr.
-  const float* freq_factors = nullptr;
-};
-
-// Inverse frequency of rotated pair i, in double, with Llama 3's rescaling, the per-pair
-// divisors (read from `host_freq_factors`, a host copy of cfg.freq_factors, or nullptr) and
-// linear scaling: every backend's RoPE uses it, so their angles agree.
-double rope_inv_freq(const RopeConfig& cfg, int i, const float* host_freq_factors);
-// Whether two configurations give the same rotation (for caching tables per configuration).
-bool same_rope_config(const RopeConfig& a, const RopeConfig& b);
-
-// One layer's paged KV storage: K and V each [n_blocks, n_kv_heads, block_size, head_dim],
-// so one head's keys of one block are contiguous.
-struct KvLayerView {
-  void* k = nullptr;
-  void* v = nullptr;
-  DType dtype = DType::F16;  // F16 or F32
-  int n_blocks = 0;
-  int block_size = 0;
-  int n_kv_heads = 0;
-  int head_dim = 0;
-};
-
-// Host-side description of a variable-length batch: sequences s = 0..n_seqs-1 own query rows
-// [q_start[s], q_start[s+1]) of the flat token dimension, and after this step's KV write hold
-// kv_len[s] tokens, found through block_tables[s * max_blocks + i].
+// A variable-length batch: sequences s = 0..n_seqs-1 own query rows [q_start[s], q_start[s+1])
+// of the flat token dimension, and after this step's KV write hold kv_len[s] tokens, found
+// through block_tables[s * max_blocks + i]. The arrays are in this backend's memory (device
+// pointers; the ModelRunner stages them); the scalars are host values, so a backend plans its
+// launches without reading the arrays back.
 struct AttentionBatch {
   int n_tokens = 0;
   int n_seqs = 0;
+  bool one_row_each = false;              // every sequence has exactly one query row (a decode batch)
   const int32_t* positions = nullptr;     // [n_tokens] absolute position of each row
   const int32_t* slot_mapping = nullptr;  // [n_tokens] block * block_size + offset
   const int32_t* q_start = nullptr;       // [n_seqs + 1]
   const int32_t* kv_len = nullptr;        // [n_seqs]
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks]
-  int max_blocks = 0;
+  int max_blocks = 0;                     // row stride of block_tables (may exceed every sequence's blocks)
 };
 
 class Backend {
@@ -158,7 +127,8 @@ class Backend {
   }
   // x += y                                                           [n]
   virtual void add(float* x, const float* y, int64_t n) = 0;
-  // Copies rows: dst[i, :] = src[rows[i], :] (gathers the rows whose logits are wanted)
+  // Copies rows: dst[i, :] = src[rows[i], :] (gathers the rows whose logits are wanted; rows
+  // is a device array)
   virtual void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) = 0;
   // Device → host copy (a plain memcpy on the CPU)
   virtual void copy_to_host(void* host, const void* device, size_t bytes) = 0;
@@ -171,15 +141,10 @@ class Backend {
   virtual std::shared_ptr<const void> upload(const void* host, size_t bytes) = 0;
   // Host → device copy into memory from alloc() (a plain memcpy on the CPU).
   virtual void copy_to_device(void* device, const void* host, size_t bytes) = 0;
-  // Announces the host index arrays of the forward about to run (the batch, token ids and
-  // logits rows), so that a device backend moves them in one transfer instead of one per op.
-  // Ops given host arrays that were not announced still work. A no-op on the CPU.
-  virtual void stage_inputs(const AttentionBatch& batch, const int32_t* tokens, const int32_t* logits_rows,
-                            int n_logits_rows) {}
   // Device memory still free, in bytes; 0 for a backend that computes in host memory.
   virtual size_t device_free_bytes() { return 0; }
 
-  // ---- Serving on a device: KV block moves, logits readback, decode graphs ----
+  // ---- Serving on a device: KV block moves, logits readback ----
 
   // Device → device copy, ordered with the ops (copy-on-write KV blocks).
   virtual void copy_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
@@ -194,29 +159,43 @@ class Backend {
     return std::shared_ptr<void>(new uint8_t[std::max<size_t>(bytes, 1)], [](void* p) { delete[] static_cast<uint8_t*>(p); });
   }
 
-  // Which rows of the next forward's logits the caller reads in full. Rows flagged
-  // argmax_only get only their argmax (lowest id on ties) in argmax[row]; a device backend
-  // then moves 4 bytes instead of the row. argmax[row] = -1 when the row holds a NaN or
-  // +inf or is all -inf: that row is copied in full (so the sampler reports the problem).
+  // Which rows of a logits readback the caller reads in full. Rows flagged argmax_only get
+  // only their argmax (lowest id on ties) in argmax[row]; a device backend then moves 4 bytes
+  // instead of the row. argmax[row] = -1 when the row holds a NaN or +inf or is all -inf:
+  // that row is copied in full (so the sampler reports the problem).
   struct LogitsReadback {
-    int n_rows = 0;
-    const uint8_t* argmax_only = nullptr;  // [n_rows], 1 = argmax only
+    const uint8_t* argmax_only = nullptr;  // [n_rows], 1 = argmax only; null: every row in full
     int32_t* argmax = nullptr;             // [n_rows] host, written for flagged rows
   };
-  // The plan the next read_logits() follows (once); without one every row is copied.
-  void plan_logits_readback(const LogitsReadback& plan) { logits_plan_ = plan; }
-  // Logits [n_rows, n_vocab] at `device` to `host`, following and clearing the plan; a model
-  // calls it once, at the end of its forward.
-  void read_logits(float* host, const float* device, int n_rows, int n_vocab) {
-    const LogitsReadback plan = logits_plan_;
-    logits_plan_ = {};
-    read_logits_planned(host, device, n_rows, n_vocab, plan.n_rows == n_rows ? plan : LogitsReadback{});
+  // Logits [n_rows, n_vocab] at `device` to `host` as `plan` says; waits for the ops before it.
+  virtual void read_logits(float* host, const float* device, int n_rows, int n_vocab, const LogitsReadback& plan) {
+    copy_to_host(host, device, sizeof(float) * static_cast<size_t>(n_rows) * n_vocab);
+    if (!plan.argmax_only) return;
+    for (int r = 0; r < n_rows; ++r)
+      if (plan.argmax_only[r]) plan.argmax[r] = host_row_argmax(host + static_cast<size_t>(r) * n_vocab, n_vocab);
   }
 
-  // Decode forwards (every sequence one new token, logits rows 0..n-1) of n sequences run
-  // fastest when padded to decode_graph_batch(n) sequences: such a forward is captured once
-  // as a graph and replayed. 0: this backend replays no graphs; pass batches as they are.
-  virtual int decode_graph_batch(int n_seqs) const { return 0; }
+  // ---- Graphs: a stretch of ops recorded once and launched again (the ModelRunner's) ----
+
+  // A recorded stretch of ops. launch() runs them again with the same arguments; what they
+  // read at device addresses is read at launch time, so new values staged at the same
+  // addresses make a new step.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual void launch() = 0;
+  };
+  // Whether begin_capture() works here (false on the CPU, or with graphs switched off).
+  virtual bool supports_graphs() const { return false; }
+  // Ops issued between begin_capture() and end_capture() are recorded, not run (no copy to
+  // the host, no synchronize() in between). abandon_capture() drops a capture an exception
+  // interrupted (a no-op when none is open).
+  virtual void begin_capture() { fail("backend ", name(), " records no graphs"); }
+  virtual std::unique_ptr<Graph> end_capture() { fail("backend ", name(), " records no graphs"); }
+  virtual void abandon_capture() {}
+  // Changes whenever a scratch buffer the ops use moves: a graph captured under another
+  // value reads freed memory and must be captured again.
+  virtual uint64_t graph_epoch() const { return 0; }
 
  protected:
   // add_rms_norm_swiglu_ffn's shapes, checked by every implementation.
@@ -234,14 +213,6 @@ class Backend {
     TESSERA_CHECK(x_out != x && x_out != residual, "add_rms_norm_matmul: x_out aliases ",
                   x_out == x ? "x" : "residual", "; it needs a buffer of its own");
   }
-  // The whole copy, then the argmax of flagged rows on the host (same rule as the sampler).
-  virtual void read_logits_planned(float* host, const float* device, int n_rows, int n_vocab,
-                                   const LogitsReadback& plan) {
-    copy_to_host(host, device, sizeof(float) * static_cast<size_t>(n_rows) * n_vocab);
-    if (!plan.argmax_only) return;
-    for (int r = 0; r < n_rows; ++r)
-      if (plan.argmax_only[r]) plan.argmax[r] = host_row_argmax(host + static_cast<size_t>(r) * n_vocab, n_vocab);
-  }
   // First index of the largest value; -1 for a NaN, a +inf or a row of -inf.
   static int32_t host_row_argmax(const float* row, int n) {
     int32_t best = -1;
@@ -256,9 +227,6 @@ class Backend {
     }
     return best;
   }
-
- private:
-  LogitsReadback logits_plan_;
 };
 
 struct BackendOptions {

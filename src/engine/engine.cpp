@@ -119,7 +119,7 @@ void Engine::handle(Message& message) {
   switch (message.kind) {
     case Message::Kind::Add: {
       Live live{message.stream, message.request.tenant, static_cast<int64_t>(message.request.prompt.size()),
-                budget_tokens(message.request), false, {}};
+                budget_tokens(message.request), false};
       try {
         core_.add(message.id, message.request);
       } catch (const std::exception& e) {  // validated at submit: only a bug gets here
@@ -170,15 +170,15 @@ void Engine::publish_progress(const StepResult& step) {
     Live& live = it->second;
     live.started = true;
     admission_.started(live.n_prompt);
-    live.progress.scheduled_at = start.scheduled_at;
-    live.progress.cached_prompt_tokens = start.cached_prompt_tokens;
-    live.stream->set_progress(live.progress);
+    live.stream->update_progress([&](RequestProgress& p) {
+      p.scheduled_at = start.scheduled_at;
+      p.cached_prompt_tokens = start.cached_prompt_tokens;
+    });
   }
   for (const auto& [id, entries] : step.prompt_logprobs) {
     const auto it = live_.find(id);
     if (it == live_.end()) continue;
-    it->second.progress.prompt_logprobs = entries;
-    it->second.stream->set_progress(it->second.progress);
+    it->second.stream->update_progress([&](RequestProgress& p) { p.prompt_logprobs = entries; });
   }
 }
 

@@ -91,8 +91,7 @@ class Engine {
     std::string tenant;
     int64_t n_prompt = 0;
     int64_t budget_tokens = 0;  // prompt + max_tokens x n: the tenant's in-flight tokens
-    bool started = false;
-    RequestProgress progress;   // as published to the stream
+    bool started = false;  // its RequestProgress lives in the stream (one copy)
   };
 
   void run();

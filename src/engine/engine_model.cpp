@@ -46,7 +46,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     ForwardBatch batch;
     batch.add_sequence(seq, spec.block_size, tokens.data(), n, ForwardBatch::Logits::Last);
     std::vector<float> logits(mc.n_vocab);
-    session_->model().forward(batch, kv, logits.data());
+    ModelRunner(session_->model(), kv, backend).forward(batch, logits.data());
   };
   // A device backend sizes its KV pool from the device memory left after a warm-up forward
   // (weights, activations and the GEMM's scratch are resident by then).
@@ -86,11 +86,11 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   if (sc.preemption_mode == PreemptionMode::Swap)
     TESSERA_CHECK(config_.n_host_blocks > 0, "swap preemption needs swap space for at least one KV block of ",
                   config_.kv_block_bytes, " bytes (got ", o.swap_space_bytes, ")");
-  // A backend that replays decode graphs gets one block more than the engine hands out:
-  // the padding sequences of padded decode steps write there.
+  // On a backend that records graphs the pool has one block more than the engine hands out:
+  // the padding sequences of decode steps the runner pads to a graph size write there.
   int pad_block = -1;
   KvCacheSpec pool = spec;
-  if (backend.decode_graph_batch(1) > 0) {
+  if (backend.supports_graphs()) {
     pad_block = spec.n_blocks;
     pool.n_blocks = spec.n_blocks + 1;
   }

@@ -9,16 +9,11 @@ namespace tessera {
 
 ModelExecutor::ModelExecutor(Model& model, KvCache& kv, Backend& backend, int max_batch_tokens, int max_logits_rows,
                              int n_host_blocks, int pad_block)
-    : model_(model),
-      kv_(kv),
-      backend_(backend),
-      pad_block_(pad_block),
+    : kv_(kv),
+      runner_(model, kv, backend, pad_block),
       n_vocab_(model.config().n_vocab),
       max_batch_tokens_(std::min(max_batch_tokens, model.max_batch_tokens())),
       max_logits_rows_(max_logits_rows) {
-  TESSERA_CHECK(&kv.backend() == &backend, "executor: the KV cache lives on another backend");
-  TESSERA_CHECK(pad_block < kv.spec().n_blocks, "executor: padding block ", pad_block, " outside the KV pool of ",
-                kv.spec().n_blocks);
   TESSERA_CHECK(max_logits_rows >= 1, "executor: max_logits_rows ", max_logits_rows);
   if (n_host_blocks > 0) host_ = std::make_unique<HostKvTier>(kv.spec(), n_host_blocks, backend);
 }
@@ -44,26 +39,6 @@ void ModelExecutor::remove_sequence(SeqId seq) {
   TESSERA_CHECK(samplers_.erase(seq) == 1, "executor: removing unknown sequence ", seq);
 }
 
-const ForwardBatch& ModelExecutor::padded_for_graphs(const ForwardBatch& b) {
-  if (pad_block_ < 0) return b;
-  const int n = b.n_seqs();
-  // Only pure decode steps: one new token and one logits row per sequence, in order.
-  if (n == 0 || b.n_tokens() != n || static_cast<int>(b.logits_rows.size()) != n) return b;
-  for (int i = 0; i < n; ++i)
-    if (b.logits_rows[i] != i || b.q_start[i] != i) return b;
-  const int target = backend_.decode_graph_batch(n);
-  if (target <= n || target > max_batch_tokens_ || target > max_logits_rows_) return b;
-  padded_ = b;
-  // Padding sequences: one token at position 0 in the reserved block, each with its own
-  // logits row; they read and write nothing any real sequence owns.
-  SequenceBlocks pad;
-  pad.blocks.push_back(pad_block_);
-  const int32_t token = 0;
-  for (int i = n; i < target; ++i)
-    padded_.add_sequence(pad, kv_.spec().block_size, &token, 1, ForwardBatch::Logits::Last);
-  return padded_;
-}
-
 bool ModelExecutor::argmax_is_enough(const SampleTarget& t) const {
   if (t.logprobs) return false;
   const auto it = samplers_.find(t.seq);
@@ -79,10 +54,8 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
                 "executor: batch of ", in.batch.n_tokens(), " tokens and ", real_rows, " logits rows exceeds ",
                 max_batch_tokens_, " and ", max_logits_rows_);
   if (!in.copies.empty()) copy_kv_blocks(kv_, in.copies);
-  const ForwardBatch& b = padded_for_graphs(in.batch);
-  const size_t rows = b.logits_rows.size();
+  const size_t rows = real_rows;
   // Readback plan: a row is copied in full only when someone needs more than its argmax.
-  // Rows nobody reads (padding) count as argmax-only: 4 bytes instead of the row.
   argmax_only_.assign(rows, 1);
   argmax_.assign(rows, -1);
   for (const SampleTarget& t : in.samples)
@@ -90,8 +63,7 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
   for (const PromptLogprobTarget& t : in.prompt_logprobs)
     if (t.row >= 0 && static_cast<size_t>(t.row) < rows) argmax_only_[t.row] = 0;
   logits_.resize(rows * n_vocab_);
-  if (rows > 0) backend_.plan_logits_readback({static_cast<int>(rows), argmax_only_.data(), argmax_.data()});
-  model_.forward(b, kv_, logits_.data());
+  runner_.forward(in.batch, logits_.data(), {argmax_only_.data(), argmax_.data()});
   const auto row_of = [&](int32_t row) {
     TESSERA_CHECK(row >= 0 && static_cast<size_t>(row) < real_rows, "executor: logits row ", row, " of ", real_rows);
     return std::span<float>(logits_.data() + static_cast<size_t>(row) * n_vocab_, n_vocab_);

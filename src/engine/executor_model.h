@@ -3,14 +3,15 @@
 // forward of the step's variable-length batch, then one Sampler per sequence over its
 // logits row, and the log-probabilities requests asked for. Works on any backend: KV moves
 // go through the backend's copy ops; rows that only need an argmax (greedy, no penalties,
-// bias or logprobs) are reduced on the backend and only their ids come back; decode steps
-// are padded to the backend's graph batch sizes when it replays graphs.
+// bias or logprobs) are reduced on the backend and only their ids come back. The forward
+// itself (input staging, graph padding and replay, logits readback) is the ModelRunner's.
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/executor.h"
+#include "engine/model_runner.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_host_ops.h"
 #include "model/model.h"
@@ -24,7 +25,7 @@ class ModelExecutor final : public Executor {
   // forward (create_model's arguments). kv is the cache the engine's block ids index (on
   // `backend`). n_host_blocks: slots of the host tier for swap preemption (0 = none).
   // pad_block: a KV block the engine never hands out, written by the padding sequences of
-  // decode steps padded to backend.decode_graph_batch() (-1 = never pad).
+  // decode steps the runner pads to a graph size (-1 = never pad).
   ModelExecutor(Model& model, KvCache& kv, Backend& backend, int max_batch_tokens, int max_logits_rows,
                 int n_host_blocks = 0, int pad_block = -1);
 
@@ -39,16 +40,11 @@ class ModelExecutor final : public Executor {
   void swap_in(std::span<const BlockSwap> swaps) override;
 
  private:
-  // The batch to run: `b` itself, or a copy padded to the backend's graph size.
-  const ForwardBatch& padded_for_graphs(const ForwardBatch& b);
   // Whether row sampling for this target is exactly the argmax of the raw row.
   bool argmax_is_enough(const SampleTarget& t) const;
 
-  Model& model_;
   KvCache& kv_;
-  Backend& backend_;
-  int pad_block_;
-  ForwardBatch padded_;
+  ModelRunner runner_;
   std::vector<uint8_t> argmax_only_;  // [rows] readback plan
   std::vector<int32_t> argmax_;       // [rows] ids of argmax-only rows (-1: row copied, use the sampler)
   int32_t n_vocab_;

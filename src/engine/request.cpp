@@ -48,14 +48,16 @@ void RequestStream::push(StreamEvent event, bool close) {
   if (on_event_) on_event_();
 }
 
-RequestProgress RequestStream::progress() const {
+std::shared_ptr<const RequestProgress> RequestStream::progress() const {
   std::lock_guard lock(mutex_);
   return progress_;
 }
 
-void RequestStream::set_progress(RequestProgress progress) {
+void RequestStream::update_progress(const std::function<void(RequestProgress&)>& edit) {
   std::lock_guard lock(mutex_);
-  progress_ = std::move(progress);
+  auto next = std::make_shared<RequestProgress>(*progress_);
+  edit(*next);
+  progress_ = std::move(next);
 }
 
 }  // namespace tessera

@@ -83,16 +83,20 @@ class RequestStream {
   RequestOutput collect();
   bool closed() const;
   int n_choices() const { return n_choices_; }
-  RequestProgress progress() const;
+  // The request's one RequestProgress as last published (never null; empty before the
+  // request is scheduled). A published value is never changed: the engine publishes a new
+  // one, so a reader may keep and share the pointer.
+  std::shared_ptr<const RequestProgress> progress() const;
 
   // Engine side.
   void push(StreamEvent event, bool close);
-  void set_progress(RequestProgress progress);
+  // Publishes the current progress with `edit` applied.
+  void update_progress(const std::function<void(RequestProgress&)>& edit);
 
  private:
   const int n_choices_;
   const std::function<void()> on_event_;
-  RequestProgress progress_;
+  std::shared_ptr<const RequestProgress> progress_ = std::make_shared<const RequestProgress>();
   mutable std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<StreamEvent> events_;

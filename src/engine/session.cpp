@@ -73,6 +73,7 @@ Session::Session(const SessionOptions& options) : options_(options) {
   spec.n_blocks = (ctx_ + options.block_size - 1) / options.block_size;
   spec.dtype = options.kv_dtype;
   kv_ = std::make_unique<KvCache>(*backend_, spec);
+  runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *backend_);
   pool_ = std::make_unique<BlockPool>(spec.n_blocks);
 }
 
@@ -103,7 +104,7 @@ void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, Forward
     const size_t rows = batch_.logits_rows.size();
     const size_t old = logits.size();
     logits.resize(old + rows * n_vocab);
-    model_->forward(batch_, *kv_, logits.data() + old);
+    runner_->forward(batch_, logits.data() + old);
     seq.n_tokens += n;
     done += n;
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/model_runner.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -46,6 +47,7 @@ class Session {
   Backend& backend() { return *backend_; }
   Model& model() { return *model_; }
   KvCache& kv() { return *kv_; }
+  ModelRunner& runner() { return *runner_; }  // the model's forward over kv()
   BlockPool& pool() { return *pool_; }
   int block_size() const { return options_.block_size; }
   int ctx() const { return ctx_; }
@@ -65,6 +67,7 @@ class Session {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<BlockPool> pool_;
   ForwardBatch batch_;
   int ctx_ = 0;

@@ -47,7 +47,7 @@ PerplexityResult perplexity(Session& session, std::span<const int32_t> tokens, i
       for (int i = 0; i < n; ++i)
         if (done + i >= first && done + i < window - 1) batch.logits_rows.push_back(i);
       logits.resize(batch.logits_rows.size() * static_cast<size_t>(n_vocab));
-      session.model().forward(batch, session.kv(), logits.data());
+      session.runner().forward(batch, logits.data());
       for (size_t k = 0; k < batch.logits_rows.size(); ++k) {
         const int pos = done + batch.logits_rows[k];
         nll += negative_log_likelihood(std::span<const float>(logits.data() + k * n_vocab, n_vocab), chunk[pos + 1]);

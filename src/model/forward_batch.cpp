@@ -45,10 +45,18 @@ void ForwardBatch::add_sequence(const SequenceBlocks& seq, int block_size, const
     for (int i = 0; i < n_new; ++i) logits_rows.push_back(first_row + i);
 }
 
+bool ForwardBatch::one_row_each() const {
+  if (n_tokens() != n_seqs()) return false;
+  for (int s = 0; s < n_seqs(); ++s)
+    if (q_start[s + 1] - q_start[s] != 1) return false;
+  return true;
+}
+
 AttentionBatch ForwardBatch::attention_view() const {
   AttentionBatch b;
   b.n_tokens = n_tokens();
   b.n_seqs = n_seqs();
+  b.one_row_each = one_row_each();
   b.positions = positions.data();
   b.slot_mapping = slot_mapping.data();
   b.q_start = q_start.data();

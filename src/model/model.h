@@ -1,7 +1,9 @@
 #pragma once
-// The model runner contract: one variable-length batch in, logits for chosen rows out.
-// The runner does not know phases: prefill chunks and decodes of many sequences run in the
-// same forward (vLLM V1).
+// The model contract: one variable-length batch in, logits for chosen rows out. The model
+// does not know phases: prefill chunks and decodes of many sequences run in the same forward
+// (vLLM V1). ForwardBatch is the batch on the host; ModelRunner (engine/model_runner.h)
+// stages it on the backend as ForwardInputs, runs Model::forward (or replays a graph of it)
+// and reads the chosen logits rows back.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -31,18 +33,32 @@ struct ForwardBatch {
   enum class Logits { None, Last, All };
   void add_sequence(const struct SequenceBlocks& seq, int block_size, const int32_t* new_tokens, int n_new,
                     Logits want_logits);
+  // Whether every sequence has exactly one new token (a decode batch).
+  bool one_row_each() const;
+  // The batch over these host arrays (the CPU backend's memory is the host's).
   AttentionBatch attention_view() const;
+};
+
+// One forward's inputs with every array in the backend's memory (staged by ModelRunner).
+struct ForwardInputs {
+  AttentionBatch batch;
+  const int32_t* tokens = nullptr;       // [batch.n_tokens]
+  const int32_t* logits_rows = nullptr;  // [n_logits] rows whose logits are computed, in this order
+  int n_logits = 0;
 };
 
 class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
-  // Runs the batch, writes this step's K/V into `kv`, and fills
-  // logits [batch.logits_rows.size(), n_vocab] (host memory).
-  virtual void forward(const ForwardBatch& batch, KvCache& kv, float* logits) = 0;
-  // The largest batch (in tokens) one forward takes.
+  // Issues the ops of one forward: writes this step's K/V into `kv` and returns the logits
+  // [in.n_logits, n_vocab] in backend memory (a buffer of the model's, the same every call,
+  // valid until the next forward). Reads no input array on the host: the ModelRunner checks
+  // them, and may record the ops once as a graph and launch it for later steps.
+  virtual const float* forward(const ForwardInputs& in, KvCache& kv) = 0;
+  // The largest batch (in tokens) one forward takes, and the most logits rows.
   virtual int max_batch_tokens() const = 0;
+  virtual int max_logits_rows() const = 0;
 };
 
 // Builds the runner for the weights' architecture on the backend; activations are sized for

@@ -39,9 +39,7 @@ std::string matmul_op_name(int n_rows, std::span<const MatmulTarget> targets) {
 }
 
 std::string attention_op_name(const AttentionBatch& b) {
-  bool decode = b.n_tokens == b.n_seqs;
-  for (int s = 0; decode && s < b.n_seqs; ++s) decode = b.q_start[s + 1] - b.q_start[s] == 1;
-  return decode ? "attention decode" : "attention prefill";
+  return b.one_row_each ? "attention decode" : "attention prefill";
 }
 
 }  // namespace
@@ -85,7 +83,6 @@ CudaBackend::CudaBackend(int device, bool graphs) : device_(device) {
      << prop.totalGlobalMem / (1u << 30) << " GiB, cc " << prop.major << "." << prop.minor << ")";
   describe_ = os.str();
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&staged_copied_, cudaEventDisableTiming));
   gemm_ = std::make_unique<cuda::GemmLt>();
   if (diag.profile) {
     profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
@@ -116,25 +113,17 @@ CudaBackend::~CudaBackend() {
     if (!profiler_->empty()) std::fprintf(stderr, "[cuda profile] device time per op:\n%s", profiler_->report().c_str());
     profiler_.reset();
   }
-  if (graph_mode_ == GraphMode::kCapture) {
+  if (capturing_) {
     cudaGraph_t g = nullptr;
     cudaStreamEndCapture(stream_, &g);
     if (g) cudaGraphDestroy(g);
   }
-  for (auto& [key, g] : graphs_) {
-    if (g.exec) cudaGraphExecDestroy(g.exec);
-    cudaFree(g.inputs);
-  }
   cudaFree(argmax_dev_);
   gemm_.reset();
   for (auto& t : rope_tables_) cudaFree(t.inv_freq);
-  for (void* p : role_buf_) cudaFree(p);
-  cudaFree(staged_dev_);
-  cudaFreeHost(staged_host_);
   cudaFree(act16_);
   cudaFree(wdeq_);
   cudaFree(partials_);
-  cudaEventDestroy(staged_copied_);
   cudaStreamDestroy(stream_);
 }
 
@@ -156,7 +145,7 @@ void CudaBackend::free(void* p) {
 }
 
 void CudaBackend::synchronize() {
-  finish_graph_forward();
+  TESSERA_CHECK(!capturing_, "cuda: synchronize() inside a graph capture");
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (profiler_) profiler_->collect();
 }
@@ -165,9 +154,8 @@ void* CudaBackend::scratch(void*& buf, size_t& cap, size_t bytes) {
   if (bytes > cap) {
     // Captured graphs point into scratch buffers: a buffer that moves invalidates them. A
     // capture never grows one (its eager run, with the same shapes, grew them already).
-    TESSERA_CHECK(graph_mode_ != GraphMode::kCapture && graph_mode_ != GraphMode::kReplay,
-                  "cuda graphs: a scratch buffer grows inside a captured decode forward");
-    drop_graphs();
+    TESSERA_CHECK(!capturing_, "cuda graphs: a scratch buffer grows inside a graph capture");
+    ++graph_epoch_;
     if (buf) TESSERA_CUDA_CHECK(cudaFree(buf));  // cudaFree waits for the kernels still using it
     buf = nullptr;
     cap = round_up(bytes + bytes / 4, 256);
@@ -188,7 +176,7 @@ void CudaBackend::copy_to_device(void* device, const void* host, size_t bytes) {
 }
 
 void CudaBackend::copy_to_host(void* host, const void* device, size_t bytes) {
-  finish_graph_forward();
+  TESSERA_CHECK(!capturing_, "cuda: copy_to_host inside a graph capture");
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (profiler_) profiler_->collect();
@@ -214,73 +202,34 @@ size_t CudaBackend::device_free_bytes() {
   return free_b;
 }
 
-// ---- Input staging ----
-
-const int32_t* CudaBackend::ints(Role role, const int32_t* host, size_t n, bool* staged) {
-  if (staged) *staged = false;
-  if (n == 0) return nullptr;
-  const Staged& st = staged_[role];
-  if (st.host == host && st.copy.size() >= n && std::memcmp(st.copy.data(), host, n * sizeof(int32_t)) == 0) {
-    if (staged) *staged = true;
-    return staged_base_ + st.offset;
-  }
-  // A graph cannot hold a copy from pageable memory: every index array must be staged.
-  TESSERA_CHECK(graph_mode_ != GraphMode::kCapture && graph_mode_ != GraphMode::kReplay,
-                "cuda graphs: an op of a decode forward reads an index array that was not staged");
-  // Not a scratch buffer that graphs point into (they only read staged arrays): no drop.
-  if (n * sizeof(int32_t) > role_cap_[role]) {
-    if (role_buf_[role]) TESSERA_CUDA_CHECK(cudaFree(role_buf_[role]));
-    role_buf_[role] = nullptr;
-    role_cap_[role] = round_up(n * sizeof(int32_t) * 2, 256);
-    role_buf_[role] = alloc(role_cap_[role]);
-  }
-  void* buf = role_buf_[role];
-  // From pageable memory the copy is staged by the driver before this returns, and it is
-  // ordered on the stream after the kernels that read the buffer's previous contents.
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(buf, host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  return static_cast<const int32_t*>(buf);
-}
-
 cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
   cuda::DeviceBatch d;
   d.n_tokens = b.n_tokens;
   d.n_seqs = b.n_seqs;
   d.max_blocks = b.max_blocks;
-  d.positions = ints(kPositions, b.positions, b.n_tokens);
-  d.slot_mapping = ints(kSlots, b.slot_mapping, b.n_tokens);
-  d.q_start = ints(kQStart, b.q_start, b.n_seqs + 1);
-  d.kv_len = ints(kKvLen, b.kv_len, b.n_seqs);
-  bool staged = false;
-  d.block_tables = ints(kTables, b.block_tables, static_cast<size_t>(b.n_seqs) * b.max_blocks, &staged);
-  // Staged tables may be laid out wider (a graph's fixed stride).
-  if (staged) d.max_blocks = staged_stride_;
+  d.positions = b.positions;
+  d.slot_mapping = b.slot_mapping;
+  d.q_start = b.q_start;
+  d.kv_len = b.kv_len;
+  d.block_tables = b.block_tables;
   return d;
 }
 
 // ---- Ops ----
 
-// Op ids of the graph signature.
-enum : int {
-  kOpEmbed = 1, kOpRms, kOpAddRms, kOpGemv, kOpGemm, kOpBias, kOpRope, kOpKv, kOpAttn, kOpSwiglu, kOpAdd, kOpGather,
-  kOpSwigluGemm, kOpSwigluGemv, kOpRopeKv, kOpNormGemv, kOpNormGemm, kOpRopeKvAttn, kOpSwigluFfn
-};
-
 void CudaBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("embed"); });
-  if (recorded(kOpEmbed, table.data, static_cast<int>(table.dtype), table.rows, table.cols, n, out)) return;
-  cuda::launch_embed(table, ints(kTokens, ids, n), n, out, stream_);
+  cuda::launch_embed(table, ids, n, out, stream_);
 }
 
 void CudaBackend::rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rms_norm"); });
-  if (recorded(kOpRms, x, w, out, n_rows, dim, eps)) return;
   cuda::launch_rms_norm(x, w, out, n_rows, dim, eps, stream_);
 }
 
 void CudaBackend::add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim,
                                float eps) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("add_rms_norm"); });
-  if (recorded(kOpAddRms, x, residual, w, out, n_rows, dim, eps)) return;
   cuda::launch_add_rms_norm(x, residual, w, out, n_rows, dim, eps, stream_);
 }
 
@@ -302,15 +251,6 @@ int CudaBackend::coalesce(std::span<const MatmulTarget> targets, MatmulTarget* r
     runs[n++] = t;
   }
   return n;
-}
-
-// Signs a matmul's arguments into the graph signature; true when a replay skips it.
-bool CudaBackend::recorded_matmul(int op, const float* x, const float* x2, int n_rows, int64_t ldx, int64_t cols,
-                                  std::span<const MatmulTarget> targets) {
-  if (graph_mode_ != GraphMode::kCapture && graph_mode_ != GraphMode::kReplay) return false;
-  bool skip = recorded(op, x, x2, n_rows, ldx, cols);
-  for (const MatmulTarget& t : targets) skip = recorded(0, t.w.data, static_cast<int>(t.w.dtype), t.w.rows, t.y, t.ldy);
-  return skip;
 }
 
 void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs,
@@ -381,8 +321,6 @@ void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<cons
   const int64_t cols = targets[0].w.cols;
   for (const MatmulTarget& t : targets)
     TESSERA_CHECK(t.w.cols == cols, "cuda matmul: targets of different widths (", t.w.cols, " vs ", cols, ")");
-  if (recorded_matmul(n_rows <= cuda::kGemvMaxRows ? kOpGemv : kOpGemm, x, nullptr, n_rows, ldx, cols, targets))
-    return;
   MatmulTarget runs[kMaxTargets];
   const int n_runs = coalesce(targets, runs);
   if (n_rows <= cuda::kGemvMaxRows) {
@@ -412,7 +350,6 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
   for (const MatmulTarget& t : targets) bulk = bulk && cuda::gemv_bulk_applies(t.w.dtype, dim, in);
   if (bulk) {
     cuda::OpScope op_scope(profiler_.get(), [&] { return "swiglu + " + matmul_op_name(n_rows, targets); });
-    if (recorded_matmul(kOpSwigluGemv, gate, up, n_rows, ld_in, dim, targets)) return;
     MatmulTarget runs[kMaxTargets];
     const int n_runs = coalesce(targets, runs);
     gemv(in, 1, ld_in, dim, runs, n_runs);
@@ -425,7 +362,6 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
     return;
   }
   cuda::OpScope op_scope(profiler_.get(), [&] { return "swiglu + " + matmul_op_name(n_rows, targets); });
-  if (recorded_matmul(kOpSwigluGemm, gate, up, n_rows, ld_in, dim, targets)) return;
   auto* x16 = static_cast<uint16_t*>(scratch(act16_, act16_cap_, static_cast<size_t>(n_rows) * dim * 2));
   cuda::launch_swiglu_to16(gate, up, ld_in, x16, n_rows, dim, any_bf16, stream_);
   MatmulTarget runs[kMaxTargets];
@@ -463,8 +399,6 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
   bool bulk = n_rows == 1;
   for (const MatmulTarget& t : targets) bulk = bulk && cuda::gemv_bulk_applies(t.w.dtype, dim, in);
   cuda::OpScope op_scope(profiler_.get(), [&] { return "add_rms_norm + " + matmul_op_name(n_rows, targets); });
-  const bool skip = recorded_matmul(bulk ? kOpNormGemv : kOpNormGemm, x, residual, n_rows, dim, dim, targets);
-  if (recorded(0, w, x_out, xn, eps) || skip) return;  // both sign, always
   const int n_runs = coalesce(targets, runs);
   if (bulk) {
     gemv(in, 1, dim, dim, runs, n_runs);
@@ -504,10 +438,6 @@ void CudaBackend::add_rms_norm_swiglu_ffn(const float* x, const float* residual,
   const MatmulTarget gate_up[] = {gate, up}, out[] = {down};
   cuda::OpScope op_scope(profiler_.get(),
                          [&] { return "add_rms_norm + " + matmul_op_name(n_rows, gate_up) + " + swiglu"; });
-  bool skip = recorded_matmul(kOpSwigluFfn, x, residual, n_rows, dim, dim, gate_up);
-  skip = recorded(0, w, x_out, xn, eps, h) || skip;
-  skip = recorded_matmul(kOpGemv, h, nullptr, n_rows, n_ff, n_ff, out) || skip;  // all three sign, always
-  if (skip) return;
   const cuda::GemvTarget g[] = {{gate.w.data, gate.y, gate.ldy, gate.w.rows}, {up.w.data, up.y, up.ldy, up.w.rows}};
   if (!cuda::launch_gemv_bulk(gate.w.dtype, in, dim, g, 2, sm_count_, stream_, h)) {
     MatmulTarget runs[2];  // the rows do not pair into chunks: the product as it is, then swiglu
@@ -521,7 +451,6 @@ void CudaBackend::add_rms_norm_swiglu_ffn(const float* x, const float* residual,
 
 void CudaBackend::add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("add_bias"); });
-  if (recorded(kOpBias, x, ld, bias, n_rows, dim)) return;
   cuda::launch_add_bias(x, ld, bias, n_rows, dim, stream_);
 }
 
@@ -545,24 +474,17 @@ const double* CudaBackend::rope_inv_freq_table(const RopeConfig& cfg) {
   return rope_tables_.back().inv_freq;
 }
 
-const double* CudaBackend::checked_rope_table(const int32_t* positions, int n_rows, const RopeConfig& cfg) {
-  for (int r = 0; r < n_rows; ++r) TESSERA_CHECK(positions[r] >= 0, "rope: negative position ", positions[r]);
-  return rope_inv_freq_table(cfg);
-}
-
 void CudaBackend::rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, const RopeConfig& cfg) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope"); });
-  const double* inv = checked_rope_table(positions, n_rows, cfg);
-  if (recorded(kOpRope, x, n_rows, ld, n_heads, cfg.head_dim, cfg.rot_dim, cfg.neox, inv)) return;
-  cuda::launch_rope(x, n_rows, ld, n_heads, ints(kPositions, positions, n_rows), cfg.head_dim, cfg.rot_dim, cfg.neox,
+  const double* inv = rope_inv_freq_table(cfg);
+  cuda::launch_rope(x, n_rows, ld, n_heads, positions, cfg.head_dim, cfg.rot_dim, cfg.neox,
                     inv, stream_);
 }
 
 void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                            const AttentionBatch& batch) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("kv_store"); });
-  if (recorded(kOpKv, kv.k, kv.v, static_cast<int>(kv.dtype), kv.n_blocks, k, ldk, v, ldv, batch.n_tokens)) return;
-  cuda::launch_kv_store(kv, k, ldk, v, ldv, ints(kSlots, batch.slot_mapping, batch.n_tokens), batch.n_tokens,
+  cuda::launch_kv_store(kv, k, ldk, v, ldv, batch.slot_mapping, batch.n_tokens,
                         stream_);
 }
 
@@ -575,20 +497,9 @@ void CudaBackend::rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, 
   }
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope+kv_store"); });
   const int n = batch.n_tokens;
-  const double* inv = checked_rope_table(batch.positions, n, cfg);
-  if (recorded(kOpRopeKv, q, ldq, n_q_heads, k, ldk, v, ldv, kv.k, kv.v, static_cast<int>(kv.dtype), kv.n_blocks,
-               n, cfg.rot_dim, cfg.neox, inv))
-    return;
-  cuda::launch_rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, ints(kPositions, batch.positions, n),
-                             ints(kSlots, batch.slot_mapping, n), n, cfg.rot_dim, cfg.neox, inv, stream_);
-}
-
-// Every sequence has one query row (a decode batch): the decode attention kernels apply.
-static bool one_row_each(const AttentionBatch& batch) {
-  if (batch.n_tokens != batch.n_seqs) return false;
-  for (int s = 0; s < batch.n_seqs; ++s)
-    if (batch.q_start[s + 1] - batch.q_start[s] != 1) return false;
-  return true;
+  const double* inv = rope_inv_freq_table(cfg);
+  cuda::launch_rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, batch.positions,
+                             batch.slot_mapping, n, cfg.rot_dim, cfg.neox, inv, stream_);
 }
 
 // Split each sequence's keys so that the launch fills the GPU a few times over. The split is
@@ -625,7 +536,7 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
   // launches the GPU waits on); with one block per (sequence, KV head) already filling the
   // GPU, the separate launches measured faster (128 sequences: 14,636 against 14,213 tok/s,
   // each fused block computing its own RoPE angles).
-  const bool fits = batch.n_tokens > 0 && one_row_each(batch) && cfg.head_dim == kv.head_dim && kv.n_kv_heads > 0 &&
+  const bool fits = batch.n_tokens > 0 && batch.one_row_each && cfg.head_dim == kv.head_dim && kv.n_kv_heads > 0 &&
                     n_heads % kv.n_kv_heads == 0 && cuda::attention_decode_mma_applies(kv, n_heads);
   DecodeSplit split = fits ? decode_split(kv, batch, n_heads) : DecodeSplit{};
   const bool would_split = split.max_splits >= 2;
@@ -646,10 +557,7 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
     return;
   }
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope+kv_store+attention decode"); });
-  const double* inv = checked_rope_table(batch.positions, batch.n_tokens, cfg);
-  if (recorded(kOpRopeKvAttn, q, ldq, k, ldk, v, ldv, kv.k, kv.v, kv.n_blocks, n_heads, scale, out, ldo,
-               batch.n_seqs, split.split_len, split.max_splits, cfg.rot_dim, cfg.neox, inv))
-    return;
+  const double* inv = rope_inv_freq_table(cfg);
   cuda::launch_rope_kv_store_attention_decode(q, ldq, k, ldk, v, ldv, kv, device_batch(batch), n_heads, scale,
                                               cfg.rot_dim, cfg.neox, inv, out, ldo, split.split_len,
                                               split.max_splits, stream_);
@@ -661,8 +569,7 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   TESSERA_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0, "attention: ", n_heads,
                 " query heads are not a multiple of ", kv.n_kv_heads, " KV heads");
   if (batch.n_tokens == 0) return;
-  if (!one_row_each(batch) || !cuda::attention_decode_supported(kv)) {
-    if (recorded(kOpAttn, q, ldq, kv.k, kv.v, n_heads, scale, out, ldo, batch.n_tokens, batch.n_seqs)) return;
+  if (!batch.one_row_each || !cuda::attention_decode_supported(kv)) {
     const cuda::DeviceBatch db = device_batch(batch);
     if (!cuda::launch_attention_prefill_mma(q, ldq, kv, db, n_heads, scale, out, ldo, stream_))
       cuda::launch_attention_prefill(q, ldq, kv, db, n_heads, scale, out, ldo, stream_);
@@ -670,28 +577,23 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   }
   const auto [max_len, split_len, max_splits] = decode_split(kv, batch, n_heads);
   const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
-  if (recorded(kOpAttn + 100, q, ldq, kv.k, kv.v, n_heads, scale, out, ldo, batch.n_seqs, split_len, max_splits))
-    return;
   auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
   cuda::launch_attention_decode(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len, max_splits, partials, stream_);
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("swiglu"); });
-  if (recorded(kOpSwiglu, gate, up, ld_in, out, n_rows, dim)) return;
   cuda::launch_swiglu(gate, up, ld_in, out, n_rows, dim, stream_);
 }
 
 void CudaBackend::add(float* x, const float* y, int64_t n) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("add"); });
-  if (recorded(kOpAdd, x, y, n)) return;
   cuda::launch_add(x, y, n, stream_);
 }
 
 void CudaBackend::gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("gather_rows"); });
-  if (recorded(kOpGather, src, ld, n, dim, dst)) return;
-  cuda::launch_gather_rows(src, ld, ints(kRows, rows, n), n, dim, dst, stream_);
+  cuda::launch_gather_rows(src, ld, rows, n, dim, dst, stream_);
 }
 
 }  // namespace tessera

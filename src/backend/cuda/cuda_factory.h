@@ -24,9 +24,6 @@ struct DeviceCeilings {
   double bf16_flops_per_s = 0;
 };
 DeviceCeilings measure_cuda_ceilings(Backend& backend);
-// Decode forwards `backend` (a CUDA backend) launched from captured graphs so far (0 for
-// any other backend): for tests and reports.
-int64_t cuda_graph_replays(Backend& backend);
 // With TESSERA_CUDA_DIAG=profile (backend/cuda/cuda_diag.h): the per-op device-time table of `backend` (a CUDA backend)
 // since the last call, then reset; "" when profiling is off or for any other backend.
 std::string cuda_profile_take(Backend& backend);

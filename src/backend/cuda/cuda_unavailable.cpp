@@ -12,7 +12,6 @@ int cuda_device_count() { return 0; }
 bool cuda_compiled() { return false; }
 
 DeviceCeilings measure_cuda_ceilings(Backend&) { fail("this build of tessera was not compiled with CUDA"); }
-int64_t cuda_graph_replays(Backend&) { return 0; }
 std::string cuda_profile_take(Backend&) { return {}; }
 std::shared_ptr<void> cuda_pinned_host(size_t) { fail("this build of tessera was not compiled with CUDA"); }
 

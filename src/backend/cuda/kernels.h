@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "backend/backend.h"
+#include "backend/op_types.h"
 
 namespace tessera::cuda {
 

@@ -59,23 +59,21 @@ class LlamaModel final : public Model {
 
   const ModelConfig& config() const override { return c_; }
   int max_batch_tokens() const override { return max_tokens_; }
+  int max_logits_rows() const override { return max_logits_; }
 
-  void forward(const ForwardBatch& batch, KvCache& kv, float* logits) override {
-    const int n = batch.n_tokens();
-    const int n_out = static_cast<int>(batch.logits_rows.size());
+  // Token ids and positions were checked on the host by the ModelRunner; the sizes here.
+  const float* forward(const ForwardInputs& in, KvCache& kv) override {
+    const AttentionBatch& ab = in.batch;
+    const int n = ab.n_tokens;
+    const int n_out = in.n_logits;
     TESSERA_CHECK(n >= 1 && n <= max_tokens_, "forward: batch of ", n, " tokens, limit ", max_tokens_);
-    TESSERA_CHECK(n_out <= max_logits_, "forward: ", n_out, " logits rows, limit ", max_logits_);
-    for (int32_t id : batch.tokens)
-      TESSERA_CHECK(id >= 0 && id < c_.n_vocab, "forward: token id ", id, " is outside the vocabulary [0, ",
-                    c_.n_vocab, ")");
-    const AttentionBatch ab = batch.attention_view();
-    be_.stage_inputs(ab, batch.tokens.data(), batch.logits_rows.data(), n_out);
+    TESSERA_CHECK(n_out >= 0 && n_out <= max_logits_, "forward: ", n_out, " logits rows, limit ", max_logits_);
     const int e = c_.n_embd;
     const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
 
     float* x = x_;         // the residual stream: [n, e]
     float* x_next = x2_;   // where the next pre-norm writes x + residual
-    be_.embed(w_->tok_embd, batch.tokens.data(), n, x);
+    be_.embed(w_->tok_embd, in.tokens, n, x);
     for (int il = 0; il < c_.n_layer; ++il) {
       const LayerWeights& L = w_->layers[il];
       const KvLayerView kvl = kv.layer(il);
@@ -105,14 +103,14 @@ class LlamaModel final : public Model {
                                   {L.w_up, up_, 2 * c_.n_ff}, h_, {L.w_down, tmp_, e});
       std::swap(x, x_next);
     }
-    if (n_out == 0) return;
+    if (n_out == 0) return logits_;
     be_.add(x, tmp_, static_cast<int64_t>(n) * e);
     // Only the wanted rows go through the final norm and the (large) output matrix.
-    be_.gather_rows(x, e, batch.logits_rows.data(), n_out, e, rows_);
+    be_.gather_rows(x, e, in.logits_rows, n_out, e, rows_);
     be_.rms_norm(rows_, w_->output_norm, rows_, n_out, e, c_.rms_eps);
     const MatmulTarget out[] = {{w_->output, logits_, c_.n_vocab}};
     be_.matmul(rows_, n_out, e, out);  // logits: [n_out, n_vocab]
-    be_.read_logits(logits, logits_, n_out, c_.n_vocab);  // only what the caller planned to read
+    return logits_;
   }
 
  private:

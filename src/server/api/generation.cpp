@@ -147,7 +147,7 @@ void Generation::begin_choice(Choice& ch, int index) {
   const PromptInput& prompt = plan_.prompts[ch.part];
   if (ch.completion_logprobs) {
     // Entries for positions 1..n-1 (position 0 has none), when the engine computed them.
-    const auto& lps = part.progress.prompt_logprobs;
+    const auto& lps = part.progress->prompt_logprobs;
     const bool have = lps && lps->size() + 1 == prompt.tokens.size();
     for (size_t i = 0; i < prompt.tokens.size(); ++i)
       ch.completion_logprobs->add(prompt.tokens[i], have && i > 0 ? &(*lps)[i - 1] : nullptr);
@@ -249,9 +249,9 @@ void Generation::record_part(size_t p) {
   if (!last) r.finish = choices_[p * n + n - 1].finish;  // no token at all
   const Clock::time_point end = last.value_or(Clock::now());
   r.e2e_s = seconds(end - arrival);
-  if (part.progress.scheduled_at) {
-    r.queue_s = seconds(*part.progress.scheduled_at - arrival);
-    if (first) r.prefill_s = seconds(*first - *part.progress.scheduled_at);
+  if (part.progress->scheduled_at) {
+    r.queue_s = seconds(*part.progress->scheduled_at - arrival);
+    if (first) r.prefill_s = seconds(*first - *part.progress->scheduled_at);
   }
   if (first) {
     r.ttft_s = seconds(*first - arrival);
@@ -264,7 +264,7 @@ Usage Generation::usage() const {
   Usage u;
   for (const PromptInput& p : plan_.prompts) u.prompt_tokens += static_cast<int64_t>(p.tokens.size());
   for (const Choice& ch : choices_) u.completion_tokens += ch.output.n_tokens();
-  for (const Part& part : parts_) u.cached_tokens += part.progress.cached_prompt_tokens;
+  for (const Part& part : parts_) u.cached_tokens += part.progress->cached_prompt_tokens;
   return u;
 }
 

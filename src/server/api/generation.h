@@ -91,7 +91,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     bool abort_sent = false;
     bool recorded = false;
     bool progress_read = false;
-    RequestProgress progress;
+    // The engine's RequestProgress, shared (published before the first event; read then).
+    std::shared_ptr<const RequestProgress> progress = std::make_shared<const RequestProgress>();
   };
 
   void schedule_drain();

@@ -101,7 +101,7 @@ void run_case(const Case& c, std::mt19937& rng) {
     auto k = randn(n * ld, rng), v = randn(n * ld, rng);
     DeviceVec<float> dk(*gpu, k), dv(*gpu, v);
     cpu->kv_store(ckv, k.data(), ld, v.data(), ld, hb.view());
-    gpu->kv_store(gkv, dk.get(), ld, dv.get(), ld, hb.view());
+    gpu->kv_store(gkv, dk.get(), ld, dv.get(), ld, hb.device_view(*gpu));
   };
   const HostBatch hist = build(true), step = build(false);
   store(hist);
@@ -124,7 +124,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   std::vector<float> cout(n * ldq, NAN);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   cpu->attention(q.data(), ldq, ckv, step.view(), n_heads, scale, cout.data(), ldq);
-  gpu->attention(dq.get(), ldq, gkv, step.view(), n_heads, scale, dout.get(), ldq);
+  gpu->attention(dq.get(), ldq, gkv, step.device_view(*gpu), n_heads, scale, dout.get(), ldq);
   const auto got = dout.read();
   std::vector<float> g, r;
   for (int t = 0; t < n; ++t)

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "cuda_test_util.h"
+#include "engine/model_runner.h"
 #include "model/dummy.h"
 #include "model/model.h"
 
@@ -48,6 +49,7 @@ TEST(CudaBench, Llama31_8B_Bf16) {
   const int blocks_per_seq = (n_prompt + n_gen + bs - 1) / bs;
   spec.n_blocks = n_seqs * blocks_per_seq;
   KvCache kv(*gpu, spec);
+  ModelRunner runner(*model, kv, *gpu);  // the model's forward, with its decode graphs
   BlockPool pool(spec.n_blocks);
 
   const int64_t e = c.n_embd, q_dim = int64_t{c.n_head} * c.head_dim, kv_dim = int64_t{c.n_head_kv} * c.head_dim;
@@ -68,7 +70,7 @@ TEST(CudaBench, Llama31_8B_Bf16) {
     fb.clear();
     seqs[s].n_tokens = 0;
     fb.add_sequence(seqs[s], bs, prompt.data(), n_prompt, ForwardBatch::Logits::Last);
-    model->forward(fb, kv, logits);
+    runner.forward(fb, logits);
     seqs[s].n_tokens = n_prompt;
   };
   // With TESSERA_CUDA_DIAG=profile each phase prints its per-op device-time table (warm-ups
@@ -96,8 +98,7 @@ TEST(CudaBench, Llama31_8B_Bf16) {
       const int32_t tok = (seqs[s].n_tokens * 31 + s) % c.n_vocab;
       fb.add_sequence(seqs[s], bs, &tok, 1, ForwardBatch::Logits::Last);
     }
-    gpu->plan_logits_readback({n, argmax_only.data(), picks.data()});
-    model->forward(fb, kv, logits);
+    runner.forward(fb, logits, {argmax_only.data(), picks.data()});
     ASSERT_GE(picks[0], 0);
     for (int s = 0; s < n; ++s) ++seqs[s].n_tokens;
   };
@@ -129,7 +130,7 @@ TEST(CudaBench, Llama31_8B_Bf16) {
   const double t_dec128 = now_s() - t0;
   profile("decode, 128 sequences, context 512-640 (128 steps)");
   std::printf("[bench] decode forwards replayed from CUDA graphs: %lld\n",
-              static_cast<long long>(cuda_graph_replays(*gpu)));
+              static_cast<long long>(runner.graph_replays()));
 
   // Floors. Decode reads every matrix once per step plus the KV of every sequence.
   const double attn_flops_pp = 4.0 * c.n_layer * q_dim * (n_prompt * (n_prompt + 1) / 2.0);

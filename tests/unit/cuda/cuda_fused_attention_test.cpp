@@ -60,7 +60,7 @@ void run_case(Backend& gpu, const Case& c, std::mt19937& rng) {
     hb.q_start.push_back(hb.q_start.back() + rows);
     hb.kv_len.push_back(c.lens[s]);
   }
-  const AttentionBatch b = hb.view();
+  const AttentionBatch b = hb.device_view(gpu);
   const int n = b.n_tokens;
   // Q|K|V rows as the model lays them out (stride ldq), and a cache of earlier keys in f16.
   const int64_t qd = static_cast<int64_t>(n_q) * hd, kd = static_cast<int64_t>(c.n_kv) * hd, ldq = qd + 2 * kd;

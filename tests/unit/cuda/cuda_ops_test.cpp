@@ -52,7 +52,8 @@ TEST(CudaOps, EmbedDecodesEveryFormatLikeTheCpuCodec) {
     table.data = dev.get();
     std::vector<int32_t> ids = {0, 36, 5, 5, 17, 36, 1};
     DeviceVec<float> out(*gpu, std::vector<float>(ids.size() * cols, NAN));
-    gpu->embed(table, ids.data(), static_cast<int>(ids.size()), out.get());
+    DeviceVec<int32_t> dids(*gpu, ids);  // ops take device index arrays
+    gpu->embed(table, dids.get(), static_cast<int>(ids.size()), out.get());
     const auto got = out.read();
     double max_err = 0, max_ref = 0;
     for (size_t i = 0; i < ids.size(); ++i)
@@ -177,7 +178,8 @@ TEST(CudaOps, RopeNormalNeoxLlama3AndFreqFactorsMatchFloat64) {
     std::vector<int32_t> pos = {0, 1, 7, 100, 4095, 8191, 8192, 65000, 131071};
     auto x = randn(rows * ld, rng);
     DeviceVec<float> dx(*gpu, x);
-    gpu->rope(dx.get(), rows, ld, n_heads, pos.data(), cfg);
+    DeviceVec<int32_t> dpos(*gpu, pos);
+    gpu->rope(dx.get(), rows, ld, n_heads, dpos.get(), cfg);
     const auto got = dx.read();
     // float64 reference, written out independently of the backends' shared helper
     std::vector<double> ref(x.begin(), x.end());
@@ -256,7 +258,8 @@ TEST(CudaOps, ElementwiseOpsMatchFloat64) {
   // gather_rows
   std::vector<int32_t> pick = {6, 0, 3, 3};
   DeviceVec<float> dst(*gpu, std::vector<float>(pick.size() * dim, NAN));
-  gpu->gather_rows(dx.get(), ld, pick.data(), static_cast<int>(pick.size()), dim, dst.get());
+  DeviceVec<int32_t> dpick(*gpu, pick);
+  gpu->gather_rows(dx.get(), ld, dpick.get(), static_cast<int>(pick.size()), dim, dst.get());
   const auto gathered = dst.read();
   for (size_t i = 0; i < pick.size(); ++i)
     for (int c = 0; c < dim; ++c) ASSERT_EQ(gathered[i * dim + c], xs[pick[i] * ld + c]);

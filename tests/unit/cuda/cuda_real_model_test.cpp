@@ -110,6 +110,7 @@ class F32Reference {
     spec.n_blocks = 512 / kBlock;
     spec.dtype = DType::F16;
     kv_ = std::make_unique<KvCache>(*backend_, spec);
+    runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *backend_);
     pool_ = std::make_unique<BlockPool>(spec.n_blocks);
   }
   BlockPool& pool() { return *pool_; }
@@ -118,7 +119,7 @@ class F32Reference {
     batch_.clear();
     batch_.add_sequence(seq, kBlock, tokens.data(), static_cast<int>(tokens.size()), mode);
     logits.resize(static_cast<size_t>(weights_->config.n_vocab));
-    model_->forward(batch_, *kv_, logits.data());
+    runner_->forward(batch_, logits.data());
     seq.n_tokens += static_cast<int>(tokens.size());
   }
 
@@ -128,6 +129,7 @@ class F32Reference {
   std::shared_ptr<ModelWeights> weights_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<BlockPool> pool_;
   ForwardBatch batch_;
 };

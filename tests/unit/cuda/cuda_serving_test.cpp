@@ -73,8 +73,7 @@ void check_argmax_readback(int n_vocab, int n_rows) {
     std::vector<int32_t> ids(n_rows, -7);
     for (int round = 0; round < 2; ++round) {
       std::fill(ids.begin(), ids.end(), -7);
-      be->plan_logits_readback({n_rows, argmax_only.data(), ids.data()});
-      be->read_logits(host.data(), dev.get(), n_rows, n_vocab);
+      be->read_logits(host.data(), dev.get(), n_rows, n_vocab, {argmax_only.data(), ids.data()});
       for (int r = 0; r < n_rows; ++r) {
         const std::vector<float> ref(row(r), row(r) + n_vocab);
         const float* got = host.data() + static_cast<size_t>(r) * n_vocab;
@@ -96,9 +95,9 @@ void check_argmax_readback(int n_vocab, int n_rows) {
       EXPECT_EQ(ids[4], -1);
       EXPECT_EQ(ids[8], 3);
     }
-    // Without a plan (it is used once) every row is copied.
+    // Without a plan every row is copied.
     std::fill(host.begin(), host.end(), sentinel);
-    be->read_logits(host.data(), dev.get(), n_rows, n_vocab);
+    be->read_logits(host.data(), dev.get(), n_rows, n_vocab, {});
     EXPECT_EQ(std::memcmp(host.data(), logits.data(), sizeof(float) * logits.size()), 0);
   }
 }

@@ -68,10 +68,13 @@ double rel_err(const std::vector<A>& got, const std::vector<B>& ref) {
 struct HostBatch {
   std::vector<int32_t> positions, slots, q_start, kv_len, tables;
   int max_blocks = 0;
+  // The batch over the host arrays (for the CPU backend).
   AttentionBatch view() const {
     AttentionBatch b;
     b.n_tokens = static_cast<int>(positions.size());
     b.n_seqs = static_cast<int>(kv_len.size());
+    b.one_row_each = b.n_tokens == b.n_seqs;
+    for (int s = 0; b.one_row_each && s < b.n_seqs; ++s) b.one_row_each = q_start[s + 1] - q_start[s] == 1;
     b.positions = positions.data();
     b.slot_mapping = slots.data();
     b.q_start = q_start.data();
@@ -80,6 +83,22 @@ struct HostBatch {
     b.max_blocks = max_blocks;
     return b;
   }
+  // The same batch with its arrays copied to `be` (ops take device arrays), alive as long
+  // as this HostBatch.
+  AttentionBatch device_view(Backend& be) const {
+    AttentionBatch b = view();
+    const auto up = [&](const std::vector<int32_t>& v) {
+      uploads.push_back(std::make_shared<DeviceVec<int32_t>>(be, v));
+      return uploads.back()->get();
+    };
+    b.positions = up(positions);
+    b.slot_mapping = up(slots);
+    b.q_start = up(q_start);
+    b.kv_len = up(kv_len);
+    b.block_tables = up(tables);
+    return b;
+  }
+  mutable std::vector<std::shared_ptr<DeviceVec<int32_t>>> uploads;
 };
 
 inline std::unique_ptr<Backend> make_cuda() { return make_backend(BackendOptions{"cuda", 0}); }

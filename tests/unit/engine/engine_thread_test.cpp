@@ -376,11 +376,11 @@ TEST(Engine, ProgressAndPromptLogprobsComeBeforeTheFirstToken) {
   Request first = greedy({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, 3);
   SubmitResult a = engine.submit(first);
   ASSERT_TRUE(a.ok());
-  EXPECT_FALSE(a.stream->progress().scheduled_at.has_value());
+  EXPECT_FALSE(a.stream->progress()->scheduled_at.has_value());
   const auto before = std::chrono::steady_clock::now();
   gate.open();
   a.stream->collect();
-  const RequestProgress pa = a.stream->progress();
+  const RequestProgress pa = *a.stream->progress();
   ASSERT_TRUE(pa.scheduled_at.has_value());
   EXPECT_GE(*pa.scheduled_at, before);
   EXPECT_EQ(pa.cached_prompt_tokens, 0);
@@ -402,7 +402,7 @@ TEST(Engine, ProgressAndPromptLogprobsComeBeforeTheFirstToken) {
     EXPECT_EQ(e.logprobs->top.size(), 2u);
   }
   EXPECT_EQ(n_tokens, 3);
-  EXPECT_EQ(b.stream->progress().cached_prompt_tokens, 16);
+  EXPECT_EQ(b.stream->progress()->cached_prompt_tokens, 16);
 
   // Prompt logprobs: set before the first event can be read.
   Request echo = first;
@@ -410,7 +410,7 @@ TEST(Engine, ProgressAndPromptLogprobsComeBeforeTheFirstToken) {
   SubmitResult c = engine.submit(echo);
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(c.stream->next(e));
-  const RequestProgress pc = c.stream->progress();
+  const RequestProgress pc = *c.stream->progress();
   ASSERT_NE(pc.prompt_logprobs, nullptr);
   EXPECT_EQ(pc.prompt_logprobs->size(), first.prompt.size() - 1);
   for (size_t i = 0; i < pc.prompt_logprobs->size(); ++i) {

@@ -13,6 +13,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "engine/model_runner.h"
 #include "gguf_builder.h"
 #include "model/model.h"
 
@@ -194,7 +195,7 @@ TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
       ForwardBatch fb;
       fb.add_sequence(seq, 4, toks.data() + done, n, ForwardBatch::Logits::All);
       std::fill(logits.begin(), logits.end(), NAN);
-      model->forward(fb, kv, logits.data());
+      ModelRunner(*model, kv, be).forward(fb, logits.data());
       for (int r = 0; r < n; ++r)
         for (int v = 0; v < tiny.vocab; ++v) {
           const double d = logits[r * tiny.vocab + v] - ref[done + r][v];
@@ -301,7 +302,7 @@ TEST(TinyLlama, OutOfVocabularyTokenIsAnErrorNotARead) {
     ForwardBatch fb;
     fb.add_sequence(seq, 4, &bad, 1, ForwardBatch::Logits::Last);
     std::vector<float> logits(tiny.vocab);
-    EXPECT_THROW(model->forward(fb, kv, logits.data()), Error);
+    EXPECT_THROW(ModelRunner(*model, kv, be).forward(fb, logits.data()), Error);
   }
 }
 
@@ -384,7 +385,7 @@ TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
     ForwardBatch fb;
     fb.add_sequence(seq, 4, toks.data(), int(toks.size()), ForwardBatch::Logits::All);
     std::vector<float> logits(toks.size() * tiny.vocab, NAN);
-    model->forward(fb, kv, logits.data());
+    ModelRunner(*model, kv, be).forward(fb, logits.data());
     double num = 0, den = 0;
     for (size_t p = 0; p < toks.size(); ++p)
       for (int v = 0; v < tiny.vocab; ++v) {

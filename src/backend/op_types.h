@@ -1,0 +1,46 @@
+#pragma once
+// The plain argument types of the backend's ops that the device kernels also take (RoPE
+// configuration, one layer's paged KV view), apart from backend.h so that kernel sources do
+// not depend on the op interface.
+#include <cstdint>
+
+#include "backend/tensor.h"
+
+namespace tessera {
+
+struct RopeConfig {
+  int head_dim = 0;       // elements per head
+  int rot_dim = 0;        // leading elements of each head that rotate (= head_dim usually)
+  float freq_base = 10000.0f;
+  bool neox = false;      // pairs (i, i + rot_dim/2) instead of (2i, 2i + 1)
+  // Llama 3 frequency scaling (rope_scaling.rope_type == "llama3"); factor 0 = off.
+  float llama3_factor = 0.0f;
+  float llama3_low_freq_factor = 1.0f;
+  float llama3_high_freq_factor = 4.0f;
+  int llama3_original_ctx = 8192;
+  // Linear position scaling (rope_scaling.type == "linear"): positions / linear_factor.
+  float linear_factor = 1.0f;
+  // Per-pair frequency divisors [rot_dim/2] (GGUF tensor rope_freqs.weight), or nullptr.
+  const float* freq_factors = nullptr;
+};
+
+// Inverse frequency of rotated pair i, in double, with Llama 3's rescaling, the per-pair
+// divisors (read from `host_freq_factors`, a host copy of cfg.freq_factors, or nullptr) and
+// linear scaling: every backend's RoPE uses it, so their angles agree.
+double rope_inv_freq(const RopeConfig& cfg, int i, const float* host_freq_factors);
+// Whether two configurations give the same rotation (for caching tables per configuration).
+bool same_rope_config(const RopeConfig& a, const RopeConfig& b);
+
+// One layer's paged KV storage: K and V each [n_blocks, n_kv_heads, block_size, head_dim],
+// so one head's keys of one block are contiguous.
+struct KvLayerView {
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::F16;  // F16 or F32
+  int n_blocks = 0;
+  int block_size = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+};
+
+}  // namespace tessera

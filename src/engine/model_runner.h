@@ -1,0 +1,91 @@
+#pragma once
+// One explicit forward of a model over one KV cache (vLLM's model runner): the host inputs
+// of the step (a ForwardBatch, padded when it is a decode batch of a graph size), their copy
+// into backend memory, the model's forward, and the readback of the chosen logits rows (full
+// rows, or argmax only). On a backend that records graphs, decode forwards are captured once
+// per padded batch size and block-table width and replayed without running the model code.
+// Contract: docs/design/engine-core.md ("Forward runner").
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace tessera {
+
+class ModelRunner {
+ public:
+  // Decode batches up to this many sequences run as graphs (sizes 1, 2, 4, ..., 128).
+  static constexpr int kMaxGraphBatch = 128;
+
+  // pad_block: a KV block nobody else uses, written by the padding sequences that bring a
+  // decode batch up to its graph size (-1: no padding; only batches of a graph size already
+  // run as graphs). The runner keeps references to model, kv and backend.
+  ModelRunner(Model& model, KvCache& kv, Backend& backend, int pad_block = -1);
+  ~ModelRunner();
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
+
+  // Runs `batch`: writes its K/V into the cache and its logits rows [batch.logits_rows.size(),
+  // n_vocab] to `logits` (host). With a plan, rows flagged argmax_only get only their argmax
+  // (Backend::LogitsReadback). Throws naming what is wrong with a bad batch (token id,
+  // position, size), before anything runs.
+  void forward(const ForwardBatch& batch, float* logits, const Backend::LogitsReadback& plan = {});
+
+  // The size a decode batch of n sequences runs at: n padded to a graph size, or 0 when it
+  // runs as it is (no graphs on this backend, too large, or padding not possible).
+  int graph_batch(int n_seqs) const;
+  // Graphs captured so far and forwards replayed from them (for tests and reports).
+  int graphs_captured() const { return graphs_captured_; }
+  int64_t graph_replays() const { return graph_replays_; }
+
+  Model& model() { return model_; }
+  KvCache& kv() { return kv_; }
+
+ private:
+  // One captured decode forward: its inputs at a fixed device address (the graph reads them
+  // there), the logits buffer the model returned, and the backend's graph epoch at capture.
+  struct GraphEntry {
+    bool warmed_up = false;  // its first forward ran eagerly (kernels loaded, scratch sized)
+    bool broken = false;     // its capture failed: eager from now on
+    std::unique_ptr<Backend::Graph> graph;
+    uint64_t epoch = 0;
+    int32_t* inputs = nullptr;  // device
+    const float* logits = nullptr;
+  };
+  // The packed layout of one forward's index arrays (ints, 32-aligned segments).
+  struct Layout {
+    size_t tokens = 0, positions = 0, slots = 0, q_start = 0, kv_len = 0, tables = 0, rows = 0, total = 0;
+  };
+
+  void check(const ForwardBatch& b) const;
+  // `b` itself, or a copy padded to its graph size in padded_.
+  const ForwardBatch& padded(const ForwardBatch& b);
+  static Layout layout(const ForwardBatch& b, int table_width);
+  // Packs b's arrays (block tables at table_width per row) and copies them to `device`.
+  void stage(const ForwardBatch& b, const Layout& l, int table_width, int32_t* device);
+  static ForwardInputs inputs(const ForwardBatch& b, const Layout& l, int table_width, const int32_t* device);
+  // The forward of a graph key: eager, captured, or replayed.
+  const float* graph_forward(GraphEntry& g, const ForwardInputs& in);
+
+  Model& model_;
+  KvCache& kv_;
+  Backend& backend_;
+  int pad_block_;
+  int n_vocab_;
+  ForwardBatch padded_;
+  std::shared_ptr<void> packed_;  // host side of the staging copy (page-locked on a device)
+  size_t packed_cap_ = 0;        // ints
+  bool copy_in_flight_ = false;  // packed_ may still feed the last copy (no readback since)
+  int32_t* eager_inputs_ = nullptr;  // device, for forwards that are not graphs (grown)
+  size_t eager_cap_ = 0;             // ints
+  std::map<std::pair<int, int>, GraphEntry> graphs_;  // (sequences, table width)
+  int graphs_captured_ = 0;
+  int64_t graph_replays_ = 0;
+};
+
+}  // namespace tessera
