@@ -84,7 +84,6 @@ void serve(const ServeArgs& a) {
   ModelEngineOptions mo = a.engine.engine_options(a.model);
   mo.admission.max_waiting_requests = a.max_waiting_requests;
   ModelEngine model_engine(mo);
-  print_engine_summary(model_engine, a.model);
   Engine engine(model_engine.config(), model_engine.executor());
   const Tokenizer& tok = model_engine.session().tokenizer();
   const std::shared_ptr<ChatTemplate> chat_template = load_chat_template(a, tok);
@@ -128,6 +127,7 @@ void serve(const ServeArgs& a) {
   std::printf("tessera: serving %s on http://%s:%u (OpenAI API at /v1)\n", served.name.c_str(), a.host.c_str(),
               static_cast<unsigned>(server.port()));
   std::fflush(stdout);
+  print_engine_summary(model_engine, a.model);  // after the address: clients read that line first
 
   int sig = 0;
   sigwait(&signals, &sig);

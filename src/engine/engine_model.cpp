@@ -24,6 +24,9 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   const ModelConfig& mc = session_->config();
   if (sc.max_model_len <= 0) sc.max_model_len = mc.n_ctx_train;
   TESSERA_CHECK(sc.max_model_len >= 2, "--max-model-len ", sc.max_model_len, " must be at least 2");
+  // Positions past the trained context are out of the model's distribution (vLLM refuses too).
+  TESSERA_CHECK(sc.max_model_len <= mc.n_ctx_train, "--max-model-len ", sc.max_model_len,
+                " is over the model's trained context of ", mc.n_ctx_train, " tokens");
   if (session_->has_tokenizer()) {
     const Tokenizer* tok = &session_->tokenizer();
     sc.is_eog = [tok](int32_t t) { return tok->is_eog(t); };
