@@ -1,5 +1,7 @@
 #include "engine/engine_summary.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include "core/dtype.h"
@@ -41,6 +43,9 @@ EngineSummary describe_engine(ModelEngine& engine, const std::string& model_arg)
   s.trained_context = mc.n_ctx_train;
   s.max_model_len = ec.scheduler.max_model_len;
   s.kv_dtype = std::string(dtype_name(engine.kv().spec().dtype));
+  // As --kv-type spells it.
+  std::transform(s.kv_dtype.begin(), s.kv_dtype.end(), s.kv_dtype.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   s.block_size = ec.block_size;
   s.n_blocks = ec.n_blocks;
   s.kv_block_bytes = ec.kv_block_bytes;
