@@ -255,6 +255,7 @@ void add_bench(CLI::App& app) {
     EngineArgs ea = o->engine;
     ea.max_num_seqs = *std::max_element(o->bench.concurrency.begin(), o->bench.concurrency.end());
     ModelEngine engine(ea.engine_options(o->model));
+    print_engine_summary(engine, o->model);
     const auto rows = bench_offline(engine, o->bench, [](const OfflineBenchRow& r) {
       std::fprintf(stderr, "[bench] concurrency %d%s: %.2f req/s, %.1f output tok/s\n", r.concurrency,
                    r.prefix_cache ? " (prefix cache)" : "", r.requests_per_s, r.output_tokens_per_s);

@@ -69,6 +69,7 @@ SamplingParams sampling_params_of(const GenerateArgs& a) {
 
 void run_batch(const GenerateArgs& a) {
   ModelEngine engine(a.engine.engine_options(a.model));
+  print_engine_summary(engine, a.model);
   OfflineBatchOptions bo;
   bo.defaults = sampling_params_of(a);
   bo.parse_special = a.parse_special;
@@ -88,6 +89,7 @@ void run_batch(const GenerateArgs& a) {
 
 void run_generate(const GenerateArgs& a) {
   SessionOptions so = a.model.session_options();
+  so.kv_tokens = so.block_size;  // provisioned below, once the prompt's length is known
   Session session(so);
   Tokenizer& tok = session.tokenizer();
   const std::string prompt = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
@@ -98,7 +100,8 @@ void run_generate(const GenerateArgs& a) {
   sp.validate(n_vocab);
   TESSERA_CHECK(static_cast<int>(ids.size()) + a.max_tokens <= session.ctx(), "prompt (", ids.size(),
                 " tokens) + max tokens (", a.max_tokens, ") exceed the context of ", session.ctx(),
-                " tokens; raise --ctx");
+                " tokens; raise --max-model-len");
+  session.provision_kv(static_cast<int>(ids.size()) + a.max_tokens);
   Sampler sampler(sp, n_vocab, ids);
   IncrementalDetokenizer detok(tok);
 

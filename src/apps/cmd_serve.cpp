@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/engine_model.h"
+#include "engine/stats_logger.h"
 #include "server/api/api_server.h"
 #include "server/http/server.h"
 #include "server/metrics.h"
@@ -38,6 +39,7 @@ struct ServeArgs {
   int max_waiting_requests = 4096;
   int io_threads = 2;
   int prompt_threads = 2;
+  double log_stats_interval_s = 10;  // 0 = no stats line
 };
 
 // "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct": the file name without its
@@ -114,9 +116,18 @@ void serve(const ServeArgs& a) {
   so.header_filter = api.header_filter();  // 401 before reading a body
   http::HttpServer server(so, api.handler());
   server.start();
+  std::unique_ptr<PeriodicStatsLogger> stats_logger;
+  if (a.log_stats_interval_s > 0)
+    stats_logger = std::make_unique<PeriodicStatsLogger>(
+        std::chrono::milliseconds(static_cast<int64_t>(a.log_stats_interval_s * 1000)), [&] { return engine.stats(); },
+        [](const std::string& line) {
+          std::fprintf(stderr, "tessera: %s\n", line.c_str());
+          std::fflush(stderr);
+        });
   std::printf("tessera: serving %s on http://%s:%u (OpenAI API at /v1)\n", served.name.c_str(), a.host.c_str(),
               static_cast<unsigned>(server.port()));
   std::fflush(stdout);
+  print_engine_summary(model_engine, a.model);  // after the address: clients read that line first
 
   int sig = 0;
   sigwait(&signals, &sig);
@@ -130,6 +141,7 @@ void serve(const ServeArgs& a) {
   while (api.live_generations() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   server.stop();
+  stats_logger.reset();
   engine.stop();
   std::fprintf(stderr, "tessera: stopped\n");
 }
@@ -160,6 +172,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--prompt-threads", args->prompt_threads,
                   "threads that render chat templates and tokenize prompts (0: on the I/O threads)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--log-stats-interval", args->log_stats_interval_s,
+                  "seconds between stats lines (throughput, queues, KV usage) while busy; 0 = none")
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   cmd->callback([args] { serve(*args); });
 }

@@ -1,9 +1,11 @@
 #include "apps/common.h"
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/engine_summary.h"
 
 namespace tessera::apps {
 
@@ -12,7 +14,10 @@ void ModelArgs::add_to(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--device", device, "cpu or cuda")->capture_default_str();
   cmd.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd.add_option("-c,--ctx", ctx, "context tokens to provision (0 = min(trained, 4096))")->capture_default_str();
+  cmd.add_option("--max-model-len,--ctx,-c", max_model_len,
+                 "tokens of one sequence, prompt + output (0 = the model's trained context)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd.add_option("-b,--batch-size", batch, "tokens per forward (prefill chunk)")->capture_default_str();
   cmd.add_option("--block-size", block_size, "tokens per KV block")->capture_default_str();
   cmd.add_option("--kv-type", kv_type, "KV cache type: f16 or f32")->capture_default_str();
@@ -25,7 +30,7 @@ SessionOptions ModelArgs::session_options() const {
   o.backend.device = device;
   o.backend.threads = threads;
   o.backend.cuda_graphs = !no_cuda_graphs;
-  o.ctx = ctx;
+  o.ctx = max_model_len;
   o.max_batch_tokens = batch;
   o.block_size = block_size;
   if (kv_type == "f16") o.kv_dtype = DType::F16;
@@ -42,13 +47,17 @@ void EngineArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--kv-cache-memory", kv_cache_memory, "KV cache budget in bytes (suffix K, M, G); "
                                                         "default 40% of available memory");
   cmd.add_flag("--no-prefix-cache", no_prefix_cache, "disable prefix caching");
+  cmd.add_option("--scheduling-policy", scheduling_policy,
+                 "fcfs (arrival order) or priority (the request's priority, lower first; preempts lower ones)")
+      ->check(CLI::IsMember({"fcfs", "priority"}))
+      ->capture_default_str();
   cmd.add_option("--preemption-mode", preemption_mode,
                  "when KV blocks run out: recompute (free and recompute later) or swap (copy KV to host memory)")
       ->check(CLI::IsMember({"recompute", "swap"}))
       ->capture_default_str();
-  cmd.add_option("--swap-space", swap_space_gib, "host memory for swapped-out KV in GiB (--preemption-mode swap)")
-      ->check(CLI::Range(0.0, 1024.0))
-      ->capture_default_str();
+  cmd.add_option("--swap-space", swap_space_gib,
+                 "host memory for swapped-out KV in GiB (only with --preemption-mode swap; default 4)")
+      ->check(CLI::Range(0.0, 1024.0));
   cmd.add_option("--max-requests-per-tenant", max_requests_per_tenant, "requests in flight per tenant (0 = no limit)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -83,17 +92,28 @@ ModelEngineOptions EngineArgs::engine_options(const ModelArgs& model) const {
   o.session = model.session_options();
   o.scheduler.max_num_seqs = max_num_seqs;
   o.scheduler.max_num_batched_tokens = max_num_batched_tokens;
+  o.scheduler.max_model_len = model.max_model_len;  // 0: the model's trained context
+  o.scheduler.policy = parse_scheduling_policy(scheduling_policy);
   if (!kv_cache_memory.empty()) o.kv_cache_bytes = parse_bytes(kv_cache_memory);
   o.prefix_caching = !no_prefix_cache;
   if (preemption_mode == "swap") {
     o.scheduler.preemption_mode = PreemptionMode::Swap;
-    o.swap_space_bytes = static_cast<int64_t>(swap_space_gib * 1024.0 * 1024.0 * 1024.0);
+    o.swap_space_bytes = static_cast<int64_t>(swap_space_gib.value_or(4.0) * 1024.0 * 1024.0 * 1024.0);
   } else if (preemption_mode != "recompute") {
     fail("--preemption-mode '", preemption_mode, "' is not one of recompute, swap");
+  } else if (swap_space_gib) {
+    fail("--swap-space ", *swap_space_gib, " is only used with --preemption-mode swap (the mode is ",
+         preemption_mode, "): add --preemption-mode swap or drop --swap-space");
   }
   o.admission.max_requests_per_tenant = max_requests_per_tenant;
   o.admission.max_tokens_per_tenant = max_tokens_per_tenant;
   return o;
+}
+
+void print_engine_summary(ModelEngine& engine, const ModelArgs& model) {
+  const std::string text = format_engine_summary(describe_engine(engine, model.model));
+  std::fprintf(stderr, "%s", text.c_str());
+  std::fflush(stderr);
 }
 
 std::string read_file(const std::string& path) {

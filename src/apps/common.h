@@ -1,6 +1,7 @@
 #pragma once
 // Options shared by the subcommands that load a model.
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
 #include "engine/engine_model.h"
@@ -12,7 +13,7 @@ struct ModelArgs {
   std::string model = "smollm2-135m";
   std::string device = "cpu";
   int threads = 0;
-  int ctx = 0;
+  int max_model_len = 0;  // prompt + output tokens of one sequence; 0 = the model's trained context
   int batch = 512;
   int block_size = 16;
   std::string kv_type = "f16";
@@ -30,14 +31,19 @@ struct EngineArgs {
   int max_num_batched_tokens = 512;
   std::string kv_cache_memory;  // bytes, with K/M/G suffix; empty = a fraction of free memory
   bool no_prefix_cache = false;
+  std::string scheduling_policy = "fcfs";     // or "priority"
   std::string preemption_mode = "recompute";  // or "swap"
-  double swap_space_gib = 4;                  // host KV tier for swap mode
+  std::optional<double> swap_space_gib;       // host KV tier for swap mode; unset = 4 GiB
   int max_requests_per_tenant = 0;            // 0 = no limit
   int64_t max_tokens_per_tenant = 0;          // prompt + max_tokens x n in flight; 0 = no limit
 
   void add_to(CLI::App& cmd);
+  // Throws when flags contradict each other (--swap-space without --preemption-mode swap).
   struct ModelEngineOptions engine_options(const ModelArgs& model) const;
 };
+
+// Prints the start-up summary (engine/engine_summary.h) to stderr.
+void print_engine_summary(ModelEngine& engine, const ModelArgs& model);
 
 // Reads a whole file; throws naming the path.
 std::string read_file(const std::string& path);

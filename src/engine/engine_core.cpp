@@ -54,6 +54,10 @@ std::vector<SeqEvent> EngineCore::abort_all(FinishReason reason) {
 std::optional<Rejection> EngineCore::validate(const Request& r) const {
   if (!(r.n >= 1 && r.n <= config_.max_n)) return invalid("n = ", r.n, " is outside [1, ", config_.max_n, "]");
   if (r.prompt.empty()) return invalid("the prompt is empty");
+  // vLLM's rule: under FCFS a priority would be silently ignored, so it is refused.
+  if (r.priority != 0 && config_.scheduler.policy != SchedulingPolicy::Priority)
+    return invalid("priority ", r.priority, " needs the priority scheduling policy; this server schedules ",
+                   scheduling_policy_name(config_.scheduler.policy), " (start it with --scheduling-policy priority)");
   for (size_t i = 0; i < r.prompt.size(); ++i)
     if (!(r.prompt[i] >= 0 && r.prompt[i] < config_.vocab_size))
       return invalid("prompt token ", i, " is ", r.prompt[i], ", outside the vocabulary [0, ", config_.vocab_size, ")");
@@ -257,6 +261,7 @@ EngineStats EngineCore::stats() const {
   s.host_total_blocks = kv_.n_host_blocks();
   s.waiting = scheduler_.n_waiting();
   s.running = scheduler_.n_running();
+  s.swapped = scheduler_.n_swapped();
   s.kv_free_blocks = kv_.n_free();
   s.kv_total_blocks = kv_.n_blocks();
   return s;

@@ -50,8 +50,9 @@ struct EngineStats {
   int64_t requests_aborted = 0;
   int64_t requests_failed = 0;
   PrefixCacheStats prefix;
-  size_t waiting = 0;
+  size_t waiting = 0;  // sequences, swapped ones included
   size_t running = 0;
+  size_t swapped = 0;
   int kv_free_blocks = 0;
   int kv_total_blocks = 0;
   int host_free_blocks = 0;

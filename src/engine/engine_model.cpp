@@ -22,7 +22,11 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   o.session.max_logits = sc.max_logits_rows;
   session_ = std::make_unique<Session>(o.session);
   const ModelConfig& mc = session_->config();
-  if (sc.max_model_len <= 0) sc.max_model_len = std::min(mc.n_ctx_train > 0 ? mc.n_ctx_train : 4096, 8192);
+  if (sc.max_model_len <= 0) sc.max_model_len = mc.n_ctx_train;
+  TESSERA_CHECK(sc.max_model_len >= 2, "--max-model-len ", sc.max_model_len, " must be at least 2");
+  // Positions past the trained context are out of the model's distribution (vLLM refuses too).
+  TESSERA_CHECK(sc.max_model_len <= mc.n_ctx_train, "--max-model-len ", sc.max_model_len,
+                " is over the model's trained context of ", mc.n_ctx_train, " tokens");
   if (session_->has_tokenizer()) {
     const Tokenizer* tok = &session_->tokenizer();
     sc.is_eog = [tok](int32_t t) { return tok->is_eog(t); };
@@ -78,6 +82,17 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   const int64_t useful = static_cast<int64_t>(sc.max_num_seqs) * ((sc.max_model_len + spec.block_size - 1) / spec.block_size);
   spec.n_blocks = static_cast<int>(std::min<int64_t>(spec.n_blocks, std::max<int64_t>(useful, 1)));
   if (o.max_kv_blocks > 0) spec.n_blocks = std::min(spec.n_blocks, o.max_kv_blocks);
+  // One sequence of max_model_len tokens must fit (vLLM refuses to start otherwise): never
+  // clamp the context silently. Its last sampled token is not stored, hence - 1.
+  const int64_t kv_tokens = static_cast<int64_t>(spec.n_blocks) * spec.block_size;
+  if (kv_tokens < sc.max_model_len - 1) {
+    const bool fixed_budget = o.kv_cache_bytes > 0;
+    fail("the KV cache holds ", kv_tokens, " tokens (", spec.n_blocks, " blocks of ", spec.block_size, ", ",
+         kv_block_bytes(spec), " bytes each, from a budget of ", budget, " bytes), fewer than one sequence of ",
+         "--max-model-len ", sc.max_model_len, " tokens: lower --max-model-len to at most ", kv_tokens + 1,
+         fixed_budget ? ", or raise --kv-cache-memory" : ", or give the KV cache more memory (--kv-cache-memory)",
+         o.max_kv_blocks > 0 ? " (the pool is capped at max_kv_blocks)" : "");
+  }
   config_.block_size = spec.block_size;
   config_.n_blocks = spec.n_blocks;
   config_.kv_block_bytes = kv_block_bytes(spec);

@@ -63,18 +63,32 @@ Session::Session(const SessionOptions& options) : options_(options) {
                 options.max_batch_tokens, " is outside [1, 65536]");
   const int max_logits = std::min(options.max_logits, options.max_batch_tokens);
   model_ = create_model(weights_, *backend_, options.max_batch_tokens, max_logits);
-  ctx_ = options.ctx > 0 ? options.ctx : std::min(c.n_ctx_train, 4096);
+  ctx_ = options.ctx > 0 ? options.ctx : c.n_ctx_train;
   TESSERA_CHECK(ctx_ >= 1 && ctx_ <= (1 << 22), "context ", ctx_, " is out of range");
+  make_kv(options.kv_tokens > 0 ? std::min(options.kv_tokens, ctx_) : ctx_);
+}
+
+void Session::make_kv(int tokens) {
+  const ModelConfig& c = weights_->config;
   KvCacheSpec spec;
   spec.n_layers = c.n_layer;
   spec.n_kv_heads = c.n_head_kv;
   spec.head_dim = c.head_dim;
-  spec.block_size = options.block_size;
-  spec.n_blocks = (ctx_ + options.block_size - 1) / options.block_size;
-  spec.dtype = options.kv_dtype;
+  spec.block_size = options_.block_size;
+  spec.n_blocks = (tokens + options_.block_size - 1) / options_.block_size;
+  spec.dtype = options_.kv_dtype;
+  kv_.reset();  // free the old cache before allocating the new one
   kv_ = std::make_unique<KvCache>(*backend_, spec);
   runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *backend_);
   pool_ = std::make_unique<BlockPool>(spec.n_blocks);
+}
+
+void Session::provision_kv(int tokens) {
+  TESSERA_CHECK(tokens >= 1 && tokens <= ctx_, "KV for ", tokens, " tokens is outside [1, the context of ", ctx_,
+                "]; raise --max-model-len");
+  if (tokens <= kv_tokens()) return;
+  TESSERA_CHECK(pool_->n_free() == kv_->spec().n_blocks, "KV cache resized while sequences hold blocks");
+  make_kv(tokens);
 }
 
 Session::~Session() = default;

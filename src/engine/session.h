@@ -21,7 +21,8 @@ class Tokenizer;
 struct SessionOptions {
   std::string model;          // path to .gguf, a model alias (smollm2-135m), or dummy:<preset>[:dtype]
   BackendOptions backend;
-  int ctx = 0;                // tokens of KV to provision; 0 = min(trained context, 4096)
+  int ctx = 0;                // most tokens of one sequence; 0 = the trained context
+  int kv_tokens = 0;          // KV allocated at load, in tokens; 0 = ctx (provision_kv() grows it)
   int max_batch_tokens = 512; // tokens per forward (prefill chunk)
   int max_logits = 1;         // logits rows per forward
   int block_size = 16;        // tokens per KV block
@@ -51,6 +52,10 @@ class Session {
   BlockPool& pool() { return *pool_; }
   int block_size() const { return options_.block_size; }
   int ctx() const { return ctx_; }
+  int kv_tokens() const { return kv_->spec().n_blocks * options_.block_size; }
+  // Makes the KV cache hold at least `tokens` (at most ctx()), reallocating it; only while
+  // no sequence holds blocks. Throws naming the numbers otherwise.
+  void provision_kv(int tokens);
   const SessionOptions& options() const { return options_; }
 
   // Feeds tokens to a sequence in chunks of max_batch_tokens, growing its KV. Logits of the
@@ -71,6 +76,7 @@ class Session {
   std::unique_ptr<BlockPool> pool_;
   ForwardBatch batch_;
   int ctx_ = 0;
+  void make_kv(int tokens);
 };
 
 }  // namespace tessera

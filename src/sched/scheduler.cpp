@@ -22,6 +22,16 @@ std::string_view preemption_mode_name(PreemptionMode m) {
   return m == PreemptionMode::Swap ? "swap" : "recompute";
 }
 
+std::string_view scheduling_policy_name(SchedulingPolicy p) {
+  return p == SchedulingPolicy::Priority ? "priority" : "fcfs";
+}
+
+SchedulingPolicy parse_scheduling_policy(std::string_view name) {
+  if (name == "fcfs") return SchedulingPolicy::Fcfs;
+  if (name == "priority") return SchedulingPolicy::Priority;
+  fail("scheduling policy '", name, "' is not one of fcfs, priority");
+}
+
 void SchedulerConfig::validate() const {
   TESSERA_CHECK(max_num_batched_tokens >= 1, "scheduler: max_num_batched_tokens ", max_num_batched_tokens,
                 " must be at least 1");
@@ -107,6 +117,12 @@ SeqId Scheduler::add(SchedRequest request) {
   return first;
 }
 
+size_t Scheduler::n_swapped() const {
+  size_t n = 0;
+  for (const auto& [key, h] : waiting_) n += slots_[h].status == SeqStatus::Swapped;
+  return n;
+}
+
 size_t Scheduler::n_live_choices() const {
   size_t n = 0;
   for (const auto& [id, r] : requests_) n += r.n_live;
@@ -139,102 +155,6 @@ int Scheduler::cap_for_rows(const Sequence& s, int n_computed, int n_new, int ro
   return std::min(n_new, lo - n_computed + rows);
 }
 
-SchedulePlan Scheduler::plan() const {
-  SchedulePlan p;
-  p.version = version_;
-  KvPlan kv(kv_);
-  int budget = config_.max_num_batched_tokens;
-  int n_partial = 0;
-  // Every scheduled sequence may take one logits row (max_num_seqs <= rows); the rest are
-  // shared by prompt-logit chunks.
-  int extra_rows = config_.logits_rows() - config_.max_num_seqs;
-  const bool swap_mode = config_.preemption_mode == PreemptionMode::Swap;
-  const auto is_partial = [](const Sequence& s, int n_computed, int n_new) {
-    return n_computed + n_new < static_cast<int>(s.tokens.size());
-  };
-  const auto take_rows = [&](const Sequence& s, ScheduledSeq& sc) {
-    std::tie(sc.prompt_rows_begin, sc.prompt_rows_end) = prompt_rows(s, sc.n_computed, sc.n_new);
-    const bool samples = !is_partial(s, sc.n_computed, sc.n_new);
-    extra_rows -= std::max(0, sc.n_prompt_rows() + (samples ? 1 : 0) - 1);
-  };
-
-  // Running sequences in order; victims are taken from the back, so a victim was never
-  // scheduled in this plan (or is the sequence being scheduled, which then gives way).
-  std::vector<SeqHandle> order;
-  order.reserve(running_.size());
-  for (const auto& e : running_) order.push_back(e.second);
-  size_t end = order.size();
-  for (size_t i = 0; i < end; ++i) {
-    if (budget == 0 || static_cast<int>(p.seqs.size()) == config_.max_num_seqs) break;
-    const Sequence& s = slots_[order[i]];
-    const int n_new = cap_for_rows(s, s.n_computed(), prefill_chunk(s, s.n_computed(), budget), 1 + extra_rows);
-    if (is_partial(s, s.n_computed(), n_new) && n_partial == config_.max_partial_prefills) continue;
-    bool fits = true;
-    while (!kv.reserve(s.kv, {}, n_new)) {
-      const SeqHandle victim = order[--end];
-      if (swap_mode && kv.swap_out(slots_[victim].kv)) {
-        p.swapped.push_back(victim);
-      } else {
-        kv.release(slots_[victim].kv);
-        p.preempted.push_back(victim);
-      }
-      if (end == i) {  // it was this sequence itself
-        fits = false;
-        break;
-      }
-    }
-    if (!fits) break;
-    ScheduledSeq sc;
-    sc.handle = order[i];
-    sc.n_computed = s.n_computed();
-    sc.n_new = n_new;
-    take_rows(s, sc);
-    p.seqs.push_back(std::move(sc));
-    budget -= n_new;
-    p.n_tokens += n_new;
-    if (is_partial(s, s.n_computed(), n_new)) ++n_partial;
-  }
-
-  // Waiting sequences (swapped ones included), strictly in order: the first that cannot
-  // start stops admission (no overtaking, so none starves). Not after a preemption: memory
-  // is short this step (and host slots freed by a swap-in are never reused by a swap-out
-  // of the same step).
-  if (p.preempted.empty() && p.swapped.empty()) {
-    size_t n_running = running_.size();
-    for (const auto& [key, h] : waiting_) {
-      if (budget == 0 || static_cast<int>(p.seqs.size()) == config_.max_num_seqs ||
-          static_cast<int>(n_running) >= config_.max_num_seqs)
-        break;
-      const Sequence& s = slots_[h];
-      const bool swapped = s.status == SeqStatus::Swapped;
-      std::vector<int32_t> hits;
-      if (!swapped && !requests_.at(s.request).spec.prompt_logits) {
-        // A full hit must still compute one token to get logits.
-        const int max_hit_blocks = (static_cast<int>(s.tokens.size()) - 1) / kv_.block_size();
-        hits = kv_.find_prefix(s.kv.root, s.tokens, max_hit_blocks);
-      }
-      const int n_computed = swapped ? s.n_computed() : static_cast<int>(hits.size()) * kv_.block_size();
-      const int n_new = cap_for_rows(s, n_computed, prefill_chunk(s, n_computed, budget), 1 + extra_rows);
-      if (is_partial(s, n_computed, n_new) && n_partial == config_.max_partial_prefills) break;
-      if (!kv.reserve(s.kv, hits, n_new)) break;
-      ScheduledSeq sc;
-      sc.handle = h;
-      sc.n_computed = n_computed;
-      sc.n_new = n_new;
-      sc.hits = std::move(hits);
-      sc.from_waiting = true;
-      sc.swap_in = swapped;
-      take_rows(s, sc);
-      p.seqs.push_back(std::move(sc));
-      budget -= n_new;
-      p.n_tokens += n_new;
-      ++n_running;
-      if (is_partial(s, n_computed, n_new)) ++n_partial;
-    }
-  }
-  return p;
-}
-
 SchedulerOutput Scheduler::commit(const SchedulePlan& p) {
   TESSERA_CHECK(p.version == version_, "scheduler: plan made from state ", p.version, " committed at state ",
                 version_);
@@ -251,16 +171,20 @@ SchedulerOutput Scheduler::commit(const SchedulePlan& p) {
     out.swapped.push_back(slots_[h].id);
     preempt(h, true, out.swap_out);
   }
+  // Adoptions before swap-ins: a swap-in takes fresh blocks and may evict a free cached one,
+  // which must not be a block another sequence of this plan adopts.
   for (const ScheduledSeq& sc : p.seqs) {
-    if (!sc.from_waiting) continue;
     Sequence& s = slots_[sc.handle];
-    if (sc.swap_in) {
-      TESSERA_CHECK(s.status == SeqStatus::Swapped && kv_.swap_in(s.kv, out.swap_in), "scheduler: plan reserved ",
-                    "the swap-in of sequence ", s.id, " but it failed");
-    } else if (kv_.prefix_caching() && !requests_.at(s.request).spec.prompt_logits) {
+    if (sc.from_waiting && !sc.swap_in && kv_.prefix_caching() && !requests_.at(s.request).spec.prompt_logits) {
       kv_.adopt_prefix(s.kv, sc.hits);
       kv_.record_lookup(static_cast<int>(s.tokens.size()), static_cast<int>(sc.hits.size()) * kv_.block_size());
     }
+  }
+  for (const ScheduledSeq& sc : p.seqs) {
+    if (!sc.swap_in) continue;
+    Sequence& s = slots_[sc.handle];
+    TESSERA_CHECK(s.status == SeqStatus::Swapped && kv_.swap_in(s.kv, out.swap_in), "scheduler: plan reserved ",
+                  "the swap-in of sequence ", s.id, " but it failed");
   }
   for (const ScheduledSeq& plan_sc : p.seqs) {
     Sequence& s = slots_[plan_sc.handle];

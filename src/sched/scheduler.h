@@ -23,8 +23,13 @@
 namespace tessera {
 
 // A closed set of policies. FCFS orders by arrival; Priority by (priority, arrival), lower
-// first. Either way the last in order is the first preempted.
+// first (vLLM's meaning). Either way the last in order is the first preempted. Under
+// Priority a waiting sequence is served before the running ones it outranks, and preempts
+// them (lowest first) when KV blocks or sequence slots are short.
 enum class SchedulingPolicy : uint8_t { Fcfs, Priority };
+std::string_view scheduling_policy_name(SchedulingPolicy p);  // "fcfs", "priority"
+// "fcfs" or "priority"; throws naming the value otherwise.
+SchedulingPolicy parse_scheduling_policy(std::string_view name);
 
 // What happens to a sequence preempted for lack of KV blocks. Recompute frees its blocks
 // and recomputes prompt + output when it resumes; Swap copies its KV to the host tier
@@ -153,7 +158,8 @@ class Scheduler {
   size_t n_requests() const { return requests_.size(); }
   // Choices not finished, including those still to fork.
   size_t n_live_choices() const;
-  size_t n_waiting() const { return waiting_.size(); }
+  size_t n_waiting() const { return waiting_.size(); }  // swapped ones included
+  size_t n_swapped() const;                              // waiting with their KV in the host tier
   size_t n_running() const { return running_.size(); }
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   const SchedulerStats& stats() const { return stats_; }

@@ -38,6 +38,7 @@ void Generation::start(std::shared_ptr<http::Exchange> exchange, Engine& engine,
     r.prompt = gen->plan_.prompts[p].tokens;
     r.sampling = gen->plan_.sampling[p];
     r.n = o.n;
+    r.priority = o.priority;
     r.tenant = gen->plan_.tenant;
     r.tenant_salt = gen->plan_.tenant_salt;
     r.logprobs = o.logprobs;

@@ -116,6 +116,8 @@ GenerationOptions parse_generation_options(const json& body, Endpoint endpoint, 
   SamplingParams& sp = o.sampling;
 
   o.n = static_cast<int>(f.integer("n", 1, model.max_n).value_or(1));
+  // vLLM's extension; the engine refuses a non-zero one unless it schedules by priority.
+  o.priority = static_cast<int32_t>(f.integer("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()).value_or(0));
   // max_completion_tokens is the newer name (chat); it wins when both are given, as in vLLM.
   // Over the context is refused per prompt (sampling_for_prompt), with both counts.
   const int64_t max_tokens_hi = SamplingParams::kMaxMaxTokens;

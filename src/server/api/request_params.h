@@ -30,6 +30,7 @@ struct GenerationOptions {
   std::optional<int32_t> max_tokens;  // as asked; unset: whatever the context leaves
   std::string max_tokens_param = "max_tokens";  // or max_completion_tokens, for errors
   int n = 1;
+  int32_t priority = 0;               // lower runs first (--scheduling-policy priority only)
   std::vector<std::string> stop;      // stop strings, matched on the output text
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;

@@ -82,6 +82,8 @@ TEST(ApiRequestParams, CompletionInvalidCases) {
       {R"({"prompt": "hi", "n": true})", 400, "n", "invalid_type"},
       {R"({"prompt": "hi", "n": 0})", 400, "n", "invalid_value"},
       {R"({"prompt": "hi", "n": 1000000})", 400, "n", "invalid_value"},
+      {R"({"prompt": "hi", "priority": "high"})", 400, "priority", "invalid_type"},
+      {R"({"prompt": "hi", "priority": 4294967296})", 400, "priority", "invalid_value"},
       {R"({"prompt": "hi", "temperature": -0.1})", 400, "temperature", "invalid_value"},
       {R"({"prompt": "hi", "temperature": 1e300})", 400, "temperature", "invalid_value"},
       {R"({"prompt": "hi", "temperature": 2.5})", 400, "temperature", "invalid_value"},
@@ -244,4 +246,10 @@ TEST(ApiRequestParams, ChatRendersTemplateAndKeepsUserSpecialTokensPlain) {
   const std::vector<int32_t> plain = tok.encode(evil, false, false);
   EXPECT_NE(std::search(ids.begin(), ids.end(), plain.begin(), plain.end()), ids.end());
   EXPECT_EQ(tok.decode(ids, false), api_test::chatml(json{{{"role", "user"}, {"content", evil}}}, true, {}));
+}
+
+TEST(ApiRequestParams, PriorityIsParsed) {
+  const ServedModel model = api_test::served_model();
+  EXPECT_EQ(parse_completion_request(parse_json_body(R"({"prompt": "hi", "priority": -3})"), model).options.priority, -3);
+  EXPECT_EQ(parse_completion_request(parse_json_body(R"({"prompt": "hi"})"), model).options.priority, 0);
 }

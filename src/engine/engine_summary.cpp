@@ -1,0 +1,98 @@
+#include "engine/engine_summary.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+
+#include "core/dtype.h"
+#include "engine/engine_model.h"
+
+namespace tessera {
+
+std::string human_bytes_binary(int64_t bytes) {
+  static const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes) / 1024.0;
+  int u = 0;
+  while (v >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
+  return buf;
+}
+
+std::string human_count(int64_t n) {
+  char buf[32];
+  if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.2fB", static_cast<double>(n) / 1e9);
+  else if (n >= 1'000'000) std::snprintf(buf, sizeof buf, "%.0fM", static_cast<double>(n) / 1e6);
+  else if (n >= 1'000) std::snprintf(buf, sizeof buf, "%.0fK", static_cast<double>(n) / 1e3);
+  else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+  return buf;
+}
+
+EngineSummary describe_engine(ModelEngine& engine, const std::string& model_arg) {
+  const ModelConfig& mc = engine.session().config();
+  const EngineConfig& ec = engine.config();
+  EngineSummary s;
+  s.model = model_arg;
+  s.name = mc.name;
+  s.architecture = mc.arch;
+  s.n_params = mc.n_params();
+  s.trained_context = mc.n_ctx_train;
+  s.max_model_len = ec.scheduler.max_model_len;
+  s.kv_dtype = std::string(dtype_name(engine.kv().spec().dtype));
+  // As --kv-type spells it.
+  std::transform(s.kv_dtype.begin(), s.kv_dtype.end(), s.kv_dtype.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  s.block_size = ec.block_size;
+  s.n_blocks = ec.n_blocks;
+  s.kv_block_bytes = ec.kv_block_bytes;
+  s.n_host_blocks = ec.n_host_blocks;
+  s.device = engine.session().backend().describe();
+  s.max_num_seqs = ec.scheduler.max_num_seqs;
+  s.max_num_batched_tokens = ec.scheduler.max_num_batched_tokens;
+  s.max_partial_prefills = ec.scheduler.max_partial_prefills;
+  s.policy = std::string(scheduling_policy_name(ec.scheduler.policy));
+  s.preemption = std::string(preemption_mode_name(ec.scheduler.preemption_mode));
+  s.prefix_caching = ec.prefix_caching;
+  return s;
+}
+
+std::string format_engine_summary(const EngineSummary& s) {
+  std::string out;
+  char buf[512];
+  const auto line = [&](const char* topic, const std::string& text) {
+    out += "tessera: ";
+    out += topic;
+    out.append(12 - std::string_view(topic).size(), ' ');
+    out += text;
+    out += '\n';
+  };
+  const std::string name = s.name.empty() ? s.model : s.name;
+  std::snprintf(buf, sizeof buf, "%s (%s, %s parameters) from %s", name.c_str(), s.architecture.c_str(),
+                human_count(s.n_params).c_str(), s.model.c_str());
+  line("model", buf);
+  std::snprintf(buf, sizeof buf, "max %d tokens per sequence (--max-model-len; trained %d)", s.max_model_len,
+                s.trained_context);
+  line("context", buf);
+  std::snprintf(buf, sizeof buf, "%s, %d blocks of %d tokens = %lld tokens (%s); %.2f sequences of %d tokens at once",
+                s.kv_dtype.c_str(), s.n_blocks, s.block_size, static_cast<long long>(s.kv_tokens()),
+                human_bytes_binary(s.kv_block_bytes * s.n_blocks).c_str(), s.max_concurrency(), s.max_model_len);
+  line("KV cache", buf);
+  if (s.n_host_blocks > 0) {
+    std::snprintf(buf, sizeof buf, "%d host blocks (%s) for swapped-out sequences", s.n_host_blocks,
+                  human_bytes_binary(s.kv_block_bytes * s.n_host_blocks).c_str());
+    line("swap space", buf);
+  }
+  line("device", s.device);
+  std::snprintf(buf, sizeof buf,
+                "policy %s, %d sequences and %d tokens per step, %d partial prefills, preemption %s, prefix cache %s",
+                s.policy.c_str(), s.max_num_seqs, s.max_num_batched_tokens, s.max_partial_prefills,
+                s.preemption.c_str(), s.prefix_caching ? "on" : "off");
+  line("scheduler", buf);
+  return out;
+}
+
+}  // namespace tessera

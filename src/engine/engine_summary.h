@@ -1,0 +1,46 @@
+#pragma once
+// The start-up summary a `vllm serve` user expects once the model is loaded: the model, its
+// context, the KV cache's format and capacity, the device and the scheduler's limits.
+// describe_engine() gathers it, format_engine_summary() turns it into lines.
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+class ModelEngine;
+
+struct EngineSummary {
+  std::string model;          // as given on the command line
+  std::string name;           // the checkpoint's own name
+  std::string architecture;   // "llama", "qwen2", ...
+  int64_t n_params = 0;
+  int trained_context = 0;
+  int max_model_len = 0;      // prompt + output tokens of one sequence
+  std::string kv_dtype;       // "f16", "f32"
+  int block_size = 0;
+  int n_blocks = 0;
+  int64_t kv_block_bytes = 0;
+  int n_host_blocks = 0;      // swap tier
+  std::string device;         // the backend's own description (device or threads and ISA)
+  int max_num_seqs = 0;
+  int max_num_batched_tokens = 0;
+  int max_partial_prefills = 0;
+  std::string policy;         // "fcfs", "priority"
+  std::string preemption;     // "recompute", "swap"
+  bool prefix_caching = false;
+
+  int64_t kv_tokens() const { return static_cast<int64_t>(n_blocks) * block_size; }
+  // Sequences of max_model_len tokens the cache holds at once.
+  double max_concurrency() const { return max_model_len > 0 ? static_cast<double>(kv_tokens()) / max_model_len : 0; }
+};
+
+EngineSummary describe_engine(ModelEngine& engine, const std::string& model_arg);
+// One "tessera: <topic> <text>" line per topic, each ending in '\n'.
+std::string format_engine_summary(const EngineSummary& s);
+
+// "1.50 GiB", "512.0 MiB", "12.0 KiB", "100 B".
+std::string human_bytes_binary(int64_t bytes);
+// "135M", "8.03B".
+std::string human_count(int64_t n);
+
+}  // namespace tessera
