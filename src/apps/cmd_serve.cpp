@@ -13,7 +13,9 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/engine_model.h"
+#include "server/api/access_log.h"
 #include "server/api/api_server.h"
+#include "server/api/startup_gate.h"
 #include "server/http/server.h"
 #include "server/metrics.h"
 #include "server/web/chat_page.h"
@@ -38,6 +40,8 @@ struct ServeArgs {
   int max_waiting_requests = 4096;
   int io_threads = 2;
   int prompt_threads = 2;
+  bool metrics_require_key = false;
+  bool disable_log_requests = false;
 };
 
 // "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct": the file name without its
@@ -79,6 +83,21 @@ void serve(const ServeArgs& a) {
   if (!a.api_key_file.empty())
     for (std::string& k : api::ApiKeys::read_key_file(a.api_key_file)) keys.push_back(std::move(k));
 
+  // The listener opens first: /health answers while the model loads, /ready says 503
+  // model_loading until the gate opens.
+  api::StartupGate gate;
+  http::ServerOptions so;
+  so.host = a.host;
+  so.port = static_cast<uint16_t>(a.port);
+  so.io_threads = a.io_threads;
+  so.max_body_bytes = a.max_request_body;
+  so.header_filter = gate.header_filter();  // 401 before reading a body
+  http::HttpServer server(so, gate.handler());
+  server.start();
+  std::printf("tessera: listening on http://%s:%u, loading the model\n", a.host.c_str(),
+              static_cast<unsigned>(server.port()));
+  std::fflush(stdout);
+
   ModelEngineOptions mo = a.engine.engine_options(a.model);
   mo.admission.max_waiting_requests = a.max_waiting_requests;
   ModelEngine model_engine(mo);
@@ -104,16 +123,18 @@ void serve(const ServeArgs& a) {
   options.render_metrics = [&] { return metrics.render(engine.stats()); };
   options.hooks.record = [&](const RequestRecord& r) { metrics.record(r); };
   options.hooks.record_rejection = [&](int status, std::string_view reason) { metrics.record_rejection(status, reason); };
+  options.metrics_require_key = a.metrics_require_key;
+  if (!a.disable_log_requests)
+    options.hooks.access_log = [](const api::AccessRecord& r) {
+      std::fprintf(stderr, "%s\n", api::format_access_log(r).c_str());
+    };
   api::ApiServer api(engine, served, std::move(options));
-
-  http::ServerOptions so;
-  so.host = a.host;
-  so.port = static_cast<uint16_t>(a.port);
-  so.io_threads = a.io_threads;
-  so.max_body_bytes = a.max_request_body;
-  so.header_filter = api.header_filter();  // 401 before reading a body
-  http::HttpServer server(so, api.handler());
-  server.start();
+  // The I/O threads reach `api` through the gate: stop them before it is destroyed, on every path.
+  struct StopServerFirst {
+    http::HttpServer& server;
+    ~StopServerFirst() { server.stop(); }
+  } stop_server_first{server};
+  gate.open(api);
   std::printf("tessera: serving %s on http://%s:%u (OpenAI API at /v1)\n", served.name.c_str(), a.host.c_str(),
               static_cast<unsigned>(server.port()));
   std::fflush(stdout);
@@ -122,8 +143,8 @@ void serve(const ServeArgs& a) {
   sigwait(&signals, &sig);
   std::fprintf(stderr, "tessera: %s: draining (up to %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                a.drain_timeout_s);
+  // The listener stays open: probes get 503 server_draining rather than a refused connection.
   api.set_draining(true);
-  server.stop_accepting();
   engine.drain(std::chrono::seconds(a.drain_timeout_s));
   // The engine is idle; give the connections a moment to write their last chunks.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -161,6 +182,10 @@ void add_serve(CLI::App& app) {
                   "threads that render chat templates and tokenize prompts (0: on the I/O threads)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_flag("--metrics-require-key", args->metrics_require_key,
+                "with API keys, GET /metrics needs one too (default: /metrics is open)");
+  cmd->add_flag("--disable-log-requests", args->disable_log_requests,
+                "no access-log line on stderr per finished request");
   cmd->callback([args] { serve(*args); });
 }
 
