@@ -85,14 +85,16 @@ void AdmissionControl::started(int64_t prompt_tokens) {
 void AdmissionControl::finished(std::string_view tenant, bool was_started, int64_t prompt_tokens,
                                 int64_t budget_tokens, int sequences) {
   std::lock_guard lock(mutex_);
-  if (!was_started) {
-    TESSERA_CHECK(waiting_requests_ > 0 && waiting_tokens_ >= prompt_tokens, "admission: end of a request not counted");
-    --waiting_requests_;
-    waiting_tokens_ -= prompt_tokens;
-  }
+  // Every check before any change: a refused release leaves the counts as they were.
+  TESSERA_CHECK(was_started || (waiting_requests_ > 0 && waiting_tokens_ >= prompt_tokens),
+                "admission: end of a request not counted");
   const auto it = per_tenant_.find(std::string(tenant));
   TESSERA_CHECK(it != per_tenant_.end() && it->second.sequences >= sequences && it->second.tokens >= budget_tokens,
                 "admission: end of a request its tenant does not count");
+  if (!was_started) {
+    --waiting_requests_;
+    waiting_tokens_ -= prompt_tokens;
+  }
   it->second.tokens -= budget_tokens;
   it->second.sequences -= sequences;
   if (it->second.sequences == 0) {
