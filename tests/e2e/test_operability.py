@@ -121,3 +121,19 @@ def test_draining_answers_503_on_health_and_ready_with_the_listener_open():
     finally:
         code = server.stop()
     assert code == 0, server.output()[-4000:]
+
+
+def test_per_tenant_limit_counts_sequences_not_requests():
+    server = start_server("--max-requests-per-tenant", "2")
+    try:
+        model = requests.get(server.url("/v1/models"), timeout=10).json()["data"][0]["id"]
+        # n = 3 alone is more than a tenant may ever have in flight: 400, not a retry-later 429.
+        r = requests.post(server.url("/v1/completions"), timeout=60,
+                          json={"model": model, "prompt": "Hi", "max_tokens": 2, "n": 3})
+        error = assert_openai_error(r, 400)
+        assert "3 sequences" in error["message"], error
+        r = requests.post(server.url("/v1/completions"), timeout=60,
+                          json={"model": model, "prompt": "Hi", "max_tokens": 2, "n": 2})
+        assert r.status_code == 200, r.text
+    finally:
+        stop_and_check(server)
