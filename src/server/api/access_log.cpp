@@ -6,8 +6,10 @@ namespace tessera::api {
 
 std::string format_access_log(const AccessRecord& r) {
   char times[96];
-  if (r.ttft_s) std::snprintf(times, sizeof times, "ttft_ms=%.1f e2e_ms=%.1f", *r.ttft_s * 1e3, r.e2e_s * 1e3);
-  else std::snprintf(times, sizeof times, "ttft_ms=- e2e_ms=%.1f", r.e2e_s * 1e3);
+  if (r.ttft_s)
+    std::snprintf(times, sizeof times, "ttft_ms=%.1f e2e_ms=%.1f", *r.ttft_s * 1e3, r.e2e_s * 1e3);
+  else
+    std::snprintf(times, sizeof times, "ttft_ms=- e2e_ms=%.1f", r.e2e_s * 1e3);
   std::string line = "tessera: request id=" + (r.request_id.empty() ? std::string("-") : r.request_id);
   line += " tenant=" + (r.tenant.empty() ? std::string("-") : r.tenant);
   line += " status=" + std::to_string(r.status);

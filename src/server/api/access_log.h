@@ -11,13 +11,13 @@
 namespace tessera::api {
 
 struct AccessRecord {
-  std::string request_id;    // "cmpl-..." / "chatcmpl-..."; "-" when refused before it had one
-  std::string tenant;        // Tenant::name ("key-" + 12 hex digits of SHA-256), "" anonymous
-  int status = 200;          // HTTP status of the answer; 499: the client went away first
-  std::string finish_reason; // the last choice's ("stop", "length", ...); "" when none
+  std::string request_id;     // "cmpl-..." / "chatcmpl-..."; "" (written "-") if refused before one
+  std::string tenant;         // Tenant::name ("key-" + 12 hex digits of SHA-256), "" anonymous
+  int status = 200;           // HTTP status of the answer; 499: the client went away first
+  std::string finish_reason;  // of the highest-indexed finished choice ("stop", ...); "" if none
   int64_t prompt_tokens = 0;
   int64_t output_tokens = 0;
-  int64_t cached_tokens = 0;   // prompt tokens served from the prefix cache
+  int64_t cached_tokens = 0;     // prompt tokens served from the prefix cache
   std::optional<double> ttft_s;  // arrival -> first token; none without a token
   double e2e_s = 0;              // arrival -> answer complete
 };

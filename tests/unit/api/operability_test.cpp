@@ -175,10 +175,10 @@ TEST_F(OperabilityTest, StopReasonNamesTheStringOrTokenThatEndedTheChoice) {
   start();
   const Tokenizer& tok = model_->session().tokenizer();
   // Greedy output first, to pick a stop string and a stop token that certainly occur.
-  const json plain = call("POST", "/v1/completions",
-                          json{{"prompt", "The capital of France is"}, {"max_tokens", 8}, {"temperature", 0},
-                               {"ignore_eos", true}})
-                         ->json();
+  const json plain =
+      call("POST", "/v1/completions",
+           json{{"prompt", "The capital of France is"}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}})
+          ->json();
   EXPECT_TRUE(plain["choices"][0]["stop_reason"].is_null());  // length
   EXPECT_EQ(plain["choices"][0]["finish_reason"], "length");
   const std::string text = plain["choices"][0]["text"];
@@ -186,8 +186,11 @@ TEST_F(OperabilityTest, StopReasonNamesTheStringOrTokenThatEndedTheChoice) {
   const std::string stop = text.substr(text.size() / 2, 2);
 
   const json by_string = call("POST", "/v1/completions",
-                              json{{"prompt", "The capital of France is"}, {"max_tokens", 8}, {"temperature", 0},
-                                   {"ignore_eos", true}, {"stop", {stop}}})
+                              json{{"prompt", "The capital of France is"},
+                                   {"max_tokens", 8},
+                                   {"temperature", 0},
+                                   {"ignore_eos", true},
+                                   {"stop", {stop}}})
                              ->json();
   EXPECT_EQ(by_string["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(by_string["choices"][0]["stop_reason"], stop);
@@ -206,8 +209,12 @@ TEST_F(OperabilityTest, StopReasonNamesTheStringOrTokenThatEndedTheChoice) {
   ASSERT_GE(out.size(), 3u);
   const int32_t stop_token = out[2];
   const auto streamed = call("POST", "/v1/completions",
-                             json{{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0},
-                                  {"ignore_eos", true}, {"stop_token_ids", {stop_token}}, {"stream", true}});
+                             json{{"prompt", prompt},
+                                  {"max_tokens", 8},
+                                  {"temperature", 0},
+                                  {"ignore_eos", true},
+                                  {"stop_token_ids", {stop_token}},
+                                  {"stream", true}});
   json last;
   for (const std::string& p : api_test::sse_payloads(streamed->response().body)) {
     if (p == "[DONE]") break;
@@ -221,8 +228,8 @@ TEST_F(OperabilityTest, StopReasonNamesTheStringOrTokenThatEndedTheChoice) {
 
 TEST_F(OperabilityTest, AccessLogHasOneLinePerRequestWithoutTheKey) {
   start({}, {"sk-secret"});
-  const auto ok = call("POST", "/v1/completions", json{{"prompt", "Hello"}, {"max_tokens", 3}, {"ignore_eos", true}},
-                       "sk-secret");
+  const auto ok =
+      call("POST", "/v1/completions", json{{"prompt", "Hello"}, {"max_tokens", 3}, {"ignore_eos", true}}, "sk-secret");
   ASSERT_EQ(ok->response().status, 200);
   expect_error(*call("POST", "/v1/completions", json{{"prompt", "Hello"}, {"n", 0}}, "sk-secret"), 400,
                "invalid_value");
@@ -261,8 +268,8 @@ TEST_F(OperabilityTest, PerTenantLimitCountsSequences) {
   AdmissionLimits limits;
   limits.max_requests_per_tenant = 3;
   start(limits, {"sk-a"});
-  const json slow = {{"prompt", "Count to one hundred:"}, {"max_tokens", 300}, {"ignore_eos", true},
-                     {"stream", true}, {"n", 2}};
+  const json slow = {
+      {"prompt", "Count to one hundred:"}, {"max_tokens", 300}, {"ignore_eos", true}, {"stream", true}, {"n", 2}};
   // More choices than the limit can never run: 400, not a retry-later 429.
   json too_many = slow;
   too_many["n"] = 4;
@@ -275,7 +282,8 @@ TEST_F(OperabilityTest, PerTenantLimitCountsSequences) {
   two_prompts["prompt"] = {"a", "b"};  // n x prompts: 2 more
   expect_error(*call("POST", "/v1/completions", two_prompts, "sk-a"), 429, "rate_limit_exceeded");
   // The refused request's first prompt was admitted and withdrawn: wait until the engine let it go.
-  for (int i = 0; i < 500 && engine_->n_in_flight() > 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500 && engine_->n_in_flight() > 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   json one = slow;
   one["n"] = 1;
   one["max_tokens"] = 2;
