@@ -14,7 +14,9 @@
 #include "engine/engine.h"
 #include "engine/engine_model.h"
 #include "engine/stats_logger.h"
+#include "server/api/access_log.h"
 #include "server/api/api_server.h"
+#include "server/api/startup_gate.h"
 #include "server/http/server.h"
 #include "server/metrics.h"
 #include "server/web/chat_page.h"
@@ -40,6 +42,8 @@ struct ServeArgs {
   int io_threads = 2;
   int prompt_threads = 2;
   double log_stats_interval_s = 10;  // 0 = no stats line
+  bool metrics_require_key = false;
+  bool disable_log_requests = false;
 };
 
 // "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct": the file name without its
@@ -81,6 +85,21 @@ void serve(const ServeArgs& a) {
   if (!a.api_key_file.empty())
     for (std::string& k : api::ApiKeys::read_key_file(a.api_key_file)) keys.push_back(std::move(k));
 
+  // The listener opens first: /health answers while the model loads, /ready says 503
+  // model_loading until the gate opens.
+  api::StartupGate gate;
+  http::ServerOptions so;
+  so.host = a.host;
+  so.port = static_cast<uint16_t>(a.port);
+  so.io_threads = a.io_threads;
+  so.max_body_bytes = a.max_request_body;
+  so.header_filter = gate.header_filter();  // 401 before reading a body
+  http::HttpServer server(so, gate.handler());
+  server.start();
+  std::printf("tessera: listening on http://%s:%u, loading the model\n", a.host.c_str(),
+              static_cast<unsigned>(server.port()));
+  std::fflush(stdout);
+
   ModelEngineOptions mo = a.engine.engine_options(a.model);
   mo.admission.max_waiting_requests = a.max_waiting_requests;
   ModelEngine model_engine(mo);
@@ -106,16 +125,18 @@ void serve(const ServeArgs& a) {
   options.render_metrics = [&] { return metrics.render(engine.stats()); };
   options.hooks.record = [&](const RequestRecord& r) { metrics.record(r); };
   options.hooks.record_rejection = [&](int status, std::string_view reason) { metrics.record_rejection(status, reason); };
+  options.metrics_require_key = a.metrics_require_key;
+  if (!a.disable_log_requests)
+    options.hooks.access_log = [](const api::AccessRecord& r) {
+      std::fprintf(stderr, "%s\n", api::format_access_log(r).c_str());
+    };
   api::ApiServer api(engine, served, std::move(options));
-
-  http::ServerOptions so;
-  so.host = a.host;
-  so.port = static_cast<uint16_t>(a.port);
-  so.io_threads = a.io_threads;
-  so.max_body_bytes = a.max_request_body;
-  so.header_filter = api.header_filter();  // 401 before reading a body
-  http::HttpServer server(so, api.handler());
-  server.start();
+  // The I/O threads reach `api` through the gate: stop them before it is destroyed, on every path.
+  struct StopServerFirst {
+    http::HttpServer& server;
+    ~StopServerFirst() { server.stop(); }
+  } stop_server_first{server};
+  gate.open(api);
   std::unique_ptr<PeriodicStatsLogger> stats_logger;
   if (a.log_stats_interval_s > 0)
     stats_logger = std::make_unique<PeriodicStatsLogger>(
@@ -133,8 +154,8 @@ void serve(const ServeArgs& a) {
   sigwait(&signals, &sig);
   std::fprintf(stderr, "tessera: %s: draining (up to %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                a.drain_timeout_s);
+  // The listener stays open: probes get 503 server_draining rather than a refused connection.
   api.set_draining(true);
-  server.stop_accepting();
   engine.drain(std::chrono::seconds(a.drain_timeout_s));
   // The engine is idle; give the connections a moment to write their last chunks.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -177,6 +198,10 @@ void add_serve(CLI::App& app) {
                   "seconds between stats lines (throughput, queues, KV usage) while busy; 0 = none")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  cmd->add_flag("--metrics-require-key", args->metrics_require_key,
+                "with API keys, GET /metrics needs one too (default: /metrics is open)");
+  cmd->add_flag("--disable-log-requests", args->disable_log_requests,
+                "no access-log line on stderr per finished request");
   cmd->callback([args] { serve(*args); });
 }
 

@@ -58,7 +58,8 @@ void EngineArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--swap-space", swap_space_gib,
                  "host memory for swapped-out KV in GiB (only with --preemption-mode swap; default 4)")
       ->check(CLI::Range(0.0, 1024.0));
-  cmd.add_option("--max-requests-per-tenant", max_requests_per_tenant, "requests in flight per tenant (0 = no limit)")
+  cmd.add_option("--max-requests-per-tenant", max_requests_per_tenant,
+                 "sequences in flight per tenant: a request counts n x prompts (0 = no limit)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd.add_option("--max-tokens-per-tenant", max_tokens_per_tenant,

@@ -26,7 +26,7 @@ SubmitResult Engine::submit(Request request, std::function<void()> on_event) {
     return result;
   }
   const auto n_prompt = static_cast<int64_t>(request.prompt.size());
-  if (auto refused = admission_.admit(request.tenant, n_prompt, budget_tokens(request))) {
+  if (auto refused = admission_.admit(request.tenant, n_prompt, budget_tokens(request), request.n)) {
     result.rejection = std::move(refused);
     return result;
   }
@@ -34,7 +34,7 @@ SubmitResult Engine::submit(Request request, std::function<void()> on_event) {
   {
     std::lock_guard lock(mutex_);
     if (stop_) {
-      admission_.finished(request.tenant, false, n_prompt, budget_tokens(request));
+      admission_.finished(request.tenant, false, n_prompt, budget_tokens(request), request.n);
       result.stream.reset();
       result.rejection = Rejection{RejectReason::Draining, "the engine has stopped"};
       return result;
@@ -123,7 +123,7 @@ void Engine::handle(Message& message) {
       try {
         core_.add(message.id, message.request);
       } catch (const std::exception& e) {  // validated at submit: only a bug gets here
-        admission_.finished(live.tenant, false, live.n_prompt, live.budget_tokens);
+        admission_.finished(live.tenant, false, live.n_prompt, live.budget_tokens, live.stream->n_choices());
         message.stream->push(StreamEvent{0, -1, FinishReason::Error, e.what(), {}}, true);
         std::lock_guard lock(mutex_);
         --in_flight_;
@@ -155,7 +155,7 @@ void Engine::end_all_live(const std::string& error) {
   for (auto& [id, live] : live_) {
     for (int c = 0; c < live.stream->n_choices(); ++c)
       live.stream->push(StreamEvent{c, -1, FinishReason::Error, error, {}}, c + 1 == live.stream->n_choices());
-    admission_.finished(live.tenant, live.started, live.n_prompt, live.budget_tokens);
+    admission_.finished(live.tenant, live.started, live.n_prompt, live.budget_tokens, live.stream->n_choices());
   }
   std::lock_guard lock(mutex_);
   in_flight_ -= live_.size();
@@ -191,7 +191,8 @@ void Engine::deliver(std::vector<SeqEvent>& events, const std::string& error) {
                     std::move(e.logprobs)};
     it->second.stream->push(std::move(out), e.request_done);
     if (e.request_done) {
-      admission_.finished(it->second.tenant, it->second.started, it->second.n_prompt, it->second.budget_tokens);
+      admission_.finished(it->second.tenant, it->second.started, it->second.n_prompt, it->second.budget_tokens,
+                          it->second.stream->n_choices());
       live_.erase(it);
       ++ended;
     }

@@ -36,11 +36,16 @@ Rejection reject(RejectReason reason, Parts&&... parts) {
 }  // namespace
 
 std::optional<Rejection> AdmissionControl::admit(std::string_view tenant, int64_t prompt_tokens,
-                                                 int64_t budget_tokens) {
+                                                 int64_t budget_tokens, int sequences) {
   TESSERA_CHECK(prompt_tokens >= 0 && budget_tokens >= prompt_tokens, "admission: budget of ", budget_tokens,
                 " tokens for a prompt of ", prompt_tokens);
+  TESSERA_CHECK(sequences >= 1, "admission: a request of ", sequences, " sequences");
   const int64_t token_limit = limits_.max_tokens_per_tenant;
+  const int seq_limit = limits_.max_requests_per_tenant;
   // Never admissible, whatever the load: not worth a retry.
+  if (seq_limit > 0 && sequences > seq_limit)
+    return reject(RejectReason::InvalidRequest, "request has ", sequences, " sequences (n) but a tenant may have at most ",
+                  seq_limit, " in flight");
   if (token_limit > 0 && budget_tokens > token_limit)
     return reject(RejectReason::InvalidRequest, "request needs ", budget_tokens,
                   " tokens (prompt + max_tokens x n) but a tenant may have at most ", token_limit, " in flight");
@@ -54,16 +59,16 @@ std::optional<Rejection> AdmissionControl::admit(std::string_view tenant, int64_
                   prompt_tokens, " exceed the limit of ", limits_.max_waiting_tokens);
   const auto it = per_tenant_.find(std::string(tenant));
   const TenantLoad load = it == per_tenant_.end() ? TenantLoad{} : it->second;
-  if (limits_.max_requests_per_tenant > 0 && load.requests >= limits_.max_requests_per_tenant) {
-    return reject(RejectReason::TenantLimit, "tenant has ", load.requests, " requests in flight (limit ",
-                  limits_.max_requests_per_tenant, ")");
+  if (seq_limit > 0 && load.sequences + sequences > seq_limit) {
+    return reject(RejectReason::TenantLimit, "tenant has ", load.sequences, " sequences in flight + ", sequences,
+                  " for this request exceed the limit of ", seq_limit);
   }
   if (token_limit > 0 && load.tokens + budget_tokens > token_limit) {
     return reject(RejectReason::TenantLimit, "tenant has ", load.tokens, " tokens in flight + ", budget_tokens,
                   " for this request (prompt + max_tokens x n) exceed the limit of ", token_limit);
   }
   TenantLoad& mine = per_tenant_[std::string(tenant)];
-  ++mine.requests;
+  mine.sequences += sequences;
   mine.tokens += budget_tokens;
   ++waiting_requests_;
   waiting_tokens_ += prompt_tokens;
@@ -78,18 +83,21 @@ void AdmissionControl::started(int64_t prompt_tokens) {
 }
 
 void AdmissionControl::finished(std::string_view tenant, bool was_started, int64_t prompt_tokens,
-                                int64_t budget_tokens) {
+                                int64_t budget_tokens, int sequences) {
   std::lock_guard lock(mutex_);
+  // Every check before any change: a refused release leaves the counts as they were.
+  TESSERA_CHECK(was_started || (waiting_requests_ > 0 && waiting_tokens_ >= prompt_tokens),
+                "admission: end of a request not counted");
+  const auto it = per_tenant_.find(std::string(tenant));
+  TESSERA_CHECK(it != per_tenant_.end() && it->second.sequences >= sequences && it->second.tokens >= budget_tokens,
+                "admission: end of a request its tenant does not count");
   if (!was_started) {
-    TESSERA_CHECK(waiting_requests_ > 0 && waiting_tokens_ >= prompt_tokens, "admission: end of a request not counted");
     --waiting_requests_;
     waiting_tokens_ -= prompt_tokens;
   }
-  const auto it = per_tenant_.find(std::string(tenant));
-  TESSERA_CHECK(it != per_tenant_.end() && it->second.requests > 0 && it->second.tokens >= budget_tokens,
-                "admission: end of a request its tenant does not count");
   it->second.tokens -= budget_tokens;
-  if (--it->second.requests == 0) {
+  it->second.sequences -= sequences;
+  if (it->second.sequences == 0) {
     TESSERA_CHECK(it->second.tokens == 0, "admission: tenant has ", it->second.tokens,
                   " tokens left with no request in flight");
     per_tenant_.erase(it);
@@ -119,7 +127,7 @@ int64_t AdmissionControl::waiting_tokens() const {
 int AdmissionControl::in_flight(std::string_view tenant) const {
   std::lock_guard lock(mutex_);
   const auto it = per_tenant_.find(std::string(tenant));
-  return it == per_tenant_.end() ? 0 : it->second.requests;
+  return it == per_tenant_.end() ? 0 : it->second.sequences;
 }
 
 int64_t AdmissionControl::tokens_in_flight(std::string_view tenant) const {

@@ -31,7 +31,10 @@ struct Rejection {
 struct AdmissionLimits {
   int max_waiting_requests = 4096;        // submitted, not yet scheduled
   int64_t max_waiting_tokens = 1 << 24;   // their prompt tokens
-  int max_requests_per_tenant = 0;        // in flight (waiting or running); 0 = no limit
+  // Sequences in flight (waiting or running) per tenant: a request counts its n choices, so
+  // one request cannot hold n times what the limit says. 0 = no limit; a request with more
+  // choices than the limit on its own is invalid (400).
+  int max_requests_per_tenant = 0;
   // Tokens in flight per tenant, each request counting prompt + max_tokens x n (what it may
   // hold of the KV cache); 0 = no limit. A request over the limit on its own is invalid (400).
   int64_t max_tokens_per_tenant = 0;
@@ -42,24 +45,27 @@ class AdmissionControl {
   explicit AdmissionControl(const AdmissionLimits& limits) : limits_(limits) {}
 
   // Counts the request in, or says why not (and counts nothing). budget_tokens: prompt +
-  // max_tokens x n, for the per-tenant token limit.
-  std::optional<Rejection> admit(std::string_view tenant, int64_t prompt_tokens, int64_t budget_tokens);
+  // max_tokens x n, for the per-tenant token limit; sequences: its n, for the per-tenant
+  // sequence limit.
+  std::optional<Rejection> admit(std::string_view tenant, int64_t prompt_tokens, int64_t budget_tokens,
+                                 int sequences = 1);
   // The request was scheduled for the first time: it leaves the waiting queue.
   void started(int64_t prompt_tokens);
   // The request left the engine; was_started says whether started() was reported. The
-  // token counts are those given to admit().
-  void finished(std::string_view tenant, bool was_started, int64_t prompt_tokens, int64_t budget_tokens);
+  // token and sequence counts are those given to admit().
+  void finished(std::string_view tenant, bool was_started, int64_t prompt_tokens, int64_t budget_tokens,
+                int sequences = 1);
   void set_draining(bool on);
   bool draining() const;
 
   int waiting_requests() const;
   int64_t waiting_tokens() const;
-  int in_flight(std::string_view tenant) const;         // requests
+  int in_flight(std::string_view tenant) const;         // sequences
   int64_t tokens_in_flight(std::string_view tenant) const;
 
  private:
   struct TenantLoad {
-    int requests = 0;
+    int sequences = 0;
     int64_t tokens = 0;
   };
   AdmissionLimits limits_;

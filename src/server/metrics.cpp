@@ -258,6 +258,28 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   w.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
             static_cast<double>(engine.preemptions));
 
+  // tessera's own engine counters (vLLM has no name for these). Preemptions have one cause
+  // today, a step short of KV blocks; the mode says whether the KV was dropped (recompute,
+  // including swap-mode fallbacks when the host tier is full) or swapped to the host tier.
+  w.family("tessera:preemptions_total", "counter", "Preemptions, by cause and mode.");
+  const int64_t swap_preemptions = std::min(engine.swaps_out, engine.preemptions);
+  w.sample("tessera:preemptions_total", "cause=\"kv_cache_full\",mode=\"recompute\"",
+           static_cast<double>(engine.preemptions - swap_preemptions));
+  w.sample("tessera:preemptions_total", "cause=\"kv_cache_full\",mode=\"swap\"",
+           static_cast<double>(swap_preemptions));
+  w.counter("tessera:swap_fallbacks_total", "Swap-mode preemptions recomputed because the host tier was full.",
+            static_cast<double>(engine.swap_fallbacks));
+  w.family("tessera:kv_swaps_total", "counter", "Sequences whose KV blocks moved between device and host tier.");
+  w.sample("tessera:kv_swaps_total", "direction=\"out\"", static_cast<double>(engine.swaps_out));
+  w.sample("tessera:kv_swaps_total", "direction=\"in\"", static_cast<double>(engine.swaps_in));
+  w.family("tessera:kv_swap_bytes_total", "counter", "Bytes of KV cache copied between device and host tier.");
+  w.sample("tessera:kv_swap_bytes_total", "direction=\"out\"", static_cast<double>(engine.swap_out_bytes));
+  w.sample("tessera:kv_swap_bytes_total", "direction=\"in\"", static_cast<double>(engine.swap_in_bytes));
+  w.counter("tessera:kv_block_copies_total", "KV blocks copied on write (a shared block written by one sequence).",
+            static_cast<double>(engine.block_copies));
+  w.counter("tessera:prefix_cache_evictions_total", "Cached prefix blocks evicted to hold other data.",
+            static_cast<double>(engine.prefix.evictions));
+
   // Token counters as they happen (vLLM counts them per engine step): prompt tokens when a
   // request's prefill completes, generation tokens as they are sampled.
   w.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",

@@ -75,12 +75,13 @@ class Server:
             if self.process.poll() is not None:
                 pytest.fail(f"server exited with {self.process.returncode} while starting:\n{self.output()}")
             try:
-                if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
+                # /health is 200 as soon as the listener is open; /ready once the model is loaded.
+                if requests.get(self.base_url + "/ready", timeout=2).status_code == 200:
                     return
             except requests.RequestException:
                 pass
             time.sleep(0.1)
-        pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{self.output()}")
+        pytest.fail(f"server not ready after {STARTUP_TIMEOUT_S}s:\n{self.output()}")
 
     def output(self) -> str:
         return "".join(self.lines)

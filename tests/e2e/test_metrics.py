@@ -31,6 +31,12 @@ EXPECTED_TYPES = {
     "vllm:request_generation_tokens": "histogram",
     "vllm:request_params_max_tokens": "histogram",
     "vllm:request_params_n": "histogram",
+    "tessera:preemptions": "counter",
+    "tessera:swap_fallbacks": "counter",
+    "tessera:kv_swaps": "counter",
+    "tessera:kv_swap_bytes": "counter",
+    "tessera:kv_block_copies": "counter",
+    "tessera:prefix_cache_evictions": "counter",
 }
 
 

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <random>
 
+#include "core/version.h"
 #include "server/api/api_error.h"
 #include "server/api/prompt_input.h"
 #include "server/api/response_json.h"
@@ -24,17 +25,23 @@ http::Response json_response(const ojson& body, int status = 200) {
   return r;
 }
 
-// The routes: a path and the one method it answers (anything else on it is a 405).
+}  // namespace
+
+// The routes: a path and the one method it answers (anything else on it is a 405); a GET
+// route answers HEAD too (the transport leaves the body out).
 struct Route {
   std::string_view path;
   std::string_view method;
   bool needs_key;
 };
+
+namespace {
 constexpr Route kRoutes[] = {
     {"/", "GET", false},
     {"/health", "GET", false},
     {"/ready", "GET", false},
-    {"/metrics", "GET", false},
+    {"/metrics", "GET", false},  // needs a key with metrics_require_key
+    {"/version", "GET", false},
     {"/v1/models", "GET", true},
     {"/v1/completions", "POST", true},
     {"/v1/chat/completions", "POST", true},
@@ -102,11 +109,14 @@ void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
     throw ApiError(404, "no route for " + req.method + " " + req.path, "invalid_request_error", std::nullopt,
                    "not_found");
   const std::string_view method = route ? route->method : "GET";
-  if (req.method != method)
-    throw ApiError(405, "method " + req.method + " is not allowed on " + req.path + "; use " + std::string(method),
-                   "invalid_request_error", std::nullopt, "method_not_allowed", {{"Allow", std::string(method)}});
+  const bool head_of_get = method == "GET" && req.method == "HEAD";
+  if (req.method != method && !head_of_get) {
+    const std::string allow = method == "GET" ? "GET, HEAD" : std::string(method);
+    throw ApiError(405, "method " + req.method + " is not allowed on " + req.path + "; use " + allow,
+                   "invalid_request_error", std::nullopt, "method_not_allowed", {{"Allow", allow}});
+  }
 
-  const Tenant tenant = model_path || route->needs_key ? authenticate(req) : Tenant{};
+  const Tenant tenant = model_path || needs_key(*route) ? authenticate(req) : Tenant{};
 
   if (model_path) return exchange->respond(model_by_id(std::string_view(req.path).substr(kModelPrefix.size())));
   const std::string_view path = route->path;
@@ -119,6 +129,7 @@ void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
     return exchange->respond(std::move(r));
   }
   if (path == "/health") return exchange->respond(health(false));
+  if (path == "/version") return exchange->respond(version_response());
   if (path == "/ready") return exchange->respond(health(true));
   if (path == "/metrics") {
     if (!options_.render_metrics)
@@ -140,6 +151,10 @@ void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
   generate(exchange, path == "/v1/completions" ? Endpoint::Completions : Endpoint::Chat, tenant);
 }
 
+bool ApiServer::needs_key(const Route& route) const {
+  return route.needs_key || (route.path == "/metrics" && options_.metrics_require_key);
+}
+
 Tenant ApiServer::authenticate(const http::Request& req) const {
   const std::optional<Tenant> t = options_.keys.authenticate(find_header(req, "authorization"));
   if (t) return *t;
@@ -150,10 +165,10 @@ Tenant ApiServer::authenticate(const http::Request& req) const {
 
 std::optional<http::Response> ApiServer::filter_headers(const http::Request& req) const {
   if (!options_.keys.enabled()) return std::nullopt;
-  bool needs_key = req.path.size() > kModelPrefix.size() && req.path.starts_with(kModelPrefix);
+  bool key_needed = req.path.size() > kModelPrefix.size() && req.path.starts_with(kModelPrefix);
   for (const Route& r : kRoutes)
-    if (req.path == r.path) needs_key = r.needs_key;
-  if (!needs_key) return std::nullopt;
+    if (req.path == r.path) key_needed = needs_key(r);
+  if (!key_needed) return std::nullopt;
   try {
     authenticate(req);
   } catch (const ApiError& e) {
@@ -165,14 +180,31 @@ std::optional<http::Response> ApiServer::filter_headers(const http::Request& req
 void ApiServer::generate(const std::shared_ptr<http::Exchange>& exchange, Endpoint endpoint, const Tenant& tenant) {
   if (draining()) {
     if (options_.hooks.record_rejection) options_.hooks.record_rejection(503, "server_draining");
+    log_refusal(exchange->request(), tenant, 503);
     throw ApiError(503, "the server is shutting down and admits no new requests", "service_unavailable_error",
                    std::nullopt, "server_draining", {{"Retry-After", "5"}});
   }
   off_io_threads(exchange, [this, exchange, endpoint, tenant] {
-    return std::function<void()>([this, exchange, plan = prepare(exchange->request(), endpoint, tenant)]() mutable {
+    GenerationPlan plan;
+    try {
+      plan = prepare(exchange->request(), endpoint, tenant);
+    } catch (const ApiError& e) {
+      log_refusal(exchange->request(), tenant, e.status);
+      throw;
+    }
+    return std::function<void()>([this, exchange, plan = std::move(plan)]() mutable {
       Generation::start(exchange, engine_, model_, options_.hooks, std::move(plan));
     });
   });
+}
+
+void ApiServer::log_refusal(const http::Request& request, const Tenant& tenant, int status) const {
+  if (!options_.hooks.access_log) return;
+  AccessRecord r;
+  r.tenant = tenant.name;
+  r.status = status;
+  r.e2e_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - request.received_at).count();
+  options_.hooks.access_log(r);
 }
 
 void ApiServer::off_io_threads(const std::shared_ptr<http::Exchange>& exchange,
@@ -224,6 +256,14 @@ http::Response ApiServer::health(bool ready) const {
     return error_response(ApiError(503, "the engine has failed: " + (err.empty() ? "stopped" : err),
                                    "service_unavailable_error", std::nullopt, "engine_failed"));
   return json_response(ojson{{"status", ready ? "ready" : "ok"}});
+}
+
+http::Response version_response() {
+  ojson v;
+  v["version"] = std::string(version());
+  // null when the build did not come from a git checkout
+  v["git_commit"] = git_commit().empty() ? ojson(nullptr) : ojson(std::string(git_commit()));
+  return json_response(v);
 }
 
 namespace {

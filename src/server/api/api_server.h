@@ -23,11 +23,17 @@ struct ApiServerOptions {
   ApiKeys keys;                                 // none: no authentication
   std::string chat_page_html;                   // GET /; empty: 404
   std::function<std::string()> render_metrics;  // GET /metrics (Prometheus text); empty: 404
+  bool metrics_require_key = false;             // with keys: /metrics needs one too
   ApiHooks hooks;                               // metrics of finished and refused requests
   // Threads that parse, render and tokenize generation requests off the I/O threads
   // (PromptWorkers); 0: on the connection's executor.
   int prompt_threads = 2;
 };
+
+struct Route;
+
+// GET /version: {"version": "0.1.0", "git_commit": "<sha>" | null}.
+http::Response version_response();
 
 class ApiServer {
  public:
@@ -58,6 +64,9 @@ class ApiServer {
  private:
   void dispatch(const std::shared_ptr<http::Exchange>& exchange);
   void route(const std::shared_ptr<http::Exchange>& exchange);
+  bool needs_key(const Route& route) const;
+  // The access-log line of a generation request refused before it had an id.
+  void log_refusal(const http::Request& request, const Tenant& tenant, int status) const;
   // The caller's tenant, or the 401 to answer (recorded as a rejection).
   Tenant authenticate(const http::Request& request) const;
   void generate(const std::shared_ptr<http::Exchange>& exchange, Endpoint endpoint, const Tenant& tenant);

@@ -24,6 +24,8 @@ class ChoiceOutput {
   std::string finish();
 
   bool stopped() const { return matcher_.stopped(); }
+  // The stop string that ended the choice ("" if none did).
+  const std::string& matched_stop() const { return matcher_.matched(); }
   int64_t n_tokens() const { return n_tokens_; }
 
  private:

@@ -54,6 +54,7 @@ void Generation::start(std::shared_ptr<http::Exchange> exchange, Engine& engine,
       for (Choice& ch : gen->choices_) ch.done = true;
       const ApiError error = from_rejection(*s.rejection);
       if (hooks.record_rejection) hooks.record_rejection(error.status, reject_reason_name(s.rejection->reason));
+      gen->log_access(error.status);
       exchange->respond(error_response(error));
       gen->self_.reset();
       return;
@@ -127,6 +128,7 @@ void Generation::handle(size_t part_index, const StreamEvent& e, Clock::time_poi
       // The engine would go on generating this choice: end it there too, freeing its KV
       // (its siblings carry on).
       if (e.finish == FinishReason::None) engine_.finish_sequence(part.id, e.choice, FinishReason::Stop);
+      ch.stop_reason = ch.output.matched_stop();
       close_choice(ch, index, FinishReason::Stop, std::move(text));
       return;
     }
@@ -134,6 +136,16 @@ void Generation::handle(size_t part_index, const StreamEvent& e, Clock::time_poi
   if (e.finish != FinishReason::None) {
     if (e.finish == FinishReason::Error && !error_) error_ = e.error.empty() ? "the engine failed" : e.error;
     text += ch.output.finish();
+    if (ch.output.stopped()) {
+      ch.stop_reason = ch.output.matched_stop();
+    } else if (e.finish == FinishReason::Stop && e.token >= 0) {
+      // vLLM reports a stop_token_ids hit by its id; EOS (checked first, as the scheduler
+      // does) leaves it null.
+      const SamplingParams& sp = plan_.sampling[part_index];
+      const bool eos = !sp.ignore_eos && model_.tokenizer->is_eog(e.token);
+      if (!eos && std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), e.token) != sp.stop_token_ids.end())
+        ch.stop_reason = e.token;
+    }
     // The held-back tail can still complete a stop string.
     close_choice(ch, index, ch.output.stopped() ? FinishReason::Stop : e.finish, std::move(text));
     return;
@@ -168,10 +180,10 @@ void Generation::release(Choice& ch, int index, std::string text, std::optional<
     ojson delta = ojson::object();
     if (!text.empty()) delta["content"] = text;
     exchange_->write(sse_event(chat_chunk(plan_.id, plan_.created, model_.name, index, std::move(delta),
-                                          std::move(logprobs), finish)));
+                                          std::move(logprobs), finish, ch.stop_reason)));
   } else {
-    exchange_->write(sse_event(
-        completion_chunk(plan_.id, plan_.created, model_.name, index, text, std::move(logprobs), finish)));
+    exchange_->write(sse_event(completion_chunk(plan_.id, plan_.created, model_.name, index, text,
+                                                std::move(logprobs), finish, ch.stop_reason)));
   }
 }
 
@@ -215,6 +227,7 @@ void Generation::on_abandon() {
     }
   for (size_t p = 0; p < parts_.size(); ++p) record_part(p);
   responded_ = true;
+  log_access(499);  // nginx's "client closed request"
   after_change();
 }
 
@@ -277,6 +290,7 @@ void Generation::finish_response() {
   const std::optional<ApiError> error =
       error_ ? std::optional<ApiError>(ApiError(500, *error_, "server_error", std::nullopt, "engine_error"))
              : std::nullopt;
+  log_access(error ? error->status : 200);
   if (plan_.options.stream) {
     if (error) exchange_->write(error_event(*error));
     if (plan_.options.include_usage)
@@ -296,14 +310,42 @@ void Generation::finish_response() {
     Choice& ch = choices_[i];
     const int index = static_cast<int>(i);
     ojson lp = take_logprobs(ch);
-    choices.push_back(chat ? chat_choice(index, ch.text, std::move(lp), ch.finish)
-                           : completion_choice(index, ch.text, std::move(lp), ch.finish));
+    choices.push_back(chat ? chat_choice(index, ch.text, std::move(lp), ch.finish, ch.stop_reason)
+                           : completion_choice(index, ch.text, std::move(lp), ch.finish, ch.stop_reason));
   }
   const ojson body = chat ? chat_response(plan_.id, plan_.created, model_.name, std::move(choices), u)
                           : completion_response(plan_.id, plan_.created, model_.name, std::move(choices), u);
   http::Response response;
   response.body = dump_json(body);
   exchange_->respond(std::move(response));
+}
+
+}  // namespace tessera::api
+
+namespace tessera::api {
+
+void Generation::log_access(int status) {
+  if (logged_ || !hooks_.access_log) return;
+  logged_ = true;
+  const Clock::time_point now = Clock::now();
+  AccessRecord r;
+  r.request_id = plan_.id;
+  r.tenant = plan_.tenant;
+  r.status = status;
+  const Usage u = usage();
+  r.prompt_tokens = u.prompt_tokens;
+  r.output_tokens = u.completion_tokens;
+  r.cached_tokens = u.cached_tokens;
+  const Clock::time_point arrival = exchange_->request().received_at;
+  std::optional<Clock::time_point> first;
+  for (const Choice& ch : choices_)
+    if (ch.first_token && (!first || *ch.first_token < *first)) first = ch.first_token;
+  if (first) r.ttft_s = seconds(*first - arrival);
+  r.e2e_s = seconds(now - arrival);
+  // One reason for the whole request: the highest-indexed choice that has one.
+  for (const Choice& ch : choices_)
+    if (ch.finish != FinishReason::None) r.finish_reason = finish_reason_string(ch.finish);
+  hooks_.access_log(r);
 }
 
 }  // namespace tessera::api

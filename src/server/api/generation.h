@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/api/access_log.h"
 #include "server/api/choice_output.h"
 #include "server/api/request_params.h"
 #include "server/api/response_json.h"
@@ -32,6 +33,8 @@ namespace tessera::api {
 struct ApiHooks {
   std::function<void(const RequestRecord&)> record;
   std::function<void(int http_status, std::string_view reason)> record_rejection;
+  // One line per finished generation request (access_log.h); empty: none.
+  std::function<void(const AccessRecord&)> access_log;
   // Generations alive (answer not complete, or engine requests not yet closed): shutdown
   // waits for 0 so the last chunks reach their clients.
   std::shared_ptr<std::atomic<int>> live = std::make_shared<std::atomic<int>>(0);
@@ -78,6 +81,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     bool started = false;          // the echo prefix / role chunk is out
     bool done = false;
     FinishReason finish = FinishReason::None;
+    ojson stop_reason = nullptr;   // the stop string or stop token id that ended it (vLLM's)
     std::string text;              // complete responses: everything released
     std::vector<Logprobs> chat_logprobs;  // not yet sent (streaming) or all (complete)
     std::optional<CompletionLogprobs> completion_logprobs;
@@ -107,6 +111,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void after_change();
   void record_part(size_t part_index);
   void finish_response();
+  // The access-log line, once, when the answer is complete, refused or abandoned.
+  void log_access(int status);
   Usage usage() const;
   int n_per_prompt() const { return plan_.options.n; }
 
@@ -121,6 +127,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::atomic<bool> drain_posted_{false};
   bool responded_ = false;
   bool abandoned_ = false;
+  bool logged_ = false;
   std::optional<std::string> error_;  // a choice ended with FinishReason::Error
 };
 

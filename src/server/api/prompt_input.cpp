@@ -1,6 +1,7 @@
 #include "server/api/prompt_input.h"
 
 #include "server/api/api_error.h"
+#include "template/jinja_ast.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::api {
@@ -150,8 +151,14 @@ std::string render_chat(const ServedModel& model, const json& messages, bool add
                     "'; start it with --chat-template FILE");
   try {
     return model.chat(messages, add_generation_prompt, extra);
-  } catch (const Error& e) {
+  } catch (const jinja::RaisedException& e) {
+    // raise_exception(): the template judged the client's messages.
     invalid_param("messages", "invalid_value", "the chat template refused the messages: ", e.what());
+  } catch (const Error& e) {
+    // Anything else is the model's template failing on its own (a runtime error, a limit):
+    // not the client's fault.
+    throw ApiError(500, std::string("the model's chat template failed: ") + e.what(), "server_error", std::nullopt,
+                   "chat_template_error");
   }
 }
 

@@ -21,7 +21,8 @@ GenerationPlan parse_chat_request(const json& body, const ServedModel& model);
 // client wrote (for tokenize_chat).
 json normalize_messages(const json& messages, std::vector<std::string>& user_texts);
 
-// Renders messages with the model's template; a template error (raise_exception) is a 400.
+// Renders messages with the model's template: the template's raise_exception (a verdict on the
+// messages) is a 400; any other template failure is the server's, a 500 "chat_template_error".
 std::string render_chat(const ServedModel& model, const json& messages, bool add_generation_prompt,
                         const json& extra);
 

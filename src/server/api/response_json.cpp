@@ -38,14 +38,16 @@ ojson response_head(std::string_view object, const std::string& id, int64_t crea
   return ojson{{"id", id}, {"object", std::string(object)}, {"created", created}, {"model", model}};
 }
 
-// One choice of any endpoint: {"index", <key>: content, "logprobs", "finish_reason"}, where
-// key is "text" (completions), "message" (chat) or "delta" (chat chunks).
-ojson choice_json(int index, const char* key, ojson content, ojson logprobs, std::optional<FinishReason> finish) {
+// One choice of any endpoint: {"index", <key>: content, "logprobs", "finish_reason",
+// "stop_reason"}, where key is "text" (completions), "message" (chat) or "delta" (chat chunks).
+ojson choice_json(int index, const char* key, ojson content, ojson logprobs, std::optional<FinishReason> finish,
+                  ojson stop_reason) {
   ojson c;
   c["index"] = index;
   c[key] = std::move(content);
   c["logprobs"] = std::move(logprobs);
   c["finish_reason"] = finish_json(finish);
+  c["stop_reason"] = std::move(stop_reason);
   return c;
 }
 
@@ -141,15 +143,17 @@ void CompletionLogprobs::clear_entries() {
 }
 
 ojson chat_chunk(const std::string& id, int64_t created, const std::string& model, int index, ojson delta,
-                 ojson logprobs, std::optional<FinishReason> finish) {
+                 ojson logprobs, std::optional<FinishReason> finish, ojson stop_reason) {
   return chunk_json("chat.completion.chunk", id, created, model,
-                    choice_json(index, "delta", std::move(delta), std::move(logprobs), finish));
+                    choice_json(index, "delta", std::move(delta), std::move(logprobs), finish,
+                                std::move(stop_reason)));
 }
 
 ojson completion_chunk(const std::string& id, int64_t created, const std::string& model, int index,
-                       const std::string& text, ojson logprobs, std::optional<FinishReason> finish) {
+                       const std::string& text, ojson logprobs, std::optional<FinishReason> finish,
+                       ojson stop_reason) {
   return chunk_json("text_completion", id, created, model,
-                    choice_json(index, "text", text, std::move(logprobs), finish));
+                    choice_json(index, "text", text, std::move(logprobs), finish, std::move(stop_reason)));
 }
 
 ojson usage_chunk(std::string_view object, const std::string& id, int64_t created, const std::string& model,
@@ -157,13 +161,14 @@ ojson usage_chunk(std::string_view object, const std::string& id, int64_t create
   return body_json(object, id, created, model, ojson::array(), usage);
 }
 
-ojson chat_choice(int index, const std::string& content, ojson logprobs, FinishReason finish) {
+ojson chat_choice(int index, const std::string& content, ojson logprobs, FinishReason finish, ojson stop_reason) {
   return choice_json(index, "message", ojson{{"role", "assistant"}, {"content", content}}, std::move(logprobs),
-                     finish);
+                     finish, std::move(stop_reason));
 }
 
-ojson completion_choice(int index, const std::string& text, ojson logprobs, FinishReason finish) {
-  return choice_json(index, "text", text, std::move(logprobs), finish);
+ojson completion_choice(int index, const std::string& text, ojson logprobs, FinishReason finish,
+                        ojson stop_reason) {
+  return choice_json(index, "text", text, std::move(logprobs), finish, std::move(stop_reason));
 }
 
 ojson chat_response(const std::string& id, int64_t created, const std::string& model, ojson choices,

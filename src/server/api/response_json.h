@@ -71,18 +71,23 @@ class CompletionLogprobs {
   int64_t offset_ = 0;  // characters (code points) so far
 };
 
+// Every choice carries "stop_reason" as vLLM writes it: the stop string that matched, the
+// stop_token_ids entry that ended it, or null (EOS, length, abort, or not finished yet).
 // Streaming chunks.
 ojson chat_chunk(const std::string& id, int64_t created, const std::string& model, int index, ojson delta,
-                 ojson logprobs, std::optional<FinishReason> finish);
+                 ojson logprobs, std::optional<FinishReason> finish, ojson stop_reason = nullptr);
 ojson completion_chunk(const std::string& id, int64_t created, const std::string& model, int index,
-                       const std::string& text, ojson logprobs, std::optional<FinishReason> finish);
+                       const std::string& text, ojson logprobs, std::optional<FinishReason> finish,
+                       ojson stop_reason = nullptr);
 // The last chunk with include_usage: empty choices and the usage.
 ojson usage_chunk(std::string_view object, const std::string& id, int64_t created, const std::string& model,
                   const Usage& usage);
 
 // Complete responses: choices are built with the *_choice helpers.
-ojson chat_choice(int index, const std::string& content, ojson logprobs, FinishReason finish);
-ojson completion_choice(int index, const std::string& text, ojson logprobs, FinishReason finish);
+ojson chat_choice(int index, const std::string& content, ojson logprobs, FinishReason finish,
+                  ojson stop_reason = nullptr);
+ojson completion_choice(int index, const std::string& text, ojson logprobs, FinishReason finish,
+                        ojson stop_reason = nullptr);
 ojson chat_response(const std::string& id, int64_t created, const std::string& model, ojson choices,
                     const Usage& usage);
 ojson completion_response(const std::string& id, int64_t created, const std::string& model, ojson choices,

@@ -14,7 +14,8 @@ struct EngineConfig;
 namespace tessera::api {
 
 // Renders chat messages into prompt text (the model's Jinja template, sandboxed). Throws
-// tessera::Error with the template's message on raise_exception: the request gets a 400.
+// jinja::RaisedException on raise_exception (the request gets a 400); any other tessera::Error
+// is the template failing (a 500 "chat_template_error").
 using ChatRenderer = std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt,
                                                const nlohmann::json& extra)>;
 

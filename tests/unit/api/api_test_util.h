@@ -11,6 +11,7 @@
 #include "format/gguf.h"
 #include "server/api/api_error.h"
 #include "server/api/served_model.h"
+#include "template/jinja_ast.h"
 #include "test_model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -29,7 +30,10 @@ inline std::string chatml(const nlohmann::json& messages, bool add_generation_pr
   if (messages.empty() || messages[0]["role"] != "system")
     out += "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
   for (const auto& m : messages) {
-    if (m["role"] == "raise") throw tessera::Error("roles must alternate");  // a template's raise_exception
+    if (m["role"] == "raise")  // a template's raise_exception: a verdict on the messages
+      throw tessera::jinja::RaisedException(tessera::jinja::SourcePos{1, 1}, "roles must alternate");
+    if (m["role"] == "template_bug")  // the template failing on its own (a runtime error)
+      throw tessera::Error("chat template: line 3, column 7: 'dict object' has no attribute 'x'");
     out += "<|im_start|>" + m["role"].get<std::string>() + "\n" +
            (m["content"].is_string() ? m["content"].get<std::string>() : std::string()) + "<|im_end|>\n";
   }

@@ -18,10 +18,12 @@ TEST(ApiResponseJson, ChatChunkWithRoleAndFinish) {
   const ojson first = chat_chunk("chatcmpl-1", 1700000000, "m", 0, ojson{{"role", "assistant"}, {"content", ""}},
                                  nullptr, std::nullopt);
   EXPECT_EQ(parsed(first), json::parse(R"({"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,
-    "model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]})"));
+    "model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null,
+    "stop_reason":null}]})"));
   const ojson last = chat_chunk("chatcmpl-1", 1700000000, "m", 2, ojson::object(), nullptr, FinishReason::Length);
   EXPECT_EQ(parsed(last), json::parse(R"({"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,
-    "model":"m","choices":[{"index":2,"delta":{},"logprobs":null,"finish_reason":"length"}]})"));
+    "model":"m","choices":[{"index":2,"delta":{},"logprobs":null,"finish_reason":"length",
+    "stop_reason":null}]})"));
   EXPECT_EQ(sse_event(ojson{{"a", 1}}), "data: {\"a\":1}\n\n");
   EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
 }
@@ -34,16 +36,27 @@ TEST(ApiResponseJson, UsageChunkAndResponses) {
   ojson choices = ojson::array({chat_choice(0, "Hi!", nullptr, FinishReason::Stop)});
   EXPECT_EQ(parsed(chat_response("chatcmpl-9", 5, "m", choices, u)), json::parse(R"({"id":"chatcmpl-9",
     "object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"message":{"role":"assistant",
-    "content":"Hi!"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":4,
+    "content":"Hi!"},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"usage":{"prompt_tokens":10,"completion_tokens":4,
     "total_tokens":14,"prompt_tokens_details":{"cached_tokens":3}}})"));
   ojson cchoices = ojson::array({completion_choice(1, " Paris", nullptr, FinishReason::Length)});
   EXPECT_EQ(parsed(completion_response("cmpl-2", 5, "m", cchoices, Usage{2, 1, 0})), json::parse(R"({"id":"cmpl-2",
     "object":"text_completion","created":5,"model":"m","choices":[{"index":1,"text":" Paris","logprobs":null,
-    "finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3,
+    "finish_reason":"length","stop_reason":null}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3,
     "prompt_tokens_details":{"cached_tokens":0}}})"));
   EXPECT_EQ(parsed(completion_chunk("cmpl-2", 5, "m", 0, "x", nullptr, std::nullopt)), json::parse(R"({"id":"cmpl-2",
     "object":"text_completion","created":5,"model":"m","choices":[{"index":0,"text":"x","logprobs":null,
-    "finish_reason":null}]})"));
+    "finish_reason":null,"stop_reason":null}]})"));
+}
+
+TEST(ApiResponseJson, StopReasonIsTheStopStringOrTokenId) {
+  // vLLM's shapes: the matched stop string, or the stop_token_ids entry, as given.
+  EXPECT_EQ(parsed(chat_choice(0, "Hi", nullptr, FinishReason::Stop, "###"))["stop_reason"], "###");
+  EXPECT_EQ(parsed(completion_choice(0, "Hi", nullptr, FinishReason::Stop, 42))["stop_reason"], 42);
+  const json chunk = parsed(chat_chunk("c", 1, "m", 0, ojson::object(), nullptr, FinishReason::Stop, 7));
+  EXPECT_EQ(chunk["choices"][0]["stop_reason"], 7);
+  EXPECT_EQ(parsed(completion_chunk("c", 1, "m", 0, "", nullptr, FinishReason::Stop, "\n\n"))["choices"][0]
+                ["stop_reason"],
+            "\n\n");
 }
 
 TEST(ApiResponseJson, ChatLogprobsFormat) {

@@ -120,6 +120,12 @@ TEST(ServerMetrics, EmptyExpositionHasEveryVllmFamilyWithItsType) {
       {"vllm:request_params_max_tokens", "histogram"},
       {"vllm:request_params_n", "histogram"},
       {"tessera:requests_rejected_total", "counter"},
+      {"tessera:preemptions_total", "counter"},
+      {"tessera:swap_fallbacks_total", "counter"},
+      {"tessera:kv_swaps_total", "counter"},
+      {"tessera:kv_swap_bytes_total", "counter"},
+      {"tessera:kv_block_copies_total", "counter"},
+      {"tessera:prefix_cache_evictions_total", "counter"},
   };
   EXPECT_EQ(families.size(), expected.size());
   for (const auto& [name, type] : expected) EXPECT_EQ(family(families, name).type, type) << name;
@@ -274,6 +280,32 @@ TEST(ServerMetrics, EngineGaugesAndCountersComeFromTheSnapshot) {
   engine.kv_free_blocks = 100;  // idle: cached but unreferenced blocks count as free
   const auto idle = parse_prometheus_text(metrics.render(engine));
   EXPECT_EQ(value_of(idle, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc"), 0.0);
+}
+
+TEST(ServerMetrics, EngineCountersVllmLacksAreExportedUnderTessera) {
+  ServerMetrics metrics("m");
+  EngineStats engine;
+  engine.preemptions = 7;  // 5 recompute (1 of them a swap fallback) + 2 swapped
+  engine.swaps_out = 2;
+  engine.swaps_in = 1;
+  engine.swap_fallbacks = 1;
+  engine.swap_out_bytes = 4096;
+  engine.swap_in_bytes = 2048;
+  engine.block_copies = 9;
+  engine.prefix.evictions = 11;
+  const auto f = parse_prometheus_text(metrics.render(engine));
+  const std::string pre = "tessera:preemptions_total";
+  EXPECT_EQ(value_of(f, pre, pre, {{"cause", "kv_cache_full"}, {"mode", "recompute"}}), 5);
+  EXPECT_EQ(value_of(f, pre, pre, {{"cause", "kv_cache_full"}, {"mode", "swap"}}), 2);
+  EXPECT_EQ(value_of(f, "vllm:num_preemptions_total", "vllm:num_preemptions_total"), 7);  // the sum
+  EXPECT_EQ(value_of(f, "tessera:swap_fallbacks_total", "tessera:swap_fallbacks_total"), 1);
+  const std::string swaps = "tessera:kv_swaps_total", bytes = "tessera:kv_swap_bytes_total";
+  EXPECT_EQ(value_of(f, swaps, swaps, {{"direction", "out"}}), 2);
+  EXPECT_EQ(value_of(f, swaps, swaps, {{"direction", "in"}}), 1);
+  EXPECT_EQ(value_of(f, bytes, bytes, {{"direction", "out"}}), 4096);
+  EXPECT_EQ(value_of(f, bytes, bytes, {{"direction", "in"}}), 2048);
+  EXPECT_EQ(value_of(f, "tessera:kv_block_copies_total", "tessera:kv_block_copies_total"), 9);
+  EXPECT_EQ(value_of(f, "tessera:prefix_cache_evictions_total", "tessera:prefix_cache_evictions_total"), 11);
 }
 
 TEST(ServerMetrics, LabelValuesAreEscapedAndReadBack) {

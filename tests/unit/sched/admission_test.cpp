@@ -59,7 +59,8 @@ TEST(Admission, RequestAndTokenLimitsTogether) {
   const auto by_count = a.admit("t", 5, 10);
   ASSERT_TRUE(by_count);
   EXPECT_EQ(by_count->reason, RejectReason::TenantLimit);
-  EXPECT_NE(by_count->message.find("2 requests in flight (limit 2)"), std::string::npos) << message(by_count);
+  EXPECT_NE(by_count->message.find("2 sequences in flight + 1 for this request exceed the limit of 2"), std::string::npos)
+      << message(by_count);
   a.finished("t", false, 5, 10);
   const auto by_tokens = a.admit("t", 5, 95);  // 10 + 95 > 100
   ASSERT_TRUE(by_tokens);
@@ -67,6 +68,27 @@ TEST(Admission, RequestAndTokenLimitsTogether) {
   EXPECT_FALSE(a.admit("t", 5, 90));  // 10 + 90 = 100: exactly at the limit
   // Releasing more than was counted is a bug.
   EXPECT_THROW(a.finished("t", false, 5, 1000), Error);
+}
+
+TEST(Admission, TenantLimitCountsSequencesNotRequests) {
+  AdmissionControl a({.max_waiting_requests = 100, .max_waiting_tokens = 1 << 20, .max_requests_per_tenant = 4,
+                      .max_tokens_per_tenant = 0});
+  EXPECT_FALSE(a.admit("t", 5, 10, 3));  // n = 3
+  EXPECT_EQ(a.in_flight("t"), 3);
+  const auto over = a.admit("t", 5, 10, 2);  // 3 + 2 > 4
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->reason, RejectReason::TenantLimit);
+  EXPECT_FALSE(a.admit("t", 5, 10, 1));  // 3 + 1 = 4: at the limit
+  // More choices than the limit could ever hold: invalid, not "retry later".
+  const auto never = a.admit("u", 5, 10, 5);
+  ASSERT_TRUE(never);
+  EXPECT_EQ(never->reason, RejectReason::InvalidRequest);
+  EXPECT_EQ(a.in_flight("u"), 0);
+  a.finished("t", false, 5, 10, 3);
+  EXPECT_EQ(a.in_flight("t"), 1);
+  EXPECT_THROW(a.finished("t", false, 5, 10, 2), Error);  // releasing more than was counted
+  a.finished("t", false, 5, 10, 1);
+  EXPECT_EQ(a.in_flight("t"), 0);
 }
 
 TEST(Admission, NoTokenLimitByDefault) {
