@@ -7,6 +7,7 @@
 #include <future>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/api/prompt_workers.h"
@@ -53,7 +54,12 @@ TEST(PromptWorkers, TenantsTakeTurnsRoundRobin) {
     PromptWorkers workers(1);
     std::promise<void> release;
     std::shared_future<void> released = release.get_future().share();
-    workers.submit("a", [released] { released.wait(); });  // holds the one worker while the rest queue
+    std::promise<void> started;
+    workers.submit("a", [released, &started] {  // holds the one worker while the rest queue
+      started.set_value();
+      released.wait();
+    });
+    started.get_future().wait();
     auto note = [&](std::string s) {
       return [&, s] {
         std::lock_guard lock(mutex);

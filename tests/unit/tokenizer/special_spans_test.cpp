@@ -1,6 +1,7 @@
 // encode_with_special_spans: control tokens are read only inside the given byte spans (what a
 // chat template wrote); the same spelling anywhere else is plain text. Checked on a byte-level
 // BPE vocabulary (SmolLM2) and a SentencePiece one (Gemma 3).
+#include <algorithm>
 #include <utility>
 #include <vector>
 
