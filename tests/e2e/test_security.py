@@ -107,21 +107,29 @@ def test_one_tenant_flooding_does_not_stall_another(keyed_server):
         pytest.skip(f"a flood prompt takes only {alone:.2f}s here: too fast to show a stall")
 
     small = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+
+    def ask_small() -> float:
+        t0 = time.monotonic()
+        r = requests.post(keyed_server.url("/v1/chat/completions"), json=small, headers=auth(KEY_B), timeout=120)
+        assert r.status_code == 200, r.text
+        return time.monotonic() - t0
+
+    baseline = min(ask_small() for _ in range(3))  # tenant B alone
     threads = [threading.Thread(target=flood_one) for _ in range(4)]
     for t in threads:
         t.start()
     time.sleep(min(0.3, alone / 3))  # the flood has taken what workers it may
-    t0 = time.monotonic()
-    r = requests.post(keyed_server.url("/v1/chat/completions"), json=small, headers=auth(KEY_B), timeout=120)
-    waited = time.monotonic() - t0
-    assert r.status_code == 200, r.text
+    waited = ask_small()
     still_flooding = any(t.is_alive() for t in threads)
     for t in threads:
         t.join()
     assert still_flooding, "the flood ended before tenant B's request: nothing was measured"
-    # Before the fix B waited for one of A's prompts at least (issue 20: 5.4 s); now it has a
-    # worker of its own.
-    assert waited < max(0.5 * alone, 0.5), f"tenant B waited {waited:.2f}s; one flood prompt takes {alone:.2f}s"
+    # Before the fix B queued behind A's prompts (both workers busy, two more of A's ahead of it:
+    # issue 20's 5.4 s; 5.5 s here with alone = 1.2 s). Now it has a worker of its own and only
+    # shares the CPU, so it may not wait a whole flood prompt more than it takes alone.
+    print(f"flood prompt {alone:.2f}s, tenant B alone {baseline:.2f}s, during the flood {waited:.2f}s")
+    assert waited < baseline + alone, (
+        f"tenant B waited {waited:.2f}s (alone {baseline:.2f}s); one flood prompt takes {alone:.2f}s")
 
 
 def test_bearer_scheme_is_case_insensitive(keyed_server):
