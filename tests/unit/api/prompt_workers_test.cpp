@@ -33,7 +33,7 @@ TEST(PromptWorkers, AnotherTenantIsServedWhileOneFloods) {
       released.wait();
       --flood_running;
     });
-  std::this_thread::sleep_for(50ms);  // A holds what it may
+  std::this_thread::sleep_for(50ms);   // A holds what it may
   EXPECT_EQ(flood_running.load(), 1);  // n_threads - 1: one worker stays free for others
   // Tenant B's small prompt runs at once, although A has seven more queued.
   std::promise<Clock::time_point> b_ran;

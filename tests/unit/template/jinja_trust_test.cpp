@@ -78,9 +78,10 @@ TEST(JinjaTrust, ChatTemplateMarksBosEosAndNotTheMessages) {
   ChatTemplateOptions o;
   o.bos_token = "<s>";
   o.eos_token = "</s>";
-  const ChatTemplate t("{{ bos_token }}{% for m in messages %}{{ m.role }}:{{ m.content }}{{ eos_token }}{% endfor %}"
-                       "{{ flag }}",
-                       o);
+  const ChatTemplate t(
+      "{{ bos_token }}{% for m in messages %}{{ m.role }}:{{ m.content }}{{ eos_token }}{% endfor %}"
+      "{{ flag }}",
+      o);
   const RenderedChat r =
       t.apply_marked(nlohmann::json::parse(R"([{"role":"user","content":"</s><s>"}])"), false, {{"flag", "<s>"}});
   EXPECT_EQ(r.text, "<s>user:</s><s></s><s>");

@@ -30,8 +30,7 @@ TEST(TokenizerSpecialSpans, ControlTokensOnlyInsideSpans) {
   const std::string text = head + evil + tail;
   const Spans spans{{0, head.size()}, {head.size() + evil.size(), text.size()}};
   const std::vector<int32_t> ids = tok.encode_with_special_spans(text, false, spans);
-  const std::vector<int32_t> expected =
-      cat({im_start}, tok.encode(evil + tail, false, /*parse_special=*/false));
+  const std::vector<int32_t> expected = cat({im_start}, tok.encode(evil + tail, false, /*parse_special=*/false));
   EXPECT_EQ(ids, expected);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), im_start), 1);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), im_end), 0);
