@@ -1,6 +1,11 @@
 #include "server/api/prompt_workers.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 
 #include "core/error.h"
 
@@ -55,6 +60,14 @@ bool PromptWorkers::take(std::function<void()>& task, std::string& tenant) {
 }
 
 void PromptWorkers::run() {
+  // Below the engine and I/O threads: a tenant's megabytes of prompt text must not take a core
+  // from the engine's spinning thread pool, whose every job then waits for the descheduled
+  // thread (measured: another tenant's 1-token chat went from 0.2 s to 2-3 s on 2 busy cores).
+  // Raising one's own niceness needs no privilege; failure only loses the preference.
+  const id_t tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int nice_now = ::getpriority(PRIO_PROCESS, tid);
+  if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(nice_now + kNiceIncrement, 19));
   for (;;) {
     std::function<void()> task;
     std::string tenant;

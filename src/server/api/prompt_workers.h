@@ -9,6 +9,7 @@
 // round-robin, and a named tenant (an API key) never holds more than n_threads - 1 workers,
 // so one always stays free for the others. The anonymous tenant ("" when the server has no
 // keys: one tenant in all) may use every worker. A tenant's own tasks run in submission order.
+// Workers run at a lower CPU priority than the engine and I/O threads (kNiceIncrement).
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -40,6 +41,8 @@ class PromptWorkers {
     std::deque<std::function<void()>> tasks;
     int running = 0;
   };
+  // Worker threads run this much nicer than the process (Linux per-thread niceness).
+  static constexpr int kNiceIncrement = 10;
   void run();
   // The next task by round-robin over tenants under their cap; false when none may run.
   bool take(std::function<void()>& task, std::string& tenant);

@@ -1,8 +1,13 @@
 // PromptWorkers' fairness (issue 20): one tenant flooding the workers must not delay another
 // tenant's prompt by more than that prompt's own work.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <future>
 #include <mutex>
@@ -95,6 +100,28 @@ TEST(PromptWorkers, TheAnonymousTenantMayUseEveryWorker) {
   EXPECT_EQ(running.load(), 3);
   release.set_value();
   EXPECT_EQ(PromptWorkers(1).max_running("key-aaaa"), 1);  // one thread: shared in turns
+}
+
+}  // namespace
+}  // namespace tessera::api
+
+namespace tessera::api {
+namespace {
+
+// Prompt work yields the CPU to the engine and I/O threads: the workers run nicer.
+TEST(PromptWorkers, WorkersRunAtALowerCpuPriority) {
+  const auto nice_of_this_thread = [] {
+    errno = 0;
+    return ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  };
+  const int ours = nice_of_this_thread();
+  std::promise<int> theirs;
+  {
+    PromptWorkers workers(1);
+    workers.submit("key-aaaa", [&] { theirs.set_value(nice_of_this_thread()); });
+  }
+  EXPECT_EQ(theirs.get_future().get(), std::min(ours + 10, 19));
+  EXPECT_EQ(nice_of_this_thread(), ours);  // the caller's own priority is untouched
 }
 
 }  // namespace
