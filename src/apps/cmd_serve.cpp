@@ -114,7 +114,7 @@ void serve(const ServeArgs& a) {
   api::set_engine_limits(served, model_engine.config());
   served.chat = [chat_template](const nlohmann::json& messages, bool add_generation_prompt,
                                 const nlohmann::json& extra) {
-    return chat_template->apply(messages, add_generation_prompt, extra);
+    return chat_template->apply_marked(messages, add_generation_prompt, extra);
   };
 
   ServerMetrics metrics(served.name, served.max_model_len);

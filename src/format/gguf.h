@@ -90,8 +90,10 @@ std::string gguf_type_name(GGUFType type, GGUFType elem_type = GGUFType::U8);
 
 // Checks the tokenizer arrays of a model file: `tokenizer.ggml.tokens` is a non-empty string
 // array; `scores` (floats) and `token_type` (integers), when present, have the same length;
-// `merges`, when present, is a string array; every `tokenizer.ggml.*_token_id` is an integer
-// inside the vocabulary. Throws tessera::Error naming the file and the key.
+// `merges`, when present, is a string array; every `tokenizer.ggml.*_token_id` is an integer,
+// and bos, eos, eot and eom ones lie inside the vocabulary (optional ones outside it are the
+// tokenizer's to warn about and reset). Throws tessera::Error naming the file, key and value.
+// Tokenizer::from_gguf runs it first.
 void validate_tokenizer_metadata(const GGUFFile& file);
 
 }  // namespace tessera

@@ -25,7 +25,7 @@ ChatTemplate::ChatTemplate(std::string_view source, ChatTemplateOptions options)
 }
 
 template <typename Json>
-std::string ChatTemplate::apply_impl(const Json& messages, bool add_generation_prompt, const Json& extra) const {
+jinja::Rendered ChatTemplate::apply_impl(const Json& messages, bool add_generation_prompt, const Json& extra) const {
   TESSERA_CHECK(messages.is_array(), "chat template: messages must be a JSON array, not ", messages.type_name());
   TESSERA_CHECK(extra.is_object(), "chat template: extra variables must be a JSON object, not ", extra.type_name());
   // The variables transformers passes to render(); `extra` may override any of them.
@@ -43,10 +43,11 @@ std::string ChatTemplate::apply_impl(const Json& messages, bool add_generation_p
     put("tools", jinja::Value::none());
     put("documents", jinja::Value::none());
     put("add_generation_prompt", jinja::Value(add_generation_prompt));
-    put("bos_token", jinja::Value(options_.bos_token));
-    put("eos_token", jinja::Value(options_.eos_token));
+    // The special tokens are the model's, not data: trusted like the template's literals.
+    put("bos_token", jinja::Value::trusted_string(options_.bos_token));
+    put("eos_token", jinja::Value::trusted_string(options_.eos_token));
     for (auto it = extra.begin(); it != extra.end(); ++it) put(it.key(), jinja::from_json(it.value()));
-    return template_->render(vars);
+    return template_->render_marked(vars);
   } catch (const jinja::RaisedException&) {
     throw;  // the template's own message, unchanged
   } catch (const jinja::TemplateError& e) {
@@ -58,12 +59,32 @@ std::string ChatTemplate::apply_impl(const Json& messages, bool add_generation_p
 
 std::string ChatTemplate::apply(const nlohmann::json& messages, bool add_generation_prompt,
                                 const nlohmann::json& extra) const {
-  return apply_impl(messages, add_generation_prompt, extra);
+  return apply_impl(messages, add_generation_prompt, extra).text;
+}
+
+RenderedChat ChatTemplate::apply_marked(const nlohmann::json& messages, bool add_generation_prompt,
+                                        const nlohmann::json& extra) const {
+  jinja::Rendered r = apply_impl(messages, add_generation_prompt, extra);
+  return RenderedChat{std::move(r.text), std::move(r.trusted)};
 }
 
 std::string ChatTemplate::apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                 const nlohmann::ordered_json& extra) const {
-  return apply_impl(messages, add_generation_prompt, extra);
+  return apply_impl(messages, add_generation_prompt, extra).text;
+}
+
+bool ChatTemplate::is_reserved_variable(std::string_view name) {
+  static const char* const kNames[] = {
+      "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+      // jinja2's and Hugging Face's globals
+      "range", "dict", "namespace", "cycler", "joiner", "lipsum", "raise_exception", "strftime_now", "loop",
+      "caller", "varargs", "kwargs", "true", "false", "none", "True", "False", "None"};
+  for (const char* n : kNames)
+    if (name == n) return true;
+  auto ends_with = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+  };
+  return ends_with("_token") || ends_with("_tokens");
 }
 
 const std::string& ChatTemplate::chatml_source() {

@@ -11,8 +11,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "template/jinja.h"
+#include "template/rendered_chat.h"
 
 namespace tessera {
 
@@ -32,16 +35,23 @@ class ChatTemplate {
   // template's own message on raise_exception, or naming the limit hit.
   std::string apply(const nlohmann::json& messages, bool add_generation_prompt,
                     const nlohmann::json& extra = nlohmann::json::object()) const;
+  // The same, with the spans the template wrote (see RenderedChat).
+  RenderedChat apply_marked(const nlohmann::json& messages, bool add_generation_prompt,
+                            const nlohmann::json& extra = nlohmann::json::object()) const;
   // The same with ordered_json: object keys keep their order (tojson prints them as given, as
   // Python does; nlohmann::json sorts them).
   std::string apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+  // Names a caller's extra variables must not take when they come from a client: what apply
+  // sets itself (messages, tools, documents, add_generation_prompt), special tokens (any name
+  // ending in _token or _tokens) and the globals (raise_exception, namespace, range, ...).
+  static bool is_reserved_variable(std::string_view name);
   // ChatML, for models that ship no template (what llama.cpp falls back to).
   static const std::string& chatml_source();
 
  private:
   template <typename Json>
-  std::string apply_impl(const Json& messages, bool add_generation_prompt, const Json& extra) const;
+  jinja::Rendered apply_impl(const Json& messages, bool add_generation_prompt, const Json& extra) const;
 
   ChatTemplateOptions options_;
   std::shared_ptr<const jinja::Template> template_;

@@ -84,6 +84,10 @@ Template Template::parse(std::string_view source, Options options) {
 }
 
 std::string Template::render(const std::vector<std::pair<std::string, Value>>& variables) const {
+  return render_marked(variables).text;
+}
+
+Rendered Template::render_marked(const std::vector<std::pair<std::string, Value>>& variables) const {
   Interpreter in(options_);
   return in.render(*body_, variables);
 }

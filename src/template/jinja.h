@@ -48,6 +48,13 @@ struct Options {
 };
 
 
+// Rendered text and the byte spans of it the template wrote itself (see TrustSpans): a
+// tokenizer may read special tokens there and nowhere else.
+struct Rendered {
+  std::string text;
+  TrustSpans trusted;
+};
+
 // A parsed template. Parsing throws TemplateError (syntax, with line and column); rendering
 // throws TemplateError for runtime errors and exceeded limits, RaisedException for
 // raise_exception(msg). Render is const and thread-safe: each call has its own interpreter.
@@ -61,6 +68,9 @@ class Template {
   std::string render(const nlohmann::ordered_json& context) const;
   // Variables as values (what the JSON overloads build).
   std::string render(const std::vector<std::pair<std::string, Value>>& variables) const;
+  // The same, with the trusted spans of the text. Strings in `variables` are untrusted unless
+  // built with Value::trusted_string.
+  Rendered render_marked(const std::vector<std::pair<std::string, Value>>& variables) const;
 
   const Options& options() const { return options_; }
 

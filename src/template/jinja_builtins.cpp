@@ -108,15 +108,16 @@ Value str_method(Interpreter& in, const Value& self, const std::string& name) {
          return Value(n); }},
       {"join", [](Interpreter& in, const Value& s, CallArgs& a) {
          std::string out;
+         TrustSpans spans;  // each piece keeps its own trust
          bool first = true;
          for (const auto& item : in.iterate(param(a, 0, "iterable"))) {
            if (!item.is_string()) fail("sequence item: expected str instance, ", item.type_name(), " found");
-           if (!first) out += s.as_string();
+           if (!first) append_text(out, spans, s);
            first = false;
-           out += item.as_string();
+           append_text(out, spans, item);
            in.check_size(out.size());
          }
-         return Value(std::move(out)); }},
+         return Value::with_spans(std::move(out), std::move(spans)); }},
       {"isdigit", [](Interpreter&, const Value& s, CallArgs&) {
          const auto& t = s.as_string();
          return Value(!t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; })); }},
@@ -358,16 +359,18 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   }
   if (name == "join") {
     const Value attr = param(a, 1, "attribute", Value::none());
-    const std::string sep = to_str(param(a, 0, "d", Value("")));
+    Value sep = param(a, 0, "d", Value::trusted_string(""));
+    if (!sep.is_string()) sep = Value(to_str(sep));
     std::string out;
+    TrustSpans spans;  // each piece keeps its own trust
     bool first = true;
     for (const auto& item : in.iterate(v)) {
-      if (!first) out += sep;
+      if (!first) append_text(out, spans, sep);
       first = false;
-      out += to_str(attr.is_none() ? item : get_path(in, item, to_str(attr)));
+      append_text(out, spans, attr.is_none() ? item : get_path(in, item, to_str(attr)));
       in.check_size(out.size());
     }
-    return Value(std::move(out));
+    return Value::with_spans(std::move(out), std::move(spans));
   }
   if (name == "int") {
     const Value def = param(a, 0, "default", Value(0));

@@ -24,13 +24,21 @@ void Scope::set(const std::string& name, Value value) {
 
 Interpreter::Interpreter(const Options& options) : options_(options) {}
 
-std::string Interpreter::render(const Body& body, const std::vector<std::pair<std::string, Value>>& variables) {
+bool all_trusted(const CallArgs& args) {
+  for (const Value& v : args.args)
+    if (!trusted_input(v)) return false;
+  for (const auto& kv : args.kwargs)
+    if (!trusted_input(kv.second)) return false;
+  return true;
+}
+
+Rendered Interpreter::render(const Body& body, const std::vector<std::pair<std::string, Value>>& variables) {
   globals_ = std::make_shared<Scope>();
   add_globals(*globals_, options_);
   scope_ = std::make_shared<Scope>();
   scope_->parent = globals_;
   for (const auto& [k, v] : variables) scope_->set(k, v);
-  std::string out;
+  Rendered out;
   out_ = &out;
   exec_body(body);
   out_ = nullptr;
@@ -54,20 +62,39 @@ void Interpreter::fail_undefined(const Value& v) {
   fail(hint.empty() ? std::string("value is undefined") : hint);
 }
 
-void Interpreter::emit(std::string_view text) {
-  if (out_->size() + text.size() > options_.limits.max_output_bytes)
+void Interpreter::emit(std::string_view text, bool trusted) {
+  if (out_->text.size() + text.size() > options_.limits.max_output_bytes)
     fail("max_output_bytes exceeded: the output passes ", options_.limits.max_output_bytes, " bytes");
-  out_->append(text);
+  if (trusted && !text.empty()) {
+    const TrustSpans whole{{0, text.size()}};
+    append_spans(out_->trusted, out_->text.size(), &whole);
+  }
+  out_->text.append(text);
 }
 
-std::string Interpreter::capture(const Body& body, Flow* flow) {
-  std::string buffer;
-  std::string* saved = out_;
+void Interpreter::emit_value(const Value& v) {
+  if (!v.is_string()) return emit(to_str(v), false);
+  const std::string& text = v.as_string();
+  if (out_->text.size() + text.size() > options_.limits.max_output_bytes)
+    fail("max_output_bytes exceeded: the output passes ", options_.limits.max_output_bytes, " bytes");
+  append_spans(out_->trusted, out_->text.size(), v.trust_spans());
+  out_->text.append(text);
+}
+
+Value Interpreter::capture(const Body& body, Flow* flow, bool safe) {
+  Rendered buffer;
+  Rendered* saved = out_;
   out_ = &buffer;
-  const Flow f = exec_body(body);
+  Flow f = Flow::Normal;
+  try {
+    f = exec_body(body);
+  } catch (...) {
+    out_ = saved;
+    throw;
+  }
   out_ = saved;
   if (flow) *flow = f;
-  return buffer;
+  return Value::with_spans(std::move(buffer.text), std::move(buffer.trusted), safe);
 }
 
 // ---------------------------------------------------------------- statements
@@ -95,8 +122,8 @@ Interpreter::Flow Interpreter::exec(const Stmt& s) {
   try {
     charge();
     switch (s.kind) {
-      case StmtKind::Text: emit(s.text); return Flow::Normal;
-      case StmtKind::Output: emit(to_str(eval(*s.expr))); return Flow::Normal;
+      case StmtKind::Text: emit(s.text, /*trusted=*/true); return Flow::Normal;
+      case StmtKind::Output: emit_value(eval(*s.expr)); return Flow::Normal;
       case StmtKind::If:
         for (const auto& [cond, body] : s.branches)
           if (eval(*cond).truthy()) return exec_body(body);
@@ -104,7 +131,7 @@ Interpreter::Flow Interpreter::exec(const Stmt& s) {
       case StmtKind::For: return exec_for(s);
       case StmtKind::Set: exec_set(s); return Flow::Normal;
       case StmtKind::SetBlock: {
-        Value text(capture(s.body));
+        Value text = capture(s.body);
         if (s.filter) text = eval_filter(*s.filter, &text);
         scope_->set(s.targets[0], text);
         return Flow::Normal;
@@ -116,12 +143,12 @@ Interpreter::Flow Interpreter::exec(const Stmt& s) {
         CallArgs args;
         eval_args(call, 1, args);
         args.kwargs.emplace_back("caller", define_macro(s, &s.body));
-        emit(to_str(this->call(fn, args)));
+        emit_value(this->call(fn, args));
         return Flow::Normal;
       }
       case StmtKind::FilterBlock: {
-        const Value text(capture(s.body));
-        emit(to_str(eval_filter(*s.expr, &text)));
+        const Value text = capture(s.body);
+        emit_value(eval_filter(*s.expr, &text));
         return Flow::Normal;
       }
       case StmtKind::With: {
@@ -282,7 +309,7 @@ Value Interpreter::call_macro(const Stmt& s, const ScopePtr& closure, CallArgs& 
   frame->set("varargs", Value::list(std::move(varargs), true));
   frame->set("kwargs", Value::dict(std::move(kwargs)));
   if (!caller.is_undefined()) frame->set("caller", caller);
-  return Value(capture(s.body), true);
+  return capture(s.body, nullptr, /*safe=*/true);
 }
 
 // ---------------------------------------------------------------- expressions
@@ -327,17 +354,30 @@ Value Interpreter::eval_inner(const Expr& e) {
     case ExprKind::Attr: {
       const Value obj = eval(*e.args[0]);
       if (obj.is_undefined()) fail_undefined(obj);
-      return get_attr(*this, obj, e.name);
+      Value attr = get_attr(*this, obj, e.name);
+      // A method of a string the template wrote gives trusted results from trusted arguments.
+      if (obj.is_string() && attr.is_callable() && obj.fully_trusted()) {
+        attr = Value::function(e.name, [method = attr](Interpreter& in, CallArgs& args) {
+          const bool trusted = all_trusted(args);
+          Value r = in.call(method, args);
+          return trusted && !r.trust_spans() ? mark_trusted(r) : r;
+        });
+      }
+      return attr;
     }
     case ExprKind::Subscript: {
       const Value obj = eval(*e.args[0]);
       if (obj.is_undefined()) fail_undefined(obj);
       const Expr& key = *e.args[1];
+      Value item;
       if (key.kind == ExprKind::Slice) {
         auto part = [&](size_t i) { return key.args[i] ? eval(*key.args[i]) : Value::none(); };
-        return slice(*this, obj, part(0), part(1), part(2));
+        item = slice(*this, obj, part(0), part(1), part(2));
+      } else {
+        item = get_item(*this, obj, eval(key));
       }
-      return get_item(*this, obj, eval(key));
+      // Part of a string the template wrote is still the template's.
+      return obj.fully_trusted() && item.is_string() ? mark_trusted(item) : item;
     }
     case ExprKind::Slice: fail("a slice is only allowed inside []");
     case ExprKind::Call: return eval_call(e);
@@ -426,7 +466,11 @@ Value Interpreter::eval_filter(const Expr& e, const Value* block_input) {
 
 Value Interpreter::apply_filter(const std::string& name, const Value& value, CallArgs& args) {
   charge();
-  return builtin_filter(*this, name, value, args);
+  Value r = builtin_filter(*this, name, value, args);
+  // A result computed only from trusted text is trusted; anything else keeps what the filter
+  // built (join keeps each piece's spans), or none.
+  if (!r.trust_spans() && trusted_input(value) && all_trusted(args)) return mark_trusted(r);
+  return r;
 }
 
 bool Interpreter::apply_test(const std::string& name, const Value& value, CallArgs& args) {
@@ -484,7 +528,7 @@ Value repeat(Interpreter& in, const Value& seq, int64_t times) {
     in.charge(times);
     std::string out;
     for (int64_t i = 0; i < times; ++i) out += s;
-    return Value(std::move(out));
+    return seq.fully_trusted() ? Value::trusted_string(std::move(out)) : Value(std::move(out));
   }
   const auto& items = seq.as_list().items;
   if (!items.empty()) in.charge(times * static_cast<int64_t>(items.size()));
@@ -496,11 +540,11 @@ Value repeat(Interpreter& in, const Value& seq, int64_t times) {
 }  // namespace
 
 Value Interpreter::eval_binary(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") {
-    std::string s = to_str(a);
-    const std::string t = to_str(b);
-    check_size(s.size() + t.size());
-    return Value(s + t);
+  if (op == "~") {  // str(a) + str(b); only strings carry trusted spans
+    const Value s = a.is_string() ? a : Value(to_str(a));
+    const Value t = b.is_string() ? b : Value(to_str(b));
+    check_size(s.as_string().size() + t.as_string().size());
+    return concat_strings(s, t);
   }
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
@@ -511,7 +555,7 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
     if (nums) return Value(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) {
       check_size(a.as_string().size() + b.as_string().size());
-      return Value(a.as_string() + b.as_string());
+      return concat_strings(a, b);
     }
     if (a.is_list() && b.is_list() && a.as_list().is_tuple == b.as_list().is_tuple) {
       std::vector<Value> items = a.as_list().items;

@@ -26,8 +26,8 @@ class Interpreter {
  public:
   explicit Interpreter(const Options& options);
 
-  // Renders `body` with `variables` on top of the globals.
-  std::string render(const Body& body, const std::vector<std::pair<std::string, Value>>& variables);
+  // Renders `body` with `variables` on top of the globals; the text and its trusted spans.
+  Rendered render(const Body& body, const std::vector<std::pair<std::string, Value>>& variables);
 
   // ---- for builtins ----
   const Options& options() const { return options_; }
@@ -51,8 +51,10 @@ class Interpreter {
   void exec_set(const Stmt& s);
   Value define_macro(const Stmt& s, const Body* caller_body);
   Value call_macro(const Stmt& s, const ScopePtr& closure, CallArgs& args, Value caller);
-  std::string capture(const Body& body, Flow* flow = nullptr);
-  void emit(std::string_view text);
+  // The text `body` writes, as a string keeping its trusted spans.
+  Value capture(const Body& body, Flow* flow = nullptr, bool safe = false);
+  void emit(std::string_view text, bool trusted);
+  void emit_value(const Value& v);  // strings keep their trusted spans; anything else is untrusted
   void assign(const std::vector<std::string>& targets, bool unpack, const Value& value);
 
   Value eval(const Expr& e);
@@ -66,11 +68,14 @@ class Interpreter {
   const Options& options_;
   ScopePtr globals_;
   ScopePtr scope_;
-  std::string* out_ = nullptr;
+  Rendered* out_ = nullptr;
   int64_t steps_ = 0;
   int64_t loop_iterations_ = 0;
   int call_depth_ = 0;
 };
+
+// Whether every argument is a trusted_input (the result may then be trusted).
+bool all_trusted(const CallArgs& args);
 
 // ---- jinja_builtins.cpp ----
 Value builtin_filter(Interpreter& in, const std::string& name, const Value& value, CallArgs& args);

@@ -470,7 +470,7 @@ class Parser {
         auto e = make(ExprKind::Literal, t.pos);
         std::string s;
         while (cur().kind == TokenKind::String) s += next().text;  // adjacent literals join
-        e->value = Value(std::move(s));
+        e->value = Value::trusted_string(std::move(s));  // the template wrote it
         return e;
       }
       case TokenKind::Int: {

@@ -230,6 +230,73 @@ const Value* CallArgs::kwarg(std::string_view name) const {
   return nullptr;
 }
 
+Value Value::trusted_string(std::string s, bool safe) {
+  TrustSpans spans;
+  if (!s.empty()) spans.emplace_back(0, s.size());
+  return with_spans(std::move(s), std::move(spans), safe);
+}
+
+Value Value::with_spans(std::string s, TrustSpans spans, bool safe) {
+  Value v(std::move(s), safe);
+  if (!spans.empty()) std::get<Str>(v.v_).trusted = std::make_shared<const TrustSpans>(std::move(spans));
+  return v;
+}
+
+bool Value::fully_trusted() const {
+  if (!is_string()) return false;
+  const size_t n = as_string().size();
+  if (n == 0) return true;
+  const TrustSpans* t = trust_spans();
+  return t && t->size() == 1 && (*t)[0].first == 0 && (*t)[0].second == n;
+}
+
+void append_spans(TrustSpans& dst, size_t offset, const TrustSpans* src) {
+  if (!src) return;
+  for (const auto& [b, e] : *src) {
+    if (b == e) continue;
+    if (!dst.empty() && dst.back().second == b + offset) dst.back().second = e + offset;
+    else dst.emplace_back(b + offset, e + offset);
+  }
+}
+
+Value concat_strings(const Value& a, const Value& b) {
+  const std::string& x = a.as_string();
+  TrustSpans spans;
+  append_spans(spans, 0, a.trust_spans());
+  append_spans(spans, x.size(), b.trust_spans());
+  return Value::with_spans(x + b.as_string(), std::move(spans));
+}
+
+void append_text(std::string& out, TrustSpans& spans, const Value& piece) {
+  if (!piece.is_string()) {
+    out += to_str(piece);
+    return;
+  }
+  append_spans(spans, out.size(), piece.trust_spans());
+  out += piece.as_string();
+}
+
+bool trusted_input(const Value& v) {
+  switch (v.kind()) {
+    case Kind::String: return v.fully_trusted();
+    case Kind::Undefined:
+    case Kind::None:
+    case Kind::Bool:
+    case Kind::Int:
+    case Kind::Float: return true;
+    default: return false;
+  }
+}
+
+Value mark_trusted(const Value& v) {
+  if (v.is_string()) return v.fully_trusted() ? v : Value::trusted_string(v.as_string(), v.is_safe());
+  if (!v.is_list()) return v;
+  std::vector<Value> items;
+  items.reserve(v.as_list().items.size());
+  for (const Value& item : v.as_list().items) items.push_back(mark_trusted(item));
+  return Value::list(std::move(items), v.as_list().is_tuple);
+}
+
 Value Value::list(std::vector<Value> items, bool tuple) {
   auto l = std::make_shared<List>();
   uint32_t depth = 1;

@@ -22,9 +22,16 @@ struct NoneType {};
 struct Undefined {
   std::shared_ptr<const std::string> hint;
 };
+// Byte ranges [begin, end) of a string that the template wrote itself (its literals and text,
+// and variables the caller marks trusted: bos_token, eos_token), sorted, disjoint and never
+// adjacent. A tokenizer reads special tokens only there: text that comes from data (messages,
+// tools, kwargs) never is, so a client cannot spell the template's control tokens. A computed
+// string is trusted only where every input was (docs/design/chat-template.md, "Trusted text").
+using TrustSpans = std::vector<std::pair<size_t, size_t>>;
 struct Str {
   std::shared_ptr<const std::string> s;
   bool safe = false;  // Markup: `escape` leaves it alone
+  std::shared_ptr<const TrustSpans> trusted;  // null: no byte is trusted
 };
 // Containers know their nesting depth so that no value can nest deeper than kMaxValueDepth:
 // recursive printing, comparison and destruction then cannot exhaust the stack.
@@ -76,12 +83,15 @@ class Value {
   Value(int64_t i) : v_(i) {}
   Value(int i) : v_(int64_t{i}) {}
   Value(double d) : v_(d) {}
-  Value(std::string s, bool safe = false) : v_(Str{std::make_shared<const std::string>(std::move(s)), safe}) {}
+  Value(std::string s, bool safe = false) : v_(Str{std::make_shared<const std::string>(std::move(s)), safe, nullptr}) {}
   Value(const char* s) : Value(std::string(s)) {}
   Value(ListPtr l) : v_(std::move(l)) {}
   Value(DictPtr d) : v_(std::move(d)) {}
   Value(NamespacePtr n) : v_(std::move(n)) {}
   Value(CallablePtr c) : v_(std::move(c)) {}
+  // A string the template wrote (every byte trusted), and one with the given trusted spans.
+  static Value trusted_string(std::string s, bool safe = false);
+  static Value with_spans(std::string s, TrustSpans spans, bool safe = false);
   static Value list(std::vector<Value> items, bool tuple = false);
   static Value dict(Dict d);
   static Value function(std::string name, std::function<Value(Interpreter&, CallArgs&)> fn);
@@ -104,6 +114,12 @@ class Value {
   double as_double() const { return is_float() ? std::get<double>(v_) : static_cast<double>(as_int()); }
   const std::string& as_string() const { return *std::get<Str>(v_).s; }
   bool is_safe() const { return is_string() && std::get<Str>(v_).safe; }
+  // The trusted spans of a string; null for other kinds and for strings with none.
+  const TrustSpans* trust_spans() const {
+    return is_string() ? std::get<Str>(v_).trusted.get() : nullptr;
+  }
+  // A string trusted from its first byte to its last (an empty string is).
+  bool fully_trusted() const;
   const List& as_list() const { return *std::get<ListPtr>(v_); }
   const Dict& as_dict() const { return *std::get<DictPtr>(v_); }
   Namespace& as_namespace() const { return *std::get<NamespacePtr>(v_); }
@@ -118,6 +134,18 @@ class Value {
  private:
   std::variant<Undefined, NoneType, bool, int64_t, double, Str, ListPtr, DictPtr, NamespacePtr, CallablePtr> v_;
 };
+
+// Trust bookkeeping (see TrustSpans). append_spans adds `src` shifted by `offset` to `dst`,
+// merging what touches; concat_strings joins two strings keeping each byte's trust.
+void append_spans(TrustSpans& dst, size_t offset, const TrustSpans* src);
+Value concat_strings(const Value& a, const Value& b);
+// Appends str(piece) to `out`, its spans to `spans` (only strings carry any).
+void append_text(std::string& out, TrustSpans& spans, const Value& piece);
+// Whether a builtin's input lets its result be trusted: a fully trusted string, or a scalar
+// that prints no text a client chose (none, bools, numbers, undefined).
+bool trusted_input(const Value& v);
+// The same value with every string in it (through lists) fully trusted.
+Value mark_trusted(const Value& v);
 
 // Python semantics: 1 == 1.0 == True; lists and dicts compare by content; undefined == undefined.
 bool py_equal(const Value& a, const Value& b);

@@ -163,11 +163,14 @@ std::vector<std::string> Tokenizer::Impl::hf_pre_tokenize(std::string_view text)
   return pieces;
 }
 
-std::vector<int32_t> Tokenizer::Impl::encode_hf(std::string_view input, bool add_special, bool parse_special) const {
+std::vector<int32_t> Tokenizer::Impl::encode_hf(std::string_view input, bool add_special, SpecialPolicy policy) const {
   std::vector<int32_t> out;
   if (add_special) out.insert(out.end(), hf_prefix.begin(), hf_prefix.end());
   // Rust strings are UTF-8: ill-formed input is replaced first (U+FFFD per maximal subpart).
-  const std::string s = is_valid_utf8(input) ? std::string(input) : sanitize_utf8(input);
+  const bool valid = is_valid_utf8(input);
+  const std::string s = valid ? std::string(input) : sanitize_utf8(input);
+  // Replacement moves bytes, so spans no longer fit: then no control token is read at all.
+  if (!valid && policy.gated) policy.parse_special = false;
   // Added tokens: first the ones matched on raw text, then the "normalized" ones in what is
   // left; each stage takes the leftmost match, the longest there. With parse_special false,
   // special added tokens are not matched (tokenizers' encode_special_tokens).
@@ -186,7 +189,7 @@ std::vector<int32_t> Tokenizer::Impl::encode_hf(std::string_view input, bool add
       size_t start = f.offset;  // start of the pending plain text
       for (size_t pos = f.offset; pos < f.offset + f.length;) {
         const int k = finder.longest_at(window, pos);
-        if (k < 0 || (!parse_special && (attr[ids[k]] & kAttrControl))) {
+        if (k < 0 || ((attr[ids[k]] & kAttrControl) && !policy.allows(pos, pos + text[ids[k]].size()))) {
           ++pos;
           continue;
         }

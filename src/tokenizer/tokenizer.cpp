@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <queue>
 
@@ -131,8 +132,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
   }
   v.index_merges_by_id();
 
-  // Special ids: a default outside the vocabulary is dropped; a file value outside it is
-  // ignored (llama.cpp warns and keeps the default).
+  // Special ids: a default outside the vocabulary is dropped. A file value outside it is an
+  // error for the ids that steer prompts and stopping (bos, eos, eot, eom); for the optional
+  // ones it is ignored with a warning, keeping the default (llama.cpp's behaviour).
   const std::pair<const char*, int32_t*> keyed[] = {
       {"bos", &v.bos}, {"eos", &v.eos}, {"eot", &v.eot}, {"eom", &v.eom}, {"unknown", &v.unk},
       {"seperator", &v.sep}, {"padding", &v.pad}, {"mask", &v.mask}, {"fim_pre", &v.fim_pre},
@@ -142,8 +144,17 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
   for (const auto& [key, id] : keyed) {
     if (*id >= 0 && static_cast<size_t>(*id) >= n) *id = -1;
     auto it = spec.special_ids.find(key);
-    if (it != spec.special_ids.end() && it->second >= 0 && static_cast<uint64_t>(it->second) < n)
+    if (it == spec.special_ids.end()) continue;
+    if (it->second >= 0 && static_cast<uint64_t>(it->second) < n) {
       *id = static_cast<int32_t>(it->second);
+      continue;
+    }
+    const std::string_view k = key;
+    const bool required = k == "bos" || k == "eos" || k == "eot" || k == "eom";
+    TESSERA_CHECK(!required, "tokenizer: key 'tokenizer.ggml.", key, "_token_id' is ", it->second,
+                  ", outside the vocabulary [0, ", n, ")");
+    std::fprintf(stderr, "tessera: warning: key 'tokenizer.ggml.%s_token_id' is %lld, outside the vocabulary [0, %zu); "
+                 "using %d\n", key, static_cast<long long>(it->second), n, *id);
   }
   if (spec.add_bos) v.add_bos = *spec.add_bos;
   if (spec.add_eos) v.add_eos = *spec.add_eos;
@@ -265,6 +276,7 @@ void Tokenizer::Impl::finish_special_tokens() {
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GGUFFile& file) {
+  validate_tokenizer_metadata(file);  // array lengths and special ids, naming the key
   VocabSpec spec;
   const auto str = [&](const char* key) { return std::string(file.get_string(key).value_or("")); };
   auto model = file.get_string("tokenizer.ggml.model");
@@ -357,7 +369,7 @@ std::string Tokenizer::Impl::piece_of(int32_t id, bool special) const {
 // ------------------------------------------------------------------------------------------
 // Special-token partition (llama.cpp's tokenizer_st_partition)
 
-std::vector<Fragment> Tokenizer::Impl::partition_llama(std::string_view input, bool parse_special) const {
+std::vector<Fragment> Tokenizer::Impl::partition_llama(std::string_view input, const SpecialPolicy& policy) const {
   std::vector<Fragment> frags;
   if (input.empty()) return frags;
   frags.push_back({-1, 0, input.size()});
@@ -368,7 +380,8 @@ std::vector<Fragment> Tokenizer::Impl::partition_llama(std::string_view input, b
     if (!present[k]) continue;
     const int32_t id = special_order[k];
     const uint32_t a = attr[id];
-    if (!parse_special && (a & (kAttrControl | kAttrUnknown))) continue;
+    const bool gated = (a & (kAttrControl | kAttrUnknown)) != 0;  // only where the policy allows
+    if (gated && !policy.parse_special) continue;
     const std::string& tok = text[id];
     std::vector<Fragment> next;
     next.reserve(frags.size() + 2);
@@ -378,8 +391,13 @@ std::vector<Fragment> Tokenizer::Impl::partition_llama(std::string_view input, b
         continue;
       }
       size_t off = f.offset, len = f.length;
+      size_t from = off;  // where to look next; past spellings the policy refuses
       while (true) {
-        const size_t m = input.substr(0, off + len).find(tok, off);
+        const size_t m = input.substr(0, off + len).find(tok, from);
+        if (m != std::string_view::npos && gated && !policy.allows(m, m + tok.size())) {
+          from = m + 1;
+          continue;
+        }
         if (m == std::string_view::npos) {
           if (len > 0) next.push_back({-1, off, len});
           break;
@@ -395,7 +413,7 @@ std::vector<Fragment> Tokenizer::Impl::partition_llama(std::string_view input, b
         size_t r_off = m + tok.size(), r_len = len - ((m - off) + tok.size());
         if (a & kAttrRstrip)
           while (r_len > 0 && std::isspace(static_cast<unsigned char>(input[r_off]))) ++r_off, --r_len;
-        off = r_off, len = r_len;
+        off = r_off, len = r_len, from = r_off;
       }
     }
     frags = std::move(next);
@@ -568,12 +586,34 @@ void Tokenizer::Impl::spm_fragment(std::string_view text, std::vector<int32_t>& 
 // Public API
 
 std::vector<int32_t> Tokenizer::encode(std::string_view input, bool add_special, bool parse_special) const {
-  const Impl& v = *impl_;
+  SpecialPolicy policy;
+  policy.parse_special = parse_special;
+  return impl_->encode_impl(input, add_special, policy);
+}
+
+std::vector<int32_t> Tokenizer::encode_with_special_spans(
+    std::string_view input, bool add_special, std::span<const std::pair<size_t, size_t>> special_spans) const {
+  for (size_t i = 0; i < special_spans.size(); ++i) {
+    const auto& [b, e] = special_spans[i];
+    TESSERA_CHECK(b <= e && e <= input.size() && (i == 0 || special_spans[i - 1].second <= b),
+                  "tokenizer: special span ", i, " [", b, ", ", e, ") is out of order or past the text's ",
+                  input.size(), " bytes");
+  }
+  SpecialPolicy policy;
+  policy.parse_special = true;
+  policy.gated = true;
+  policy.spans = special_spans;
+  return impl_->encode_impl(input, add_special, policy);
+}
+
+std::vector<int32_t> Tokenizer::Impl::encode_impl(std::string_view input, bool add_special,
+                                                  const SpecialPolicy& policy) const {
+  const Impl& v = *this;
   // Symbol offsets are 32-bit; a prompt of 4 GiB is a caller bug, not a tokenizer input.
   TESSERA_CHECK(input.size() < (size_t{1} << 32) - 8, "tokenizer: input of ", input.size(), " bytes is too long");
-  if (v.kind == Impl::Kind::HfBpe) return v.encode_hf(input, add_special, parse_special);
+  if (v.kind == Impl::Kind::HfBpe) return v.encode_hf(input, add_special, policy);
   std::vector<int32_t> out;
-  const std::vector<Fragment> frags = v.partition_llama(input, parse_special);
+  const std::vector<Fragment> frags = v.partition_llama(input, policy);
   if (add_special && v.add_bos) {
     TESSERA_CHECK(v.bos >= 0, "tokenizer: add_bos_token is set but the vocabulary has no BOS token");
     out.push_back(v.bos);

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tessera {
@@ -69,6 +70,12 @@ class Tokenizer {
   // text), control tokens stay plain text; user-defined tokens are still matched, as in
   // llama.cpp. Input that is not valid UTF-8 is accepted (see the design doc).
   std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const;
+  // Chat prompts: a control or unknown token is read only where its spelling lies wholly inside
+  // one of `special_spans` (byte ranges [begin, end) of `text`, sorted and disjoint: what the
+  // chat template wrote itself); elsewhere it is plain text, as with parse_special = false.
+  // Throws tessera::Error on spans out of order or past the text.
+  std::vector<int32_t> encode_with_special_spans(std::string_view text, bool add_special,
+                                                 std::span<const std::pair<size_t, size_t>> special_spans) const;
   // Concatenated pieces; with skip_special, control and unknown tokens contribute nothing
   // (llama.cpp's detokenize with unparse_special = !skip_special). Throws on an id outside
   // [0, vocab_size()).

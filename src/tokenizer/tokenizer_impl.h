@@ -1,8 +1,11 @@
 #pragma once
 // Internal state shared by the GGUF (llama.cpp rules) and tokenizer.json (Hugging Face rules)
 // front ends. Not part of the public API.
+#include <algorithm>
+#include <iterator>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -41,6 +44,23 @@ class MultiStringFinder {
 struct Fragment {
   int32_t token = -1;  // >= 0: a token
   size_t offset = 0, length = 0;
+};
+
+// Where control (and unknown) tokens may be read from text: nowhere, everywhere, or only in
+// byte spans [begin, end) (sorted, disjoint: the text a chat template wrote itself).
+struct SpecialPolicy {
+  bool parse_special = false;
+  std::span<const std::pair<size_t, size_t>> spans;  // used when `gated`
+  bool gated = false;
+  // Whether a control token spelled at [begin, end) counts as that token.
+  bool allows(size_t begin, size_t end) const {
+    if (!parse_special) return false;
+    if (!gated) return true;
+    // The last span starting at or before `begin` must reach `end`.
+    auto it = std::upper_bound(spans.begin(), spans.end(), begin,
+                               [](size_t b, const std::pair<size_t, size_t>& s) { return b < s.first; });
+    return it != spans.begin() && std::prev(it)->second >= end;
+  }
 };
 
 // Hugging Face pre-tokenizer steps (see hf_json.cpp).
@@ -102,13 +122,14 @@ struct Tokenizer::Impl {
 
   // Shared pieces of the pipeline (tokenizer.cpp).
   void finish_special_tokens();  // special_order, special_finder, piece cache
-  std::vector<Fragment> partition_llama(std::string_view input, bool parse_special) const;
+  std::vector<Fragment> partition_llama(std::string_view input, const SpecialPolicy& policy) const;
+  std::vector<int32_t> encode_impl(std::string_view input, bool add_special, const SpecialPolicy& policy) const;
   void bpe_word(std::string_view word, std::vector<int32_t>& out) const;
   void spm_fragment(std::string_view text, std::vector<int32_t>& out) const;
   std::string piece_of(int32_t id, bool special) const;
 
   // Hugging Face front end (hf_json.cpp).
-  std::vector<int32_t> encode_hf(std::string_view text, bool add_special, bool parse_special) const;
+  std::vector<int32_t> encode_hf(std::string_view text, bool add_special, SpecialPolicy policy) const;
   std::vector<std::string> hf_pre_tokenize(std::string_view text) const;
 };
 

@@ -143,7 +143,7 @@ void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
   if (path == "/tokenize" || path == "/detokenize") {
     // Tokenizing a long text takes milliseconds: not on an I/O thread.
     const bool encode = path == "/tokenize";
-    return off_io_threads(exchange, [this, exchange, encode] {
+    return off_io_threads(exchange, tenant.name, [this, exchange, encode] {
       auto r = std::make_shared<http::Response>(encode ? tokenize(exchange->request()) : detokenize(exchange->request()));
       return std::function<void()>([exchange, r] { exchange->respond(std::move(*r)); });
     });
@@ -156,6 +156,14 @@ bool ApiServer::needs_key(const Route& route) const {
 }
 
 Tenant ApiServer::authenticate(const http::Request& req) const {
+  // Two credentials are ambiguous (a proxy may have checked the other one): refuse both.
+  size_t authorizations = 0;
+  for (const auto& header : req.headers) authorizations += header.first == "authorization";
+  if (authorizations > 1) {
+    if (options_.hooks.record_rejection) options_.hooks.record_rejection(400, "invalid_value");
+    throw ApiError(400, "more than one Authorization header", "invalid_request_error", std::nullopt,
+                   "invalid_value");
+  }
   const std::optional<Tenant> t = options_.keys.authenticate(find_header(req, "authorization"));
   if (t) return *t;
   if (options_.hooks.record_rejection) options_.hooks.record_rejection(401, "invalid_api_key");
@@ -184,7 +192,7 @@ void ApiServer::generate(const std::shared_ptr<http::Exchange>& exchange, Endpoi
     throw ApiError(503, "the server is shutting down and admits no new requests", "service_unavailable_error",
                    std::nullopt, "server_draining", {{"Retry-After", "5"}});
   }
-  off_io_threads(exchange, [this, exchange, endpoint, tenant] {
+  off_io_threads(exchange, tenant.name, [this, exchange, endpoint, tenant] {
     GenerationPlan plan;
     try {
       plan = prepare(exchange->request(), endpoint, tenant);
@@ -207,7 +215,7 @@ void ApiServer::log_refusal(const http::Request& request, const Tenant& tenant, 
   options_.hooks.access_log(r);
 }
 
-void ApiServer::off_io_threads(const std::shared_ptr<http::Exchange>& exchange,
+void ApiServer::off_io_threads(const std::shared_ptr<http::Exchange>& exchange, const std::string& tenant,
                                std::function<std::function<void()>()> work) {
   if (!prompt_workers_) {
     work()();  // errors propagate to handle()'s caller, which answers them
@@ -215,7 +223,7 @@ void ApiServer::off_io_threads(const std::shared_ptr<http::Exchange>& exchange,
   }
   // Counted as live from here, so shutdown waits for requests still being prepared.
   options_.hooks.live->fetch_add(1);
-  prompt_workers_->submit([exchange, work = std::move(work), live = options_.hooks.live] {
+  prompt_workers_->submit(tenant, [exchange, work = std::move(work), live = options_.hooks.live] {
     std::function<void()> then;  // back on the connection's executor
     try {
       then = work();

@@ -72,7 +72,9 @@ class ApiServer {
   void generate(const std::shared_ptr<http::Exchange>& exchange, Endpoint endpoint, const Tenant& tenant);
   // Runs `work` on a prompt worker (inline without workers) and then the continuation it
   // returns on the exchange's executor; an exception from `work` is answered as an error.
-  void off_io_threads(const std::shared_ptr<http::Exchange>& exchange, std::function<std::function<void()>()> work);
+  // On a prompt worker, fair per tenant (Tenant::name), or inline without workers.
+  void off_io_threads(const std::shared_ptr<http::Exchange>& exchange, const std::string& tenant,
+                      std::function<std::function<void()>()> work);
   // The body as a plan (parsed, rendered, tokenized): any thread. Throws ApiError, recorded
   // as a rejection.
   GenerationPlan prepare(const http::Request& request, Endpoint endpoint, const Tenant& tenant) const;

@@ -3,6 +3,8 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include <strings.h>
+
 #include <cstring>
 #include <fstream>
 
@@ -68,10 +70,16 @@ std::vector<std::string> ApiKeys::read_key_file(const std::string& path) {
 std::optional<Tenant> ApiKeys::authenticate(std::optional<std::string_view> authorization) const {
   if (!enabled()) return Tenant{};
   if (!authorization) return std::nullopt;
-  constexpr std::string_view kBearer = "Bearer ";
-  std::string_view value = trim(*authorization);
-  if (value.size() <= kBearer.size() || value.substr(0, kBearer.size()) != kBearer) return std::nullopt;
-  const std::string_view key = trim(value.substr(kBearer.size()));
+  // RFC 9110 11.1: the scheme is case-insensitive ("bearer", "BEARER"), then spaces, then the key.
+  const std::string_view value = trim(*authorization);
+  const size_t gap = value.find_first_of(" \t");
+  if (gap == std::string_view::npos) return std::nullopt;
+  const std::string_view scheme = value.substr(0, gap);
+  constexpr std::string_view kBearer = "bearer";
+  if (scheme.size() != kBearer.size() || strncasecmp(scheme.data(), kBearer.data(), kBearer.size()) != 0)
+    return std::nullopt;
+  const std::string_view key = trim(value.substr(gap));
+  if (key.empty()) return std::nullopt;
   unsigned char presented[32];
   sha256(key, presented);
   // Every key is compared, and CRYPTO_memcmp takes the same time whatever differs.

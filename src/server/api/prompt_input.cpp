@@ -1,7 +1,11 @@
 #include "server/api/prompt_input.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "server/api/api_error.h"
 #include "template/jinja_ast.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::api {
@@ -55,6 +59,13 @@ std::vector<PromptInput> parse_prompts(const json& body, const ServedModel& mode
   if (v->size() > static_cast<size_t>(kMaxPrompts))
     invalid_param("prompt", "invalid_value", "'prompt' has ", v->size(), " prompts, at most ", kMaxPrompts,
                   " are allowed");
+  // All prompt text together is bounded before any of it is tokenized.
+  size_t total_bytes = 0;
+  for (const json& item : *v)
+    if (item.is_string()) total_bytes += item.get_ref<const std::string&>().size();
+  if (total_bytes > kMaxPromptBytes)
+    invalid_param("prompt", "invalid_value", "the prompts hold ", total_bytes, " bytes of text, at most ",
+                  kMaxPromptBytes, " are allowed");
   for (size_t i = 0; i < v->size(); ++i) {
     const json& item = (*v)[i];
     const std::string param = "prompt[" + std::to_string(i) + "]";
@@ -89,7 +100,7 @@ GenerationPlan parse_completion_request(const json& body, const ServedModel& mod
   return plan;
 }
 
-json normalize_messages(const json& messages, std::vector<std::string>& user_texts) {
+json normalize_messages(const json& messages) {
   if (!messages.is_array())
     invalid_param("messages", "invalid_type", "'messages' must be an array of messages, got ",
                   json_type_name(messages));
@@ -98,6 +109,13 @@ json normalize_messages(const json& messages, std::vector<std::string>& user_tex
     invalid_param("messages", "invalid_value", "'messages' has ", messages.size(), " messages, at most ",
                   kMaxMessages, " are allowed");
   json out = json::array();
+  size_t total_bytes = 0;  // all message text: bounded before the template or tokenizer runs
+  auto count = [&](const std::string& text, const std::string& param) {
+    total_bytes += text.size();
+    if (total_bytes > kMaxPromptBytes)
+      invalid_param(param, "invalid_value", "the messages hold more than ", kMaxPromptBytes,
+                    " bytes of text (at '", param, "')");
+  };
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     const std::string param = "messages[" + std::to_string(i) + "]";
@@ -105,16 +123,22 @@ json normalize_messages(const json& messages, std::vector<std::string>& user_tex
     const Fields f(m, param + ".");
     const std::optional<std::string> role = f.string("role", kMaxRoleBytes);
     if (!role || role->empty()) invalid_param(param + ".role", "missing_required_parameter", "'", param, ".role' is required");
-    json msg = m;  // other keys (name, tool_calls, ...) pass through to the template
+    // Roles reach the template's text: only the known ones (the JSON escape keeps a hostile
+    // one printable in the message).
+    if (std::find_if(std::begin(kChatRoles), std::end(kChatRoles), [&](const char* r) { return *role == r; }) ==
+        std::end(kChatRoles))
+      invalid_param(param + ".role", "invalid_value", "'", param, ".role' is ", json(*role).dump(),
+                    "; it must be one of system, user, assistant, tool, developer");
+    json msg = m;  // other keys (name, tool_calls, ...) pass through to the template, as data
+    for (auto it = m.begin(); it != m.end(); ++it)
+      if (it.value().is_string()) count(it.value().get_ref<const std::string&>(), param + "." + it.key());
     const json* content = f.get("content");
     const std::string cparam = param + ".content";
     if (!content) {
       if (*role != "assistant") invalid_param(cparam, "missing_required_parameter", "'", cparam, "' is required");
       msg["content"] = nullptr;
     } else if (content->is_string()) {
-      std::string text = content->get<std::string>();
-      check_text(text, cparam, kMaxPromptBytes);
-      user_texts.push_back(text);
+      check_text(content->get_ref<const std::string&>(), cparam, kMaxPromptBytes);
     } else if (content->is_array()) {
       // Content parts: only text is understood; images and audio need a multimodal model.
       std::string text;
@@ -129,11 +153,11 @@ json normalize_messages(const json& messages, std::vector<std::string>& user_tex
                         "' is not supported; only 'text' is");
         const std::optional<std::string> t = pf.string("text", kMaxPromptBytes);
         if (!t) invalid_param(pparam + ".text", "missing_required_parameter", "'", pparam, ".text' is required");
+        count(*t, pparam + ".text");
         if (!text.empty()) text += "\n";  // as vLLM joins text parts
         text += *t;
       }
       check_text(text, cparam, kMaxPromptBytes);
-      user_texts.push_back(text);
       msg["content"] = text;
     } else {
       invalid_param(cparam, "invalid_type", "'", cparam, "' must be a string or an array of content parts, got ",
@@ -144,8 +168,39 @@ json normalize_messages(const json& messages, std::vector<std::string>& user_tex
   return out;
 }
 
-std::string render_chat(const ServedModel& model, const json& messages, bool add_generation_prompt,
-                        const json& extra) {
+namespace {
+int json_depth(const json& j) {  // nlohmann parsed it, so the recursion is already bounded
+  int d = 0;
+  if (j.is_structured())
+    for (const auto& item : j) d = std::max(d, json_depth(item));
+  return d + (j.is_structured() ? 1 : 0);
+}
+}  // namespace
+
+json parse_template_kwargs(const json* kwargs) {
+  if (!kwargs || kwargs->is_null()) return json::object();
+  const std::string param = "chat_template_kwargs";
+  if (!kwargs->is_object())
+    invalid_param(param, "invalid_type", "'", param, "' must be an object, got ", json_type_name(*kwargs));
+  if (kwargs->size() > kMaxTemplateKwargs)
+    invalid_param(param, "invalid_value", "'", param, "' has ", kwargs->size(), " keys, at most ",
+                  kMaxTemplateKwargs, " are allowed");
+  for (auto it = kwargs->begin(); it != kwargs->end(); ++it)
+    if (ChatTemplate::is_reserved_variable(it.key()))
+      invalid_param(param + "." + it.key(), "invalid_value", "'", param, "' must not set '", it.key(),
+                    "': the server sets it (messages, tools, add_generation_prompt and the special tokens "
+                    "come from the request's own fields and the model)");
+  if (json_depth(*kwargs) > kMaxTemplateKwargsDepth)
+    invalid_param(param, "invalid_value", "'", param, "' nests deeper than ", kMaxTemplateKwargsDepth, " levels");
+  const size_t bytes = kwargs->dump().size();
+  if (bytes > kMaxTemplateKwargsBytes)
+    invalid_param(param, "invalid_value", "'", param, "' is ", bytes, " bytes as JSON, at most ",
+                  kMaxTemplateKwargsBytes, " are allowed");
+  return *kwargs;
+}
+
+RenderedChat render_chat(const ServedModel& model, const json& messages, bool add_generation_prompt,
+                         const json& extra) {
   if (!model.chat)
     invalid_request("chat_template_missing", "this server has no chat template for '", model.name,
                     "'; start it with --chat-template FILE");
@@ -162,50 +217,8 @@ std::string render_chat(const ServedModel& model, const json& messages, bool add
   }
 }
 
-std::vector<int32_t> tokenize_chat(const Tokenizer& tok, const std::string& rendered,
-                                   const std::vector<std::string>& user_texts, bool add_special) {
-  // Texts that would turn into control tokens if parsed with the template's special tokens.
-  std::vector<const std::string*> risky;
-  for (const std::string& t : user_texts) {
-    const std::vector<int32_t> ids = tok.encode(t, false, /*parse_special=*/true);
-    for (const int32_t id : ids)
-      if (tok.is_control(id)) {
-        risky.push_back(&t);
-        break;
-      }
-  }
-  if (risky.empty()) return tok.encode(rendered, add_special, /*parse_special=*/true);
-
-  // Cut the rendered text around each risky text: template parts parse special tokens, the
-  // client's text does not.
-  std::vector<int32_t> out;
-  size_t cursor = 0;
-  bool first = true;
-  auto append = [&](std::string_view piece, bool parse_special) {
-    if (piece.empty()) return;
-    const std::vector<int32_t> ids = tok.encode(piece, add_special && first, parse_special);
-    out.insert(out.end(), ids.begin(), ids.end());
-    first = false;
-  };
-  for (const std::string* t : risky) {
-    std::string_view needle = *t;
-    size_t at = rendered.find(needle, cursor);
-    if (at == std::string::npos) {  // templates often trim content
-      const size_t b = needle.find_first_not_of(" \t\r\n");
-      const size_t e = needle.find_last_not_of(" \t\r\n");
-      if (b != std::string_view::npos) needle = needle.substr(b, e - b + 1);
-      at = rendered.find(needle, cursor);
-    }
-    if (at == std::string::npos)
-      invalid_param("messages", "invalid_value",
-                    "a message spells a special token and the chat template changed that text, so it cannot be "
-                    "kept apart from the template's own special tokens");
-    append(std::string_view(rendered).substr(cursor, at - cursor), true);
-    append(needle, false);
-    cursor = at + needle.size();
-  }
-  append(std::string_view(rendered).substr(cursor), true);
-  return out;
+std::vector<int32_t> tokenize_chat(const Tokenizer& tok, const RenderedChat& rendered, bool add_special) {
+  return tok.encode_with_special_spans(rendered.text, add_special, rendered.template_spans);
 }
 
 GenerationPlan parse_chat_request(const json& body, const ServedModel& model) {
@@ -213,39 +226,36 @@ GenerationPlan parse_chat_request(const json& body, const ServedModel& model) {
   const Fields f(body);
   const json* messages = f.get("messages");
   if (!messages) invalid_param("messages", "missing_required_parameter", "'messages' is required");
-  std::vector<std::string> user_texts;
-  const json normalized = normalize_messages(*messages, user_texts);
+  const json normalized = normalize_messages(*messages);
 
   const bool continue_final = f.boolean("continue_final_message").value_or(false);
   const bool add_generation_prompt = f.boolean("add_generation_prompt").value_or(!continue_final);
   if (continue_final && add_generation_prompt)
     invalid_param("continue_final_message", "invalid_value",
                   "'continue_final_message' and 'add_generation_prompt' cannot both be true");
-  json extra = json::object();
-  if (const json* kw = f.get("chat_template_kwargs")) {
-    if (!kw->is_object())
-      invalid_param("chat_template_kwargs", "invalid_type", "'chat_template_kwargs' must be an object, got ",
-                    json_type_name(*kw));
-    extra = *kw;
-  }
-  std::string rendered = render_chat(model, normalized, add_generation_prompt, extra);
+  const json extra = parse_template_kwargs(f.get("chat_template_kwargs"));
+  RenderedChat rendered = render_chat(model, normalized, add_generation_prompt, extra);
   if (continue_final) {
     // End the prompt right after the last message's text, so the model continues it.
     const json& last = normalized.back()["content"];
     const std::string text = last.is_string() ? last.get<std::string>() : std::string();
-    const size_t at = text.empty() ? std::string::npos : rendered.rfind(text);
+    const size_t at = text.empty() ? std::string::npos : rendered.text.rfind(text);
     if (at == std::string::npos)
       invalid_param("continue_final_message", "invalid_value",
                     "the final message's text is not in the rendered prompt; it cannot be continued");
-    rendered.resize(at + text.size());
+    const size_t end = at + text.size();
+    rendered.text.resize(end);
+    auto& spans = rendered.template_spans;  // cut with the text
+    while (!spans.empty() && spans.back().first >= end) spans.pop_back();
+    if (!spans.empty()) spans.back().second = std::min(spans.back().second, end);
   }
 
   GenerationPlan plan;
   plan.endpoint = Endpoint::Chat;
   PromptInput prompt;
-  prompt.tokens = tokenize_chat(*model.tokenizer, rendered, user_texts, f.boolean("add_special_tokens").value_or(false));
+  prompt.tokens = tokenize_chat(*model.tokenizer, rendered, f.boolean("add_special_tokens").value_or(false));
   if (prompt.tokens.empty()) invalid_param("messages", "invalid_value", "the messages render to an empty prompt");
-  prompt.text = std::move(rendered);
+  prompt.text = std::move(rendered.text);
   plan.options = parse_generation_options(body, Endpoint::Chat, model);
   plan.sampling.push_back(
       sampling_for_prompt(plan.options, static_cast<int64_t>(prompt.tokens.size()), model, "messages"));

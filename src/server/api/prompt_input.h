@@ -16,20 +16,31 @@ GenerationPlan parse_completion_request(const json& body, const ServedModel& mod
 // The parsed body of POST /v1/chat/completions.
 GenerationPlan parse_chat_request(const json& body, const ServedModel& model);
 
-// Chat messages, checked and normalized for templates: content parts of type "text" are
-// joined into one string. Returns the normalized messages and, in user_texts, every text a
-// client wrote (for tokenize_chat).
-json normalize_messages(const json& messages, std::vector<std::string>& user_texts);
+// Chat messages, checked and normalized for templates: roles must be one of kChatRoles, content
+// parts of type "text" are joined into one string, and all message text together is at most
+// kMaxPromptBytes (checked before any templating or tokenizing).
+json normalize_messages(const json& messages);
+
+// The roles a chat message may have; any other is a 400 naming it.
+inline constexpr const char* kChatRoles[] = {"system", "user", "assistant", "tool", "developer"};
+
+// chat_template_kwargs, checked: an object of at most kMaxTemplateKwargs keys, none of which
+// shadows a variable the server sets (messages, tools, add_generation_prompt, *_token, ...),
+// nested at most kMaxTemplateKwargsDepth levels and kMaxTemplateKwargsBytes as JSON.
+inline constexpr size_t kMaxTemplateKwargs = 32;
+inline constexpr size_t kMaxTemplateKwargsBytes = 64 * 1024;
+inline constexpr int kMaxTemplateKwargsDepth = 8;
+json parse_template_kwargs(const json* kwargs);
 
 // Renders messages with the model's template: the template's raise_exception (a verdict on the
 // messages) is a 400; any other template failure is the server's, a 500 "chat_template_error".
-std::string render_chat(const ServedModel& model, const json& messages, bool add_generation_prompt,
-                        const json& extra);
+RenderedChat render_chat(const ServedModel& model, const json& messages, bool add_generation_prompt,
+                         const json& extra);
 
-// Tokenizes rendered chat text: the template's own special tokens are parsed as such, but text
-// a client wrote is always plain text, even where it spells a special token (<|im_start|>).
-std::vector<int32_t> tokenize_chat(const Tokenizer& tok, const std::string& rendered,
-                                   const std::vector<std::string>& user_texts, bool add_special);
+// Tokenizes a rendered chat: special tokens are read only in the text the template wrote
+// itself; every client string (role, name, content, kwargs) is plain text, even where it spells
+// <|im_start|>.
+std::vector<int32_t> tokenize_chat(const Tokenizer& tok, const RenderedChat& rendered, bool add_special);
 
 // The `model` field, when given, must name the served model: 404 model_not_found otherwise.
 void check_model_name(const json& body, const ServedModel& model);

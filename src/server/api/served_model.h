@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "template/rendered_chat.h"
+
 namespace tessera {
 class Tokenizer;
 struct EngineConfig;
@@ -13,11 +15,12 @@ struct EngineConfig;
 
 namespace tessera::api {
 
-// Renders chat messages into prompt text (the model's Jinja template, sandboxed). Throws
+// Renders chat messages into prompt text (the model's Jinja template, sandboxed), with the byte
+// spans the template wrote itself: only there are special tokens read (RenderedChat). Throws
 // jinja::RaisedException on raise_exception (the request gets a 400); any other tessera::Error
 // is the template failing (a 500 "chat_template_error").
-using ChatRenderer = std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt,
-                                               const nlohmann::json& extra)>;
+using ChatRenderer = std::function<RenderedChat(const nlohmann::json& messages, bool add_generation_prompt,
+                                                const nlohmann::json& extra)>;
 
 struct ServedModel {
   std::string name;               // the `model` a request must name (--served-model-name)

@@ -15,17 +15,11 @@ http::Response ApiServer::tokenize(const http::Request& request) const {
   std::vector<int32_t> tokens;
   if (const json* messages = f.get("messages")) {
     if (f.has("prompt")) invalid_request("invalid_value", "give either 'prompt' or 'messages', not both");
-    std::vector<std::string> user_texts;
-    const json normalized = normalize_messages(*messages, user_texts);
-    json extra = json::object();
-    if (const json* kw = f.get("chat_template_kwargs")) {
-      if (!kw->is_object())
-        invalid_param("chat_template_kwargs", "invalid_type", "'chat_template_kwargs' must be an object");
-      extra = *kw;
-    }
-    const std::string rendered =
+    const json normalized = normalize_messages(*messages);
+    const json extra = parse_template_kwargs(f.get("chat_template_kwargs"));
+    const RenderedChat rendered =
         render_chat(model_, normalized, f.boolean("add_generation_prompt").value_or(true), extra);
-    tokens = tokenize_chat(tok, rendered, user_texts, f.boolean("add_special_tokens").value_or(false));
+    tokens = tokenize_chat(tok, rendered, f.boolean("add_special_tokens").value_or(false));
   } else {
     const std::optional<std::string> prompt = f.string("prompt", kMaxPromptBytes);
     if (!prompt) invalid_param("prompt", "missing_required_parameter", "'prompt' (or 'messages') is required");

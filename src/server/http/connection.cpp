@@ -1,6 +1,8 @@
 #include "server/http/connection.h"
 
 #include <boost/asio/post.hpp>
+
+#include <string_view>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/field.hpp>
@@ -184,8 +186,28 @@ void Connection::on_read(const error_code& ec, size_t n) {
   }
 }
 
+namespace {
+// Whether the request header (up to the first CRLF CRLF) has a line ending in a bare LF.
+// Beast waits for CRLF CRLF and would sit on such a request until the read timeout; the
+// contract answers 400 at once.
+bool header_has_bare_lf(std::string_view data) {
+  const size_t end = data.find("\r\n\r\n");
+  const std::string_view head = data.substr(0, end);
+  for (size_t i = head.find('\n'); i != std::string_view::npos; i = head.find('\n', i + 1))
+    if (i == 0 || head[i - 1] != '\r') return true;
+  return false;
+}
+}  // namespace
+
 void Connection::parse() {
   while (phase_ == Phase::ReadRequest) {
+    if (!parser_->is_header_done() && inbuf_.size() > 0) {
+      const auto data = inbuf_.data();
+      if (header_has_bare_lf(std::string_view(static_cast<const char*>(data.data()), data.size()))) {
+        reject(400, "malformed line ending: a header line ends in a bare LF (lines end with CRLF)");
+        return;
+      }
+    }
     if (parser_->is_header_done() && !header_checked_) {
       header_checked_ = true;
       if (!check_header()) return;

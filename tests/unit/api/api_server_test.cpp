@@ -144,7 +144,7 @@ class ApiServerTest : public ::testing::Test {
     const auto ex = call("POST", "/v1/chat/completions", kChat);
     EXPECT_EQ(ex->response().status, 200) << ex->response().body;
     // A refusal while preparing still answers its 400 and is recorded.
-    expect_error(*call("POST", "/v1/chat/completions", json{{"messages", {{{"role", "raise"}, {"content", "x"}}}}}),
+    expect_error(*call("POST", "/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "raise!"}}}}}),
                  400, "invalid_value");
     std::lock_guard lock(mutex_);
     EXPECT_EQ(rejections_.size(), 1u);
@@ -562,4 +562,19 @@ TEST_F(ApiServerTest, PerKeyLimitGives429BeforeHeadersAndDrainingGives503) {
   std::lock_guard lock(mutex_);
   EXPECT_NE(std::find(rejections_.begin(), rejections_.end(), std::pair<int, std::string>{429, "tenant_limit"}),
             rejections_.end());
+}
+
+// Two Authorization headers are ambiguous: 400 before the body is read, whatever they hold.
+TEST_F(ApiServerTest, TwoAuthorizationHeadersAre400) {
+  start({}, {"sk-one", "sk-two"});
+  http::Request req;
+  req.method = "POST";
+  req.target = req.path = "/v1/chat/completions";
+  req.headers = {{"authorization", "Bearer sk-one"}, {"authorization", "Bearer sk-two"}};
+  const std::optional<http::Response> r = api_->filter_headers(req);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("more than one Authorization header"), std::string::npos) << r->body;
+  req.headers = {{"authorization", "bearer sk-one"}};  // one, with the scheme in lower case
+  EXPECT_FALSE(api_->filter_headers(req));
 }

@@ -24,20 +24,35 @@ inline const tessera::Tokenizer& smollm2_tokenizer() {
   return *tok;
 }
 
-// SmolLM2's template: a default system turn, then <|im_start|>role\ncontent<|im_end|>\n.
-inline std::string chatml(const nlohmann::json& messages, bool add_generation_prompt, const nlohmann::json&) {
-  std::string out;
+// SmolLM2's template: a default system turn, then <|im_start|>role\ncontent<|im_end|>\n. The
+// template's own text is marked as such (RenderedChat::template_spans); roles and contents are
+// data. Content "raise!" fails as a template's raise_exception would.
+inline tessera::RenderedChat chatml(const nlohmann::json& messages, bool add_generation_prompt,
+                                    const nlohmann::json&) {
+  tessera::RenderedChat out;
+  auto put = [&](const std::string& text, bool by_template) {
+    if (by_template && !text.empty()) {
+      if (!out.template_spans.empty() && out.template_spans.back().second == out.text.size())
+        out.template_spans.back().second += text.size();
+      else
+        out.template_spans.emplace_back(out.text.size(), out.text.size() + text.size());
+    }
+    out.text += text;
+  };
   if (messages.empty() || messages[0]["role"] != "system")
-    out += "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
+    put("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n", true);
   for (const auto& m : messages) {
-    if (m["role"] == "raise")  // a template's raise_exception: a verdict on the messages
+    if (m["content"] == "raise!")  // a template's raise_exception: a verdict on the messages
       throw tessera::jinja::RaisedException(tessera::jinja::SourcePos{1, 1}, "roles must alternate");
-    if (m["role"] == "template_bug")  // the template failing on its own (a runtime error)
+    if (m["content"] == "template_bug!")  // the template failing on its own (a runtime error)
       throw tessera::Error("chat template: line 3, column 7: 'dict object' has no attribute 'x'");
-    out += "<|im_start|>" + m["role"].get<std::string>() + "\n" +
-           (m["content"].is_string() ? m["content"].get<std::string>() : std::string()) + "<|im_end|>\n";
+    put("<|im_start|>", true);
+    put(m["role"].get<std::string>(), false);
+    put("\n", true);
+    put(m["content"].is_string() ? m["content"].get<std::string>() : std::string(), false);
+    put("<|im_end|>\n", true);
   }
-  if (add_generation_prompt) out += "<|im_start|>assistant\n";
+  if (add_generation_prompt) put("<|im_start|>assistant\n", true);
   return out;
 }
 

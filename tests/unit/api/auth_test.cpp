@@ -30,6 +30,14 @@ TEST(ApiAuth, BearerKeysGiveDistinctTenants) {
   EXPECT_FALSE(keys.authenticate("Bearer sk-alph"));
   EXPECT_FALSE(keys.authenticate("Bearer sk-alphaX"));
   EXPECT_FALSE(keys.authenticate("Bearer "));
+  EXPECT_FALSE(keys.authenticate("Bearersk-alpha"));
+  EXPECT_FALSE(keys.authenticate("Bear sk-alpha"));
+  // The scheme is case-insensitive (RFC 9110 11.1), and spaces may separate it from the key.
+  for (const char* v : {"bearer sk-alpha", "BEARER sk-alpha", "bEaReR  sk-alpha", "Bearer\tsk-alpha"}) {
+    const auto t = keys.authenticate(v);
+    ASSERT_TRUE(t) << v;
+    EXPECT_EQ(t->salt, sha256_hex("sk-alpha")) << v;
+  }
   const auto a = keys.authenticate("Bearer sk-alpha");
   const auto b = keys.authenticate("Bearer sk-beta");
   ASSERT_TRUE(a && b);

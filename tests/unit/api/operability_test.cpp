@@ -255,11 +255,11 @@ TEST_F(OperabilityTest, AccessLogHasOneLinePerRequestWithoutTheKey) {
 
 TEST_F(OperabilityTest, TheModelsOwnTemplateFailingIsAServerError) {
   start();
-  auto chat = [&](const char* role) {
-    return call("POST", "/v1/chat/completions", json{{"messages", {{{"role", role}, {"content", "x"}}}}});
+  auto chat = [&](const char* content) {
+    return call("POST", "/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", content}}}}});
   };
-  expect_error(*chat("raise"), 400, "invalid_value", "messages");  // the template judged the messages
-  const auto bug = chat("template_bug");
+  expect_error(*chat("raise!"), 400, "invalid_value", "messages");  // the template judged the messages
+  const auto bug = chat("template_bug!");
   expect_error(*bug, 500, "chat_template_error");
   EXPECT_EQ(bug->json()["error"]["type"], "server_error");
 }

@@ -205,7 +205,7 @@ TEST(ApiRequestParams, ChatInvalidCases) {
       {R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages[0].content", "invalid_type"},
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})", 400,
        "messages[0].content[0].type", "invalid_value"},
-      {R"({"messages": [{"role": "raise", "content": "x"}]})", 400, "messages", "invalid_value"},
+      {R"({"messages": [{"role": "user", "content": "raise!"}]})", 400, "messages", "invalid_value"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2})", 400, "logprobs", "invalid_type"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})", 400, "top_logprobs",
        "invalid_value"},
@@ -230,7 +230,7 @@ TEST(ApiRequestParams, ChatRendersTemplateAndKeepsUserSpecialTokensPlain) {
       json::parse(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                       "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 2})"),
       model);
-  const std::string rendered = api_test::chatml(json::parse(R"([{"role":"user","content":"Hi"}])"), true, {});
+  const std::string rendered = api_test::chatml(json::parse(R"([{"role":"user","content":"Hi"}])"), true, {}).text;
   EXPECT_EQ(p.prompts[0].tokens, tok.encode(rendered, false, true));
   EXPECT_EQ(p.sampling[0].max_tokens, 5);
   EXPECT_TRUE(p.options.logprobs);
@@ -245,7 +245,7 @@ TEST(ApiRequestParams, ChatRendersTemplateAndKeepsUserSpecialTokensPlain) {
   EXPECT_EQ(std::count(ids.begin(), ids.end(), im_start), 3);
   const std::vector<int32_t> plain = tok.encode(evil, false, false);
   EXPECT_NE(std::search(ids.begin(), ids.end(), plain.begin(), plain.end()), ids.end());
-  EXPECT_EQ(tok.decode(ids, false), api_test::chatml(json{{{"role", "user"}, {"content", evil}}}, true, {}));
+  EXPECT_EQ(tok.decode(ids, false), api_test::chatml(json{{{"role", "user"}, {"content", evil}}}, true, {}).text);
 }
 
 TEST(ApiRequestParams, PriorityIsParsed) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "format/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace tessera;
 
@@ -525,8 +526,11 @@ TEST(GGUFTokenizerChecks, RejectsInconsistentVocabularies) {
   b.strings("tokenizer.ggml.tokens", {"a", "b", "c"}).u32("tokenizer.ggml.eos_token_id", 3);
   check(b, "key 'tokenizer.ggml.eos_token_id': token id 3 is outside the vocabulary [0, 3)");
   b = GGUFBuilder();
-  b.strings("tokenizer.ggml.tokens", {"a", "b", "c"}).i32("tokenizer.ggml.padding_token_id", -1);
-  check(b, "token id -1 is outside");
+  b.strings("tokenizer.ggml.tokens", {"a", "b", "c"}).u32("tokenizer.ggml.bos_token_id", 1000000000);
+  check(b, "key 'tokenizer.ggml.bos_token_id': token id 1000000000 is outside the vocabulary [0, 3)");
+  b = GGUFBuilder();
+  b.strings("tokenizer.ggml.tokens", {"a", "b", "c"}).i32("tokenizer.ggml.eot_token_id", -1);
+  check(b, "key 'tokenizer.ggml.eot_token_id': token id -1 is outside");
   b = GGUFBuilder();
   b.strings("tokenizer.ggml.tokens", {"a"}).string("tokenizer.ggml.bos_token_id", "1");
   check(b, "'tokenizer.ggml.bos_token_id' has type string");
@@ -537,10 +541,48 @@ TEST(GGUFTokenizerChecks, RejectsInconsistentVocabularies) {
   b.u32("tokenizer.ggml.bos_token_id", 0);
   check(b, "missing key 'tokenizer.ggml.tokens'");
   b = GGUFBuilder();
-  b.strings("tokenizer.ggml.tokens", {"a"}).i32s("tokenizer.ggml.scores", {0});
-  check(b, "'tokenizer.ggml.scores' has type array of i32");
+  b.strings("tokenizer.ggml.tokens", {"a"}).strings("tokenizer.ggml.scores", {"0"});
+  check(b, "'tokenizer.ggml.scores' has type array of string");
+  b = GGUFBuilder();
+  b.strings("tokenizer.ggml.tokens", {"a", "b"}).i32s("tokenizer.ggml.scores", {0});
+  check(b, "key 'tokenizer.ggml.scores' has 1 entries but 'tokenizer.ggml.tokens' has 2");
+  // Optional ids outside the vocabulary are the tokenizer's to warn about and reset; i32
+  // scores are what some converters write.
+  b = GGUFBuilder();
+  b.strings("tokenizer.ggml.tokens", {"a", "b", "c"})
+      .i32("tokenizer.ggml.padding_token_id", -1)
+      .u32("tokenizer.ggml.unknown_token_id", 3)
+      .i32s("tokenizer.ggml.scores", {0, 1, 2});
+  EXPECT_NO_THROW(validate_tokenizer_metadata(*parse_ok(b.build())));
   // Keys that merely look similar are not token ids.
   b = GGUFBuilder();
   b.strings("tokenizer.ggml.tokens", {"a"}).u32("general.bos_token_id", 99).u32("tokenizer.ggml._token_id", 99);
   EXPECT_NO_THROW(validate_tokenizer_metadata(*parse_ok(b.build())));
 }
+
+namespace tessera {
+namespace {
+// The tokenizer runs the checks: a bad EOS or BOS never reaches serving (issue 20).
+TEST(GGUFTokenizerChecks, TokenizerFromGgufRejectsBadRequiredIds) {
+  for (const auto& [key, value] : {std::pair<std::string, uint32_t>{"tokenizer.ggml.eos_token_id", 1000000000},
+                                   {"tokenizer.ggml.bos_token_id", 3}}) {
+    GGUFBuilder b;
+    b.string("tokenizer.ggml.model", "gpt2")
+        .strings("tokenizer.ggml.tokens", {"a", "b", "c"})
+        .strings("tokenizer.ggml.merges", {})
+        .u32(key, value);
+    const auto bytes = b.build();
+    const auto f = parse_ok(bytes);
+    try {
+      Tokenizer::from_gguf(*f);
+      ADD_FAILURE() << key << " = " << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("key '" + key + "': token id " + std::to_string(value) +
+                                           " is outside the vocabulary [0, 3)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+}  // namespace
+}  // namespace tessera

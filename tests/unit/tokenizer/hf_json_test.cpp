@@ -1,6 +1,7 @@
 // tokenizer.json loading against the Hugging Face `tokenizers` library. The tokenizer.json is
 // built here from the SmolLM2 GGUF (vocabulary and merges) and the fixture's skeleton, the same
 // way the fixture generator built the one it gave to `tokenizers`.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -118,6 +119,22 @@ TEST(TokenizerHfJson, ReadsTokenizerConfig) {
   EXPECT_EQ(tok->encode("<s>hello", false, true), (std::vector<int32_t>{260, 259}));
   EXPECT_EQ(tok->decode(std::vector<int32_t>{260, 259, 261}, true), "hello");
   EXPECT_EQ(tok->decode(std::vector<int32_t>{260, 259, 261}, false), "<s>hello</s>");
+}
+
+// The tokenizer.json path honours special spans too (chat prompts from tokenizer.json models).
+TEST(TokenizerHfJson, SpecialSpansGateControlTokens) {
+  TempDir dir;
+  const auto tok = Tokenizer::from_hf_json(dir.write("tokenizer.json", tiny_tokenizer_json().dump()));
+  using Spans = std::vector<std::pair<size_t, size_t>>;
+  const std::string text = "<s>hello<s>";
+  std::vector<int32_t> expected{260};
+  for (const int32_t id : tok->encode("hello<s>", false, false)) expected.push_back(id);
+  EXPECT_EQ(tok->encode_with_special_spans(text, false, Spans{{0, 3}}), expected);
+  EXPECT_EQ(std::count(expected.begin(), expected.end(), 260), 1);
+  EXPECT_EQ(tok->encode_with_special_spans(text, false, Spans{{0, text.size()}}), tok->encode(text, false, true));
+  // Ill-formed UTF-8 is replaced first, which moves bytes: then no control token is read.
+  const std::string bad = "<s>\xff<s>";
+  EXPECT_EQ(tok->encode_with_special_spans(bad, false, Spans{{0, 3}}), tok->encode(bad, false, false));
 }
 
 TEST(TokenizerHfJson, RejectsWhatItCannotHonour) {

@@ -92,11 +92,36 @@ TEST(TokenizerUnit, EndOfGenerationByName) {
   EXPECT_EQ(tok->eos_id(), 257);
 }
 
-TEST(TokenizerUnit, SpecialIdsOutsideTheVocabularyKeepDefaults) {
+TEST(TokenizerUnit, RequiredSpecialIdsOutsideTheVocabularyAreRejected) {
+  const auto spec0 = byte_level_spec({}, {});
+  const int64_t n = static_cast<int64_t>(spec0.tokens.size());
+  for (const auto& [key, value] : {std::pair<std::string, int64_t>{"bos", n}, {"eos", 1000000000}, {"eot", -5},
+                                   {"eom", n + 1}}) {
+    auto spec = spec0;
+    spec.special_ids[key] = value;
+    try {
+      Tokenizer::from_spec(spec);
+      ADD_FAILURE() << key << " = " << value << " accepted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("'tokenizer.ggml." + key + "_token_id' is " + std::to_string(value)), std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("[0, " + std::to_string(n) + ")"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(TokenizerUnit, OptionalSpecialIdsOutsideTheVocabularyKeepDefaults) {
   auto spec = byte_level_spec({}, {});
-  spec.special_ids["bos"] = 999999;
+  const int64_t n = static_cast<int64_t>(spec.tokens.size());
+  spec.special_ids["unknown"] = n;  // llama.cpp warns and keeps the default
+  spec.special_ids["padding"] = 1000000000;
+  spec.special_ids["mask"] = -1;
+  spec.special_ids["bos"] = 5;
   const auto tok = Tokenizer::from_spec(spec);
-  EXPECT_EQ(tok->bos_id(), 11);  // llama.cpp's BPE default, kept when the file's id is bad
+  EXPECT_EQ(tok->bos_id(), 5);
+  for (int32_t id = 0; id < tok->vocab_size(); ++id) ASSERT_NO_THROW(tok->token_attr(id));
+  EXPECT_FALSE(tok->is_special(static_cast<int32_t>(n)));
 }
 
 TEST(TokenizerUnit, RejectsWhatItCannotTokenize) {
