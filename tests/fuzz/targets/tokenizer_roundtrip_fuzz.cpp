@@ -2,10 +2,13 @@
 // (Gemma 3) vocabulary. The first byte picks the vocabulary and the flags; the rest is text.
 //   - encode never throws, for any bytes (invalid UTF-8 is accepted, docs/design/tokenizer.md);
 //   - every id it returns is inside the vocabulary;
-//   - byte-level BPE, user text (no special parsing, no BOS/EOS): decode(encode(s)) == s;
+//   - byte-level BPE, user text (no special parsing, no BOS/EOS), well-formed UTF-8 without the
+//     ASCII bytes the vocabulary has no token for (dropped, as llama.cpp drops them; SmolLM2
+//     lacks 0x04, 0x13 and a few more, docs/design/tokenizer.md): decode(encode(s)) == s;
 //   - decode of arbitrary in-range ids never throws; out-of-range ids throw tessera::Error.
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <cstring>
 #include <span>
 #include <string_view>
@@ -13,6 +16,7 @@
 
 #include "core/error.h"
 #include "fuzz_models.h"
+#include "tokenizer/unicode.h"
 
 namespace {
 const tessera::fuzz::LoadedTokenizer& bpe() {
@@ -23,11 +27,28 @@ const tessera::fuzz::LoadedTokenizer& spm() {
   static const tessera::fuzz::LoadedTokenizer t = tessera::fuzz::load_tokenizer(tessera::fuzz::kSpmModel);
   return t;
 }
+// ASCII bytes that encode to nothing on their own: the vocabulary has no token for them.
+const std::array<bool, 128>& vanishing_bytes() {
+  static const std::array<bool, 128> v = [] {
+    std::array<bool, 128> out{};
+    for (int b = 0; b < 128; ++b) out[b] = bpe().tokenizer->encode(std::string(1, char(b)), false, false).empty();
+    return out;
+  }();
+  return v;
+}
+
+bool round_trip_expected(std::string_view text) {
+  if (!tessera::is_valid_utf8(text)) return false;
+  for (unsigned char c : text)
+    if (c < 128 && vanishing_bytes()[c]) return false;
+  return true;
+}
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   bpe();
   spm();
+  vanishing_bytes();
   return 0;
 }
 
@@ -45,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int32_t id : ids)
     if (id < 0 || id >= vocab) __builtin_trap();
   const std::string decoded = tok.decode(ids, /*skip_special=*/false);
-  if (!use_spm && !add_special && !parse_special && decoded != text) __builtin_trap();
+  if (!use_spm && !add_special && !parse_special && round_trip_expected(text) && decoded != text) __builtin_trap();
 
   if (mode & 8) {  // the input as raw ids
     std::vector<int32_t> raw;
