@@ -132,7 +132,8 @@ def one_request(client: Client, rng: random.Random, tally: Tally) -> None:
                     "messages": [{"role": "user", "content": "Tell me a very long story."}]}
             status, (conn, resp) = client.post("/v1/chat/completions", json.dumps(body), read=False)
             resp.readline()  # the first event line, then hang up mid-stream
-            conn.sock.shutdown(2) if conn.sock else None
+            if conn.sock:
+                conn.sock.shutdown(2)  # both directions, as a client that dies does
             conn.close()
         else:
             kind, status = bad_request(client, rng)
@@ -342,6 +343,8 @@ def main() -> int:
         "by_status": {str(k): v for k, v in sorted(tally.by_status.items())},
         "by_kind": dict(sorted(tally.by_kind.items())),
         "finished_by_reason": finish,
+        "refused_by_status_reason": {f"{labels.get('status')} {labels.get('reason')}": int(v)
+                                     for n, labels, v in samples if n == "tessera:requests_rejected_total"},
         "generation_tokens": int(metric(samples, "vllm:generation_tokens_total")),
         "prompt_tokens": int(metric(samples, "vllm:prompt_tokens_total")),
         "rss_mib": {"start": round(rss[0][1], 1), "warmup_peak": round(max(warm), 1),
