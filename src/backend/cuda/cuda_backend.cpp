@@ -435,7 +435,7 @@ void CudaBackend::add_rms_norm_swiglu_ffn(const float* x, const float* residual,
   if (n_rows != 1 || gate.w.dtype != up.w.dtype || !cuda::gemv_bulk_applies(gate.w.dtype, dim, in) ||
       !cuda::gemv_bulk_applies(down.w.dtype, n_ff, plain))
     return Backend::add_rms_norm_swiglu_ffn(x, residual, w, x_out, xn, n_rows, dim, eps, gate, up, h, down);
-  const MatmulTarget gate_up[] = {gate, up}, out[] = {down};
+  const MatmulTarget gate_up[] = {gate, up};
   cuda::OpScope op_scope(profiler_.get(),
                          [&] { return "add_rms_norm + " + matmul_op_name(n_rows, gate_up) + " + swiglu"; });
   const cuda::GemvTarget g[] = {{gate.w.data, gate.y, gate.ldy, gate.w.rows}, {up.w.data, up.y, up.ldy, up.w.rows}};

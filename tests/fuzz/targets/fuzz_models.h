@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::fuzz {

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::unique_ptr<tessera::GGUFFile> file;

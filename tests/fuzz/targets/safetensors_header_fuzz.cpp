@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::unique_ptr<tessera::SafetensorsFile> file;

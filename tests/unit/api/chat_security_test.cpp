@@ -135,7 +135,11 @@ TEST(ChatSecurity, KwargsSizeAndDepthAreBounded) {
   EXPECT_EQ(param_of({{"note", deep}}), "chat_template_kwargs");
   EXPECT_EQ(param_of({{"note", std::string(kMaxTemplateKwargsBytes + 1, 'a')}}), "chat_template_kwargs");
   json wide = json::object();
-  for (size_t i = 0; i <= kMaxTemplateKwargs; ++i) wide["k" + std::to_string(i)] = 1;
+  for (size_t i = 0; i <= kMaxTemplateKwargs; ++i) {
+    std::string key = "k";  // appended, not "k" + ...: GCC 12 false -Wrestrict (PR 105329)
+    key += std::to_string(i);
+    wide[key] = 1;
+  }
   EXPECT_EQ(param_of(wide), "chat_template_kwargs");
   // Within bounds they reach the template.
   EXPECT_NO_THROW(parse_chat_request(json{{"messages", messages}, {"chat_template_kwargs", {{"note", "ok"}}}}, model));

@@ -99,7 +99,9 @@ class OperabilityTest : public ::testing::Test {
     const json j = json::parse(r.body);
     ASSERT_TRUE(j.contains("error")) << r.body;
     EXPECT_EQ(j["error"]["code"], code) << r.body;
-    if (param) EXPECT_EQ(j["error"]["param"], param) << r.body;
+    if (param) {
+      EXPECT_EQ(j["error"]["param"], param) << r.body;
+    }
   }
   std::vector<AccessRecord> access_log() {
     std::lock_guard lock(mutex_);

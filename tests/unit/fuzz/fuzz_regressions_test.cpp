@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/gguf.h"
-#include "model/safetensors.h"
+#include "format/gguf.h"
+#include "format/safetensors.h"
 #include "test_model.h"
 #include "tokenizer/tokenizer.h"
 

@@ -17,11 +17,19 @@ std::string marked(const Rendered& r) {
   std::string out;
   size_t at = 0;
   for (const auto& [b, e] : r.trusted) {
-    if (b > at) out += "[" + r.text.substr(at, b - at) + "]";
+    if (b > at) {  // appended piece by piece: GCC 12 false -Wrestrict (PR 105329) on "[" + ...
+      out += '[';
+      out += r.text.substr(at, b - at);
+      out += ']';
+    }
     out += r.text.substr(b, e - b);
     at = e;
   }
-  if (at < r.text.size()) out += "[" + r.text.substr(at) + "]";
+  if (at < r.text.size()) {
+    out += '[';
+    out += r.text.substr(at);
+    out += ']';
+  }
   return out;
 }
 
