@@ -55,6 +55,8 @@ def parse_args() -> argparse.Namespace:
     # The default pool (40% of memory) is touched page by page as the prefix cache fills it,
     # which reads as RSS growth for hours; a small pool is fully touched during warm-up.
     p.add_argument("--kv-cache-memory", default="128M", help="KV cache budget (--kv-cache-memory)")
+    # The server refuses to start when the pool cannot hold one sequence of --max-model-len.
+    p.add_argument("--max-model-len", default="2048", help="context per sequence (--max-model-len)")
     p.add_argument("--warmup-fraction", type=float, default=0.2, help="share of the run before RSS must be flat")
     p.add_argument("--rss-slack-mib", type=float, default=16.0)
     p.add_argument("--seed", type=int, default=20)
@@ -238,7 +240,7 @@ def start_server(args) -> tuple[subprocess.Popen, int, list[str]]:
     keys = [f"soak-worker-{i}" for i in range(args.workers)] + [QUOTA_KEY]
     cmd = [args.binary, "serve", "--model", args.model, "--port", "0", "-t", str(args.threads),
            "--max-requests-per-tenant", "2", "--served-model-name", MODEL_NAME,
-           "--kv-cache-memory", args.kv_cache_memory]
+           "--kv-cache-memory", args.kv_cache_memory, "--max-model-len", args.max_model_len]
     for k in keys:
         cmd += ["--api-key", k]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -254,7 +256,8 @@ def start_server(args) -> tuple[subprocess.Popen, int, list[str]]:
     port = int(m.group(1))
     for _ in range(240):
         try:
-            if '"ok"' in get(port, "/health"):
+            # /ready, not /health: the listener opens before the model is loaded.
+            if '"ready"' in get(port, "/ready"):
                 break
         except OSError:
             pass
