@@ -22,8 +22,10 @@ configure() {
   # GCC warns on every std::atomic_thread_fence (Boost.Asio's fenced blocks) that TSan does not
   # model fences; said once here instead of a thousand lines of build log.
   [ "$sanitize" = thread ] && flags="$flags -Wno-tsan"
+  # -Werror off here: GCC 12's -O1 + sanitizer instrumentation gives false -Wstringop-overflow
+  # (e.g. tests/unit/format/gguf_test.cpp); the Release build enforces warnings.
   if [ ! -f "$dir/build.ninja" ]; then
-    cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DTESSERA_CUDA=OFF \
+    cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DTESSERA_CUDA=OFF -DTESSERA_WERROR=OFF \
       -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
       -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=$sanitize" >/dev/null
   fi

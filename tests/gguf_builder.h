@@ -36,7 +36,7 @@ class Bytes {
 class GGUFBuilder {
  public:
   uint32_t version = 3;
-  uint64_t padding_alignment = 32;         // how the data section is placed (not the key)
+  uint64_t padding_alignment = 32;                  // how the data section is placed (not the key)
   std::optional<uint64_t> tensor_count, key_count;  // override the true counts
 
   // Key and type; the caller writes the value into kv().
@@ -46,11 +46,26 @@ class GGUFBuilder {
     ++n_kv_;
     return kv_;
   }
-  GGUFBuilder& u32(std::string_view k, uint32_t v) { key(k, GGUFType::U32).put(v); return *this; }
-  GGUFBuilder& i32(std::string_view k, int32_t v) { key(k, GGUFType::I32).put(v); return *this; }
-  GGUFBuilder& f32(std::string_view k, float v) { key(k, GGUFType::F32).put(v); return *this; }
-  GGUFBuilder& boolean(std::string_view k, bool v) { key(k, GGUFType::BOOL).put<uint8_t>(v); return *this; }
-  GGUFBuilder& string(std::string_view k, std::string_view v) { key(k, GGUFType::STRING).str(v); return *this; }
+  GGUFBuilder& u32(std::string_view k, uint32_t v) {
+    key(k, GGUFType::U32).put(v);
+    return *this;
+  }
+  GGUFBuilder& i32(std::string_view k, int32_t v) {
+    key(k, GGUFType::I32).put(v);
+    return *this;
+  }
+  GGUFBuilder& f32(std::string_view k, float v) {
+    key(k, GGUFType::F32).put(v);
+    return *this;
+  }
+  GGUFBuilder& boolean(std::string_view k, bool v) {
+    key(k, GGUFType::BOOL).put<uint8_t>(v);
+    return *this;
+  }
+  GGUFBuilder& string(std::string_view k, std::string_view v) {
+    key(k, GGUFType::STRING).str(v);
+    return *this;
+  }
   GGUFBuilder& strings(std::string_view k, const std::vector<std::string>& v) {
     Bytes& b = key(k, GGUFType::ARRAY);
     b.put(static_cast<uint32_t>(GGUFType::STRING));
@@ -73,8 +88,8 @@ class GGUFBuilder {
     return *this;
   }
   // A tensor whose data occupies [offset, offset + n_bytes) of the data section.
-  GGUFBuilder& tensor(std::string_view name, const std::vector<uint64_t>& dims, uint32_t type,
-                      uint64_t offset, uint64_t n_bytes) {
+  GGUFBuilder& tensor(std::string_view name, const std::vector<uint64_t>& dims, uint32_t type, uint64_t offset,
+                      uint64_t n_bytes) {
     ti_.str(name);
     ti_.put<uint32_t>(static_cast<uint32_t>(dims.size()));
     for (uint64_t d : dims) ti_.put(d);
@@ -94,7 +109,10 @@ class GGUFBuilder {
     payload_.insert(payload_.end(), p, p + 4 * v.size());
     return tensor(name, dims, kF32, offset, 4 * v.size());
   }
-  Bytes& raw_tensor_infos() { ++n_ti_; return ti_; }
+  Bytes& raw_tensor_infos() {
+    ++n_ti_;
+    return ti_;
+  }
   void set_data_size(uint64_t n) { data_size_ = n; }
 
   std::vector<uint8_t> build() const {

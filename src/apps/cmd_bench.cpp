@@ -52,9 +52,9 @@ struct PeerResult {
 PeerResult run_peer(const BenchArgs& a, const std::string& model_path, int threads, int reps) {
   PeerResult r;
   const std::string json_path = "/tmp/tessera-peer-" + std::to_string(::getpid()) + ".json";
-  const std::string cmd = "'" + a.peer_python + "' '" + a.peer_script + "' --model '" + model_path +
-                          "' --threads " + std::to_string(threads) + " --pp " + std::to_string(std::max(1, a.n_prompt)) +
-                          " --tg " + std::to_string(std::max(1, a.n_gen)) + " --reps " + std::to_string(reps) +
+  const std::string cmd = "'" + a.peer_python + "' '" + a.peer_script + "' --model '" + model_path + "' --threads " +
+                          std::to_string(threads) + " --pp " + std::to_string(std::max(1, a.n_prompt)) + " --tg " +
+                          std::to_string(std::max(1, a.n_gen)) + " --reps " + std::to_string(reps) +
                           " --batched --json '" + json_path + "' > /dev/null 2>&1";
   if (std::system(cmd.c_str()) != 0) {
     std::fprintf(stderr, "[bench] peer run failed: %s\n", cmd.c_str());
@@ -183,13 +183,15 @@ void run_bench(const BenchArgs& a) {
   if (session.backend().name() == "cuda") {
     // The device's own ceilings (copy bandwidth, bf16 tensor-core rate), measured now.
     const DeviceCeilings dc = measure_cuda_ceilings(session.backend());
-    std::printf("\nfloor: device copy bandwidth %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured) -> decode <= %.1f tok/s "
-                "reading %.1f MB per token, prefill <= %.0f tok/s (matrices only)\n",
-                dc.copy_bytes_per_s / 1e9, dc.bf16_flops_per_s / 1e12, dc.copy_bytes_per_s / session.weights().weight_bytes,
-                session.weights().weight_bytes / 1e6, dc.bf16_flops_per_s / (2.0 * c.n_params()));
+    std::printf(
+        "\nfloor: device copy bandwidth %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured) -> decode <= %.1f tok/s "
+        "reading %.1f MB per token, prefill <= %.0f tok/s (matrices only)\n",
+        dc.copy_bytes_per_s / 1e9, dc.bf16_flops_per_s / 1e12, dc.copy_bytes_per_s / session.weights().weight_bytes,
+        session.weights().weight_bytes / 1e6, dc.bf16_flops_per_s / (2.0 * c.n_params()));
   } else {
-    std::printf("\nfloor: memory read bandwidth %.1f GB/s (measured) -> decode <= %.1f tok/s reading %.1f MB per token\n",
-                bw / 1e9, bw / session.weights().weight_bytes, session.weights().weight_bytes / 1e6);
+    std::printf(
+        "\nfloor: memory read bandwidth %.1f GB/s (measured) -> decode <= %.1f tok/s reading %.1f MB per token\n",
+        bw / 1e9, bw / session.weights().weight_bytes, session.weights().weight_bytes / 1e6);
   }
   if (!pp.empty())
     std::printf("prefill: %.2f GFLOP per token -> %.1f GFLOP/s achieved\n", 2.0 * c.n_params() / 1e9,
@@ -208,9 +210,10 @@ void add_bench(CLI::App& app) {
   model->add_option("-n,--n-gen", a->n_gen, "generated tokens (tg test)")->capture_default_str();
   model->add_option("-r,--reps", a->reps, "repetitions")->capture_default_str();
   model->add_option("--seed", a->model.seed, "dummy weight seed")->capture_default_str();
-  model->add_option("--peer", a->peer_python,
-                    "Python with llama-cpp-python: measure llama.cpp on the same file, one of its repetitions after each of "
-                    "tessera's, and report the median of the per-pair ratios");
+  model->add_option(
+      "--peer", a->peer_python,
+      "Python with llama-cpp-python: measure llama.cpp on the same file, one of its repetitions after each of "
+      "tessera's, and report the median of the per-pair ratios");
   model->add_option("--peer-script", a->peer_script, "the peer's bench script")->capture_default_str();
   model->callback([a] {
     TESSERA_CHECK(a->reps >= 1 && a->n_prompt >= 0 && a->n_gen >= 0, "bench: bad counts");
@@ -225,8 +228,9 @@ void add_bench(CLI::App& app) {
     std::string out;
   };
   auto o = std::make_shared<OfflineArgs>();
-  CLI::App* offline = bench->add_subcommand("offline", "many requests through the serving engine in-process: "
-                                                       "requests/s, tokens/s and TTFT per concurrency");
+  CLI::App* offline = bench->add_subcommand("offline",
+                                            "many requests through the serving engine in-process: "
+                                            "requests/s, tokens/s and TTFT per concurrency");
   o->model.add_to(*offline);
   o->engine.add_to(*offline);
   offline->add_option("--requests", o->bench.n_requests, "requests per run")->capture_default_str();
@@ -262,9 +266,12 @@ void add_bench(CLI::App& app) {
     });
     std::printf("%s\n", bench::format_offline_table(rows).c_str());
     if (!o->out.empty()) {
-      const nlohmann::json config = {{"model", o->model.model},         {"device", o->model.device},
-                                     {"threads", o->model.threads},     {"requests", o->bench.n_requests},
-                                     {"prompt_tokens", o->bench.prompt_tokens}, {"gen_tokens", o->bench.gen_tokens},
+      const nlohmann::json config = {{"model", o->model.model},
+                                     {"device", o->model.device},
+                                     {"threads", o->model.threads},
+                                     {"requests", o->bench.n_requests},
+                                     {"prompt_tokens", o->bench.prompt_tokens},
+                                     {"gen_tokens", o->bench.gen_tokens},
                                      {"shared_prefix_tokens", o->bench.shared_prefix_tokens}};
       std::ofstream f(o->out);
       TESSERA_CHECK(f.good(), "bench offline: cannot write ", o->out);

@@ -19,7 +19,7 @@ namespace {
 
 struct ServeArgs {
   std::string base_url = "http://127.0.0.1:8000";
-  std::string workload;      // file, or a built-in kind
+  std::string workload;  // file, or a built-in kind
   std::string model;
   std::string api_key;
   std::string endpoint = "chat";
@@ -109,12 +109,13 @@ class ProgressPrinter {
     if (label != label_) label_ = label, last_print_ = -1e9;  // a new run of the sweep
     if (!tty_ && p.elapsed_s - last_print_ < 5.0 && p.done < p.planned) return;
     last_print_ = p.elapsed_s;
-    std::fprintf(stderr, "%s[bench] %s %6.1fs  sent %lld/%lld  done %lld  failed %lld  in flight %lld%s  |  %.2f req/s  %.1f tok/s%s",
-                 tty_ ? "\r\033[K" : "", label.c_str(), p.elapsed_s, static_cast<long long>(p.sent),
-                 static_cast<long long>(p.planned), static_cast<long long>(p.done), static_cast<long long>(p.failed),
-                 static_cast<long long>(p.in_flight),
-                 p.waiting ? (" waiting " + std::to_string(p.waiting)).c_str() : "", p.recent_requests_per_s,
-                 p.recent_tokens_per_s, tty_ ? "" : "\n");
+    std::fprintf(
+        stderr,
+        "%s[bench] %s %6.1fs  sent %lld/%lld  done %lld  failed %lld  in flight %lld%s  |  %.2f req/s  %.1f tok/s%s",
+        tty_ ? "\r\033[K" : "", label.c_str(), p.elapsed_s, static_cast<long long>(p.sent),
+        static_cast<long long>(p.planned), static_cast<long long>(p.done), static_cast<long long>(p.failed),
+        static_cast<long long>(p.in_flight), p.waiting ? (" waiting " + std::to_string(p.waiting)).c_str() : "",
+        p.recent_requests_per_s, p.recent_tokens_per_s, tty_ ? "" : "\n");
     if (tty_ && p.done >= p.planned && p.in_flight == 0) std::fputc('\n', stderr);
     std::fflush(stderr);
   }
@@ -161,8 +162,10 @@ void run_bench_serve(const ServeArgs& a, const std::string& command_line) {
     TESSERA_CHECK(!o.load.extra_body.is_discarded() && o.load.extra_body.is_object(),
                   "--extra-body must be a JSON object");
   }
-  if (!a.rate_sweep.empty()) o.rates = bench::parse_rate_list(a.rate_sweep);
-  else if (!a.request_rate.empty()) o.rates = bench::parse_rate_list(a.request_rate);
+  if (!a.rate_sweep.empty())
+    o.rates = bench::parse_rate_list(a.rate_sweep);
+  else if (!a.request_rate.empty())
+    o.rates = bench::parse_rate_list(a.request_rate);
   o.seed = a.seed;
   o.tokenizer_model = a.tokenizer_model;
   o.allow_estimated_counts = true;
@@ -208,7 +211,8 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_option("--rate-sweep", a->rate_sweep, "comma-separated rates: one run and one result per rate");
   cmd->add_option("--arrival", a->arrival, "arrival process: poisson, gamma, constant");
   cmd->add_option("--burstiness", a->burstiness, "gamma shape: < 1 burstier than Poisson, > 1 more regular");
-  cmd->add_option("--max-concurrency", a->max_concurrency, "cap on requests in flight (0: none)")->capture_default_str();
+  cmd->add_option("--max-concurrency", a->max_concurrency, "cap on requests in flight (0: none)")
+      ->capture_default_str();
   cmd->add_option("--num-requests", a->num_requests, "requests (multi_turn: conversations)");
   cmd->add_option("--duration", a->duration, "stop scheduling arrivals after this many seconds");
   cmd->add_option("--seed", a->seed, "seed of lengths, texts and arrivals")->capture_default_str();
@@ -219,8 +223,9 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_option("--tokenizer-model", a->tokenizer_model,
                   "count prompt tokens with this model's tokenizer (GGUF, alias or HF directory) instead of the "
                   "server's /tokenize");
-  cmd->add_option("--input-len", a->input_len, "prompt tokens: N, uniform:A:B, normal:M:S, lognormal:MED:SIGMA, "
-                                               "empirical:V=W,... (optional :MIN:MAX after normal/lognormal)");
+  cmd->add_option("--input-len", a->input_len,
+                  "prompt tokens: N, uniform:A:B, normal:M:S, lognormal:MED:SIGMA, "
+                  "empirical:V=W,... (optional :MIN:MAX after normal/lognormal)");
   cmd->add_option("--output-len", a->output_len, "output tokens (max_tokens with ignore_eos), same forms");
   cmd->add_option("--prefix-len", a->prefix_len, "shared_prefix: system prompt tokens");
   cmd->add_option("--num-prefixes", a->num_prefixes, "shared_prefix: distinct system prompts");
@@ -237,9 +242,8 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_option("--warmup", a->warmup, "requests sent one at a time before measuring (not recorded)");
   cmd->add_option("--bucket-input", a->bucket_input, "input bucket edges (default 128,512,2048,8192)");
   cmd->add_option("--bucket-output", a->bucket_output, "output bucket edges (default 64,256,1024)");
-  cmd->callback([a, cmd] {
-    run_bench_serve(*a, cmd->config_to_str(/*default_also=*/false, /*write_description=*/false));
-  });
+  cmd->callback(
+      [a, cmd] { run_bench_serve(*a, cmd->config_to_str(/*default_also=*/false, /*write_description=*/false)); });
 }
 
 void add_bench_compare(CLI::App& bench) {
@@ -259,7 +263,8 @@ void add_bench_compare(CLI::App& bench) {
       name_a = c->names.substr(0, comma);
       name_b = c->names.substr(comma + 1);
     }
-    std::printf("%s", bench::format_compare(bench::read_report(c->a), bench::read_report(c->b), name_a, name_b).c_str());
+    std::printf("%s",
+                bench::format_compare(bench::read_report(c->a), bench::read_report(c->b), name_a, name_b).c_str());
   });
 }
 

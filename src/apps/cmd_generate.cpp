@@ -81,10 +81,10 @@ void run_batch(const GenerateArgs& a) {
     TESSERA_CHECK(out_file.good(), "cannot write --out file '", a.out_file, "'");
   }
   const OfflineBatchSummary s = run_offline_batch(engine, in, a.out_file.empty() ? std::cout : out_file, bo);
-  std::fprintf(stderr, "[tessera] %d requests (%d errors), %lld prompt + %lld completion tokens in %.2f s (%.1f tok/s out)\n",
-               s.n_requests, s.n_errors, static_cast<long long>(s.prompt_tokens),
-               static_cast<long long>(s.completion_tokens), s.seconds,
-               s.seconds > 0 ? s.completion_tokens / s.seconds : 0.0);
+  std::fprintf(
+      stderr, "[tessera] %d requests (%d errors), %lld prompt + %lld completion tokens in %.2f s (%.1f tok/s out)\n",
+      s.n_requests, s.n_errors, static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.completion_tokens),
+      s.seconds, s.seconds > 0 ? s.completion_tokens / s.seconds : 0.0);
 }
 
 void run_generate(const GenerateArgs& a) {
@@ -119,7 +119,10 @@ void run_generate(const GenerateArgs& a) {
     const std::string text = detok.push(next);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-    if (n_gen + 1 == a.max_tokens) { ++n_gen; break; }
+    if (n_gen + 1 == a.max_tokens) {
+      ++n_gen;
+      break;
+    }
     logits.clear();
     session.feed(seq, std::span<const int32_t>(&next, 1), ForwardBatch::Logits::Last, logits);
   }
@@ -127,7 +130,8 @@ void run_generate(const GenerateArgs& a) {
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
   const double t_decode = seconds_since(t1);
-  std::fprintf(stderr, "\n[tessera] prompt %zu tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s); %s\n",
+  std::fprintf(stderr,
+               "\n[tessera] prompt %zu tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s); %s\n",
                ids.size(), t_prefill, ids.size() / t_prefill, n_gen, t_decode, n_gen > 0 ? n_gen / t_decode : 0.0,
                session.backend().describe().c_str());
   seq.release_all(session.pool());

@@ -23,8 +23,7 @@ void print_config(const ModelConfig& c) {
   std::printf("vocabulary        %d\n", c.n_vocab);
   std::printf("trained context   %d\n", c.n_ctx_train);
   std::printf("rope              base %g, dim %d, %s%s%s\n", c.rope_freq_base, c.rope_dim,
-              c.rope_neox ? "neox" : "interleaved", c.rope_scaling.empty() ? "" : ", scaling ",
-              c.rope_scaling.c_str());
+              c.rope_neox ? "neox" : "interleaved", c.rope_scaling.empty() ? "" : ", scaling ", c.rope_scaling.c_str());
   std::printf("rms eps           %g\n", c.rms_eps);
   std::printf("tied embeddings   %s\n", c.tied_embeddings ? "yes" : "no");
   std::printf("parameters        %.1f M\n", c.n_params() / 1e6);

@@ -24,8 +24,10 @@ std::vector<T> parse_list(const std::string& text, const char* flag) {
       size_t used = 0;
       v = std::stoll(item, &used);
       // Allow a k suffix for contexts: 8k = 8192.
-      if (used + 1 == item.size() && (item.back() == 'k' || item.back() == 'K')) v *= 1024;
-      else if (used != item.size()) throw std::invalid_argument(item);
+      if (used + 1 == item.size() && (item.back() == 'k' || item.back() == 'K'))
+        v *= 1024;
+      else if (used != item.size())
+        throw std::invalid_argument(item);
     } catch (const std::exception&) {
       fail(flag, " '", text, "': '", item, "' is not a positive integer");
     }
@@ -51,7 +53,8 @@ void add_kv_plan(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("kv-plan", "KV cache bytes per token and max concurrency for a memory budget");
   cmd->add_option("-m,--model", a->model, "GGUF path, alias, Hugging Face directory (config.json) or dummy:<preset>")
       ->capture_default_str();
-  cmd->add_option("--memory", a->memory, "device memory budget (weights + KV), e.g. 16GiB, 80GB")->capture_default_str();
+  cmd->add_option("--memory", a->memory, "device memory budget (weights + KV), e.g. 16GiB, 80GB")
+      ->capture_default_str();
   cmd->add_option("--reserve", a->reserve, "memory kept for activations and the runtime")->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "comma-separated context lengths (8k = 8192)")->capture_default_str();
   cmd->add_option("--block-size", a->block_size, "comma-separated KV block sizes (tokens)")->capture_default_str();
@@ -64,8 +67,10 @@ void add_kv_plan(CLI::App& app) {
     o.block_sizes = parse_list<int>(a->block_size, "--block-size");
     const bench::KvModelInfo info = bench::load_kv_model_info(a->model);
     const auto rows = bench::kv_plan(info, o);
-    if (a->json) std::printf("%s\n", bench::kv_plan_json(info, o, rows).dump(1).c_str());
-    else std::printf("%s", bench::format_kv_plan(info, o, rows).c_str());
+    if (a->json)
+      std::printf("%s\n", bench::kv_plan_json(info, o, rows).dump(1).c_str());
+    else
+      std::printf("%s", bench::format_kv_plan(info, o, rows).c_str());
   });
 }
 

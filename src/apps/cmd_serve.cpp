@@ -58,8 +58,10 @@ std::string default_model_name(const std::string& path) {
 
 std::unique_ptr<ChatTemplate> load_chat_template(const ServeArgs& a, const Tokenizer& tok) {
   std::string source;
-  if (!a.chat_template_file.empty()) source = read_file(a.chat_template_file);
-  else source = std::string(tok.chat_template());
+  if (!a.chat_template_file.empty())
+    source = read_file(a.chat_template_file);
+  else
+    source = std::string(tok.chat_template());
   if (source.empty()) {
     std::fprintf(stderr, "tessera: the model has no chat template; using ChatML\n");
     source = ChatTemplate::chatml_source();
@@ -108,8 +110,8 @@ void serve(const ServeArgs& a) {
   const std::shared_ptr<ChatTemplate> chat_template = load_chat_template(a, tok);
 
   api::ServedModel served;
-  served.name = !a.served_model_name.empty() ? a.served_model_name
-                                             : default_model_name(resolve_model_path(a.model.model));
+  served.name =
+      !a.served_model_name.empty() ? a.served_model_name : default_model_name(resolve_model_path(a.model.model));
   served.tokenizer = &tok;
   api::set_engine_limits(served, model_engine.config());
   served.chat = [chat_template](const nlohmann::json& messages, bool add_generation_prompt,
@@ -124,7 +126,9 @@ void serve(const ServeArgs& a) {
   options.prompt_threads = a.prompt_threads;
   options.render_metrics = [&] { return metrics.render(engine.stats()); };
   options.hooks.record = [&](const RequestRecord& r) { metrics.record(r); };
-  options.hooks.record_rejection = [&](int status, std::string_view reason) { metrics.record_rejection(status, reason); };
+  options.hooks.record_rejection = [&](int status, std::string_view reason) {
+    metrics.record_rejection(status, reason);
+  };
   options.metrics_require_key = a.metrics_require_key;
   if (!a.disable_log_requests)
     options.hooks.access_log = [](const api::AccessRecord& r) {
@@ -152,8 +156,7 @@ void serve(const ServeArgs& a) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  std::fprintf(stderr, "tessera: %s: draining (up to %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-               a.drain_timeout_s);
+  std::fprintf(stderr, "tessera: %s: draining (up to %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", a.drain_timeout_s);
   // The listener stays open: probes get 503 server_draining rather than a refused connection.
   api.set_draining(true);
   engine.drain(std::chrono::seconds(a.drain_timeout_s));

@@ -33,19 +33,22 @@ SessionOptions ModelArgs::session_options() const {
   o.ctx = max_model_len;
   o.max_batch_tokens = batch;
   o.block_size = block_size;
-  if (kv_type == "f16") o.kv_dtype = DType::F16;
-  else if (kv_type == "f32") o.kv_dtype = DType::F32;
-  else fail("--kv-type '", kv_type, "' is not one of f16, f32");
+  if (kv_type == "f16")
+    o.kv_dtype = DType::F16;
+  else if (kv_type == "f32")
+    o.kv_dtype = DType::F32;
+  else
+    fail("--kv-type '", kv_type, "' is not one of f16, f32");
   o.dummy_seed = seed;
   return o;
 }
 
 void EngineArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--max-num-seqs", max_num_seqs, "sequences per engine step")->capture_default_str();
-  cmd.add_option("--max-num-batched-tokens", max_num_batched_tokens, "tokens per engine step")
-      ->capture_default_str();
-  cmd.add_option("--kv-cache-memory", kv_cache_memory, "KV cache budget in bytes (suffix K, M, G); "
-                                                        "default 40% of available memory");
+  cmd.add_option("--max-num-batched-tokens", max_num_batched_tokens, "tokens per engine step")->capture_default_str();
+  cmd.add_option("--kv-cache-memory", kv_cache_memory,
+                 "KV cache budget in bytes (suffix K, M, G); "
+                 "default 40% of available memory");
   cmd.add_flag("--no-prefix-cache", no_prefix_cache, "disable prefix caching");
   cmd.add_option("--scheduling-policy", scheduling_policy,
                  "fcfs (arrival order) or priority (the request's priority, lower first; preempts lower ones)")
@@ -79,10 +82,14 @@ int64_t parse_bytes(const std::string& s) {
   }
   const std::string suffix = s.substr(used);
   double mult = 1;
-  if (suffix == "K" || suffix == "k") mult = 1024.0;
-  else if (suffix == "M" || suffix == "m") mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g") mult = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty()) fail("'", s, "' has an unknown size suffix (K, M, G)");
+  if (suffix == "K" || suffix == "k")
+    mult = 1024.0;
+  else if (suffix == "M" || suffix == "m")
+    mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g")
+    mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty())
+    fail("'", s, "' has an unknown size suffix (K, M, G)");
   TESSERA_CHECK(v > 0 && v * mult < 9e18, "'", s, "' is not a positive byte count");
   return static_cast<int64_t>(v * mult);
 }
@@ -103,8 +110,8 @@ ModelEngineOptions EngineArgs::engine_options(const ModelArgs& model) const {
   } else if (preemption_mode != "recompute") {
     fail("--preemption-mode '", preemption_mode, "' is not one of recompute, swap");
   } else if (swap_space_gib) {
-    fail("--swap-space ", *swap_space_gib, " is only used with --preemption-mode swap (the mode is ",
-         preemption_mode, "): add --preemption-mode swap or drop --swap-space");
+    fail("--swap-space ", *swap_space_gib, " is only used with --preemption-mode swap (the mode is ", preemption_mode,
+         "): add --preemption-mode swap or drop --swap-space");
   }
   o.admission.max_requests_per_tenant = max_requests_per_tenant;
   o.admission.max_tokens_per_tenant = max_tokens_per_tenant;

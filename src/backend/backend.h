@@ -51,8 +51,8 @@ class Backend {
   // out = x / rms(x) * w, row-wise                                   x, out: [n_rows, dim]
   virtual void rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) = 0;
   // x += residual, then out = rms_norm(x) (fused: one pass over x)
-  virtual void add_rms_norm(float* x, const float* residual, const float* w, float* out,
-                            int n_rows, int dim, float eps) = 0;
+  virtual void add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim,
+                            float eps) = 0;
   // x_out = x + residual, then targets' y = W · (rms_norm(x_out) * w): a block's pre-norm and
   // the product after it, so a device backend can fold the norm into the product. x_out must
   // not alias x or residual (a backend may read them while writing it); xn: [n_rows, dim]
@@ -69,21 +69,20 @@ class Backend {
   // x[r, :] += bias                                                  x: [n_rows, ld]
   virtual void add_bias(float* x, int64_t ld, const float* bias, int n_rows, int dim) = 0;
   // Rotates every head of every row in place                         x: [n_rows, ld]
-  virtual void rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions,
-                    const RopeConfig& cfg) = 0;
+  virtual void rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, const RopeConfig& cfg) = 0;
   // Writes this step's keys and values into their slots      k, v: [n_tokens, n_kv_heads*hd]
-  virtual void kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v,
-                        int64_t ldv, const AttentionBatch& batch) = 0;
+  virtual void kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                        const AttentionBatch& batch) = 0;
   // Causal attention of every query row over its sequence's cached keys and values
   // (tiled, online softmax, GQA).              q: [n_tokens, n_heads*hd]; out likewise
-  virtual void attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
-                         int n_heads, float scale, float* out, int64_t ldo) = 0;
+  virtual void attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch, int n_heads,
+                         float scale, float* out, int64_t ldo) = 0;
   // RoPE on every query and key head of each row (q: n_q_heads heads at stride ldq, k:
   // kv.n_kv_heads heads at stride ldk), then this step's rotated keys and its values into
   // their slots: one call, so a backend can do it in one pass. K's heads may follow Q's in
   // the same rows (the model's Q|K|V layout): then one rope call takes both.
-  virtual void rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v,
-                             int64_t ldv, const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg) {
+  virtual void rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v, int64_t ldv,
+                             const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg) {
     if (k == q + static_cast<int64_t>(n_q_heads) * cfg.head_dim && ldk == ldq) {
       rope(q, batch.n_tokens, ldq, n_q_heads + kv.n_kv_heads, batch.positions, cfg);
     } else {
@@ -117,8 +116,8 @@ class Backend {
   // at decode. gate and up: n_ff rows each, y at the same ldy; down: n_ff columns. xn: [n_rows,
   // dim] and h: [n_rows, n_ff] workspaces, unspecified afterwards. down's y may be residual.
   virtual void add_rms_norm_swiglu_ffn(const float* x, const float* residual, const float* w, float* x_out, float* xn,
-                                       int n_rows, int dim, float eps, const MatmulTarget& gate,
-                                       const MatmulTarget& up, float* h, const MatmulTarget& down) {
+                                       int n_rows, int dim, float eps, const MatmulTarget& gate, const MatmulTarget& up,
+                                       float* h, const MatmulTarget& down) {
     check_swiglu_ffn_targets(dim, gate, up, down);
     const MatmulTarget gate_up[] = {gate, up};
     add_rms_norm_matmul(x, residual, w, x_out, xn, n_rows, dim, eps, gate_up);
@@ -156,7 +155,8 @@ class Backend {
   }
   // Host memory for transfers (page-locked on a device backend), freed with the handle.
   virtual std::shared_ptr<void> alloc_host(size_t bytes) {
-    return std::shared_ptr<void>(new uint8_t[std::max<size_t>(bytes, 1)], [](void* p) { delete[] static_cast<uint8_t*>(p); });
+    return std::shared_ptr<void>(new uint8_t[std::max<size_t>(bytes, 1)],
+                                 [](void* p) { delete[] static_cast<uint8_t*>(p); });
   }
 
   // Which rows of a logits readback the caller reads in full. Rows flagged argmax_only get
@@ -210,8 +210,8 @@ class Backend {
   // add_rms_norm_matmul's contract, checked by every implementation: x_out is a buffer of its
   // own (a device backend reads x and residual in every block while one block writes x_out).
   static void check_add_rms_norm_matmul_buffers(const float* x, const float* residual, const float* x_out) {
-    TESSERA_CHECK(x_out != x && x_out != residual, "add_rms_norm_matmul: x_out aliases ",
-                  x_out == x ? "x" : "residual", "; it needs a buffer of its own");
+    TESSERA_CHECK(x_out != x && x_out != residual, "add_rms_norm_matmul: x_out aliases ", x_out == x ? "x" : "residual",
+                  "; it needs a buffer of its own");
   }
   // First index of the largest value; -1 for a NaN, a +inf or a row of -inf.
   static int32_t host_row_argmax(const float* row, int n) {

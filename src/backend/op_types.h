@@ -9,10 +9,10 @@
 namespace tessera {
 
 struct RopeConfig {
-  int head_dim = 0;       // elements per head
-  int rot_dim = 0;        // leading elements of each head that rotate (= head_dim usually)
+  int head_dim = 0;  // elements per head
+  int rot_dim = 0;   // leading elements of each head that rotate (= head_dim usually)
   float freq_base = 10000.0f;
-  bool neox = false;      // pairs (i, i + rot_dim/2) instead of (2i, 2i + 1)
+  bool neox = false;  // pairs (i, i + rot_dim/2) instead of (2i, 2i + 1)
   // Llama 3 frequency scaling (rope_scaling.rope_type == "llama3"); factor 0 = off.
   float llama3_factor = 0.0f;
   float llama3_low_freq_factor = 1.0f;

@@ -11,7 +11,7 @@ namespace tessera {
 
 double measure_read_bandwidth(Backend& backend) {
   auto* cpu = dynamic_cast<CpuBackend*>(&backend);
-  if (!cpu) return 0;  // device backends report their own figures
+  if (!cpu) return 0;                           // device backends report their own figures
   constexpr size_t kFloats = size_t{64} << 20;  // 256 MiB
   std::vector<float> buf(kFloats, 1.0f);
   ThreadPool& pool = cpu->pool();

@@ -31,10 +31,17 @@ LengthDist LengthDist::fixed(int64_t v) {
 int64_t LengthDist::sample(Rng& rng) const {
   double x = 0;
   switch (kind) {
-    case Kind::Fixed: x = a; break;
-    case Kind::Uniform: return rng.uniform_int(min, max);
-    case Kind::Normal: x = a + b * rng.normal(); break;
-    case Kind::LogNormal: x = std::exp(std::log(a) + b * rng.normal()); break;
+    case Kind::Fixed:
+      x = a;
+      break;
+    case Kind::Uniform:
+      return rng.uniform_int(min, max);
+    case Kind::Normal:
+      x = a + b * rng.normal();
+      break;
+    case Kind::LogNormal:
+      x = std::exp(std::log(a) + b * rng.normal());
+      break;
     case Kind::Empirical: {
       double total = 0;
       for (double w : weights) total += w;
@@ -52,10 +59,14 @@ int64_t LengthDist::sample(Rng& rng) const {
 
 double LengthDist::mean_estimate() const {
   switch (kind) {
-    case Kind::Fixed: return a;
-    case Kind::Uniform: return 0.5 * static_cast<double>(min + max);
-    case Kind::Normal: return a;
-    case Kind::LogNormal: return a * std::exp(0.5 * b * b);
+    case Kind::Fixed:
+      return a;
+    case Kind::Uniform:
+      return 0.5 * static_cast<double>(min + max);
+    case Kind::Normal:
+      return a;
+    case Kind::LogNormal:
+      return a * std::exp(0.5 * b * b);
     case Kind::Empirical: {
       double s = 0, w = 0;
       for (size_t i = 0; i < values.size(); ++i) s += weights[i] * values[i], w += weights[i];
@@ -71,8 +82,9 @@ LengthDist LengthDist::from_json(const nlohmann::json& j, const std::string& wha
     return fixed(j.get<int64_t>());
   }
   TESSERA_CHECK(j.is_object(), what, ": expected a number or an object with \"dist\"");
-  TESSERA_CHECK(j.contains("dist") && j["dist"].is_string(), what, ": missing \"dist\" (fixed, uniform, normal, "
-                                                                   "lognormal, empirical)");
+  TESSERA_CHECK(j.contains("dist") && j["dist"].is_string(), what,
+                ": missing \"dist\" (fixed, uniform, normal, "
+                "lognormal, empirical)");
   LengthDist d;
   const std::string kind = j["dist"];
   if (j.contains("min")) d.min = static_cast<int64_t>(number(j, "min", what));
@@ -162,7 +174,8 @@ LengthDist LengthDist::parse(const std::string& text, const std::string& what) {
       pos = comma + 1;
     }
   } else {
-    fail(what, " '", text, "' is not N, uniform:MIN:MAX, normal:MEAN:STD[:MIN:MAX], lognormal:MEDIAN:SIGMA[:MIN:MAX] "
+    fail(what, " '", text,
+         "' is not N, uniform:MIN:MAX, normal:MEAN:STD[:MIN:MAX], lognormal:MEDIAN:SIGMA[:MIN:MAX] "
          "or empirical:V=W,V=W");
   }
   if (j["dist"] == "fixed" || j["dist"] == "uniform") {
@@ -176,11 +189,21 @@ LengthDist LengthDist::parse(const std::string& text, const std::string& what) {
 nlohmann::json LengthDist::to_json() const {
   nlohmann::json j;
   switch (kind) {
-    case Kind::Fixed: j = {{"dist", "fixed"}, {"value", a}}; break;
-    case Kind::Uniform: j = {{"dist", "uniform"}}; break;
-    case Kind::Normal: j = {{"dist", "normal"}, {"mean", a}, {"std", b}}; break;
-    case Kind::LogNormal: j = {{"dist", "lognormal"}, {"median", a}, {"sigma", b}}; break;
-    case Kind::Empirical: j = {{"dist", "empirical"}, {"values", values}, {"weights", weights}}; break;
+    case Kind::Fixed:
+      j = {{"dist", "fixed"}, {"value", a}};
+      break;
+    case Kind::Uniform:
+      j = {{"dist", "uniform"}};
+      break;
+    case Kind::Normal:
+      j = {{"dist", "normal"}, {"mean", a}, {"std", b}};
+      break;
+    case Kind::LogNormal:
+      j = {{"dist", "lognormal"}, {"median", a}, {"sigma", b}};
+      break;
+    case Kind::Empirical:
+      j = {{"dist", "empirical"}, {"values", values}, {"weights", weights}};
+      break;
   }
   j["min"] = min;
   j["max"] = max;
@@ -190,11 +213,21 @@ nlohmann::json LengthDist::to_json() const {
 std::string LengthDist::describe() const {
   std::ostringstream os;
   switch (kind) {
-    case Kind::Fixed: os << "fixed(" << a << ")"; return os.str();
-    case Kind::Uniform: os << "uniform[" << min << ", " << max << "]"; return os.str();
-    case Kind::Normal: os << "normal(mean=" << a << ", std=" << b << ")"; break;
-    case Kind::LogNormal: os << "lognormal(median=" << a << ", sigma=" << b << ")"; break;
-    case Kind::Empirical: os << "empirical(" << values.size() << " values)"; break;
+    case Kind::Fixed:
+      os << "fixed(" << a << ")";
+      return os.str();
+    case Kind::Uniform:
+      os << "uniform[" << min << ", " << max << "]";
+      return os.str();
+    case Kind::Normal:
+      os << "normal(mean=" << a << ", std=" << b << ")";
+      break;
+    case Kind::LogNormal:
+      os << "lognormal(median=" << a << ", sigma=" << b << ")";
+      break;
+    case Kind::Empirical:
+      os << "empirical(" << values.size() << " values)";
+      break;
   }
   os << " in [" << min << ", " << max << "]";
   return os.str();
@@ -210,10 +243,17 @@ std::vector<double> ArrivalProcess::times(size_t n, Rng& rng, double max_time) c
   for (size_t i = 0; i < n; ++i) {
     if (!std::isinf(rate)) {
       switch (kind) {
-        case Kind::Poisson: t += rng.exponential(rate); break;
-        case Kind::Gamma: t += rng.gamma(burstiness, 1.0 / (rate * burstiness)); break;
-        case Kind::Constant: t = static_cast<double>(i + 1) / rate; break;
-        case Kind::Trace: break;
+        case Kind::Poisson:
+          t += rng.exponential(rate);
+          break;
+        case Kind::Gamma:
+          t += rng.gamma(burstiness, 1.0 / (rate * burstiness));
+          break;
+        case Kind::Constant:
+          t = static_cast<double>(i + 1) / rate;
+          break;
+        case Kind::Trace:
+          break;
       }
     }
     if (max_time > 0 && t > max_time) break;
@@ -232,10 +272,14 @@ ArrivalProcess::Kind ArrivalProcess::parse_kind(const std::string& name) {
 
 std::string ArrivalProcess::name() const {
   switch (kind) {
-    case Kind::Poisson: return "poisson";
-    case Kind::Gamma: return "gamma";
-    case Kind::Constant: return "constant";
-    case Kind::Trace: return "trace";
+    case Kind::Poisson:
+      return "poisson";
+    case Kind::Gamma:
+      return "gamma";
+    case Kind::Constant:
+      return "constant";
+    case Kind::Trace:
+      return "trace";
   }
   return "?";
 }

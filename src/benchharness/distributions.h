@@ -23,13 +23,13 @@ namespace tessera::bench {
 struct LengthDist {
   enum class Kind { Fixed, Uniform, Normal, LogNormal, Empirical };
   Kind kind = Kind::Fixed;
-  double a = 128, b = 0;            // fixed: value; normal: mean, std; lognormal: median, sigma
-  int64_t min = 1, max = 1 << 20;   // clamps (uniform: the range)
-  std::vector<int64_t> values;      // empirical
-  std::vector<double> weights;      // empirical, same length, positive sum
+  double a = 128, b = 0;           // fixed: value; normal: mean, std; lognormal: median, sigma
+  int64_t min = 1, max = 1 << 20;  // clamps (uniform: the range)
+  std::vector<int64_t> values;     // empirical
+  std::vector<double> weights;     // empirical, same length, positive sum
 
   int64_t sample(Rng& rng) const;
-  double mean_estimate() const;     // analytic mean before clamping (for reports)
+  double mean_estimate() const;  // analytic mean before clamping (for reports)
   static LengthDist fixed(int64_t v);
   static LengthDist from_json(const nlohmann::json& j, const std::string& what);
   // The command-line form: "128", "uniform:32:512", "normal:256:64", "lognormal:128:1.0",
@@ -37,7 +37,7 @@ struct LengthDist {
   // ("lognormal:128:1.0:4:2048").
   static LengthDist parse(const std::string& text, const std::string& what);
   nlohmann::json to_json() const;
-  std::string describe() const;     // "lognormal(median=128, sigma=1) in [4, 2048]"
+  std::string describe() const;  // "lognormal(median=128, sigma=1) in [4, 2048]"
 };
 
 // When requests arrive, relative to the start of the run, independently of completions.
@@ -51,8 +51,8 @@ struct LengthDist {
 struct ArrivalProcess {
   enum class Kind { Poisson, Gamma, Constant, Trace };
   Kind kind = Kind::Poisson;
-  double rate = 1.0;       // requests per second
-  double burstiness = 1.0; // gamma shape
+  double rate = 1.0;        // requests per second
+  double burstiness = 1.0;  // gamma shape
 
   // The first n arrival times (seconds, non-decreasing, the first gap drawn like the rest),
   // stopping early once a time would exceed max_time (when max_time > 0).

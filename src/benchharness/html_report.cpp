@@ -14,8 +14,10 @@ constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "
 
 std::string num(double v) {
   char buf[32];
-  if (v != 0 && (std::fabs(v) >= 1e7 || std::fabs(v) < 1e-3)) std::snprintf(buf, sizeof buf, "%.2g", v);
-  else std::snprintf(buf, sizeof buf, "%.4g", v);
+  if (v != 0 && (std::fabs(v) >= 1e7 || std::fabs(v) < 1e-3))
+    std::snprintf(buf, sizeof buf, "%.2g", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.4g", v);
   return buf;
 }
 
@@ -33,11 +35,20 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -205,7 +216,9 @@ std::string html_report(const BenchReport& report) {
   os << svg_line_chart("CDF of ITL", "inter-token latency (ms)", "fraction of gaps", itl_cdf, true);
   if (report.runs.size() > 1) {
     // Load = the offered request rate; runs at infinite rate sit at the measured rate instead.
-    auto load_of = [](const RunReport& r) { return std::isinf(r.offered_rate) ? r.summary.request_throughput : r.offered_rate; };
+    auto load_of = [](const RunReport& r) {
+      return std::isinf(r.offered_rate) ? r.summary.request_throughput : r.offered_rate;
+    };
     SvgSeries ttft50{"TTFT P50", {}}, ttft99{"TTFT P99", {}}, tpot50{"TPOT P50", {}}, tpot99{"TPOT P99", {}};
     SvgSeries e2e50{"E2E P50", {}}, out_tps{"output tok/s", {}}, req{"request throughput", {}}, good{"goodput", {}};
     for (const auto& r : report.runs) {

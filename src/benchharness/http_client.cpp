@@ -63,7 +63,9 @@ namespace {
 class StreamingCall : public std::enable_shared_from_this<StreamingCall> {
  public:
   StreamingCall(asio::io_context& io, const Endpoint& ep, StreamRequest req, std::function<void(StreamResult)> done)
-      : stream_(io), request_(std::move(req)), done_(std::move(done)),
+      : stream_(io),
+        request_(std::move(req)),
+        done_(std::move(done)),
         sse_([this](std::string_view data) { on_event(data); }) {
     http_req_.method(http::verb::post);
     http_req_.target(ep.prefix + request_.path);
@@ -82,7 +84,8 @@ class StreamingCall : public std::enable_shared_from_this<StreamingCall> {
 
   void start(const tcp::resolver::results_type& resolved) {
     result_.start = Clock::now();
-    deadline_ = result_.start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(request_.timeout_s));
+    deadline_ =
+        result_.start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(request_.timeout_s));
     arm();
     stream_.async_connect(resolved, [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
       if (ec) return self->finish("connect: " + ec.message());
@@ -110,15 +113,17 @@ class StreamingCall : public std::enable_shared_from_this<StreamingCall> {
 
   void read_header() {
     arm();
-    http::async_read_header(stream_, buffer_, header_parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->finish("read header: " + ec.message());
-      self->result_.http_status = static_cast<int>(self->header_parser_.get().result_int());
-      // Same parser state, now with a body that hands us each piece as it arrives.
-      if (self->header_parser_.is_done()) return self->finish("");  // no body (e.g. Content-Length: 0)
-      self->body_parser_.emplace(std::move(self->header_parser_));
-      self->body_parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
-      self->read_body();
-    });
+    http::async_read_header(stream_, buffer_, header_parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->finish("read header: " + ec.message());
+                              self->result_.http_status = static_cast<int>(self->header_parser_.get().result_int());
+                              // Same parser state, now with a body that hands us each piece as it arrives.
+                              if (self->header_parser_.is_done())
+                                return self->finish("");  // no body (e.g. Content-Length: 0)
+                              self->body_parser_.emplace(std::move(self->header_parser_));
+                              self->body_parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+                              self->read_body();
+                            });
   }
 
   void read_body() {
@@ -132,8 +137,10 @@ class StreamingCall : public std::enable_shared_from_this<StreamingCall> {
       const auto now = Clock::now();
       const size_t n = sizeof(self->chunk_) - self->body_parser_->get().body().size;
       self->piece_time_ = now;
-      if (self->result_.http_status == 200) self->sse_.feed(std::string_view(self->chunk_, n));
-      else self->error_body_.append(self->chunk_, n);
+      if (self->result_.http_status == 200)
+        self->sse_.feed(std::string_view(self->chunk_, n));
+      else
+        self->error_body_.append(self->chunk_, n);
       if (self->body_parser_->is_done()) return self->finish("");
       self->read_body();
     });

@@ -30,17 +30,17 @@ struct Endpoint {
 };
 
 struct StreamResult {
-  int http_status = 0;           // 0: no response (connect error, timeout)
-  std::string error;             // empty on success; otherwise what went wrong
-  Clock::time_point start;       // before connecting
-  Clock::time_point first_byte;  // first response byte read (== start when none)
-  Clock::time_point end;         // stream complete or failed
-  std::vector<Clock::time_point> token_times;  // each event whose text is not empty
-  std::string text;              // the concatenated generated text
+  int http_status = 0;                                 // 0: no response (connect error, timeout)
+  std::string error;                                   // empty on success; otherwise what went wrong
+  Clock::time_point start;                             // before connecting
+  Clock::time_point first_byte;                        // first response byte read (== start when none)
+  Clock::time_point end;                               // stream complete or failed
+  std::vector<Clock::time_point> token_times;          // each event whose text is not empty
+  std::string text;                                    // the concatenated generated text
   int64_t prompt_tokens = -1, completion_tokens = -1;  // from "usage", when sent
-  double queue_ms = -1;          // from "timings.queue_ms", when sent
-  int n_events = 0;              // data events received
-  bool saw_done = false;         // "[DONE]" received
+  double queue_ms = -1;                                // from "timings.queue_ms", when sent
+  int n_events = 0;                                    // data events received
+  bool saw_done = false;                               // "[DONE]" received
   std::string finish_reason;
 };
 

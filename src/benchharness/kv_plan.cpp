@@ -59,10 +59,23 @@ int64_t parse_memory_size(const std::string& text) {
   std::string unit = text.substr(used);
   while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
   double mult = 0;
-  const std::pair<const char*, double> units[] = {
-      {"", 1}, {"B", 1}, {"K", 1024.0}, {"k", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3}, {"M", 1048576.0},
-      {"m", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6}, {"G", 1073741824.0}, {"g", 1073741824.0},
-      {"GiB", 1073741824.0}, {"GB", 1e9}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
+  const std::pair<const char*, double> units[] = {{"", 1},
+                                                  {"B", 1},
+                                                  {"K", 1024.0},
+                                                  {"k", 1024.0},
+                                                  {"KiB", 1024.0},
+                                                  {"KB", 1e3},
+                                                  {"M", 1048576.0},
+                                                  {"m", 1048576.0},
+                                                  {"MiB", 1048576.0},
+                                                  {"MB", 1e6},
+                                                  {"G", 1073741824.0},
+                                                  {"g", 1073741824.0},
+                                                  {"GiB", 1073741824.0},
+                                                  {"GB", 1e9},
+                                                  {"T", 1099511627776.0},
+                                                  {"TiB", 1099511627776.0},
+                                                  {"TB", 1e12}};
   for (const auto& [name, m] : units)
     if (unit == name) mult = m;
   TESSERA_CHECK(mult > 0, "'", text, "' has an unknown unit '", unit, "' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
@@ -99,8 +112,8 @@ KvModelInfo load_kv_model_info(const std::string& model) {
   }
   const std::string path = resolve_model_path(model);
   if (std::filesystem::is_directory(path) || std::filesystem::path(path).filename() == "config.json") {
-    const std::filesystem::path dir = std::filesystem::is_directory(path) ? std::filesystem::path(path)
-                                                                           : std::filesystem::path(path).parent_path();
+    const std::filesystem::path dir =
+        std::filesystem::is_directory(path) ? std::filesystem::path(path) : std::filesystem::path(path).parent_path();
     info.config = config_from_hf_fields(load_hf_config(dir.string()), dir.string());
     int64_t bytes = 0;
     for (const auto& e : std::filesystem::directory_iterator(dir))
@@ -122,8 +135,8 @@ KvModelInfo load_kv_model_info(const std::string& model) {
 }
 
 std::vector<KvDtypeRow> kv_dtype_rows() {
-  return {{"f32", 4, true}, {"f16", 2, true}, {"bf16", 2, false}, {"fp8", 1, false}, {"int8", 1, false},
-          {"int4", 0.5, false}};
+  return {{"f32", 4, true},  {"f16", 2, true},   {"bf16", 2, false},
+          {"fp8", 1, false}, {"int8", 1, false}, {"int4", 0.5, false}};
 }
 
 double kv_bytes_per_token(const ModelConfig& c, double bytes_per_elem) {
@@ -163,10 +176,12 @@ std::string format_kv_plan(const KvModelInfo& m, const KvPlanOptions& o, const s
   os << "model: " << (c.name.empty() ? m.source : c.name) << " (" << m.source << ")\n"
      << "layers " << c.n_layer << ", KV heads " << c.n_head_kv << ", head dim " << c.head_dim << ", trained context "
      << c.n_ctx_train << "\n"
-     << "weights: " << human_bytes(static_cast<double>(m.weight_bytes)) << (m.weight_bytes_estimated ? " (estimated)" : "")
-     << "; memory " << human_bytes(static_cast<double>(o.memory_bytes));
+     << "weights: " << human_bytes(static_cast<double>(m.weight_bytes))
+     << (m.weight_bytes_estimated ? " (estimated)" : "") << "; memory "
+     << human_bytes(static_cast<double>(o.memory_bytes));
   if (o.reserve_bytes) os << " - reserve " << human_bytes(static_cast<double>(o.reserve_bytes));
-  os << " -> KV budget " << human_bytes(static_cast<double>(o.memory_bytes - m.weight_bytes - o.reserve_bytes)) << "\n\n";
+  os << " -> KV budget " << human_bytes(static_cast<double>(o.memory_bytes - m.weight_bytes - o.reserve_bytes))
+     << "\n\n";
   os << "KV bytes per token = 2 x " << c.n_layer << " layers x " << c.n_head_kv << " KV heads x " << c.head_dim
      << " head dim x dtype bytes\n\n";
   os << "| KV dtype | tessera | bytes/token | block | ctx | blocks/seq | KV per seq | expected waste/seq | waste % "
@@ -175,8 +190,8 @@ std::string format_kv_plan(const KvModelInfo& m, const KvPlanOptions& o, const s
     char buf[512];
     std::snprintf(buf, sizeof buf, "| %s | %s | %.0f | %d | %lld | %lld | %s | %s | %.2f | %lld | %lld |\n",
                   r.dtype.c_str(), r.supported ? "yes" : "plan only", r.bytes_per_token, r.block_size,
-                  static_cast<long long>(r.ctx), static_cast<long long>(r.blocks_per_seq), human_bytes(r.seq_bytes).c_str(),
-                  human_bytes(r.expected_waste_bytes).c_str(), r.waste_fraction * 100,
+                  static_cast<long long>(r.ctx), static_cast<long long>(r.blocks_per_seq),
+                  human_bytes(r.seq_bytes).c_str(), human_bytes(r.expected_waste_bytes).c_str(), r.waste_fraction * 100,
                   static_cast<long long>(r.total_blocks), static_cast<long long>(r.max_concurrency));
     os << buf;
   }
@@ -189,17 +204,32 @@ std::string format_kv_plan(const KvModelInfo& m, const KvPlanOptions& o, const s
 nlohmann::json kv_plan_json(const KvModelInfo& m, const KvPlanOptions& o, const std::vector<KvPlanRow>& rows) {
   nlohmann::json jr = nlohmann::json::array();
   for (const auto& r : rows)
-    jr.push_back({{"dtype", r.dtype}, {"supported", r.supported}, {"block_size", r.block_size}, {"ctx", r.ctx},
-                  {"bytes_per_token", r.bytes_per_token}, {"block_bytes", r.block_bytes},
-                  {"blocks_per_seq", r.blocks_per_seq}, {"seq_bytes", r.seq_bytes},
-                  {"expected_waste_bytes", r.expected_waste_bytes}, {"waste_fraction", r.waste_fraction},
-                  {"kv_budget_bytes", r.kv_budget_bytes}, {"total_blocks", r.total_blocks},
+    jr.push_back({{"dtype", r.dtype},
+                  {"supported", r.supported},
+                  {"block_size", r.block_size},
+                  {"ctx", r.ctx},
+                  {"bytes_per_token", r.bytes_per_token},
+                  {"block_bytes", r.block_bytes},
+                  {"blocks_per_seq", r.blocks_per_seq},
+                  {"seq_bytes", r.seq_bytes},
+                  {"expected_waste_bytes", r.expected_waste_bytes},
+                  {"waste_fraction", r.waste_fraction},
+                  {"kv_budget_bytes", r.kv_budget_bytes},
+                  {"total_blocks", r.total_blocks},
                   {"max_concurrency", r.max_concurrency}});
   const ModelConfig& c = m.config;
-  return {{"model", {{"source", m.source}, {"name", c.name}, {"n_layer", c.n_layer}, {"n_head_kv", c.n_head_kv},
-                     {"head_dim", c.head_dim}, {"n_ctx_train", c.n_ctx_train}, {"weight_bytes", m.weight_bytes},
-                     {"weight_bytes_estimated", m.weight_bytes_estimated}}},
-          {"memory_bytes", o.memory_bytes}, {"reserve_bytes", o.reserve_bytes}, {"rows", jr}};
+  return {{"model",
+           {{"source", m.source},
+            {"name", c.name},
+            {"n_layer", c.n_layer},
+            {"n_head_kv", c.n_head_kv},
+            {"head_dim", c.head_dim},
+            {"n_ctx_train", c.n_ctx_train},
+            {"weight_bytes", m.weight_bytes},
+            {"weight_bytes_estimated", m.weight_bytes_estimated}}},
+          {"memory_bytes", o.memory_bytes},
+          {"reserve_bytes", o.reserve_bytes},
+          {"rows", jr}};
 }
 
 }  // namespace tessera::bench

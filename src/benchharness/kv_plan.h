@@ -24,9 +24,9 @@ struct KvModelInfo {
 KvModelInfo load_kv_model_info(const std::string& model);
 
 struct KvDtypeRow {
-  std::string name;        // "f16", "f32", "bf16", "fp8", "int8", "int4"
-  double bytes_per_elem;   // 4, 2, 2, 1, 1, 0.5 (element bytes only; no scales)
-  bool supported;          // tessera's KV cache can use it today (f16, f32); others plan only
+  std::string name;       // "f16", "f32", "bf16", "fp8", "int8", "int4"
+  double bytes_per_elem;  // 4, 2, 2, 1, 1, 0.5 (element bytes only; no scales)
+  bool supported;         // tessera's KV cache can use it today (f16, f32); others plan only
 };
 std::vector<KvDtypeRow> kv_dtype_rows();
 
@@ -39,19 +39,19 @@ struct KvPlanRow {
   int block_size = 0;
   int64_t ctx = 0;
   double bytes_per_token = 0;
-  double block_bytes = 0;             // block_size × bytes_per_token
-  int64_t blocks_per_seq = 0;         // ceil(ctx / block_size)
-  double seq_bytes = 0;               // blocks_per_seq × block_bytes
-  double expected_waste_bytes = 0;    // half a block per sequence
-  double waste_fraction = 0;          // expected waste / (ctx × bytes_per_token)
-  int64_t kv_budget_bytes = 0;        // budget − weights − reserve (may be ≤ 0)
-  int64_t total_blocks = 0;           // floor(kv budget / block_bytes)
-  int64_t max_concurrency = 0;        // floor(total_blocks / blocks_per_seq): sequences at full ctx
+  double block_bytes = 0;           // block_size × bytes_per_token
+  int64_t blocks_per_seq = 0;       // ceil(ctx / block_size)
+  double seq_bytes = 0;             // blocks_per_seq × block_bytes
+  double expected_waste_bytes = 0;  // half a block per sequence
+  double waste_fraction = 0;        // expected waste / (ctx × bytes_per_token)
+  int64_t kv_budget_bytes = 0;      // budget − weights − reserve (may be ≤ 0)
+  int64_t total_blocks = 0;         // floor(kv budget / block_bytes)
+  int64_t max_concurrency = 0;      // floor(total_blocks / blocks_per_seq): sequences at full ctx
 };
 
 struct KvPlanOptions {
   int64_t memory_bytes = int64_t{16} << 30;
-  int64_t reserve_bytes = 0;          // activations, runtime; subtracted with the weights
+  int64_t reserve_bytes = 0;  // activations, runtime; subtracted with the weights
   std::vector<int64_t> ctx = {2048, 8192, 32768};
   std::vector<int> block_sizes = {16};
 };

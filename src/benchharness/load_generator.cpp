@@ -25,11 +25,25 @@ double RequestRecord::tpot_s() const {
 }
 
 nlohmann::json RequestRecord::to_json() const {
-  return {{"id", id}, {"conversation", conversation}, {"turn", turn}, {"prefix_group", prefix_group},
-          {"input_tokens", input_tokens}, {"max_tokens", max_tokens}, {"prompt_tokens", prompt_tokens},
-          {"output_tokens", output_tokens}, {"output_from_usage", output_from_usage}, {"scheduled_s", scheduled_s},
-          {"send_s", send_s}, {"first_byte_s", first_byte_s}, {"ttft_s", ttft_s}, {"e2e_s", e2e_s},
-          {"queue_s", queue_s}, {"token_s", token_s}, {"http_status", http_status}, {"ok", ok}, {"error", error}};
+  return {{"id", id},
+          {"conversation", conversation},
+          {"turn", turn},
+          {"prefix_group", prefix_group},
+          {"input_tokens", input_tokens},
+          {"max_tokens", max_tokens},
+          {"prompt_tokens", prompt_tokens},
+          {"output_tokens", output_tokens},
+          {"output_from_usage", output_from_usage},
+          {"scheduled_s", scheduled_s},
+          {"send_s", send_s},
+          {"first_byte_s", first_byte_s},
+          {"ttft_s", ttft_s},
+          {"e2e_s", e2e_s},
+          {"queue_s", queue_s},
+          {"token_s", token_s},
+          {"http_status", http_status},
+          {"ok", ok},
+          {"error", error}};
 }
 
 RequestRecord RequestRecord::from_json(const nlohmann::json& j) {
@@ -58,8 +72,11 @@ RequestRecord RequestRecord::from_json(const nlohmann::json& j) {
 
 nlohmann::json make_request_body(const LoadOptions& o, const PlannedConversation& c, int turn,
                                  const std::vector<std::string>& replies) {
-  nlohmann::json body = {{"model", o.model}, {"max_tokens", c.turns[turn].output_tokens}, {"stream", true},
-                         {"stream_options", {{"include_usage", true}}}, {"temperature", o.temperature}};
+  nlohmann::json body = {{"model", o.model},
+                         {"max_tokens", c.turns[turn].output_tokens},
+                         {"stream", true},
+                         {"stream_options", {{"include_usage", true}}},
+                         {"temperature", o.temperature}};
   if (o.ignore_eos) body["ignore_eos"] = true;
   if (o.api == "chat") {
     nlohmann::json messages = nlohmann::json::array();
@@ -137,8 +154,7 @@ class LoadRun {
   // Releases every conversation whose arrival time has come, then re-arms for the next one.
   void schedule_arrivals() {
     const auto now = Clock::now();
-    while (next_arrival_ < plan_.conversations.size() &&
-           at(plan_.conversations[next_arrival_].arrival_s) <= now) {
+    while (next_arrival_ < plan_.conversations.size() && at(plan_.conversations[next_arrival_].arrival_s) <= now) {
       ready_.push_back({next_arrival_, 0, plan_.conversations[next_arrival_].arrival_s});
       ++next_arrival_;
     }
@@ -179,9 +195,8 @@ class LoadRun {
     req.on_token = [this] { ++recent_tokens_, ++total_tokens_; };
     ++in_flight_;
     ++progress_.sent;
-    start_streaming_post(io_, o_.endpoint, resolved_, std::move(req), [this, rec, p](StreamResult r) {
-      on_done(*rec, p, std::move(r));
-    });
+    start_streaming_post(io_, o_.endpoint, resolved_, std::move(req),
+                         [this, rec, p](StreamResult r) { on_done(*rec, p, std::move(r)); });
   }
 
   void on_done(RequestRecord& rec, const Pending& p, StreamResult r) {
@@ -247,7 +262,8 @@ class LoadRun {
 
   void tick_progress() {
     if (finished_) return;
-    progress_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.progress_interval_s)));
+    progress_timer_.expires_after(
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.progress_interval_s)));
     progress_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || finished_) return;
       Progress p = snapshot();

@@ -17,14 +17,14 @@ namespace tessera::bench {
 // Everything measured about one request. Times in seconds; *_s of the run are relative to
 // the run's start, latencies relative to the moment the request was sent (before connect).
 struct RequestRecord {
-  int64_t id = 0;               // order of sending
+  int64_t id = 0;  // order of sending
   int64_t conversation = 0;
   int turn = 0;
   int prefix_group = -1;
-  int64_t input_tokens = 0;     // planned prompt tokens: system + history + user text
-  int64_t max_tokens = 0;       // requested output tokens (ignore_eos)
-  int64_t prompt_tokens = -1;   // the server's usage.prompt_tokens, -1 if not reported
-  int64_t output_tokens = 0;    // usage.completion_tokens, or token chunks when not reported
+  int64_t input_tokens = 0;    // planned prompt tokens: system + history + user text
+  int64_t max_tokens = 0;      // requested output tokens (ignore_eos)
+  int64_t prompt_tokens = -1;  // the server's usage.prompt_tokens, -1 if not reported
+  int64_t output_tokens = 0;   // usage.completion_tokens, or token chunks when not reported
   bool output_from_usage = false;
   double scheduled_s = 0;       // when the arrival process (or the previous turn) released it
   double send_s = 0;            // when it was sent (> scheduled_s only under a concurrency cap)
@@ -35,7 +35,7 @@ struct RequestRecord {
   std::vector<double> token_s;  // every chunk with generated text, after send
   int http_status = 0;
   bool ok = false;
-  std::string error;            // why it failed
+  std::string error;  // why it failed
 
   std::vector<double> itl_s() const;  // gaps between consecutive token chunks
   // (e2e - ttft) / (output_tokens - 1); -1 with fewer than 2 output tokens.
@@ -53,20 +53,20 @@ struct Progress {
 
 struct LoadOptions {
   Endpoint endpoint;
-  std::string model;          // "model" field of every request
+  std::string model;  // "model" field of every request
   std::string api_key;
-  std::string api = "chat";   // "chat" (/v1/chat/completions) or "completions" (/v1/completions)
-  int max_concurrency = 0;    // 0: no cap
-  double timeout_s = 600;     // per request
+  std::string api = "chat";  // "chat" (/v1/chat/completions) or "completions" (/v1/completions)
+  int max_concurrency = 0;   // 0: no cap
+  double timeout_s = 600;    // per request
   double temperature = 0;
   bool ignore_eos = true;
   nlohmann::json extra_body = nlohmann::json::object();  // merged into every request body
   double progress_interval_s = 1.0;
-  std::function<void(const Progress&)> on_progress;       // called on the run's thread
+  std::function<void(const Progress&)> on_progress;  // called on the run's thread
 };
 
 struct LoadResult {
-  double duration_s = 0;  // first send to last completion
+  double duration_s = 0;               // first send to last completion
   std::vector<RequestRecord> records;  // by id (send order)
 };
 

@@ -79,18 +79,23 @@ bool is_continuation(unsigned char c) { return (c & 0xC0) == 0x80; }
 
 // Common English words for prompts when no corpus is given.
 constexpr const char* kWords[] = {
-    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not",
-    "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had", "they", "you", "were",
-    "their", "one", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would",
-    "who", "so", "no", "time", "people", "year", "way", "day", "man", "thing", "woman", "life", "child",
-    "world", "school", "state", "family", "student", "group", "country", "problem", "hand", "part", "place",
-    "case", "week", "company", "system", "program", "question", "work", "government", "number", "night",
-    "point", "home", "water", "room", "mother", "area", "money", "story", "fact", "month", "lot", "right",
-    "study", "book", "eye", "job", "word", "business", "issue", "side", "kind", "head", "house", "service",
-    "friend", "father", "power", "hour", "game", "line", "end", "member", "law", "car", "city", "community",
-    "name", "president", "team", "minute", "idea", "kid", "body", "information", "back", "parent", "face",
-    "others", "level", "office", "door", "health", "person", "art", "war", "history", "party", "result",
-    "change", "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force", "education"};
+    "the",    "of",      "and",      "to",       "in",         "is",          "that",      "for",    "it",
+    "as",     "was",     "with",     "be",       "by",         "on",          "not",       "he",     "this",
+    "are",    "or",      "his",      "from",     "at",         "which",       "but",       "have",   "an",
+    "had",    "they",    "you",      "were",     "their",      "one",         "all",       "we",     "can",
+    "her",    "has",     "there",    "been",     "if",         "more",        "when",      "will",   "would",
+    "who",    "so",      "no",       "time",     "people",     "year",        "way",       "day",    "man",
+    "thing",  "woman",   "life",     "child",    "world",      "school",      "state",     "family", "student",
+    "group",  "country", "problem",  "hand",     "part",       "place",       "case",      "week",   "company",
+    "system", "program", "question", "work",     "government", "number",      "night",     "point",  "home",
+    "water",  "room",    "mother",   "area",     "money",      "story",       "fact",      "month",  "lot",
+    "right",  "study",   "book",     "eye",      "job",        "word",        "business",  "issue",  "side",
+    "kind",   "head",    "house",    "service",  "friend",     "father",      "power",     "hour",   "game",
+    "line",   "end",     "member",   "law",      "car",        "city",        "community", "name",   "president",
+    "team",   "minute",  "idea",     "kid",      "body",       "information", "back",      "parent", "face",
+    "others", "level",   "office",   "door",     "health",     "person",      "art",       "war",    "history",
+    "party",  "result",  "change",   "morning",  "reason",     "research",    "girl",      "guy",    "moment",
+    "air",    "teacher", "force",    "education"};
 
 }  // namespace
 
@@ -216,8 +221,10 @@ std::string make_text_with_tokens(const TextSource& source, TokenCounter& counte
         while (mid < hi && is_continuation(static_cast<unsigned char>(window[mid]))) ++mid;
         if (mid == hi) break;
       }
-      if (counter.count(std::string_view(window).substr(0, mid)) <= tokens) lo = mid;
-      else hi = mid;
+      if (counter.count(std::string_view(window).substr(0, mid)) <= tokens)
+        lo = mid;
+      else
+        hi = mid;
     }
     std::string text = window.substr(0, lo);
     if (counter.count(text) == tokens) return text;

@@ -14,7 +14,7 @@ namespace tessera::bench {
 nlohmann::json summary_json(const Summary& s) {
   if (s.count == 0) return nullptr;
   return {{"count", s.count}, {"mean", s.mean}, {"std", s.std}, {"min", s.min}, {"p50", s.p50},
-          {"p90", s.p90}, {"p95", s.p95}, {"p99", s.p99}, {"max", s.max}};
+          {"p90", s.p90},     {"p95", s.p95},   {"p99", s.p99}, {"max", s.max}};
 }
 
 namespace {
@@ -36,7 +36,9 @@ Summary summary_from_json(const nlohmann::json& j) {
   return s;
 }
 
-nlohmann::json optional_json(const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
+nlohmann::json optional_json(const std::optional<double>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
 
 std::optional<double> optional_from(const nlohmann::json& j, const char* key) {
   if (!j.contains(key) || !j[key].is_number()) return std::nullopt;
@@ -54,13 +56,23 @@ bool Slo::met_by(const RequestRecord& r) const {
 }
 
 nlohmann::json Metrics::to_json() const {
-  return {{"n_requests", n_requests}, {"n_ok", n_ok}, {"n_failed", n_failed}, {"n_good", n_good},
-          {"input_tokens", input_tokens}, {"output_tokens", output_tokens},
-          {"request_throughput", request_throughput}, {"output_throughput", output_throughput},
-          {"total_token_throughput", total_token_throughput}, {"goodput_fraction", optional_json(goodput_fraction)},
-          {"goodput_rps", optional_json(goodput_rps)}, {"ttft_ms", summary_json(ttft_ms)},
-          {"itl_ms", summary_json(itl_ms)}, {"tpot_ms", summary_json(tpot_ms)}, {"e2e_ms", summary_json(e2e_ms)},
-          {"first_byte_ms", summary_json(first_byte_ms)}, {"queue_ms", summary_json(queue_ms)}};
+  return {{"n_requests", n_requests},
+          {"n_ok", n_ok},
+          {"n_failed", n_failed},
+          {"n_good", n_good},
+          {"input_tokens", input_tokens},
+          {"output_tokens", output_tokens},
+          {"request_throughput", request_throughput},
+          {"output_throughput", output_throughput},
+          {"total_token_throughput", total_token_throughput},
+          {"goodput_fraction", optional_json(goodput_fraction)},
+          {"goodput_rps", optional_json(goodput_rps)},
+          {"ttft_ms", summary_json(ttft_ms)},
+          {"itl_ms", summary_json(itl_ms)},
+          {"tpot_ms", summary_json(tpot_ms)},
+          {"e2e_ms", summary_json(e2e_ms)},
+          {"first_byte_ms", summary_json(first_byte_ms)},
+          {"queue_ms", summary_json(queue_ms)}};
 }
 
 Metrics metrics_from_json(const nlohmann::json& j) {
@@ -168,7 +180,8 @@ RunReport make_run_report(std::string label, double offered_rate, LoadResult res
   for (const auto& r : rep.records)
     if (!r.ok) ++failures[failure_reason(r)];
   rep.failures.assign(failures.begin(), failures.end());
-  std::stable_sort(rep.failures.begin(), rep.failures.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::stable_sort(rep.failures.begin(), rep.failures.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
   return rep;
 }
 
@@ -184,8 +197,11 @@ nlohmann::json BenchReport::to_json(bool with_records) const {
     }
     nlohmann::json failures = nlohmann::json::array();
     for (const auto& [reason, count] : r.failures) failures.push_back({{"reason", reason}, {"count", count}});
-    nlohmann::json rj = {{"label", r.label}, {"duration_s", r.duration_s}, {"summary", r.summary.to_json()},
-                         {"buckets", buckets}, {"failures", failures}};
+    nlohmann::json rj = {{"label", r.label},
+                         {"duration_s", r.duration_s},
+                         {"summary", r.summary.to_json()},
+                         {"buckets", buckets},
+                         {"failures", failures}};
     rj["offered_rate"] = std::isinf(r.offered_rate) ? nlohmann::json("inf") : nlohmann::json(r.offered_rate);
     if (with_records) {
       nlohmann::json recs = nlohmann::json::array();
@@ -215,10 +231,11 @@ BenchReport read_report(const std::string& path) {
     r.summary = metrics_from_json(rj["summary"]);
     if (rj.contains("buckets"))
       for (const auto& bj : rj["buckets"])
-        r.buckets.push_back({bj.value("input_range", std::string()), bj.value("output_range", std::string()),
-                             metrics_from_json(bj)});
+        r.buckets.push_back(
+            {bj.value("input_range", std::string()), bj.value("output_range", std::string()), metrics_from_json(bj)});
     if (rj.contains("failures"))
-      for (const auto& f : rj["failures"]) r.failures.emplace_back(f.value("reason", std::string()), f.value("count", int64_t{0}));
+      for (const auto& f : rj["failures"])
+        r.failures.emplace_back(f.value("reason", std::string()), f.value("count", int64_t{0}));
     if (rj.contains("requests"))
       for (const auto& q : rj["requests"]) r.records.push_back(RequestRecord::from_json(q));
     rep.runs.push_back(std::move(r));
@@ -254,9 +271,11 @@ std::vector<Row> compare_rows(const Metrics& a, const Metrics& b) {
       {"goodput (req/s)", a.goodput_rps, b.goodput_rps, true},
       {"goodput (share of requests)", a.goodput_fraction, b.goodput_fraction, true},
   };
-  const std::pair<const char*, Summary Metrics::*> lat[] = {
-      {"TTFT", &Metrics::ttft_ms}, {"TPOT", &Metrics::tpot_ms}, {"ITL", &Metrics::itl_ms}, {"E2E", &Metrics::e2e_ms},
-      {"queue", &Metrics::queue_ms}};
+  const std::pair<const char*, Summary Metrics::*> lat[] = {{"TTFT", &Metrics::ttft_ms},
+                                                            {"TPOT", &Metrics::tpot_ms},
+                                                            {"ITL", &Metrics::itl_ms},
+                                                            {"E2E", &Metrics::e2e_ms},
+                                                            {"queue", &Metrics::queue_ms}};
   const std::pair<const char*, double Summary::*> stats[] = {
       {"mean", &Summary::mean}, {"P50", &Summary::p50}, {"P90", &Summary::p90}, {"P99", &Summary::p99}};
   for (const auto& [name, field] : lat) {
@@ -281,11 +300,14 @@ std::string format_compare(const BenchReport& a, const BenchReport& b, const std
     const RunReport& ra = a.runs[i];
     const RunReport& rb = b.runs[i];
     os << "### " << (ra.label == rb.label ? ra.label : ra.label + " vs " + rb.label) << "\n\n";
-    os << "| metric | " << name_a << " | " << name_b << " | " << name_b << " / " << name_a << " |\n|---|---:|---:|---:|\n";
+    os << "| metric | " << name_a << " | " << name_b << " | " << name_b << " / " << name_a
+       << " |\n|---|---:|---:|---:|\n";
     for (const Row& r : compare_rows(ra.summary, rb.summary)) {
       os << "| " << r.name << " | " << (r.a ? fmt(*r.a) : "-") << " | " << (r.b ? fmt(*r.b) : "-") << " | ";
-      if (r.a && r.b && *r.a != 0) os << fmt(*r.b / *r.a) << "x" << (r.higher_is_better ? "" : " (lower is better)");
-      else os << "-";
+      if (r.a && r.b && *r.a != 0)
+        os << fmt(*r.b / *r.a) << "x" << (r.higher_is_better ? "" : " (lower is better)");
+      else
+        os << "-";
       os << " |\n";
     }
     os << "\n";

@@ -30,11 +30,11 @@ struct Metrics {
   int64_t input_tokens = 0, output_tokens = 0;  // successful requests; input as the server counted
                                                 // it when reported, else as planned
   Summary ttft_ms, itl_ms, tpot_ms, e2e_ms, first_byte_ms, queue_ms;  // successful requests
-  double request_throughput = 0;    // successful requests / run duration
-  double output_throughput = 0;     // output tokens / s
-  double total_token_throughput = 0;  // (input + output) tokens / s
-  std::optional<double> goodput_fraction;  // good / all requests; none without an SLO
-  std::optional<double> goodput_rps;       // good requests / s
+  double request_throughput = 0;                                      // successful requests / run duration
+  double output_throughput = 0;                                       // output tokens / s
+  double total_token_throughput = 0;                                  // (input + output) tokens / s
+  std::optional<double> goodput_fraction;                             // good / all requests; none without an SLO
+  std::optional<double> goodput_rps;                                  // good requests / s
   nlohmann::json to_json() const;
 };
 
@@ -50,8 +50,8 @@ struct Buckets {
 };
 
 struct RunReport {
-  std::string label;           // "rate 4/s", "trace", ...
-  double offered_rate = 0;     // requests/s of the arrival process (inf: all at once)
+  std::string label;        // "rate 4/s", "trace", ...
+  double offered_rate = 0;  // requests/s of the arrival process (inf: all at once)
   double duration_s = 0;
   Metrics summary;
   struct Bucket {

@@ -82,7 +82,8 @@ BenchReport run_serve_bench(const ServeBenchOptions& o) {
     spec.num_requests = static_cast<int64_t>(std::ceil(max_rate * *spec.duration_s * 1.2)) + 16;
   }
   auto counter = choose_counter(o);
-  const TextSource text = spec.corpus_path.empty() ? TextSource::builtin(o.seed) : TextSource::from_file(spec.corpus_path);
+  const TextSource text =
+      spec.corpus_path.empty() ? TextSource::builtin(o.seed) : TextSource::from_file(spec.corpus_path);
   const auto t_plan = std::chrono::steady_clock::now();
   const WorkloadPlan plan = plan_workload(spec, *counter, text, o.seed);
   if (o.log) {
@@ -118,8 +119,9 @@ BenchReport run_serve_bench(const ServeBenchOptions& o) {
                    {"token_counter", plan.token_counter},
                    {"exact_token_counts", plan.exact_token_counts},
                    {"text_source", plan.text_source},
-                   {"slo", {{"ttft_ms", spec.slo_ttft_ms ? nlohmann::json(*spec.slo_ttft_ms) : nlohmann::json(nullptr)},
-                            {"tpot_ms", spec.slo_tpot_ms ? nlohmann::json(*spec.slo_tpot_ms) : nlohmann::json(nullptr)}}},
+                   {"slo",
+                    {{"ttft_ms", spec.slo_ttft_ms ? nlohmann::json(*spec.slo_ttft_ms) : nlohmann::json(nullptr)},
+                     {"tpot_ms", spec.slo_tpot_ms ? nlohmann::json(*spec.slo_tpot_ms) : nlohmann::json(nullptr)}}},
                    {"buckets", {{"input_edges", o.buckets.input_edges}, {"output_edges", o.buckets.output_edges}}},
                    {"percentiles", "numpy linear interpolation"}};
   nlohmann::json rates_json = nlohmann::json::array();
@@ -136,7 +138,8 @@ BenchReport run_serve_bench(const ServeBenchOptions& o) {
     const LoadResult w = run_load(warm, lo);
     int failed = 0;
     for (const auto& r : w.records) failed += !r.ok;
-    if (o.log) o.log("warm-up: " + std::to_string(w.records.size()) + " requests, " + std::to_string(failed) + " failed");
+    if (o.log)
+      o.log("warm-up: " + std::to_string(w.records.size()) + " requests, " + std::to_string(failed) + " failed");
   }
 
   for (double rate : rates) {

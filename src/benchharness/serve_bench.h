@@ -15,14 +15,14 @@ namespace tessera::bench {
 
 struct ServeBenchOptions {
   WorkloadSpec workload;
-  LoadOptions load;              // endpoint, model, API, concurrency cap, timeouts
-  std::vector<double> rates;     // empty: the workload's arrival rate (one run)
+  LoadOptions load;           // endpoint, model, API, concurrency cap, timeouts
+  std::vector<double> rates;  // empty: the workload's arrival rate (one run)
   uint64_t seed = 0;
-  std::string tokenizer_model;   // count prompt tokens in process with this model's tokenizer
+  std::string tokenizer_model;         // count prompt tokens in process with this model's tokenizer
   bool allow_estimated_counts = true;  // no tokenizer and no /tokenize: estimate (marked inexact)
-  int warmup_requests = 0;       // sent one at a time before the runs, not recorded
+  int warmup_requests = 0;             // sent one at a time before the runs, not recorded
   Buckets buckets;
-  std::string command_line;      // recorded in the report's config
+  std::string command_line;  // recorded in the report's config
   // Progress and notes for the user (stderr in the CLI).
   std::function<void(const std::string& run_label, const Progress&)> on_progress;
   std::function<void(const std::string&)> log;

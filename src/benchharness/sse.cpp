@@ -48,8 +48,10 @@ ChunkInfo parse_openai_chunk(std::string_view data) {
   if (j.is_discarded() || !j.is_object()) return c;
   c.is_json = true;
   if (const auto e = j.find("error"); e != j.end()) {
-    if (e->is_object() && e->contains("message") && (*e)["message"].is_string()) c.error = (*e)["message"];
-    else c.error = e->dump();
+    if (e->is_object() && e->contains("message") && (*e)["message"].is_string())
+      c.error = (*e)["message"];
+    else
+      c.error = e->dump();
   }
   if (const auto ch = j.find("choices"); ch != j.end() && ch->is_array() && !ch->empty()) {
     const auto& c0 = (*ch)[0];

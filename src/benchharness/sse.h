@@ -28,14 +28,14 @@ class SseParser {
 
 // What one OpenAI streaming chunk (chat.completion.chunk or text_completion) carries.
 struct ChunkInfo {
-  bool done = false;        // the "[DONE]" sentinel
+  bool done = false;  // the "[DONE]" sentinel
   bool is_json = false;
-  std::string text;         // choices[0].delta.content or choices[0].text (may be empty)
-  bool has_usage = false;   // a non-null "usage" object
+  std::string text;        // choices[0].delta.content or choices[0].text (may be empty)
+  bool has_usage = false;  // a non-null "usage" object
   int64_t prompt_tokens = -1, completion_tokens = -1;
-  double queue_ms = -1;     // timings.queue_ms when the server reports it, else -1
+  double queue_ms = -1;  // timings.queue_ms when the server reports it, else -1
   std::string finish_reason;
-  std::string error;        // an in-stream {"error": ...}: its message
+  std::string error;  // an in-stream {"error": ...}: its message
 };
 // Never throws: data that is not JSON gives is_json = false.
 ChunkInfo parse_openai_chunk(std::string_view data);

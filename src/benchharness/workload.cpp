@@ -18,8 +18,7 @@ const std::vector<std::string> kKinds = {"synthetic", "sharegpt", "shared_prefix
 
 void check_keys(const nlohmann::json& j, const std::vector<std::string>& allowed, const std::string& where) {
   for (const auto& [key, value] : j.items())
-    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
-      fail(where, ": unknown key \"", key, "\"");
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) fail(where, ": unknown key \"", key, "\"");
 }
 
 double positive_number(const nlohmann::json& j, const std::string& what) {
@@ -51,8 +50,9 @@ void WorkloadSpec::sharegpt_defaults(LengthDist& input, LengthDist& output) {
 
 WorkloadSpec WorkloadSpec::from_json(const nlohmann::json& j) {
   TESSERA_CHECK(j.is_object(), "workload: expected a JSON object");
-  check_keys(j, {"kind", "name", "input", "output", "scale", "shared_prefix", "multi_turn", "trace", "corpus",
-                 "num_requests", "duration_s", "arrival", "slo"},
+  check_keys(j,
+             {"kind", "name", "input", "output", "scale", "shared_prefix", "multi_turn", "trace", "corpus",
+              "num_requests", "duration_s", "arrival", "slo"},
              "workload");
   WorkloadSpec s;
   if (j.contains("kind")) {
@@ -84,7 +84,8 @@ WorkloadSpec WorkloadSpec::from_json(const nlohmann::json& j) {
     TESSERA_CHECK(mt.is_object(), "workload.multi_turn must be an object");
     check_keys(mt, {"turns", "think_time_s"}, "workload.multi_turn");
     if (mt.contains("turns")) s.turns = LengthDist::from_json(mt["turns"], "workload.multi_turn.turns");
-    if (mt.contains("think_time_s")) s.think_time_s = positive_number(mt["think_time_s"], "workload.multi_turn.think_time_s");
+    if (mt.contains("think_time_s"))
+      s.think_time_s = positive_number(mt["think_time_s"], "workload.multi_turn.think_time_s");
   }
   if (j.contains("trace")) s.trace_path = j["trace"].get<std::string>();
   if (j.contains("corpus")) s.corpus_path = j["corpus"].get<std::string>();
@@ -100,10 +101,13 @@ WorkloadSpec WorkloadSpec::from_json(const nlohmann::json& j) {
     check_keys(a, {"process", "rate", "burstiness"}, "workload.arrival");
     if (a.contains("process")) s.arrival.kind = ArrivalProcess::parse_kind(a["process"].get<std::string>());
     if (a.contains("rate")) {
-      if (a["rate"].is_string() && a["rate"] == "inf") s.arrival.rate = std::numeric_limits<double>::infinity();
-      else s.arrival.rate = positive_number(a["rate"], "workload.arrival.rate");
+      if (a["rate"].is_string() && a["rate"] == "inf")
+        s.arrival.rate = std::numeric_limits<double>::infinity();
+      else
+        s.arrival.rate = positive_number(a["rate"], "workload.arrival.rate");
     }
-    if (a.contains("burstiness")) s.arrival.burstiness = positive_number(a["burstiness"], "workload.arrival.burstiness");
+    if (a.contains("burstiness"))
+      s.arrival.burstiness = positive_number(a["burstiness"], "workload.arrival.burstiness");
     if (s.arrival.kind == ArrivalProcess::Kind::Gamma && !a.contains("burstiness"))
       fail("workload.arrival: gamma needs \"burstiness\"");
   }
@@ -132,11 +136,11 @@ WorkloadSpec WorkloadSpec::from_file(const std::string& path) {
 }
 
 nlohmann::json WorkloadSpec::to_json() const {
-  nlohmann::json j = {{"kind", kind}, {"name", name}, {"input", input.to_json()}, {"output", output.to_json()},
-                      {"scale", scale}};
+  nlohmann::json j = {
+      {"kind", kind}, {"name", name}, {"input", input.to_json()}, {"output", output.to_json()}, {"scale", scale}};
   if (kind == "shared_prefix")
-    j["shared_prefix"] = {{"num_prefixes", num_prefixes}, {"questions_per_prefix", questions_per_prefix},
-                          {"prefix", prefix.to_json()}};
+    j["shared_prefix"] = {
+        {"num_prefixes", num_prefixes}, {"questions_per_prefix", questions_per_prefix}, {"prefix", prefix.to_json()}};
   if (kind == "multi_turn") j["multi_turn"] = {{"turns", turns.to_json()}, {"think_time_s", think_time_s}};
   if (kind == "trace") j["trace"] = trace_path;
   j["corpus"] = corpus_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(corpus_path);
@@ -162,9 +166,12 @@ std::vector<TraceEntry> read_trace(const std::string& path) {
     const std::string where = path + ":" + std::to_string(line_no);
     TESSERA_CHECK(!j.is_discarded() && j.is_object(), where, ": not a JSON object");
     TraceEntry e;
-    if (j.contains("timestamp")) e.timestamp_s = positive_number(j["timestamp"], where + ": timestamp");
-    else if (j.contains("timestamp_ms")) e.timestamp_s = positive_number(j["timestamp_ms"], where + ": timestamp_ms") / 1000.0;
-    else fail(where, ": missing \"timestamp\" (seconds) or \"timestamp_ms\"");
+    if (j.contains("timestamp"))
+      e.timestamp_s = positive_number(j["timestamp"], where + ": timestamp");
+    else if (j.contains("timestamp_ms"))
+      e.timestamp_s = positive_number(j["timestamp_ms"], where + ": timestamp_ms") / 1000.0;
+    else
+      fail(where, ": missing \"timestamp\" (seconds) or \"timestamp_ms\"");
     auto length = [&](const char* a, const char* b) -> int64_t {
       const char* key = j.contains(a) ? a : b;
       TESSERA_CHECK(j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() >= 1, where,
@@ -205,7 +212,8 @@ WorkloadPlan plan_workload(const WorkloadSpec& spec, TokenCounter& counter, cons
       PlannedConversation c;
       c.id = static_cast<int64_t>(i);
       c.arrival_s = trace[i].timestamp_s - trace[0].timestamp_s;
-      c.turns.push_back(make_turn(scaled(trace[i].input_tokens, spec.scale), scaled(trace[i].output_tokens, spec.scale)));
+      c.turns.push_back(
+          make_turn(scaled(trace[i].input_tokens, spec.scale), scaled(trace[i].output_tokens, spec.scale)));
       plan.conversations.push_back(std::move(c));
     }
   } else if (spec.kind == "shared_prefix") {

@@ -32,13 +32,13 @@ struct WorkloadSpec {
   LengthDist prefix = LengthDist::fixed(512);  // system prompt tokens
   // multi_turn
   LengthDist turns = LengthDist::fixed(4);
-  double think_time_s = 0;                     // pause between a reply and the next turn
+  double think_time_s = 0;  // pause between a reply and the next turn
   // trace
   std::string trace_path;
   // common
-  std::string corpus_path;                     // empty: built-in word list
-  std::optional<int64_t> num_requests;         // default: 100 (shared_prefix: prefixes × questions)
-  std::optional<double> duration_s;            // stop scheduling arrivals after this time
+  std::string corpus_path;              // empty: built-in word list
+  std::optional<int64_t> num_requests;  // default: 100 (shared_prefix: prefixes × questions)
+  std::optional<double> duration_s;     // stop scheduling arrivals after this time
   ArrivalProcess arrival;
   std::optional<double> slo_ttft_ms, slo_tpot_ms;
 
@@ -62,7 +62,7 @@ struct PlannedConversation {
   double arrival_s = 0;
   std::string system_text;  // empty: no system message
   int64_t system_tokens = 0;
-  int prefix_group = -1;    // shared_prefix: which system prompt
+  int prefix_group = -1;  // shared_prefix: which system prompt
   std::vector<PlannedTurn> turns;
 };
 
@@ -71,7 +71,7 @@ struct WorkloadPlan {
   int64_t n_requests = 0;                          // turns in all
   double think_time_s = 0;                         // multi_turn
   bool exact_token_counts = true;
-  std::string token_counter;                       // how counts were obtained
+  std::string token_counter;  // how counts were obtained
   std::string text_source;
 };
 

@@ -23,9 +23,9 @@ template <typename... Parts>
   throw Error(os.str());
 }
 
-#define TESSERA_CHECK(cond, ...)                   \
-  do {                                             \
-    if (!(cond)) ::tessera::fail(__VA_ARGS__);     \
+#define TESSERA_CHECK(cond, ...)               \
+  do {                                         \
+    if (!(cond)) ::tessera::fail(__VA_ARGS__); \
   } while (0)
 
 }  // namespace tessera

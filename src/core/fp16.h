@@ -7,8 +7,16 @@
 
 namespace tessera {
 
-inline float f32_from_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline uint32_t bits_from_f32(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float f32_from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t bits_from_f32(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
 inline float fp16_to_f32(uint16_t h) {
   // Exact: every half is representable in f32. Denormals go through the magic-number trick.
@@ -22,8 +30,8 @@ inline float fp16_to_f32(uint16_t h) {
   const float magic_bias = 0.5f;
   const float denormalized = f32_from_bits((two_w >> 17) | magic_mask) - magic_bias;
   const uint32_t denormalized_cutoff = 1u << 27;
-  const uint32_t result = sign | (two_w < denormalized_cutoff ? bits_from_f32(denormalized)
-                                                             : bits_from_f32(normalized));
+  const uint32_t result =
+      sign | (two_w < denormalized_cutoff ? bits_from_f32(denormalized) : bits_from_f32(normalized));
   return f32_from_bits(result);
 }
 
@@ -49,7 +57,7 @@ inline float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u = bits_from_f32(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 64);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1);  // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1);                                                     // round to nearest even
   return static_cast<uint16_t>(u >> 16);
 }
 

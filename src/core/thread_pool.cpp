@@ -40,9 +40,7 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-int ThreadPool::default_threads() {
-  return std::max(1u, std::thread::hardware_concurrency());
-}
+int ThreadPool::default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 void ThreadPool::run(FunctionRef<void(int, int)> fn) {
   if (n_threads_ == 1) {

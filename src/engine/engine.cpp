@@ -4,8 +4,7 @@
 
 namespace tessera {
 
-Engine::Engine(const EngineConfig& config, Executor& executor)
-    : core_(config, executor), admission_(config.admission) {
+Engine::Engine(const EngineConfig& config, Executor& executor) : core_(config, executor), admission_(config.admission) {
   stats_ = core_.stats();
   thread_ = std::thread([this] { run(); });
 }
@@ -41,8 +40,7 @@ SubmitResult Engine::submit(Request request, std::function<void()> on_event) {
     }
     result.id = next_id_++;
     ++in_flight_;
-    inbox_.push_back(
-        Message{Message::Kind::Add, result.id, std::move(request), result.stream, 0, FinishReason::None});
+    inbox_.push_back(Message{Message::Kind::Add, result.id, std::move(request), result.stream, 0, FinishReason::None});
   }
   wake_.notify_one();
   return result;

@@ -91,7 +91,7 @@ class Engine {
     std::string tenant;
     int64_t n_prompt = 0;
     int64_t budget_tokens = 0;  // prompt + max_tokens x n: the tenant's in-flight tokens
-    bool started = false;  // its RequestProgress lives in the stream (one copy)
+    bool started = false;       // its RequestProgress lives in the stream (one copy)
   };
 
   void run();
@@ -104,9 +104,9 @@ class Engine {
   EngineCore core_;
   AdmissionControl admission_;
 
-  mutable std::mutex mutex_;  // guards everything below it
-  std::condition_variable wake_;   // engine thread: messages or stop
-  std::condition_variable idle_;   // drain(): in-flight count changed
+  mutable std::mutex mutex_;      // guards everything below it
+  std::condition_variable wake_;  // engine thread: messages or stop
+  std::condition_variable idle_;  // drain(): in-flight count changed
   std::vector<Message> inbox_;
   bool stop_ = false;
   RequestId next_id_ = 1;

@@ -25,12 +25,13 @@ EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
       scheduler_(config.scheduler, kv_) {
   TESSERA_CHECK(config.vocab_size >= 1, "engine: vocabulary size ", config.vocab_size);
   TESSERA_CHECK(config.max_n >= 1, "engine: max_n ", config.max_n, " must be at least 1");
-  TESSERA_CHECK(config.scheduler.max_num_batched_tokens <= executor.max_batch_tokens(), "engine: max_num_batched_tokens ",
-                config.scheduler.max_num_batched_tokens, " exceeds the executor's batch of ", executor.max_batch_tokens());
-  TESSERA_CHECK(config.scheduler.logits_rows() <= executor.max_logits_rows(), "engine: ",
-                config.scheduler.logits_rows(), " logits rows a step (max_num_seqs ", config.scheduler.max_num_seqs,
-                ", max_logits_rows ", config.scheduler.max_logits_rows, ") exceed the executor's ",
-                executor.max_logits_rows());
+  TESSERA_CHECK(config.scheduler.max_num_batched_tokens <= executor.max_batch_tokens(),
+                "engine: max_num_batched_tokens ", config.scheduler.max_num_batched_tokens,
+                " exceeds the executor's batch of ", executor.max_batch_tokens());
+  TESSERA_CHECK(config.scheduler.logits_rows() <= executor.max_logits_rows(),
+                "engine: ", config.scheduler.logits_rows(), " logits rows a step (max_num_seqs ",
+                config.scheduler.max_num_seqs, ", max_logits_rows ", config.scheduler.max_logits_rows,
+                ") exceed the executor's ", executor.max_logits_rows());
   TESSERA_CHECK(config.n_host_blocks <= executor.n_host_blocks(), "engine: a host KV tier of ", config.n_host_blocks,
                 " blocks but the executor has ", executor.n_host_blocks());
   TESSERA_CHECK(config.scheduler.preemption_mode != PreemptionMode::Swap || config.n_host_blocks > 0,

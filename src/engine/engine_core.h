@@ -19,15 +19,15 @@ namespace tessera {
 
 struct EngineConfig {
   SchedulerConfig scheduler;  // scheduler.preemption_mode Swap needs n_host_blocks > 0
-  int n_blocks = 0;          // KV blocks (the executor's cache must have as many)
+  int n_blocks = 0;           // KV blocks (the executor's cache must have as many)
   int block_size = 16;
-  int n_host_blocks = 0;     // host tier for swap preemption (at most the executor's)
+  int n_host_blocks = 0;       // host tier for swap preemption (at most the executor's)
   int64_t kv_block_bytes = 0;  // bytes of one block (all layers, K and V): for the swap byte counters
   bool prefix_caching = true;
   std::string model_fingerprint;  // part of every prefix key
   int32_t vocab_size = 0;
-  int max_n = 16;            // most choices per request
-  AdmissionLimits admission; // used by Engine
+  int max_n = 16;                 // most choices per request
+  AdmissionLimits admission;      // used by Engine
   bool check_invariants = false;  // after every step (tests): slow, throws on a broken one
 };
 
@@ -38,12 +38,12 @@ struct EngineStats {
   // Prompt tokens of requests whose prefill completed, counted once per request at its
   // first sampled token (vLLM's prompt_tokens_total: the whole prompt, cached or not).
   int64_t prompt_tokens = 0;
-  int64_t preemptions = 0;       // recompute and swap
-  int64_t swaps_out = 0;         // sequences preempted by swapping their KV to the host tier
-  int64_t swaps_in = 0;          // sequences whose KV came back
-  int64_t swap_out_bytes = 0;    // bytes copied device -> host
-  int64_t swap_in_bytes = 0;     // bytes copied host -> device
-  int64_t swap_fallbacks = 0;    // swap mode, host tier full: recomputed instead
+  int64_t preemptions = 0;     // recompute and swap
+  int64_t swaps_out = 0;       // sequences preempted by swapping their KV to the host tier
+  int64_t swaps_in = 0;        // sequences whose KV came back
+  int64_t swap_out_bytes = 0;  // bytes copied device -> host
+  int64_t swap_in_bytes = 0;   // bytes copied host -> device
+  int64_t swap_fallbacks = 0;  // swap mode, host tier full: recomputed instead
   int64_t forks = 0;
   int64_t block_copies = 0;
   int64_t requests_finished = 0;  // every choice stopped or hit its length
@@ -62,7 +62,7 @@ struct EngineStats {
 // A request scheduled for the first time.
 struct RequestStart {
   RequestId id = 0;
-  int32_t cached_prompt_tokens = 0;  // served from the prefix cache
+  int32_t cached_prompt_tokens = 0;                    // served from the prefix cache
   std::chrono::steady_clock::time_point scheduled_at;  // when the step was scheduled
 };
 
@@ -73,7 +73,7 @@ struct StepResult {
   // Requests whose prompt logprobs (Request::prompt_logprobs) are complete, published once,
   // in or before the step of their first token event: entries for positions 1..n_prompt-1.
   std::vector<std::pair<RequestId, std::shared_ptr<const std::vector<Logprobs>>>> prompt_logprobs;
-  std::string error;               // the step failed: its requests ended with Error
+  std::string error;  // the step failed: its requests ended with Error
 };
 
 class EngineCore {

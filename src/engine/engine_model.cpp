@@ -18,7 +18,8 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   o.session.max_batch_tokens = sc.max_num_batched_tokens;
   TESSERA_CHECK(o.prompt_logprob_rows >= 0, "prompt logprob rows ", o.prompt_logprob_rows, " is negative");
   if (sc.max_logits_rows <= 0)
-    sc.max_logits_rows = std::min(sc.max_num_seqs + o.prompt_logprob_rows, std::max(sc.max_num_batched_tokens, sc.max_num_seqs));
+    sc.max_logits_rows =
+        std::min(sc.max_num_seqs + o.prompt_logprob_rows, std::max(sc.max_num_batched_tokens, sc.max_num_seqs));
   o.session.max_logits = sc.max_logits_rows;
   session_ = std::make_unique<Session>(o.session);
   const ModelConfig& mc = session_->config();
@@ -58,8 +59,8 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   bool warmed_up = false;
   int64_t budget = o.kv_cache_bytes;
   if (budget <= 0 && on_device) {
-    TESSERA_CHECK(o.device_kv_fraction > 0 && o.device_kv_fraction <= 0.98, "device KV fraction ",
-                  o.device_kv_fraction, " is outside (0, 0.98]");
+    TESSERA_CHECK(o.device_kv_fraction > 0 && o.device_kv_fraction <= 0.98, "device KV fraction ", o.device_kv_fraction,
+                  " is outside (0, 0.98]");
     if (o.warmup) {
       KvCacheSpec tmp = spec;
       tmp.n_blocks = (std::max(1, std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)) + spec.block_size - 1) /
@@ -70,16 +71,18 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     }
     const auto free_bytes = static_cast<double>(backend.device_free_bytes());
     budget = static_cast<int64_t>(o.device_kv_fraction * free_bytes) - o.device_reserve_bytes;
-    TESSERA_CHECK(budget > 0, "KV sizing: ", static_cast<int64_t>(free_bytes), " bytes of device memory are free after ",
-                  "the warm-up, less than the ", o.device_reserve_bytes, " bytes kept in reserve");
+    TESSERA_CHECK(budget > 0, "KV sizing: ", static_cast<int64_t>(free_bytes),
+                  " bytes of device memory are free after ", "the warm-up, less than the ", o.device_reserve_bytes,
+                  " bytes kept in reserve");
   } else if (budget <= 0) {
-    TESSERA_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 0.95, "KV memory fraction ",
-                  o.kv_memory_fraction, " is outside (0, 0.95]");
+    TESSERA_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 0.95, "KV memory fraction ", o.kv_memory_fraction,
+                  " is outside (0, 0.95]");
     budget = static_cast<int64_t>(o.kv_memory_fraction * static_cast<double>(host_available_memory_bytes()));
   }
   spec.n_blocks = kv_blocks_for_budget(spec, budget);
   // More than every sequence at full length is waste.
-  const int64_t useful = static_cast<int64_t>(sc.max_num_seqs) * ((sc.max_model_len + spec.block_size - 1) / spec.block_size);
+  const int64_t useful =
+      static_cast<int64_t>(sc.max_num_seqs) * ((sc.max_model_len + spec.block_size - 1) / spec.block_size);
   spec.n_blocks = static_cast<int>(std::min<int64_t>(spec.n_blocks, std::max<int64_t>(useful, 1)));
   if (o.max_kv_blocks > 0) spec.n_blocks = std::min(spec.n_blocks, o.max_kv_blocks);
   // One sequence of max_model_len tokens must fit (vLLM refuses to start otherwise): never

@@ -11,22 +11,22 @@
 namespace tessera {
 
 struct ModelEngineOptions {
-  SessionOptions session;       // model, backend, kv_dtype, block_size (ctx, batch sizes are set here)
+  SessionOptions session;  // model, backend, kv_dtype, block_size (ctx, batch sizes are set here)
   // max_model_len 0 = the trained context, at most 8192; max_logits_rows 0 = max_num_seqs +
   // prompt_logprob_rows; preemption_mode Swap needs swap_space_bytes.
   SchedulerConfig scheduler;
-  int64_t kv_cache_bytes = 0;   // KV budget; 0 = kv_memory_fraction of the memory available
+  int64_t kv_cache_bytes = 0;  // KV budget; 0 = kv_memory_fraction of the memory available
   double kv_memory_fraction = 0.4;
   // A device backend (CUDA): with kv_cache_bytes 0 the budget is device_kv_fraction of the
   // device memory free after the warm-up forward, less device_reserve_bytes (decode graphs,
   // attention scratch, other processes).
   double device_kv_fraction = 0.9;
   int64_t device_reserve_bytes = int64_t{1} << 30;
-  int max_kv_blocks = 0;        // cap on the pool (tests); 0 = none
+  int max_kv_blocks = 0;  // cap on the pool (tests); 0 = none
   bool prefix_caching = true;
   AdmissionLimits admission;
   int max_n = 16;
-  bool warmup = true;           // one forward of max_num_batched_tokens tokens before serving
+  bool warmup = true;  // one forward of max_num_batched_tokens tokens before serving
   // Host memory for swap preemption's KV tier (whole blocks); 0 = none.
   int64_t swap_space_bytes = 0;
   // Logits rows per forward beyond max_num_seqs, for prompt-logprob prefill chunks (each

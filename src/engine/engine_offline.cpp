@@ -19,7 +19,9 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 // Strict field readers: a wrong type is an error naming the field, never a silent default.
 template <typename T>
@@ -165,8 +167,8 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
                                            const std::function<void(const OfflineBenchRow&)>& on_row) {
   TESSERA_CHECK(o.n_requests >= 1 && o.prompt_tokens >= 1 && o.gen_tokens >= 1, "bench offline: needs requests, ",
                 "prompt and generated tokens (got ", o.n_requests, ", ", o.prompt_tokens, ", ", o.gen_tokens, ")");
-  TESSERA_CHECK(o.shared_prefix_tokens >= 0 && o.shared_prefix_tokens <= o.prompt_tokens, "bench offline: shared prefix of ",
-                o.shared_prefix_tokens, " tokens in prompts of ", o.prompt_tokens);
+  TESSERA_CHECK(o.shared_prefix_tokens >= 0 && o.shared_prefix_tokens <= o.prompt_tokens,
+                "bench offline: shared prefix of ", o.shared_prefix_tokens, " tokens in prompts of ", o.prompt_tokens);
   const int32_t vocab = engine.config().vocab_size;
   // Random ids below the vocabulary's end (special tokens usually sit at the end or start;
   // the model's reaction to them does not matter for timing, and end-of-generation is off).
@@ -193,7 +195,8 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
     EngineCore core(engine.config(), engine.executor());
     Request warm = requests[0];
     warm.sampling.max_tokens = 4;
-    warm.prompt.back() = static_cast<int32_t>(100 + (warm.prompt.back() + 1) % std::max(1, vocab - 200));  // no cache hit later
+    warm.prompt.back() =
+        static_cast<int32_t>(100 + (warm.prompt.back() + 1) % std::max(1, vocab - 200));  // no cache hit later
     core.add(0, warm);
     while (core.has_work()) {
       const StepResult step = core.step();
@@ -226,8 +229,10 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
           if (e.token < 0) continue;
           ++out_tokens;
           ++n_out[e.request];
-          if (ttft[e.request] < 0) ttft[e.request] = now;
-          else itl.push_back(now - last[e.request]);
+          if (ttft[e.request] < 0)
+            ttft[e.request] = now;
+          else
+            itl.push_back(now - last[e.request]);
           last[e.request] = now;
         }
       }

@@ -38,11 +38,11 @@ OfflineBatchSummary run_offline_batch(ModelEngine& engine, std::istream& in, std
 
 struct OfflineBenchOptions {
   int n_requests = 64;
-  int prompt_tokens = 128;        // per request, shared prefix included
-  int gen_tokens = 64;            // per request (end-of-generation ignored)
+  int prompt_tokens = 128;                    // per request, shared prefix included
+  int gen_tokens = 64;                        // per request (end-of-generation ignored)
   std::vector<int> concurrency = {1, 8, 32};  // max_num_seqs of each run
-  int shared_prefix_tokens = 0;   // > 0: every prompt starts with the same tokens
-  bool compare_prefix_cache = false;  // run each concurrency with the prefix cache off, then on
+  int shared_prefix_tokens = 0;               // > 0: every prompt starts with the same tokens
+  bool compare_prefix_cache = false;          // run each concurrency with the prefix cache off, then on
   uint64_t seed = 1;
 };
 

@@ -25,10 +25,14 @@ std::string human_bytes_binary(int64_t bytes) {
 
 std::string human_count(int64_t n) {
   char buf[32];
-  if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.2fB", static_cast<double>(n) / 1e9);
-  else if (n >= 1'000'000) std::snprintf(buf, sizeof buf, "%.0fM", static_cast<double>(n) / 1e6);
-  else if (n >= 1'000) std::snprintf(buf, sizeof buf, "%.0fK", static_cast<double>(n) / 1e3);
-  else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+  if (n >= 1'000'000'000)
+    std::snprintf(buf, sizeof buf, "%.2fB", static_cast<double>(n) / 1e9);
+  else if (n >= 1'000'000)
+    std::snprintf(buf, sizeof buf, "%.0fM", static_cast<double>(n) / 1e6);
+  else if (n >= 1'000)
+    std::snprintf(buf, sizeof buf, "%.0fK", static_cast<double>(n) / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
   return buf;
 }
 

@@ -10,23 +10,23 @@ namespace tessera {
 class ModelEngine;
 
 struct EngineSummary {
-  std::string model;          // as given on the command line
-  std::string name;           // the checkpoint's own name
-  std::string architecture;   // "llama", "qwen2", ...
+  std::string model;         // as given on the command line
+  std::string name;          // the checkpoint's own name
+  std::string architecture;  // "llama", "qwen2", ...
   int64_t n_params = 0;
   int trained_context = 0;
-  int max_model_len = 0;      // prompt + output tokens of one sequence
-  std::string kv_dtype;       // "f16", "f32"
+  int max_model_len = 0;  // prompt + output tokens of one sequence
+  std::string kv_dtype;   // "f16", "f32"
   int block_size = 0;
   int n_blocks = 0;
   int64_t kv_block_bytes = 0;
-  int n_host_blocks = 0;      // swap tier
-  std::string device;         // the backend's own description (device or threads and ISA)
+  int n_host_blocks = 0;  // swap tier
+  std::string device;     // the backend's own description (device or threads and ISA)
   int max_num_seqs = 0;
   int max_num_batched_tokens = 0;
   int max_partial_prefills = 0;
-  std::string policy;         // "fcfs", "priority"
-  std::string preemption;     // "recompute", "swap"
+  std::string policy;      // "fcfs", "priority"
+  std::string preemption;  // "recompute", "swap"
   bool prefix_caching = false;
 
   int64_t kv_tokens() const { return static_cast<int64_t>(n_blocks) * block_size; }

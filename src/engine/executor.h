@@ -33,7 +33,7 @@ struct PromptLogprobTarget {
 
 struct StepInput {
   const ForwardBatch& batch;
-  std::span<const BlockCopy> copies;    // done before the forward, in order
+  std::span<const BlockCopy> copies;  // done before the forward, in order
   std::span<const SampleTarget> samples;
   std::span<const PromptLogprobTarget> prompt_logprobs = {};
 };

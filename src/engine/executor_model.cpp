@@ -87,8 +87,8 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
       continue;
     }
     // sample() edits the row (bias, penalties): a row shared by several choices is copied.
-    const bool shared = (i > 0 && in.samples[i - 1].row == t.row) ||
-                        (i + 1 < in.samples.size() && in.samples[i + 1].row == t.row);
+    const bool shared =
+        (i > 0 && in.samples[i - 1].row == t.row) || (i + 1 < in.samples.size() && in.samples[i + 1].row == t.row);
     if (shared) {
       row_.assign(row.begin(), row.end());
       row = row_;

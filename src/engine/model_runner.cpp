@@ -61,15 +61,14 @@ void ModelRunner::check(const ForwardBatch& b) const {
   const int n_seqs = b.n_seqs();
   TESSERA_CHECK(n >= 1 && n <= model_.max_batch_tokens(), "forward: batch of ", n, " tokens, limit ",
                 model_.max_batch_tokens());
-  TESSERA_CHECK(static_cast<int>(b.logits_rows.size()) <= model_.max_logits_rows(), "forward: ",
-                b.logits_rows.size(), " logits rows, limit ", model_.max_logits_rows());
+  TESSERA_CHECK(static_cast<int>(b.logits_rows.size()) <= model_.max_logits_rows(), "forward: ", b.logits_rows.size(),
+                " logits rows, limit ", model_.max_logits_rows());
   TESSERA_CHECK(b.positions.size() == static_cast<size_t>(n) && b.slot_mapping.size() == static_cast<size_t>(n) &&
                     b.q_start.size() == static_cast<size_t>(n_seqs) + 1 && b.q_start.back() == n &&
                     b.block_tables.size() == static_cast<size_t>(n_seqs) * b.max_blocks,
                 "forward: the batch's arrays disagree on its size (", n, " tokens, ", n_seqs, " sequences)");
   for (int32_t id : b.tokens)
-    TESSERA_CHECK(id >= 0 && id < n_vocab_, "forward: token id ", id, " is outside the vocabulary [0, ", n_vocab_,
-                  ")");
+    TESSERA_CHECK(id >= 0 && id < n_vocab_, "forward: token id ", id, " is outside the vocabulary [0, ", n_vocab_, ")");
   for (int32_t p : b.positions) TESSERA_CHECK(p >= 0, "forward: negative position ", p);
   for (int32_t r : b.logits_rows)
     TESSERA_CHECK(r >= 0 && r < n, "forward: logits row ", r, " outside the batch of ", n, " tokens");

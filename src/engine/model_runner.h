@@ -78,11 +78,11 @@ class ModelRunner {
   int pad_block_;
   int n_vocab_;
   ForwardBatch padded_;
-  std::shared_ptr<void> packed_;  // host side of the staging copy (page-locked on a device)
-  size_t packed_cap_ = 0;        // ints
-  bool copy_in_flight_ = false;  // packed_ may still feed the last copy (no readback since)
-  int32_t* eager_inputs_ = nullptr;  // device, for forwards that are not graphs (grown)
-  size_t eager_cap_ = 0;             // ints
+  std::shared_ptr<void> packed_;                      // host side of the staging copy (page-locked on a device)
+  size_t packed_cap_ = 0;                             // ints
+  bool copy_in_flight_ = false;                       // packed_ may still feed the last copy (no readback since)
+  int32_t* eager_inputs_ = nullptr;                   // device, for forwards that are not graphs (grown)
+  size_t eager_cap_ = 0;                              // ints
   std::map<std::pair<int, int>, GraphEntry> graphs_;  // (sequences, table width)
   int graphs_captured_ = 0;
   int64_t graph_replays_ = 0;

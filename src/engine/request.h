@@ -37,14 +37,13 @@ struct Request {
   int32_t prompt_logprobs = -1;
 };
 
-
 // One thing that happened to a choice: a new token, its end, or both.
 struct StreamEvent {
   int32_t choice = 0;
   int32_t token = -1;                        // a new output token, or -1
   FinishReason finish = FinishReason::None;  // set on the choice's last event
   std::string error;                         // FinishReason::Error: what went wrong
-  std::optional<Logprobs> logprobs;  // Request::logprobs: the new token's
+  std::optional<Logprobs> logprobs;          // Request::logprobs: the new token's
 };
 
 // Request-level facts the engine thread publishes once, before the first token event.

@@ -111,8 +111,7 @@ void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, Forward
                   ctx_);
     TESSERA_CHECK(seq.reserve(*pool_, options_.block_size, n), "KV cache full: no free blocks for ", n, " tokens");
     const bool last_chunk = done + n == tokens.size();
-    const auto chunk_mode = mode == ForwardBatch::Logits::All ? mode
-                            : (last_chunk ? mode : ForwardBatch::Logits::None);
+    const auto chunk_mode = mode == ForwardBatch::Logits::All ? mode : (last_chunk ? mode : ForwardBatch::Logits::None);
     batch_.clear();
     batch_.add_sequence(seq, options_.block_size, tokens.data() + done, n, chunk_mode);
     const size_t rows = batch_.logits_rows.size();

@@ -19,15 +19,15 @@ class GGUFFile;
 class Tokenizer;
 
 struct SessionOptions {
-  std::string model;          // path to .gguf, a model alias (smollm2-135m), or dummy:<preset>[:dtype]
+  std::string model;  // path to .gguf, a model alias (smollm2-135m), or dummy:<preset>[:dtype]
   BackendOptions backend;
-  int ctx = 0;                // most tokens of one sequence; 0 = the trained context
-  int kv_tokens = 0;          // KV allocated at load, in tokens; 0 = ctx (provision_kv() grows it)
-  int max_batch_tokens = 512; // tokens per forward (prefill chunk)
-  int max_logits = 1;         // logits rows per forward
-  int block_size = 16;        // tokens per KV block
+  int ctx = 0;                 // most tokens of one sequence; 0 = the trained context
+  int kv_tokens = 0;           // KV allocated at load, in tokens; 0 = ctx (provision_kv() grows it)
+  int max_batch_tokens = 512;  // tokens per forward (prefill chunk)
+  int max_logits = 1;          // logits rows per forward
+  int block_size = 16;         // tokens per KV block
   DType kv_dtype = DType::F16;
-  uint64_t dummy_seed = 0;    // for dummy weights
+  uint64_t dummy_seed = 0;  // for dummy weights
 };
 
 // Resolves a model argument to a file path: an existing path is returned as is; an alias

@@ -82,7 +82,8 @@ Logprobs SimulatedExecutor::fake_logprobs(uint64_t value, int32_t token, int32_t
   Logprobs out;
   out.chosen = {token, lp(token)};
   for (int32_t j = 0; j < n_top; ++j) {
-    const auto t = static_cast<int32_t>(mix(value + static_cast<uint64_t>(j)) % static_cast<uint64_t>(config_.vocab_size));
+    const auto t =
+        static_cast<int32_t>(mix(value + static_cast<uint64_t>(j)) % static_cast<uint64_t>(config_.vocab_size));
     out.top.push_back({t, lp(t)});
   }
   return out;
@@ -152,8 +153,8 @@ void SimulatedExecutor::execute(const StepInput& in, StepOutput& out) {
       written_[b.slot_mapping[r]] = 1;
     }
   }
-  TESSERA_CHECK(static_cast<int>(b.logits_rows.size()) <= config_.max_logits_rows, "simulator: ",
-                b.logits_rows.size(), " logits rows over ", config_.max_logits_rows);
+  TESSERA_CHECK(static_cast<int>(b.logits_rows.size()) <= config_.max_logits_rows, "simulator: ", b.logits_rows.size(),
+                " logits rows over ", config_.max_logits_rows);
   const auto row_value = [&](int32_t row) {
     TESSERA_CHECK(row >= 0 && row < static_cast<int>(b.logits_rows.size()), "simulator: logits row ", row, " of ",
                   b.logits_rows.size());

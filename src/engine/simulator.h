@@ -33,13 +33,13 @@ struct CostModel {
 
 struct SimulatorConfig {
   int32_t vocab_size = 32000;
-  int n_blocks = 0;     // the KV layout the engine uses
+  int n_blocks = 0;  // the KV layout the engine uses
   int block_size = 16;
-  int n_host_blocks = 0;  // host tier for swap preemption
+  int n_host_blocks = 0;   // host tier for swap preemption
   int32_t eos_token = -1;  // when >= 0 and eos_one_in > 0: emitted about once in eos_one_in tokens
   int eos_one_in = 0;
   CostModel cost;
-  bool sleep = false;   // sleep for the modeled step time (live demos), off for tests
+  bool sleep = false;  // sleep for the modeled step time (live demos), off for tests
   int max_batch_tokens = 1 << 20;
   int max_logits_rows = 1 << 20;
 };
@@ -80,8 +80,8 @@ class SimulatedExecutor final : public Executor {
   void check_swap(const BlockSwap& s) const;
 
   SimulatorConfig config_;
-  std::vector<uint64_t> kv_;      // [n_blocks * block_size]
-  std::vector<uint8_t> written_;  // slot written at least once
+  std::vector<uint64_t> kv_;       // [n_blocks * block_size]
+  std::vector<uint8_t> written_;   // slot written at least once
   std::vector<uint64_t> host_kv_;  // [n_host_blocks * block_size]
   std::vector<uint8_t> host_written_;
   int64_t n_swapped_out_ = 0, n_swapped_in_ = 0;

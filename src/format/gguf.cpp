@@ -27,19 +27,18 @@ constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
 
 // Smallest possible encodings, used to bound counts by the bytes left before allocating.
-constexpr uint64_t kMinKeyValueBytes = 8 + 1 + 4 + 1;         // key length, key, type, u8 value
+constexpr uint64_t kMinKeyValueBytes = 8 + 1 + 4 + 1;            // key length, key, type, u8 value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 1 + 4 + 8 + 4 + 8;  // name length, name, n_dims, dim, type, offset
-constexpr uint64_t kMinArrayBytes = 4 + 8;                    // element type, length
+constexpr uint64_t kMinArrayBytes = 4 + 8;                       // element type, length
 
 // GGML's type names by id, so that a file using a type tessera lacks gets a readable message.
 std::string ggml_type_label(uint32_t id) {
   static constexpr std::string_view names[] = {
-      "F32",     "F16",     "Q4_0",     "Q4_1",    "Q4_2",   "Q4_3",    "Q5_0",   "Q5_1",
-      "Q8_0",    "Q8_1",    "Q2_K",     "Q3_K",    "Q4_K",   "Q5_K",    "Q6_K",   "Q8_K",
-      "IQ2_XXS", "IQ2_XS",  "IQ3_XXS",  "IQ1_S",   "IQ4_NL", "IQ3_S",   "IQ2_S",  "IQ4_XS",
-      "I8",      "I16",     "I32",      "I64",     "F64",    "IQ1_M",   "BF16",   "Q4_0_4_4",
-      "Q4_0_4_8", "Q4_0_8_8", "TQ1_0",  "TQ2_0",   "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8",
-      "MXFP4", "NVFP4", "Q1_0"};
+      "F32",        "F16",        "Q4_0",       "Q4_1",  "Q4_2",     "Q4_3",     "Q5_0",     "Q5_1",    "Q8_0",
+      "Q8_1",       "Q2_K",       "Q3_K",       "Q4_K",  "Q5_K",     "Q6_K",     "Q8_K",     "IQ2_XXS", "IQ2_XS",
+      "IQ3_XXS",    "IQ1_S",      "IQ4_NL",     "IQ3_S", "IQ2_S",    "IQ4_XS",   "I8",       "I16",     "I32",
+      "I64",        "F64",        "IQ1_M",      "BF16",  "Q4_0_4_4", "Q4_0_4_8", "Q4_0_8_8", "TQ1_0",   "TQ2_0",
+      "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4", "NVFP4",    "Q1_0"};
   std::string label = "type id " + std::to_string(id);
   if (id < std::size(names)) label += " (" + std::string(names[id]) + ")";
   return label;
@@ -50,19 +49,38 @@ bool is_valid_type(uint32_t t) { return t <= static_cast<uint32_t>(GGUFType::F64
 // Encoded size of a fixed-size value; 0 for STRING and ARRAY.
 uint64_t fixed_size(GGUFType t) {
   switch (t) {
-    case GGUFType::U8: case GGUFType::I8: case GGUFType::BOOL: return 1;
-    case GGUFType::U16: case GGUFType::I16: return 2;
-    case GGUFType::U32: case GGUFType::I32: case GGUFType::F32: return 4;
-    case GGUFType::U64: case GGUFType::I64: case GGUFType::F64: return 8;
-    case GGUFType::STRING: case GGUFType::ARRAY: return 0;
+    case GGUFType::U8:
+    case GGUFType::I8:
+    case GGUFType::BOOL:
+      return 1;
+    case GGUFType::U16:
+    case GGUFType::I16:
+      return 2;
+    case GGUFType::U32:
+    case GGUFType::I32:
+    case GGUFType::F32:
+      return 4;
+    case GGUFType::U64:
+    case GGUFType::I64:
+    case GGUFType::F64:
+      return 8;
+    case GGUFType::STRING:
+    case GGUFType::ARRAY:
+      return 0;
   }
   return 0;
 }
 
 bool is_integer(GGUFType t) {
   switch (t) {
-    case GGUFType::U8: case GGUFType::I8: case GGUFType::U16: case GGUFType::I16:
-    case GGUFType::U32: case GGUFType::I32: case GGUFType::U64: case GGUFType::I64:
+    case GGUFType::U8:
+    case GGUFType::I8:
+    case GGUFType::U16:
+    case GGUFType::I16:
+    case GGUFType::U32:
+    case GGUFType::I32:
+    case GGUFType::U64:
+    case GGUFType::I64:
     case GGUFType::BOOL:
       return true;
     default:
@@ -85,8 +103,7 @@ T load(const uint8_t* p) {
 // ("header", "key 'general.name'", "tensor #3") for the error message.
 class Reader {
  public:
-  Reader(const uint8_t* data, uint64_t size, const std::string& file)
-      : data_(data), size_(size), file_(file) {}
+  Reader(const uint8_t* data, uint64_t size, const std::string& file) : data_(data), size_(size), file_(file) {}
 
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return size_ - pos_; }
@@ -95,8 +112,8 @@ class Reader {
 
   void need(uint64_t n, std::string_view ctx, std::string_view what) const {
     if (n > remaining())
-      fail(file_, ": ", ctx, ": ", what, " at offset ", pos_, " needs ", n,
-           " bytes but the file ends at ", size_, " (truncated)");
+      fail(file_, ": ", ctx, ": ", what, " at offset ", pos_, " needs ", n, " bytes but the file ends at ", size_,
+           " (truncated)");
   }
   template <typename T>
   T read(std::string_view ctx, std::string_view what) {
@@ -111,11 +128,10 @@ class Reader {
     const uint64_t start = pos_;
     const uint64_t len = read<uint64_t>(ctx, what);
     if (len > max_length)
-      fail(file_, ": ", ctx, ": ", what, " length ", len, " at offset ", start,
-           " is over the limit of ", max_length);
+      fail(file_, ": ", ctx, ": ", what, " length ", len, " at offset ", start, " is over the limit of ", max_length);
     if (len > remaining())
-      fail(file_, ": ", ctx, ": ", what, " length ", len, " at offset ", start,
-           " runs past end of file (", remaining(), " bytes left, truncated)");
+      fail(file_, ": ", ctx, ": ", what, " length ", len, " at offset ", start, " runs past end of file (", remaining(),
+           " bytes left, truncated)");
     std::string_view s(reinterpret_cast<const char*>(data_ + pos_), len);
     pos_ += len;
     return s;
@@ -138,13 +154,20 @@ class Reader {
 int64_t read_integer(Reader& r, GGUFType t, std::string_view ctx) {
   const uint8_t* p = r.here();
   switch (t) {
-    case GGUFType::I8: return load<int8_t>(p);
-    case GGUFType::I16: return load<int16_t>(p);
-    case GGUFType::I32: return load<int32_t>(p);
-    case GGUFType::I64: return load<int64_t>(p);
-    case GGUFType::U8: return load<uint8_t>(p);
-    case GGUFType::U16: return load<uint16_t>(p);
-    case GGUFType::U32: return load<uint32_t>(p);
+    case GGUFType::I8:
+      return load<int8_t>(p);
+    case GGUFType::I16:
+      return load<int16_t>(p);
+    case GGUFType::I32:
+      return load<int32_t>(p);
+    case GGUFType::I64:
+      return load<int64_t>(p);
+    case GGUFType::U8:
+      return load<uint8_t>(p);
+    case GGUFType::U16:
+      return load<uint16_t>(p);
+    case GGUFType::U32:
+      return load<uint32_t>(p);
     case GGUFType::U64: {
       const uint64_t u = load<uint64_t>(p);
       if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -156,7 +179,8 @@ int64_t read_integer(Reader& r, GGUFType t, std::string_view ctx) {
       if (b > 1) fail(r.file(), ": ", ctx, ": bool value ", int{b}, " is neither 0 nor 1");
       return b;
     }
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
@@ -167,8 +191,7 @@ double read_floating(const uint8_t* p, GGUFType t) {
 // Walks over a nested array without storing it (GGUFValue has no place for nested contents);
 // every length is still checked against the bytes left.
 void skip_array(Reader& r, std::string_view ctx, int depth) {
-  if (depth > kMaxArrayNesting)
-    fail(r.file(), ": ", ctx, ": arrays nested deeper than ", kMaxArrayNesting, " levels");
+  if (depth > kMaxArrayNesting) fail(r.file(), ": ", ctx, ": arrays nested deeper than ", kMaxArrayNesting, " levels");
   const GGUFType elem = r.read_type(ctx, "array element type");
   const uint64_t len = r.read<uint64_t>(ctx, "array length");
   if (len > kMaxArrayLength)
@@ -200,8 +223,8 @@ void read_array(Reader& r, GGUFValue& v, std::string_view ctx) {
   if (elem == GGUFType::STRING) {
     // Each string takes at least its 8-byte length: bound the count before reserving.
     if (len * 8 > r.remaining())
-      fail(r.file(), ": ", ctx, ": array of ", len, " strings runs past end of file (",
-           r.remaining(), " bytes left, truncated)");
+      fail(r.file(), ": ", ctx, ": array of ", len, " strings runs past end of file (", r.remaining(),
+           " bytes left, truncated)");
     v.strs.reserve(len);
     for (uint64_t i = 0; i < len; ++i) v.strs.push_back(r.read_string(ctx, "array string", kMaxStringLength));
   } else if (elem == GGUFType::ARRAY) {
@@ -210,8 +233,8 @@ void read_array(Reader& r, GGUFValue& v, std::string_view ctx) {
   } else {
     const uint64_t esize = fixed_size(elem);
     if (len * esize > r.remaining())
-      fail(r.file(), ": ", ctx, ": array of ", len, " ", gguf_type_name(elem),
-           " runs past end of file (", r.remaining(), " bytes left, truncated)");
+      fail(r.file(), ": ", ctx, ": array of ", len, " ", gguf_type_name(elem), " runs past end of file (",
+           r.remaining(), " bytes left, truncated)");
     if (is_float(elem)) {
       v.floats.resize(len);
       for (uint64_t i = 0; i < len; ++i, r.skip(esize)) v.floats[i] = read_floating(r.here(), elem);
@@ -257,8 +280,8 @@ std::string quoted(std::string_view kind, std::string_view name) {
 }  // namespace
 
 std::string gguf_type_name(GGUFType type, GGUFType elem_type) {
-  static constexpr std::string_view names[] = {"u8",  "i8",     "u16",   "i16", "u32", "i32", "f32",
-                                                "bool", "string", "array", "u64", "i64", "f64"};
+  static constexpr std::string_view names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                               "bool", "string", "array", "u64", "i64", "f64"};
   const auto name = [](GGUFType t) -> std::string {
     const auto i = static_cast<uint32_t>(t);
     return i < std::size(names) ? std::string(names[i]) : "type " + std::to_string(i);
@@ -303,18 +326,16 @@ void GGUFFile::parse_image(const uint8_t* data, size_t size) {
   if (version_ == 1) fail(name_, ": GGUF version 1 is not supported (only versions 2 and 3)");
   if (version_ != 2 && version_ != 3) {
     // A big-endian file's version reads byte-swapped; say so rather than "unknown version".
-    if (version_ == 0x02000000u || version_ == 0x03000000u)
-      fail(name_, ": big-endian GGUF files are not supported");
+    if (version_ == 0x02000000u || version_ == 0x03000000u) fail(name_, ": big-endian GGUF files are not supported");
     fail(name_, ": unknown GGUF version ", version_, " (only versions 2 and 3)");
   }
   const uint64_t n_tensors = r.read<uint64_t>("header", "tensor count");
   const uint64_t n_keys = r.read<uint64_t>("header", "metadata key count");
-  if (n_tensors > kMaxTensors)
-    fail(name_, ": tensor count ", n_tensors, " is over the limit of ", kMaxTensors);
+  if (n_tensors > kMaxTensors) fail(name_, ": tensor count ", n_tensors, " is over the limit of ", kMaxTensors);
   if (n_keys > kMaxKeys) fail(name_, ": metadata key count ", n_keys, " is over the limit of ", kMaxKeys);
   if (n_keys * kMinKeyValueBytes + n_tensors * kMinTensorInfoBytes > r.remaining())
-    fail(name_, ": ", n_keys, " metadata keys and ", n_tensors, " tensors cannot fit in the ",
-         r.remaining(), " bytes left after the header (truncated or corrupt counts)");
+    fail(name_, ": ", n_keys, " metadata keys and ", n_tensors, " tensors cannot fit in the ", r.remaining(),
+         " bytes left after the header (truncated or corrupt counts)");
 
   // Metadata.
   for (uint64_t k = 0; k < n_keys; ++k) {
@@ -332,12 +353,10 @@ void GGUFFile::parse_image(const uint8_t* data, size_t size) {
     if (!is_integer(a->type) || a->type == GGUFType::BOOL)
       fail(name_, ": key 'general.alignment' has type ", gguf_type_name(a->type, a->elem_type),
            ", expected an unsigned integer");
-    if (!is_unsigned(a->type) && a->i < 0)
-      fail(name_, ": key 'general.alignment': value ", a->i, " is negative");
+    if (!is_unsigned(a->type) && a->i < 0) fail(name_, ": key 'general.alignment': value ", a->i, " is negative");
     const uint64_t align = is_unsigned(a->type) ? a->u : static_cast<uint64_t>(a->i);
     if (align == 0) fail(name_, ": key 'general.alignment': value is 0");
-    if ((align & (align - 1)) != 0)
-      fail(name_, ": key 'general.alignment': value ", align, " is not a power of two");
+    if ((align & (align - 1)) != 0) fail(name_, ": key 'general.alignment': value ", align, " is not a power of two");
     if (align > kMaxAlignment)
       fail(name_, ": key 'general.alignment': value ", align, " is over the limit of ", kMaxAlignment);
     alignment_ = align;
@@ -357,8 +376,7 @@ void GGUFFile::parse_image(const uint8_t* data, size_t size) {
     GGUFTensorInfo info;
     info.name = std::string(tname);
     const uint32_t n_dims = r.read<uint32_t>(ctx, "n_dims");
-    if (n_dims < 1 || n_dims > kMaxDims)
-      fail(name_, ": ", ctx, ": n_dims ", n_dims, " is outside 1..", kMaxDims);
+    if (n_dims < 1 || n_dims > kMaxDims) fail(name_, ": ", ctx, ": n_dims ", n_dims, " is outside 1..", kMaxDims);
     info.shape.resize(n_dims);
     int64_t n_elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
@@ -376,11 +394,10 @@ void GGUFFile::parse_image(const uint8_t* data, size_t size) {
     if (info.dtype == DType::Unknown)
       fail(name_, ": ", ctx, ": unknown tensor ", ggml_type_label(type_id), ", not supported by tessera");
     const DTypeTraits& traits = dtype_traits(info.dtype);
-    if (!traits.supported)
-      fail(name_, ": ", ctx, ": tensor type ", traits.name, " is not supported by tessera");
+    if (!traits.supported) fail(name_, ": ", ctx, ": tensor type ", traits.name, " is not supported by tessera");
     if (info.shape[0] % traits.block_elems != 0)
-      fail(name_, ": ", ctx, ": row length ", info.shape[0], " is not a multiple of the ", traits.name,
-           " block size ", traits.block_elems);
+      fail(name_, ": ", ctx, ": row length ", info.shape[0], " is not a multiple of the ", traits.name, " block size ",
+           traits.block_elems);
     // n_bytes = blocks per row * block bytes * rows; each product checked.
     uint64_t n_bytes = static_cast<uint64_t>(info.shape[0] / traits.block_elems);
     bool overflow = __builtin_mul_overflow(n_bytes, static_cast<uint64_t>(traits.block_bytes), &n_bytes);
@@ -401,13 +418,12 @@ void GGUFFile::parse_image(const uint8_t* data, size_t size) {
   const uint64_t data_start = (header_end + alignment_ - 1) / alignment_ * alignment_;
   for (GGUFTensorInfo& info : tensors_) {
     uint64_t begin = 0, end = 0;
-    if (__builtin_add_overflow(data_start, info.offset, &begin) ||
-        __builtin_add_overflow(begin, info.n_bytes, &end))
+    if (__builtin_add_overflow(data_start, info.offset, &begin) || __builtin_add_overflow(begin, info.n_bytes, &end))
       fail(name_, ": ", quoted("tensor", info.name), ": data offset ", info.offset, " + ", info.n_bytes,
            " bytes overflows 64 bits");
     if (end > size)
-      fail(name_, ": ", quoted("tensor", info.name), ": data [", begin, ", ", end,
-           ") runs past end of file (size ", size, ")");
+      fail(name_, ": ", quoted("tensor", info.name), ": data [", begin, ", ", end, ") runs past end of file (size ",
+           size, ")");
     info.data = data + begin;
   }
 
@@ -478,8 +494,7 @@ const std::vector<std::string_view>& GGUFFile::get_string_array(std::string_view
   const GGUFValue* v = find(key);
   if (!v) fail(name_, ": missing key '", key, "'");
   if (v->type != GGUFType::ARRAY || v->elem_type != GGUFType::STRING)
-    fail(name_, ": key '", key, "' has type ", gguf_type_name(v->type, v->elem_type),
-         ", expected array of string");
+    fail(name_, ": key '", key, "' has type ", gguf_type_name(v->type, v->elem_type), ", expected array of string");
   return v->strs;
 }
 
@@ -487,8 +502,7 @@ const std::vector<int64_t>& GGUFFile::get_int_array(std::string_view key) const 
   const GGUFValue* v = find(key);
   if (!v) fail(name_, ": missing key '", key, "'");
   if (v->type != GGUFType::ARRAY || !is_integer(v->elem_type))
-    fail(name_, ": key '", key, "' has type ", gguf_type_name(v->type, v->elem_type),
-         ", expected array of integers");
+    fail(name_, ": key '", key, "' has type ", gguf_type_name(v->type, v->elem_type), ", expected array of integers");
   return v->ints;
 }
 
@@ -496,8 +510,7 @@ const std::vector<double>& GGUFFile::get_float_array(std::string_view key) const
   const GGUFValue* v = find(key);
   if (!v) fail(name_, ": missing key '", key, "'");
   if (v->type != GGUFType::ARRAY || !is_float(v->elem_type))
-    fail(name_, ": key '", key, "' has type ", gguf_type_name(v->type, v->elem_type),
-         ", expected array of f32 or f64");
+    fail(name_, ": key '", key, "' has type ", gguf_type_name(v->type, v->elem_type), ", expected array of f32 or f64");
   return v->floats;
 }
 

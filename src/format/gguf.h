@@ -16,23 +16,34 @@
 namespace tessera {
 
 enum class GGUFType : uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 
 // One metadata value. Scalars are widened (integers to int64/uint64, floats to double);
 // strings and string arrays are views into the mapped file.
 struct GGUFValue {
   GGUFType type = GGUFType::U8;
-  GGUFType elem_type = GGUFType::U8;  // for ARRAY
-  int64_t i = 0;                      // signed integers and BOOL
-  uint64_t u = 0;                     // unsigned integers
-  double f = 0;                       // F32, F64
-  std::string_view str;               // STRING
-  std::vector<std::string_view> strs; // ARRAY of STRING
-  std::vector<int64_t> ints;          // ARRAY of integers or BOOL
-  std::vector<double> floats;         // ARRAY of F32/F64
-  uint64_t array_len = 0;             // ARRAY
+  GGUFType elem_type = GGUFType::U8;   // for ARRAY
+  int64_t i = 0;                       // signed integers and BOOL
+  uint64_t u = 0;                      // unsigned integers
+  double f = 0;                        // F32, F64
+  std::string_view str;                // STRING
+  std::vector<std::string_view> strs;  // ARRAY of STRING
+  std::vector<int64_t> ints;           // ARRAY of integers or BOOL
+  std::vector<double> floats;          // ARRAY of F32/F64
+  uint64_t array_len = 0;              // ARRAY
 };
 
 struct GGUFTensorInfo {

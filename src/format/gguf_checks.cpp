@@ -40,16 +40,14 @@ void validate_tokenizer_metadata(const GGUFFile& file) {
   if (file.has("tokenizer.ggml.token_type")) {
     const size_t n = file.get_int_array("tokenizer.ggml.token_type").size();
     if (n != n_vocab)
-      fail(name, ": key 'tokenizer.ggml.token_type' has ", n, " entries but 'tokenizer.ggml.tokens' has ",
-           n_vocab);
+      fail(name, ": key 'tokenizer.ggml.token_type' has ", n, " entries but 'tokenizer.ggml.tokens' has ", n_vocab);
   }
   if (file.has("tokenizer.ggml.merges")) file.get_string_array("tokenizer.ggml.merges");  // type check
 
   for (const auto& [key, value] : file.metadata()) {
     if (!is_special_token_key(key)) continue;
     const int64_t id = *file.get_int(key);  // throws, naming the key, if not an integer
-    if (value.type == GGUFType::BOOL)
-      fail(name, ": key '", key, "' has type bool, expected an integer token id");
+    if (value.type == GGUFType::BOOL) fail(name, ": key '", key, "' has type bool, expected an integer token id");
     if ((id < 0 || static_cast<uint64_t>(id) >= n_vocab) && is_required_special_token_key(key))
       fail(name, ": key '", key, "': token id ", id, " is outside the vocabulary [0, ", n_vocab, ")");
   }

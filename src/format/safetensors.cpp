@@ -195,8 +195,7 @@ void SafetensorsFile::parse_image(const uint8_t* data, size_t size) {
     const uint64_t end = json_uint((*offsets_it)[1], name_, ctx, "data offset end");
     if (begin > end) fail(name_, ": ", ctx, ": data offsets [", begin, ", ", end, ") are reversed");
     if (end > data_size)
-      fail(name_, ": ", ctx, ": data [", begin, ", ", end, ") runs past the end of the data (", data_size,
-           " bytes)");
+      fail(name_, ": ", ctx, ": data [", begin, ", ", end, ") runs past the end of the data (", data_size, " bytes)");
     if (end - begin != n_bytes)
       fail(name_, ": ", ctx, ": data [", begin, ", ", end, ") holds ", end - begin, " bytes but shape ",
            shape_it->dump(), " of ", dtype->name, " needs ", n_bytes);
@@ -213,8 +212,8 @@ void SafetensorsFile::parse_image(const uint8_t* data, size_t size) {
   for (const SafetensorsTensor& t : tensors_) {
     if (t.n_bytes == 0) continue;
     if (prev && prev->data + prev->n_bytes > t.data)
-      fail(name_, ": tensor '", t.name, "': data at offset ", t.data - base, " overlaps tensor '", prev->name,
-           "' [", prev->data - base, ", ", prev->data - base + prev->n_bytes, ")");
+      fail(name_, ": tensor '", t.name, "': data at offset ", t.data - base, " overlaps tensor '", prev->name, "' [",
+           prev->data - base, ", ", prev->data - base + prev->n_bytes, ")");
     prev = &t;
   }
   for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
@@ -268,8 +267,8 @@ void SafetensorsModel::open_index(const std::string& index_path) {
   const MappedFile file(index_path);
   if (file.size() > kMaxIndexBytes)
     fail(index_path, ": ", file.size(), " bytes, over the limit of ", kMaxIndexBytes, " for an index");
-  const json index = parse_model_json(
-      std::string_view(reinterpret_cast<const char*>(file.data()), file.size()), index_path);
+  const json index =
+      parse_model_json(std::string_view(reinterpret_cast<const char*>(file.data()), file.size()), index_path);
   if (!index.is_object()) fail(index_path, ": not a JSON object");
   const auto map_it = index.find("weight_map");
   if (map_it == index.end() || !map_it->is_object()) fail(index_path, ": missing or non-object 'weight_map'");
@@ -294,8 +293,7 @@ void SafetensorsModel::open_index(const std::string& index_path) {
         fail(index_path, ": tensor '", t, "' is mapped to '", shard_name, "', which does not contain it");
     for (const SafetensorsTensor& t : shard->tensors()) {
       const auto it = map_it->find(t.name);
-      if (it == map_it->end())
-        fail(shard->name(), ": tensor '", t.name, "' is not listed in ", index_path);
+      if (it == map_it->end()) fail(shard->name(), ": tensor '", t.name, "' is not listed in ", index_path);
       if (it->get_ref<const std::string&>() != shard_name)
         fail(shard->name(), ": tensor '", t.name, "' is listed in ", index_path, " as being in '",
              it->get_ref<const std::string&>(), "'");

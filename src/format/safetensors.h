@@ -24,7 +24,21 @@ namespace tessera {
 // Every element type the format defines. Only F32, F16 and BF16 map to a tessera DType;
 // the others can be read and inspected but not computed with.
 enum class SafetensorsDType : uint8_t {
-  BOOL, U8, I8, F8_E4M3, F8_E5M2, U16, I16, F16, BF16, U32, I32, F32, U64, I64, F64,
+  BOOL,
+  U8,
+  I8,
+  F8_E4M3,
+  F8_E5M2,
+  U16,
+  I16,
+  F16,
+  BF16,
+  U32,
+  I32,
+  F32,
+  U64,
+  I64,
+  F64,
 };
 std::string_view safetensors_dtype_name(SafetensorsDType t);
 int64_t safetensors_dtype_size(SafetensorsDType t);  // bytes per element
@@ -33,7 +47,7 @@ struct SafetensorsTensor {
   std::string name;
   SafetensorsDType stored = SafetensorsDType::F32;  // as written in the file
   DType dtype = DType::Unknown;                     // F32/F16/BF16; Unknown for the others
-  std::vector<int64_t> shape;  // row-major, as written: shape.back() is the innermost (row length)
+  std::vector<int64_t> shape;                       // row-major, as written: shape.back() is the innermost (row length)
   const uint8_t* data = nullptr;
   uint64_t n_bytes = 0;
   int64_t n_elements() const;  // 1 for a scalar (empty shape)
@@ -45,8 +59,7 @@ class SafetensorsFile {
   // Maps and validates the file. Throws tessera::Error on any problem.
   static std::unique_ptr<SafetensorsFile> open(const std::string& path);
   // Parses an in-memory image (tests and fuzzing). The bytes must outlive the object.
-  static std::unique_ptr<SafetensorsFile> parse(const uint8_t* data, size_t size,
-                                                std::string name = "<memory>");
+  static std::unique_ptr<SafetensorsFile> parse(const uint8_t* data, size_t size, std::string name = "<memory>");
 
   const std::string& name() const { return name_; }
   // In data order (sorted by offset).

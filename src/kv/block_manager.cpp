@@ -9,8 +9,8 @@ namespace tessera {
 KvBlockManager::KvBlockManager(const Config& config)
     : block_size_(config.block_size), prefix_caching_(config.prefix_caching) {
   TESSERA_CHECK(config.n_blocks >= 1, "KV block manager: needs at least one block (got ", config.n_blocks, ")");
-  TESSERA_CHECK(config.block_size >= 1 && config.block_size <= 1024, "KV block manager: block size ",
-                config.block_size, " is outside [1, 1024]");
+  TESSERA_CHECK(config.block_size >= 1 && config.block_size <= 1024, "KV block manager: block size ", config.block_size,
+                " is outside [1, 1024]");
   const int n = config.n_blocks;
   ref_.assign(n, 0);
   cached_.assign(n, 0);
@@ -22,8 +22,7 @@ KvBlockManager::KvBlockManager(const Config& config)
   }
   free_stack_.reserve(n);
   for (int32_t b = n - 1; b >= 0; --b) free_stack_.push_back(b);  // block 0 is handed out first
-  TESSERA_CHECK(config.n_host_blocks >= 0, "KV block manager: negative host tier of ", config.n_host_blocks,
-                " blocks");
+  TESSERA_CHECK(config.n_host_blocks >= 0, "KV block manager: negative host tier of ", config.n_host_blocks, " blocks");
   host_used_.assign(config.n_host_blocks, 0);
   for (int32_t h = config.n_host_blocks - 1; h >= 0; --h) host_free_.push_back(h);
 }
@@ -253,8 +252,8 @@ void KvBlockManager::check_invariants() const {
     prev = b;
     ++lru_count;
   }
-  TESSERA_CHECK(prev == lru_tail_ && lru_count == lru_size_, "KV invariant: LRU size ", lru_size_, " but ",
-                lru_count, " linked");
+  TESSERA_CHECK(prev == lru_tail_ && lru_count == lru_size_, "KV invariant: LRU size ", lru_size_, " but ", lru_count,
+                " linked");
   for (int32_t b = 0; b < n; ++b) {
     TESSERA_CHECK(ref_[b] >= 0, "KV invariant: block ", b, " has negative ref ", ref_[b]);
     TESSERA_CHECK((ref_[b] == 0) == (seen[b] != 0), "KV invariant: block ", b, " with ref ", ref_[b],

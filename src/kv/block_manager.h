@@ -49,10 +49,10 @@ struct BlockSwap {
 };
 
 struct KvSwapStats {
-  int64_t swap_outs = 0;    // sequences moved to the host tier
-  int64_t swap_ins = 0;     // sequences brought back
-  int64_t blocks_out = 0;   // blocks copied device -> host
-  int64_t blocks_in = 0;    // blocks copied host -> device
+  int64_t swap_outs = 0;   // sequences moved to the host tier
+  int64_t swap_ins = 0;    // sequences brought back
+  int64_t blocks_out = 0;  // blocks copied device -> host
+  int64_t blocks_in = 0;   // blocks copied host -> device
 };
 
 // "Copy block src to dst on every layer" — planned by the manager, done by the executor
@@ -145,8 +145,8 @@ class KvBlockManager {
 
  private:
   static constexpr int32_t kNone = -1;
-  int32_t take_block();            // from the free stack, else evict the LRU head
-  void retain(int32_t block);      // revives a free cached block
+  int32_t take_block();        // from the free stack, else evict the LRU head
+  void retain(int32_t block);  // revives a free cached block
   void release(int32_t block);
   void lru_push_back(int32_t block);
   void lru_unlink(int32_t block);
@@ -155,10 +155,10 @@ class KvBlockManager {
   int block_size_;
   bool prefix_caching_;
   std::vector<int32_t> ref_;
-  std::vector<uint8_t> cached_;          // key indexed (full, computed, ref or free)
-  std::vector<BlockHash> key_;           // valid where cached_
-  std::vector<int32_t> tokens_;          // [n_blocks, block_size] tokens of cached blocks
-  std::vector<int32_t> free_stack_;      // uncached free blocks
+  std::vector<uint8_t> cached_;      // key indexed (full, computed, ref or free)
+  std::vector<BlockHash> key_;       // valid where cached_
+  std::vector<int32_t> tokens_;      // [n_blocks, block_size] tokens of cached blocks
+  std::vector<int32_t> free_stack_;  // uncached free blocks
   std::vector<int32_t> lru_prev_, lru_next_;
   int32_t lru_head_ = kNone, lru_tail_ = kNone;
   int lru_size_ = 0;

@@ -17,7 +17,8 @@ KvCache::KvCache(Backend& backend, const KvCacheSpec& spec) : backend_(backend),
   TESSERA_CHECK(spec.block_size >= 1 && spec.block_size <= 1024, "KV cache: block size ", spec.block_size,
                 " is outside [1, 1024]");
   TESSERA_CHECK(spec.n_blocks >= 1, "KV cache: needs at least one block");
-  const size_t bytes = static_cast<size_t>(spec.bytes_per_token() / spec.n_layers / 2) * spec.block_size * spec.n_blocks;
+  const size_t bytes =
+      static_cast<size_t>(spec.bytes_per_token() / spec.n_layers / 2) * spec.block_size * spec.n_blocks;
   k_.resize(spec.n_layers, nullptr);
   v_.resize(spec.n_layers, nullptr);
   for (int i = 0; i < spec.n_layers; ++i) {

@@ -38,7 +38,8 @@ void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies) {
     const KvLayerView view = kv.layer(l);
     for (void* base : {view.k, view.v}) {
       auto* bytes = static_cast<uint8_t*>(base);
-      for (const BlockCopy& c : copies) be.copy_device(bytes + c.dst * block_bytes, bytes + c.src * block_bytes, block_bytes);
+      for (const BlockCopy& c : copies)
+        be.copy_device(bytes + c.dst * block_bytes, bytes + c.src * block_bytes, block_bytes);
     }
   }
 }

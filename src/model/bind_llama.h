@@ -18,16 +18,15 @@ struct LlamaTensorNames {
 };
 
 inline constexpr LlamaTensorNames kGgufLlamaNames = {
-    "token_embd.weight", "output.weight", "output_norm.weight", "blk.",
-    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-    "attn_q.bias", "attn_k.bias", "attn_v.bias", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-    "ffn_down.weight"};
+    "token_embd.weight", "output.weight",   "output_norm.weight", "blk.",           "attn_norm.weight", "attn_q.weight",
+    "attn_k.weight",     "attn_v.weight",   "attn_output.weight", "attn_q.bias",    "attn_k.bias",      "attn_v.bias",
+    "ffn_norm.weight",   "ffn_gate.weight", "ffn_up.weight",      "ffn_down.weight"};
 
 inline constexpr LlamaTensorNames kHfLlamaNames = {
-    "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.",
-    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
-    "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    "model.embed_tokens.weight",       "lm_head.weight",          "model.norm.weight",       "model.layers.",
+    "input_layernorm.weight",          "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",         "self_attn.q_proj.bias",   "self_attn.k_proj.bias",   "self_attn.v_proj.bias",
+    "post_attention_layernorm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
 
 // Fills w's matrices and vectors from w.config (already read and validated).
 template <typename Binder>

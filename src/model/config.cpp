@@ -11,7 +11,8 @@ void ModelConfig::validate() const {
   TESSERA_CHECK(in(n_layer, 1, kMaxLayers), "model config: layer count ", n_layer, " is outside [1, ", kMaxLayers, "]");
   TESSERA_CHECK(in(n_embd, 1, kMaxWidth), "model config: width ", n_embd, " is outside [1, ", kMaxWidth, "]");
   TESSERA_CHECK(in(n_ff, 1, 8 * kMaxWidth), "model config: FFN width ", n_ff, " is out of range");
-  TESSERA_CHECK(in(n_vocab, 1, kMaxVocab), "model config: vocabulary size ", n_vocab, " is outside [1, ", kMaxVocab, "]");
+  TESSERA_CHECK(in(n_vocab, 1, kMaxVocab), "model config: vocabulary size ", n_vocab, " is outside [1, ", kMaxVocab,
+                "]");
   TESSERA_CHECK(in(n_head, 1, kMaxHeads), "model config: head count ", n_head, " is out of range");
   TESSERA_CHECK(in(n_head_kv, 1, n_head) && n_head % n_head_kv == 0, "model config: KV head count ", n_head_kv,
                 " must divide the head count ", n_head);
@@ -32,7 +33,8 @@ void ModelConfig::validate() const {
 }
 
 int64_t ModelConfig::n_params() const {
-  const int64_t e = n_embd, q = static_cast<int64_t>(n_head) * head_dim, kv = static_cast<int64_t>(n_head_kv) * head_dim;
+  const int64_t e = n_embd, q = static_cast<int64_t>(n_head) * head_dim,
+                kv = static_cast<int64_t>(n_head_kv) * head_dim;
   const int64_t per_layer = e * q + 2 * e * kv + q * e + 3 * e * n_ff + 2 * e;
   return n_layer * per_layer + static_cast<int64_t>(n_vocab) * e * (tied_embeddings ? 1 : 2) + e;
 }

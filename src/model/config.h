@@ -6,26 +6,26 @@
 namespace tessera {
 
 struct ModelConfig {
-  std::string arch;         // "llama" (Llama 2/3, Mistral, SmolLM2) or "qwen2"
-  std::string name;         // general.name or the checkpoint's directory name
+  std::string arch;  // "llama" (Llama 2/3, Mistral, SmolLM2) or "qwen2"
+  std::string name;  // general.name or the checkpoint's directory name
   int n_vocab = 0;
-  int n_embd = 0;           // model width
+  int n_embd = 0;  // model width
   int n_layer = 0;
   int n_head = 0;
   int n_head_kv = 0;
   int head_dim = 0;
-  int n_ff = 0;             // FFN hidden width
-  int n_ctx_train = 0;      // trained context length
+  int n_ff = 0;         // FFN hidden width
+  int n_ctx_train = 0;  // trained context length
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
-  int rope_dim = 0;         // rotated elements per head
-  bool rope_neox = false;   // GGUF llama permutes Q/K to interleaved pairs; HF and Qwen2 use halves
-  std::string rope_scaling; // "", "linear" or "llama3"
+  int rope_dim = 0;          // rotated elements per head
+  bool rope_neox = false;    // GGUF llama permutes Q/K to interleaved pairs; HF and Qwen2 use halves
+  std::string rope_scaling;  // "", "linear" or "llama3"
   float rope_scaling_factor = 0.0f;
   float rope_low_freq_factor = 1.0f;
   float rope_high_freq_factor = 4.0f;
   int rope_original_ctx = 0;
-  bool qkv_bias = false;    // Qwen2
+  bool qkv_bias = false;  // Qwen2
   bool tied_embeddings = false;
 
   // Throws tessera::Error naming the first field that is out of range or inconsistent.

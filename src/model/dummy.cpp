@@ -16,26 +16,73 @@ ModelConfig dummy_preset(const std::string& name) {
   c.arch = "llama";
   c.name = "dummy " + name;
   if (name == "smollm2-135m") {
-    c.n_vocab = 49152; c.n_embd = 576; c.n_layer = 30; c.n_head = 9; c.n_head_kv = 3; c.head_dim = 64;
-    c.n_ff = 1536; c.n_ctx_train = 8192; c.rope_freq_base = 100000; c.tied_embeddings = true;
+    c.n_vocab = 49152;
+    c.n_embd = 576;
+    c.n_layer = 30;
+    c.n_head = 9;
+    c.n_head_kv = 3;
+    c.head_dim = 64;
+    c.n_ff = 1536;
+    c.n_ctx_train = 8192;
+    c.rope_freq_base = 100000;
+    c.tied_embeddings = true;
   } else if (name == "llama-3.2-1b") {
-    c.n_vocab = 128256; c.n_embd = 2048; c.n_layer = 16; c.n_head = 32; c.n_head_kv = 8; c.head_dim = 64;
-    c.n_ff = 8192; c.n_ctx_train = 131072; c.rope_freq_base = 500000; c.tied_embeddings = true;
-    c.rope_scaling = "llama3"; c.rope_scaling_factor = 32; c.rope_original_ctx = 8192;
+    c.n_vocab = 128256;
+    c.n_embd = 2048;
+    c.n_layer = 16;
+    c.n_head = 32;
+    c.n_head_kv = 8;
+    c.head_dim = 64;
+    c.n_ff = 8192;
+    c.n_ctx_train = 131072;
+    c.rope_freq_base = 500000;
+    c.tied_embeddings = true;
+    c.rope_scaling = "llama3";
+    c.rope_scaling_factor = 32;
+    c.rope_original_ctx = 8192;
   } else if (name == "llama-3.1-8b") {
-    c.n_vocab = 128256; c.n_embd = 4096; c.n_layer = 32; c.n_head = 32; c.n_head_kv = 8; c.head_dim = 128;
-    c.n_ff = 14336; c.n_ctx_train = 131072; c.rope_freq_base = 500000; c.rope_scaling = "llama3";
-    c.rope_scaling_factor = 8; c.rope_original_ctx = 8192;
+    c.n_vocab = 128256;
+    c.n_embd = 4096;
+    c.n_layer = 32;
+    c.n_head = 32;
+    c.n_head_kv = 8;
+    c.head_dim = 128;
+    c.n_ff = 14336;
+    c.n_ctx_train = 131072;
+    c.rope_freq_base = 500000;
+    c.rope_scaling = "llama3";
+    c.rope_scaling_factor = 8;
+    c.rope_original_ctx = 8192;
   } else if (name == "llama3-tiny") {
     // Llama 3's block shape (head_dim 128, 4 query heads per KV head, llama3 RoPE) at a
     // size tests can afford: the CUDA kernels' head_dim-128 paths without 16 GB of weights.
-    c.n_vocab = 4096; c.n_embd = 1024; c.n_layer = 3; c.n_head = 8; c.n_head_kv = 2; c.head_dim = 128;
-    c.n_ff = 2816; c.n_ctx_train = 131072; c.rope_freq_base = 500000; c.rope_scaling = "llama3";
-    c.rope_scaling_factor = 8; c.rope_original_ctx = 8192;
+    c.n_vocab = 4096;
+    c.n_embd = 1024;
+    c.n_layer = 3;
+    c.n_head = 8;
+    c.n_head_kv = 2;
+    c.head_dim = 128;
+    c.n_ff = 2816;
+    c.n_ctx_train = 131072;
+    c.rope_freq_base = 500000;
+    c.rope_scaling = "llama3";
+    c.rope_scaling_factor = 8;
+    c.rope_original_ctx = 8192;
   } else if (name == "qwen2.5-0.5b") {
-    c.arch = "qwen2"; c.n_vocab = 151936; c.n_embd = 896; c.n_layer = 24; c.n_head = 14; c.n_head_kv = 2;
-    c.head_dim = 64; c.n_ff = 4864; c.n_ctx_train = 32768; c.rope_freq_base = 1000000; c.rms_eps = 1e-6f;
-    c.rope_neox = true; c.qkv_bias = true; c.tied_embeddings = true;
+    c.arch = "qwen2";
+    c.n_vocab = 151936;
+    c.n_embd = 896;
+    c.n_layer = 24;
+    c.n_head = 14;
+    c.n_head_kv = 2;
+    c.head_dim = 64;
+    c.n_ff = 4864;
+    c.n_ctx_train = 32768;
+    c.rope_freq_base = 1000000;
+    c.rms_eps = 1e-6f;
+    c.rope_neox = true;
+    c.qkv_bias = true;
+    c.tied_embeddings = true;
   } else {
     fail("unknown dummy preset '", name, "' (known: ", dummy_presets(), ")");
   }
@@ -48,7 +95,7 @@ namespace {
 
 DType parse_dtype(const std::string& s) {
   static const std::pair<const char*, DType> kNames[] = {
-      {"f32", DType::F32}, {"f16", DType::F16}, {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
+      {"f32", DType::F32},   {"f16", DType::F16},   {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
       {"q4_0", DType::Q4_0}, {"q4_1", DType::Q4_1}, {"q5_0", DType::Q5_0}, {"q5_1", DType::Q5_1},
       {"q4_k", DType::Q4_K}, {"q5_k", DType::Q5_K}, {"q6_k", DType::Q6_K}};
   for (auto& [name, t] : kNames)
@@ -123,7 +170,8 @@ std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64
   w->source = "dummy:" + spec;
   const ModelConfig& c = w->config;
   DummyBuilder b{*w, seed, dtype};
-  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim, kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim,
+                kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
   w->tok_embd = b.matrix(c.n_vocab, c.n_embd);
   w->output = c.tied_embeddings ? w->tok_embd : b.matrix(c.n_vocab, c.n_embd);
   w->output_norm = b.vector(c.n_embd, 1.0f, 0.1f);

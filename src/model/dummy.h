@@ -14,6 +14,6 @@ namespace tessera {
 // weights, on any machine.
 std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64_t seed);
 ModelConfig dummy_preset(const std::string& name);  // throws listing the presets
-const char* dummy_presets();                         // "smollm2-135m, llama-3.2-1b, llama-3.1-8b"
+const char* dummy_presets();                        // "smollm2-135m, llama-3.2-1b, llama-3.1-8b"
 
 }  // namespace tessera

@@ -33,9 +33,7 @@ class Fields {
   [[noreturn]] void wrong(std::string_view key, const json& v, std::string_view expected) const {
     fail(file_, ": field '", where_, key, "' is ", v.type_name(), " (", v.dump(), "), expected ", expected);
   }
-  [[noreturn]] void missing(std::string_view key) const {
-    fail(file_, ": missing required field '", where_, key, "'");
-  }
+  [[noreturn]] void missing(std::string_view key) const { fail(file_, ": missing required field '", where_, key, "'"); }
 
   std::optional<int64_t> integer(std::string_view key) const {
     const json* v = get(key);
@@ -108,9 +106,12 @@ class Fields {
 HFRopeScaling parse_rope_scaling(const json& obj, std::string_view file, const std::string& where) {
   const Fields f(obj, file, where);
   HFRopeScaling s;
-  if (auto t = f.string("rope_type")) s.type = *t;
-  else if (auto t2 = f.string("type")) s.type = *t2;
-  else f.missing("rope_type");
+  if (auto t = f.string("rope_type"))
+    s.type = *t;
+  else if (auto t2 = f.string("type"))
+    s.type = *t2;
+  else
+    f.missing("rope_type");
   s.factor = f.positive_number("factor").value_or(1.0);
   s.low_freq_factor = f.positive_number("low_freq_factor").value_or(s.low_freq_factor);
   s.high_freq_factor = f.positive_number("high_freq_factor").value_or(s.high_freq_factor);
@@ -155,8 +156,8 @@ HFConfig parse_hf_config(std::string_view json_text, std::string_view name) {
     c.head_dim = *hd;
   } else {
     if (c.hidden_size % c.num_attention_heads != 0)
-      fail(name, ": no 'head_dim', and 'hidden_size' (", c.hidden_size, ") is not a multiple of 'num_attention_heads' (",
-           c.num_attention_heads, ")");
+      fail(name, ": no 'head_dim', and 'hidden_size' (", c.hidden_size,
+           ") is not a multiple of 'num_attention_heads' (", c.num_attention_heads, ")");
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
 
@@ -168,8 +169,10 @@ HFConfig parse_hf_config(std::string_view json_text, std::string_view name) {
   c.attention_bias = f.boolean("attention_bias").value_or(false);
   // Qwen2 has q/k/v biases by construction; its config has no flag for them.
   c.qkv_bias = c.attention_bias || c.model_type == "qwen2" || c.architecture == "Qwen2ForCausalLM";
-  if (auto d = f.string("torch_dtype")) c.torch_dtype = *d;
-  else c.torch_dtype = f.string("dtype").value_or("");
+  if (auto d = f.string("torch_dtype"))
+    c.torch_dtype = *d;
+  else
+    c.torch_dtype = f.string("dtype").value_or("");
 
   // Newer transformers nest rope_theta and the scaling in "rope_parameters".
   const json* rope_params = f.get("rope_parameters");

@@ -14,8 +14,8 @@ namespace tessera {
 struct HFRopeScaling {
   std::string type;  // "rope_type" (or the older "type"): "linear", "dynamic", "yarn", "llama3", ...
   double factor = 1.0;
-  double low_freq_factor = 1.0;   // llama3
-  double high_freq_factor = 4.0;  // llama3
+  double low_freq_factor = 1.0;                  // llama3
+  double high_freq_factor = 4.0;                 // llama3
   int64_t original_max_position_embeddings = 0;  // 0 when absent
 };
 
@@ -38,9 +38,9 @@ struct HFConfig {
   std::vector<int64_t> bos_token_ids;  // an int or a list in the file; empty when absent or null
   std::vector<int64_t> eos_token_ids;
   std::optional<HFRopeScaling> rope_scaling;  // absent or null: none
-  bool attention_bias = false;  // biases on q, k, v and o projections
-  bool qkv_bias = false;        // biases on q, k and v: attention_bias, or always for Qwen2
-  std::string torch_dtype;      // "bfloat16", "float16", "float32" (or "dtype"); empty when absent
+  bool attention_bias = false;                // biases on q, k, v and o projections
+  bool qkv_bias = false;                      // biases on q, k and v: attention_bias, or always for Qwen2
+  std::string torch_dtype;                    // "bfloat16", "float16", "float32" (or "dtype"); empty when absent
 };
 
 // Parses config.json text; `name` starts every error message.

@@ -44,7 +44,7 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
   c.n_head_kv = f.has(a + "attention.head_count_kv") ? get_required_int(f, a + "attention.head_count_kv") : c.n_head;
   c.n_ctx_train = get_required_int(f, a + "context_length");
   c.head_dim = f.has(a + "attention.key_length") ? get_required_int(f, a + "attention.key_length")
-                                                  : (c.n_head > 0 ? c.n_embd / c.n_head : 0);
+                                                 : (c.n_head > 0 ? c.n_embd / c.n_head : 0);
   c.rope_dim = f.has(a + "rope.dimension_count") ? get_required_int(f, a + "rope.dimension_count") : c.head_dim;
   if (auto eps = f.get_float(a + "attention.layer_norm_rms_epsilon")) c.rms_eps = static_cast<float>(*eps);
   if (auto base = f.get_float(a + "rope.freq_base")) c.rope_freq_base = static_cast<float>(*base);

@@ -22,7 +22,7 @@ struct ForwardBatch {
   std::vector<int32_t> kv_len;        // [n_seqs] tokens in KV after this step
   std::vector<int32_t> block_tables;  // [n_seqs, max_blocks]
   int max_blocks = 0;
-  std::vector<int32_t> logits_rows;   // rows whose logits are returned, in this order
+  std::vector<int32_t> logits_rows;  // rows whose logits are returned, in this order
 
   int n_tokens() const { return static_cast<int>(tokens.size()); }
   int n_seqs() const { return static_cast<int>(kv_len.size()); }
@@ -63,7 +63,7 @@ class Model {
 
 // Builds the runner for the weights' architecture on the backend; activations are sized for
 // max_batch_tokens tokens and max_logits logits rows per forward.
-std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend,
-                                    int max_batch_tokens, int max_logits);
+std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
+                                    int max_logits);
 
 }  // namespace tessera

@@ -13,24 +13,24 @@
 namespace tessera {
 
 struct LayerWeights {
-  const float* attn_norm = nullptr;  // [n_embd]
-  WeightMatrix wq, wk, wv, wo;       // [n_head*hd, n_embd], [n_kv*hd, n_embd] x2, [n_embd, n_head*hd]
-  const float* bq = nullptr;         // [n_head*hd] (Qwen2), else nullptr
-  const float* bk = nullptr;         // [n_kv*hd]
-  const float* bv = nullptr;         // [n_kv*hd]
-  const float* ffn_norm = nullptr;   // [n_embd]
-  WeightMatrix w_gate, w_up, w_down; // [n_ff, n_embd] x2, [n_embd, n_ff]
+  const float* attn_norm = nullptr;   // [n_embd]
+  WeightMatrix wq, wk, wv, wo;        // [n_head*hd, n_embd], [n_kv*hd, n_embd] x2, [n_embd, n_head*hd]
+  const float* bq = nullptr;          // [n_head*hd] (Qwen2), else nullptr
+  const float* bk = nullptr;          // [n_kv*hd]
+  const float* bv = nullptr;          // [n_kv*hd]
+  const float* ffn_norm = nullptr;    // [n_embd]
+  WeightMatrix w_gate, w_up, w_down;  // [n_ff, n_embd] x2, [n_embd, n_ff]
 };
 
 struct ModelWeights {
   ModelConfig config;
-  WeightMatrix tok_embd;             // [n_vocab, n_embd]
-  WeightMatrix output;               // [n_vocab, n_embd] (= tok_embd when tied)
+  WeightMatrix tok_embd;  // [n_vocab, n_embd]
+  WeightMatrix output;    // [n_vocab, n_embd] (= tok_embd when tied)
   const float* output_norm = nullptr;
   const float* rope_freq_factors = nullptr;  // [rope_dim/2] or nullptr
   std::vector<LayerWeights> layers;
-  std::string source;                // path, or "dummy:<preset>"
-  int64_t weight_bytes = 0;          // bytes of all matrices and vectors, as stored
+  std::string source;        // path, or "dummy:<preset>"
+  int64_t weight_bytes = 0;  // bytes of all matrices and vectors, as stored
 
   // Whatever keeps the data alive: the mapped file, owned buffers.
   std::vector<std::shared_ptr<const void>> owners;

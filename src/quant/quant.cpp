@@ -104,8 +104,8 @@ void dequantize_row_q5_0(const BlockQ5_0* x, float* y, int64_t n) {
     const float d = fp16_to_f32(x[i].d);
     const uint32_t qh = load_qh(x[i].qh);
     for (int j = 0; j < qk / 2; ++j) {
-      const int high0 = ((qh >> j) << 4) & 0x10;       // bit j      -> element j
-      const int high1 = (qh >> (j + 12)) & 0x10;       // bit j + 16 -> element j + 16
+      const int high0 = ((qh >> j) << 4) & 0x10;  // bit j      -> element j
+      const int high1 = (qh >> (j + 12)) & 0x10;  // bit j + 16 -> element j + 16
       const int x0 = ((x[i].qs[j] & 0x0F) | high0) - 16;
       const int x1 = ((x[i].qs[j] >> 4) | high1) - 16;
       y[i * qk + j] = static_cast<float>(x0) * d;
@@ -273,11 +273,24 @@ namespace {
 // Elements per block of the types the codecs handle; 0 for any other type.
 int64_t codec_block_elems(DType type) {
   switch (type) {
-    case DType::F32: case DType::F16: case DType::BF16: return 1;
-    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
-    case DType::Q8_0: case DType::Q8_1: return 32;
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::Q8_K: return kQK_K;
-    default: return 0;
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+      return 1;
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q8_0:
+    case DType::Q8_1:
+      return 32;
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::Q8_K:
+      return kQK_K;
+    default:
+      return 0;
   }
 }
 
@@ -287,8 +300,7 @@ void check_row(const char* what, DType type, int64_t n) {
     fail(what, ": unsupported type ", dtype_name(type), " (id ", static_cast<uint32_t>(type), ")");
   }
   if (n < 0 || n % block != 0) {
-    fail(what, ": row of ", n, " elements is not a multiple of the ", dtype_name(type),
-         " block size ", block);
+    fail(what, ": row of ", n, " elements is not a multiple of the ", dtype_name(type), " block size ", block);
   }
 }
 
@@ -310,17 +322,28 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
       return;
     }
-    case DType::Q4_0: return dequantize_row_q4_0(static_cast<const BlockQ4_0*>(src), dst, n);
-    case DType::Q4_1: return dequantize_row_q4_1(static_cast<const BlockQ4_1*>(src), dst, n);
-    case DType::Q5_0: return dequantize_row_q5_0(static_cast<const BlockQ5_0*>(src), dst, n);
-    case DType::Q5_1: return dequantize_row_q5_1(static_cast<const BlockQ5_1*>(src), dst, n);
-    case DType::Q8_0: return dequantize_row_q8_0(static_cast<const BlockQ8_0*>(src), dst, n);
-    case DType::Q8_1: return dequantize_row_q8_1(static_cast<const BlockQ8_1*>(src), dst, n);
-    case DType::Q4_K: return dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n);
-    case DType::Q5_K: return dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, n);
-    case DType::Q6_K: return dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n);
-    case DType::Q8_K: return dequantize_row_q8_k(static_cast<const BlockQ8_K*>(src), dst, n);
-    default: break;
+    case DType::Q4_0:
+      return dequantize_row_q4_0(static_cast<const BlockQ4_0*>(src), dst, n);
+    case DType::Q4_1:
+      return dequantize_row_q4_1(static_cast<const BlockQ4_1*>(src), dst, n);
+    case DType::Q5_0:
+      return dequantize_row_q5_0(static_cast<const BlockQ5_0*>(src), dst, n);
+    case DType::Q5_1:
+      return dequantize_row_q5_1(static_cast<const BlockQ5_1*>(src), dst, n);
+    case DType::Q8_0:
+      return dequantize_row_q8_0(static_cast<const BlockQ8_0*>(src), dst, n);
+    case DType::Q8_1:
+      return dequantize_row_q8_1(static_cast<const BlockQ8_1*>(src), dst, n);
+    case DType::Q4_K:
+      return dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n);
+    case DType::Q5_K:
+      return dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, n);
+    case DType::Q6_K:
+      return dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n);
+    case DType::Q8_K:
+      return dequantize_row_q8_k(static_cast<const BlockQ8_K*>(src), dst, n);
+    default:
+      break;
   }
   fail("dequantize_row: unsupported type ", dtype_name(type));  // unreachable: checked above
 }
@@ -341,17 +364,28 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
       return;
     }
-    case DType::Q4_0: return quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
-    case DType::Q4_1: return quantize_row_q4_1(src, static_cast<BlockQ4_1*>(dst), n);
-    case DType::Q5_0: return quantize_row_q5_0(src, static_cast<BlockQ5_0*>(dst), n);
-    case DType::Q5_1: return quantize_row_q5_1(src, static_cast<BlockQ5_1*>(dst), n);
-    case DType::Q8_0: return quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n);
-    case DType::Q8_1: return quantize_row_q8_1(src, static_cast<BlockQ8_1*>(dst), n);
-    case DType::Q4_K: return quantize_row_q4_k(src, static_cast<BlockQ4_K*>(dst), n);
-    case DType::Q5_K: return quantize_row_q5_k(src, static_cast<BlockQ5_K*>(dst), n);
-    case DType::Q6_K: return quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), n);
-    case DType::Q8_K: return quantize_row_q8_k(src, static_cast<BlockQ8_K*>(dst), n);
-    default: break;
+    case DType::Q4_0:
+      return quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
+    case DType::Q4_1:
+      return quantize_row_q4_1(src, static_cast<BlockQ4_1*>(dst), n);
+    case DType::Q5_0:
+      return quantize_row_q5_0(src, static_cast<BlockQ5_0*>(dst), n);
+    case DType::Q5_1:
+      return quantize_row_q5_1(src, static_cast<BlockQ5_1*>(dst), n);
+    case DType::Q8_0:
+      return quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n);
+    case DType::Q8_1:
+      return quantize_row_q8_1(src, static_cast<BlockQ8_1*>(dst), n);
+    case DType::Q4_K:
+      return quantize_row_q4_k(src, static_cast<BlockQ4_K*>(dst), n);
+    case DType::Q5_K:
+      return quantize_row_q5_k(src, static_cast<BlockQ5_K*>(dst), n);
+    case DType::Q6_K:
+      return quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), n);
+    case DType::Q8_K:
+      return quantize_row_q8_k(src, static_cast<BlockQ8_K*>(dst), n);
+    default:
+      break;
   }
   fail("quantize_row: unsupported type ", dtype_name(type));  // unreachable: checked above
 }

@@ -37,8 +37,8 @@ inline int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi 
 // L in [0, nmax] and the_min >= 0, minimizing sum(w * err^2). Starts from the min/max grid,
 // then tries nstep + 1 grids with nmax + rmin + rdelta * is levels over the range, refitting
 // scale and min by least squares on each and keeping the best. Returns the scale.
-float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L,
-                       float* the_min, uint8_t* Laux, float rmin, float rdelta, int nstep) {
+float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min, uint8_t* Laux,
+                       float rmin, float rdelta, int nstep) {
   float min = x[0];
   float max = x[0];
   float sum_w = weights[0];
@@ -158,8 +158,8 @@ float make_qx_quants_rmse1(int n, int nmax, const float* x, int8_t* L) {
 
 // Shared first half of Q4_K/Q5_K quantization of one super-block: per-32 scale/min search,
 // 6-bit packing of both against fp16 d/dmin, and the final levels L[256] in [0, nmax].
-void quantize_scales_mins_k(const float* x, int nmax, float rmin, int nstep, uint16_t* d_out,
-                            uint16_t* dmin_out, uint8_t packed[kKScaleBytes], uint8_t L[kQK_K]) {
+void quantize_scales_mins_k(const float* x, int nmax, float rmin, int nstep, uint16_t* d_out, uint16_t* dmin_out,
+                            uint8_t packed[kKScaleBytes], uint8_t L[kQK_K]) {
   constexpr int kSub = kQK_K / 32;
   float scales[kSub], mins[kSub], weights[32];
   uint8_t Laux[32];
@@ -386,8 +386,8 @@ void quantize_row_q6_k(const float* x, BlockQ6_K* y, int64_t n) {
         const int q4 = L[j + l + 96] & 0xF;
         ql[l] = static_cast<uint8_t>(q1 | (q3 << 4));
         ql[l + 32] = static_cast<uint8_t>(q2 | (q4 << 4));
-        qh[l] = static_cast<uint8_t>((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) |
-                                     ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6));
+        qh[l] = static_cast<uint8_t>((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) |
+                                     ((L[j + l + 96] >> 4) << 6));
       }
     }
   }

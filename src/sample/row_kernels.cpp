@@ -20,8 +20,8 @@ namespace tessera {
 
 namespace {
 
-constexpr uint32_t kMinus87Bits = 0xC2AE0000u;       // -87.0f
-constexpr uint32_t kBucketEdgeBits = 0xC2800000u;    // -64.0f = -kTopPBucketRange
+constexpr uint32_t kMinus87Bits = 0xC2AE0000u;     // -87.0f
+constexpr uint32_t kBucketEdgeBits = 0xC2800000u;  // -64.0f = -kTopPBucketRange
 static_assert(kTopPBucketRange == 64.0f);
 
 // Written branch-free, in the operation order the AVX2 kernel uses. For x <= 0, comparing
@@ -72,16 +72,14 @@ int64_t find_greater_scalar(const float* x, int64_t n, float threshold) {
   return n;
 }
 
-int64_t collect_greater_scalar(const float* x, int64_t n, float threshold, int32_t base,
-                               int32_t* out) {
+int64_t collect_greater_scalar(const float* x, int64_t n, float threshold, int32_t base, int32_t* out) {
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i)
     if (x[i] > threshold) out[count++] = base + static_cast<int32_t>(i);
   return count;
 }
 
-int64_t collect_at_most_scalar(const int32_t* v, int64_t n, int32_t limit, int32_t base,
-                               int32_t* out) {
+int64_t collect_at_most_scalar(const int32_t* v, int64_t n, int32_t limit, int32_t base, int32_t* out) {
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i)
     if (v[i] <= limit) out[count++] = base + static_cast<int32_t>(i);
@@ -92,16 +90,13 @@ void weights_scalar(const float* x, int64_t n, float max, float inv_temperature,
   for (int64_t i = 0; i < n; ++i) w[i] = exp_nonpositive_inline((x[i] - max) * inv_temperature);
 }
 
-double combine(const double* p) {
-  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-}
+double combine(const double* p) { return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])); }
 
 double weight_sum_scalar(const float* x, int64_t n, float max, float inv_temperature) {
   double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j)
-      partial[j] += exp_nonpositive_inline((x[i + j] - max) * inv_temperature);
+    for (int j = 0; j < 8; ++j) partial[j] += exp_nonpositive_inline((x[i + j] - max) * inv_temperature);
   for (int j = 0; i < n; ++i, ++j) partial[j] += exp_nonpositive_inline((x[i] - max) * inv_temperature);
   return combine(partial);
 }
@@ -129,15 +124,9 @@ double sum_f64_scalar(const float* x, int64_t n) {
 float exp_nonpositive(float x) { return exp_nonpositive_inline(x); }
 
 const RowKernels& scalar_row_kernels() {
-  static const RowKernels kernels = {"scalar",
-                                     max_scalar,
-                                     find_greater_scalar,
-                                     collect_greater_scalar,
-                                     collect_at_most_scalar,
-                                     weights_scalar,
-                                     weight_sum_scalar,
-                                     weights_and_buckets_scalar,
-                                     sum_f64_scalar};
+  static const RowKernels kernels = {
+      "scalar",       max_scalar,        find_greater_scalar,        collect_greater_scalar, collect_at_most_scalar,
+      weights_scalar, weight_sum_scalar, weights_and_buckets_scalar, sum_f64_scalar};
   return kernels;
 }
 
@@ -156,8 +145,6 @@ const RowKernels& row_kernels() {
   return forced != nullptr ? *forced : best;
 }
 
-void force_row_kernels(const RowKernels* kernels) {
-  g_forced_kernels.store(kernels, std::memory_order_relaxed);
-}
+void force_row_kernels(const RowKernels* kernels) { g_forced_kernels.store(kernels, std::memory_order_relaxed); }
 
 }  // namespace tessera

@@ -31,19 +31,16 @@ struct RowKernels {
   int64_t (*find_greater)(const float* x, int64_t n, float threshold);
   // Writes base + i for every x[i] > threshold to out, in order; returns the count. out
   // needs room for n + 8 entries: whole vectors are stored, past the result too.
-  int64_t (*collect_greater)(const float* x, int64_t n, float threshold, int32_t base,
-                             int32_t* out);
+  int64_t (*collect_greater)(const float* x, int64_t n, float threshold, int32_t base, int32_t* out);
   // The same for integers: base + i for every v[i] <= limit (room for n + 8).
-  int64_t (*collect_at_most)(const int32_t* v, int64_t n, int32_t limit, int32_t base,
-                             int32_t* out);
+  int64_t (*collect_at_most)(const int32_t* v, int64_t n, int32_t limit, int32_t base, int32_t* out);
   // w[i] = exp_nonpositive((x[i] - max) * inv_temperature). Requires x[i] <= max. The
   // caller passes 1 / T (see Sampler): a multiply, not a divide, per token.
   void (*weights)(const float* x, int64_t n, float max, float inv_temperature, float* w);
   // The same weights, summed in float64 like sum_f64, without storing them.
   double (*weight_sum)(const float* x, int64_t n, float max, float inv_temperature);
   // weights, plus each token's top-p bucket.
-  void (*weights_and_buckets)(const float* x, int64_t n, float max, float inv_temperature, float* w,
-                              int32_t* bucket);
+  void (*weights_and_buckets)(const float* x, int64_t n, float max, float inv_temperature, float* w, int32_t* bucket);
   // Sum in float64 with 8 partial sums (element i goes to partial i % 8 for the full groups
   // of 8, the tail to partials 0, 1, ...), combined as ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)).
   double (*sum_f64)(const float* x, int64_t n);

@@ -44,8 +44,7 @@ __attribute__((always_inline)) inline __m256 exp8(__m256 x, const ExpConstants& 
   const __m256i clamped = _mm256_min_epu32(x_bits, k.minus87_bits);
   const __m256i keep_mask = _mm256_cmpeq_epi32(clamped, x_bits);  // x_bits <= bits(-87)
   const __m256 xc = _mm256_castsi256_ps(clamped);
-  const __m256 n =
-      _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, k.log2e), k.round), k.round);
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, k.log2e), k.round), k.round);
   __m256 r = _mm256_sub_ps(xc, _mm256_mul_ps(n, k.ln2_hi));
   r = _mm256_add_ps(r, _mm256_mul_ps(n, k.ln2_lo));
   __m256 p = k.c0;
@@ -54,8 +53,7 @@ __attribute__((always_inline)) inline __m256 exp8(__m256 x, const ExpConstants& 
   p = _mm256_add_ps(_mm256_mul_ps(p, r), k.c3);
   p = _mm256_add_ps(_mm256_mul_ps(p, r), k.c4);
   p = _mm256_add_ps(_mm256_mul_ps(p, r), k.c5);
-  const __m256 er =
-      _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), k.one);
+  const __m256 er = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), k.one);
   const __m256i n_int = _mm256_cvttps_epi32(n);
   const __m256 two_n = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n_int, k.bias), 23));
   return _mm256_and_ps(_mm256_mul_ps(er, two_n), _mm256_castsi256_ps(keep_mask));
@@ -97,10 +95,9 @@ int64_t find_greater_avx2(const float* x, int64_t n, float threshold) {
     const __m256 c = _mm256_cmp_ps(_mm256_loadu_ps(x + i + 16), t, _CMP_GT_OQ);
     const __m256 d = _mm256_cmp_ps(_mm256_loadu_ps(x + i + 24), t, _CMP_GT_OQ);
     if (_mm256_movemask_ps(_mm256_or_ps(_mm256_or_ps(a, b), _mm256_or_ps(c, d))) == 0) continue;
-    const uint32_t mask = static_cast<uint32_t>(_mm256_movemask_ps(a)) |
-                          static_cast<uint32_t>(_mm256_movemask_ps(b)) << 8 |
-                          static_cast<uint32_t>(_mm256_movemask_ps(c)) << 16 |
-                          static_cast<uint32_t>(_mm256_movemask_ps(d)) << 24;
+    const uint32_t mask =
+        static_cast<uint32_t>(_mm256_movemask_ps(a)) | static_cast<uint32_t>(_mm256_movemask_ps(b)) << 8 |
+        static_cast<uint32_t>(_mm256_movemask_ps(c)) << 16 | static_cast<uint32_t>(_mm256_movemask_ps(d)) << 24;
     return i + __builtin_ctz(mask);
   }
   for (; i < n; ++i)
@@ -126,20 +123,15 @@ constexpr LeftPackTable kLeftPack;
 
 // Packs the indices base + at + lane of the selected lanes to out + count without branches:
 // an 8-wide store (up to 8 entries past the result), then count advances by their number.
-__attribute__((always_inline)) inline void pack8(__m256 selected, int32_t first_id, int32_t* out,
-                                                 int64_t& count) {
+__attribute__((always_inline)) inline void pack8(__m256 selected, int32_t first_id, int32_t* out, int64_t& count) {
   const uint32_t mask = static_cast<uint32_t>(_mm256_movemask_ps(selected));
-  const __m256i order =
-      _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(kLeftPack.lanes[mask])));
-  const __m256i ids = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                       _mm256_set1_epi32(first_id));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + count),
-                      _mm256_permutevar8x32_epi32(ids, order));
+  const __m256i order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(kLeftPack.lanes[mask])));
+  const __m256i ids = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(first_id));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + count), _mm256_permutevar8x32_epi32(ids, order));
   count += __builtin_popcount(mask);
 }
 
-int64_t collect_at_most_avx2(const int32_t* v, int64_t n, int32_t limit, int32_t base,
-                             int32_t* out) {
+int64_t collect_at_most_avx2(const int32_t* v, int64_t n, int32_t limit, int32_t base, int32_t* out) {
   const __m256i above = _mm256_set1_epi32(limit);
   int64_t count = 0;
   int64_t i = 0;
@@ -155,14 +147,11 @@ int64_t collect_at_most_avx2(const int32_t* v, int64_t n, int32_t limit, int32_t
   return count;
 }
 
-int64_t collect_greater_avx2(const float* x, int64_t n, float threshold, int32_t base,
-                             int32_t* out) {
+int64_t collect_greater_avx2(const float* x, int64_t n, float threshold, int32_t base, int32_t* out) {
   const __m256 t = _mm256_set1_ps(threshold);
   int64_t count = 0;
   int64_t i = 0;
-  auto pack = [&](int64_t at, __m256 selected) {
-    pack8(selected, base + static_cast<int32_t>(at), out, count);
-  };
+  auto pack = [&](int64_t at, __m256 selected) { pack8(selected, base + static_cast<int32_t>(at), out, count); };
   for (; i + 32 <= n; i += 32) {
     const __m256 a = _mm256_cmp_ps(_mm256_loadu_ps(x + i), t, _CMP_GT_OQ);
     const __m256 b = _mm256_cmp_ps(_mm256_loadu_ps(x + i + 8), t, _CMP_GT_OQ);
@@ -183,8 +172,7 @@ int64_t collect_greater_avx2(const float* x, int64_t n, float threshold, int32_t
 
 // The tail (fewer than 8 elements) goes through a padded vector: padding with `max` gives
 // weight 1 in unused lanes, which are then ignored.
-void tail_weights(const float* x, int64_t len, __m256 max, __m256 t, const ExpConstants& k,
-                  float* out) {
+void tail_weights(const float* x, int64_t len, __m256 max, __m256 t, const ExpConstants& k, float* out) {
   alignas(32) float buf[8];
   _mm256_store_ps(buf, max);
   for (int64_t j = 0; j < len; ++j) buf[j] = x[j];
@@ -201,9 +189,7 @@ void weights_avx2(const float* x, int64_t n, float max, float inv_temperature, f
   if (i < n) tail_weights(x + i, n - i, m, t, k, w + i);
 }
 
-double combine(const double* p) {
-  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-}
+double combine(const double* p) { return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])); }
 
 double weight_sum_avx2(const float* x, int64_t n, float max, float inv_temperature) {
   const ExpConstants k;
@@ -235,8 +221,7 @@ __attribute__((always_inline)) inline __m256i bucket8(__m256 scaled, const ExpCo
   return _mm256_min_epi32(b, k.last_bucket);
 }
 
-void weights_and_buckets_avx2(const float* x, int64_t n, float max, float inv_temperature, float* w,
-                              int32_t* bucket) {
+void weights_and_buckets_avx2(const float* x, int64_t n, float max, float inv_temperature, float* w, int32_t* bucket) {
   const ExpConstants k;
   const __m256 m = _mm256_set1_ps(max);
   const __m256 t = _mm256_set1_ps(inv_temperature);
@@ -279,15 +264,9 @@ double sum_f64_avx2(const float* x, int64_t n) {
 }  // namespace
 
 const RowKernels& avx2_row_kernels() {
-  static const RowKernels kernels = {"avx2",
-                                     max_avx2,
-                                     find_greater_avx2,
-                                     collect_greater_avx2,
-                                     collect_at_most_avx2,
-                                     weights_avx2,
-                                     weight_sum_avx2,
-                                     weights_and_buckets_avx2,
-                                     sum_f64_avx2};
+  static const RowKernels kernels = {
+      "avx2",       max_avx2,        find_greater_avx2,        collect_greater_avx2, collect_at_most_avx2,
+      weights_avx2, weight_sum_avx2, weights_and_buckets_avx2, sum_f64_avx2};
   return kernels;
 }
 

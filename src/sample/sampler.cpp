@@ -46,8 +46,7 @@ LogSoftmaxSummary summarize_log_softmax(std::span<const float> logits, int32_t n
   LogSoftmaxSummary s;
   s.max = checked_max_logit(logits);
   // Temperature 1: (logit - max) / 1 is exactly logit - max.
-  const double z = row_kernels().weight_sum(logits.data(), static_cast<int64_t>(logits.size()),
-                                            s.max, 1.0f);
+  const double z = row_kernels().weight_sum(logits.data(), static_cast<int64_t>(logits.size()), s.max, 1.0f);
   s.log_z = std::log(z);  // z >= 1: the max contributes exp(0)
   std::vector<ScoredToken> best;
   select_top_k(logits, n_top, best);
@@ -60,8 +59,7 @@ LogSoftmaxSummary summarize_log_softmax(std::span<const float> logits, int32_t n
 
 Logprobs compute_logprobs(std::span<const float> logits, int32_t token, int32_t n_top) {
   const int64_t n = static_cast<int64_t>(logits.size());
-  TESSERA_CHECK(token >= 0 && token < n, "logprobs: token ", token, " outside the row of ", n,
-                " logits");
+  TESSERA_CHECK(token >= 0 && token < n, "logprobs: token ", token, " outside the row of ", n, " logits");
   TESSERA_CHECK(n_top >= 0 && n_top <= n, "logprobs: n_top ", n_top, " outside [0, ", n, "]");
   LogSoftmaxSummary s = summarize_log_softmax(logits, n_top);
   Logprobs out;
@@ -78,35 +76,33 @@ Sampler::Sampler(SamplingParams params, int32_t vocab_size, std::span<const int3
   // T so small that 1/T overflows gets the largest float, since (logit - max) * inf would be
   // NaN for the max itself; the outcome is the same (only the max has weight).
   const float inv = params_.greedy() ? 1.0f : 1.0f / params_.temperature;
-  inv_temperature_ = inv <= std::numeric_limits<float>::max() ? inv
-                                                               : std::numeric_limits<float>::max();
+  inv_temperature_ = inv <= std::numeric_limits<float>::max() ? inv : std::numeric_limits<float>::max();
   rng_.seed(seed_);
-  penalties_on_ = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-                  params_.frequency_penalty != 0.0f;
+  penalties_on_ =
+      params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
   for (int32_t token : prompt_tokens) {
-    TESSERA_CHECK(token >= 0 && token < vocab_size_, "sampling: prompt token ", token,
-                  " outside the vocabulary [0, ", vocab_size_, ")");
+    TESSERA_CHECK(token >= 0 && token < vocab_size_, "sampling: prompt token ", token, " outside the vocabulary [0, ",
+                  vocab_size_, ")");
     if (penalties_on_) history_entry(token);
   }
 }
 
 Sampler::HistoryEntry& Sampler::history_entry(int32_t token) {
-  const auto [it, inserted] =
-      history_slot_.try_emplace(token, static_cast<int32_t>(history_.size()));
+  const auto [it, inserted] = history_slot_.try_emplace(token, static_cast<int32_t>(history_.size()));
   if (inserted) history_.push_back({token, 0});
   return history_[static_cast<size_t>(it->second)];
 }
 
 void Sampler::accept(int32_t token) {
-  TESSERA_CHECK(token >= 0 && token < vocab_size_, "sampling: accepted token ", token,
-                " outside the vocabulary [0, ", vocab_size_, ")");
+  TESSERA_CHECK(token >= 0 && token < vocab_size_, "sampling: accepted token ", token, " outside the vocabulary [0, ",
+                vocab_size_, ")");
   ++n_accepted_;
   if (penalties_on_) ++history_entry(token).output_count;
 }
 
 void Sampler::check_row(std::span<const float> logits) const {
-  TESSERA_CHECK(static_cast<int64_t>(logits.size()) == vocab_size_, "sampling: logit row has ",
-                logits.size(), " entries but the vocabulary has ", vocab_size_);
+  TESSERA_CHECK(static_cast<int64_t>(logits.size()) == vocab_size_, "sampling: logit row has ", logits.size(),
+                " entries but the vocabulary has ", vocab_size_);
 }
 
 void Sampler::remember_original(std::span<const float> logits, int32_t token) {
@@ -180,16 +176,13 @@ std::vector<TokenProb> Sampler::distribution(std::span<float> logits) {
   std::vector<TokenProb> out;
   if (c.dense) {
     weights_.resize(logits.size());
-    row_kernels().weights(logits.data(), static_cast<int64_t>(logits.size()), c.max,
-                          inv_temperature_, weights_.data());
+    row_kernels().weights(logits.data(), static_cast<int64_t>(logits.size()), c.max, inv_temperature_, weights_.data());
     out.resize(weights_.size());
-    for (size_t i = 0; i < weights_.size(); ++i)
-      out[i] = {static_cast<int32_t>(i), weights_[i] / c.total};
+    for (size_t i = 0; i < weights_.size(); ++i) out[i] = {static_cast<int32_t>(i), weights_[i] / c.total};
   } else {
     out.resize(ids_.size());
     for (size_t i = 0; i < ids_.size(); ++i) out[i] = {ids_[i], weights_[i] / c.total};
-    std::sort(out.begin(), out.end(),
-              [](const TokenProb& a, const TokenProb& b) { return a.token < b.token; });
+    std::sort(out.begin(), out.end(), [](const TokenProb& a, const TokenProb& b) { return a.token < b.token; });
   }
   return out;
 }
@@ -222,8 +215,8 @@ Sampler::Candidates Sampler::select_candidates(std::span<const float> logits) {
     for (size_t i = 0; i < keep; ++i) weights_[i] = weight_of(ranked_[i].logit);
     if (use_top_p) {
       // The shortest prefix whose share of the top-k mass reaches top_p.
-      const double target = static_cast<double>(params_.top_p) *
-                            kernels.sum_f64(weights_.data(), static_cast<int64_t>(keep));
+      const double target =
+          static_cast<double>(params_.top_p) * kernels.sum_f64(weights_.data(), static_cast<int64_t>(keep));
       double cum = 0;
       for (size_t i = 0; i < keep; ++i) {
         cum += weights_[i];
@@ -248,13 +241,12 @@ Sampler::Candidates Sampler::select_candidates(std::span<const float> logits) {
   } else if (use_min_p) {
     // A float threshold a little below the exact one finds the candidates fast; the exact
     // float64 test then decides.
-    const double exact =
-        static_cast<double>(max) + static_cast<double>(params_.temperature) * log_min_p;
+    const double exact = static_cast<double>(max) + static_cast<double>(params_.temperature) * log_min_p;
     const float loose = static_cast<float>(exact - 1e-6 * std::abs(exact) - 1e-6);
     std::array<int32_t, kChunk + 8> index;
     for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-      const int64_t count = kernels.collect_greater(logits.data() + i0, std::min(kChunk, n - i0),
-                                                    loose, static_cast<int32_t>(i0), index.data());
+      const int64_t count = kernels.collect_greater(logits.data() + i0, std::min(kChunk, n - i0), loose,
+                                                    static_cast<int32_t>(i0), index.data());
       for (int64_t j = 0; j < count; ++j) {
         const float logit = logits[index[j]];
         if (passes_min_p(logit)) {
@@ -268,8 +260,7 @@ Sampler::Candidates Sampler::select_candidates(std::span<const float> logits) {
     c.dense = true;
     block_mass_.clear();
     for (int64_t b0 = 0; b0 < n; b0 += kDrawBlock)
-      block_mass_.push_back(
-          kernels.weight_sum(logits.data() + b0, std::min(kDrawBlock, n - b0), max, inv_t));
+      block_mass_.push_back(kernels.weight_sum(logits.data() + b0, std::min(kDrawBlock, n - b0), max, inv_t));
     c.total = 0;
     for (double m : block_mass_) c.total += m;
     return c;
@@ -290,8 +281,8 @@ void Sampler::select_top_p_over_vocabulary(std::span<const float> logits, float 
   // the total is at least 1): the target top_p * total is always reached above them, and
   // they need no histogram. On real logit rows that skips most of the vocabulary.
   const double skippable_t = std::log((1.0 - top_p) * 0.5 / static_cast<double>(n));
-  const int32_t cut = static_cast<int32_t>(
-      std::min<double>(kTopPBuckets - 1, std::floor(-skippable_t * kTopPBucketsPerUnit)));
+  const int32_t cut =
+      static_cast<int32_t>(std::min<double>(kTopPBuckets - 1, std::floor(-skippable_t * kTopPBucketsPerUnit)));
   // The scatter-add is scalar; four histograms (token j into histogram j % 4) keep runs of
   // same-bucket tokens from forming one long dependency chain; they are combined in a
   // fixed order.
@@ -308,16 +299,14 @@ void Sampler::select_top_p_over_vocabulary(std::span<const float> logits, float 
     // Collecting the tokens above the cut first keeps the scatter loop free of branches
     // that real rows would mispredict.
     const int64_t count = kernels.collect_at_most(bucket.data(), len, cut, 0, index.data());
-    for (int64_t j = 0; j < count; ++j)
-      hist[j % kHistograms][bucket[index[j]]] += w[index[j]];
+    for (int64_t j = 0; j < count; ++j) hist[j % kHistograms][bucket[index[j]]] += w[index[j]];
   }
   const double target = top_p * total;
   // The bucket where the cumulative mass, from the top, reaches the target.
   int32_t boundary = 0;
   double before = 0;
   while (true) {
-    const double mass = (hist[0][boundary] + hist[1][boundary]) +
-                        (hist[2][boundary] + hist[3][boundary]);
+    const double mass = (hist[0][boundary] + hist[1][boundary]) + (hist[2][boundary] + hist[3][boundary]);
     if (before + mass >= target || boundary == cut) break;
     before += mass;
     ++boundary;
@@ -329,15 +318,14 @@ void Sampler::select_top_p_over_vocabulary(std::span<const float> logits, float 
   // the exact bucket test then drops), so the rest of the row is skipped at scan speed.
   float loose = -std::numeric_limits<float>::infinity();
   if (boundary < kTopPBuckets - 1) {
-    const double edge = static_cast<double>(max) - (boundary + 1) / kTopPBucketsPerUnit /
-                                                       static_cast<double>(inv_t);
+    const double edge = static_cast<double>(max) - (boundary + 1) / kTopPBucketsPerUnit / static_cast<double>(inv_t);
     loose = static_cast<float>(edge - 1e-4 * (std::abs(edge) + std::abs(max)) - 1e-6);
   }
   boundary_.clear();
   std::array<float, kChunk> gathered;
   for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const int64_t count = kernels.collect_greater(x + i0, std::min(kChunk, n - i0), loose,
-                                                  static_cast<int32_t>(i0), index.data());
+    const int64_t count =
+        kernels.collect_greater(x + i0, std::min(kChunk, n - i0), loose, static_cast<int32_t>(i0), index.data());
     if (count == 0) continue;
     // The same kernel on the same logits gives the same weights and buckets as pass 1.
     for (int64_t j = 0; j < count; ++j) gathered[j] = x[index[j]];

@@ -130,12 +130,12 @@ class Sampler {
   std::vector<ScoredToken> originals_;
 
   // Scratch reused across steps (no allocation per token once warm).
-  std::vector<ScoredToken> ranked_;     // top-k result
-  std::vector<ScoredToken> boundary_;   // top-p: the tokens of the bucket where p is reached
+  std::vector<ScoredToken> ranked_;    // top-k result
+  std::vector<ScoredToken> boundary_;  // top-p: the tokens of the bucket where p is reached
   std::vector<ScoredToken> boundary_next_;
-  std::vector<int32_t> ids_;            // sparse candidates
-  std::vector<float> weights_;          // their weights (dense: one block's, or the row's)
-  std::vector<double> block_mass_;      // dense: weight sum of each block of kDrawBlock
+  std::vector<int32_t> ids_;        // sparse candidates
+  std::vector<float> weights_;      // their weights (dense: one block's, or the row's)
+  std::vector<double> block_mass_;  // dense: weight sum of each block of kDrawBlock
 };
 
 }  // namespace tessera

@@ -20,7 +20,7 @@ struct SamplingParams {
   static constexpr float kMaxLogitBias = 100.0f;       // OpenAI: [-100, 100]
   static constexpr int32_t kMaxMaxTokens = 1 << 20;
   static constexpr int32_t kMaxStopTokenIds = 1024;
-  static constexpr int32_t kMaxLogprobs = 20;           // OpenAI top_logprobs: [0, 20]
+  static constexpr int32_t kMaxLogprobs = 20;  // OpenAI top_logprobs: [0, 20]
 
   // Divides the logits before the softmax. 0 selects greedy decoding (argmax, lowest id on
   // ties); any positive value, however small, samples.

@@ -27,8 +27,7 @@ void select_top_k(std::span<const float> logits, int64_t k, std::vector<ScoredTo
   const RowKernels& kernels = row_kernels();
   const float* x = logits.data();
   int64_t i = 0;
-  for (; i < n && static_cast<int64_t>(out.size()) < capacity; ++i)
-    out.push_back({x[i], static_cast<int32_t>(i)});
+  for (; i < n && static_cast<int64_t>(out.size()) < capacity; ++i) out.push_back({x[i], static_cast<int32_t>(i)});
   if (i < n) {
     float threshold = cut();
     while (true) {
@@ -45,8 +44,7 @@ void select_top_k(std::span<const float> logits, int64_t k, std::vector<ScoredTo
 
 float checked_max_logit(std::span<const float> logits) {
   bool has_nan = false;
-  const float max =
-      row_kernels().max(logits.data(), static_cast<int64_t>(logits.size()), &has_nan);
+  const float max = row_kernels().max(logits.data(), static_cast<int64_t>(logits.size()), &has_nan);
   if (has_nan) {
     const auto it = std::find_if(logits.begin(), logits.end(), [](float v) { return v != v; });
     fail("sampling: logit of token ", it - logits.begin(), " is NaN");

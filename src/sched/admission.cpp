@@ -8,20 +8,28 @@ namespace tessera {
 
 int http_status(RejectReason r) {
   switch (r) {
-    case RejectReason::InvalidRequest: return 400;
-    case RejectReason::QueueFull: return 429;
-    case RejectReason::TenantLimit: return 429;
-    case RejectReason::Draining: return 503;
+    case RejectReason::InvalidRequest:
+      return 400;
+    case RejectReason::QueueFull:
+      return 429;
+    case RejectReason::TenantLimit:
+      return 429;
+    case RejectReason::Draining:
+      return 503;
   }
   return 500;
 }
 
 std::string_view reject_reason_name(RejectReason r) {
   switch (r) {
-    case RejectReason::InvalidRequest: return "invalid_request";
-    case RejectReason::QueueFull: return "queue_full";
-    case RejectReason::TenantLimit: return "tenant_limit";
-    case RejectReason::Draining: return "draining";
+    case RejectReason::InvalidRequest:
+      return "invalid_request";
+    case RejectReason::QueueFull:
+      return "queue_full";
+    case RejectReason::TenantLimit:
+      return "tenant_limit";
+    case RejectReason::Draining:
+      return "draining";
   }
   return "unknown";
 }
@@ -35,8 +43,8 @@ Rejection reject(RejectReason reason, Parts&&... parts) {
 }
 }  // namespace
 
-std::optional<Rejection> AdmissionControl::admit(std::string_view tenant, int64_t prompt_tokens,
-                                                 int64_t budget_tokens, int sequences) {
+std::optional<Rejection> AdmissionControl::admit(std::string_view tenant, int64_t prompt_tokens, int64_t budget_tokens,
+                                                 int sequences) {
   TESSERA_CHECK(prompt_tokens >= 0 && budget_tokens >= prompt_tokens, "admission: budget of ", budget_tokens,
                 " tokens for a prompt of ", prompt_tokens);
   TESSERA_CHECK(sequences >= 1, "admission: a request of ", sequences, " sequences");
@@ -44,8 +52,8 @@ std::optional<Rejection> AdmissionControl::admit(std::string_view tenant, int64_
   const int seq_limit = limits_.max_requests_per_tenant;
   // Never admissible, whatever the load: not worth a retry.
   if (seq_limit > 0 && sequences > seq_limit)
-    return reject(RejectReason::InvalidRequest, "request has ", sequences, " sequences (n) but a tenant may have at most ",
-                  seq_limit, " in flight");
+    return reject(RejectReason::InvalidRequest, "request has ", sequences,
+                  " sequences (n) but a tenant may have at most ", seq_limit, " in flight");
   if (token_limit > 0 && budget_tokens > token_limit)
     return reject(RejectReason::InvalidRequest, "request needs ", budget_tokens,
                   " tokens (prompt + max_tokens x n) but a tenant may have at most ", token_limit, " in flight");
@@ -82,8 +90,8 @@ void AdmissionControl::started(int64_t prompt_tokens) {
   waiting_tokens_ -= prompt_tokens;
 }
 
-void AdmissionControl::finished(std::string_view tenant, bool was_started, int64_t prompt_tokens,
-                                int64_t budget_tokens, int sequences) {
+void AdmissionControl::finished(std::string_view tenant, bool was_started, int64_t prompt_tokens, int64_t budget_tokens,
+                                int sequences) {
   std::lock_guard lock(mutex_);
   // Every check before any change: a refused release leaves the counts as they were.
   TESSERA_CHECK(was_started || (waiting_requests_ > 0 && waiting_tokens_ >= prompt_tokens),

@@ -29,8 +29,8 @@ struct Rejection {
 };
 
 struct AdmissionLimits {
-  int max_waiting_requests = 4096;        // submitted, not yet scheduled
-  int64_t max_waiting_tokens = 1 << 24;   // their prompt tokens
+  int max_waiting_requests = 4096;       // submitted, not yet scheduled
+  int64_t max_waiting_tokens = 1 << 24;  // their prompt tokens
   // Sequences in flight (waiting or running) per tenant: a request counts its n choices, so
   // one request cannot hold n times what the limit says. 0 = no limit; a request with more
   // choices than the limit on its own is invalid (400).
@@ -60,7 +60,7 @@ class AdmissionControl {
 
   int waiting_requests() const;
   int64_t waiting_tokens() const;
-  int in_flight(std::string_view tenant) const;         // sequences
+  int in_flight(std::string_view tenant) const;  // sequences
   int64_t tokens_in_flight(std::string_view tenant) const;
 
  private:

@@ -9,18 +9,21 @@ namespace tessera {
 
 std::string_view finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::None: return "none";
-    case FinishReason::Stop: return "stop";
-    case FinishReason::Length: return "length";
-    case FinishReason::Abort: return "abort";
-    case FinishReason::Error: return "error";
+    case FinishReason::None:
+      return "none";
+    case FinishReason::Stop:
+      return "stop";
+    case FinishReason::Length:
+      return "length";
+    case FinishReason::Abort:
+      return "abort";
+    case FinishReason::Error:
+      return "error";
   }
   return "unknown";
 }
 
-std::string_view preemption_mode_name(PreemptionMode m) {
-  return m == PreemptionMode::Swap ? "swap" : "recompute";
-}
+std::string_view preemption_mode_name(PreemptionMode m) { return m == PreemptionMode::Swap ? "swap" : "recompute"; }
 
 std::string_view scheduling_policy_name(SchedulingPolicy p) {
   return p == SchedulingPolicy::Priority ? "priority" : "fcfs";
@@ -41,8 +44,8 @@ void SchedulerConfig::validate() const {
   TESSERA_CHECK(long_prefill_token_threshold >= 0, "scheduler: long_prefill_token_threshold ",
                 long_prefill_token_threshold, " is negative");
   TESSERA_CHECK(max_model_len >= 2, "scheduler: max_model_len ", max_model_len, " must be at least 2");
-  TESSERA_CHECK(max_logits_rows == 0 || max_logits_rows >= max_num_seqs, "scheduler: max_logits_rows ",
-                max_logits_rows, " is below max_num_seqs ", max_num_seqs);
+  TESSERA_CHECK(max_logits_rows == 0 || max_logits_rows >= max_num_seqs, "scheduler: max_logits_rows ", max_logits_rows,
+                " is below max_num_seqs ", max_num_seqs);
 }
 
 int SchedulerOutput::n_samples() const {
@@ -156,8 +159,7 @@ int Scheduler::cap_for_rows(const Sequence& s, int n_computed, int n_new, int ro
 }
 
 SchedulerOutput Scheduler::commit(const SchedulePlan& p) {
-  TESSERA_CHECK(p.version == version_, "scheduler: plan made from state ", p.version, " committed at state ",
-                version_);
+  TESSERA_CHECK(p.version == version_, "scheduler: plan made from state ", p.version, " committed at state ", version_);
   ++version_;
   SchedulerOutput out;
   out.step = static_cast<uint64_t>(stats_.steps++);
@@ -273,8 +275,7 @@ std::vector<SeqEvent> Scheduler::update(const SchedulerOutput& out, std::span<co
 void Scheduler::fork(SeqHandle parent_handle, std::span<const int32_t> tokens, std::vector<SeqEvent>& events) {
   const Sequence& parent0 = slots_[parent_handle];
   RequestState& r = requests_.at(parent0.request);
-  TESSERA_CHECK(!r.forked && static_cast<int>(tokens.size()) == r.spec.n, "scheduler: bad fork of request ",
-                r.spec.id);
+  TESSERA_CHECK(!r.forked && static_cast<int>(tokens.size()) == r.spec.n, "scheduler: bad fork of request ", r.spec.id);
   r.forked = true;
   ++stats_.forks;
   for (int c = 1; c < r.spec.n; ++c) {
@@ -418,14 +419,14 @@ void Scheduler::check_invariants() const {
       ++live;
       ++n_live_seqs;
       const Sequence& s = slots_[h];
-      TESSERA_CHECK(s.request == id && s.choice == c && s.id == r.first_seq + c,
-                    "scheduler invariant: slot ", h, " does not hold choice ", c, " of request ", id);
+      TESSERA_CHECK(s.request == id && s.choice == c && s.id == r.first_seq + c, "scheduler invariant: slot ", h,
+                    " does not hold choice ", c, " of request ", id);
       const bool in_waiting = waiting_.count({s.key, h}) != 0;
       const bool in_running = running_.count({s.key, h}) != 0;
       const bool should_wait = s.status == SeqStatus::Waiting || s.status == SeqStatus::Swapped;
-      TESSERA_CHECK(in_waiting + in_running == 1 &&
-                        (should_wait ? in_waiting : s.status == SeqStatus::Running && in_running),
-                    "scheduler invariant: sequence ", s.id, " is not in exactly the queue of its status");
+      TESSERA_CHECK(
+          in_waiting + in_running == 1 && (should_wait ? in_waiting : s.status == SeqStatus::Running && in_running),
+          "scheduler invariant: sequence ", s.id, " is not in exactly the queue of its status");
       TESSERA_CHECK(s.n_computed() < static_cast<int>(s.tokens.size()), "scheduler invariant: sequence ", s.id,
                     " has nothing left to compute");
       TESSERA_CHECK(s.n_output() <= r.spec.stop.max_tokens, "scheduler invariant: sequence ", s.id,
@@ -449,18 +450,17 @@ void Scheduler::check_invariants() const {
     TESSERA_CHECK(live == r.n_live && live > 0, "scheduler invariant: request ", id, " counts ", r.n_live,
                   " live choices, found ", live);
   }
-  TESSERA_CHECK(n_live_seqs == waiting_.size() + running_.size(), "scheduler invariant: ",
-                waiting_.size() + running_.size(), " queued sequences but ", n_live_seqs, " live");
+  TESSERA_CHECK(n_live_seqs == waiting_.size() + running_.size(),
+                "scheduler invariant: ", waiting_.size() + running_.size(), " queued sequences but ", n_live_seqs,
+                " live");
   for (int32_t b = 0; b < kv_.n_blocks(); ++b)
-    TESSERA_CHECK(refs[b] == kv_.ref_count(b), "scheduler invariant: block ", b, " has ref ", kv_.ref_count(b),
-                  " but ", refs[b], " sequences hold it");
+    TESSERA_CHECK(refs[b] == kv_.ref_count(b), "scheduler invariant: block ", b, " has ref ", kv_.ref_count(b), " but ",
+                  refs[b], " sequences hold it");
   for (int32_t hb = 0; hb < kv_.n_host_blocks(); ++hb)
     TESSERA_CHECK(host_refs[hb] == (kv_.host_used(hb) ? 1 : 0), "scheduler invariant: host slot ", hb,
                   kv_.host_used(hb) ? " is used" : " is free", " but ", host_refs[hb], " sequences hold it");
 }
 
-bool Scheduler::is_idle() const {
-  return requests_.empty() && waiting_.empty() && running_.empty() && kv_.is_whole();
-}
+bool Scheduler::is_idle() const { return requests_.empty() && waiting_.empty() && running_.empty() && kv_.is_whole(); }
 
 }  // namespace tessera

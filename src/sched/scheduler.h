@@ -38,11 +38,11 @@ enum class PreemptionMode : uint8_t { Recompute, Swap };
 std::string_view preemption_mode_name(PreemptionMode m);  // "recompute", "swap"
 
 struct SchedulerConfig {
-  int max_num_batched_tokens = 2048;  // tokens per step (all sequences)
-  int max_num_seqs = 64;              // sequences per step
-  int max_partial_prefills = 4;       // sequences per step whose prefill this step does not finish
+  int max_num_batched_tokens = 2048;     // tokens per step (all sequences)
+  int max_num_seqs = 64;                 // sequences per step
+  int max_partial_prefills = 4;          // sequences per step whose prefill this step does not finish
   int long_prefill_token_threshold = 0;  // most tokens one sequence gets per step; 0 = no cap
-  int max_model_len = 4096;           // prompt + output tokens of one sequence
+  int max_model_len = 4096;              // prompt + output tokens of one sequence
   // Logits rows one forward may return (the executor's limit); 0 = max_num_seqs. Every
   // scheduled sequence may take one; the rows above max_num_seqs are shared by the prefill
   // chunks of prompt-logprob requests, which need a row per prompt position.
@@ -94,9 +94,9 @@ struct SchedulerOutput {
   std::vector<BlockSwap> swap_out;
   std::vector<BlockSwap> swap_in;
   std::vector<BlockCopy> copies;
-  std::vector<SeqId> preempted;        // recompute
-  std::vector<SeqId> swapped;          // swap
-  std::vector<RequestId> started;      // requests scheduled for the first time
+  std::vector<SeqId> preempted;    // recompute
+  std::vector<SeqId> swapped;      // swap
+  std::vector<RequestId> started;  // requests scheduled for the first time
   int n_tokens = 0;
   int n_samples() const;
   bool empty() const { return seqs.empty(); }
@@ -107,15 +107,15 @@ struct SeqEvent {
   RequestId request = 0;
   SeqId seq = 0;
   int32_t choice = 0;
-  int32_t token = -1;                       // a new output token, or -1
+  int32_t token = -1;                        // a new output token, or -1
   FinishReason finish = FinishReason::None;  // the choice ended (the token, if any, is its last)
-  bool request_done = false;                // every choice of the request has ended
-  std::optional<Logprobs> logprobs;         // the token's, when the request asked (EngineCore fills it)
+  bool request_done = false;                 // every choice of the request has ended
+  std::optional<Logprobs> logprobs;          // the token's, when the request asked (EngineCore fills it)
 };
 
 struct SchedulerStats {
   int64_t steps = 0;
-  int64_t preemptions = 0;     // recompute and swap
+  int64_t preemptions = 0;  // recompute and swap
   int64_t swap_preemptions = 0;
   int64_t swap_fallbacks = 0;  // swap mode, but the host tier was full: recomputed
   int64_t scheduled_tokens = 0;
@@ -159,7 +159,7 @@ class Scheduler {
   // Choices not finished, including those still to fork.
   size_t n_live_choices() const;
   size_t n_waiting() const { return waiting_.size(); }  // swapped ones included
-  size_t n_swapped() const;                              // waiting with their KV in the host tier
+  size_t n_swapped() const;                             // waiting with their KV in the host tier
   size_t n_running() const { return running_.size(); }
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   const SchedulerStats& stats() const { return stats_; }
@@ -173,13 +173,13 @@ class Scheduler {
  private:
   struct RequestState {
     SchedRequest spec;
-    SeqId first_seq = 0;             // choice c has id first_seq + c
-    std::vector<SeqHandle> seqs;     // live or not yet created (forked at the prompt's end)
-    int n_live = 0;                  // choices not finished (including not yet forked)
+    SeqId first_seq = 0;          // choice c has id first_seq + c
+    std::vector<SeqHandle> seqs;  // live or not yet created (forked at the prompt's end)
+    int n_live = 0;               // choices not finished (including not yet forked)
     bool forked = false;
     bool started = false;
     uint64_t arrival = 0;
-    int32_t prompt_rows_next = 0;    // prompt logits: first position whose row is still needed
+    int32_t prompt_rows_next = 0;              // prompt logits: first position whose row is still needed
     std::vector<FinishReason> finish_at_fork;  // [n] finish_choice() before the fork, or empty
   };
   using QueueEntry = std::pair<OrderKey, SeqHandle>;

@@ -36,9 +36,9 @@ SchedulePlan Scheduler::plan() const {
   running.reserve(running_.size());
   for (const auto& e : running_) running.push_back(e.second);
   size_t end = running.size();
-  size_t next_running = 0;                        // running[next_running] is the next one served
+  size_t next_running = 0;                           // running[next_running] is the next one served
   int n_running = static_cast<int>(running.size());  // once this plan commits (the max_num_seqs cap)
-  std::optional<OrderKey> last_victim;            // the lowest key preempted so far
+  std::optional<OrderKey> last_victim;               // the lowest key preempted so far
   // Preempts running[--last] in `k`: swapped when the mode and the host tier allow, freed
   // otherwise. `record`: into the plan (else a trial on a copy of the KV plan).
   const auto take_victim = [&](KvPlan& k, size_t& last, bool record) {

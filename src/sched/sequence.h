@@ -17,9 +17,9 @@ std::string_view finish_reason_name(FinishReason r);  // "stop", "length", "abor
 
 // When a sequence stops generating (checked after every token, by the scheduler).
 struct StopCriteria {
-  int32_t max_tokens = 256;           // output tokens
+  int32_t max_tokens = 256;  // output tokens
   std::vector<int32_t> stop_token_ids;
-  bool ignore_eos = false;            // end-of-generation tokens do not stop
+  bool ignore_eos = false;  // end-of-generation tokens do not stop
 };
 
 // A request as the scheduler receives it, after admission.
@@ -29,7 +29,7 @@ struct SchedRequest {
   int n = 1;                    // choices; n > 1 forks after the prompt, sharing its KV
   int32_t priority = 0;         // lower runs first (priority policy only)
   StopCriteria stop;
-  BlockHash prefix_root;        // prefix_root_hash(model fingerprint, adapter, tenant salt)
+  BlockHash prefix_root;  // prefix_root_hash(model fingerprint, adapter, tenant salt)
   // Logits for every prompt position (prompt logprobs): takes no prefix-cache hits, since
   // cached positions have no logits; its full blocks are still published.
   bool prompt_logits = false;
@@ -55,7 +55,7 @@ struct Sequence {
   SeqStatus status = SeqStatus::Waiting;
   std::vector<int32_t> tokens;  // prompt, then output
   int32_t n_prompt = 0;
-  SeqKv kv;                     // kv.n_computed(): tokens whose KV is in the cache
+  SeqKv kv;  // kv.n_computed(): tokens whose KV is in the cache
   int32_t n_preemptions = 0;
 
   int n_computed() const { return kv.n_computed(); }

@@ -45,14 +45,12 @@ std::string format_prometheus_value(double value) {
 namespace {
 
 // Bucket boundaries straight from vLLM.
-const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-                                          0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
-                                          20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
-const std::vector<double> kTokenGapBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
-                                              0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
-                                              7.5,  10.0,  20.0, 40.0,  80.0};
-const std::vector<double> kRequestLatencyBuckets = {0.3,  0.5,  0.8,   1.0,   1.5,   2.0,    2.5,
-                                                    5.0,  10.0, 15.0,  20.0,  30.0,  40.0,   50.0,
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+                                          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kTokenGapBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                              0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kRequestLatencyBuckets = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                                    5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 const std::vector<double> kNParamBuckets = {1, 2, 5, 10, 20};
 
@@ -86,10 +84,14 @@ std::string escape_label_value(std::string_view value) {
   std::string out;
   out.reserve(value.size());
   for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -97,9 +99,12 @@ std::string escape_label_value(std::string_view value) {
 std::string escape_help(std::string_view text) {
   std::string out;
   for (char c : text) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -152,8 +157,7 @@ class ExpositionWriter {
     uint64_t cumulative = 0;
     for (size_t i = 0; i < h.bounds.size(); ++i) {
       cumulative += h.counts[i];
-      sample(base + "_bucket", "le=\"" + format_prometheus_value(h.bounds[i]) + "\"",
-             static_cast<double>(cumulative));
+      sample(base + "_bucket", "le=\"" + format_prometheus_value(h.bounds[i]) + "\"", static_cast<double>(cumulative));
     }
     cumulative += h.counts.back();
     sample(base + "_bucket", "le=\"+Inf\"", static_cast<double>(cumulative));
@@ -187,8 +191,8 @@ struct ServerMetrics::Impl {
 
   const std::string model_name;
 
-  mutable std::mutex mutex;  // guards everything below
-  std::map<FinishReason, uint64_t> success;               // per finish reason
+  mutable std::mutex mutex;                                  // guards everything below
+  std::map<FinishReason, uint64_t> success;                  // per finish reason
   std::map<std::pair<int, std::string>, uint64_t> rejected;  // (status, reason) -> count
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
@@ -265,8 +269,7 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   const int64_t swap_preemptions = std::min(engine.swaps_out, engine.preemptions);
   w.sample("tessera:preemptions_total", "cause=\"kv_cache_full\",mode=\"recompute\"",
            static_cast<double>(engine.preemptions - swap_preemptions));
-  w.sample("tessera:preemptions_total", "cause=\"kv_cache_full\",mode=\"swap\"",
-           static_cast<double>(swap_preemptions));
+  w.sample("tessera:preemptions_total", "cause=\"kv_cache_full\",mode=\"swap\"", static_cast<double>(swap_preemptions));
   w.counter("tessera:swap_fallbacks_total", "Swap-mode preemptions recomputed because the host tier was full.",
             static_cast<double>(engine.swap_fallbacks));
   w.family("tessera:kv_swaps_total", "counter", "Sequences whose KV blocks moved between device and host tier.");
@@ -292,8 +295,7 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   w.family("vllm:request_success_total", "counter", "Count of successfully processed requests.");
   for (FinishReason reason : kSuccessReasons) {
     const auto it = m.success.find(reason);
-    w.sample("vllm:request_success_total",
-             "finished_reason=\"" + std::string(finish_reason_name(reason)) + "\"",
+    w.sample("vllm:request_success_total", "finished_reason=\"" + std::string(finish_reason_name(reason)) + "\"",
              it == m.success.end() ? 0.0 : static_cast<double>(it->second));
   }
 

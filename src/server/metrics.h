@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "engine/engine_core.h"  // EngineStats
-#include "engine/request.h"       // FinishReason, through the engine's API
+#include "engine/request.h"      // FinishReason, through the engine's API
 
 namespace tessera {
 
@@ -20,14 +20,14 @@ namespace tessera {
 struct RequestRecord {
   FinishReason finish = FinishReason::Stop;  // for the choice that finished last
   int64_t prompt_tokens = 0;
-  int64_t generation_tokens = 0;  // all choices
-  double e2e_s = 0;      // arrival → last token
-  double queue_s = 0;    // arrival → first scheduled (RequestProgress::scheduled_at)
-  double prefill_s = 0;  // first scheduled → first token
-  double decode_s = 0;   // first token → last token
-  std::optional<double> ttft_s;             // arrival → first token (none if no token)
-  std::vector<double> inter_token_s;        // gaps between consecutive tokens of a choice
-  int32_t max_tokens_param = 0;             // the request's max_tokens (histogram)
+  int64_t generation_tokens = 0;      // all choices
+  double e2e_s = 0;                   // arrival → last token
+  double queue_s = 0;                 // arrival → first scheduled (RequestProgress::scheduled_at)
+  double prefill_s = 0;               // first scheduled → first token
+  double decode_s = 0;                // first token → last token
+  std::optional<double> ttft_s;       // arrival → first token (none if no token)
+  std::vector<double> inter_token_s;  // gaps between consecutive tokens of a choice
+  int32_t max_tokens_param = 0;       // the request's max_tokens (histogram)
   int32_t n_param = 1;
 };
 

@@ -77,8 +77,8 @@ bool ChatTemplate::is_reserved_variable(std::string_view name) {
   static const char* const kNames[] = {
       "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
       // jinja2's and Hugging Face's globals
-      "range", "dict", "namespace", "cycler", "joiner", "lipsum", "raise_exception", "strftime_now", "loop",
-      "caller", "varargs", "kwargs", "true", "false", "none", "True", "False", "None"};
+      "range", "dict", "namespace", "cycler", "joiner", "lipsum", "raise_exception", "strftime_now", "loop", "caller",
+      "varargs", "kwargs", "true", "false", "none", "True", "False", "None"};
   for (const char* n : kNames)
     if (name == n) return true;
   auto ends_with = [&](std::string_view suffix) {

@@ -20,8 +20,9 @@
 namespace tessera {
 
 struct ChatTemplateOptions {
-  std::string bos_token, eos_token;   // exposed as bos_token / eos_token
-  size_t max_output_bytes = 1 << 20; int64_t max_steps = 1'000'000;
+  std::string bos_token, eos_token;  // exposed as bos_token / eos_token
+  size_t max_output_bytes = 1 << 20;
+  int64_t max_steps = 1'000'000;
   // strftime_now's clock (local time); empty: the system clock. Tests pin it.
   std::function<std::tm()> now;
 };

@@ -37,16 +37,21 @@ void check_names(const Body& body) {
 template <typename Json>
 Value convert(const Json& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return Value::none();
-    case nlohmann::json::value_t::boolean: return Value(j.template get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value(j.template get<int64_t>());
+    case nlohmann::json::value_t::null:
+      return Value::none();
+    case nlohmann::json::value_t::boolean:
+      return Value(j.template get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return Value(j.template get<int64_t>());
     case nlohmann::json::value_t::number_unsigned: {
       const auto u = j.template get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return Value(static_cast<double>(u));
       return Value(static_cast<int64_t>(u));
     }
-    case nlohmann::json::value_t::number_float: return Value(j.template get<double>());
-    case nlohmann::json::value_t::string: return Value(j.template get<std::string>());
+    case nlohmann::json::value_t::number_float:
+      return Value(j.template get<double>());
+    case nlohmann::json::value_t::string:
+      return Value(j.template get<std::string>());
     case nlohmann::json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
@@ -59,7 +64,8 @@ Value convert(const Json& j) {
       for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(Value(it.key()), convert(it.value()));
       return Value::dict(std::move(d));
     }
-    default: fail("cannot pass a JSON ", j.type_name(), " to a template");
+    default:
+      fail("cannot pass a JSON ", j.type_name(), " to a template");
   }
 }
 

@@ -47,7 +47,6 @@ struct Options {
   }
 };
 
-
 // Rendered text and the byte spans of it the template wrote itself (see TrustSpans): a
 // tokenizer may read special tokens there and nowhere else.
 struct Rendered {

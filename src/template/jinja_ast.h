@@ -21,7 +21,8 @@ class TemplateError : public Error {
  public:
   TemplateError(SourcePos pos, const std::string& message)
       : Error("line " + std::to_string(pos.line) + ", column " + std::to_string(pos.column) + ": " + message),
-        pos_(pos), message_(message) {}
+        pos_(pos),
+        message_(message) {}
   SourcePos pos() const { return pos_; }
   const std::string& message() const { return message_; }
 
@@ -68,8 +69,8 @@ enum class ExprKind {
 struct Expr {
   ExprKind kind;
   SourcePos pos;
-  Value value;                 // Literal
-  std::string name;            // Name, Attr, Filter, Test; Binary operator
+  Value value;       // Literal
+  std::string name;  // Name, Attr, Filter, Test; Binary operator
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   std::vector<std::string> ops;  // Compare: "==", "!=", "<", "<=", ">", ">=", "in", "notin"
@@ -80,16 +81,16 @@ using StmtPtr = std::unique_ptr<Stmt>;
 using Body = std::vector<StmtPtr>;
 
 enum class StmtKind {
-  Text,        // text
-  Output,      // {{ expr }}
-  If,          // branches: (cond, body); a null cond is the else branch
-  For,         // targets in expr [if filter] body [else else_body]
-  Set,         // targets = expr, or ns_target.attr = expr
-  SetBlock,    // {% set targets[0] [| filter] %}body{% endset %}
-  Macro,       // name(params = defaults) body
-  CallBlock,   // {% call(params) expr %}body{% endcall %}
-  FilterBlock, // {% filter expr %}body{% endfilter %}; expr is a Filter chain over null
-  With,        // {% with targets = values %}body{% endwith %}
+  Text,         // text
+  Output,       // {{ expr }}
+  If,           // branches: (cond, body); a null cond is the else branch
+  For,          // targets in expr [if filter] body [else else_body]
+  Set,          // targets = expr, or ns_target.attr = expr
+  SetBlock,     // {% set targets[0] [| filter] %}body{% endset %}
+  Macro,        // name(params = defaults) body
+  CallBlock,    // {% call(params) expr %}body{% endcall %}
+  FilterBlock,  // {% filter expr %}body{% endfilter %}; expr is a Filter chain over null
+  With,         // {% with targets = values %}body{% endwith %}
   Break,
   Continue,
   Generation,  // HF's {% generation %}body{% endgeneration %}: renders body
@@ -104,12 +105,12 @@ struct Stmt {
   std::vector<std::pair<ExprPtr, Body>> branches;
   Body body, else_body;
   std::vector<std::string> targets;
-  std::string ns_target;               // Set: `ns` of `set ns.attr = ...`
-  std::string name;                    // Macro name; Set attribute name
-  std::vector<std::string> params;     // Macro, CallBlock
-  std::vector<ExprPtr> defaults;       // one per param, null when none
-  std::vector<ExprPtr> values;         // With
-  bool tuple_target = false;           // For / Set: unpack into targets
+  std::string ns_target;            // Set: `ns` of `set ns.attr = ...`
+  std::string name;                 // Macro name; Set attribute name
+  std::vector<std::string> params;  // Macro, CallBlock
+  std::vector<ExprPtr> defaults;    // one per param, null when none
+  std::vector<ExprPtr> values;      // With
+  bool tuple_target = false;        // For / Set: unpack into targets
 };
 
 }  // namespace tessera::jinja

@@ -57,56 +57,83 @@ std::vector<Value> strings_to_values(const std::vector<std::string>& parts) {
 Value str_method(Interpreter& in, const Value& self, const std::string& name) {
   using Fn = Value (*)(Interpreter&, const Value&, CallArgs&);
   static const std::vector<std::pair<std::string, Fn>> methods = {
-      {"strip", [](Interpreter&, const Value& s, CallArgs& a) {
-         return Value(pystr::strip(s.as_string(), opt_string(param(a, 0, "chars")), true, true)); }},
-      {"lstrip", [](Interpreter&, const Value& s, CallArgs& a) {
-         return Value(pystr::strip(s.as_string(), opt_string(param(a, 0, "chars")), true, false)); }},
-      {"rstrip", [](Interpreter&, const Value& s, CallArgs& a) {
-         return Value(pystr::strip(s.as_string(), opt_string(param(a, 0, "chars")), false, true)); }},
-      {"split", [](Interpreter& in, const Value& s, CallArgs& a) {
-         auto parts = pystr::split(s.as_string(), opt_string(param(a, 0, "sep")), param(a, 1, "maxsplit", Value(-1)).as_int(), false);
+      {"strip",
+       [](Interpreter&, const Value& s, CallArgs& a) {
+         return Value(pystr::strip(s.as_string(), opt_string(param(a, 0, "chars")), true, true));
+       }},
+      {"lstrip",
+       [](Interpreter&, const Value& s, CallArgs& a) {
+         return Value(pystr::strip(s.as_string(), opt_string(param(a, 0, "chars")), true, false));
+       }},
+      {"rstrip",
+       [](Interpreter&, const Value& s, CallArgs& a) {
+         return Value(pystr::strip(s.as_string(), opt_string(param(a, 0, "chars")), false, true));
+       }},
+      {"split",
+       [](Interpreter& in, const Value& s, CallArgs& a) {
+         auto parts = pystr::split(s.as_string(), opt_string(param(a, 0, "sep")),
+                                   param(a, 1, "maxsplit", Value(-1)).as_int(), false);
          in.charge(static_cast<int64_t>(parts.size()));
-         return Value::list(strings_to_values(parts)); }},
-      {"rsplit", [](Interpreter& in, const Value& s, CallArgs& a) {
-         auto parts = pystr::split(s.as_string(), opt_string(param(a, 0, "sep")), param(a, 1, "maxsplit", Value(-1)).as_int(), true);
+         return Value::list(strings_to_values(parts));
+       }},
+      {"rsplit",
+       [](Interpreter& in, const Value& s, CallArgs& a) {
+         auto parts = pystr::split(s.as_string(), opt_string(param(a, 0, "sep")),
+                                   param(a, 1, "maxsplit", Value(-1)).as_int(), true);
          in.charge(static_cast<int64_t>(parts.size()));
-         return Value::list(strings_to_values(parts)); }},
-      {"splitlines", [](Interpreter& in, const Value& s, CallArgs& a) {
+         return Value::list(strings_to_values(parts));
+       }},
+      {"splitlines",
+       [](Interpreter& in, const Value& s, CallArgs& a) {
          auto parts = pystr::splitlines(s.as_string(), param(a, 0, "keepends", Value(false)).truthy());
          in.charge(static_cast<int64_t>(parts.size()));
-         return Value::list(strings_to_values(parts)); }},
-      {"startswith", [](Interpreter&, const Value& s, CallArgs& a) {
+         return Value::list(strings_to_values(parts));
+       }},
+      {"startswith",
+       [](Interpreter&, const Value& s, CallArgs& a) {
          const Value p = param(a, 0, "prefix");
          auto test = [&](const Value& x) { return x.is_string() && s.as_string().starts_with(x.as_string()); };
          if (p.is_list()) return Value(std::any_of(p.as_list().items.begin(), p.as_list().items.end(), test));
          if (!p.is_string()) fail("startswith first arg must be str or a tuple of str, not ", p.type_name());
-         return Value(test(p)); }},
-      {"endswith", [](Interpreter&, const Value& s, CallArgs& a) {
+         return Value(test(p));
+       }},
+      {"endswith",
+       [](Interpreter&, const Value& s, CallArgs& a) {
          const Value p = param(a, 0, "suffix");
          auto test = [&](const Value& x) { return x.is_string() && s.as_string().ends_with(x.as_string()); };
          if (p.is_list()) return Value(std::any_of(p.as_list().items.begin(), p.as_list().items.end(), test));
          if (!p.is_string()) fail("endswith first arg must be str or a tuple of str, not ", p.type_name());
-         return Value(test(p)); }},
+         return Value(test(p));
+       }},
       {"upper", [](Interpreter&, const Value& s, CallArgs&) { return Value(pystr::upper(s.as_string())); }},
       {"lower", [](Interpreter&, const Value& s, CallArgs&) { return Value(pystr::lower(s.as_string())); }},
       {"title", [](Interpreter&, const Value& s, CallArgs&) { return Value(pystr::title(s.as_string())); }},
       {"capitalize", [](Interpreter&, const Value& s, CallArgs&) { return Value(pystr::capitalize(s.as_string())); }},
-      {"replace", [](Interpreter& in, const Value& s, CallArgs& a) {
+      {"replace",
+       [](Interpreter& in, const Value& s, CallArgs& a) {
          std::string r = pystr::replace(s.as_string(), to_str(param(a, 0, "old")), to_str(param(a, 1, "new")),
                                         param(a, 2, "count", Value(-1)).as_int());
          in.check_size(r.size());
-         return Value(std::move(r)); }},
-      {"find", [](Interpreter&, const Value& s, CallArgs& a) {
+         return Value(std::move(r));
+       }},
+      {"find",
+       [](Interpreter&, const Value& s, CallArgs& a) {
          const size_t hit = s.as_string().find(to_str(param(a, 0, "sub")));
-         return Value(hit == std::string::npos ? int64_t{-1}
-                                               : static_cast<int64_t>(utf8_length(std::string_view(s.as_string()).substr(0, hit)))); }},
-      {"count", [](Interpreter&, const Value& s, CallArgs& a) {
+         return Value(hit == std::string::npos
+                          ? int64_t{-1}
+                          : static_cast<int64_t>(utf8_length(std::string_view(s.as_string()).substr(0, hit))));
+       }},
+      {"count",
+       [](Interpreter&, const Value& s, CallArgs& a) {
          const std::string sub = to_str(param(a, 0, "sub"));
          if (sub.empty()) return Value(static_cast<int64_t>(utf8_length(s.as_string()) + 1));
          int64_t n = 0;
-         for (size_t p = s.as_string().find(sub); p != std::string::npos; p = s.as_string().find(sub, p + sub.size())) ++n;
-         return Value(n); }},
-      {"join", [](Interpreter& in, const Value& s, CallArgs& a) {
+         for (size_t p = s.as_string().find(sub); p != std::string::npos; p = s.as_string().find(sub, p + sub.size()))
+           ++n;
+         return Value(n);
+       }},
+      {"join",
+       [](Interpreter& in, const Value& s, CallArgs& a) {
          std::string out;
          TrustSpans spans;  // each piece keeps its own trust
          bool first = true;
@@ -117,22 +144,34 @@ Value str_method(Interpreter& in, const Value& self, const std::string& name) {
            append_text(out, spans, item);
            in.check_size(out.size());
          }
-         return Value::with_spans(std::move(out), std::move(spans)); }},
-      {"isdigit", [](Interpreter&, const Value& s, CallArgs&) {
+         return Value::with_spans(std::move(out), std::move(spans));
+       }},
+      {"isdigit",
+       [](Interpreter&, const Value& s, CallArgs&) {
          const auto& t = s.as_string();
-         return Value(!t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; })); }},
-      {"isalpha", [](Interpreter&, const Value& s, CallArgs&) {
+         return Value(!t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; }));
+       }},
+      {"isalpha",
+       [](Interpreter&, const Value& s, CallArgs&) {
          const auto& t = s.as_string();
-         return Value(!t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; })); }},
-      {"isspace", [](Interpreter&, const Value& s, CallArgs&) {
+         return Value(!t.empty() &&
+                      std::all_of(t.begin(), t.end(), [](char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }));
+       }},
+      {"isspace",
+       [](Interpreter&, const Value& s, CallArgs&) {
          const auto cs = utf8_chars(s.as_string());
-         return Value(!cs.empty() && std::all_of(cs.begin(), cs.end(), pystr::is_space)); }},
-      {"islower", [](Interpreter&, const Value& s, CallArgs&) {
+         return Value(!cs.empty() && std::all_of(cs.begin(), cs.end(), pystr::is_space));
+       }},
+      {"islower",
+       [](Interpreter&, const Value& s, CallArgs&) {
          const auto& t = s.as_string();
-         return Value(pystr::lower(t) == t && pystr::upper(t) != t); }},
-      {"isupper", [](Interpreter&, const Value& s, CallArgs&) {
+         return Value(pystr::lower(t) == t && pystr::upper(t) != t);
+       }},
+      {"isupper",
+       [](Interpreter&, const Value& s, CallArgs&) {
          const auto& t = s.as_string();
-         return Value(pystr::upper(t) == t && pystr::lower(t) != t); }},
+         return Value(pystr::upper(t) == t && pystr::lower(t) != t);
+       }},
   };
   (void)in;
   for (const auto& [n, fn] : methods)
@@ -165,7 +204,8 @@ Value dict_method(const Value& self, const std::string& name) {
 }
 
 bool is_unsafe_mutator(const Value& obj, const std::string& name) {
-  static const std::set<std::string> list_mut = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"};
+  static const std::set<std::string> list_mut = {"append", "extend", "insert", "pop",
+                                                 "remove", "clear",  "sort",   "reverse"};
   static const std::set<std::string> dict_mut = {"pop", "popitem", "setdefault", "update", "clear"};
   return (obj.is_list() && list_mut.count(name)) || (obj.is_dict() && dict_mut.count(name));
 }
@@ -174,12 +214,23 @@ std::string html_escape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -192,7 +243,8 @@ Value get_path(Interpreter& in, Value v, const std::string& path) {
     const size_t dot = path.find('.', pos);
     const std::string part = path.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
     if (v.is_undefined()) return v;
-    const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool numeric =
+        !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
     v = get_item(in, v, numeric ? Value(static_cast<int64_t>(std::stoll(part))) : Value(part));
     if (dot == std::string::npos) return v;
     pos = dot + 1;
@@ -201,11 +253,16 @@ Value get_path(Interpreter& in, Value v, const std::string& path) {
 
 int64_t length_of(const Value& v) {
   switch (v.kind()) {
-    case Kind::Undefined: return 0;
-    case Kind::String: return static_cast<int64_t>(utf8_length(v.as_string()));
-    case Kind::List: return static_cast<int64_t>(v.as_list().items.size());
-    case Kind::Dict: return static_cast<int64_t>(v.as_dict().items.size());
-    default: fail("object of type '", v.type_name(), "' has no len()");
+    case Kind::Undefined:
+      return 0;
+    case Kind::String:
+      return static_cast<int64_t>(utf8_length(v.as_string()));
+    case Kind::List:
+      return static_cast<int64_t>(v.as_list().items.size());
+    case Kind::Dict:
+      return static_cast<int64_t>(v.as_dict().items.size());
+    default:
+      fail("object of type '", v.type_name(), "' has no len()");
   }
 }
 
@@ -285,7 +342,9 @@ Value tojson(Interpreter& in, const Value& v, CallArgs& a) {
 
 Value indent_filter(const Value& v, CallArgs& a) {
   const Value width = param(a, 0, "width", Value(4));
-  const std::string pad = width.is_string() ? width.as_string() : std::string(static_cast<size_t>(std::clamp<int64_t>(need_int(width, "width"), 0, 1024)), ' ');
+  const std::string pad =
+      width.is_string() ? width.as_string()
+                        : std::string(static_cast<size_t>(std::clamp<int64_t>(need_int(width, "width"), 0, 1024)), ' ');
   const bool first = param(a, 1, "first", Value(false)).truthy();
   const bool blank = param(a, 2, "blank", Value(false)).truthy();
   const auto lines = pystr::splitlines(to_str(v) + "\n", false);  // jinja2 appends "\n" first, too
@@ -302,19 +361,20 @@ Value indent_filter(const Value& v, CallArgs& a) {
 
 bool is_builtin_filter(const std::string& name) {
   static const std::set<std::string> names = {
-      "abs", "attr", "capitalize", "count", "d", "default", "dictsort", "e", "escape", "first", "float", "indent",
-      "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min", "reject", "rejectattr",
-      "replace", "reverse", "safe", "select", "selectattr", "sort", "string", "sum", "title", "tojson", "trim",
-      "unique", "upper"};
+      "abs",    "attr",   "capitalize", "count",      "d",       "default", "dictsort", "e",      "escape",     "first",
+      "float",  "indent", "int",        "items",      "join",    "last",    "length",   "list",   "lower",      "map",
+      "max",    "min",    "reject",     "rejectattr", "replace", "reverse", "safe",     "select", "selectattr", "sort",
+      "string", "sum",    "title",      "tojson",     "trim",    "unique",  "upper"};
   return names.count(name) > 0;
 }
 
 bool is_builtin_test(const std::string& name) {
   static const std::set<std::string> names = {
-      "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "==", "escaped", "even", "false", "filter",
-      "float", "ge", ">=", "gt", ">", "greaterthan", "in", "integer", "iterable", "le", "<=", "lower", "lt", "<",
-      "lessthan", "mapping", "ne", "!=", "none", "number", "odd", "sameas", "sequence", "string", "test", "true",
-      "undefined", "upper"};
+      "boolean",     "callable", "defined", "divisibleby", "eq",   "equalto",   "==",     "escaped",
+      "even",        "false",    "filter",  "float",       "ge",   ">=",        "gt",     ">",
+      "greaterthan", "in",       "integer", "iterable",    "le",   "<=",        "lower",  "lt",
+      "<",           "lessthan", "mapping", "ne",          "!=",   "none",      "number", "odd",
+      "sameas",      "sequence", "string",  "test",        "true", "undefined", "upper"};
   return names.count(name) > 0;
 }
 
@@ -443,8 +503,9 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     const Value attr = param(a, 2, "attribute", Value::none());
     auto items = in.iterate(v);
     auto key = [&](const Value& x) { return sort_key(attr.is_none() ? x : get_path(in, x, to_str(attr)), cs); };
-    std::stable_sort(items.begin(), items.end(),
-                     [&](const Value& x, const Value& y) { return rev ? py_less(key(y), key(x)) : py_less(key(x), key(y)); });
+    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+      return rev ? py_less(key(y), key(x)) : py_less(key(x), key(y));
+    });
     return Value::list(std::move(items));
   }
   if (name == "unique") {
@@ -498,11 +559,15 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     Value total = param(a, 1, "start", Value(0));
     for (const auto& item : in.iterate(v)) {
       const Value x = attr.is_none() ? item : get_path(in, item, to_str(attr));
-      if (!x.is_number() || !total.is_number()) fail("unsupported operand type(s) for +: '", total.type_name(), "' and '", x.type_name(), "'");
+      if (!x.is_number() || !total.is_number())
+        fail("unsupported operand type(s) for +: '", total.type_name(), "' and '", x.type_name(), "'");
       int64_t r = 0;
-      if (total.is_float() || x.is_float()) total = Value(total.as_double() + x.as_double());
-      else if (__builtin_add_overflow(total.as_int(), x.as_int(), &r)) fail("integer overflow");
-      else total = Value(r);
+      if (total.is_float() || x.is_float())
+        total = Value(total.as_double() + x.as_double());
+      else if (__builtin_add_overflow(total.as_int(), x.as_int(), &r))
+        fail("integer overflow");
+      else
+        total = Value(r);
     }
     return total;
   }
@@ -540,7 +605,8 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& v, Call
   if (name == "even" || name == "odd" || name == "divisibleby") {
     if (v.is_undefined()) Interpreter::fail_undefined(v);
     Value divisor = name == "divisibleby" ? param(a, 0, "num") : Value(2);
-    if (!v.is_number() || !divisor.is_number()) fail("unsupported operand type(s) for %: '", v.type_name(), "' and '", divisor.type_name(), "'");
+    if (!v.is_number() || !divisor.is_number())
+      fail("unsupported operand type(s) for %: '", v.type_name(), "' and '", divisor.type_name(), "'");
     if (divisor.as_double() == 0) fail("integer modulo by zero");
     const bool zero = v.is_float() || divisor.is_float() ? std::fmod(v.as_double(), divisor.as_double()) == 0
                                                          : v.as_int() % divisor.as_int() == 0;
@@ -577,19 +643,22 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& v, Call
 Value get_attr(Interpreter& in, const Value& obj, const std::string& name) {
   if (is_unsafe_mutator(obj, name)) return unsafe(obj, name);
   switch (obj.kind()) {
-    case Kind::Undefined: Interpreter::fail_undefined(obj);
+    case Kind::Undefined:
+      Interpreter::fail_undefined(obj);
     case Kind::Dict: {
       Value m = dict_method(obj, name);
       if (!m.is_undefined()) return m;
       const Value* v = obj.as_dict().find(std::string_view(name));
       return v ? *v : missing_attr(obj, name);
     }
-    case Kind::String: return str_method(in, obj, name);
+    case Kind::String:
+      return str_method(in, obj, name);
     case Kind::Namespace:
       for (const auto& [k, v] : obj.as_namespace().attrs)
         if (k == name) return v;
       return missing_attr(obj, name);
-    default: return missing_attr(obj, name);
+    default:
+      return missing_attr(obj, name);
   }
 }
 
@@ -630,8 +699,10 @@ Value slice(Interpreter& in, const Value& obj, const Value& start_v, const Value
   auto adjust = [&](std::optional<int64_t> v, int64_t def) {
     if (!v) return def;
     int64_t x = *v;
-    if (x < 0) x = std::max<int64_t>(x + n, step < 0 ? -1 : 0);
-    else if (x >= n) x = step < 0 ? n - 1 : n;
+    if (x < 0)
+      x = std::max<int64_t>(x + n, step < 0 ? -1 : 0);
+    else if (x >= n)
+      x = step < 0 ? n - 1 : n;
     return x;
   };
   const int64_t start = adjust(index(start_v), step < 0 ? n - 1 : 0);
@@ -651,75 +722,80 @@ Value slice(Interpreter& in, const Value& obj, const Value& start_v, const Value
 
 void add_globals(Scope& globals, const Options& options) {
   globals.set("range", Value::function("range", [](Interpreter& in, CallArgs& a) {
-    if (a.args.empty() || a.args.size() > 3) fail("range expected 1 to 3 arguments, got ", a.args.size());
-    int64_t start = 0, stop, step = 1;
-    if (a.args.size() == 1) {
-      stop = need_int(a.args[0], "range() argument");
-    } else {
-      start = need_int(a.args[0], "range() argument");
-      stop = need_int(a.args[1], "range() argument");
-      if (a.args.size() == 3) step = need_int(a.args[2], "range() argument");
-    }
-    if (step == 0) fail("range() arg 3 must not be zero");
-    const long double span = step > 0 ? (static_cast<long double>(stop) - start) : (static_cast<long double>(start) - stop);
-    const long double count = span <= 0 ? 0 : std::ceil(span / std::abs(static_cast<long double>(step)));
-    const int64_t limit = in.options().limits.max_range_size;
-    if (count > limit) fail("max_range_size exceeded: range() of ", static_cast<int64_t>(count), " items passes the limit of ", limit);
-    in.charge(static_cast<int64_t>(count));
-    std::vector<Value> out;
-    for (int64_t i = 0, x = start; i < static_cast<int64_t>(count); ++i, x += step) out.emplace_back(x);
-    return Value::list(std::move(out));
-  }));
+                if (a.args.empty() || a.args.size() > 3) fail("range expected 1 to 3 arguments, got ", a.args.size());
+                int64_t start = 0, stop, step = 1;
+                if (a.args.size() == 1) {
+                  stop = need_int(a.args[0], "range() argument");
+                } else {
+                  start = need_int(a.args[0], "range() argument");
+                  stop = need_int(a.args[1], "range() argument");
+                  if (a.args.size() == 3) step = need_int(a.args[2], "range() argument");
+                }
+                if (step == 0) fail("range() arg 3 must not be zero");
+                const long double span =
+                    step > 0 ? (static_cast<long double>(stop) - start) : (static_cast<long double>(start) - stop);
+                const long double count = span <= 0 ? 0 : std::ceil(span / std::abs(static_cast<long double>(step)));
+                const int64_t limit = in.options().limits.max_range_size;
+                if (count > limit)
+                  fail("max_range_size exceeded: range() of ", static_cast<int64_t>(count),
+                       " items passes the limit of ", limit);
+                in.charge(static_cast<int64_t>(count));
+                std::vector<Value> out;
+                for (int64_t i = 0, x = start; i < static_cast<int64_t>(count); ++i, x += step) out.emplace_back(x);
+                return Value::list(std::move(out));
+              }));
   globals.set("dict", Value::function("dict", [](Interpreter& in, CallArgs& a) {
-    Dict d;
-    if (!a.args.empty()) {
-      const Value& src = a.args[0];
-      if (src.is_dict()) d = src.as_dict();
-      else
-        for (const auto& pair : in.iterate(src)) {
-          const auto kv = in.iterate(pair);
-          if (kv.size() != 2) fail("dictionary update sequence element has length ", kv.size(), "; 2 is required");
-          d.set(kv[0], kv[1]);
-        }
-    }
-    for (const auto& [k, v] : a.kwargs) d.set(Value(k), v);
-    return Value::dict(std::move(d));
-  }));
+                Dict d;
+                if (!a.args.empty()) {
+                  const Value& src = a.args[0];
+                  if (src.is_dict())
+                    d = src.as_dict();
+                  else
+                    for (const auto& pair : in.iterate(src)) {
+                      const auto kv = in.iterate(pair);
+                      if (kv.size() != 2)
+                        fail("dictionary update sequence element has length ", kv.size(), "; 2 is required");
+                      d.set(kv[0], kv[1]);
+                    }
+                }
+                for (const auto& [k, v] : a.kwargs) d.set(Value(k), v);
+                return Value::dict(std::move(d));
+              }));
   globals.set("namespace", Value::function("namespace", [](Interpreter&, CallArgs& a) {
-    auto ns = std::make_shared<Namespace>();
-    auto put = [&](const std::string& k, const Value& v) {
-      for (auto& [name, val] : ns->attrs)
-        if (name == k) {
-          val = v;
-          return;
-        }
-      ns->attrs.emplace_back(k, v);
-    };
-    for (const auto& arg : a.args) {
-      if (!arg.is_dict()) fail("namespace() positional arguments must be mappings, not ", arg.type_name());
-      for (const auto& [k, v] : arg.as_dict().items) put(to_str(k), v);
-    }
-    for (const auto& [k, v] : a.kwargs) put(k, v);
-    return Value(NamespacePtr(std::move(ns)));
-  }));
+                auto ns = std::make_shared<Namespace>();
+                auto put = [&](const std::string& k, const Value& v) {
+                  for (auto& [name, val] : ns->attrs)
+                    if (name == k) {
+                      val = v;
+                      return;
+                    }
+                  ns->attrs.emplace_back(k, v);
+                };
+                for (const auto& arg : a.args) {
+                  if (!arg.is_dict()) fail("namespace() positional arguments must be mappings, not ", arg.type_name());
+                  for (const auto& [k, v] : arg.as_dict().items) put(to_str(k), v);
+                }
+                for (const auto& [k, v] : a.kwargs) put(k, v);
+                return Value(NamespacePtr(std::move(ns)));
+              }));
   if (!options.hf_extensions) return;
   globals.set("raise_exception", Value::function("raise_exception", [](Interpreter&, CallArgs& a) -> Value {
-    throw RaisedException(SourcePos{0, 0}, to_str(param(a, 0, "message")));
-  }));
+                throw RaisedException(SourcePos{0, 0}, to_str(param(a, 0, "message")));
+              }));
   globals.set("strftime_now", Value::function("strftime_now", [](Interpreter& in, CallArgs& a) {
-    std::tm t{};
-    if (in.options().now) {
-      t = in.options().now();
-    } else {
-      const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-      localtime_r(&now, &t);
-    }
-    const std::string format = to_str(param(a, 0, "format"));
-    char buf[512];
-    const size_t n = format.empty() ? 0 : std::strftime(buf, sizeof buf, format.c_str(), &t);
-    if (n == 0 && !format.empty()) fail("strftime_now: format gives no output or more than 511 bytes");
-    return Value(std::string(buf, n));
-  }));
+                std::tm t{};
+                if (in.options().now) {
+                  t = in.options().now();
+                } else {
+                  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+                  localtime_r(&now, &t);
+                }
+                const std::string format = to_str(param(a, 0, "format"));
+                char buf[512];
+                const size_t n = format.empty() ? 0 : std::strftime(buf, sizeof buf, format.c_str(), &t);
+                if (n == 0 && !format.empty()) fail("strftime_now: format gives no output or more than 511 bytes");
+                return Value(std::string(buf, n));
+              }));
 }
 
 }  // namespace tessera::jinja

@@ -122,21 +122,30 @@ Interpreter::Flow Interpreter::exec(const Stmt& s) {
   try {
     charge();
     switch (s.kind) {
-      case StmtKind::Text: emit(s.text, /*trusted=*/true); return Flow::Normal;
-      case StmtKind::Output: emit_value(eval(*s.expr)); return Flow::Normal;
+      case StmtKind::Text:
+        emit(s.text, /*trusted=*/true);
+        return Flow::Normal;
+      case StmtKind::Output:
+        emit_value(eval(*s.expr));
+        return Flow::Normal;
       case StmtKind::If:
         for (const auto& [cond, body] : s.branches)
           if (eval(*cond).truthy()) return exec_body(body);
         return exec_body(s.else_body);
-      case StmtKind::For: return exec_for(s);
-      case StmtKind::Set: exec_set(s); return Flow::Normal;
+      case StmtKind::For:
+        return exec_for(s);
+      case StmtKind::Set:
+        exec_set(s);
+        return Flow::Normal;
       case StmtKind::SetBlock: {
         Value text = capture(s.body);
         if (s.filter) text = eval_filter(*s.filter, &text);
         scope_->set(s.targets[0], text);
         return Flow::Normal;
       }
-      case StmtKind::Macro: scope_->set(s.name, define_macro(s, nullptr)); return Flow::Normal;
+      case StmtKind::Macro:
+        scope_->set(s.name, define_macro(s, nullptr));
+        return Flow::Normal;
       case StmtKind::CallBlock: {
         const Expr& call = *s.expr;
         Value fn = eval(*call.args[0]);
@@ -159,9 +168,12 @@ Interpreter::Flow Interpreter::exec(const Stmt& s) {
         scope_ = frame;
         return exec_body(s.body);
       }
-      case StmtKind::Break: return Flow::Break;
-      case StmtKind::Continue: return Flow::Continue;
-      case StmtKind::Generation: return exec_body(s.body);
+      case StmtKind::Break:
+        return Flow::Break;
+      case StmtKind::Continue:
+        return Flow::Continue;
+      case StmtKind::Generation:
+        return exec_body(s.body);
     }
   } catch (const TemplateError&) {
     throw;
@@ -330,7 +342,8 @@ Value Interpreter::eval(const Expr& e) {
 
 Value Interpreter::eval_inner(const Expr& e) {
   switch (e.kind) {
-    case ExprKind::Literal: return e.value;
+    case ExprKind::Literal:
+      return e.value;
     case ExprKind::Name: {
       const Value* v = scope_->find(e.name);
       return v ? *v : Value::undefined("'" + e.name + "' is undefined");
@@ -379,16 +392,20 @@ Value Interpreter::eval_inner(const Expr& e) {
       // Part of a string the template wrote is still the template's.
       return obj.fully_trusted() && item.is_string() ? mark_trusted(item) : item;
     }
-    case ExprKind::Slice: fail("a slice is only allowed inside []");
-    case ExprKind::Call: return eval_call(e);
-    case ExprKind::Filter: return eval_filter(e, nullptr);
+    case ExprKind::Slice:
+      fail("a slice is only allowed inside []");
+    case ExprKind::Call:
+      return eval_call(e);
+    case ExprKind::Filter:
+      return eval_filter(e, nullptr);
     case ExprKind::Test: {
       const Value v = eval(*e.args[0]);
       CallArgs args;
       eval_args(e, 1, args);
       return Value(apply_test(e.name, v, args));
     }
-    case ExprKind::Not: return Value(!eval(*e.args[0]).truthy());
+    case ExprKind::Not:
+      return Value(!eval(*e.args[0]).truthy());
     case ExprKind::Neg:
     case ExprKind::Pos: {
       const Value v = eval(*e.args[0]);
@@ -481,15 +498,19 @@ bool Interpreter::apply_test(const std::string& name, const Value& value, CallAr
 std::vector<Value> Interpreter::iterate(const Value& v) {
   std::vector<Value> out;
   switch (v.kind()) {
-    case Kind::Undefined: return out;
-    case Kind::List: out = v.as_list().items; break;
+    case Kind::Undefined:
+      return out;
+    case Kind::List:
+      out = v.as_list().items;
+      break;
     case Kind::Dict:
       for (const auto& kv : v.as_dict().items) out.push_back(kv.first);
       break;
     case Kind::String:
       for (auto ch : utf8_chars(v.as_string())) out.emplace_back(std::string(ch));
       break;
-    default: fail("'", v.type_name(), "' object is not iterable");
+    default:
+      fail("'", v.type_name(), "' object is not iterable");
   }
   charge(static_cast<int64_t>(out.size()));
   return out;
@@ -651,8 +672,8 @@ bool Interpreter::eval_compare(const std::string& op, const Value& a, const Valu
   }
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
-  const bool comparable = (a.is_number() && b.is_number()) || (a.is_string() && b.is_string()) ||
-                          (a.is_list() && b.is_list());
+  const bool comparable =
+      (a.is_number() && b.is_number()) || (a.is_string() && b.is_string()) || (a.is_list() && b.is_list());
   if (!comparable)
     fail("'", op, "' not supported between instances of '", a.type_name(), "' and '", b.type_name(), "'");
   if (op == "<") return py_less(a, b);

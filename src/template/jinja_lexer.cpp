@@ -206,8 +206,8 @@ class Lexer {
       return e;
     }
     if (c == '\'' || c == '"') return lex_string(p, at);
-    static const char* const kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[", "]",
-                                       "(", ")", "{", "}", ">", "<", "=", ".", ":", "|", ",", ";"};
+    static const char* const kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[",
+                                       "]",  "(",  ")",  "{",  "}",  ">",  "<", "=", ".", ":", "|", ",", ";"};
     for (const char* op : kOps) {
       const size_t len = std::strlen(op);
       if (src_.compare(p, len, op) != 0) continue;
@@ -237,7 +237,9 @@ class Lexer {
     };
     const char next = p + 1 < src_.size() ? static_cast<char>(src_[p + 1] | 0x20) : 0;
     if (src_[p] == '0' && (next == 'x' || next == 'o' || next == 'b')) {
-      static bool (*const hex)(char) = [](char ch) { return is_digit(ch) || ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'f'); };
+      static bool (*const hex)(char) = [](char ch) {
+        return is_digit(ch) || ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'f');
+      };
       static bool (*const oct)(char) = [](char ch) { return ch >= '0' && ch <= '7'; };
       static bool (*const bin)(char) = [](char ch) { return ch == '0' || ch == '1'; };
       const int base = next == 'x' ? 16 : next == 'o' ? 8 : 2;
@@ -304,28 +306,57 @@ class Lexer {
         uint32_t cp = 0;
         for (int k = 0; k < n; ++k, ++i) {
           const char h = i < src_.size() ? static_cast<char>(src_[i] | 0x20) : 0;
-          if (!(is_digit(h) || (h >= 'a' && h <= 'f'))) fail_at(at, "truncated \\x, \\u or \\U escape in string literal");
+          if (!(is_digit(h) || (h >= 'a' && h <= 'f')))
+            fail_at(at, "truncated \\x, \\u or \\U escape in string literal");
           cp = cp * 16 + static_cast<uint32_t>(is_digit(h) ? h - '0' : h - 'a' + 10);
         }
         if (cp > 0x10FFFF) fail_at(at, "illegal Unicode character in string literal");
         append_utf8(out, cp);
       };
       switch (e) {
-        case '\n': break;
-        case '\\': out.push_back('\\'); break;
-        case '\'': out.push_back('\''); break;
-        case '"': out.push_back('"'); break;
-        case 'n': out.push_back('\n'); break;
-        case 't': out.push_back('\t'); break;
-        case 'r': out.push_back('\r'); break;
-        case 'a': out.push_back('\a'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'v': out.push_back('\v'); break;
-        case 'x': hex_escape(2); break;
-        case 'u': hex_escape(4); break;
-        case 'U': hex_escape(8); break;
-        case 'N': fail_at(at, "\\N{...} escapes are not supported");
+        case '\n':
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '\'':
+          out.push_back('\'');
+          break;
+        case '"':
+          out.push_back('"');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 'a':
+          out.push_back('\a');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'v':
+          out.push_back('\v');
+          break;
+        case 'x':
+          hex_escape(2);
+          break;
+        case 'u':
+          hex_escape(4);
+          break;
+        case 'U':
+          hex_escape(8);
+          break;
+        case 'N':
+          fail_at(at, "\\N{...} escapes are not supported");
         default:
           if (e >= '0' && e <= '7') {
             uint32_t cp = static_cast<uint32_t>(e - '0');

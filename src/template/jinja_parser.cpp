@@ -12,16 +12,26 @@ namespace {
 
 std::string describe(const Token& t) {
   switch (t.kind) {
-    case TokenKind::Data: return "template data";
-    case TokenKind::VarBegin: return "begin of print statement";
-    case TokenKind::VarEnd: return "end of print statement";
-    case TokenKind::BlockBegin: return "begin of statement block";
-    case TokenKind::BlockEnd: return "end of statement block";
-    case TokenKind::End: return "end of template";
-    case TokenKind::String: return "string";
-    case TokenKind::Int: return "integer";
-    case TokenKind::Float: return "float";
-    default: return t.text;
+    case TokenKind::Data:
+      return "template data";
+    case TokenKind::VarBegin:
+      return "begin of print statement";
+    case TokenKind::VarEnd:
+      return "end of print statement";
+    case TokenKind::BlockBegin:
+      return "begin of statement block";
+    case TokenKind::BlockEnd:
+      return "end of statement block";
+    case TokenKind::End:
+      return "end of template";
+    case TokenKind::String:
+      return "string";
+    case TokenKind::Int:
+      return "integer";
+    case TokenKind::Float:
+      return "float";
+    default:
+      return t.text;
   }
 }
 
@@ -61,7 +71,8 @@ class Parser {
     return next().text;
   }
   void expect_block_end() {
-    if (cur().kind != TokenKind::BlockEnd) fail_here("expected token 'end of statement block', got '" + describe(cur()) + "'");
+    if (cur().kind != TokenKind::BlockEnd)
+      fail_here("expected token 'end of statement block', got '" + describe(cur()) + "'");
     next();
   }
 
@@ -69,7 +80,8 @@ class Parser {
     Parser& p;
     explicit DepthGuard(Parser& parser) : p(parser) {
       if (++p.depth_ > p.max_nesting_)
-        p.fail_here("max_recursion_depth exceeded: template nests deeper than " + std::to_string(p.max_nesting_) + " levels");
+        p.fail_here("max_recursion_depth exceeded: template nests deeper than " + std::to_string(p.max_nesting_) +
+                    " levels");
     }
     ~DepthGuard() { --p.depth_; }
   };
@@ -136,7 +148,8 @@ class Parser {
         s->kind = StmtKind::Output;
         s->pos = t.pos;
         s->expr = parse_tuple(true, false);
-        if (cur().kind != TokenKind::VarEnd) fail_here("expected token 'end of print statement', got '" + describe(cur()) + "'");
+        if (cur().kind != TokenKind::VarEnd)
+          fail_here("expected token 'end of print statement', got '" + describe(cur()) + "'");
         next();
         body.push_back(std::move(s));
       } else if (t.kind == TokenKind::BlockBegin) {
@@ -307,8 +320,10 @@ class Parser {
           (for_iter && is_name("if")))
         break;
       items.push_back(parse_expression(with_condexpr));
-      if (is_op(",")) is_tuple = true;
-      else break;
+      if (is_op(","))
+        is_tuple = true;
+      else
+        break;
     }
     if (!is_tuple) {
       if (!items.empty()) return std::move(items[0]);
@@ -457,9 +472,12 @@ class Parser {
       case TokenKind::Name: {
         next();
         auto e = make(ExprKind::Literal, t.pos);
-        if (t.text == "true" || t.text == "True") e->value = Value(true);
-        else if (t.text == "false" || t.text == "False") e->value = Value(false);
-        else if (t.text == "none" || t.text == "None") e->value = Value::none();
+        if (t.text == "true" || t.text == "True")
+          e->value = Value(true);
+        else if (t.text == "false" || t.text == "False")
+          e->value = Value(false);
+        else if (t.text == "none" || t.text == "None")
+          e->value = Value::none();
         else {
           e->kind = ExprKind::Name;
           e->name = t.text;
@@ -470,7 +488,7 @@ class Parser {
         auto e = make(ExprKind::Literal, t.pos);
         std::string s;
         while (cur().kind == TokenKind::String) s += next().text;  // adjacent literals join
-        e->value = Value::trusted_string(std::move(s));  // the template wrote it
+        e->value = Value::trusted_string(std::move(s));            // the template wrote it
         return e;
       }
       case TokenKind::Int: {
@@ -495,7 +513,8 @@ class Parser {
         if (t.text == "[") return parse_list();
         if (t.text == "{") return parse_dict();
         break;
-      default: break;
+      default:
+        break;
     }
     fail_here("unexpected '" + describe(t) + "'");
   }
@@ -526,18 +545,25 @@ class Parser {
 
   ExprPtr parse_postfix(ExprPtr node) {
     while (true) {
-      if (is_op(".") || is_op("[")) node = parse_subscript(std::move(node));
-      else if (is_op("(")) node = parse_call(std::move(node));
-      else return node;
+      if (is_op(".") || is_op("["))
+        node = parse_subscript(std::move(node));
+      else if (is_op("("))
+        node = parse_call(std::move(node));
+      else
+        return node;
     }
   }
 
   ExprPtr parse_filter_expr(ExprPtr node) {
     while (true) {
-      if (is_op("|")) node = parse_filter_chain(std::move(node));
-      else if (is_name("is")) node = parse_test(std::move(node));
-      else if (is_op("(")) node = parse_call(std::move(node));
-      else return node;
+      if (is_op("|"))
+        node = parse_filter_chain(std::move(node));
+      else if (is_name("is"))
+        node = parse_test(std::move(node));
+      else if (is_op("("))
+        node = parse_call(std::move(node));
+      else
+        return node;
     }
   }
 
@@ -590,8 +616,10 @@ class Parser {
     auto e = make(ExprKind::Slice, pos);
     e->args.push_back(std::move(start));
     e->args.push_back(is_op(":") || is_op("]") || is_op(",") ? nullptr : parse_expression());
-    if (skip_op(":")) e->args.push_back(is_op("]") || is_op(",") ? nullptr : parse_expression());
-    else e->args.push_back(nullptr);
+    if (skip_op(":"))
+      e->args.push_back(is_op("]") || is_op(",") ? nullptr : parse_expression());
+    else
+      e->args.push_back(nullptr);
     return e;
   }
 

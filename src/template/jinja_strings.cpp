@@ -26,8 +26,7 @@ char to_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) 
 bool is_space(std::string_view ch) {
   const uint32_t cp = code_point(ch);
   return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-         cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 std::string strip(std::string_view s, const std::optional<std::string>& chars, bool left, bool right) {
@@ -106,8 +105,8 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
   std::string line;
   for (size_t i = 0; i < cs.size(); ++i) {
     const uint32_t cp = code_point(cs[i]);
-    const bool brk = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) ||
-                     cp == 0x85 || cp == 0x2028 || cp == 0x2029;
+    const bool brk = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) || cp == 0x85 ||
+                     cp == 0x2028 || cp == 0x2029;
     if (!brk) {
       line += cs[i];
       continue;

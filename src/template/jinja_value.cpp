@@ -64,18 +64,34 @@ void dump_json_string(std::string& out, std::string_view s, const JsonDumpOption
     }
     ++i;
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
-        if (c < 0x20) append_hex(out, "\\u", c, 4);
+        if (c < 0x20)
+          append_hex(out, "\\u", c, 4);
         else if (o.html_safe && (c == '<' || c == '>' || c == '&' || c == '\''))
           append_hex(out, "\\u", c, 4);
-        else out.push_back(static_cast<char>(c));
+        else
+          out.push_back(static_cast<char>(c));
     }
   }
   out.push_back('"');
@@ -93,14 +109,27 @@ void dump_json(std::string& out, const Value& v, const JsonDumpOptions& o, int l
     out.append(static_cast<size_t>(o.indent) * static_cast<size_t>(lvl), ' ');
   };
   switch (v.kind()) {
-    case Kind::None: out += "null"; return;
-    case Kind::Bool: out += v.as_bool() ? "true" : "false"; return;
-    case Kind::Int: out += std::to_string(v.as_int()); return;
-    case Kind::Float: out += json_float(v.as_double()); return;
-    case Kind::String: dump_json_string(out, v.as_string(), o); return;
+    case Kind::None:
+      out += "null";
+      return;
+    case Kind::Bool:
+      out += v.as_bool() ? "true" : "false";
+      return;
+    case Kind::Int:
+      out += std::to_string(v.as_int());
+      return;
+    case Kind::Float:
+      out += json_float(v.as_double());
+      return;
+    case Kind::String:
+      dump_json_string(out, v.as_string(), o);
+      return;
     case Kind::List: {
       const auto& items = v.as_list().items;
-      if (items.empty()) { out += "[]"; return; }
+      if (items.empty()) {
+        out += "[]";
+        return;
+      }
       out.push_back('[');
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += o.item_sep;
@@ -114,15 +143,24 @@ void dump_json(std::string& out, const Value& v, const JsonDumpOptions& o, int l
     case Kind::Dict: {
       std::vector<const std::pair<Value, Value>*> items;
       for (const auto& kv : v.as_dict().items) items.push_back(&kv);
-      if (items.empty()) { out += "{}"; return; }
+      if (items.empty()) {
+        out += "{}";
+        return;
+      }
       auto key_text = [](const Value& k) -> std::string {
         switch (k.kind()) {
-          case Kind::String: return k.as_string();
-          case Kind::Int: return std::to_string(k.as_int());
-          case Kind::Float: return json_float(k.as_double());
-          case Kind::Bool: return k.as_bool() ? "true" : "false";
-          case Kind::None: return "null";
-          default: fail("keys must be str, int, float, bool or None, not ", k.type_name());
+          case Kind::String:
+            return k.as_string();
+          case Kind::Int:
+            return std::to_string(k.as_int());
+          case Kind::Float:
+            return json_float(k.as_double());
+          case Kind::Bool:
+            return k.as_bool() ? "true" : "false";
+          case Kind::None:
+            return "null";
+          default:
+            fail("keys must be str, int, float, bool or None, not ", k.type_name());
         }
       };
       if (o.sort_keys)
@@ -139,8 +177,10 @@ void dump_json(std::string& out, const Value& v, const JsonDumpOptions& o, int l
       out.push_back('}');
       return;
     }
-    case Kind::Undefined: fail("Object of type Undefined is not JSON serializable");
-    default: fail("Object of type ", v.type_name(), " is not JSON serializable");
+    case Kind::Undefined:
+      fail("Object of type Undefined is not JSON serializable");
+    default:
+      fail("Object of type ", v.type_name(), " is not JSON serializable");
   }
 }
 
@@ -148,12 +188,23 @@ void append_repr(std::string& out, const Value& v);
 
 void append_str(std::string& out, const Value& v) {
   switch (v.kind()) {
-    case Kind::Undefined: return;
-    case Kind::None: out += "None"; return;
-    case Kind::Bool: out += v.as_bool() ? "True" : "False"; return;
-    case Kind::Int: out += std::to_string(v.as_int()); return;
-    case Kind::Float: out += format_float(v.as_double()); return;
-    case Kind::String: out += v.as_string(); return;
+    case Kind::Undefined:
+      return;
+    case Kind::None:
+      out += "None";
+      return;
+    case Kind::Bool:
+      out += v.as_bool() ? "True" : "False";
+      return;
+    case Kind::Int:
+      out += std::to_string(v.as_int());
+      return;
+    case Kind::Float:
+      out += format_float(v.as_double());
+      return;
+    case Kind::String:
+      out += v.as_string();
+      return;
     case Kind::List: {
       const auto& l = v.as_list();
       out.push_back(l.is_tuple ? '(' : '[');
@@ -190,14 +241,19 @@ void append_str(std::string& out, const Value& v) {
       out += "}>";
       return;
     }
-    case Kind::Callable: out += "<function " + v.as_callable().name + ">"; return;
+    case Kind::Callable:
+      out += "<function " + v.as_callable().name + ">";
+      return;
   }
 }
 
 void append_repr(std::string& out, const Value& v) {
-  if (v.is_string()) out += repr_string(v.as_string());
-  else if (v.is_undefined()) out += "Undefined";
-  else append_str(out, v);
+  if (v.is_string())
+    out += repr_string(v.as_string());
+  else if (v.is_undefined())
+    out += "Undefined";
+  else
+    append_str(out, v);
 }
 
 }  // namespace
@@ -254,8 +310,10 @@ void append_spans(TrustSpans& dst, size_t offset, const TrustSpans* src) {
   if (!src) return;
   for (const auto& [b, e] : *src) {
     if (b == e) continue;
-    if (!dst.empty() && dst.back().second == b + offset) dst.back().second = e + offset;
-    else dst.emplace_back(b + offset, e + offset);
+    if (!dst.empty() && dst.back().second == b + offset)
+      dst.back().second = e + offset;
+    else
+      dst.emplace_back(b + offset, e + offset);
   }
 }
 
@@ -278,13 +336,16 @@ void append_text(std::string& out, TrustSpans& spans, const Value& piece) {
 
 bool trusted_input(const Value& v) {
   switch (v.kind()) {
-    case Kind::String: return v.fully_trusted();
+    case Kind::String:
+      return v.fully_trusted();
     case Kind::Undefined:
     case Kind::None:
     case Kind::Bool:
     case Kind::Int:
-    case Kind::Float: return true;
-    default: return false;
+    case Kind::Float:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -332,29 +393,48 @@ uint32_t Value::depth() const {
 
 bool Value::truthy() const {
   switch (kind()) {
-    case Kind::Undefined: case Kind::None: return false;
-    case Kind::Bool: return as_bool();
-    case Kind::Int: return as_int() != 0;
-    case Kind::Float: return as_double() != 0.0;
-    case Kind::String: return !as_string().empty();
-    case Kind::List: return !as_list().items.empty();
-    case Kind::Dict: return !as_dict().items.empty();
-    default: return true;
+    case Kind::Undefined:
+    case Kind::None:
+      return false;
+    case Kind::Bool:
+      return as_bool();
+    case Kind::Int:
+      return as_int() != 0;
+    case Kind::Float:
+      return as_double() != 0.0;
+    case Kind::String:
+      return !as_string().empty();
+    case Kind::List:
+      return !as_list().items.empty();
+    case Kind::Dict:
+      return !as_dict().items.empty();
+    default:
+      return true;
   }
 }
 
 std::string Value::type_name() const {
   switch (kind()) {
-    case Kind::Undefined: return "Undefined";
-    case Kind::None: return "NoneType";
-    case Kind::Bool: return "bool";
-    case Kind::Int: return "int";
-    case Kind::Float: return "float";
-    case Kind::String: return "str";
-    case Kind::List: return as_list().is_tuple ? "tuple" : "list";
-    case Kind::Dict: return "dict";
-    case Kind::Namespace: return "Namespace";
-    case Kind::Callable: return "function";
+    case Kind::Undefined:
+      return "Undefined";
+    case Kind::None:
+      return "NoneType";
+    case Kind::Bool:
+      return "bool";
+    case Kind::Int:
+      return "int";
+    case Kind::Float:
+      return "float";
+    case Kind::String:
+      return "str";
+    case Kind::List:
+      return as_list().is_tuple ? "tuple" : "list";
+    case Kind::Dict:
+      return "dict";
+    case Kind::Namespace:
+      return "Namespace";
+    case Kind::Callable:
+      return "function";
   }
   return "?";
 }
@@ -366,8 +446,11 @@ bool py_equal(const Value& a, const Value& b) {
   }
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
-    case Kind::Undefined: case Kind::None: return true;
-    case Kind::String: return a.as_string() == b.as_string();
+    case Kind::Undefined:
+    case Kind::None:
+      return true;
+    case Kind::String:
+      return a.as_string() == b.as_string();
     case Kind::List: {
       const auto &x = a.as_list(), &y = b.as_list();
       if (x.is_tuple != y.is_tuple || x.items.size() != y.items.size()) return false;
@@ -384,9 +467,12 @@ bool py_equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Kind::Namespace: return &a.as_namespace() == &b.as_namespace();
-    case Kind::Callable: return &a.as_callable() == &b.as_callable();
-    default: return false;
+    case Kind::Namespace:
+      return &a.as_namespace() == &b.as_namespace();
+    case Kind::Callable:
+      return &a.as_callable() == &b.as_callable();
+    default:
+      return false;
   }
 }
 
@@ -466,15 +552,24 @@ std::string repr_string(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     const size_t start = i;
     const uint32_t cp = decode_utf8(s, i);
-    if (cp == '\\') out += "\\\\";
-    else if (cp == static_cast<uint32_t>(quote)) (out += '\\') += quote;
-    else if (cp == '\n') out += "\\n";
-    else if (cp == '\r') out += "\\r";
-    else if (cp == '\t') out += "\\t";
-    else if (unicode_printable(cp)) out.append(s.substr(start, i - start));
-    else if (cp < 0x100) append_hex(out, "\\x", cp, 2);
-    else if (cp < 0x10000) append_hex(out, "\\u", cp, 4);
-    else append_hex(out, "\\U", cp, 8);
+    if (cp == '\\')
+      out += "\\\\";
+    else if (cp == static_cast<uint32_t>(quote))
+      (out += '\\') += quote;
+    else if (cp == '\n')
+      out += "\\n";
+    else if (cp == '\r')
+      out += "\\r";
+    else if (cp == '\t')
+      out += "\\t";
+    else if (unicode_printable(cp))
+      out.append(s.substr(start, i - start));
+    else if (cp < 0x100)
+      append_hex(out, "\\x", cp, 2);
+    else if (cp < 0x10000)
+      append_hex(out, "\\u", cp, 4);
+    else
+      append_hex(out, "\\U", cp, 8);
   }
   out.push_back(quote);
   return out;

@@ -30,7 +30,7 @@ struct Undefined {
 using TrustSpans = std::vector<std::pair<size_t, size_t>>;
 struct Str {
   std::shared_ptr<const std::string> s;
-  bool safe = false;  // Markup: `escape` leaves it alone
+  bool safe = false;                          // Markup: `escape` leaves it alone
   std::shared_ptr<const TrustSpans> trusted;  // null: no byte is trusted
 };
 // Containers know their nesting depth so that no value can nest deeper than kMaxValueDepth:
@@ -77,7 +77,9 @@ class Value {
   Value() : v_(Undefined{}) {}
   explicit Value(Undefined u) : v_(std::move(u)) {}
   explicit Value(NoneType n) : v_(n) {}
-  static Value undefined(std::string hint) { return Value(Undefined{std::make_shared<const std::string>(std::move(hint))}); }
+  static Value undefined(std::string hint) {
+    return Value(Undefined{std::make_shared<const std::string>(std::move(hint))});
+  }
   static Value none() { return Value(NoneType{}); }
   Value(bool b) : v_(b) {}
   Value(int64_t i) : v_(i) {}
@@ -115,9 +117,7 @@ class Value {
   const std::string& as_string() const { return *std::get<Str>(v_).s; }
   bool is_safe() const { return is_string() && std::get<Str>(v_).safe; }
   // The trusted spans of a string; null for other kinds and for strings with none.
-  const TrustSpans* trust_spans() const {
-    return is_string() ? std::get<Str>(v_).trusted.get() : nullptr;
-  }
+  const TrustSpans* trust_spans() const { return is_string() ? std::get<Str>(v_).trusted.get() : nullptr; }
   // A string trusted from its first byte to its last (an empty string is).
   bool fully_trusted() const;
   const List& as_list() const { return *std::get<ListPtr>(v_); }

@@ -30,9 +30,9 @@ class IncrementalDetokenizer {
   const Tokenizer& tok_;
   bool skip_special_;
   bool first_ = true;
-  std::string pending_;      // without clean_spaces: bytes not yet emitted
-  std::string raw_;          // with clean_spaces: every byte so far (clean-up needs context)
-  size_t emitted_clean_ = 0; // with clean_spaces: bytes of the cleaned text already emitted
+  std::string pending_;       // without clean_spaces: bytes not yet emitted
+  std::string raw_;           // with clean_spaces: every byte so far (clean-up needs context)
+  size_t emitted_clean_ = 0;  // with clean_spaces: bytes of the cleaned text already emitted
 };
 
 }  // namespace tessera

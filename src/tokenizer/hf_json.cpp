@@ -57,18 +57,24 @@ void parse_pre_tokenizer(const json& node, const std::string& path, std::vector<
     step.regex = std::make_unique<PcreRegex>(regex, PcreRegex::Mode::Unicode);
     const std::string behavior = node.value("behavior", "Isolated");
     using B = HfPreStep::Behavior;
-    if (behavior == "Isolated") step.behavior = B::Isolated;
-    else if (behavior == "Removed") step.behavior = B::Removed;
-    else if (behavior == "MergedWithPrevious") step.behavior = B::MergedWithPrevious;
-    else if (behavior == "MergedWithNext") step.behavior = B::MergedWithNext;
-    else if (behavior == "Contiguous") step.behavior = B::Contiguous;
-    else fail("tokenizer: ", where(path, "Split behavior"), " '", behavior, "' is not supported");
+    if (behavior == "Isolated")
+      step.behavior = B::Isolated;
+    else if (behavior == "Removed")
+      step.behavior = B::Removed;
+    else if (behavior == "MergedWithPrevious")
+      step.behavior = B::MergedWithPrevious;
+    else if (behavior == "MergedWithNext")
+      step.behavior = B::MergedWithNext;
+    else if (behavior == "Contiguous")
+      step.behavior = B::Contiguous;
+    else
+      fail("tokenizer: ", where(path, "Split behavior"), " '", behavior, "' is not supported");
     step.invert = node.value("invert", false);
   } else if (type == "Digits") {
     step.kind = HfPreStep::Kind::Digits;
     step.regex = std::make_unique<PcreRegex>("\\p{N}", PcreRegex::Mode::Unicode);
-    step.behavior = node.value("individual_digits", false) ? HfPreStep::Behavior::Isolated
-                                                            : HfPreStep::Behavior::Contiguous;
+    step.behavior =
+        node.value("individual_digits", false) ? HfPreStep::Behavior::Isolated : HfPreStep::Behavior::Contiguous;
   } else {
     fail("tokenizer: ", where(path, "pre_tokenizer"), " type '", type,
          "' is not supported (Sequence, Split, ByteLevel, Digits are)");
@@ -102,15 +108,19 @@ void split_piece(const std::string& piece, const HfPreStep& step, std::vector<st
       break;
     case B::MergedWithPrevious:  // a match joins the part before it
       for (const auto& [s, e, m] : spans) {
-        if (m && !parts.empty() && parts.back().second == s) parts.back().second = e;
-        else parts.emplace_back(s, e);
+        if (m && !parts.empty() && parts.back().second == s)
+          parts.back().second = e;
+        else
+          parts.emplace_back(s, e);
       }
       break;
     case B::MergedWithNext: {  // a match starts the part after it
       bool open = false;
       for (const auto& [s, e, m] : spans) {
-        if (open) parts.back().second = e;
-        else parts.emplace_back(s, e);
+        if (open)
+          parts.back().second = e;
+        else
+          parts.emplace_back(s, e);
         open = m;
       }
       break;
@@ -118,8 +128,10 @@ void split_piece(const std::string& piece, const HfPreStep& step, std::vector<st
     case B::Contiguous: {  // consecutive matches form one part
       bool prev_match = false;
       for (const auto& [s, e, m] : spans) {
-        if (m && prev_match && !parts.empty()) parts.back().second = e;
-        else parts.emplace_back(s, e);
+        if (m && prev_match && !parts.empty())
+          parts.back().second = e;
+        else
+          parts.emplace_back(s, e);
         prev_match = m;
       }
       break;
@@ -149,8 +161,10 @@ std::vector<std::string> Tokenizer::Impl::hf_pre_tokenize(std::string_view text)
       if (step.kind == HfPreStep::Kind::ByteLevel) {
         if (step.add_prefix_space && (p.empty() || p[0] != ' ')) p.insert(p.begin(), ' ');
         std::vector<std::string> words;
-        if (step.use_regex) split_piece(p, step, words);
-        else words.push_back(p);
+        if (step.use_regex)
+          split_piece(p, step, words);
+        else
+          words.push_back(p);
         for (auto& w : words) next.push_back(byte_level_encode(w));
       } else {
         split_piece(p, step, next);
@@ -271,8 +285,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json(const std::string& tokenizer_
     }
     TESSERA_CHECK(!by_id.empty(), "tokenizer: ", where(path, "model.vocab"), " is empty");
     const int64_t n = by_id.rbegin()->first + 1;
-    TESSERA_CHECK(by_id.begin()->first == 0 && static_cast<int64_t>(by_id.size()) == n, "tokenizer: ",
-                  where(path, "vocab"), " ids do not cover 0..", n - 1, " without gaps");
+    TESSERA_CHECK(by_id.begin()->first == 0 && static_cast<int64_t>(by_id.size()) == n,
+                  "tokenizer: ", where(path, "vocab"), " ids do not cover 0..", n - 1, " without gaps");
     v.text.resize(n);
     v.score.assign(n, 0.0f);
     v.attr.assign(n, kAttrNormal);
@@ -315,7 +329,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json(const std::string& tokenizer_
       v.merge_rank.emplace(Impl::merge_key(left, right), static_cast<int32_t>(i));
     }
     v.index_merges_by_id();
-    if (model.contains("unk_token") && model["unk_token"].is_string()) v.unk = v.find(model["unk_token"].get<std::string>());
+    if (model.contains("unk_token") && model["unk_token"].is_string())
+      v.unk = v.find(model["unk_token"].get<std::string>());
 
     parse_pre_tokenizer(root.value("pre_tokenizer", json()), path, v.hf_steps);
     if (const json& dec = root.value("decoder", json()); !dec.is_null())

@@ -33,29 +33,26 @@ const std::vector<Family>& families() {
     // {names}, {regexes, ignore_merges, clean_spaces, add_bos}
     f.push_back({{"default"},
                  {{R"re([\p{P}\$\+<=>\^~\|]+)re", kGpt2, R"re(\p{N}+)re", "[0-9][0-9][0-9]"}, false, true, false}});
-    f.push_back({{"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                  "jina-v5-nano"},
-                 {{kLlama3}, true, true, true}});
+    f.push_back(
+        {{"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"},
+         {{kLlama3}, true, true, true}});
     f.push_back({{"dbrx", "smaug-bpe"}, {{kLlama3}, false, true, false}});
     // "deepseek-llm" is left out on purpose: llama.cpp's regex list for it has out-of-order
     // ranges (e.g. U+1FD0-U+0390) that std::regex rejects, so llama.cpp cannot tokenize with it
     // and there is no behaviour to match.
-    f.push_back({{"deepseek-coder"}, {{
-        "[\r\n]",
-        "\\s?\\p{L}+",
-        "\\s?\\p{P}+",
-        "[一-龥ࠀ-一가-퟿]+",
-        "\\p{N}"}, false, false, false}});
+    f.push_back(
+        {{"deepseek-coder"},
+         {{"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}"}, false, false, false}});
     f.push_back({{"falcon"}, {{R"re([\p{P}\$\+<=>\^~\|`]+)re", kGpt2, "[0-9][0-9][0-9]"}, false, true, false}});
     f.push_back({{"starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"},
                  {{R"re(\p{N})re", kGpt2}, false, true, false}});
     f.push_back({{"smollm", "command-r"}, {{R"re(\p{N})re", kGpt2}, false, false, false}});
-    f.push_back({{"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
-                  "mellum", "modern-bert", "mpt", "olmo", "jais", "exaone4"},
+    f.push_back({{"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
+                  "modern-bert", "mpt", "olmo", "jais", "exaone4"},
                  {{kGpt2}, false, true, false}});
     f.push_back({{"trillion", "granite-docling"}, {{kGpt2}, false, false, false}});
-    f.push_back({{"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"},
-                 {{kQwen2}, false, false, false}});
+    f.push_back(
+        {{"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"}, {{kQwen2}, false, false, false}});
     f.push_back({{"megrez", "stablelm2"}, {{kQwen2}, false, true, false}});
     f.push_back({{"qwen35"}, {{kQwen35}, false, false, false}});
     f.push_back({{"gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"}, {{kGpt4o}, false, false, false}});

@@ -26,8 +26,8 @@ PcreRegex::PcreRegex(std::string_view pattern, Mode mode) : impl_(std::make_uniq
   impl_->utf = mode != Mode::Bytes;
   int err = 0;
   PCRE2_SIZE err_offset = 0;
-  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
-                              &err, &err_offset, nullptr);
+  impl_->code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &err, &err_offset, nullptr);
   if (!impl_->code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
@@ -40,16 +40,15 @@ PcreRegex::PcreRegex(std::string_view pattern, Mode mode) : impl_(std::make_uniq
 
 PcreRegex::~PcreRegex() = default;
 
-std::vector<std::pair<size_t, size_t>> PcreRegex::find_all(std::string_view subject, size_t begin,
-                                                           size_t end) const {
+std::vector<std::pair<size_t, size_t>> PcreRegex::find_all(std::string_view subject, size_t begin, size_t end) const {
   // The window is passed as its own subject, so `^`, `$` and lookarounds stop at its edges,
   // like std::regex_iterator over a sub-range.
   const auto* window = reinterpret_cast<PCRE2_SPTR>(subject.data() + begin);
   const size_t length = end - begin;
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
       pcre2_match_data_create_from_pattern(impl_->code, nullptr), &pcre2_match_data_free);
-  std::unique_ptr<pcre2_match_context, decltype(&pcre2_match_context_free)> ctx(
-      pcre2_match_context_create(nullptr), &pcre2_match_context_free);
+  std::unique_ptr<pcre2_match_context, decltype(&pcre2_match_context_free)> ctx(pcre2_match_context_create(nullptr),
+                                                                                &pcre2_match_context_free);
   std::unique_ptr<pcre2_jit_stack, decltype(&pcre2_jit_stack_free)> stack(
       pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr), &pcre2_jit_stack_free);
   if (stack) pcre2_jit_stack_assign(ctx.get(), nullptr, stack.get());
@@ -278,32 +277,42 @@ struct CategoryEscape {
   UnicodeClass cls;
 };
 constexpr CategoryEscape kCategoryEscapes[] = {
-    {"\\p{N}", UnicodeClass::Number},  {"\\p{L}", UnicodeClass::Letter},
-    {"\\p{P}", UnicodeClass::Punctuation}, {"\\p{M}", UnicodeClass::Mark},
-    {"\\p{S}", UnicodeClass::Symbol},  {"\\p{Lu}", UnicodeClass::Letter},
-    {"\\p{Ll}", UnicodeClass::Letter}, {"\\p{Lt}", UnicodeClass::Letter},
-    {"\\p{Lm}", UnicodeClass::Letter}, {"\\p{Lo}", UnicodeClass::Letter},
+    {"\\p{N}", UnicodeClass::Number},  {"\\p{L}", UnicodeClass::Letter},  {"\\p{P}", UnicodeClass::Punctuation},
+    {"\\p{M}", UnicodeClass::Mark},    {"\\p{S}", UnicodeClass::Symbol},  {"\\p{Lu}", UnicodeClass::Letter},
+    {"\\p{Ll}", UnicodeClass::Letter}, {"\\p{Lt}", UnicodeClass::Letter}, {"\\p{Lm}", UnicodeClass::Letter},
+    {"\\p{Lo}", UnicodeClass::Letter},
 };
 
 char collapsed_byte(UnicodeClass c) {
   switch (c) {
-    case UnicodeClass::Number: return static_cast<char>(0xD1);
-    case UnicodeClass::Letter: return static_cast<char>(0xD2);
-    case UnicodeClass::Punctuation: return static_cast<char>(0xD3);
-    case UnicodeClass::Mark: return static_cast<char>(0xD4);
-    case UnicodeClass::Symbol: return static_cast<char>(0xD5);
-    default: return static_cast<char>(0xD0);
+    case UnicodeClass::Number:
+      return static_cast<char>(0xD1);
+    case UnicodeClass::Letter:
+      return static_cast<char>(0xD2);
+    case UnicodeClass::Punctuation:
+      return static_cast<char>(0xD3);
+    case UnicodeClass::Mark:
+      return static_cast<char>(0xD4);
+    case UnicodeClass::Symbol:
+      return static_cast<char>(0xD5);
+    default:
+      return static_cast<char>(0xD0);
   }
 }
 
 // The ASCII members of each class, spelled for a character class.
 const char* ascii_members(UnicodeClass c) {
   switch (c) {
-    case UnicodeClass::Number: return "0-9";
-    case UnicodeClass::Letter: return "A-Za-z";
-    case UnicodeClass::Punctuation: return "!-#%-*,-/:-;?-@\\[-\\]_\\{\\}";
-    case UnicodeClass::Symbol: return "\\$\\+<->^`\\|\\~";
-    default: return "";
+    case UnicodeClass::Number:
+      return "0-9";
+    case UnicodeClass::Letter:
+      return "A-Za-z";
+    case UnicodeClass::Punctuation:
+      return "!-#%-*,-/:-;?-@\\[-\\]_\\{\\}";
+    case UnicodeClass::Symbol:
+      return "\\$\\+<->^`\\|\\~";
+    default:
+      return "";
   }
 }
 
@@ -392,9 +401,12 @@ std::vector<size_t> LlamaSplitter::split_lengths(const std::vector<uint32_t>& cp
     collapsed.resize(cps.size());
     for (size_t i = 0; i < cps.size(); ++i) {
       const uint32_t cp = cps[i];
-      if (cp < 128) collapsed[i] = static_cast<char>(cp);
-      else if (unicode_is_whitespace(cp)) collapsed[i] = '\v';
-      else collapsed[i] = collapsed_byte(unicode_class(cp));
+      if (cp < 128)
+        collapsed[i] = static_cast<char>(cp);
+      else if (unicode_is_whitespace(cp))
+        collapsed[i] = '\v';
+      else
+        collapsed[i] = collapsed_byte(unicode_class(cp));
     }
   }
   // UTF-8 text for std::wregex-style patterns: non-ASCII whitespace folds to \v (std::wregex's
@@ -422,10 +434,18 @@ std::vector<size_t> LlamaSplitter::split_lengths(const std::vector<uint32_t>& cp
       const size_t ini = start, end = start + len;
       start = end;
       switch (step->kind) {
-        case Step::Kind::Gpt2: split_gpt2(cps, ini, end, next); break;
-        case Step::Kind::Llama3: split_llama3_style(cps, ini, end, {3, false}, next); break;
-        case Step::Kind::Qwen2: split_llama3_style(cps, ini, end, {1, false}, next); break;
-        case Step::Kind::Qwen35: split_llama3_style(cps, ini, end, {1, true}, next); break;
+        case Step::Kind::Gpt2:
+          split_gpt2(cps, ini, end, next);
+          break;
+        case Step::Kind::Llama3:
+          split_llama3_style(cps, ini, end, {3, false}, next);
+          break;
+        case Step::Kind::Qwen2:
+          split_llama3_style(cps, ini, end, {1, false}, next);
+          break;
+        case Step::Kind::Qwen35:
+          split_llama3_style(cps, ini, end, {1, true}, next);
+          break;
         case Step::Kind::Collapsed:
         case Step::Kind::Wide: {
           const bool is_wide = step->kind == Step::Kind::Wide;

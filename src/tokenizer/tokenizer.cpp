@@ -22,13 +22,20 @@ namespace {
 
 uint32_t attr_from_gguf_type(int32_t type) {
   switch (type) {
-    case 1: return kAttrNormal;
-    case 2: return kAttrUnknown;
-    case 3: return kAttrControl;
-    case 4: return kAttrUserDefined;
-    case 5: return kAttrUnused;
-    case 6: return kAttrByte;
-    default: return kAttrUndefined;
+    case 1:
+      return kAttrNormal;
+    case 2:
+      return kAttrUnknown;
+    case 3:
+      return kAttrControl;
+    case 4:
+      return kAttrUserDefined;
+    case 5:
+      return kAttrUnused;
+    case 6:
+      return kAttrByte;
+    default:
+      return kAttrUndefined;
   }
 }
 
@@ -86,10 +93,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
   const size_t n = spec.tokens.size();
   TESSERA_CHECK(n > 0, "tokenizer: the vocabulary has no tokens");
   TESSERA_CHECK(n < static_cast<size_t>(INT32_MAX), "tokenizer: ", n, " tokens is too many");
-  TESSERA_CHECK(spec.scores.empty() || spec.scores.size() >= n, "tokenizer: ", spec.scores.size(),
-                " scores for ", n, " tokens");
-  TESSERA_CHECK(spec.token_types.empty() || spec.token_types.size() >= n, "tokenizer: ",
-                spec.token_types.size(), " token types for ", n, " tokens");
+  TESSERA_CHECK(spec.scores.empty() || spec.scores.size() >= n, "tokenizer: ", spec.scores.size(), " scores for ", n,
+                " tokens");
+  TESSERA_CHECK(spec.token_types.empty() || spec.token_types.size() >= n, "tokenizer: ", spec.token_types.size(),
+                " token types for ", n, " tokens");
 
   if (spec.model == "llama") {
     v.kind = Impl::Kind::LlamaSpm;
@@ -102,7 +109,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
       const std::string& m = spec.merges[i];
       const size_t cut = m.find(' ', 1);
       std::string_view left, right;  // a merge without a space pairs "" with "" (llama.cpp)
-      if (cut != std::string::npos) left = std::string_view(m).substr(0, cut), right = std::string_view(m).substr(cut + 1);
+      if (cut != std::string::npos)
+        left = std::string_view(m).substr(0, cut), right = std::string_view(m).substr(cut + 1);
       v.merge_rank.emplace(Impl::merge_key(left, right), static_cast<int32_t>(i));  // first one wins
     }
     const LlamaPreTokenizerInfo pre = llama_pre_tokenizer(spec.pre.empty() ? "default" : spec.pre);
@@ -136,10 +144,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
   // error for the ids that steer prompts and stopping (bos, eos, eot, eom); for the optional
   // ones it is ignored with a warning, keeping the default (llama.cpp's behaviour).
   const std::pair<const char*, int32_t*> keyed[] = {
-      {"bos", &v.bos}, {"eos", &v.eos}, {"eot", &v.eot}, {"eom", &v.eom}, {"unknown", &v.unk},
-      {"seperator", &v.sep}, {"padding", &v.pad}, {"mask", &v.mask}, {"fim_pre", &v.fim_pre},
-      {"fim_suf", &v.fim_suf}, {"fim_mid", &v.fim_mid}, {"fim_pad", &v.fim_pad}, {"fim_rep", &v.fim_rep},
-      {"fim_sep", &v.fim_sep}, {"prefix", &v.fim_pre}, {"suffix", &v.fim_suf}, {"middle", &v.fim_mid},
+      {"bos", &v.bos},         {"eos", &v.eos},         {"eot", &v.eot},         {"eom", &v.eom},
+      {"unknown", &v.unk},     {"seperator", &v.sep},   {"padding", &v.pad},     {"mask", &v.mask},
+      {"fim_pre", &v.fim_pre}, {"fim_suf", &v.fim_suf}, {"fim_mid", &v.fim_mid}, {"fim_pad", &v.fim_pad},
+      {"fim_rep", &v.fim_rep}, {"fim_sep", &v.fim_sep}, {"prefix", &v.fim_pre},  {"suffix", &v.fim_suf},
+      {"middle", &v.fim_mid},
   };
   for (const auto& [key, id] : keyed) {
     if (*id >= 0 && static_cast<size_t>(*id) >= n) *id = -1;
@@ -153,8 +162,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
     const bool required = k == "bos" || k == "eos" || k == "eot" || k == "eom";
     TESSERA_CHECK(!required, "tokenizer: key 'tokenizer.ggml.", key, "_token_id' is ", it->second,
                   ", outside the vocabulary [0, ", n, ")");
-    std::fprintf(stderr, "tessera: warning: key 'tokenizer.ggml.%s_token_id' is %lld, outside the vocabulary [0, %zu); "
-                 "using %d\n", key, static_cast<long long>(it->second), n, *id);
+    std::fprintf(stderr,
+                 "tessera: warning: key 'tokenizer.ggml.%s_token_id' is %lld, outside the vocabulary [0, %zu); "
+                 "using %d\n",
+                 key, static_cast<long long>(it->second), n, *id);
   }
   if (spec.add_bos) v.add_bos = *spec.add_bos;
   if (spec.add_eos) v.add_eos = *spec.add_eos;
@@ -175,15 +186,25 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
       }
     }
   };
-  detect(v.eot, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-                 "<EOT>", "_<EOT>", "[EOT]", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+  detect(v.eot, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+                 "_<EOT>", "[EOT]",
+                 "<\xEF\xBD\x9C"
+                 "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
                  "<end_of_utterance>"});
   detect(v.eom, {"<|eom_id|>"});
-  detect(v.fim_pre, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
+  detect(v.fim_pre, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+                     "<\xEF\xBD\x9C"
+                     "fim\xE2\x96\x81"
+                     "begin\xEF\xBD\x9C>",
                      "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"});
-  detect(v.fim_suf, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
+  detect(v.fim_suf, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+                     "<\xEF\xBD\x9C"
+                     "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
                      "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"});
-  detect(v.fim_mid, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",
+  detect(v.fim_mid, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+                     "<\xEF\xBD\x9C"
+                     "fim\xE2\x96\x81"
+                     "end\xEF\xBD\x9C>",
                      "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"});
   detect(v.fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"});
   detect(v.fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
@@ -194,11 +215,29 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
 
   for (int32_t id : {v.fim_pad, v.fim_rep, v.fim_sep})
     if (id >= 0) v.eog.insert(id);
-  static const std::string_view kEogTexts[] = {
-      "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-      "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-      "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-      "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "[e~["};
+  static const std::string_view kEogTexts[] = {"<|eot_id|>",
+                                               "<|im_end|>",
+                                               "<|end|>",
+                                               "<|return|>",
+                                               "<|call|>",
+                                               "<|flush|>",
+                                               "<|calls|>",
+                                               "<end_of_turn>",
+                                               "<|endoftext|>",
+                                               "</s>",
+                                               "<|eom_id|>",
+                                               "<EOT>",
+                                               "_<EOT>",
+                                               "[EOT]",
+                                               "[EOS]",
+                                               "<|end_of_text|>",
+                                               "<end_of_utterance>",
+                                               "<eos>",
+                                               "<turn|>",
+                                               "<|tool_response>",
+                                               "<\xEF\xBD\x9C"
+                                               "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                                               "[e~["};
   for (int32_t id : ids_by_text) {
     if (std::find(std::begin(kEogTexts), std::end(kEogTexts), v.text[id]) != std::end(kEogTexts)) {
       v.eog.insert(id);
@@ -207,7 +246,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
   }
   for (int32_t id : ids_by_text) {  // gpt-oss: always rendered
     const auto& t = v.text[id];
-    if (t == "<|channel|>" || t == "<|message|>" || t == "<|start|>" || t == "<|constrain|>") v.attr[id] = kAttrUserDefined;
+    if (t == "<|channel|>" || t == "<|message|>" || t == "<|start|>" || t == "<|constrain|>")
+      v.attr[id] = kAttrUserDefined;
   }
   for (int32_t id : {v.eos, v.eot, v.eom})
     if (id >= 0) v.eog.insert(id);
@@ -216,10 +256,14 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
     int32_t end_id = -1;
     for (int32_t id : v.eog) {
       const auto& t = v.text[id];
-      if (t == "<|return|>") has_return = true;
-      else if (t == "<|call|>" || t == "<|calls|>") has_call = true;
-      else if (t == "<|flush|>") has_flush = true;
-      else if (t == "<|end|>") end_id = id;
+      if (t == "<|return|>")
+        has_return = true;
+      else if (t == "<|call|>" || t == "<|calls|>")
+        has_call = true;
+      else if (t == "<|flush|>")
+        has_flush = true;
+      else if (t == "<|end|>")
+        end_id = id;
     }
     if (end_id >= 0 && ((has_return && has_call) || (has_call && has_flush))) {
       v.eog.erase(end_id);
@@ -231,8 +275,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_spec(const VocabSpec& spec) {
     int32_t s_id = -1;
     for (int32_t id : v.eog) {
       const auto& t = v.text[id];
-      if (t == "<|tool_response>" || t == "<|plamo:eos|>") has_marker = true;
-      else if (t == "</s>") s_id = id;
+      if (t == "<|tool_response>" || t == "<|plamo:eos|>")
+        has_marker = true;
+      else if (t == "</s>")
+        s_id = id;
     }
     if (has_marker && s_id >= 0) {
       v.eog.erase(s_id);
@@ -287,8 +333,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GGUFFile& file) {
   if (const GGUFValue* s = file.find("tokenizer.ggml.scores")) {
     TESSERA_CHECK(s->type == GGUFType::ARRAY && (s->elem_type == GGUFType::F32 || s->elem_type == GGUFType::I32),
                   file.name(), ": key 'tokenizer.ggml.scores' must be an array of f32 or i32");
-    if (s->elem_type == GGUFType::F32) for (double d : s->floats) spec.scores.push_back(static_cast<float>(d));
-    else for (int64_t i : s->ints) spec.scores.push_back(static_cast<float>(i));
+    if (s->elem_type == GGUFType::F32)
+      for (double d : s->floats) spec.scores.push_back(static_cast<float>(d));
+    else
+      for (int64_t i : s->ints) spec.scores.push_back(static_cast<float>(i));
     TESSERA_CHECK(spec.scores.size() >= spec.tokens.size(), file.name(), ": 'tokenizer.ggml.scores' has ",
                   spec.scores.size(), " entries for ", spec.tokens.size(), " tokens");
   }
@@ -480,7 +528,9 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     int32_t merged;  // id of the merged text, -1 if it is none
   };
   // Lowest rank first; among equal ranks the leftmost (llama.cpp's comparator).
-  const auto later = [](const Bigram& l, const Bigram& r) { return l.rank > r.rank || (l.rank == r.rank && l.left > r.left); };
+  const auto later = [](const Bigram& l, const Bigram& r) {
+    return l.rank > r.rank || (l.rank == r.rank && l.left > r.left);
+  };
   std::priority_queue<Bigram, std::vector<Bigram>, decltype(later)> queue(later);
   std::string key;
   const auto try_add = [&](int32_t l, int32_t r) {
@@ -518,8 +568,10 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     }
     for (char c : s) {  // llama.cpp looks the single bytes of the encoded text up
       const int32_t b = find(std::string_view(&c, 1));
-      if (b >= 0) out.push_back(b);
-      else if (kind == Kind::HfBpe && unk >= 0) out.push_back(unk);
+      if (b >= 0)
+        out.push_back(b);
+      else if (kind == Kind::HfBpe && unk >= 0)
+        out.push_back(unk);
     }
   }
 }
@@ -546,7 +598,9 @@ void Tokenizer::Impl::spm_fragment(std::string_view text, std::vector<int32_t>& 
     int32_t merged;
   };
   // Highest score first; among equal scores the leftmost.
-  const auto lower = [](const Bigram& l, const Bigram& r) { return l.score < r.score || (l.score == r.score && l.left > r.left); };
+  const auto lower = [](const Bigram& l, const Bigram& r) {
+    return l.score < r.score || (l.score == r.score && l.left > r.left);
+  };
   std::priority_queue<Bigram, std::vector<Bigram>, decltype(lower)> queue(lower);
   const auto try_add = [&](int32_t l, int32_t r) {
     if (l < 0 || r < 0) return;
@@ -705,17 +759,20 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
 }
 
 std::string_view Tokenizer::token_piece(int32_t id) const {
-  TESSERA_CHECK(impl_->valid(id), "tokenizer: token id ", id, " is outside the vocabulary [0, ", impl_->text.size(), ")");
+  TESSERA_CHECK(impl_->valid(id), "tokenizer: token id ", id, " is outside the vocabulary [0, ", impl_->text.size(),
+                ")");
   return impl_->piece[id];
 }
 
 std::string_view Tokenizer::token_text(int32_t id) const {
-  TESSERA_CHECK(impl_->valid(id), "tokenizer: token id ", id, " is outside the vocabulary [0, ", impl_->text.size(), ")");
+  TESSERA_CHECK(impl_->valid(id), "tokenizer: token id ", id, " is outside the vocabulary [0, ", impl_->text.size(),
+                ")");
   return impl_->text[id];
 }
 
 uint32_t Tokenizer::token_attr(int32_t id) const {
-  TESSERA_CHECK(impl_->valid(id), "tokenizer: token id ", id, " is outside the vocabulary [0, ", impl_->text.size(), ")");
+  TESSERA_CHECK(impl_->valid(id), "tokenizer: token id ", id, " is outside the vocabulary [0, ", impl_->text.size(),
+                ")");
   return impl_->attr[id];
 }
 

@@ -35,20 +35,20 @@ enum TokenAttr : uint32_t {
 // A vocabulary as a GGUF file describes it (the `tokenizer.*` keys), before llama.cpp's
 // defaults and fix-ups are applied. from_gguf fills one; tests build small ones by hand.
 struct VocabSpec {
-  std::string model;                     // tokenizer.ggml.model: "gpt2" (BPE) or "llama" (SPM)
-  std::string pre;                       // tokenizer.ggml.pre; empty means "default"
-  std::vector<std::string> tokens;       // tokenizer.ggml.tokens
-  std::vector<float> scores;             // tokenizer.ggml.scores (empty: all 0)
-  std::vector<int32_t> token_types;      // tokenizer.ggml.token_type, GGUF values 1..6 (empty: normal)
-  std::vector<std::string> merges;       // tokenizer.ggml.merges, "left right"
+  std::string model;                 // tokenizer.ggml.model: "gpt2" (BPE) or "llama" (SPM)
+  std::string pre;                   // tokenizer.ggml.pre; empty means "default"
+  std::vector<std::string> tokens;   // tokenizer.ggml.tokens
+  std::vector<float> scores;         // tokenizer.ggml.scores (empty: all 0)
+  std::vector<int32_t> token_types;  // tokenizer.ggml.token_type, GGUF values 1..6 (empty: normal)
+  std::vector<std::string> merges;   // tokenizer.ggml.merges, "left right"
   // Special token ids by GGUF key suffix: "bos", "eos", "eot", "eom", "unknown", "seperator",
   // "padding", "mask", "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep",
   // "prefix", "suffix", "middle" (for tokenizer.ggml.<name>_token_id).
   std::map<std::string, int64_t> special_ids;
   std::optional<bool> add_bos, add_eos, add_space_prefix;
-  std::string chat_template;             // tokenizer.chat_template
-  std::string model_name;                // general.name (llama.cpp keys a few attributes on it)
-  std::string architecture;              // general.architecture
+  std::string chat_template;  // tokenizer.chat_template
+  std::string model_name;     // general.name (llama.cpp keys a few attributes on it)
+  std::string architecture;   // general.architecture
 };
 
 class Tokenizer {
@@ -99,9 +99,9 @@ class Tokenizer {
   // pre-tokenization (control ones only with parse_special). False outside the vocabulary.
   bool is_special(int32_t id) const;
   bool is_control(int32_t id) const;
-  uint32_t token_attr(int32_t id) const;  // TokenAttr bits; throws outside the vocabulary
+  uint32_t token_attr(int32_t id) const;                          // TokenAttr bits; throws outside the vocabulary
   std::optional<int32_t> token_id(std::string_view piece) const;  // exact vocabulary text
-  std::string_view token_text(int32_t id) const;  // vocabulary text (e.g. "Ġthe", "▁the")
+  std::string_view token_text(int32_t id) const;                  // vocabulary text (e.g. "Ġthe", "▁the")
   std::string_view chat_template() const;
   bool is_spm() const;  // SentencePiece vocabulary (leading-space rule applies)
   // Whether decode applies llama.cpp's clean-up of spaces before punctuation (most "gpt2"

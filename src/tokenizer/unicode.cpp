@@ -55,7 +55,13 @@ UnicodeClass unicode_class(uint32_t cp) {
 bool unicode_is_whitespace(uint32_t cp) {
   if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);
   switch (cp) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
     case 0x3000:
       return true;
     default:
@@ -78,8 +84,8 @@ uint32_t decode_utf8_lenient(std::string_view text, size_t& pos) {
       cp = ((b0 & 0x0Fu) << 12) | ((byte(pos + 1) & 0x3Fu) << 6) | (byte(pos + 2) & 0x3Fu), len = 3;
   } else if ((b0 & 0xF8) == 0xF0) {
     if (cont(pos + 1) && cont(pos + 2) && cont(pos + 3)) {
-      const uint32_t v = ((b0 & 0x07u) << 18) | ((byte(pos + 1) & 0x3Fu) << 12) |
-                         ((byte(pos + 2) & 0x3Fu) << 6) | (byte(pos + 3) & 0x3Fu);
+      const uint32_t v = ((b0 & 0x07u) << 18) | ((byte(pos + 1) & 0x3Fu) << 12) | ((byte(pos + 2) & 0x3Fu) << 6) |
+                         (byte(pos + 3) & 0x3Fu);
       // llama.cpp aborts on values past U+10FFFF (it cannot re-encode them); we treat the lead
       // byte as invalid instead.
       if (v <= kMaxCodepoint) cp = v, len = 4;
@@ -125,14 +131,22 @@ size_t valid_sequence_length(std::string_view text, size_t pos, size_t* partial)
   if (b0 < 0x80) return 1;
   size_t need;
   uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) need = 2;
-  else if (b0 == 0xE0) need = 3, lo = 0xA0;
-  else if (b0 == 0xED) need = 3, hi = 0x9F;
-  else if (b0 >= 0xE1 && b0 <= 0xEF) need = 3;
-  else if (b0 == 0xF0) need = 4, lo = 0x90;
-  else if (b0 == 0xF4) need = 4, hi = 0x8F;
-  else if (b0 >= 0xF1 && b0 <= 0xF3) need = 4;
-  else return 0;
+  if (b0 >= 0xC2 && b0 <= 0xDF)
+    need = 2;
+  else if (b0 == 0xE0)
+    need = 3, lo = 0xA0;
+  else if (b0 == 0xED)
+    need = 3, hi = 0x9F;
+  else if (b0 >= 0xE1 && b0 <= 0xEF)
+    need = 3;
+  else if (b0 == 0xF0)
+    need = 4, lo = 0x90;
+  else if (b0 == 0xF4)
+    need = 4, hi = 0x8F;
+  else if (b0 >= 0xF1 && b0 <= 0xF3)
+    need = 4;
+  else
+    return 0;
   size_t got = 1;
   for (; got < need; ++got) {
     if (pos + got >= text.size()) {
@@ -193,8 +207,6 @@ std::string sanitize_utf8(std::string_view text) {
 
 uint32_t byte_to_unicode(uint8_t byte) { return byte_maps().to_cp[byte]; }
 
-int unicode_to_byte(uint32_t cp) {
-  return cp < byte_maps().to_byte.size() ? byte_maps().to_byte[cp] : -1;
-}
+int unicode_to_byte(uint32_t cp) { return cp < byte_maps().to_byte.size() ? byte_maps().to_byte[cp] : -1; }
 
 }  // namespace tessera

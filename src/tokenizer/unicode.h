@@ -12,7 +12,13 @@ namespace tessera {
 
 // The major general category of a code point. Undefined is "Cn" (unassigned).
 enum class UnicodeClass : uint8_t {
-  Undefined = 0, Number = 1, Letter = 2, Separator = 3, Mark = 4, Punctuation = 5, Symbol = 6,
+  Undefined = 0,
+  Number = 1,
+  Letter = 2,
+  Separator = 3,
+  Mark = 4,
+  Punctuation = 5,
+  Symbol = 6,
   Control = 7,
 };
 

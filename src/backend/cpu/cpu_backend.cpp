@@ -43,9 +43,8 @@ void CpuBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, flo
 }
 
 void CpuBackend::rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) {
-  pool_.parallel_for(n_rows, kRowGrain, [&](int64_t b, int64_t e) {
-    ops_.rms_norm_rows(x + b * dim, w, out + b * dim, e - b, dim, eps);
-  });
+  pool_.parallel_for(n_rows, kRowGrain,
+                     [&](int64_t b, int64_t e) { ops_.rms_norm_rows(x + b * dim, w, out + b * dim, e - b, dim, eps); });
 }
 
 void CpuBackend::add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim,
@@ -130,8 +129,8 @@ void CpuBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, co
   });
 }
 
-void CpuBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
-                           int n_heads, float scale, float* out, int64_t ldo) {
+void CpuBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch, int n_heads,
+                           float scale, float* out, int64_t ldo) {
   TESSERA_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0, "attention: ", n_heads,
                 " query heads are not a multiple of ", kv.n_kv_heads, " KV heads");
   const int group = n_heads / kv.n_kv_heads;
@@ -150,8 +149,10 @@ void CpuBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, c
       for (int g = 0; g < group; ++g) {
         t.g_begin = g;
         t.g_end = g + 1;
-        if (g == 0) tasks_[i] = t;
-        else tasks_.push_back(t);
+        if (g == 0)
+          tasks_[i] = t;
+        else
+          tasks_.push_back(t);
       }
     }
   }

@@ -10,8 +10,8 @@ namespace tessera::cpu {
 const OpsTable* ops_table_avx2_impl();
 
 const OpsTable* ops_table_avx2() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
+  static const bool ok =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   return ok ? ops_table_avx2_impl() : nullptr;
 }
 

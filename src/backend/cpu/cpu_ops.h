@@ -9,9 +9,9 @@
 namespace tessera::cpu {
 
 struct AttentionTask {
-  int seq;       // sequence index in the batch
-  int kv_head;   // KV head; its query heads are kv_head*group .. +group
-  int q_begin;   // query rows [q_begin, q_end) of that sequence (flat batch rows)
+  int seq;      // sequence index in the batch
+  int kv_head;  // KV head; its query heads are kv_head*group .. +group
+  int q_begin;  // query rows [q_begin, q_end) of that sequence (flat batch rows)
   int q_end;
   int g_begin = 0;  // query heads of the group this task computes: [g_begin, g_end), in
   int g_end = -1;   // 0 .. group; g_end < 0 means the whole group
@@ -23,8 +23,8 @@ int64_t attention_scratch_floats(int max_q_rows, int group, int block_size, int 
 struct OpsTable {
   const char* isa;
   void (*rms_norm_rows)(const float* x, const float* w, float* out, int64_t n_rows, int dim, float eps);
-  void (*add_rms_norm_rows)(float* x, const float* residual, const float* w, float* out, int64_t n_rows,
-                            int dim, float eps);
+  void (*add_rms_norm_rows)(float* x, const float* residual, const float* w, float* out, int64_t n_rows, int dim,
+                            float eps);
   void (*swiglu_rows)(const float* gate, const float* up, int64_t ld_in, float* out, int64_t n_rows, int dim);
   // x: [n_rows, ld]; cos_sin: per row, [rot_dim/2] cos then [rot_dim/2] sin
   void (*rope_rows)(float* x, int64_t n_rows, int64_t ld, int n_heads, int head_dim, int rot_dim, bool neox,

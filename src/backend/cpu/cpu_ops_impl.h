@@ -61,8 +61,8 @@ static void rms_norm_rows_impl(const float* x, const float* w, float* out, int64
   }
 }
 
-static void add_rms_norm_rows_impl(float* x, const float* residual, const float* w, float* out, int64_t n_rows,
-                                   int dim, float eps) {
+static void add_rms_norm_rows_impl(float* x, const float* residual, const float* w, float* out, int64_t n_rows, int dim,
+                                   float eps) {
   for (int64_t r = 0; r < n_rows; ++r) {
     float* xr = x + r * dim;
     const float* rr = residual + r * dim;
@@ -137,14 +137,14 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   const int hd = kv.head_dim, bs = kv.block_size;
   const int group = n_heads / kv.n_kv_heads;
   const int g0 = task.g_begin, ng = (task.g_end < 0 ? group : task.g_end) - g0;  // query heads of the task
-  const int n_q = (task.q_end - task.q_begin) * ng;  // query vectors in this tile
-  float* kf = scratch;             // [bs, hd]
-  float* vf = kf + bs * hd;        // [bs, hd]
-  float* sc = vf + bs * hd;        // [n_q, bs]
-  float* o = sc + n_q * bs;        // [n_q, hd]
-  float* m = o + n_q * hd;         // [n_q]
-  float* l = m + n_q;              // [n_q]
-  float* qs = l + n_q;             // [n_q, hd] queries pre-scaled
+  const int n_q = (task.q_end - task.q_begin) * ng;                              // query vectors in this tile
+  float* kf = scratch;                                                           // [bs, hd]
+  float* vf = kf + bs * hd;                                                      // [bs, hd]
+  float* sc = vf + bs * hd;                                                      // [n_q, bs]
+  float* o = sc + n_q * bs;                                                      // [n_q, hd]
+  float* m = o + n_q * hd;                                                       // [n_q]
+  float* l = m + n_q;                                                            // [n_q]
+  float* qs = l + n_q;                                                           // [n_q, hd] queries pre-scaled
   for (int r = 0; r < n_q; ++r) {
     const int t = task.q_begin + r / ng, g = g0 + r % ng;
     const float* src = q + t * ldq + static_cast<int64_t>(task.kv_head * group + g) * hd;

@@ -20,19 +20,24 @@ enum class Isa { Scalar, Avx2, Avx512 };
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::Avx512: return "avx512";
-    case Isa::Avx2: return "avx2";
-    default: return "scalar";
+    case Isa::Avx512:
+      return "avx512";
+    case Isa::Avx2:
+      return "avx2";
+    default:
+      return "scalar";
   }
 }
 
 bool cpu_supports(Isa isa) {
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+                    __builtin_cpu_supports("bmi2");
   switch (isa) {
-    case Isa::Scalar: return true;
-    case Isa::Avx2: return avx2;
+    case Isa::Scalar:
+      return true;
+    case Isa::Avx2:
+      return avx2;
     case Isa::Avx512:
       // The AVX-512 file is compiled with all of these, so the compiler may use any of them.
       return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -43,10 +48,14 @@ bool cpu_supports(Isa isa) {
 }
 
 bool parse_isa(std::string_view s, Isa* out) {
-  if (s == "scalar") *out = Isa::Scalar;
-  else if (s == "avx2") *out = Isa::Avx2;
-  else if (s == "avx512") *out = Isa::Avx512;
-  else return false;
+  if (s == "scalar")
+    *out = Isa::Scalar;
+  else if (s == "avx2")
+    *out = Isa::Avx2;
+  else if (s == "avx512")
+    *out = Isa::Avx512;
+  else
+    return false;
   return true;
 }
 
@@ -66,9 +75,12 @@ Isa resolve_isa() {
 
 const mm::KernelSet& kernel_set(Isa isa) {
   switch (isa) {
-    case Isa::Avx512: return mm::avx512_kernel_set();
-    case Isa::Avx2: return mm::avx2_kernel_set();
-    default: return mm::scalar_kernel_set();
+    case Isa::Avx512:
+      return mm::avx512_kernel_set();
+    case Isa::Avx2:
+      return mm::avx2_kernel_set();
+    default:
+      return mm::scalar_kernel_set();
   }
 }
 
@@ -100,7 +112,7 @@ struct CpuMatmul::Impl {
 
   ThreadPool& pool;
   const mm::KernelSet* ks;
-  AlignedBuffer<uint8_t> act_q8, act_q8k;  // quantized input rows, reused between calls
+  AlignedBuffer<uint8_t> act_q8, act_q8k;       // quantized input rows, reused between calls
   std::vector<AlignedBuffer<uint8_t>> scratch;  // per thread: repacked weight panels
   std::vector<WorkItem> items;
   std::vector<int64_t> split_rows;  // plan()'s scratch, kept to avoid an allocation per call
@@ -203,8 +215,10 @@ void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const
   auto quantize_unit = [&](int64_t u) {
     const bool q8 = need_q8 && u < n_rows;  // Q8 rows first, then Q8_K rows
     const int64_t t = u % n_rows;
-    if (q8) s.ks->quantize_q8(x + t * ldx, s.act_q8.data() + t * lay_q8.row_bytes, lay_q8);
-    else s.ks->quantize_q8k(x + t * ldx, s.act_q8k.data() + t * lay_q8k.row_bytes, lay_q8k);
+    if (q8)
+      s.ks->quantize_q8(x + t * ldx, s.act_q8.data() + t * lay_q8.row_bytes, lay_q8);
+    else
+      s.ks->quantize_q8k(x + t * ldx, s.act_q8k.data() + t * lay_q8k.row_bytes, lay_q8k);
   };
   const bool quantize_inline = quant_units * cols <= kInlineQuantizeElems || s.pool.size() == 1;
   if (quantize_inline)
@@ -258,8 +272,8 @@ void cpu_get_rows(const WeightMatrix& w, const int32_t* ids, int64_t n, float* o
   TESSERA_CHECK(mm::wkind_index(w.dtype) >= 0, "get_rows: weight type ", dtype_name(w.dtype), " is not supported");
   const int64_t row_bytes = w.row_bytes();
   for (int64_t i = 0; i < n; ++i)
-    mm::dequantize_row_scalar(w.dtype, static_cast<const uint8_t*>(w.data) + ids[i] * row_bytes,
-                              out + i * w.cols, w.cols);
+    mm::dequantize_row_scalar(w.dtype, static_cast<const uint8_t*>(w.data) + ids[i] * row_bytes, out + i * w.cols,
+                              w.cols);
 }
 
 }  // namespace tessera

@@ -20,13 +20,13 @@ namespace tessera::mm {
 // K-quant panels want: the quants + 128 as unsigned bytes, and the sums of 32 as i16 pairs.
 struct ActLayout {
   int64_t cols = 0;
-  int64_t off_d32 = 0;    // f32 [cols/32]: scale of the group (the super-block's d for Q8_K)
-  int64_t off_s32 = 0;    // f32 [cols/32]: Q8: fp16(d*sum) as GGML's Q8_1; Q8_K: d*sum
-  int64_t off_sum32 = 0;  // i32 [cols/32]: sum of the group's qs
-  int64_t off_sum16 = 0;  // i32 [cols/16]: sums of 16 (Q8_K only; GGML's bsums)
-  int64_t off_qsu = 0;    // u8 [cols]: qs + 128 (Q8_K only)
+  int64_t off_d32 = 0;     // f32 [cols/32]: scale of the group (the super-block's d for Q8_K)
+  int64_t off_s32 = 0;     // f32 [cols/32]: Q8: fp16(d*sum) as GGML's Q8_1; Q8_K: d*sum
+  int64_t off_sum32 = 0;   // i32 [cols/32]: sum of the group's qs
+  int64_t off_sum16 = 0;   // i32 [cols/16]: sums of 16 (Q8_K only; GGML's bsums)
+  int64_t off_qsu = 0;     // u8 [cols]: qs + 128 (Q8_K only)
   int64_t off_pair32 = 0;  // i32 [cols/64]: (sum32[2k] & 0xFFFF) | sum32[2k+1] << 16 (Q8_K only)
-  int64_t row_bytes = 0;  // multiple of 64; qs start every row
+  int64_t row_bytes = 0;   // multiple of 64; qs start every row
 
   static ActLayout make(int64_t cols, bool q8k) {
     auto up64 = [](int64_t n) { return (n + 63) / 64 * 64; };
@@ -57,9 +57,12 @@ struct ActRow {
 
 inline ActRow act_row(const uint8_t* base, const ActLayout& l, int64_t t) {
   const uint8_t* r = base + t * l.row_bytes;
-  return {reinterpret_cast<const int8_t*>(r), reinterpret_cast<const float*>(r + l.off_d32),
-          reinterpret_cast<const float*>(r + l.off_s32), reinterpret_cast<const int32_t*>(r + l.off_sum32),
-          reinterpret_cast<const int32_t*>(r + l.off_sum16), r + l.off_qsu,
+  return {reinterpret_cast<const int8_t*>(r),
+          reinterpret_cast<const float*>(r + l.off_d32),
+          reinterpret_cast<const float*>(r + l.off_s32),
+          reinterpret_cast<const int32_t*>(r + l.off_sum32),
+          reinterpret_cast<const int32_t*>(r + l.off_sum16),
+          r + l.off_qsu,
           reinterpret_cast<const int32_t*>(r + l.off_pair32)};
 }
 
@@ -117,18 +120,18 @@ inline float sum8_canonical(const float a[kLanes]) {
 
 // y[t * ldy + r] = x[t] · W[r] for r < n_w, t < n_x, on rows of one weight.
 struct MatmulTask {
-  const uint8_t* w = nullptr;   // first weight row
-  int64_t w_stride = 0;         // bytes between weight rows
+  const uint8_t* w = nullptr;  // first weight row
+  int64_t w_stride = 0;        // bytes between weight rows
   int64_t n_w = 0;
   int64_t cols = 0;
-  const float* x = nullptr;     // f32 activations (F32/F16/BF16 weights)
+  const float* x = nullptr;  // f32 activations (F32/F16/BF16 weights)
   int64_t ldx = 0;
   const uint8_t* act = nullptr;  // quantized activations (block formats), first row
   const ActLayout* act_layout = nullptr;
   int64_t n_x = 0;
-  float* y = nullptr;            // y of the first weight row and first activation row
+  float* y = nullptr;  // y of the first weight row and first activation row
   int64_t ldy = 0;
-  uint8_t* scratch = nullptr;    // per-thread, at least KernelSet::scratch_bytes(dtype, cols)
+  uint8_t* scratch = nullptr;  // per-thread, at least KernelSet::scratch_bytes(dtype, cols)
 };
 
 using MatmulKernel = void (*)(const MatmulTask&);
@@ -146,18 +149,30 @@ constexpr int kNumWKinds = static_cast<int>(WKind::Count);
 // -1 when the type has no matmul kernel.
 inline int wkind_index(DType t) {
   switch (t) {
-    case DType::F32: return 0;
-    case DType::F16: return 1;
-    case DType::BF16: return 2;
-    case DType::Q4_0: return 3;
-    case DType::Q4_1: return 4;
-    case DType::Q5_0: return 5;
-    case DType::Q5_1: return 6;
-    case DType::Q8_0: return 7;
-    case DType::Q4_K: return 8;
-    case DType::Q5_K: return 9;
-    case DType::Q6_K: return 10;
-    default: return -1;
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::BF16:
+      return 2;
+    case DType::Q4_0:
+      return 3;
+    case DType::Q4_1:
+      return 4;
+    case DType::Q5_0:
+      return 5;
+    case DType::Q5_1:
+      return 6;
+    case DType::Q8_0:
+      return 7;
+    case DType::Q4_K:
+      return 8;
+    case DType::Q5_K:
+      return 9;
+    case DType::Q6_K:
+      return 10;
+    default:
+      return -1;
   }
 }
 
@@ -165,9 +180,15 @@ enum class ActKind { F32, Q8, Q8K };
 
 inline ActKind act_kind(DType t) {
   switch (t) {
-    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q8_0:
       return ActKind::Q8;
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
       return ActKind::Q8K;
     default:
       return ActKind::F32;
@@ -344,7 +365,7 @@ inline __m256 load_tail(const uint8_t* w, int64_t n) {
 // sum8_canonical of the eight lanes of v.
 inline float hsum8_canonical(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // a_i + a_i+4
-  const __m128 t = _mm_add_ps(s, _mm_movehdup_ps(s));  // lanes 0, 2: s0 + s1, s2 + s3
+  const __m128 t = _mm_add_ps(s, _mm_movehdup_ps(s));                                   // lanes 0, 2: s0 + s1, s2 + s3
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehl_ps(t, t)));
 }
 

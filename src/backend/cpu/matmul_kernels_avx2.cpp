@@ -113,7 +113,7 @@ void avx2_quantize_q8k(const float* x, uint8_t* row, const ActLayout& l) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(q + k), packed);
         // Group sums from the stored bytes (saturated values, as GGML sums them).
         const __m256i w16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), packed);  // 16 pair sums
-        const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi16(1));         // 8 quad sums
+        const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi16(1));       // 8 quad sums
         alignas(32) int32_t quad[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(quad), w32);
         sum16[b * 16 + k / 16] = quad[0] + quad[1] + quad[2] + quad[3];
@@ -162,10 +162,17 @@ void for_row_groups(const MatmulTask& t) {
   int64_t r = 0;
   for (; r + 4 <= t.n_w; r += 4) Rows<4>::run(t, r);
   switch (t.n_w - r) {
-    case 3: Rows<3>::run(t, r); break;
-    case 2: Rows<2>::run(t, r); break;
-    case 1: Rows<1>::run(t, r); break;
-    default: break;
+    case 3:
+      Rows<3>::run(t, r);
+      break;
+    case 2:
+      Rows<2>::run(t, r);
+      break;
+    case 1:
+      Rows<1>::run(t, r);
+      break;
+    default:
+      break;
   }
 }
 
@@ -212,7 +219,9 @@ struct RowGroup {
     for (int i = 0; i < 8; ++i) row[i] = t.w + (r0 + (i < nr ? i : 0)) * t.w_stride;
   }
   template <typename Block>
-  const Block& block(int i, int64_t b) const { return reinterpret_cast<const Block*>(row[i])[b]; }
+  const Block& block(int i, int64_t b) const {
+    return reinterpret_cast<const Block*>(row[i])[b];
+  }
 };
 
 inline void store_lanes(float* y, __m256 v, int n) {
@@ -348,7 +357,8 @@ struct Q4Rows {
           const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.block<Block>(2 * p + 1, b).qs));
           const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
           const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-          part[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), ones);
+          part[p] =
+              _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), ones);
         }
         // Lanes r0 r2 r4 r6 | r1 r3 r5 r7, then rows in order.
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(part[0], part[1]), _mm256_hadd_epi32(part[2], part[3]));
@@ -442,24 +452,35 @@ struct Q6KRows {
           part[i] = sumi;
         }
         const __m256 dw = rows_half(g, b * static_cast<int64_t>(sizeof(BlockQ6_K)) + offsetof(BlockQ6_K, d));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d32[b * 8])), _mm256_cvtepi32_ps(hsum8x8_i32(part)), acc);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d32[b * 8])), _mm256_cvtepi32_ps(hsum8x8_i32(part)),
+                              acc);
       }
       store_lanes(t.y + j * t.ldy + r0, acc, nr);
     }
   }
 };
 
-template <int NR> using F32R = FloatRows<F32Src>::R<NR>;
-template <int NR> using F16R = FloatRows<F16Src>::R<NR>;
-template <int NR> using BF16R = FloatRows<BF16Src>::R<NR>;
+template <int NR>
+using F32R = FloatRows<F32Src>::R<NR>;
+template <int NR>
+using F16R = FloatRows<F16Src>::R<NR>;
+template <int NR>
+using BF16R = FloatRows<BF16Src>::R<NR>;
 
 }  // namespace
 
 const MatmulKernel avx2_direct_kernels[kNumWKinds] = {
-    for_row_groups<F32R>,           for_row_groups<F16R>,           for_row_groups<BF16R>,
-    for_groups_of_8<Q4Rows<false>>, for_groups_of_8<Q4Rows<true>>,  for_groups_of_8<Q32Rows<PQ5_0>>,
-    for_groups_of_8<Q32Rows<PQ5_1>>, for_groups_of_8<Q32Rows<PQ8_0>>, for_groups_of_8<QK45Rows<false>>,
-    for_groups_of_8<QK45Rows<true>>, for_groups_of_8<Q6KRows>,
+    for_row_groups<F32R>,
+    for_row_groups<F16R>,
+    for_row_groups<BF16R>,
+    for_groups_of_8<Q4Rows<false>>,
+    for_groups_of_8<Q4Rows<true>>,
+    for_groups_of_8<Q32Rows<PQ5_0>>,
+    for_groups_of_8<Q32Rows<PQ5_1>>,
+    for_groups_of_8<Q32Rows<PQ8_0>>,
+    for_groups_of_8<QK45Rows<false>>,
+    for_groups_of_8<QK45Rows<true>>,
+    for_groups_of_8<Q6KRows>,
 };
 
 const KernelSet& avx2_kernel_set() {

@@ -143,7 +143,8 @@ void micro_qk16(const Panel& p, const MatmulTask& t, int64_t j0, float* y, int n
       dot_groups<RN>(p.q + (c * 8 + e / 32) * 32 * P + (e % 32) / 4 * 64, a, c * 256 + e, G, is);
       const __m512i sc = _mm512_load_si512(p.sc + (c * 16 + s) * P);
       for (int j = 0; j < RN; ++j) {
-        if constexpr (D::kZero != 0) is[j] = _mm512_sub_epi32(is[j], _mm512_set1_epi32(D::kZero * a[j].sum16[2 * sb + s]));
+        if constexpr (D::kZero != 0)
+          is[j] = _mm512_sub_epi32(is[j], _mm512_set1_epi32(D::kZero * a[j].sum16[2 * sb + s]));
         isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(is[j], sc));
       }
     }
@@ -166,8 +167,10 @@ void micro_qk16(const Panel& p, const MatmulTask& t, int64_t j0, float* y, int n
 
 template <typename D, int RN>
 void micro16(const Panel& p, const MatmulTask& t, int64_t j0, float* y, int nrows) {
-  if constexpr (D::kSuper) micro_qk16<D, RN>(p, t, j0, y, nrows);
-  else micro_q16<D, RN>(p, t, j0, y, nrows);
+  if constexpr (D::kSuper)
+    micro_qk16<D, RN>(p, t, j0, y, nrows);
+  else
+    micro_q16<D, RN>(p, t, j0, y, nrows);
 }
 
 template <typename D>
@@ -276,8 +279,8 @@ const KernelSet& avx512_kernel_set() {
     s.quantize_q8k = avx2_quantize_q8k;
     for (int k = 0; k < kNumWKinds; ++k) s.direct[k] = avx2_direct_kernels[k];
     const MatmulKernel panels[kNumWKinds] = {
-        panel_float16<F32Src>, panel_float16<F16Src>, panel_float16<BF16Src512>, panel_q16<DQ4_0>,
-        panel_q16<DQ4_1>,      panel_q16<DQ5_0>,      panel_q16<DQ5_1>,          panel_q16<DQ8_0>,
+        panel_float16<F32Src>,   panel_float16<F16Src>,  panel_float16<BF16Src512>, panel_q16<DQ4_0>,
+        panel_q16<DQ4_1>,        panel_q16<DQ5_0>,       panel_q16<DQ5_1>,          panel_q16<DQ8_0>,
         panel_q16<DQK45<false>>, panel_q16<DQK45<true>>, panel_q16<DQ6K>,
     };
     for (int k = 0; k < kNumWKinds; ++k) s.panel[k] = panels[k];

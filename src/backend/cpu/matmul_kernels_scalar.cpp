@@ -377,8 +377,8 @@ const KernelSet& scalar_kernel_set() {
       "scalar",
       quantize_q8_scalar,
       quantize_q8k_scalar,
-      {kernel_f32, kernel_f16, kernel_bf16, kernel_q4_0, kernel_q4_1, kernel_q5_0, kernel_q5_1,
-       kernel_q8_0, kernel_qk45<BlockQ4_K>, kernel_qk45<BlockQ5_K>, kernel_q6_k},
+      {kernel_f32, kernel_f16, kernel_bf16, kernel_q4_0, kernel_q4_1, kernel_q5_0, kernel_q5_1, kernel_q8_0,
+       kernel_qk45<BlockQ4_K>, kernel_qk45<BlockQ5_K>, kernel_q6_k},
       {},
       1,
   };

@@ -253,8 +253,10 @@ void micro_qk(const Panel* panels, const MatmulTask& t, int64_t j0, float* y, in
 
 template <typename D, int NP, int RN>
 void micro(const Panel* panels, const MatmulTask& t, int64_t j0, float* y, int nrows) {
-  if constexpr (D::kSuper) micro_qk<D, NP, RN>(panels, t, j0, y, nrows);
-  else micro_q<D, NP, RN>(panels, t, j0, y, nrows);
+  if constexpr (D::kSuper)
+    micro_qk<D, NP, RN>(panels, t, j0, y, nrows);
+  else
+    micro_q<D, NP, RN>(panels, t, j0, y, nrows);
 }
 
 template <typename D, int NP>
@@ -346,10 +348,18 @@ void panel_float(const MatmulTask& t) {
     for (int i = 0; i < nrows; i += 4) {
       const float* rows = panel + i * cols8;
       switch (nrows - i < 4 ? nrows - i : 4) {
-        case 4: micro_f_rows<4>(rows, cols8, t, r0 + i); break;
-        case 3: micro_f_rows<3>(rows, cols8, t, r0 + i); break;
-        case 2: micro_f_rows<2>(rows, cols8, t, r0 + i); break;
-        default: micro_f_rows<1>(rows, cols8, t, r0 + i); break;
+        case 4:
+          micro_f_rows<4>(rows, cols8, t, r0 + i);
+          break;
+        case 3:
+          micro_f_rows<3>(rows, cols8, t, r0 + i);
+          break;
+        case 2:
+          micro_f_rows<2>(rows, cols8, t, r0 + i);
+          break;
+        default:
+          micro_f_rows<1>(rows, cols8, t, r0 + i);
+          break;
       }
     }
   }
@@ -358,8 +368,8 @@ void panel_float(const MatmulTask& t) {
 }  // namespace
 
 const MatmulKernel avx2_panel_kernels[kNumWKinds] = {
-    panel_float<F32Src>, panel_float<F16Src>, panel_float<BF16Src>, panel_q<DQ4_0>,
-    panel_q<DQ4_1>,      panel_q<DQ5_0>,      panel_q<DQ5_1>,        panel_q<DQ8_0>,
+    panel_float<F32Src>,   panel_float<F16Src>,  panel_float<BF16Src>, panel_q<DQ4_0>,
+    panel_q<DQ4_1>,        panel_q<DQ5_0>,       panel_q<DQ5_1>,       panel_q<DQ8_0>,
     panel_q<DQK45<false>>, panel_q<DQK45<true>>, panel_q<DQ6K>,
 };
 

@@ -52,8 +52,8 @@ __global__ void add_rms_norm4_kernel(float4* __restrict__ x, const float4* __res
 // the product that follows, Backend::add_rms_norm_matmul); one block per row.
 __global__ void add_rms_norm_into_kernel(const float* __restrict__ x, const float* __restrict__ residual,
                                          const float* __restrict__ w, float* __restrict__ x_out,
-                                         float* __restrict__ out32, uint16_t* __restrict__ out16, bool to_bf16,
-                                         int dim, float eps) {
+                                         float* __restrict__ out32, uint16_t* __restrict__ out16, bool to_bf16, int dim,
+                                         float eps) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
@@ -78,8 +78,8 @@ __global__ void add_rms_norm_into_kernel(const float* __restrict__ x, const floa
 // the 128-row decode runs it before each GEMM (64 times a step).
 __global__ void add_rms_norm_into4_kernel(const float4* __restrict__ x, const float4* __restrict__ residual,
                                           const float4* __restrict__ w, float4* __restrict__ x_out,
-                                          float4* __restrict__ out32, uint2* __restrict__ out16, bool to_bf16,
-                                          int dim4, float eps) {
+                                          float4* __restrict__ out32, uint2* __restrict__ out16, bool to_bf16, int dim4,
+                                          float eps) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim4;

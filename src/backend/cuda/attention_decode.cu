@@ -91,8 +91,14 @@ struct Piece8<float> {
   }
   __device__ __forceinline__ void zero() { a = b = make_float4(0, 0, 0, 0); }
   __device__ __forceinline__ void to_f32(float* out) const {
-    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    out[0] = a.x;
+    out[1] = a.y;
+    out[2] = a.z;
+    out[3] = a.w;
+    out[4] = b.x;
+    out[5] = b.y;
+    out[6] = b.z;
+    out[7] = b.w;
   }
 };
 
@@ -102,15 +108,15 @@ struct Piece8<float> {
 // step (the first kernel: one K and one V load in flight per lane, behind a dependent chain
 // of shuffles and exponentials) was latency-bound at ~1.2 TB/s with 128 sequences.
 template <typename KT, int HD, int kKeysPerGroup>
-__global__ void __launch_bounds__(kThreads) attention_decode_split(
-    const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
-    int n_kv_heads, int block_size, int group, int q_chunks, float scale, int split_len, int max_splits,
-    float* __restrict__ partials) {
+__global__ void __launch_bounds__(kThreads)
+    attention_decode_split(const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc,
+                           const KT* __restrict__ vc, DeviceBatch b, int n_kv_heads, int block_size, int group,
+                           int q_chunks, float scale, int split_len, int max_splits, float* __restrict__ partials) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
-  constexpr int DPL = 8;              // dims per lane
-  constexpr int LPK = HD / DPL;       // lanes per key: 8, 16 or 32
-  constexpr int G = kThreads / LPK;   // lane groups per block
+  constexpr int DPL = 8;             // dims per lane
+  constexpr int LPK = HD / DPL;      // lanes per key: 8, 16 or 32
+  constexpr int G = kThreads / LPK;  // lane groups per block
   constexpr int STEP = G * kKeysPerGroup;
   const int seq = blockIdx.x;
   const int kvh = blockIdx.y / q_chunks, g0 = (blockIdx.y % q_chunks) * kMaxQ;
@@ -146,8 +152,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split(
       const int j = jb + u * G + lg;
       valid[u] = j < end;
       if (valid[u]) {
-        const int64_t base = ((static_cast<int64_t>(table[j / block_size]) * n_kv_heads + kvh) * block_size +
-                              j % block_size) * HD + li * DPL;
+        const int64_t base =
+            ((static_cast<int64_t>(table[j / block_size]) * n_kv_heads + kvh) * block_size + j % block_size) * HD +
+            li * DPL;
         kr[u].load(kc + base);
         vr[u].load(vc + base);
       } else {
@@ -200,7 +207,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_split(
     }
   }
   merge_groups_and_store<G, HD, DPL>(m, l, acc, lg, li, nq, kvh * group + g0, n_heads, seq, split, max_splits,
-                                    partials);
+                                     partials);
 }
 
 __global__ void attention_decode_merge(const float* __restrict__ partials, DeviceBatch b, int n_heads, int head_dim,

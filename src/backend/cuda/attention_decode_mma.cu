@@ -51,7 +51,6 @@ __host__ __device__ constexpr size_t merge_smem_bytes() {
   return sizeof(float) * kWarps * 16 * (HD + kOPad + 2);
 }
 
-
 // The fused variant (kFused): RoPE + this step's K/V store + attention + the splits' merge in
 // one launch (Backend::rope_kv_store_attention at decode). The splits of a (sequence, KV head)
 // form one thread-block cluster (grid z = cluster z = the split count, at most 8); each block
@@ -85,14 +84,15 @@ __host__ __device__ constexpr size_t fused_smem_bytes() {
 }
 
 template <int HD, bool kFused>
-__global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
-    const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc, const __half* __restrict__ vc,
-    DeviceBatch b, int n_kv_heads, int block_size, int group, float q_scale, int split_len, int max_splits,
-    float* __restrict__ out, int64_t ldo, float* __restrict__ partials, RopeStoreArgs rs) {
-  constexpr int LD = HD + kPad;       // shared K/V row stride in halves
-  constexpr int PPK = HD / 8;         // 16-byte pieces per key row
-  constexpr int KPR = 32 / PPK;       // keys per warp-wide round of pieces: 2 (HD 128) or 4 (HD 64)
-  constexpr int OLD = HD + kOPad;     // shared O row stride in floats (merge)
+__global__ void __launch_bounds__(kThreads, 2)
+    attention_decode_mma_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
+                                const __half* __restrict__ vc, DeviceBatch b, int n_kv_heads, int block_size, int group,
+                                float q_scale, int split_len, int max_splits, float* __restrict__ out, int64_t ldo,
+                                float* __restrict__ partials, RopeStoreArgs rs) {
+  constexpr int LD = HD + kPad;    // shared K/V row stride in halves
+  constexpr int PPK = HD / 8;      // 16-byte pieces per key row
+  constexpr int KPR = 32 / PPK;    // keys per warp-wide round of pieces: 2 (HD 128) or 4 (HD 64)
+  constexpr int OLD = HD + kOPad;  // shared O row stride in floats (merge)
   static_assert(merge_smem_bytes<HD>() + sizeof(float) * 16 * (HD + 2) <= ring_smem_bytes<HD>(),
                 "the merges reuse the tile rings");
   extern __shared__ __align__(16) __half smem_h[];
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
   const int begin = split * span;
   const int n_heads = n_kv_heads * group, head0 = kvh * group;
   if constexpr (!kFused) {
-    if (begin >= len) {  // the whole block (the merge reads only the splits that hold keys)
+    if (begin >= len) {     // the whole block (the merge reads only the splits that hold keys)
       if (max_splits == 1)  // no keys at all: zeros, as the merge gives
         for (int i = threadIdx.x; i < group * HD; i += kThreads)
           out[t * ldo + static_cast<int64_t>(head0) * HD + i] = 0.0f;
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
   TESSERA_PROBE_MARK(1);
 
   float* const sq = reinterpret_cast<float*>(smem_h + ring_smem_bytes<HD>() / sizeof(__half));  // [16][HD]
-  __half* const snew = reinterpret_cast<__half*>(sq + 16 * HD);  // the added key [HD], its value [HD]
+  __half* const snew = reinterpret_cast<__half*>(sq + 16 * HD);    // the added key [HD], its value [HD]
   float* const rope_cs = reinterpret_cast<float*>(snew + 2 * HD);  // [HD/2][2]: cos, sin
   // The split whose range holds this step's key stores it (always, as rope_kv_store would);
   // it attends to it when it is inside the causal length too.
@@ -311,8 +311,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       o[n + 1][2] *= c_b;
       o[n + 1][3] *= c_b;
       uint32_t b0, b1, b2, b3;
-      ldmatrix_x4_trans(smem_addr(Vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8), b0, b1,
-                        b2, b3);
+      ldmatrix_x4_trans(smem_addr(Vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8), b0, b1, b2,
+                        b3);
       mma_f16(o[n], pa, b0, b1);
       mma_f16(o[n + 1], pa, b2, b3);
     }
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
 
   // Merge of the 4 warps. A warp without tiles has m = -inf, l = 0, O = 0 and adds nothing.
-  __syncthreads();  // every warp is done with its ring: the merge area spans all of them
+  __syncthreads();                               // every warp is done with its ring: the merge area spans all of them
   float* so = reinterpret_cast<float*>(smem_h);  // [kWarps][16][OLD]
   float* sm = so + kWarps * 16 * OLD;            // [kWarps][16]
   float* sl = sm + kWarps * 16;                  // [kWarps][16]
@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_decode_mma_kernel(
       l += sl[w * 16 + g] * c;
       acc += so[(w * 16 + g) * OLD + d] * c;
     }
-    if constexpr (kFused) {  // the block's state for the cluster's merge, past the warps' area
+    if constexpr (kFused) {                        // the block's state for the cluster's merge, past the warps' area
       float* part = so + kWarps * 16 * (OLD + 2);  // [16][HD] O, then m [16], l [16]
       part[g * HD + d] = acc;
       if (d == 0) {
@@ -432,8 +432,8 @@ void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const Device
     configured = true;
   }
   const float q_scale = scale * 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
-  launch_pdl(attention_decode_mma_kernel<HD, false>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem,
-             s, q, ldq, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b, kv.n_kv_heads,
+  launch_pdl(attention_decode_mma_kernel<HD, false>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem, s,
+             q, ldq, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b, kv.n_kv_heads,
              kv.block_size, group, q_scale, split_len, max_splits, out, ldo, partials, RopeStoreArgs{});
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_mma");
   if (max_splits > 1) launch_attention_decode_merge(partials, b, n_heads, HD, split_len, max_splits, out, ldo, s);
@@ -483,9 +483,9 @@ bool attention_decode_mma_applies(const KvLayerView& kv, int n_heads) {
   return group >= 1 && group <= 16;  // the query heads of a KV head are the 16 rows of one mma
 }
 
-bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
-                                 int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
-                                 float* partials, cudaStream_t s) {
+bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
+                                 float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
+                                 cudaStream_t s) {
   if (!attention_decode_mma_applies(kv, n_heads)) return false;
   const int group = n_heads / kv.n_kv_heads;
   if (split_len <= 0 || split_len % 64 != 0 || max_splits < 1) return false;  // 4 warps × 16-key tiles

@@ -16,8 +16,8 @@ namespace tessera::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kQ = 64;   // query vectors per block
-constexpr int kK = 32;   // keys per tile
+constexpr int kQ = 64;  // query vectors per block
+constexpr int kK = 32;  // keys per tile
 
 template <int HD>
 constexpr size_t prefill_smem_bytes() {
@@ -25,19 +25,19 @@ constexpr size_t prefill_smem_bytes() {
 }
 
 template <typename KT, int HD>
-__global__ void __launch_bounds__(kThreads) attention_prefill_kernel(
-    const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc, const KT* __restrict__ vc, DeviceBatch b,
-    int n_kv_heads, int block_size, int group, int gc, int rows_per_tile, float scale, float* __restrict__ out,
-    int64_t ldo) {
+__global__ void __launch_bounds__(kThreads)
+    attention_prefill_kernel(const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc,
+                             const KT* __restrict__ vc, DeviceBatch b, int n_kv_heads, int block_size, int group,
+                             int gc, int rows_per_tile, float scale, float* __restrict__ out, int64_t ldo) {
   extern __shared__ float smem[];
-  float* Qs = smem;                      // [kQ][HD+1], pre-scaled
-  float* Ks = Qs + kQ * (HD + 1);        // [kK][HD+1]
-  float* Vs = Ks + kK * (HD + 1);        // [kK][HD]
-  float* S = Vs + kK * HD;               // [kQ][kK+1] scores, then probabilities
-  float* row_m = S + kQ * (kK + 1);      // [kQ]
-  float* row_l = row_m + kQ;             // [kQ]
-  float* row_c = row_l + kQ;             // [kQ] rescale of this tile
-  __shared__ int tile_info[3];           // sequence, first row, end row
+  float* Qs = smem;                  // [kQ][HD+1], pre-scaled
+  float* Ks = Qs + kQ * (HD + 1);    // [kK][HD+1]
+  float* Vs = Ks + kK * (HD + 1);    // [kK][HD]
+  float* S = Vs + kK * HD;           // [kQ][kK+1] scores, then probabilities
+  float* row_m = S + kQ * (kK + 1);  // [kQ]
+  float* row_l = row_m + kQ;         // [kQ]
+  float* row_c = row_l + kQ;         // [kQ] rescale of this tile
+  __shared__ int tile_info[3];       // sequence, first row, end row
   __shared__ int pos_s[kQ];
 
   if (threadIdx.x == 0) {
@@ -100,7 +100,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(
       float kv_k = 0.0f, kv_v = 0.0f;
       if (key < kv_end) {
         const int64_t off =
-            ((static_cast<int64_t>(table[key / block_size]) * n_kv_heads + kvh) * block_size + key % block_size) * HD + d;
+            ((static_cast<int64_t>(table[key / block_size]) * n_kv_heads + kvh) * block_size + key % block_size) * HD +
+            d;
         if constexpr (sizeof(KT) == 2) {
           kv_k = __half2float(kc[off]);
           kv_v = __half2float(vc[off]);

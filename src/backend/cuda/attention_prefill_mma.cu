@@ -40,19 +40,19 @@ constexpr size_t mma_smem_bytes() {
   return sizeof(__half) * (kQ + 2 * kBuffers * keys_per_tile<HD>()) * (HD + kPad);
 }
 
-
 template <int HD>
-__global__ void __launch_bounds__(kThreads) attention_prefill_mma_kernel(
-    const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc, const __half* __restrict__ vc,
-    DeviceBatch b, int n_kv_heads, int block_size, int group, int gc, int rows_per_tile, float q_scale,
-    float* __restrict__ out, int64_t ldo) {
+__global__ void __launch_bounds__(kThreads)
+    attention_prefill_mma_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
+                                 const __half* __restrict__ vc, DeviceBatch b, int n_kv_heads, int block_size,
+                                 int group, int gc, int rows_per_tile, float q_scale, float* __restrict__ out,
+                                 int64_t ldo) {
   constexpr int KT = keys_per_tile<HD>();
   constexpr int LD = HD + kPad;  // shared row stride in halves
   extern __shared__ __align__(16) __half smem_h[];
-  __half* Qs = smem_h;           // [kQ][LD], pre-scaled
-  __half* Ks0 = Qs + kQ * LD;             // [kBuffers][KT][LD]
+  __half* Qs = smem_h;                     // [kQ][LD], pre-scaled
+  __half* Ks0 = Qs + kQ * LD;              // [kBuffers][KT][LD]
   __half* Vs0 = Ks0 + kBuffers * KT * LD;  // [kBuffers][KT][LD]
-  __shared__ int tile_info[3];   // sequence, first row, end row
+  __shared__ int tile_info[3];             // sequence, first row, end row
   __shared__ int pos_s[kQ];
 
   if (threadIdx.x == 0) {
@@ -190,13 +190,14 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_mma_kernel(
 #pragma unroll
         for (int n = 0; n < HD / 8; n += 2) {
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(smem_addr(Vs + (k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8),
-                            b0, b1, b2, b3);
+          ldmatrix_x4_trans(
+              smem_addr(Vs + (k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8), b0, b1, b2,
+              b3);
           mma_f16(o[n], a, b0, b1);
           mma_f16(o[n + 1], a, b2, b3);
         }
       }
-    }  // this warp's tile
+    }                 // this warp's tile
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);

@@ -38,8 +38,7 @@ void launch_convert_rows(const float* x, int n_rows, int64_t ldx, int64_t cols, 
     TESSERA_CUDA_CHECK_LAUNCH("convert_rows");
     return;
   }
-  convert_rows_kernel<<<std::min<unsigned>(blocks_for(n, 256), 132u * 16u), 256, 0, s>>>(x, ldx, cols, n, out,
-                                                                                        to_bf16);
+  convert_rows_kernel<<<std::min<unsigned>(blocks_for(n, 256), 132u * 16u), 256, 0, s>>>(x, ldx, cols, n, out, to_bf16);
   TESSERA_CUDA_CHECK_LAUNCH("convert_rows");
 }
 

@@ -110,7 +110,8 @@ CudaBackend::~CudaBackend() {
   cuda::probe_close();
   if (profiler_) {
     profiler_->collect();
-    if (!profiler_->empty()) std::fprintf(stderr, "[cuda profile] device time per op:\n%s", profiler_->report().c_str());
+    if (!profiler_->empty())
+      std::fprintf(stderr, "[cuda profile] device time per op:\n%s", profiler_->report().c_str());
     profiler_.reset();
   }
   if (capturing_) {
@@ -134,8 +135,8 @@ void* CudaBackend::alloc(size_t bytes) {
     cudaGetLastError();
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
-    fail("cuda backend: out of device memory allocating ", bytes, " bytes (", free_b, " of ", total, " free): ",
-         cudaGetErrorString(err));
+    fail("cuda backend: out of device memory allocating ", bytes, " bytes (", free_b, " of ", total,
+         " free): ", cudaGetErrorString(err));
   }
   return p;
 }
@@ -371,8 +372,7 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
 
 // The bulk matrix-vector kernel's input when it forms rms_norm(x + residual) * w itself
 // (block 0 writing x_out).
-static cuda::GemvInput norm_gemv_input(const float* x, const float* residual, const float* w, float* x_out,
-                                       float eps) {
+static cuda::GemvInput norm_gemv_input(const float* x, const float* residual, const float* w, float* x_out, float eps) {
   cuda::GemvInput in;
   in.x = x;
   in.residual = residual;
@@ -464,7 +464,8 @@ const double* CudaBackend::rope_inv_freq_table(const RopeConfig& cfg) {
   t.cfg = cfg;
   if (cfg.freq_factors) {  // a device pointer (uploaded with the weights)
     t.freq_factors.resize(half);
-    TESSERA_CUDA_CHECK(cudaMemcpy(t.freq_factors.data(), cfg.freq_factors, sizeof(float) * half, cudaMemcpyDeviceToHost));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpy(t.freq_factors.data(), cfg.freq_factors, sizeof(float) * half, cudaMemcpyDeviceToHost));
   }
   std::vector<double> inv(half);
   for (int i = 0; i < half; ++i) inv[i] = rope_inv_freq(cfg, i, cfg.freq_factors ? t.freq_factors.data() : nullptr);
@@ -477,15 +478,13 @@ const double* CudaBackend::rope_inv_freq_table(const RopeConfig& cfg) {
 void CudaBackend::rope(float* x, int n_rows, int64_t ld, int n_heads, const int32_t* positions, const RopeConfig& cfg) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope"); });
   const double* inv = rope_inv_freq_table(cfg);
-  cuda::launch_rope(x, n_rows, ld, n_heads, positions, cfg.head_dim, cfg.rot_dim, cfg.neox,
-                    inv, stream_);
+  cuda::launch_rope(x, n_rows, ld, n_heads, positions, cfg.head_dim, cfg.rot_dim, cfg.neox, inv, stream_);
 }
 
 void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                            const AttentionBatch& batch) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("kv_store"); });
-  cuda::launch_kv_store(kv, k, ldk, v, ldv, batch.slot_mapping, batch.n_tokens,
-                        stream_);
+  cuda::launch_kv_store(kv, k, ldk, v, ldv, batch.slot_mapping, batch.n_tokens, stream_);
 }
 
 void CudaBackend::rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v,
@@ -498,8 +497,8 @@ void CudaBackend::rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, 
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope+kv_store"); });
   const int n = batch.n_tokens;
   const double* inv = rope_inv_freq_table(cfg);
-  cuda::launch_rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, batch.positions,
-                             batch.slot_mapping, n, cfg.rot_dim, cfg.neox, inv, stream_);
+  cuda::launch_rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, batch.positions, batch.slot_mapping, n, cfg.rot_dim,
+                             cfg.neox, inv, stream_);
 }
 
 // Split each sequence's keys so that the launch fills the GPU a few times over. The split is
@@ -544,8 +543,8 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
     // A cluster of one block per 128 keys of the table's width, at most 8 (tables up to 2,048
     // keys). The kernel shares each step's actual keys evenly among the cluster's blocks, so
     // split_len here only sizes the cluster and bounds the table it takes.
-    split.split_len = std::max(128, static_cast<int>(round_up((split.max_len + cuda::kMaxFusedSplits - 1) /
-                                                                  cuda::kMaxFusedSplits, 64)));
+    split.split_len = std::max(
+        128, static_cast<int>(round_up((split.max_len + cuda::kMaxFusedSplits - 1) / cuda::kMaxFusedSplits, 64)));
     split.max_splits = (split.max_len + split.split_len - 1) / split.split_len;
   }
   // Longer splits (tables wider than 2,048 keys) would leave most SMs idle at few sequences:
@@ -559,8 +558,8 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope+kv_store+attention decode"); });
   const double* inv = rope_inv_freq_table(cfg);
   cuda::launch_rope_kv_store_attention_decode(q, ldq, k, ldk, v, ldv, kv, device_batch(batch), n_heads, scale,
-                                              cfg.rot_dim, cfg.neox, inv, out, ldo, split.split_len,
-                                              split.max_splits, stream_);
+                                              cfg.rot_dim, cfg.neox, inv, out, ldo, split.split_len, split.max_splits,
+                                              stream_);
 }
 
 void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
@@ -578,7 +577,8 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   const auto [max_len, split_len, max_splits] = decode_split(kv, batch, n_heads);
   const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
   auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
-  cuda::launch_attention_decode(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len, max_splits, partials, stream_);
+  cuda::launch_attention_decode(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len, max_splits,
+                                partials, stream_);
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {

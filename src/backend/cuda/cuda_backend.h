@@ -47,9 +47,9 @@ class CudaBackend final : public Backend {
                      const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg) override;
   void attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch, int n_heads,
                  float scale, float* out, int64_t ldo) override;
-  void rope_kv_store_attention(float* q, int64_t ldq, int n_heads, float* k, int64_t ldk, const float* v,
-                               int64_t ldv, const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg,
-                               float scale, float* out, int64_t ldo) override;
+  void rope_kv_store_attention(float* q, int64_t ldq, int n_heads, float* k, int64_t ldk, const float* v, int64_t ldv,
+                               const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg, float scale,
+                               float* out, int64_t ldo) override;
   void swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) override;
   void swiglu_matmul(const float* gate, const float* up, int64_t ld_in, float* h, int n_rows, int dim,
                      std::span<const MatmulTarget> targets) override;
@@ -120,7 +120,7 @@ class CudaBackend final : public Backend {
 
   void* act16_ = nullptr;  // activations as bf16/f16 for cuBLASLt
   size_t act16_cap_ = 0;
-  void* wdeq_ = nullptr;   // a quantized weight decoded to bf16
+  void* wdeq_ = nullptr;  // a quantized weight decoded to bf16
   size_t wdeq_cap_ = 0;
   void* partials_ = nullptr;  // split-KV attention partial results
   size_t partials_cap_ = 0;

@@ -45,7 +45,8 @@ DeviceCeilings measure_cuda_ceilings(Backend& backend) {
     void* src = be->alloc(bytes);
     void* dst = be->alloc(bytes);
     TESSERA_CUDA_CHECK(cudaMemsetAsync(src, 0x3c, bytes, s));  // not zeros
-    const float ms = best_ms(s, 5, [&] { TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
+    const float ms =
+        best_ms(s, 5, [&] { TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
     c.copy_bytes_per_s = 2.0 * bytes / (ms * 1e-3);
     be->free(src);
     be->free(dst);

@@ -28,11 +28,10 @@ inline int graph_table_width(int max_blocks) { return next_pow2(max_blocks > 1 ?
 
 }  // namespace tessera::cuda
 
-#define TESSERA_CUDA_CHECK(call)                                                           \
-  do {                                                                                     \
-    const cudaError_t tessera_err_ = (call);                                               \
-    if (tessera_err_ != cudaSuccess)                                                       \
-      ::tessera::cuda::throw_cuda_error(tessera_err_, #call, __FILE__, __LINE__);          \
+#define TESSERA_CUDA_CHECK(call)                                                                                 \
+  do {                                                                                                           \
+    const cudaError_t tessera_err_ = (call);                                                                     \
+    if (tessera_err_ != cudaSuccess) ::tessera::cuda::throw_cuda_error(tessera_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: a bad configuration shows here, a fault at the next synchronize.

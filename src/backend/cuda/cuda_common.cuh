@@ -45,7 +45,9 @@ __device__ __forceinline__ uint16_t f32_to_16bits(float v, bool to_bf16) {
 }
 
 __device__ __forceinline__ float half_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
 
 // silu(g) * u = g / (1 + e^-g) * u, through e^-|g| so large |g| never overflows (swiglu.cu
 // and the fused input of gemv_bulk.cu compute it alike: the same bits).

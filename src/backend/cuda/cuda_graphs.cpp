@@ -81,7 +81,8 @@ void CudaBackend::read_logits(float* host, const float* device, int n_rows, int 
   }
   cuda::launch_row_argmax(device, n_rows, n_vocab, argmax_dev_, stream_);
   auto* ids = static_cast<int32_t*>(argmax_host_.get());
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(ids, argmax_dev_, static_cast<size_t>(n_rows) * 4, cudaMemcpyDeviceToHost, stream_));
+  TESSERA_CUDA_CHECK(
+      cudaMemcpyAsync(ids, argmax_dev_, static_cast<size_t>(n_rows) * 4, cudaMemcpyDeviceToHost, stream_));
   const auto copy_runs = [&](auto wanted) {
     for (int r = 0; r < n_rows;) {
       if (!wanted(r)) {
@@ -90,8 +91,9 @@ void CudaBackend::read_logits(float* host, const float* device, int n_rows, int 
       }
       int end = r + 1;
       while (end < n_rows && wanted(end)) ++end;
-      TESSERA_CUDA_CHECK(cudaMemcpyAsync(host + static_cast<size_t>(r) * n_vocab, device + static_cast<size_t>(r) * n_vocab,
-                                         row_bytes * (end - r), cudaMemcpyDeviceToHost, stream_));
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(host + static_cast<size_t>(r) * n_vocab,
+                                         device + static_cast<size_t>(r) * n_vocab, row_bytes * (end - r),
+                                         cudaMemcpyDeviceToHost, stream_));
       r = end;
     }
   };

@@ -34,8 +34,8 @@ bool launch_dequant_bf16(DType type, const void* w, int64_t rows, int64_t cols, 
   if (n_groups == 0) return true;
   const unsigned grid = std::min<unsigned>(blocks_for(n_groups, 256), 132u * 16u);
   return dispatch_weight_type(type, [&]<DType T>() {
-    dequant_bf16_kernel<T><<<grid, 256, 0, s>>>(static_cast<const uint8_t*>(w), dtype_row_bytes(type, cols), cols,
-                                                 n_groups, out);
+    dequant_bf16_kernel<T>
+        <<<grid, 256, 0, s>>>(static_cast<const uint8_t*>(w), dtype_row_bytes(type, cols), cols, n_groups, out);
     TESSERA_CUDA_CHECK_LAUNCH("dequant_bf16");
   });
 }

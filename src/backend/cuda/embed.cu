@@ -26,8 +26,8 @@ void launch_embed(const WeightMatrix& table, const int32_t* ids, int n, float* o
   const int threads = 128;
   const dim3 grid(blocks_for(table.cols / 8, threads), n);
   const bool ok = dispatch_weight_type(table.dtype, [&]<DType T>() {
-    embed_kernel<T><<<grid, threads, 0, s>>>(static_cast<const uint8_t*>(table.data), table.row_bytes(), table.cols,
-                                             ids, out);
+    embed_kernel<T>
+        <<<grid, threads, 0, s>>>(static_cast<const uint8_t*>(table.data), table.row_bytes(), table.cols, ids, out);
   });
   TESSERA_CHECK(ok, "cuda embed: no decoder for table type ", dtype_name(table.dtype));
   TESSERA_CUDA_CHECK_LAUNCH("embed");

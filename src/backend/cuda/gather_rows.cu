@@ -5,8 +5,8 @@
 namespace tessera::cuda {
 
 namespace {
-__global__ void gather_rows_kernel(const float* __restrict__ src, int64_t ld, const int32_t* __restrict__ rows,
-                                   int dim, float* __restrict__ dst) {
+__global__ void gather_rows_kernel(const float* __restrict__ src, int64_t ld, const int32_t* __restrict__ rows, int dim,
+                                   float* __restrict__ dst) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   const float* s = src + static_cast<int64_t>(rows[blockIdx.y]) * ld;

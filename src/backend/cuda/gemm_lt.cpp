@@ -7,10 +7,10 @@
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
 
-#define TESSERA_CUBLAS_CHECK(call)                                                          \
-  do {                                                                                      \
-    const cublasStatus_t st_ = (call);                                                      \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
+#define TESSERA_CUBLAS_CHECK(call)                                                           \
+  do {                                                                                       \
+    const cublasStatus_t st_ = (call);                                                       \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
       ::tessera::cuda::throw_cublas_error(static_cast<int>(st_), #call, __FILE__, __LINE__); \
   } while (0)
 
@@ -81,8 +81,8 @@ GemmLt::Plan& GemmLt::plan(const Key& key) {
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->op, p->a,
-                                                             p->b, p->d, p->d, pref, 1, &result, &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->op, p->a, p->b,
+                                                             p->d, p->d, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
       fail("cuBLASLt has no algorithm for a ", M, "x", N, "x", K, " product (type ", type_i, ", alignment ", align,
@@ -98,8 +98,8 @@ GemmLt::Plan& GemmLt::plan(const Key& key) {
   return *p;
 }
 
-void GemmLt::run(cudaDataType_t ab_type, const void* A, int64_t lda, const void* B, int64_t ldb, float* D,
-                 int64_t ldd, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+void GemmLt::run(cudaDataType_t ab_type, const void* A, int64_t lda, const void* B, int64_t ldb, float* D, int64_t ldd,
+                 int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
   const int e = elem_bytes(ab_type);
   int align = std::min({alignment_of(A, lda, e), alignment_of(B, ldb, e), alignment_of(D, ldd, 4)});

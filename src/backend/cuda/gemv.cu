@@ -25,8 +25,8 @@ struct Targets {
 
 // NR: rows of x computed at once (1, or up to kGemvMaxRows with n_rows guarding the rest).
 template <DType T, int NR>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const float* __restrict__ x, int n_rows, int64_t ldx,
-                                                             int64_t cols, Targets tg) {
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const float* __restrict__ x, int n_rows, int64_t ldx, int64_t cols, Targets tg) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   int ti = 0;

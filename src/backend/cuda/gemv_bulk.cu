@@ -36,8 +36,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kSweep = kThreads * 8;      // columns one pass of the block covers
-constexpr int kMaxSweeps = 8;             // cols <= 16384
+constexpr int kSweep = kThreads * 8;  // columns one pass of the block covers
+constexpr int kMaxSweeps = 8;         // cols <= 16384
 constexpr int kMaxRowsPerChunk = 4;
 constexpr size_t kSmemPerSm = 220 << 10;  // what the blocks of one SM may take together
 
@@ -58,8 +58,8 @@ enum class Input { kPlain, kSwiglu, kAddNorm };
 // NS: sweeps of kSweep columns (cols <= NS * kSweep); IN: what the input row is.
 template <DType T, int NS, Input IN>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemv_bulk_kernel(const __grid_constant__ GemvInput in, int cols, int rows_per_chunk,
-                     int64_t n_chunks, int stages, int prewait, const __grid_constant__ BulkTargets tg) {
+    gemv_bulk_kernel(const __grid_constant__ GemvInput in, int cols, int rows_per_chunk, int64_t n_chunks, int stages,
+                     int prewait, const __grid_constant__ BulkTargets tg) {
   TESSERA_PROBE_DECL;
   TESSERA_PROBE_MARK(0);
   extern __shared__ __align__(128) uint8_t smem[];
@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       xr[j][4] = b.x, xr[j][5] = b.y, xr[j][6] = b.z, xr[j][7] = b.w;
       if constexpr (IN != Input::kPlain) {
         const float* other = IN == Input::kSwiglu ? in.up : in.residual;
-        const float4 c = *reinterpret_cast<const float4*>(other + e), d = *reinterpret_cast<const float4*>(other + e + 4);
+        const float4 c = *reinterpret_cast<const float4*>(other + e),
+                     d = *reinterpret_cast<const float4*>(other + e + 4);
         r2[j][0] = c.x, r2[j][1] = c.y, r2[j][2] = c.z, r2[j][3] = c.w;
         r2[j][4] = d.x, r2[j][5] = d.y, r2[j][6] = d.z, r2[j][7] = d.w;
       }
@@ -252,22 +253,38 @@ void launch_typed(int ns, const GemvInput& in, int cols, int rpc, int64_t n_chun
   auto go = [&]<int NS>() {
     static size_t configured = 0;  // the attribute is per function
     if (smem > configured) {
-      TESSERA_CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<T, NS, IN>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      TESSERA_CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<T, NS, IN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)));
       configured = smem;
     }
-    launch_pdl(gemv_bulk_kernel<T, NS, IN>, dim3(grid), dim3(kThreads), smem, s, in, cols, rpc, n_chunks,
-               stages, prewait, tg);
+    launch_pdl(gemv_bulk_kernel<T, NS, IN>, dim3(grid), dim3(kThreads), smem, s, in, cols, rpc, n_chunks, stages,
+               prewait, tg);
   };
   switch (ns) {
-    case 1: go.template operator()<1>(); break;
-    case 2: go.template operator()<2>(); break;
-    case 3: go.template operator()<3>(); break;
-    case 4: go.template operator()<4>(); break;
-    case 5: go.template operator()<5>(); break;
-    case 6: go.template operator()<6>(); break;
-    case 7: go.template operator()<7>(); break;
-    default: go.template operator()<8>(); break;
+    case 1:
+      go.template operator()<1>();
+      break;
+    case 2:
+      go.template operator()<2>();
+      break;
+    case 3:
+      go.template operator()<3>();
+      break;
+    case 4:
+      go.template operator()<4>();
+      break;
+    case 5:
+      go.template operator()<5>();
+      break;
+    case 6:
+      go.template operator()<6>();
+      break;
+    case 7:
+      go.template operator()<7>();
+      break;
+    default:
+      go.template operator()<8>();
+      break;
   }
 }
 
@@ -281,8 +298,8 @@ bool gemv_bulk_applies(DType type, int64_t cols, const GemvInput& in) {
   if (norm && (!in.residual || !in.norm_w || !in.x_out || in.up || !aligned(in.residual) || !aligned(in.norm_w) ||
                !aligned(in.x_out)))
     return false;
-  return (type == DType::BF16 || type == DType::F16) && cols % 8 == 0 &&
-         cols <= int64_t{kSweep} * kMaxSweeps && aligned(in.x) && (!in.up || aligned(in.up));
+  return (type == DType::BF16 || type == DType::F16) && cols % 8 == 0 && cols <= int64_t{kSweep} * kMaxSweeps &&
+         aligned(in.x) && (!in.up || aligned(in.up));
 }
 
 bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvTarget* targets, int n_targets,

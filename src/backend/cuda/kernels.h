@@ -117,9 +117,9 @@ void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv,
 // attention_decode_mma.cu): split_len a multiple of 64. With max_splits == 1 it writes `out`
 // directly; otherwise it writes the partials and runs the same merge as
 // launch_attention_decode. False when it does not apply (the caller runs the SIMT kernels).
-bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
-                                 int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
-                                 float* partials, cudaStream_t s);
+bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
+                                 float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
+                                 cudaStream_t s);
 // Whether the tensor-core decode kernel takes this KV layout and head count (the backend
 // sizes its splits for it: one block per KV head, two blocks per SM).
 bool attention_decode_mma_applies(const KvLayerView& kv, int n_heads);

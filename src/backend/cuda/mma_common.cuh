@@ -46,8 +46,8 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 // already -inf. Updates the running max m and this lane's share of the row sums l, turns s
 // into probabilities, and gives the factors c that rescale the previous O rows.
 template <int NT>
-__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float& m_a, float& m_b, float& l_a,
-                                                    float& l_b, float& c_a, float& c_b) {
+__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float& m_a, float& m_b, float& l_a, float& l_b,
+                                                    float& c_a, float& c_b) {
   float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
   for (int n = 0; n < NT; ++n) {

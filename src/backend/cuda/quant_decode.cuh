@@ -30,8 +30,14 @@ __device__ __forceinline__ void decode8(const uint8_t* __restrict__ row, int64_t
   if constexpr (T == DType::F32) {
     const float4* p = reinterpret_cast<const float4*>(row + e * 4);
     const float4 a = p[0], b = p[1];
-    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    out[0] = a.x;
+    out[1] = a.y;
+    out[2] = a.z;
+    out[3] = a.w;
+    out[4] = b.x;
+    out[5] = b.y;
+    out[6] = b.z;
+    out[7] = b.w;
   } else if constexpr (T == DType::F16 || T == DType::BF16) {
     const uint4 v = *reinterpret_cast<const uint4*>(row + e * 2);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -124,18 +130,41 @@ __device__ __forceinline__ void decode8(const uint8_t* __restrict__ row, int64_t
 template <typename F>
 bool dispatch_weight_type(DType t, F&& f) {
   switch (t) {
-    case DType::F32: f.template operator()<DType::F32>(); return true;
-    case DType::F16: f.template operator()<DType::F16>(); return true;
-    case DType::BF16: f.template operator()<DType::BF16>(); return true;
-    case DType::Q4_0: f.template operator()<DType::Q4_0>(); return true;
-    case DType::Q4_1: f.template operator()<DType::Q4_1>(); return true;
-    case DType::Q5_0: f.template operator()<DType::Q5_0>(); return true;
-    case DType::Q5_1: f.template operator()<DType::Q5_1>(); return true;
-    case DType::Q8_0: f.template operator()<DType::Q8_0>(); return true;
-    case DType::Q4_K: f.template operator()<DType::Q4_K>(); return true;
-    case DType::Q5_K: f.template operator()<DType::Q5_K>(); return true;
-    case DType::Q6_K: f.template operator()<DType::Q6_K>(); return true;
-    default: return false;
+    case DType::F32:
+      f.template operator()<DType::F32>();
+      return true;
+    case DType::F16:
+      f.template operator()<DType::F16>();
+      return true;
+    case DType::BF16:
+      f.template operator()<DType::BF16>();
+      return true;
+    case DType::Q4_0:
+      f.template operator()<DType::Q4_0>();
+      return true;
+    case DType::Q4_1:
+      f.template operator()<DType::Q4_1>();
+      return true;
+    case DType::Q5_0:
+      f.template operator()<DType::Q5_0>();
+      return true;
+    case DType::Q5_1:
+      f.template operator()<DType::Q5_1>();
+      return true;
+    case DType::Q8_0:
+      f.template operator()<DType::Q8_0>();
+      return true;
+    case DType::Q4_K:
+      f.template operator()<DType::Q4_K>();
+      return true;
+    case DType::Q5_K:
+      f.template operator()<DType::Q5_K>();
+      return true;
+    case DType::Q6_K:
+      f.template operator()<DType::Q6_K>();
+      return true;
+    default:
+      return false;
   }
 }
 

@@ -5,8 +5,7 @@
 namespace tessera::cuda {
 
 namespace {
-__global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, float* out, int dim,
-                                float eps) {
+__global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, float* out, int dim, float eps) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;

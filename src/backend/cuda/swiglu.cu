@@ -32,10 +32,10 @@ __global__ void swiglu4_to16_kernel(const float4* __restrict__ gate, const float
   if (idx >= static_cast<int64_t>(n_rows) * dim4) return;
   const int64_t r = idx / dim4, i = idx % dim4;
   const float4 g = gate[r * ld4 + i], u = up[r * ld4 + i];
-  const uint32_t lo = f32_to_16bits(silu_times(g.x, u.x), to_bf16) | static_cast<uint32_t>(f32_to_16bits(silu_times(g.y, u.y), to_bf16))
-                                                                << 16;
-  const uint32_t hi = f32_to_16bits(silu_times(g.z, u.z), to_bf16) | static_cast<uint32_t>(f32_to_16bits(silu_times(g.w, u.w), to_bf16))
-                                                                << 16;
+  const uint32_t lo = f32_to_16bits(silu_times(g.x, u.x), to_bf16) |
+                      static_cast<uint32_t>(f32_to_16bits(silu_times(g.y, u.y), to_bf16)) << 16;
+  const uint32_t hi = f32_to_16bits(silu_times(g.z, u.z), to_bf16) |
+                      static_cast<uint32_t>(f32_to_16bits(silu_times(g.w, u.w), to_bf16)) << 16;
   out[idx] = make_uint2(lo, hi);
 }
 

@@ -14,7 +14,11 @@ namespace {
 class LlamaModel final : public Model {
  public:
   LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens, int max_logits)
-      : w_(make_resident(std::move(weights), backend)), be_(backend), c_(w_->config), max_tokens_(max_tokens), max_logits_(max_logits) {
+      : w_(make_resident(std::move(weights), backend)),
+        be_(backend),
+        c_(w_->config),
+        max_tokens_(max_tokens),
+        max_logits_(max_logits) {
     TESSERA_CHECK(max_tokens >= 1 && max_logits >= 1 && max_logits <= max_tokens, "llama: bad batch limits ",
                   max_tokens, "/", max_logits);
     q_dim_ = static_cast<int64_t>(c_.n_head) * c_.head_dim;
@@ -71,8 +75,8 @@ class LlamaModel final : public Model {
     const int e = c_.n_embd;
     const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
 
-    float* x = x_;         // the residual stream: [n, e]
-    float* x_next = x2_;   // where the next pre-norm writes x + residual
+    float* x = x_;        // the residual stream: [n, e]
+    float* x_next = x2_;  // where the next pre-norm writes x + residual
     be_.embed(w_->tok_embd, in.tokens, n, x);
     for (int il = 0; il < c_.n_layer; ++il) {
       const LayerWeights& L = w_->layers[il];
@@ -132,8 +136,8 @@ class LlamaModel final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend,
-                                    int max_batch_tokens, int max_logits) {
+std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
+                                    int max_logits) {
   const std::string& arch = weights->config.arch;
   if (arch == "llama" || arch == "mistral" || arch == "qwen2")
     return std::make_unique<LlamaModel>(std::move(weights), backend, max_batch_tokens, max_logits);

@@ -54,8 +54,7 @@ http::Response error_response(const ApiError& error) {
 }
 
 std::string error_event(const ApiError& error) {
-  return "data: " + error_body(error).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
-         "\n\n";
+  return "data: " + error_body(error).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n\n";
 }
 
 }  // namespace tessera::api

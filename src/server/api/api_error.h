@@ -47,8 +47,8 @@ std::string concat(Parts&&... parts) {
 // (wrong JSON type) or "missing_required_parameter".
 template <typename... Parts>
 [[noreturn]] void invalid_param(std::string_view param, std::string_view code, Parts&&... parts) {
-  throw ApiError(400, detail::concat(std::forward<Parts>(parts)...), "invalid_request_error",
-                 std::string(param), std::string(code));
+  throw ApiError(400, detail::concat(std::forward<Parts>(parts)...), "invalid_request_error", std::string(param),
+                 std::string(code));
 }
 
 // 400 about the request as a whole (no single parameter to name).

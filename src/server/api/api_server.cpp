@@ -14,8 +14,7 @@ namespace tessera::api {
 namespace {
 
 int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 http::Response json_response(const ojson& body, int status = 200) {
@@ -93,9 +92,8 @@ void ApiServer::dispatch(const std::shared_ptr<http::Exchange>& exchange) {
   } catch (const ApiError& e) {
     exchange->respond(error_response(e));
   } catch (const std::exception& e) {
-    exchange->respond(
-        error_response(ApiError(500, std::string("internal error: ") + e.what(), "server_error", std::nullopt,
-                                std::nullopt)));
+    exchange->respond(error_response(
+        ApiError(500, std::string("internal error: ") + e.what(), "server_error", std::nullopt, std::nullopt)));
   }
 }
 
@@ -144,7 +142,8 @@ void ApiServer::route(const std::shared_ptr<http::Exchange>& exchange) {
     // Tokenizing a long text takes milliseconds: not on an I/O thread.
     const bool encode = path == "/tokenize";
     return off_io_threads(exchange, tenant.name, [this, exchange, encode] {
-      auto r = std::make_shared<http::Response>(encode ? tokenize(exchange->request()) : detokenize(exchange->request()));
+      auto r =
+          std::make_shared<http::Response>(encode ? tokenize(exchange->request()) : detokenize(exchange->request()));
       return std::function<void()>([exchange, r] { exchange->respond(std::move(*r)); });
     });
   }
@@ -161,8 +160,7 @@ Tenant ApiServer::authenticate(const http::Request& req) const {
   for (const auto& header : req.headers) authorizations += header.first == "authorization";
   if (authorizations > 1) {
     if (options_.hooks.record_rejection) options_.hooks.record_rejection(400, "invalid_value");
-    throw ApiError(400, "more than one Authorization header", "invalid_request_error", std::nullopt,
-                   "invalid_value");
+    throw ApiError(400, "more than one Authorization header", "invalid_request_error", std::nullopt, "invalid_value");
   }
   const std::optional<Tenant> t = options_.keys.authenticate(find_header(req, "authorization"));
   if (t) return *t;
@@ -258,8 +256,8 @@ GenerationPlan ApiServer::prepare(const http::Request& request, Endpoint endpoin
 
 http::Response ApiServer::health(bool ready) const {
   if (draining())
-    return error_response(ApiError(503, "the server is draining", "service_unavailable_error", std::nullopt,
-                                   "server_draining"));
+    return error_response(
+        ApiError(503, "the server is draining", "service_unavailable_error", std::nullopt, "server_draining"));
   if (const std::string err = engine_.internal_error(); !err.empty() || engine_.stopping())
     return error_response(ApiError(503, "the engine has failed: " + (err.empty() ? "stopped" : err),
                                    "service_unavailable_error", std::nullopt, "engine_failed"));

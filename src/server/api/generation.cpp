@@ -19,7 +19,8 @@ Generation::Generation(std::shared_ptr<http::Exchange> exchange, Engine& engine,
   for (size_t p = 0; p < plan_.prompts.size(); ++p)
     for (int c = 0; c < o.n; ++c) {
       Choice ch(ChoiceOutput(*model_.tokenizer, o.stop, o.include_stop_str_in_output, o.skip_special_tokens), p);
-      if (plan_.endpoint == Endpoint::Completions && o.logprobs) ch.completion_logprobs.emplace(*model_.tokenizer, o.skip_special_tokens);
+      if (plan_.endpoint == Endpoint::Completions && o.logprobs)
+        ch.completion_logprobs.emplace(*model_.tokenizer, o.skip_special_tokens);
       choices_.push_back(std::move(ch));
     }
 }
@@ -116,13 +117,17 @@ void Generation::handle(size_t part_index, const StreamEvent& e, Clock::time_poi
 
   std::string text;
   if (e.token >= 0) {
-    if (ch.last_token) ch.gaps.push_back(seconds(now - *ch.last_token));
-    else ch.first_token = now;
+    if (ch.last_token)
+      ch.gaps.push_back(seconds(now - *ch.last_token));
+    else
+      ch.first_token = now;
     ch.last_token = now;
     text = ch.output.add_token(e.token);
     if (plan_.options.logprobs && e.logprobs) {
-      if (ch.completion_logprobs) ch.completion_logprobs->add(e.token, &*e.logprobs);
-      else ch.chat_logprobs.push_back(*e.logprobs);
+      if (ch.completion_logprobs)
+        ch.completion_logprobs->add(e.token, &*e.logprobs);
+      else
+        ch.chat_logprobs.push_back(*e.logprobs);
     }
     if (ch.output.stopped()) {
       // The engine would go on generating this choice: end it there too, freeing its KV
@@ -182,8 +187,8 @@ void Generation::release(Choice& ch, int index, std::string text, std::optional<
     exchange_->write(sse_event(chat_chunk(plan_.id, plan_.created, model_.name, index, std::move(delta),
                                           std::move(logprobs), finish, ch.stop_reason)));
   } else {
-    exchange_->write(sse_event(completion_chunk(plan_.id, plan_.created, model_.name, index, text,
-                                                std::move(logprobs), finish, ch.stop_reason)));
+    exchange_->write(sse_event(completion_chunk(plan_.id, plan_.created, model_.name, index, text, std::move(logprobs),
+                                                finish, ch.stop_reason)));
   }
 }
 
@@ -294,9 +299,8 @@ void Generation::finish_response() {
   if (plan_.options.stream) {
     if (error) exchange_->write(error_event(*error));
     if (plan_.options.include_usage)
-      exchange_->write(
-          sse_event(usage_chunk(chat ? "chat.completion.chunk" : "text_completion", plan_.id, plan_.created,
-                                model_.name, u)));
+      exchange_->write(sse_event(
+          usage_chunk(chat ? "chat.completion.chunk" : "text_completion", plan_.id, plan_.created, model_.name, u)));
     exchange_->write(std::string(kSseDone));
     exchange_->end_stream();
     return;

@@ -48,13 +48,13 @@ struct PromptInput {
 struct GenerationPlan {
   Endpoint endpoint = Endpoint::Completions;
   GenerationOptions options;
-  std::vector<PromptInput> prompts;        // one engine request each
-  std::vector<SamplingParams> sampling;    // per prompt (max_tokens depends on its length)
-  bool echo = false;                       // completions: the prompt leads each choice's text
+  std::vector<PromptInput> prompts;      // one engine request each
+  std::vector<SamplingParams> sampling;  // per prompt (max_tokens depends on its length)
+  bool echo = false;                     // completions: the prompt leads each choice's text
   std::string tenant;
   std::string tenant_salt;
-  std::string id;                          // "cmpl-..." / "chatcmpl-..."
-  int64_t created = 0;                     // unix seconds
+  std::string id;       // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;  // unix seconds
 };
 
 class Generation : public std::enable_shared_from_this<Generation> {
@@ -65,8 +65,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   static void start(std::shared_ptr<http::Exchange> exchange, Engine& engine, const ServedModel& model,
                     const ApiHooks& hooks, GenerationPlan plan);
 
-  Generation(std::shared_ptr<http::Exchange> exchange, Engine& engine, const ServedModel& model,
-             const ApiHooks& hooks, GenerationPlan plan);
+  Generation(std::shared_ptr<http::Exchange> exchange, Engine& engine, const ServedModel& model, const ApiHooks& hooks,
+             GenerationPlan plan);
   ~Generation();
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
@@ -78,20 +78,20 @@ class Generation : public std::enable_shared_from_this<Generation> {
     explicit Choice(ChoiceOutput out, size_t part_index) : output(std::move(out)), part(part_index) {}
     ChoiceOutput output;
     size_t part = 0;
-    bool started = false;          // the echo prefix / role chunk is out
+    bool started = false;  // the echo prefix / role chunk is out
     bool done = false;
     FinishReason finish = FinishReason::None;
-    ojson stop_reason = nullptr;   // the stop string or stop token id that ended it (vLLM's)
-    std::string text;              // complete responses: everything released
+    ojson stop_reason = nullptr;          // the stop string or stop token id that ended it (vLLM's)
+    std::string text;                     // complete responses: everything released
     std::vector<Logprobs> chat_logprobs;  // not yet sent (streaming) or all (complete)
     std::optional<CompletionLogprobs> completion_logprobs;
     std::optional<Clock::time_point> first_token, last_token;
-    std::vector<double> gaps;      // seconds between consecutive tokens
+    std::vector<double> gaps;  // seconds between consecutive tokens
   };
   struct Part {  // one prompt: one engine request
     RequestId id = 0;
     std::shared_ptr<RequestStream> stream;
-    bool engine_closed = false;    // its stream is closed and drained
+    bool engine_closed = false;  // its stream is closed and drained
     bool abort_sent = false;
     bool recorded = false;
     bool progress_read = false;
@@ -122,7 +122,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   const ApiHooks hooks_;  // a copy: may outlive the server by a drain
   GenerationPlan plan_;
   std::vector<Part> parts_;
-  std::vector<Choice> choices_;  // [prompts * n], index = prompt * n + choice
+  std::vector<Choice> choices_;       // [prompts * n], index = prompt * n + choice
   std::shared_ptr<Generation> self_;  // alive until every stream closed and the answer is out
   std::atomic<bool> drain_posted_{false};
   bool responded_ = false;

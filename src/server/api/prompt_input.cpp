@@ -69,8 +69,10 @@ std::vector<PromptInput> parse_prompts(const json& body, const ServedModel& mode
   for (size_t i = 0; i < v->size(); ++i) {
     const json& item = (*v)[i];
     const std::string param = "prompt[" + std::to_string(i) + "]";
-    if (item.is_string() && first.is_string()) prompts.push_back(text_prompt(model, item, param, add_special));
-    else if (item.is_array() && first.is_array()) prompts.push_back(token_prompt(model, item, param));
+    if (item.is_string() && first.is_string())
+      prompts.push_back(text_prompt(model, item, param, add_special));
+    else if (item.is_array() && first.is_array())
+      prompts.push_back(token_prompt(model, item, param));
     else
       invalid_param("prompt", "invalid_type", "'prompt' mixes types: entry ", i, " is ", json_type_name(item),
                     ", entry 0 is ", json_type_name(first));
@@ -95,8 +97,9 @@ GenerationPlan parse_completion_request(const json& body, const ServedModel& mod
   plan.options = parse_generation_options(body, Endpoint::Completions, model);
   plan.echo = Fields(body).boolean("echo").value_or(false);
   for (size_t i = 0; i < plan.prompts.size(); ++i)
-    plan.sampling.push_back(sampling_for_prompt(plan.options, static_cast<int64_t>(plan.prompts[i].tokens.size()),
-                                                model, plan.prompts.size() == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]"));
+    plan.sampling.push_back(
+        sampling_for_prompt(plan.options, static_cast<int64_t>(plan.prompts[i].tokens.size()), model,
+                            plan.prompts.size() == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]"));
   return plan;
 }
 
@@ -106,23 +109,25 @@ json normalize_messages(const json& messages) {
                   json_type_name(messages));
   if (messages.empty()) invalid_param("messages", "invalid_value", "'messages' must not be empty");
   if (messages.size() > kMaxMessages)
-    invalid_param("messages", "invalid_value", "'messages' has ", messages.size(), " messages, at most ",
-                  kMaxMessages, " are allowed");
+    invalid_param("messages", "invalid_value", "'messages' has ", messages.size(), " messages, at most ", kMaxMessages,
+                  " are allowed");
   json out = json::array();
   size_t total_bytes = 0;  // all message text: bounded before the template or tokenizer runs
   auto count = [&](const std::string& text, const std::string& param) {
     total_bytes += text.size();
     if (total_bytes > kMaxPromptBytes)
-      invalid_param(param, "invalid_value", "the messages hold more than ", kMaxPromptBytes,
-                    " bytes of text (at '", param, "')");
+      invalid_param(param, "invalid_value", "the messages hold more than ", kMaxPromptBytes, " bytes of text (at '",
+                    param, "')");
   };
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     const std::string param = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) invalid_param(param, "invalid_type", "'", param, "' must be an object, got ", json_type_name(m));
+    if (!m.is_object())
+      invalid_param(param, "invalid_type", "'", param, "' must be an object, got ", json_type_name(m));
     const Fields f(m, param + ".");
     const std::optional<std::string> role = f.string("role", kMaxRoleBytes);
-    if (!role || role->empty()) invalid_param(param + ".role", "missing_required_parameter", "'", param, ".role' is required");
+    if (!role || role->empty())
+      invalid_param(param + ".role", "missing_required_parameter", "'", param, ".role' is required");
     // Roles reach the template's text: only the known ones (the JSON escape keeps a hostile
     // one printable in the message).
     if (std::find_if(std::begin(kChatRoles), std::end(kChatRoles), [&](const char* r) { return *role == r; }) ==
@@ -183,8 +188,8 @@ json parse_template_kwargs(const json* kwargs) {
   if (!kwargs->is_object())
     invalid_param(param, "invalid_type", "'", param, "' must be an object, got ", json_type_name(*kwargs));
   if (kwargs->size() > kMaxTemplateKwargs)
-    invalid_param(param, "invalid_value", "'", param, "' has ", kwargs->size(), " keys, at most ",
-                  kMaxTemplateKwargs, " are allowed");
+    invalid_param(param, "invalid_value", "'", param, "' has ", kwargs->size(), " keys, at most ", kMaxTemplateKwargs,
+                  " are allowed");
   for (auto it = kwargs->begin(); it != kwargs->end(); ++it)
     if (ChatTemplate::is_reserved_variable(it.key()))
       invalid_param(param + "." + it.key(), "invalid_value", "'", param, "' must not set '", it.key(),

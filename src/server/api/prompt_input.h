@@ -34,8 +34,7 @@ json parse_template_kwargs(const json* kwargs);
 
 // Renders messages with the model's template: the template's raise_exception (a verdict on the
 // messages) is a 400; any other template failure is the server's, a 500 "chat_template_error".
-RenderedChat render_chat(const ServedModel& model, const json& messages, bool add_generation_prompt,
-                         const json& extra);
+RenderedChat render_chat(const ServedModel& model, const json& messages, bool add_generation_prompt, const json& extra);
 
 // Tokenizes a rendered chat: special tokens are read only in the text the template wrote
 // itself; every client string (role, name, content, kwargs) is plain text, even where it spells

@@ -31,8 +31,7 @@ std::vector<std::string> parse_stop(const Fields& f) {
   const json* v = f.get("stop");
   if (!v) return stops;
   auto add = [&](const json& s, const std::string& param) {
-    if (!s.is_string())
-      invalid_param(param, "invalid_type", "'", param, "' must be a string, got ", json_type_name(s));
+    if (!s.is_string()) invalid_param(param, "invalid_type", "'", param, "' must be a string, got ", json_type_name(s));
     std::string text = s.get<std::string>();
     if (text.empty()) invalid_param(param, "invalid_value", "'", param, "' must not be an empty string");
     check_text(text, param, kMaxStopStringBytes);
@@ -46,8 +45,7 @@ std::vector<std::string> parse_stop(const Fields& f) {
                     " are allowed");
     for (const json& s : *v) add(s, "stop");
   } else {
-    invalid_param("stop", "invalid_type", "'stop' must be a string or an array of strings, got ",
-                  json_type_name(*v));
+    invalid_param("stop", "invalid_type", "'stop' must be a string or an array of strings, got ", json_type_name(*v));
   }
   return stops;
 }
@@ -117,7 +115,8 @@ GenerationOptions parse_generation_options(const json& body, Endpoint endpoint, 
 
   o.n = static_cast<int>(f.integer("n", 1, model.max_n).value_or(1));
   // vLLM's extension; the engine refuses a non-zero one unless it schedules by priority.
-  o.priority = static_cast<int32_t>(f.integer("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()).value_or(0));
+  o.priority = static_cast<int32_t>(
+      f.integer("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()).value_or(0));
   // max_completion_tokens is the newer name (chat); it wins when both are given, as in vLLM.
   // Over the context is refused per prompt (sampling_for_prompt), with both counts.
   const int64_t max_tokens_hi = SamplingParams::kMaxMaxTokens;
@@ -203,9 +202,8 @@ SamplingParams sampling_for_prompt(const GenerationOptions& options, int64_t n_p
     if (n_prompt + *options.max_tokens > ctx)
       throw ApiError(400,
                      detail::concat("this model's maximum context length is ", ctx, " tokens, but ",
-                                    n_prompt + *options.max_tokens, " were requested (", n_prompt,
-                                    " in the prompt + ", *options.max_tokens, " in '", options.max_tokens_param,
-                                    "')"),
+                                    n_prompt + *options.max_tokens, " were requested (", n_prompt, " in the prompt + ",
+                                    *options.max_tokens, " in '", options.max_tokens_param, "')"),
                      "invalid_request_error", options.max_tokens_param, "context_length_exceeded");
     sp.max_tokens = *options.max_tokens;
   } else {

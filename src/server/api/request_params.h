@@ -26,18 +26,18 @@ inline constexpr size_t kMaxUserBytes = 256;
 inline constexpr float kMaxApiTemperature = 2.0f;  // OpenAI's bound
 
 struct GenerationOptions {
-  SamplingParams sampling;            // max_tokens is set per prompt (sampling_for_prompt)
-  std::optional<int32_t> max_tokens;  // as asked; unset: whatever the context leaves
+  SamplingParams sampling;                      // max_tokens is set per prompt (sampling_for_prompt)
+  std::optional<int32_t> max_tokens;            // as asked; unset: whatever the context leaves
   std::string max_tokens_param = "max_tokens";  // or max_completion_tokens, for errors
   int n = 1;
-  int32_t priority = 0;               // lower runs first (--scheduling-policy priority only)
-  std::vector<std::string> stop;      // stop strings, matched on the output text
+  int32_t priority = 0;           // lower runs first (--scheduling-policy priority only)
+  std::vector<std::string> stop;  // stop strings, matched on the output text
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
   bool stream = false;
-  bool include_usage = false;         // stream_options.include_usage
-  bool logprobs = false;              // report the chosen token's logprob
-  int32_t top_logprobs = 0;           // and this many alternatives
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // report the chosen token's logprob
+  int32_t top_logprobs = 0;    // and this many alternatives
   std::string user;
 };
 
@@ -51,7 +51,6 @@ SamplingParams sampling_for_prompt(const GenerationOptions& options, int64_t n_p
                                    const std::string& prompt_param);
 
 // A list of token ids (prompt_token_ids, detokenize): integers in [0, vocab_size).
-std::vector<int32_t> parse_token_ids(const json& value, const std::string& param, int32_t vocab_size,
-                                     size_t max_count);
+std::vector<int32_t> parse_token_ids(const json& value, const std::string& param, int32_t vocab_size, size_t max_count);
 
 }  // namespace tessera::api

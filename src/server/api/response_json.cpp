@@ -145,13 +145,11 @@ void CompletionLogprobs::clear_entries() {
 ojson chat_chunk(const std::string& id, int64_t created, const std::string& model, int index, ojson delta,
                  ojson logprobs, std::optional<FinishReason> finish, ojson stop_reason) {
   return chunk_json("chat.completion.chunk", id, created, model,
-                    choice_json(index, "delta", std::move(delta), std::move(logprobs), finish,
-                                std::move(stop_reason)));
+                    choice_json(index, "delta", std::move(delta), std::move(logprobs), finish, std::move(stop_reason)));
 }
 
 ojson completion_chunk(const std::string& id, int64_t created, const std::string& model, int index,
-                       const std::string& text, ojson logprobs, std::optional<FinishReason> finish,
-                       ojson stop_reason) {
+                       const std::string& text, ojson logprobs, std::optional<FinishReason> finish, ojson stop_reason) {
   return chunk_json("text_completion", id, created, model,
                     choice_json(index, "text", text, std::move(logprobs), finish, std::move(stop_reason)));
 }
@@ -162,12 +160,11 @@ ojson usage_chunk(std::string_view object, const std::string& id, int64_t create
 }
 
 ojson chat_choice(int index, const std::string& content, ojson logprobs, FinishReason finish, ojson stop_reason) {
-  return choice_json(index, "message", ojson{{"role", "assistant"}, {"content", content}}, std::move(logprobs),
-                     finish, std::move(stop_reason));
+  return choice_json(index, "message", ojson{{"role", "assistant"}, {"content", content}}, std::move(logprobs), finish,
+                     std::move(stop_reason));
 }
 
-ojson completion_choice(int index, const std::string& text, ojson logprobs, FinishReason finish,
-                        ojson stop_reason) {
+ojson completion_choice(int index, const std::string& text, ojson logprobs, FinishReason finish, ojson stop_reason) {
   return choice_json(index, "text", text, std::move(logprobs), finish, std::move(stop_reason));
 }
 

@@ -51,7 +51,8 @@ ojson chat_logprobs_json(const Tokenizer& tok, std::span<const Logprobs> entries
 // logprob (null), as in OpenAI and vLLM.
 class CompletionLogprobs {
  public:
-  explicit CompletionLogprobs(const Tokenizer& tok, bool skip_special = false) : tok_(tok), skip_special_(skip_special) {}
+  explicit CompletionLogprobs(const Tokenizer& tok, bool skip_special = false)
+      : tok_(tok), skip_special_(skip_special) {}
   // lp: the token's logprobs, or nullptr for a token without any (the prompt's first).
   void add(int32_t token, const Logprobs* lp);
   bool empty() const { return tokens_.empty(); }

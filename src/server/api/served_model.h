@@ -23,15 +23,15 @@ using ChatRenderer = std::function<RenderedChat(const nlohmann::json& messages, 
                                                 const nlohmann::json& extra)>;
 
 struct ServedModel {
-  std::string name;               // the `model` a request must name (--served-model-name)
+  std::string name;  // the `model` a request must name (--served-model-name)
   const Tokenizer* tokenizer = nullptr;
   int32_t vocab_size = 0;
   // Prompt + max_tokens of one choice, at most: the scheduler's max_model_len, or less when
   // the whole KV cache holds fewer tokens.
   int32_t max_model_len = 0;
-  int max_n = 16;                 // most choices per request (EngineConfig::max_n)
-  ChatRenderer chat;              // empty: /v1/chat/completions answers 400
-  int64_t created = 0;            // unix time the server started (for /v1/models)
+  int max_n = 16;       // most choices per request (EngineConfig::max_n)
+  ChatRenderer chat;    // empty: /v1/chat/completions answers 400
+  int64_t created = 0;  // unix time the server started (for /v1/models)
 };
 
 // Fills the limits from the engine's configuration (max_model_len capped by the KV pool).

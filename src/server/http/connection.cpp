@@ -47,8 +47,7 @@ std::string endpoint_string(const tcp::socket& socket) {
   const auto endpoint = socket.remote_endpoint(ec);
   if (ec) return "unknown";
   const auto address = endpoint.address();
-  const std::string host =
-      address.is_v6() ? "[" + address.to_string() + "]" : address.to_string();
+  const std::string host = address.is_v6() ? "[" + address.to_string() + "]" : address.to_string();
   return host + ":" + std::to_string(endpoint.port());
 }
 
@@ -63,8 +62,9 @@ std::pair<int, std::string> status_for_parse_error(const error_code& ec) {
   if (ec == bhttp::error::bad_transfer_encoding)
     return {400, "malformed request: bad Transfer-Encoding (duplicated, or with Content-Length)"};
   if (ec == bhttp::error::bad_content_length)
-    return {400, "malformed request: bad Content-Length (invalid, conflicting, or with "
-                 "Transfer-Encoding)"};
+    return {400,
+            "malformed request: bad Content-Length (invalid, conflicting, or with "
+            "Transfer-Encoding)"};
   return {400, "malformed request: " + ec.message()};
 }
 
@@ -115,8 +115,7 @@ void Connection::start() {
 void Connection::begin_request() {
   phase_ = Phase::ReadRequest;
   parser_.emplace();
-  parser_->header_limit(static_cast<std::uint32_t>(
-      std::min<size_t>(options_.max_header_bytes, UINT32_MAX)));
+  parser_->header_limit(static_cast<std::uint32_t>(std::min<size_t>(options_.max_header_bytes, UINT32_MAX)));
   parser_->body_limit(static_cast<std::uint64_t>(options_.max_body_bytes));
   header_checked_ = false;
   pending_request_ = Request{};
@@ -146,9 +145,7 @@ void Connection::read_more() {
     readbuf_.shrink_to_fit();
   }
   socket_.async_read_some(asio::buffer(readbuf_.data(), std::min(room, chunk)),
-                          [self = shared_from_this()](const error_code& ec, size_t n) {
-                            self->on_read(ec, n);
-                          });
+                          [self = shared_from_this()](const error_code& ec, size_t n) { self->on_read(ec, n); });
 }
 
 void Connection::on_read(const error_code& ec, size_t n) {
@@ -240,8 +237,8 @@ bool Connection::check_header() {
   const auto& message = parser_->get();
   const unsigned version = message.version();
   if (version < 10 || version >= 20) {
-    reject(505, "HTTP version " + std::to_string(version / 10) + "." +
-                    std::to_string(version % 10) + " not supported (HTTP/1.0 and 1.1 are)");
+    reject(505, "HTTP version " + std::to_string(version / 10) + "." + std::to_string(version % 10) +
+                    " not supported (HTTP/1.0 and 1.1 are)");
     return false;
   }
   http10_ = version == 10;
@@ -271,18 +268,16 @@ bool Connection::check_header() {
       return false;
     }
     if (!iequals(sv(te->value()), "chunked")) {
-      reject(501, "unsupported Transfer-Encoding '" + std::string(te->value()) +
-                      "' (only chunked)");
+      reject(501, "unsupported Transfer-Encoding '" + std::string(te->value()) + "' (only chunked)");
       return false;
     }
   }
   const bool has_length = message.find(bhttp::field::content_length) != message.end();
   const auto method = message.method();
   if (!has_length && !parser_->chunked() &&
-      (method == bhttp::verb::post || method == bhttp::verb::put ||
-       method == bhttp::verb::patch)) {
-    reject(411, "a " + std::string(message.method_string()) +
-                    " request needs Content-Length or chunked Transfer-Encoding");
+      (method == bhttp::verb::post || method == bhttp::verb::put || method == bhttp::verb::patch)) {
+    reject(411,
+           "a " + std::string(message.method_string()) + " request needs Content-Length or chunked Transfer-Encoding");
     return false;
   }
 
@@ -292,8 +287,7 @@ bool Connection::check_header() {
   pending_request_.remote = remote_;
   pending_request_.headers.reserve(count);
   for (const auto& field : message)
-    pending_request_.headers.emplace_back(lowercase(sv(field.name_string())),
-                                          std::string(field.value()));
+    pending_request_.headers.emplace_back(lowercase(sv(field.name_string())), std::string(field.value()));
 
   if (options_.header_filter) {
     std::optional<Response> refusal;
@@ -341,8 +335,7 @@ void Connection::dispatch() {
   ++sequence_;
   state_->requests.fetch_add(1);
 
-  auto exchange =
-      std::make_shared<ExchangeImpl>(std::move(request), weak_from_this(), sequence_, state_);
+  auto exchange = std::make_shared<ExchangeImpl>(std::move(request), weak_from_this(), sequence_, state_);
   current_ = exchange;
   read_more();  // notice a peer that leaves while the handler works
   try {
@@ -397,8 +390,7 @@ wire::Persistence Connection::persistence() const {
 void Connection::exchange_respond(uint64_t sequence, Response response) {
   if (!is_current(sequence) || reply_ != Reply::Waiting) return;
   if (response.status < 200 || response.status > 999) {
-    response = error_response(500, "the handler answered with invalid status " +
-                                       std::to_string(response.status));
+    response = error_response(500, "the handler answered with invalid status " + std::to_string(response.status));
   }
   reply_ = Reply::Final;
   const bool no_body = wire::status_has_no_body(response.status);
@@ -454,8 +446,9 @@ void Connection::exchange_dropped(uint64_t sequence) {
   if (reply_ == Reply::Waiting) {
     // Answer for the handler, so the client is not left waiting forever.
     reply_ = Reply::Final;
-    Response response = error_response(500, "the request handler dropped the request "
-                                             "without answering it");
+    Response response = error_response(500,
+                                       "the request handler dropped the request "
+                                       "without answering it");
     wire::Head head;
     head.status = response.status;
     head.content_type = response.content_type;
@@ -472,8 +465,7 @@ void Connection::exchange_dropped(uint64_t sequence) {
 // ---------------------------------------------------------------------------------------
 // Writing
 
-void Connection::queue(std::string bytes, size_t accounted,
-                       std::shared_ptr<std::atomic<size_t>> counter) {
+void Connection::queue(std::string bytes, size_t accounted, std::shared_ptr<std::atomic<size_t>> counter) {
   if (phase_ == Phase::Closed) {
     if (counter) counter->fetch_sub(accounted);
     return;
@@ -510,9 +502,8 @@ void Connection::flush() {
   }
   writing_ = true;
   arm_write_timer();
-  socket_.async_write_some(
-      buffers,
-      [self = shared_from_this()](const error_code& ec, size_t n) { self->on_write(ec, n); });
+  socket_.async_write_some(buffers,
+                           [self = shared_from_this()](const error_code& ec, size_t n) { self->on_write(ec, n); });
 }
 
 void Connection::on_write(const error_code& ec, size_t n) {
@@ -574,8 +565,7 @@ void Connection::on_read_timer() {
     case Phase::ReadRequest:
       state_->read_timeouts.fetch_add(1);
       if (request_started_) {
-        reject(408, "the request was not received within " +
-                        std::to_string(options_.read_timeout.count()) + " ms");
+        reject(408, "the request was not received within " + std::to_string(options_.read_timeout.count()) + " ms");
       } else {
         close("idle connection timed out");
       }

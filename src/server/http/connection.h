@@ -83,8 +83,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // From ExchangeImpl's drain; `sequence` identifies the request they answer.
   void exchange_respond(uint64_t sequence, Response response);
   void exchange_start_stream(uint64_t sequence, Headers extra_headers);
-  void exchange_write(uint64_t sequence, std::string data,
-                      const std::shared_ptr<std::atomic<size_t>>& counter);
+  void exchange_write(uint64_t sequence, std::string data, const std::shared_ptr<std::atomic<size_t>>& counter);
   void exchange_end_stream(uint64_t sequence);
   // The handler let go of the exchange without finishing its response.
   void exchange_dropped(uint64_t sequence);
@@ -110,8 +109,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void send_final_response(Response response, bool keep_alive);
 
   // Writing.
-  void queue(std::string bytes, size_t accounted = 0,
-             std::shared_ptr<std::atomic<size_t>> counter = nullptr);
+  void queue(std::string bytes, size_t accounted = 0, std::shared_ptr<std::atomic<size_t>> counter = nullptr);
   void queue_final(std::string bytes);
   void flush();
   void on_write(const boost::system::error_code& ec, size_t n);
@@ -140,7 +138,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::beast::flat_buffer inbuf_;  // received, not yet parsed
   std::vector<char> readbuf_;        // the pending read's target
   bool reading_ = false;
-  bool peer_gone_ = false;  // EOF seen while a write was in flight
+  bool peer_gone_ = false;        // EOF seen while a write was in flight
   bool request_started_ = false;  // a byte of the next request has arrived
   std::optional<boost::beast::http::request_parser<LazyStringBody>> parser_;
   bool header_checked_ = false;

@@ -23,8 +23,8 @@ Response error_response(int status, std::string_view message, std::optional<std:
   Response response;
   response.status = status;
   response.content_type = "application/json";
-  response.body = nlohmann::json{{"error", std::move(error)}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  response.body =
+      nlohmann::json{{"error", std::move(error)}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return response;
 }
 

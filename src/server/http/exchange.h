@@ -26,7 +26,7 @@ struct Request {
   std::string query;   // after '?', or ""
   Headers headers;     // names lowercased, in arrival order
   std::string body;
-  std::string remote;  // peer "address:port"
+  std::string remote;                                 // peer "address:port"
   std::chrono::steady_clock::time_point received_at;  // when the whole request was read
 
   // The first header with this (lowercase) name.
@@ -86,27 +86,25 @@ using HeaderFilter = std::function<std::optional<Response>(const Request& reques
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  uint16_t port = 8000;              // 0: any free port (see HttpServer::port())
+  uint16_t port = 8000;  // 0: any free port (see HttpServer::port())
   int io_threads = 2;
-  size_t max_header_bytes = 16 * 1024;        // 431 beyond (request line + header fields)
-  size_t max_header_count = 100;              // 431 beyond
-  size_t max_body_bytes = 8 * 1024 * 1024;    // 413 beyond (Content-Length, or chunked)
-  int max_connections = 10000;                // accepted and then closed at once beyond
+  size_t max_header_bytes = 16 * 1024;      // 431 beyond (request line + header fields)
+  size_t max_header_count = 100;            // 431 beyond
+  size_t max_body_bytes = 8 * 1024 * 1024;  // 413 beyond (Content-Length, or chunked)
+  int max_connections = 10000;              // accepted and then closed at once beyond
   // Milliseconds, so tests can use short ones; `std::chrono::seconds{30}` still assigns.
-  std::chrono::milliseconds read_timeout{30'000};  // whole request, from its first byte (408)
-  std::chrono::milliseconds write_timeout{30'000};  // no progress writing to the peer
+  std::chrono::milliseconds read_timeout{30'000};        // whole request, from its first byte (408)
+  std::chrono::milliseconds write_timeout{30'000};       // no progress writing to the peer
   std::chrono::milliseconds keep_alive_timeout{60'000};  // idle between requests
   // A stream whose unsent backlog passes this is abandoned (a reader too slow to keep up).
   size_t max_queued_bytes = 64 * 1024 * 1024;
-  HeaderFilter header_filter;                 // none: every well-formed request is read
+  HeaderFilter header_filter;  // none: every well-formed request is read
 };
 
 // An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}}. type defaults to
 // "invalid_request_error" for 4xx and "server_error" for 5xx; param and code are null unless
 // given. Handlers may use it too, so every error the server sends has one shape.
-Response error_response(int status, std::string_view message,
-                        std::optional<std::string> param = std::nullopt,
-                        std::optional<std::string> code = std::nullopt,
-                        std::string_view type = {});
+Response error_response(int status, std::string_view message, std::optional<std::string> param = std::nullopt,
+                        std::optional<std::string> code = std::nullopt, std::string_view type = {});
 
 }  // namespace tessera::http

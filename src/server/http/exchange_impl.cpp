@@ -25,8 +25,8 @@ void run_guarded(const std::function<void()>& fn, const char* what) noexcept {
   }
 }
 
-ExchangeImpl::ExchangeImpl(Request request, std::weak_ptr<Connection> connection,
-                           uint64_t sequence, std::shared_ptr<ServerState> state)
+ExchangeImpl::ExchangeImpl(Request request, std::weak_ptr<Connection> connection, uint64_t sequence,
+                           std::shared_ptr<ServerState> state)
     : request_(std::move(request)),
       connection_(std::move(connection)),
       sequence_(sequence),
@@ -46,8 +46,7 @@ ExchangeImpl::~ExchangeImpl() {
   if (!state_->open) return;
   if (auto connection = connection_.lock()) {
     const uint64_t sequence = sequence_;
-    asio::post(connection->executor(),
-               [connection, sequence] { connection->exchange_dropped(sequence); });
+    asio::post(connection->executor(), [connection, sequence] { connection->exchange_dropped(sequence); });
   }
 }
 
@@ -64,8 +63,7 @@ void ExchangeImpl::start_stream(Headers extra_headers) {
 
 void ExchangeImpl::write(std::string data) {
   // Cheap refusals first: the engine thread calls this for every token.
-  if (data.empty() || abandoned_.load() || !stream_started_.load() || stream_ended_.load())
-    return;
+  if (data.empty() || abandoned_.load() || !stream_started_.load() || stream_ended_.load()) return;
   queued_->fetch_add(data.size());
   enqueue(Op{OpKind::Write, {}, {}, std::move(data), {}});
 }
@@ -101,8 +99,7 @@ void ExchangeImpl::schedule_drain() {
     std::shared_lock gate(state_->gate);
     if (state_->open) {
       if (auto connection = connection_.lock()) {
-        asio::post(connection->executor(),
-                   [self, connection] { self->drain(connection.get()); });
+        asio::post(connection->executor(), [self, connection] { self->drain(connection.get()); });
       } else {
         // The connection is gone, so nothing it ran can still be queued: ordering holds.
         asio::post(*state_->io_context, [self] { self->drain(nullptr); });
@@ -176,8 +173,7 @@ void ExchangeImpl::drop_after_stop() {
   // The server stopped after abandoning every open exchange, so there is no executor left;
   // an abandon hook registered late still deserves to run.
   for (Op& op : ops) {
-    if (op.kind == OpKind::OnAbandon && abandoned_.load())
-      run_guarded(op.fn, "an on_abandon function");
+    if (op.kind == OpKind::OnAbandon && abandoned_.load()) run_guarded(op.fn, "an on_abandon function");
     if (op.kind == OpKind::Write) queued_->fetch_sub(op.data.size());
   }
 }

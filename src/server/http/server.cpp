@@ -62,8 +62,7 @@ void HttpServer::Impl::bind() {
   error_code ec;
   tcp::resolver resolver(io_context);
   const auto endpoints = resolver.resolve(options.host, std::to_string(options.port),
-                                          tcp::resolver::passive | tcp::resolver::numeric_service,
-                                          ec);
+                                          tcp::resolver::passive | tcp::resolver::numeric_service, ec);
   if (ec) fail("cannot listen on ", where, ": cannot resolve host: ", ec.message());
   std::string last_error = "no address";
   for (const auto& entry : endpoints) {
@@ -85,9 +84,7 @@ void HttpServer::Impl::bind() {
 
 void HttpServer::Impl::accept_next() {
   acceptor.async_accept(asio::make_strand(io_context),
-                        [this](const error_code& ec, tcp::socket socket) {
-                          on_accept(ec, std::move(socket));
-                        });
+                        [this](const error_code& ec, tcp::socket socket) { on_accept(ec, std::move(socket)); });
 }
 
 void HttpServer::Impl::on_accept(const error_code& ec, tcp::socket socket) {
@@ -141,8 +138,7 @@ void HttpServer::Impl::close_acceptor() {
 
 HttpServer::HttpServer(ServerOptions options, Handler handler) {
   TESSERA_CHECK(handler, "HttpServer needs a handler");
-  TESSERA_CHECK(options.io_threads >= 1, "HttpServer io_threads must be at least 1, got ",
-                options.io_threads);
+  TESSERA_CHECK(options.io_threads >= 1, "HttpServer io_threads must be at least 1, got ", options.io_threads);
   impl_ = std::make_unique<Impl>(std::move(options), std::move(handler));
 }
 

@@ -12,16 +12,16 @@ namespace tessera::http {
 
 // What the transport has seen, for tests and metrics. Counters only grow.
 struct ServerCounters {
-  size_t open_connections = 0;   // sockets open now
-  size_t live_connections = 0;   // connection objects in memory (open or finishing)
-  size_t live_exchanges = 0;     // Exchange objects in memory (held by handlers or queued)
-  uint64_t accepted = 0;         // connections accepted and served
-  uint64_t refused = 0;          // connections closed at once (max_connections, stopping)
-  uint64_t requests = 0;         // requests handed to the handler
-  uint64_t rejected = 0;         // requests answered by the transport with a 4xx/5xx
-  uint64_t abandoned = 0;        // exchanges abandoned (peer gone, timeout, stop)
-  uint64_t read_timeouts = 0;    // 408s and idle closes
-  uint64_t write_timeouts = 0;   // peers that stopped reading
+  size_t open_connections = 0;  // sockets open now
+  size_t live_connections = 0;  // connection objects in memory (open or finishing)
+  size_t live_exchanges = 0;    // Exchange objects in memory (held by handlers or queued)
+  uint64_t accepted = 0;        // connections accepted and served
+  uint64_t refused = 0;         // connections closed at once (max_connections, stopping)
+  uint64_t requests = 0;        // requests handed to the handler
+  uint64_t rejected = 0;        // requests answered by the transport with a 4xx/5xx
+  uint64_t abandoned = 0;       // exchanges abandoned (peer gone, timeout, stop)
+  uint64_t read_timeouts = 0;   // 408s and idle closes
+  uint64_t write_timeouts = 0;  // peers that stopped reading
 };
 
 class HttpServer {

@@ -31,7 +31,7 @@ struct ServerState {
   // io_context from outside holds it shared and checks `open`; stop() closes it
   // exclusively, after which the io_context may be destroyed at any time.
   std::shared_mutex gate;
-  bool open = true;                            // guarded by gate
+  bool open = true;                               // guarded by gate
   boost::asio::io_context* io_context = nullptr;  // valid while open
 
   std::atomic<bool> draining{false};  // stop_accepting(): responses say Connection: close

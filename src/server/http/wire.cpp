@@ -23,9 +23,8 @@ std::string http_date(std::time_t t) {
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%s, %02d %s %04d %02d:%02d:%02d GMT", kDays[tm.tm_wday % 7],
-                tm.tm_mday, kMonths[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
-                tm.tm_sec);
+  std::snprintf(buf, sizeof buf, "%s, %02d %s %04d %02d:%02d:%02d GMT", kDays[tm.tm_wday % 7], tm.tm_mday,
+                kMonths[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
   return buf;
 }
 
@@ -55,15 +54,12 @@ bool handler_header_allowed(std::string_view name, std::string_view value) {
     if (!is_token_char(c)) return false;
   for (char c : value)
     if (c == '\r' || c == '\n' || c == '\0') return false;  // no response splitting
-  for (std::string_view owned :
-       {"content-length", "transfer-encoding", "connection", "content-type"})
+  for (std::string_view owned : {"content-length", "transfer-encoding", "connection", "content-type"})
     if (iequals(name, owned)) return false;
   return true;
 }
 
-bool status_has_no_body(int status) {
-  return (status >= 100 && status < 200) || status == 204 || status == 304;
-}
+bool status_has_no_body(int status) { return (status >= 100 && status < 200) || status == 204 || status == 304; }
 
 std::string format_head(const Head& head) {
   std::string out;

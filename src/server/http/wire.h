@@ -26,12 +26,12 @@ enum class Persistence { KeepAlive, Close, Default };  // Default: no Connection
 
 struct Head {
   int status = 200;
-  std::string_view content_type;          // omitted when empty
-  std::optional<size_t> content_length;   // omitted when absent
-  bool chunked = false;                   // Transfer-Encoding: chunked
+  std::string_view content_type;         // omitted when empty
+  std::optional<size_t> content_length;  // omitted when absent
+  bool chunked = false;                  // Transfer-Encoding: chunked
   Persistence persistence = Persistence::Default;
-  const Headers* extra = nullptr;         // filtered through handler_header_allowed
-  std::string_view cache_control;         // omitted when empty
+  const Headers* extra = nullptr;  // filtered through handler_header_allowed
+  std::string_view cache_control;  // omitted when empty
 };
 
 // The status line and header block, ending with the empty line.

@@ -265,8 +265,8 @@ TEST_F(ApiServerTest, EchoWithLogprobs) {
   start();
   const std::string prompt = "The capital of France is";
   const std::vector<int32_t> ids = tok().encode(prompt, true, false);
-  const json body = {{"prompt", prompt}, {"echo", true}, {"logprobs", 2}, {"max_tokens", 3},
-                     {"temperature", 0}, {"ignore_eos", true}};
+  const json body = {{"prompt", prompt}, {"echo", true},     {"logprobs", 2},
+                     {"max_tokens", 3},  {"temperature", 0}, {"ignore_eos", true}};
   const json r = call("POST", "/v1/completions", body)->json();
   ASSERT_TRUE(r.contains("choices")) << r.dump();
   const json& c = r["choices"][0];
@@ -286,8 +286,10 @@ TEST_F(ApiServerTest, EchoWithLogprobs) {
     for (const auto& [k, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
     EXPECT_LE(lp["top_logprobs"][i].size(), 3u);
     // Greedy: every generated token is the most likely one.
-    if (i >= ids.size()) EXPECT_DOUBLE_EQ(chosen, best);
-    else EXPECT_LE(chosen, best);
+    if (i >= ids.size())
+      EXPECT_DOUBLE_EQ(chosen, best);
+    else
+      EXPECT_LE(chosen, best);
   }
   EXPECT_EQ(lp["text_offset"][0], 0);
 }
@@ -305,7 +307,10 @@ TEST_F(ApiServerTest, StopStringAcrossTokensIsCutAndNotLeaked) {
   const std::string stop = full.substr(at, 4);
   ASSERT_EQ(full.find(stop), at) << full;
 
-  const json body = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true},
+  const json body = {{"prompt", prompt},
+                     {"max_tokens", 8},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
                      {"stop", {"never-appears", stop}}};
   const json r = call("POST", "/v1/completions", body)->json();
   EXPECT_EQ(r["choices"][0]["text"], full.substr(0, at));
@@ -527,7 +532,8 @@ TEST_F(ApiServerTest, HeaderFilterRefusesMissingKeysBeforeTheBody) {
 
 TEST_F(ApiServerTest, TokenizeAndDetokenize) {
   start();
-  const json t = call("POST", "/tokenize", json{{"prompt", "Hello world <|im_start|>"}, {"return_token_strs", true}})->json();
+  const json t =
+      call("POST", "/tokenize", json{{"prompt", "Hello world <|im_start|>"}, {"return_token_strs", true}})->json();
   const std::vector<int32_t> ids = tok().encode("Hello world <|im_start|>", true, false);
   EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), ids);
   EXPECT_EQ(t["count"], ids.size());

@@ -25,7 +25,7 @@ TEST(ApiAuth, NoKeysMeansAnonymous) {
 TEST(ApiAuth, BearerKeysGiveDistinctTenants) {
   const ApiKeys keys({"sk-alpha", "sk-beta"});
   EXPECT_FALSE(keys.authenticate(std::nullopt));
-  EXPECT_FALSE(keys.authenticate("sk-alpha"));          // no scheme
+  EXPECT_FALSE(keys.authenticate("sk-alpha"));  // no scheme
   EXPECT_FALSE(keys.authenticate("Basic sk-alpha"));
   EXPECT_FALSE(keys.authenticate("Bearer sk-alph"));
   EXPECT_FALSE(keys.authenticate("Bearer sk-alphaX"));

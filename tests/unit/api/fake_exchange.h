@@ -94,8 +94,10 @@ class FakeExchange : public tessera::http::Exchange {
   void post(std::function<void()> fn) override { executor_.post(std::move(fn)); }
   void on_abandon(std::function<void()> fn) override {
     std::lock_guard lock(mutex_);
-    if (abandoned_) executor_.post(std::move(fn));
-    else on_abandon_ = std::move(fn);
+    if (abandoned_)
+      executor_.post(std::move(fn));
+    else
+      on_abandon_ = std::move(fn);
   }
   bool abandoned() const override {
     std::lock_guard lock(mutex_);

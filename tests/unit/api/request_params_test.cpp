@@ -30,8 +30,10 @@ void check_bad(const BadCase& c, bool chat) {
     chat ? parse_chat_request(body, model) : parse_completion_request(body, model);
   });
   EXPECT_EQ(e.status, c.status) << e.what();
-  if (c.param) EXPECT_EQ(e.param.value_or("<null>"), c.param) << e.what();
-  else EXPECT_FALSE(e.param.has_value()) << e.what();
+  if (c.param)
+    EXPECT_EQ(e.param.value_or("<null>"), c.param) << e.what();
+  else
+    EXPECT_FALSE(e.param.has_value()) << e.what();
   EXPECT_EQ(e.code.value_or("<null>"), c.code) << e.what();
   EXPECT_FALSE(std::string(e.what()).empty());
 }
@@ -45,9 +47,10 @@ TEST(ApiRequestParams, MalformedBodies) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.code, "invalid_json");
-  for (const std::string& body : {std::string(""), std::string("{"), std::string("[1]"), std::string("{\"a\":\"\xff\"}"),
-                                 std::string("{\"a\":\"\\ud800\"}"), std::string("{\"a\":1e400}"),
-                                 std::string("{\"a\":NaN}"), std::string("{\"a\":1}\0", 8)}) {
+  for (const std::string& body :
+       {std::string(""), std::string("{"), std::string("[1]"), std::string("{\"a\":\"\xff\"}"),
+        std::string("{\"a\":\"\\ud800\"}"), std::string("{\"a\":1e400}"), std::string("{\"a\":NaN}"),
+        std::string("{\"a\":1}\0", 8)}) {
     SCOPED_TRACE(body);
     const ApiError b = expect_api_error([&] { parse_json_body(body); });
     EXPECT_EQ(b.status, 400);
@@ -207,18 +210,18 @@ TEST(ApiRequestParams, ChatInvalidCases) {
        "messages[0].content[0].type", "invalid_value"},
       {R"({"messages": [{"role": "user", "content": "raise!"}]})", 400, "messages", "invalid_value"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2})", 400, "logprobs", "invalid_type"},
-      {R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})", 400, "top_logprobs",
-       "invalid_value"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})", 400, "top_logprobs", "invalid_value"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21})", 400,
        "top_logprobs", "invalid_value"},
-      {R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0})", 400,
-       "max_completion_tokens", "invalid_value"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0})", 400, "max_completion_tokens",
+       "invalid_value"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 500})", 400,
        "max_completion_tokens", "context_length_exceeded"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true,
-         "continue_final_message": true})", 400, "continue_final_message", "invalid_value"},
-      {R"({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": []})", 400,
-       "chat_template_kwargs", "invalid_type"},
+         "continue_final_message": true})",
+       400, "continue_final_message", "invalid_value"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": []})", 400, "chat_template_kwargs",
+       "invalid_type"},
   };
   for (const BadCase& c : cases) check_bad(c, true);
 }
@@ -226,10 +229,10 @@ TEST(ApiRequestParams, ChatInvalidCases) {
 TEST(ApiRequestParams, ChatRendersTemplateAndKeepsUserSpecialTokensPlain) {
   const ServedModel model = api_test::served_model();
   const Tokenizer& tok = *model.tokenizer;
-  const GenerationPlan p = parse_chat_request(
-      json::parse(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+  const GenerationPlan p =
+      parse_chat_request(json::parse(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                       "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 2})"),
-      model);
+                         model);
   const std::string rendered = api_test::chatml(json::parse(R"([{"role":"user","content":"Hi"}])"), true, {}).text;
   EXPECT_EQ(p.prompts[0].tokens, tok.encode(rendered, false, true));
   EXPECT_EQ(p.sampling[0].max_tokens, 5);
@@ -250,6 +253,7 @@ TEST(ApiRequestParams, ChatRendersTemplateAndKeepsUserSpecialTokensPlain) {
 
 TEST(ApiRequestParams, PriorityIsParsed) {
   const ServedModel model = api_test::served_model();
-  EXPECT_EQ(parse_completion_request(parse_json_body(R"({"prompt": "hi", "priority": -3})"), model).options.priority, -3);
+  EXPECT_EQ(parse_completion_request(parse_json_body(R"({"prompt": "hi", "priority": -3})"), model).options.priority,
+            -3);
   EXPECT_EQ(parse_completion_request(parse_json_body(R"({"prompt": "hi"})"), model).options.priority, 0);
 }

@@ -54,9 +54,9 @@ TEST(ApiResponseJson, StopReasonIsTheStopStringOrTokenId) {
   EXPECT_EQ(parsed(completion_choice(0, "Hi", nullptr, FinishReason::Stop, 42))["stop_reason"], 42);
   const json chunk = parsed(chat_chunk("c", 1, "m", 0, ojson::object(), nullptr, FinishReason::Stop, 7));
   EXPECT_EQ(chunk["choices"][0]["stop_reason"], 7);
-  EXPECT_EQ(parsed(completion_chunk("c", 1, "m", 0, "", nullptr, FinishReason::Stop, "\n\n"))["choices"][0]
-                ["stop_reason"],
-            "\n\n");
+  EXPECT_EQ(
+      parsed(completion_chunk("c", 1, "m", 0, "", nullptr, FinishReason::Stop, "\n\n"))["choices"][0]["stop_reason"],
+      "\n\n");
 }
 
 TEST(ApiResponseJson, ChatLogprobsFormat) {

@@ -209,7 +209,8 @@ void check_attention(const AttnCase& tc, uint32_t seed) {
         double mx = -1e300;
         for (int j = 0; j <= pos; ++j) {
           double d = 0;
-          for (int i = 0; i < hd; ++i) d += double(q[t * ldq + h * hd + i]) * round(K[s][size_t(j) * kvd + kh * hd + i]);
+          for (int i = 0; i < hd; ++i)
+            d += double(q[t * ldq + h * hd + i]) * round(K[s][size_t(j) * kvd + kh * hd + i]);
           sc[j] = d * scale;
           mx = std::max(mx, sc[j]);
         }
@@ -329,8 +330,7 @@ TEST(CpuBackend, AddRmsNormMatmulMatchesFloat64AndRefusesAliasedOutput) {
                               std::span(&target, 1));
       ADD_FAILURE() << "an aliased x_out was accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(alias == x_in.data() ? "aliases x" : "aliases residual"),
-                std::string::npos)
+      EXPECT_NE(std::string(e.what()).find(alias == x_in.data() ? "aliases x" : "aliases residual"), std::string::npos)
           << e.what();
     }
     EXPECT_EQ(x_in, x);

@@ -39,8 +39,10 @@ class IsaScope {
     setenv("TESSERA_ISA", isa, 1);
   }
   ~IsaScope() {
-    if (had_) setenv("TESSERA_ISA", old_.c_str(), 1);
-    else unsetenv("TESSERA_ISA");
+    if (had_)
+      setenv("TESSERA_ISA", old_.c_str(), 1);
+    else
+      unsetenv("TESSERA_ISA");
   }
 
  private:
@@ -63,7 +65,9 @@ struct Rng {
   double uniform(double a, double b) { return std::uniform_real_distribution<double>(a, b)(gen); }
   uint8_t byte() { return static_cast<uint8_t>(gen() & 0xFF); }
   uint16_t half(double a, double b) { return f32_to_fp16(static_cast<float>(uniform(a, b))); }
-  uint16_t signed_half(double a, double b) { return f32_to_fp16(static_cast<float>((gen() & 1 ? 1 : -1) * uniform(a, b))); }
+  uint16_t signed_half(double a, double b) {
+    return f32_to_fp16(static_cast<float>((gen() & 1 ? 1 : -1) * uniform(a, b)));
+  }
 };
 
 void random_bytes(Rng& rng, uint8_t* p, size_t n) {
@@ -185,10 +189,18 @@ RefRow decode_row(DType t, const uint8_t* row, int64_t cols) {
   RefRow out;
   out.a.assign(cols, 0.0);
   out.m.assign((cols + 31) / 32, 0.0);
-  auto qbit = [](const uint8_t* qh, int j) { uint32_t v; std::memcpy(&v, qh, 4); return static_cast<int>((v >> j) & 1); };
+  auto qbit = [](const uint8_t* qh, int j) {
+    uint32_t v;
+    std::memcpy(&v, qh, 4);
+    return static_cast<int>((v >> j) & 1);
+  };
   switch (t) {
     case DType::F32:
-      for (int64_t k = 0; k < cols; ++k) { float v; std::memcpy(&v, row + 4 * k, 4); out.a[k] = v; }
+      for (int64_t k = 0; k < cols; ++k) {
+        float v;
+        std::memcpy(&v, row + 4 * k, 4);
+        out.a[k] = v;
+      }
       break;
     case DType::F16:
     case DType::BF16:
@@ -206,10 +218,29 @@ RefRow decode_row(DType t, const uint8_t* row, int64_t cols) {
         const uint8_t *qs, *qh = nullptr;
         double d, m = 0;
         int zero = 0;
-        if (t == DType::Q4_0) { auto& k = reinterpret_cast<const BlockQ4_0*>(row)[b]; qs = k.qs; d = h(k.d); zero = 8; }
-        else if (t == DType::Q4_1) { auto& k = reinterpret_cast<const BlockQ4_1*>(row)[b]; qs = k.qs; d = h(k.d); m = h(k.m); }
-        else if (t == DType::Q5_0) { auto& k = reinterpret_cast<const BlockQ5_0*>(row)[b]; qs = k.qs; qh = k.qh; d = h(k.d); zero = 16; }
-        else { auto& k = reinterpret_cast<const BlockQ5_1*>(row)[b]; qs = k.qs; qh = k.qh; d = h(k.d); m = h(k.m); }
+        if (t == DType::Q4_0) {
+          auto& k = reinterpret_cast<const BlockQ4_0*>(row)[b];
+          qs = k.qs;
+          d = h(k.d);
+          zero = 8;
+        } else if (t == DType::Q4_1) {
+          auto& k = reinterpret_cast<const BlockQ4_1*>(row)[b];
+          qs = k.qs;
+          d = h(k.d);
+          m = h(k.m);
+        } else if (t == DType::Q5_0) {
+          auto& k = reinterpret_cast<const BlockQ5_0*>(row)[b];
+          qs = k.qs;
+          qh = k.qh;
+          d = h(k.d);
+          zero = 16;
+        } else {
+          auto& k = reinterpret_cast<const BlockQ5_1*>(row)[b];
+          qs = k.qs;
+          qh = k.qh;
+          d = h(k.d);
+          m = h(k.m);
+        }
         for (int j = 0; j < 16; ++j) {
           const int lo = (qs[j] & 0xF) | (qh ? qbit(qh, j) << 4 : 0);
           const int hi = (qs[j] >> 4) | (qh ? qbit(qh, j + 16) << 4 : 0);
@@ -230,8 +261,20 @@ RefRow decode_row(DType t, const uint8_t* row, int64_t cols) {
       for (int64_t b = 0; b < cols / 256; ++b) {
         const uint8_t *qs, *qh = nullptr, *scales;
         double d, dmin;
-        if (t == DType::Q4_K) { auto& k = reinterpret_cast<const BlockQ4_K*>(row)[b]; qs = k.qs; scales = k.scales; d = h(k.d); dmin = h(k.dmin); }
-        else { auto& k = reinterpret_cast<const BlockQ5_K*>(row)[b]; qs = k.qs; qh = k.qh; scales = k.scales; d = h(k.d); dmin = h(k.dmin); }
+        if (t == DType::Q4_K) {
+          auto& k = reinterpret_cast<const BlockQ4_K*>(row)[b];
+          qs = k.qs;
+          scales = k.scales;
+          d = h(k.d);
+          dmin = h(k.dmin);
+        } else {
+          auto& k = reinterpret_cast<const BlockQ5_K*>(row)[b];
+          qs = k.qs;
+          qh = k.qh;
+          scales = k.scales;
+          d = h(k.d);
+          dmin = h(k.dmin);
+        }
         double* y = out.a.data() + b * 256;
         for (int c = 0; c < 4; ++c) {  // 64 values per step: low nibbles, then high nibbles
           int sc1, m1, sc2, m2;
@@ -307,7 +350,8 @@ RefAct quantize_act(DType weight_type, const float* x, int64_t cols) {
       if (amax == 0) continue;
       const float iscale = -127.f / max;
       const double d = 1.0f / iscale;
-      for (int j = 0; j < 256; ++j) out.xq[b * 256 + j] = d * std::min(127, static_cast<int>(std::nearbyint(iscale * xb[j])));
+      for (int j = 0; j < 256; ++j)
+        out.xq[b * 256 + j] = d * std::min(127, static_cast<int>(std::nearbyint(iscale * xb[j])));
     }
   }
   return out;
@@ -478,7 +522,8 @@ TEST(Matmul, EveryPathGivesTheSameBits) {
     for (const char* isa : isas()) {
       const std::vector<float> y = run_all_types(isa, 2, n_rows);
       ASSERT_EQ(y.size(), ref.size());
-      EXPECT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float))) << isa << " vs scalar, n_rows=" << n_rows;
+      EXPECT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
+          << isa << " vs scalar, n_rows=" << n_rows;
     }
   }
 }
@@ -632,7 +677,12 @@ TEST(Matmul, AgreesWithLlamaCppDotProducts) {
   ASSERT_GE(file.size(), 12u);
   ASSERT_EQ(std::memcmp(file.data(), "TMGD", 4), 0);
   size_t at = 4;
-  auto u32 = [&] { uint32_t v; std::memcpy(&v, file.data() + at, 4); at += 4; return v; };
+  auto u32 = [&] {
+    uint32_t v;
+    std::memcpy(&v, file.data() + at, 4);
+    at += 4;
+    return v;
+  };
   ASSERT_EQ(u32(), 1u);
   const uint32_t n_cases = u32();
   ThreadPool pool(2);
@@ -682,7 +732,8 @@ TEST(Matmul, GetRowsDecodesEveryType) {
     for (int i = 0; i < 4; ++i)
       for (int64_t k = 0; k < cols; ++k) {
         const double ref = w.ref[ids[i]].a[k] + w.ref[ids[i]].m[k / 32];
-        ASSERT_NEAR(out[i * cols + k], ref, 1e-6 * (std::fabs(ref) + 1e-3)) << dtype_name(t) << " row " << ids[i] << " col " << k;
+        ASSERT_NEAR(out[i * cols + k], ref, 1e-6 * (std::fabs(ref) + 1e-3))
+            << dtype_name(t) << " row " << ids[i] << " col " << k;
       }
   }
 }

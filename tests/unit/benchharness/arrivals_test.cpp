@@ -160,7 +160,8 @@ TEST(BenchLengths, DistributionsDrawWhatTheySay) {
   }
   {
     // Clamps apply: a normal far below min always gives min.
-    const auto d = LengthDist::from_json(nlohmann::json{{"dist", "normal"}, {"mean", -50}, {"std", 1}, {"min", 3}}, "t");
+    const auto d =
+        LengthDist::from_json(nlohmann::json{{"dist", "normal"}, {"mean", -50}, {"std", 1}, {"min", 3}}, "t");
     for (int i = 0; i < 100; ++i) EXPECT_EQ(d.sample(rng), 3);
   }
   EXPECT_EQ(LengthDist::from_json(nlohmann::json(77), "t").sample(rng), 77);

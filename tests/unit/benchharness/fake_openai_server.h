@@ -21,11 +21,11 @@ namespace tessera::bench::testing {
 struct FakeServerConfig {
   std::chrono::microseconds ttft{50000};
   std::chrono::microseconds itl{10000};
-  int fail_status = 0;           // != 0: answer every completion request with this status
+  int fail_status = 0;  // != 0: answer every completion request with this status
   std::string fail_message = "injected failure";
   bool send_usage = true;
   std::string reply_word = "tok";
-  bool tokenize = true;          // false: POST /tokenize answers 404
+  bool tokenize = true;  // false: POST /tokenize answers 404
 };
 
 class FakeOpenAIServer {
@@ -80,8 +80,10 @@ class FakeOpenAIServer {
     int64_t n = 0;
     bool in_word = false;
     for (char c : s) {
-      if (c == ' ') in_word = false;
-      else if (!in_word) in_word = true, ++n;
+      if (c == ' ')
+        in_word = false;
+      else if (!in_word)
+        in_word = true, ++n;
     }
     return n;
   }
@@ -132,7 +134,8 @@ class FakeOpenAIServer {
     http::write(sock, res, ec);
   }
 
-  void handle(boost::asio::ip::tcp::socket& sock, const boost::beast::http::request<boost::beast::http::string_body>& req,
+  void handle(boost::asio::ip::tcp::socket& sock,
+              const boost::beast::http::request<boost::beast::http::string_body>& req,
               std::chrono::steady_clock::time_point t0) {
     namespace http = boost::beast::http;
     namespace net = boost::asio;
@@ -180,8 +183,10 @@ class FakeOpenAIServer {
       last = now;
       nlohmann::json chunk;
       const std::string text = config_.reply_word + " ";
-      if (chat) chunk = {{"choices", {{{"index", 0}, {"delta", {{"content", text}}}}}}};
-      else chunk = {{"choices", {{{"index", 0}, {"text", text}}}}};
+      if (chat)
+        chunk = {{"choices", {{{"index", 0}, {"delta", {{"content", text}}}}}}};
+      else
+        chunk = {{"choices", {{{"index", 0}, {"text", text}}}}};
       if (k == n - 1) chunk["choices"][0]["finish_reason"] = "length";
       send(chunk.dump());
     }

@@ -47,7 +47,8 @@ TEST(BenchLoadGenerator, RecoversInjectedTtftAndItlWithinOneMillisecond) {
   WordCounter counter;
   // 24 requests of 20 tokens, Poisson at 20/s: several streams overlap on the client thread.
   const auto plan = plan_of(R"({"input": 32, "output": 20, "num_requests": 24,
-                               "arrival": {"process": "poisson", "rate": 20}})", counter);
+                               "arrival": {"process": "poisson", "rate": 20}})",
+                            counter);
   const LoadResult result = run_load(plan, options_for(server));
   ASSERT_EQ(result.records.size(), 24u);
   Slo slo;
@@ -183,7 +184,8 @@ TEST(BenchLoadGenerator, MultiTurnHistoryCarriesTheReplies) {
   FakeOpenAIServer server(cfg);
   WordCounter counter;
   const auto plan = plan_of(R"({"kind": "multi_turn", "input": 6, "output": 3, "num_requests": 2,
-                               "multi_turn": {"turns": 3}, "arrival": {"rate": 100}})", counter);
+                               "multi_turn": {"turns": 3}, "arrival": {"rate": 100}})",
+                            counter);
   EXPECT_EQ(plan.n_requests, 6);
   const auto result = run_load(plan, options_for(server));
   ASSERT_EQ(result.records.size(), 6u);

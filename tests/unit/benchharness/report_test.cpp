@@ -83,7 +83,7 @@ TEST(BenchReport, SloEdgesAndSingleTokenRequests) {
   Slo slo;
   slo.ttft_ms = 50;
   slo.tpot_ms = 10;
-  EXPECT_TRUE(slo.met_by(rec(0, 1, 1, 0.05, 0.0)));   // TTFT exactly at the limit; no TPOT
+  EXPECT_TRUE(slo.met_by(rec(0, 1, 1, 0.05, 0.0)));  // TTFT exactly at the limit; no TPOT
   EXPECT_FALSE(slo.met_by(rec(0, 1, 1, 0.0501, 0.0)));
   EXPECT_FALSE(slo.met_by(rec(0, 1, 5, 0.01, 0.0, false)));
   EXPECT_EQ(rec(0, 1, 1, 0.05, 0).tpot_s(), -1);
@@ -96,9 +96,7 @@ TEST(BenchReport, JsonRoundTripAndCompare) {
   a.config = {{"workload_name", "unit"}, {"base_url", "http://x"}};
   a.runs.push_back(make_run_report("rate 1", 1.0, sample_result(), slo, Buckets{}));
   const std::string path = ::testing::TempDir() + "/bench_report_a.json";
-  {
-    std::ofstream(path) << a.to_json().dump(1);
-  }
+  { std::ofstream(path) << a.to_json().dump(1); }
   const BenchReport back = read_report(path);
   ASSERT_EQ(back.runs.size(), 1u);
   const Metrics& m = back.runs[0].summary;
@@ -124,7 +122,8 @@ TEST(BenchReport, JsonRoundTripAndCompare) {
 TEST(BenchReport, HtmlIsSelfContainedWithPlots) {
   BenchReport r;
   r.config = {{"workload_name", "<sweep>"}};
-  for (double rate : {1.0, 2.0, 4.0}) r.runs.push_back(make_run_report("rate " + std::to_string(rate), rate, sample_result(), Slo{}, Buckets{}));
+  for (double rate : {1.0, 2.0, 4.0})
+    r.runs.push_back(make_run_report("rate " + std::to_string(rate), rate, sample_result(), Slo{}, Buckets{}));
   const std::string html = html_report(r);
   EXPECT_EQ(html.find("<script"), std::string::npos);
   EXPECT_EQ(html.find("http://cdn"), std::string::npos);
@@ -183,7 +182,8 @@ TEST(BenchReport, OfflineRowsReadAsAReportAndCompare) {
   // The printed table reads the same summaries: TTFT mean / p50 / p99 in s, ITL in ms.
   const std::string printed = format_offline_table({row});
   EXPECT_NE(printed.find("| 8 | on | 64 | 16.00 | 4.00 | 256.0 | 768.0 | 0.667 | 0.500 | 1.235 | 20.0 | 20.0 | 29.8 |"),
-            std::string::npos) << printed;
+            std::string::npos)
+      << printed;
   std::remove(path.c_str());
 }
 

@@ -81,8 +81,8 @@ TEST(BenchWorkload, SharedPrefixPlan) {
 
 TEST(BenchWorkload, SameSeedSamePlanAndRetimeKeepsPrompts) {
   WordCounter counter;
-  const auto spec = WorkloadSpec::from_json(nlohmann::json::parse(
-      R"({"kind": "sharegpt", "scale": 0.1, "num_requests": 20, "arrival": {"rate": 2}})"));
+  const auto spec = WorkloadSpec::from_json(
+      nlohmann::json::parse(R"({"kind": "sharegpt", "scale": 0.1, "num_requests": 20, "arrival": {"rate": 2}})"));
   const auto a = plan_workload(spec, counter, TextSource::builtin(1), 9);
   const auto b = plan_workload(spec, counter, TextSource::builtin(1), 9);
   ASSERT_EQ(a.conversations.size(), 20u);
@@ -94,7 +94,8 @@ TEST(BenchWorkload, SameSeedSamePlanAndRetimeKeepsPrompts) {
   ArrivalProcess p;
   p.rate = 20;
   retime_plan(faster, p, 9, std::nullopt);
-  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(faster.conversations[i].turns[0].user_text, a.conversations[i].turns[0].user_text);
+  for (size_t i = 0; i < 20; ++i)
+    EXPECT_EQ(faster.conversations[i].turns[0].user_text, a.conversations[i].turns[0].user_text);
   // Ten times the rate: the same exponential draws, a tenth of the time.
   EXPECT_NEAR(faster.conversations.back().arrival_s * 10, a.conversations.back().arrival_s, 1e-9);
   // A duration limit drops the conversations past it.
@@ -120,9 +121,12 @@ TEST(BenchWorkload, TraceReplay) {
   const std::string path = ::testing::TempDir() + "/bench_trace.jsonl";
   {
     std::ofstream f(path);
-    f << R"({"timestamp": 10.0, "input_tokens": 12, "output_tokens": 5})" << "\n\n"
-      << R"({"timestamp_ms": 10500, "input_length": 3, "output_length": 7})" << "\n"
-      << R"({"timestamp": 12.25, "input_tokens": 30, "output_tokens": 1})" << "\n";
+    f << R"({"timestamp": 10.0, "input_tokens": 12, "output_tokens": 5})"
+      << "\n\n"
+      << R"({"timestamp_ms": 10500, "input_length": 3, "output_length": 7})"
+      << "\n"
+      << R"({"timestamp": 12.25, "input_tokens": 30, "output_tokens": 1})"
+      << "\n";
   }
   WordCounter counter;
   nlohmann::json j = {{"kind", "trace"}, {"trace", path}};
@@ -135,8 +139,10 @@ TEST(BenchWorkload, TraceReplay) {
   EXPECT_EQ(counter.count(plan.conversations[2].turns[0].user_text), 30);
   {
     std::ofstream f(path);
-    f << R"({"timestamp": 2, "input_tokens": 1, "output_tokens": 1})" << "\n"
-      << R"({"timestamp": 1, "input_tokens": 1, "output_tokens": 1})" << "\n";
+    f << R"({"timestamp": 2, "input_tokens": 1, "output_tokens": 1})"
+      << "\n"
+      << R"({"timestamp": 1, "input_tokens": 1, "output_tokens": 1})"
+      << "\n";
   }
   EXPECT_THROW(read_trace(path), Error);
   std::remove(path.c_str());

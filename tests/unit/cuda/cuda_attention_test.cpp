@@ -113,8 +113,10 @@ void run_case(const Case& c, std::mt19937& rng) {
     for (int32_t slot : hb->slots)
       for (int h = 0; h < c.n_kv_heads; ++h) {
         const size_t off = ((static_cast<size_t>(slot / bs) * c.n_kv_heads + h) * bs + slot % bs) * hd * elem;
-        ASSERT_EQ(std::memcmp(static_cast<uint8_t*>(ck) + off, gk_host.data() + off, hd * elem), 0) << "K slot " << slot;
-        ASSERT_EQ(std::memcmp(static_cast<uint8_t*>(cv) + off, gv_host.data() + off, hd * elem), 0) << "V slot " << slot;
+        ASSERT_EQ(std::memcmp(static_cast<uint8_t*>(ck) + off, gk_host.data() + off, hd * elem), 0)
+            << "K slot " << slot;
+        ASSERT_EQ(std::memcmp(static_cast<uint8_t*>(cv) + off, gv_host.data() + off, hd * elem), 0)
+            << "V slot " << slot;
       }
 
   const int n = static_cast<int>(step.positions.size());
@@ -141,7 +143,7 @@ void run_case(const Case& c, std::mt19937& rng) {
     std::printf("[attention] tensor-core %s hd %d group %d bs %d seqs %zu: rel err %.3g\n",
                 is_prefill(c) ? "prefill" : "decode", hd, c.group, bs, c.seqs.size(), err);
   EXPECT_LT(err, tolerance(c)) << "hd " << hd << " kv heads " << c.n_kv_heads << " group " << c.group << " bs " << bs
-                                 << " " << dtype_name(c.kv_dtype);
+                               << " " << dtype_name(c.kv_dtype);
   cpu->free(ck);
   cpu->free(cv);
 }
@@ -153,8 +155,8 @@ TEST(CudaAttention, PrefillVariableLengthCausalGqaMatchesCpu) {
   std::mt19937 rng(21);
   const std::vector<SeqSpec> seqs = {{0, 37}, {5, 1}, {40, 70}, {16, 16}, {0, 1}};
   for (DType kvt : {DType::F16, DType::F32})
-    for (auto [hd, nkv, group, bs] : std::vector<std::array<int, 4>>{{64, 2, 3, 16}, {128, 1, 4, 16}, {64, 1, 7, 7},
-                                                                     {128, 2, 1, 7}})
+    for (auto [hd, nkv, group, bs] :
+         std::vector<std::array<int, 4>>{{64, 2, 3, 16}, {128, 1, 4, 16}, {64, 1, 7, 7}, {128, 2, 1, 7}})
       run_case(Case{hd, nkv, group, bs, kvt, seqs}, rng);
 }
 
@@ -173,8 +175,8 @@ TEST(CudaAttention, DecodeSplitOverLongContextsMatchesCpu) {
   std::mt19937 rng(22);
   const std::vector<SeqSpec> seqs = {{0, 1}, {15, 1}, {700, 1}, {1500, 1}, {33, 1}};
   for (DType kvt : {DType::F16, DType::F32})
-    for (auto [hd, nkv, group, bs] : std::vector<std::array<int, 4>>{{64, 2, 3, 16}, {128, 2, 4, 16}, {64, 1, 7, 7},
-                                                                     {128, 1, 1, 16}, {128, 1, 16, 7}})
+    for (auto [hd, nkv, group, bs] : std::vector<std::array<int, 4>>{
+             {64, 2, 3, 16}, {128, 2, 4, 16}, {64, 1, 7, 7}, {128, 1, 1, 16}, {128, 1, 16, 7}})
       run_case(Case{hd, nkv, group, bs, kvt, seqs}, rng);
 }
 

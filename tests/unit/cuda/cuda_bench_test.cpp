@@ -18,9 +18,7 @@ using namespace tessera::cudatest;
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -53,7 +51,8 @@ TEST(CudaBench, Llama31_8B_Bf16) {
   BlockPool pool(spec.n_blocks);
 
   const int64_t e = c.n_embd, q_dim = int64_t{c.n_head} * c.head_dim, kv_dim = int64_t{c.n_head_kv} * c.head_dim;
-  const double matmul_params = c.n_layer * (2.0 * e * q_dim + 2.0 * e * kv_dim + 3.0 * e * c.n_ff) + double(c.n_vocab) * e;
+  const double matmul_params =
+      c.n_layer * (2.0 * e * q_dim + 2.0 * e * kv_dim + 3.0 * e * c.n_ff) + double(c.n_vocab) * e;
   const double weight_read_bytes = 2.0 * matmul_params;  // bf16; the embedding table is only gathered
   const double kv_bytes_per_token = double(spec.bytes_per_token());
   auto logits_buf = cuda_pinned_host(sizeof(float) * size_t{n_seqs} * c.n_vocab);
@@ -148,8 +147,8 @@ TEST(CudaBench, Llama31_8B_Bf16) {
               100 * pp_floor / best_prefill, pp_flops / best_prefill / 1e12);
   std::printf("| prefill 128 x 512 (one sequence per forward) | %.0f | | | %.0f TFLOP/s |\n",
               n_seqs * n_prompt / t_prefill_all, n_seqs * pp_flops / t_prefill_all / 1e12);
-  std::printf("| decode 128 seqs (ctx 512-640) | %.0f | %.0f | %.0f%% | %.0f GB/s, %.0f TFLOP/s |\n",
-              n_seqs / step128, n_seqs / dec128_floor, 100 * dec128_floor / step128, dec128_bytes / step128 / 1e9,
+  std::printf("| decode 128 seqs (ctx 512-640) | %.0f | %.0f | %.0f%% | %.0f GB/s, %.0f TFLOP/s |\n", n_seqs / step128,
+              n_seqs / dec128_floor, 100 * dec128_floor / step128, dec128_bytes / step128 / 1e9,
               dec128_flops / step128 / 1e12);
   std::printf("\nceilings: copy %.0f GB/s, bf16 %.0f TFLOP/s; weights read per step %.2f GB; KV %.0f KiB/token\n",
               bw / 1e9, rate / 1e12, weight_read_bytes / 1e9, kv_bytes_per_token / 1024);

@@ -51,8 +51,8 @@ void run_case(Backend& gpu, const Case& c, std::mt19937& rng) {
     const int rows = s == 0 ? c.rows_of_first : 1;
     for (int r = 0; r < rows; ++r) {
       const int pos = c.lens[s] - rows + r;
-      const int64_t slot = static_cast<int64_t>(hb.tables[s * c.max_blocks + pos / c.block_size]) * c.block_size +
-                           pos % c.block_size;
+      const int64_t slot =
+          static_cast<int64_t>(hb.tables[s * c.max_blocks + pos / c.block_size]) * c.block_size + pos % c.block_size;
       hb.positions.push_back(pos);
       hb.slots.push_back(static_cast<int32_t>(slot));
       new_slots.push_back(slot);
@@ -74,8 +74,8 @@ void run_case(Backend& gpu, const Case& c, std::mt19937& rng) {
   for (int64_t slot : new_slots)  // this step's slots: NaN until stored
     for (int h = 0; h < c.n_kv; ++h)
       for (int d = 0; d < hd; ++d) {
-        const size_t at = ((static_cast<size_t>(slot / c.block_size) * c.n_kv + h) * c.block_size +
-                           slot % c.block_size) * hd + d;
+        const size_t at =
+            ((static_cast<size_t>(slot / c.block_size) * c.n_kv + h) * c.block_size + slot % c.block_size) * hd + d;
         kc0[at] = vc0[at] = 0x7e00;
       }
   struct Path {
@@ -137,8 +137,7 @@ TEST(CudaFusedAttention, RopeKvStoreAttentionMatchesTheSeparateOps) {
   std::vector<Case> cases;
   // Llama-3.1-8B's layout at batch 1: 128 blocks of 16 = 2,048 keys, a cluster of 8 blocks
   // (the fused kernel shares each step's keys evenly among them, in whole tiles).
-  for (int len : {1, 17, 255, 256, 257, 640, 1500, 2048})
-    cases.push_back({128, 8, 4, 16, 128, 128, true, {len}});
+  for (int len : {1, 17, 255, 256, 257, 640, 1500, 2048}) cases.push_back({128, 8, 4, 16, 128, 128, true, {len}});
   // The same with 64 blocks of table (the bench's).
   for (int len : {2, 128, 129, 600, 1024}) cases.push_back({128, 8, 4, 16, 64, 128, true, {len}});
   // Several sequences of mixed lengths (fewer splits each), block size 7, interleaved pairs.

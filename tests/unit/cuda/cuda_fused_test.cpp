@@ -26,8 +26,7 @@ struct JoinedWeights {
   std::vector<WeightMatrix> parts;  // device views
 };
 
-JoinedWeights make_joined(Backend& gpu, DType type, const std::vector<int64_t>& rows, int64_t cols,
-                          std::mt19937& rng) {
+JoinedWeights make_joined(Backend& gpu, DType type, const std::vector<int64_t>& rows, int64_t cols, std::mt19937& rng) {
   JoinedWeights j;
   const int64_t rb = dtype_row_bytes(type, cols);
   int64_t total = 0;
@@ -166,8 +165,8 @@ float f16_to_f32(uint16_t h) { return tessera::fp16_to_f32(h); }
 // Row i of the pre-norm in float64, x_out / rms(x_out) * g, after checking that x_out holds
 // x + residual exactly; empty when it does not.
 std::vector<double> reference_norm_row(const std::vector<float>& xo, const std::vector<float>& x,
-                                       const std::vector<float>& res, const std::vector<float>& g, int i,
-                                       int64_t dim, float eps) {
+                                       const std::vector<float>& res, const std::vector<float>& g, int i, int64_t dim,
+                                       float eps) {
   double ss = 0;
   for (int64_t k = 0; k < dim; ++k) {
     const int64_t e = i * dim + k;

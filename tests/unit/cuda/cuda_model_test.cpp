@@ -15,8 +15,8 @@ using namespace tessera::cudatest;
 namespace {
 
 struct Run {
-  std::vector<int32_t> tokens;               // greedy picks
-  std::vector<std::vector<float>> logits;    // per step, [n_vocab]
+  std::vector<int32_t> tokens;             // greedy picks
+  std::vector<std::vector<float>> logits;  // per step, [n_vocab]
 };
 
 SessionOptions options(const std::string& model, const std::string& device) {

@@ -189,7 +189,8 @@ TEST(CudaOps, RopeNormalNeoxLlama3AndFreqFactorsMatchFloat64) {
         double inv = std::pow(500000.0, -2.0 * i / cfg.rot_dim);
         if (cfg.llama3_factor > 0) {
           const double wl = 2 * M_PI / inv, lo = 8192.0 / 1.0, hi = 8192.0 / 4.0;
-          if (wl > lo) inv /= 8;
+          if (wl > lo)
+            inv /= 8;
           else if (wl >= hi) {
             const double sm = (8192.0 / wl - 1.0) / (4.0 - 1.0);
             inv = (1 - sm) * inv / 8 + sm * inv;
@@ -247,8 +248,7 @@ TEST(CudaOps, ElementwiseOpsMatchFloat64) {
   gpu->add_bias(dx.get(), ld, db.get(), rows, dim);
   const auto xb = dx.read();
   for (int r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < ld; ++i)
-      ASSERT_EQ(xb[r * ld + i], i < dim ? x[r * ld + i] + bias[i] : x[r * ld + i]);
+    for (int64_t i = 0; i < ld; ++i) ASSERT_EQ(xb[r * ld + i], i < dim ? x[r * ld + i] + bias[i] : x[r * ld + i]);
   // add
   auto y = randn(rows * ld, rng);
   DeviceVec<float> dy(*gpu, y);

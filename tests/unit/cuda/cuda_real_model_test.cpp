@@ -114,7 +114,8 @@ class F32Reference {
     pool_ = std::make_unique<BlockPool>(spec.n_blocks);
   }
   BlockPool& pool() { return *pool_; }
-  void feed(SequenceBlocks& seq, std::span<const int32_t> tokens, ForwardBatch::Logits mode, std::vector<float>& logits) {
+  void feed(SequenceBlocks& seq, std::span<const int32_t> tokens, ForwardBatch::Logits mode,
+            std::vector<float>& logits) {
     EXPECT_TRUE(seq.reserve(*pool_, kBlock, static_cast<int>(tokens.size())));
     batch_.clear();
     batch_.add_sequence(seq, kBlock, tokens.data(), static_cast<int>(tokens.size()), mode);
@@ -161,9 +162,10 @@ TEST(CudaRealModel, OneTokenPerForwardMatchesAnF32CpuRunOfTheSameWeights) {
       rel_int8 = std::max(rel_int8, rel_err(c.logits[i], r.logits[i]));
       int8_top1 += c.tokens[i] == r.tokens[i];
     }
-    std::printf("[real-parity] f32 path, prompt of %zu tokens: GPU greedy tokens equal the f32 CPU's for %d/%d steps, "
-                "logits rel err %.3g; the CPU's own int8 path against the same f32 run: rel err %.3g, top-1 %d/%d\n",
-                prompt.size(), steps, steps, rel, rel_int8, int8_top1, steps);
+    std::printf(
+        "[real-parity] f32 path, prompt of %zu tokens: GPU greedy tokens equal the f32 CPU's for %d/%d steps, "
+        "logits rel err %.3g; the CPU's own int8 path against the same f32 run: rel err %.3g, top-1 %d/%d\n",
+        prompt.size(), steps, steps, rel, rel_int8, int8_top1, steps);
     // Measured 1.3e-3 and 1.9e-3 (2026-11-29, H200): f32 summation-order differences that the
     // f16 KV cache turns into whole f16 steps (2^-11 relative) where a value sits near a
     // rounding boundary; the CPU's int8 path is ~0.1 away from the same run.
@@ -216,9 +218,10 @@ TEST(CudaRealModel, ServingPathAgainstTheCpuInt8Path) {
       EXPECT_LT(top2_margin(c.logits[same]), 2 * abs_diff + 1e-3)
           << "free-running picks diverge at step " << same << " where the CPU's pick is not a near tie: " << text;
     }
-    std::printf("[real-parity] prompt of %zu tokens: greedy tokens equal for %d/%d steps; teacher-forced logits "
-                "rel err %.3g, max abs diff %.3g\n",
-                prompt.size(), same, steps, rel, abs_diff);
+    std::printf(
+        "[real-parity] prompt of %zu tokens: greedy tokens equal for %d/%d steps; teacher-forced logits "
+        "rel err %.3g, max abs diff %.3g\n",
+        prompt.size(), same, steps, rel, abs_diff);
     worst_rel = std::max(worst_rel, rel);
     worst_abs = std::max(worst_abs, abs_diff);
   }

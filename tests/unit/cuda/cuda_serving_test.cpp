@@ -25,9 +25,7 @@ std::vector<std::string> devices() {
   return d;
 }
 
-std::unique_ptr<Backend> make(const std::string& device) {
-  return device == "cpu" ? make_cpu() : make_cuda();
-}
+std::unique_ptr<Backend> make(const std::string& device) { return device == "cpu" ? make_cpu() : make_cuda(); }
 
 // The sampler's own greedy pick (or the error it raises, as -1).
 int32_t sampler_argmax(std::vector<float> row) {
@@ -123,7 +121,8 @@ TEST(CudaServing, KvBlockCopiesAndSwapsGoThroughTheBackend) {
       spec.n_blocks = 7;
       spec.dtype = dt;
       KvCache kv(*be, spec);
-      const size_t block = static_cast<size_t>(spec.n_kv_heads) * spec.block_size * spec.head_dim * (dt == DType::F32 ? 4 : 2);
+      const size_t block =
+          static_cast<size_t>(spec.n_kv_heads) * spec.block_size * spec.head_dim * (dt == DType::F32 ? 4 : 2);
       const size_t layer = block * spec.n_blocks;
       // Reference contents: [layer][K, V] bytes, random.
       std::mt19937 rng(3);
@@ -151,7 +150,8 @@ TEST(CudaServing, KvBlockCopiesAndSwapsGoThroughTheBackend) {
         be->copy_to_device(kv.layer(l).v, zeros.data(), layer);
       }
       for (auto& r : ref) {
-        std::vector<uint8_t> b6(r.begin() + 6 * block, r.begin() + 7 * block), b3(r.begin() + 3 * block, r.begin() + 4 * block);
+        std::vector<uint8_t> b6(r.begin() + 6 * block, r.begin() + 7 * block),
+            b3(r.begin() + 3 * block, r.begin() + 4 * block);
         std::fill(r.begin(), r.end(), 0);
         std::copy(b6.begin(), b6.end(), r.begin() + 0 * block);
         std::copy(b3.begin(), b3.end(), r.begin() + 5 * block);
@@ -176,7 +176,7 @@ namespace {
 
 struct EngineRun {
   std::map<RequestId, std::vector<std::vector<int32_t>>> tokens;  // [request][choice]
-  std::map<RequestId, std::vector<int32_t>> logprob_tokens;      // chosen tokens of logprob entries
+  std::map<RequestId, std::vector<int32_t>> logprob_tokens;       // chosen tokens of logprob entries
   EngineStats stats;
 };
 
@@ -209,12 +209,13 @@ EngineRun run_engine(ModelEngine& engine) {
     Request r;
     // Requests 1-3 share a 9-token prefix (prefix hits, copy-on-write of the partial block).
     for (int i = 0; i < 9 + static_cast<int>(id) * 3; ++i)
-      r.prompt.push_back(static_cast<int32_t>(((id <= 3 ? 1 : id) * 7919 + i * 104729 + (id <= 3 && i < 9 ? 0 : id)) % n_vocab));
+      r.prompt.push_back(
+          static_cast<int32_t>(((id <= 3 ? 1 : id) * 7919 + i * 104729 + (id <= 3 && i < 9 ? 0 : id)) % n_vocab));
     r.sampling.temperature = 0;
     r.sampling.max_tokens = 20 + static_cast<int>(id) * 3;
     r.sampling.ignore_eos = true;
-    if (id == 4) r.n = 3;                      // forks: copy-on-write of the last prompt block
-    if (id == 5) {  // logprobs: a full row for this one
+    if (id == 4) r.n = 3;  // forks: copy-on-write of the last prompt block
+    if (id == 5) {         // logprobs: a full row for this one
       r.logprobs = true;
       r.sampling.n_logprobs = 2;
     }

@@ -15,10 +15,10 @@
 namespace tessera::cudatest {
 
 // Skips the test when this build or machine has no CUDA device.
-#define TESSERA_REQUIRE_CUDA()                                                   \
-  do {                                                                           \
-    if (!::tessera::cuda_compiled()) GTEST_SKIP() << "built without CUDA";       \
-    if (::tessera::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";   \
+#define TESSERA_REQUIRE_CUDA()                                                 \
+  do {                                                                         \
+    if (!::tessera::cuda_compiled()) GTEST_SKIP() << "built without CUDA";     \
+    if (::tessera::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
 // A device buffer of T owned by the test, filled from and read back to host vectors.

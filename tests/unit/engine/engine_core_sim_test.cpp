@@ -64,8 +64,12 @@ TEST(EngineSim, StopTokensAndEosEndAChoice) {
 TEST(EngineSim, BatchingAndPreemptionChangeNoOutput) {
   for (uint32_t seed : {1u, 2u, 3u}) {
     std::mt19937 rng(seed);
-    SimSetup s{.n_blocks = 40, .block_size = 4, .prefix_caching = seed != 2, .max_num_batched_tokens = 24,
-               .max_num_seqs = 6, .max_partial_prefills = 2};
+    SimSetup s{.n_blocks = 40,
+               .block_size = 4,
+               .prefix_caching = seed != 2,
+               .max_num_batched_tokens = 24,
+               .max_num_seqs = 6,
+               .max_partial_prefills = 2};
     SimEngine e(s);
     std::vector<std::pair<RequestId, Request>> reqs;
     int to_submit = 60;
@@ -96,8 +100,13 @@ TEST(EngineSim, BatchingAndPreemptionChangeNoOutput) {
 TEST(EngineSim, RandomWorkloadWithAbortsStaysExactAndLeakFree) {
   std::mt19937 rng(77);
   std::mt19937 finish_rng(78);  // early finishes: the workload's own draws stay as they were
-  SimSetup s{.n_blocks = 64, .block_size = 4, .max_num_batched_tokens = 32, .max_num_seqs = 8,
-             .policy = SchedulingPolicy::Priority, .eos = 1, .eos_one_in = 40};
+  SimSetup s{.n_blocks = 64,
+             .block_size = 4,
+             .max_num_batched_tokens = 32,
+             .max_num_seqs = 8,
+             .policy = SchedulingPolicy::Priority,
+             .eos = 1,
+             .eos_one_in = 40};
   SimEngine e(s);
   std::vector<std::pair<RequestId, Request>> reqs;
   std::set<RequestId> aborted;
@@ -172,7 +181,7 @@ TEST(EngineSim, ForkedChoicesShareThePromptsBlocksAndMatchSingleRuns) {
   e.step();  // the whole prompt in one step, then the fork
   EXPECT_EQ(e.core().stats().forks, 1);
   EXPECT_EQ(e.core().kv().n_blocks() - e.core().kv().n_free(), 3);  // the prompt's blocks, once
-  e.step();  // every choice writes its first token into the shared partial block
+  e.step();                                     // every choice writes its first token into the shared partial block
   EXPECT_EQ(e.core().stats().block_copies, 3);  // three copies; the last owner writes in place
   EXPECT_EQ(e.core().kv().n_blocks() - e.core().kv().n_free(), 2 + 4);
   e.run();
@@ -268,7 +277,10 @@ TEST(EngineSim, ChunkedPrefillKeepsDecodesGoing) {
 }
 
 TEST(EngineSim, PartialPrefillCapLimitsConcurrentChunks) {
-  SimSetup s{.n_blocks = 400, .block_size = 16, .max_num_batched_tokens = 64, .max_partial_prefills = 1,
+  SimSetup s{.n_blocks = 400,
+             .block_size = 16,
+             .max_num_batched_tokens = 64,
+             .max_partial_prefills = 1,
              .max_model_len = 4096};
   SimEngine e(s);
   std::mt19937 rng(4);
@@ -363,7 +375,9 @@ namespace {
 class FailingExecutor : public Executor {
  public:
   FailingExecutor(SimulatedExecutor& inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
-  void add_sequence(SeqId s, const SamplingParams& p, std::span<const int32_t> t) override { inner_.add_sequence(s, p, t); }
+  void add_sequence(SeqId s, const SamplingParams& p, std::span<const int32_t> t) override {
+    inner_.add_sequence(s, p, t);
+  }
   void remove_sequence(SeqId s) override { inner_.remove_sequence(s); }
   size_t n_sequences() const override { return inner_.n_sequences(); }
   void execute(const StepInput& in, StepOutput& out) override {
@@ -441,8 +455,14 @@ TEST(EngineSim, AbortOfEveryStateFreesAtOnce) {
 // Scale: tens of thousands of requests through the simulator in well under a second.
 TEST(EngineSim, TwentyThousandRequestsAtScale) {
   // Invariants are O(requests) a step: checked at the end instead.
-  SimSetup s{.n_blocks = 2048, .block_size = 16, .max_num_batched_tokens = 2048, .max_num_seqs = 128,
-             .max_model_len = 2048, .eos = 2, .eos_one_in = 50, .check_invariants = false};
+  SimSetup s{.n_blocks = 2048,
+             .block_size = 16,
+             .max_num_batched_tokens = 2048,
+             .max_num_seqs = 128,
+             .max_model_len = 2048,
+             .eos = 2,
+             .eos_one_in = 50,
+             .check_invariants = false};
   SimEngine e(s);
   std::mt19937 rng(21);
   std::vector<int32_t> system_prompt = random_tokens(rng, 64, s.vocab);

@@ -107,7 +107,7 @@ TEST(EngineSimFinishChoice, TheLastChoiceEndsTheRequestAndEverythingElseIsIgnore
   const RequestId id = e.add(sampled_request(2, 30));
   e.step();
   e.step();
-  EXPECT_TRUE(e.finish_choice(id, 5).empty());       // no such choice
+  EXPECT_TRUE(e.finish_choice(id, 5).empty());  // no such choice
   EXPECT_TRUE(e.finish_choice(id, -1).empty());
   EXPECT_TRUE(e.finish_choice(id + 100, 0).empty());  // no such request
   EXPECT_THROW(e.core().finish_choice(id, 0, FinishReason::None), Error);

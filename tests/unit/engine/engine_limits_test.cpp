@@ -135,10 +135,12 @@ TEST(EngineSummary, FormatsOneLinePerTopic) {
   s.prefix_caching = true;
   const std::string text = format_engine_summary(s);
   EXPECT_NE(text.find("tessera: model       dummy llama-3.1-8b (llama, 8.03B parameters) from dummy:llama-3.1-8b\n"),
-            std::string::npos) << text;
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("max 16384 tokens per sequence (--max-model-len; trained 131072)"), std::string::npos) << text;
   EXPECT_NE(text.find("f16, 4096 blocks of 16 tokens = 65536 tokens (8.00 GiB); 4.00 sequences of 16384 tokens"),
-            std::string::npos) << text;
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("tessera: device      cuda: NVIDIA H200\n"), std::string::npos) << text;
   EXPECT_NE(text.find("policy fcfs, 32 sequences and 512 tokens per step"), std::string::npos) << text;
   EXPECT_EQ(text.find("swap space"), std::string::npos) << text;  // no host tier

@@ -150,8 +150,13 @@ TEST(EngineSimLogprobs, PreemptionAndSwapNeitherDuplicateNorLoseEntries) {
   for (const PreemptionMode mode : {PreemptionMode::Recompute, PreemptionMode::Swap}) {
     for (uint32_t seed : {1u, 2u}) {
       std::mt19937 rng(seed);
-      SimSetup s{.n_blocks = 36, .block_size = 4, .max_num_batched_tokens = 20, .max_num_seqs = 6, .preemption = mode,
-                 .n_host_blocks = mode == PreemptionMode::Swap ? 24 : 0, .max_logits_rows = 10};
+      SimSetup s{.n_blocks = 36,
+                 .block_size = 4,
+                 .max_num_batched_tokens = 20,
+                 .max_num_seqs = 6,
+                 .preemption = mode,
+                 .n_host_blocks = mode == PreemptionMode::Swap ? 24 : 0,
+                 .max_logits_rows = 10};
       SimEngine e(s);
       std::vector<std::pair<RequestId, Request>> reqs;
       for (int to_submit = 50; to_submit > 0 || e.core().has_work();) {

@@ -37,7 +37,7 @@ class EngineRealModel : public ::testing::Test {
     ModelEngineOptions o;
     o.session.model = model_path();
     o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
-    o.session.block_size = 4;  // small blocks: forks share partial blocks, a tight pool preempts
+    o.session.block_size = 4;       // small blocks: forks share partial blocks, a tight pool preempts
     o.scheduler.max_num_batched_tokens = 32;
     o.scheduler.max_num_seqs = 8;
     o.scheduler.max_model_len = 256;
@@ -203,7 +203,8 @@ TEST_F(EngineRealModel, PreemptedAndResumedEqualsUninterrupted) {
 TEST_F(EngineRealModel, PrefixCacheHitEqualsNoHit) {
   const std::string system = "You are a careful assistant. Answer briefly and precisely. ";
   std::vector<Request> reqs;
-  for (const char* q : {"What is the boiling point of water?", "Name a large mammal."}) reqs.push_back(greedy(system + q, 4));
+  for (const char* q : {"What is the boiling point of water?", "Name a large mammal."})
+    reqs.push_back(greedy(system + q, 4));
   const RunResult cached = run(reqs, true, 0, true);
   const RunResult uncached = run(reqs, true, 0, false);
   EXPECT_GE(cached.stats.prefix.hit_tokens, 8);  // the shared system prompt's full blocks
@@ -259,8 +260,7 @@ TEST_F(EngineRealModel, OfflineBatchWritesOneLinePerRequestInOrder) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i]["index"], i);
   EXPECT_EQ(got[0]["choices"][0]["token_ids"].get<std::vector<int32_t>>(), alone().out.at(1).tokens[0]);
   EXPECT_EQ(got[0]["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(got[0]["choices"][0]["text"],
-            model_->session().tokenizer().decode(alone().out.at(1).tokens[0], true));
+  EXPECT_EQ(got[0]["choices"][0]["text"], model_->session().tokenizer().decode(alone().out.at(1).tokens[0], true));
   EXPECT_NE(got[1]["error"]["message"].get<std::string>().find("'max_tokens' must be an integer"), std::string::npos);
   EXPECT_EQ(got[1]["error"]["type"], "invalid_request");
   EXPECT_TRUE(got[2].contains("error"));
@@ -288,7 +288,8 @@ TEST_F(EngineRealModel, TokenLogprobsEqualASingleSessionRun) {
     const std::vector<float> rows = session_rows(context);
     for (size_t t = 0; t < tokens.size(); ++t) {
       const Logprobs want = compute_logprobs(row(rows, reqs[i].prompt.size() - 1 + t), tokens[t], 5);
-      expect_close(together.logprobs.at(id)[0][t], want, "request " + std::to_string(id) + " token " + std::to_string(t));
+      expect_close(together.logprobs.at(id)[0][t], want,
+                   "request " + std::to_string(id) + " token " + std::to_string(t));
       EXPECT_EQ(want.top[0].token, tokens[t]);  // greedy: the most likely token
     }
   }

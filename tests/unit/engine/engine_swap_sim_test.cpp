@@ -15,8 +15,12 @@ using namespace tessera::testing;
 namespace {
 
 SimSetup swap_setup(int n_blocks, int n_host_blocks) {
-  SimSetup s{.n_blocks = n_blocks, .block_size = 4, .max_num_batched_tokens = 16, .max_num_seqs = 4,
-             .preemption = PreemptionMode::Swap, .n_host_blocks = n_host_blocks};
+  SimSetup s{.n_blocks = n_blocks,
+             .block_size = 4,
+             .max_num_batched_tokens = 16,
+             .max_num_seqs = 4,
+             .preemption = PreemptionMode::Swap,
+             .n_host_blocks = n_host_blocks};
   return s;
 }
 
@@ -53,8 +57,7 @@ TEST(EngineSimSwap, AFullHostTierFallsBackToRecompute) {
   e.run();
   for (const auto& [id, r] : reqs) EXPECT_EQ(e.out(id).tokens[0], e.reference(r)) << id;
   EXPECT_GT(e.core().stats().swap_fallbacks, 0);
-  EXPECT_EQ(e.core().stats().preemptions,
-            e.core().stats().swaps_out + e.core().stats().swap_fallbacks);
+  EXPECT_EQ(e.core().stats().preemptions, e.core().stats().swaps_out + e.core().stats().swap_fallbacks);
   e.expect_whole();
 }
 
@@ -134,7 +137,9 @@ namespace {
 class SwapFailingExecutor : public Executor {
  public:
   explicit SwapFailingExecutor(SimulatedExecutor& inner) : inner_(inner) {}
-  void add_sequence(SeqId s, const SamplingParams& p, std::span<const int32_t> t) override { inner_.add_sequence(s, p, t); }
+  void add_sequence(SeqId s, const SamplingParams& p, std::span<const int32_t> t) override {
+    inner_.add_sequence(s, p, t);
+  }
   void remove_sequence(SeqId s) override { inner_.remove_sequence(s); }
   size_t n_sequences() const override { return inner_.n_sequences(); }
   void execute(const StepInput& in, StepOutput& out) override { inner_.execute(in, out); }

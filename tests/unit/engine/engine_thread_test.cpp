@@ -20,7 +20,9 @@ namespace {
 class GatedExecutor : public Executor {
  public:
   explicit GatedExecutor(SimulatedExecutor& inner) : inner_(inner) {}
-  void add_sequence(SeqId s, const SamplingParams& p, std::span<const int32_t> t) override { inner_.add_sequence(s, p, t); }
+  void add_sequence(SeqId s, const SamplingParams& p, std::span<const int32_t> t) override {
+    inner_.add_sequence(s, p, t);
+  }
   void remove_sequence(SeqId s) override { inner_.remove_sequence(s); }
   size_t n_sequences() const override { return inner_.n_sequences(); }
   void execute(const StepInput& in, StepOutput& out) override {

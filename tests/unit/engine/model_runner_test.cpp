@@ -220,7 +220,7 @@ TEST(ModelRunner, ReplayedDecodeGivesTheSameLogitsAndKvAsEagerForwards) {
   // Keys (4 sequences, width 2) and (4, 4): each eager once, captured once, then replayed.
   EXPECT_EQ(graph.runner->graphs_captured(), 2);
   EXPECT_EQ(graph.runner->graph_replays(), 2);
-  EXPECT_EQ(graph.be.launches, 4);  // captures launch too
+  EXPECT_EQ(graph.be.launches, 4);           // captures launch too
   EXPECT_EQ(graph.model->calls, 3 + 6 - 2);  // replays skip the model code
   EXPECT_EQ(eager.model->calls, 3 + 6);
   // The padding sequences wrote the reserved block only (the eager rig never pads).

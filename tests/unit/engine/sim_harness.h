@@ -33,12 +33,12 @@ struct SimSetup {
   int eos_one_in = 0;
   bool check_invariants = true;  // after every step
   PreemptionMode preemption = PreemptionMode::Recompute;
-  int n_host_blocks = 0;          // host tier (swap)
-  int max_logits_rows = 0;        // 0 = max_num_seqs
+  int n_host_blocks = 0;    // host tier (swap)
+  int max_logits_rows = 0;  // 0 = max_num_seqs
 };
 
 struct Collected {
-  std::vector<std::vector<int32_t>> tokens;  // [n][...]
+  std::vector<std::vector<int32_t>> tokens;     // [n][...]
   std::vector<std::vector<Logprobs>> logprobs;  // [n][...] for tokens that carried them
   std::vector<FinishReason> finish;
   bool done = false;

@@ -19,7 +19,8 @@ namespace {
 
 std::string default_model_path() {
   const char* cache = std::getenv("TESSERA_CACHE");
-  std::string dir = cache ? cache : std::string(std::getenv("HOME") ? std::getenv("HOME") : "") + "/.cache/tessera/models";
+  std::string dir =
+      cache ? cache : std::string(std::getenv("HOME") ? std::getenv("HOME") : "") + "/.cache/tessera/models";
   return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
@@ -163,9 +164,9 @@ GGUFBuilder valid_builder() {
       .i32s("tokenizer.ggml.token_type", {1, 1, 1, 3})
       .u32("tokenizer.ggml.bos_token_id", 1)
       .u32("tokenizer.ggml.eos_token_id", 3);
-  b.tensor("tok", {8, 4}, kF32, 0, 128)        // 32 f32
-      .tensor("w", {64, 2}, kQ4_1, 128, 80)    // 2 rows of 2 Q4_1 blocks of 20 bytes
-      .tensor("n", {3}, kF16, 224, 6);         // 208 rounded up to 32
+  b.tensor("tok", {8, 4}, kF32, 0, 128)      // 32 f32
+      .tensor("w", {64, 2}, kQ4_1, 128, 80)  // 2 rows of 2 Q4_1 blocks of 20 bytes
+      .tensor("n", {3}, kF16, 224, 6);       // 208 rounded up to 32
   return b;
 }
 
@@ -239,8 +240,7 @@ TEST(GGUFParse, RejectsEveryTruncation) {
       ADD_FAILURE() << "accepted";
     } catch (const Error& e) {
       const std::string msg = e.what();
-      EXPECT_TRUE(msg.find("truncated") != std::string::npos ||
-                  msg.find("runs past end of file") != std::string::npos)
+      EXPECT_TRUE(msg.find("truncated") != std::string::npos || msg.find("runs past end of file") != std::string::npos)
           << msg;
     }
   }
@@ -253,7 +253,9 @@ TEST(GGUFParse, RejectsBadMagicAndVersions) {
   for (uint32_t v : {0u, 1u, 4u, 0x03000000u}) {
     auto b = valid_builder();
     b.version = v;
-    expect_rejected(b.build(), v == 1 ? "version 1 is not supported" : v == 0x03000000u ? "big-endian" : "unknown GGUF version");
+    expect_rejected(b.build(), v == 1             ? "version 1 is not supported"
+                               : v == 0x03000000u ? "big-endian"
+                                                  : "unknown GGUF version");
   }
 }
 
@@ -441,7 +443,7 @@ TEST(GGUFParse, ChecksAlignmentKey) {
   for (uint32_t a : {0u, 48u, 1u << 21}) {
     auto b = valid_builder();
     b.u32("general.alignment", a);
-    expect_rejected(b.build(), a == 0 ? "'general.alignment': value is 0"
+    expect_rejected(b.build(), a == 0    ? "'general.alignment': value is 0"
                                : a == 48 ? "'general.alignment': value 48 is not a power of two"
                                          : "'general.alignment': value 2097152 is over the limit");
   }
@@ -496,13 +498,15 @@ TEST(GGUFParse, TypedGettersNameTheKey) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_msg([&] { f->get_int("general.architecture"); }, "key 'general.architecture' has type string, expected an integer");
+  expect_msg([&] { f->get_int("general.architecture"); },
+             "key 'general.architecture' has type string, expected an integer");
   expect_msg([&] { f->get_string("llama.block_count"); }, "key 'llama.block_count' has type u32, expected string");
   expect_msg([&] { f->get_bool("llama.block_count"); }, "expected bool");
   expect_msg([&] { f->get_float("general.architecture"); }, "expected a number");
   expect_msg([&] { f->get_string_array("missing.key"); }, "missing key 'missing.key'");
   expect_msg([&] { f->get_float_array("tokenizer.ggml.token_type"); }, "has type array of i32, expected array of f32");
-  expect_msg([&] { f->get_int_array("tokenizer.ggml.tokens"); }, "has type array of string, expected array of integers");
+  expect_msg([&] { f->get_int_array("tokenizer.ggml.tokens"); },
+             "has type array of string, expected array of integers");
 }
 
 TEST(GGUFTokenizerChecks, RejectsInconsistentVocabularies) {

@@ -60,12 +60,11 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-const std::string kValidHeader =
-    R"({"__metadata__":{"format":"pt"},)"
-    R"("w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
-    R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[24,30]},)"
-    R"("s":{"dtype":"F16","shape":[],"data_offsets":[30,32]},)"
-    R"("e":{"dtype":"F32","shape":[0,4],"data_offsets":[32,32]}})";
+const std::string kValidHeader = R"({"__metadata__":{"format":"pt"},)"
+                                 R"("w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+                                 R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[24,30]},)"
+                                 R"("s":{"dtype":"F16","shape":[],"data_offsets":[30,32]},)"
+                                 R"("e":{"dtype":"F32","shape":[0,4],"data_offsets":[32,32]}})";
 
 }  // namespace
 
@@ -120,8 +119,10 @@ TEST(Safetensors, ReadsFileWrittenBySafetensorsPy) {
     f->tensor("position_ids");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tiny.safetensors: tensor 'position_ids' has dtype I64, which tessera cannot compute with"),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(
+                  "tiny.safetensors: tensor 'position_ids' has dtype I64, which tessera cannot compute with"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -161,7 +162,8 @@ TEST(Safetensors, RejectsBadJson) {
   expect_rejected(make_file(std::string(100, '[') + std::string(100, ']'), 0), "nested deeper than 16");
   expect_rejected(make_file(R"({"__metadata__":{"a":1}})", 0), "'__metadata__' entry 'a' is number");
   expect_rejected(make_file(R"({"w":[]})", 0), "tensor 'w': entry is array");
-  expect_rejected(make_file(R"({"w":{"shape":[],"data_offsets":[0,4]}})", 4), "tensor 'w': missing or non-string 'dtype'");
+  expect_rejected(make_file(R"({"w":{"shape":[],"data_offsets":[0,4]}})", 4),
+                  "tensor 'w': missing or non-string 'dtype'");
   expect_rejected(make_file(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4), "missing or non-array 'shape'");
   expect_rejected(make_file(R"({"w":{"dtype":"F32","shape":[]}})", 4), "'data_offsets' must be an array");
   expect_rejected(make_file(R"({"":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})", 4), "empty name");
@@ -169,7 +171,8 @@ TEST(Safetensors, RejectsBadJson) {
 
 TEST(Safetensors, RejectsDuplicateNames) {
   expect_rejected(make_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                            R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+                            R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                            8),
                   "duplicate key 'w'");
   expect_rejected(make_file(R"({"w":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})", 4),
                   "duplicate key 'dtype'");
@@ -207,10 +210,12 @@ TEST(Safetensors, RejectsUnknownDtypeAndSizeMismatch) {
 
 TEST(Safetensors, RejectsOverlap) {
   expect_rejected(make_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
-                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16),
+                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                            16),
                   "tensor 'b': data at offset 8 overlaps tensor 'a' [0, 16)");
   expect_rejected(make_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
-                            R"("b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 16),
+                            R"("b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+                            16),
                   "overlaps");
 }
 
@@ -231,14 +236,13 @@ TEST(SafetensorsModel, OpensShardedDirectory) {
   TempDir dir;
   dir.write("model-00001-of-00002.safetensors",
             make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8));
-  dir.write("model-00002-of-00002.safetensors",
-            make_file(R"({"b":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},)"
-                      R"("c":{"dtype":"I64","shape":[1],"data_offsets":[8,16]}})", 16));
-  dir.write("model.safetensors.index.json",
-            std::string(R"({"metadata":{"total_size":24},"weight_map":{)"
-                        R"("a":"model-00001-of-00002.safetensors",)"
-                        R"("b":"model-00002-of-00002.safetensors",)"
-                        R"("c":"model-00002-of-00002.safetensors"}})"));
+  dir.write("model-00002-of-00002.safetensors", make_file(R"({"b":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},)"
+                                                          R"("c":{"dtype":"I64","shape":[1],"data_offsets":[8,16]}})",
+                                                          16));
+  dir.write("model.safetensors.index.json", std::string(R"({"metadata":{"total_size":24},"weight_map":{)"
+                                                        R"("a":"model-00001-of-00002.safetensors",)"
+                                                        R"("b":"model-00002-of-00002.safetensors",)"
+                                                        R"("c":"model-00002-of-00002.safetensors"}})"));
   auto m = SafetensorsModel::open(dir.path().string());
   EXPECT_EQ(m->shards().size(), 2u);
   EXPECT_EQ(m->tensors().size(), 3u);
@@ -250,7 +254,8 @@ TEST(SafetensorsModel, OpensShardedDirectory) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model-00002-of-00002.safetensors: tensor 'c' has dtype I64"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   EXPECT_EQ(m->find_tensor("d"), nullptr);
 }
@@ -268,10 +273,12 @@ TEST(SafetensorsModel, RejectsInconsistentIndexes) {
   TempDir dir;
   dir.write("s1.safetensors", make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8));
   dir.write("s2.safetensors", make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                                        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16));
+                                        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                                        16));
   expect_msg(dir, R"({"weight_map":{"a":"s1.safetensors","b":"s3.safetensors"}})", "s3.safetensors");
   expect_msg(dir, R"({"weight_map":{"a":"../s1.safetensors"}})", "is not a plain file name");
-  expect_msg(dir, R"({"weight_map":{"x":"s1.safetensors"}})", "tensor 'x' is mapped to 's1.safetensors', which does not contain it");
+  expect_msg(dir, R"({"weight_map":{"x":"s1.safetensors"}})",
+             "tensor 'x' is mapped to 's1.safetensors', which does not contain it");
   // 'a' is in both shards; the index can place it in only one.
   expect_msg(dir, R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}})",
              "s2.safetensors: tensor 'a' is listed in");
@@ -388,12 +395,14 @@ TEST(HFConfig, DefaultsAndNewerLayouts) {
 TEST(HFConfig, RejectsWrongTypesAndMissingFields) {
   expect_config_error(R"({"architectures":["X"]})", "missing required field 'hidden_size'");
   expect_config_error(R"({"hidden_size":64})", "missing required field 'architectures'");
-  expect_config_error(minimal_config().replace(minimal_config().find("\"hidden_size\":64"), 16, "\"hidden_size\":\"64\""),
-                      "field 'hidden_size' is string");
+  expect_config_error(
+      minimal_config().replace(minimal_config().find("\"hidden_size\":64"), 16, "\"hidden_size\":\"64\""),
+      "field 'hidden_size' is string");
   expect_config_error(R"({"architectures":[],"hidden_size":64})", "field 'architectures' is array");
   expect_config_error(minimal_config(R"("num_key_value_heads":3)"), "'num_key_value_heads' (3) does not divide");
   expect_config_error(minimal_config(R"("num_key_value_heads":0)"), "field 'num_key_value_heads' is 0");
-  expect_config_error(minimal_config(R"("max_position_embeddings":8192.0)"), "field 'max_position_embeddings' is number");
+  expect_config_error(minimal_config(R"("max_position_embeddings":8192.0)"),
+                      "field 'max_position_embeddings' is number");
   expect_config_error(minimal_config(R"("rms_norm_eps":"1e-5")"), "field 'rms_norm_eps' is string");
   expect_config_error(minimal_config(R"("rms_norm_eps":-1)"), "field 'rms_norm_eps' is -1");
   expect_config_error(minimal_config(R"("tie_word_embeddings":1)"), "field 'tie_word_embeddings' is number");
@@ -401,12 +410,14 @@ TEST(HFConfig, RejectsWrongTypesAndMissingFields) {
   expect_config_error(minimal_config(R"("bos_token_id":-1)"), "field 'bos_token_id' is number");
   expect_config_error(minimal_config(R"("rope_scaling":{"rope_type":"llama3","factor":8})"),
                       "missing required field 'rope_scaling.low_freq_factor'");
-  expect_config_error(minimal_config(R"("rope_scaling":{"factor":8})"), "missing required field 'rope_scaling.rope_type'");
+  expect_config_error(minimal_config(R"("rope_scaling":{"factor":8})"),
+                      "missing required field 'rope_scaling.rope_type'");
   expect_config_error(minimal_config(R"("rope_scaling":{"rope_type":"linear","factor":0})"),
                       "field 'rope_scaling.factor' is 0");
   expect_config_error(minimal_config(R"("rope_scaling":"yes")"), "field 'rope_scaling' is string");
   expect_config_error(R"({"architectures":["X"],"hidden_size":60,"intermediate_size":1,"num_hidden_layers":1,)"
-                      R"("num_attention_heads":7,"vocab_size":10})", "not a multiple of 'num_attention_heads'");
+                      R"("num_attention_heads":7,"vocab_size":10})",
+                      "not a multiple of 'num_attention_heads'");
   expect_config_error(minimal_config(R"("hidden_size":64)"), "duplicate key 'hidden_size'");
   expect_config_error("[1]", "not a JSON object");
   expect_config_error("{", "invalid JSON");

@@ -84,13 +84,10 @@ class HttpLimits : public ::testing::Test {
 }  // namespace
 
 TEST_F(HttpLimits, HeaderTooLargeIs431) {
-  expect_rejected("GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(5000, 'a') + "\r\n\r\n",
-                  431, "one large field");
-  expect_rejected("GET /" + std::string(5000, 'p') + " HTTP/1.1\r\nHost: t\r\n\r\n", 431,
-                  "a long request line");
+  expect_rejected("GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(5000, 'a') + "\r\n\r\n", 431, "one large field");
+  expect_rejected("GET /" + std::string(5000, 'p') + " HTTP/1.1\r\nHost: t\r\n\r\n", 431, "a long request line");
   // A header that never ends: answered once the limit is passed, not after buffering all.
-  expect_rejected("GET / HTTP/1.1\r\nHost: t\r\n" + std::string(256 * 1024, 'h'), 431,
-                  "an endless header");
+  expect_rejected("GET / HTTP/1.1\r\nHost: t\r\n" + std::string(256 * 1024, 'h'), 431, "an endless header");
   expect_still_serving();
 }
 
@@ -103,10 +100,8 @@ TEST_F(HttpLimits, TooManyHeaderFieldsIs431) {
 
 TEST_F(HttpLimits, BodyTooLargeIs413) {
   // Content-Length over the limit: refused from the header alone, no body sent.
-  expect_rejected("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 10001\r\n\r\n", 413,
-                  "Content-Length");
-  expect_rejected("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 99999999999999\r\n\r\n", 413,
-                  "a huge Content-Length");
+  expect_rejected("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 10001\r\n\r\n", 413, "Content-Length");
+  expect_rejected("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 99999999999999\r\n\r\n", 413, "a huge Content-Length");
   // Chunked: refused once the chunks pass the limit, before the body ends.
   {
     TestConn c(port());
@@ -132,8 +127,7 @@ TEST_F(HttpLimits, MalformedRequestsAre400) {
       {"GARBAGE\r\n\r\n", "no request line"},
       {"GET / HTTP/1.1\r\nHost t\r\n\r\n", "field without colon"},
       {"GET / HTTP/1.1\r\n" + host + "Bad Name: x\r\n\r\n", "space in field name"},
-      {"GET / HTTP/1.1\r\n" + host + "X: a" + std::string(1, '\0') + "b\r\n\r\n",
-       "NUL in a field value"},
+      {"GET / HTTP/1.1\r\n" + host + "X: a" + std::string(1, '\0') + "b\r\n\r\n", "NUL in a field value"},
       {"GET /a" + std::string(1, '\0') + "b HTTP/1.1\r\n" + host + "\r\n", "NUL in the target"},
       {"G\x01T / HTTP/1.1\r\n" + host + "\r\n", "control byte in the method"},
       {"GET / HTTP/1.1\r\nHost: t\n\n", "bare LF line endings"},
@@ -144,24 +138,23 @@ TEST_F(HttpLimits, MalformedRequestsAre400) {
        "chunk size not hex"},
       {"POST / HTTP/1.1\r\n" + host + "Transfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
        "chunk data without CRLF"},
-      {"POST / HTTP/1.1\r\n" + host +
-           "Transfer-Encoding: chunked\r\n\r\nfffffffffffffffffffff\r\n",
+      {"POST / HTTP/1.1\r\n" + host + "Transfer-Encoding: chunked\r\n\r\nfffffffffffffffffffff\r\n",
        "chunk size overflow"},
-      {"POST / HTTP/1.1\r\n" + host + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
-       "5\r\nhello\r\n0\r\n\r\n",
-       "Content-Length then Transfer-Encoding"},
-      {"POST / HTTP/1.1\r\n" + host + "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"
-       "5\r\nhello\r\n0\r\n\r\n",
-       "Transfer-Encoding then Content-Length"},
       {"POST / HTTP/1.1\r\n" + host +
-           "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+           "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+           "5\r\nhello\r\n0\r\n\r\n",
+       "Content-Length then Transfer-Encoding"},
+      {"POST / HTTP/1.1\r\n" + host +
+           "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"
+           "5\r\nhello\r\n0\r\n\r\n",
+       "Transfer-Encoding then Content-Length"},
+      {"POST / HTTP/1.1\r\n" + host + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
        "Transfer-Encoding twice"},
       {"POST / HTTP/1.1\r\n" + host + "Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
        "conflicting Content-Lengths"},
       {"POST / HTTP/1.1\r\n" + host + "Content-Length: -1\r\n\r\n", "negative Content-Length"},
       {"POST / HTTP/1.1\r\n" + host + "Content-Length: abc\r\n\r\n", "Content-Length not a number"},
-      {"POST / HTTP/1.1\r\n" + host + "Content-Length: 99999999999999999999999\r\n\r\n",
-       "Content-Length overflow"},
+      {"POST / HTTP/1.1\r\n" + host + "Content-Length: 99999999999999999999999\r\n\r\n", "Content-Length overflow"},
       {"POST / HTTP/1.1\r\n" + host + "Transfer-Encoding: gzip\r\n\r\nabc", "chunked not last"},
       {"GET / HTTP/1.1\r\n\r\n", "HTTP/1.1 without Host"},
       {"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "two Hosts"},
@@ -173,8 +166,8 @@ TEST_F(HttpLimits, MalformedRequestsAre400) {
 TEST_F(HttpLimits, OtherStatusesForUnsupportedRequests) {
   expect_rejected("POST / HTTP/1.1\r\nHost: t\r\n\r\nbody", 411, "POST without a length");
   expect_rejected("PUT / HTTP/1.1\r\nHost: t\r\n\r\n", 411, "PUT without a length");
-  expect_rejected("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
-                  501, "a coding before chunked");
+  expect_rejected("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501,
+                  "a coding before chunked");
   expect_rejected("GET / HTTP/2.0\r\nHost: t\r\n\r\n", 505, "HTTP/2.0");
   expect_rejected("GET / HTTP/0.9\r\nHost: t\r\n\r\n", 505, "HTTP/0.9");
   expect_rejected("GET / HTTP/3\r\nHost: t\r\n\r\n", 505, "HTTP/3");

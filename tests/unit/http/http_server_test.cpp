@@ -27,8 +27,7 @@ Response echo(const Request& r) {
   response.body = nlohmann::json{{"method", r.method}, {"target", r.target},
                                  {"path", r.path},     {"query", r.query},
                                  {"body", r.body},     {"headers", headers},
-                                 {"remote", r.remote},
-                                 {"received", r.received_at.time_since_epoch().count() != 0}}
+                                 {"remote", r.remote}, {"received", r.received_at.time_since_epoch().count() != 0}}
                       .dump();
   response.headers.emplace_back("X-Echo", "yes");
   return response;
@@ -199,8 +198,9 @@ TEST(HttpServer, ChunkedRequestBodyIsDecoded) {
   HttpServer server(test_server_options(), echo_handler);
   server.start();
   TestConn c(server.port());
-  ASSERT_TRUE(c.send("POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     "5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n"));
+  ASSERT_TRUE(
+      c.send("POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+             "5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n"));
   auto r = c.read_response();
   ASSERT_TRUE(r);
   EXPECT_EQ(body_json(*r)["body"], "hello, world");
@@ -245,8 +245,7 @@ TEST(HttpServer, ExchangeDroppedWithoutAnswerGets500) {
   auto r = c.read_response();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 500);
-  EXPECT_NE(body_json(*r)["error"]["message"].get<std::string>().find("without answering"),
-            std::string::npos);
+  EXPECT_NE(body_json(*r)["error"]["message"].get<std::string>().find("without answering"), std::string::npos);
   EXPECT_TRUE(eventually([&] { return server.counters().live_exchanges == 0; }));
 }
 
@@ -284,8 +283,7 @@ TEST(HttpServer, HandlerHeadersCannotSplitTheResponse) {
   HttpServer server(test_server_options(), [](std::shared_ptr<Exchange> ex) {
     Response r;
     r.body = "ok";
-    r.headers = {{"X-Bad", "a\r\nSet-Cookie: evil=1"}, {"Content-Length", "999"},
-                 {"Retry-After", "3"}};
+    r.headers = {{"X-Bad", "a\r\nSet-Cookie: evil=1"}, {"Content-Length", "999"}, {"Retry-After", "3"}};
     ex->respond(r);
   });
   server.start();
@@ -335,8 +333,9 @@ TEST(HttpServer, HeaderFilterAnswersBeforeTheBodyIsRead) {
   {
     // A large body announced, none sent: the 401 must come without waiting for it.
     TestConn c(server.port());
-    ASSERT_TRUE(c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
-                       "Content-Length: 5000000\r\n\r\n"));
+    ASSERT_TRUE(
+        c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
+               "Content-Length: 5000000\r\n\r\n"));
     auto r = c.read_response();
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 401);
@@ -362,9 +361,7 @@ TEST(HttpServer, HeaderFilterAnswersBeforeTheBodyIsRead) {
 
 TEST(HttpServer, HeaderFilterThatThrowsGives500) {
   ServerOptions o = test_server_options();
-  o.header_filter = [](const Request&) -> std::optional<Response> {
-    throw Error("key store unavailable");
-  };
+  o.header_filter = [](const Request&) -> std::optional<Response> { throw Error("key store unavailable"); };
   HttpServer server(o, echo_handler);
   server.start();
   TestConn c(server.port());
@@ -372,8 +369,7 @@ TEST(HttpServer, HeaderFilterThatThrowsGives500) {
   auto r = c.read_response();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 500);
-  EXPECT_NE(body_json(*r)["error"]["message"].get<std::string>().find("key store unavailable"),
-            std::string::npos);
+  EXPECT_NE(body_json(*r)["error"]["message"].get<std::string>().find("key store unavailable"), std::string::npos);
 }
 
 TEST(HttpServer, ExpectContinue) {
@@ -383,8 +379,9 @@ TEST(HttpServer, ExpectContinue) {
   server.start();
   {
     TestConn c(server.port());
-    ASSERT_TRUE(c.send("POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
-                       "Expect: 100-continue\r\n\r\n"));
+    ASSERT_TRUE(
+        c.send("POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+               "Expect: 100-continue\r\n\r\n"));
     auto interim = c.read_head();
     ASSERT_TRUE(interim);
     EXPECT_EQ(interim->status, 100);
@@ -397,16 +394,18 @@ TEST(HttpServer, ExpectContinue) {
   {
     // Too large: the refusal instead of 100 Continue.
     TestConn c(server.port());
-    ASSERT_TRUE(c.send("POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n"
-                       "Expect: 100-continue\r\n\r\n"));
+    ASSERT_TRUE(
+        c.send("POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n"
+               "Expect: 100-continue\r\n\r\n"));
     auto r = c.read_head();
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 413);
   }
   {
     TestConn c(server.port());
-    ASSERT_TRUE(c.send("POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
-                       "Expect: something-else\r\n\r\nhello"));
+    ASSERT_TRUE(
+        c.send("POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+               "Expect: something-else\r\n\r\nhello"));
     auto r = c.read_response();
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 417);
@@ -423,9 +422,7 @@ TEST(HttpServer, BindFailureNamesHostAndPort) {
     second.start();
     FAIL() << "binding a port in use must throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(first.port())),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(first.port())), std::string::npos) << e.what();
   }
   ServerOptions bad = test_server_options();
   bad.host = "not a host name";

@@ -144,8 +144,7 @@ TEST(HttpStream, ThousandConcurrentStreamsFromAForeignThread) {
   for (int i = 0; i < kStreams; ++i) {
     fds.push_back(connect_loopback(server.port()));
     const std::string req = get_request("/s/" + std::to_string(i));
-    ASSERT_EQ(::send(fds.back(), req.data(), req.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(req.size()));
+    ASSERT_EQ(::send(fds.back(), req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
     ::fcntl(fds.back(), F_SETFL, ::fcntl(fds.back(), F_GETFL) | O_NONBLOCK);
   }
   ASSERT_TRUE(parked.wait_for(kStreams));
@@ -176,8 +175,7 @@ TEST(HttpStream, ThousandConcurrentStreamsFromAForeignThread) {
       char buf[8192];
       const ssize_t n = ::recv(fds[i], buf, sizeof buf, 0);
       if (n > 0) received[i].append(buf, static_cast<size_t>(n));
-      const bool ended = received[i].size() >= 5 &&
-                         received[i].compare(received[i].size() - 5, 5, "0\r\n\r\n") == 0;
+      const bool ended = received[i].size() >= 5 && received[i].compare(received[i].size() - 5, 5, "0\r\n\r\n") == 0;
       if (n == 0 || ended) {
         done[i] = true;
         ++finished;

@@ -79,8 +79,7 @@ inline int connect_loopback(uint16_t port, int receive_timeout_ms = 5000) {
 
 class TestConn {
  public:
-  explicit TestConn(uint16_t port, int receive_timeout_ms = 5000)
-      : fd_(connect_loopback(port, receive_timeout_ms)) {}
+  explicit TestConn(uint16_t port, int receive_timeout_ms = 5000) : fd_(connect_loopback(port, receive_timeout_ms)) {}
   ~TestConn() { close(); }
   TestConn(const TestConn&) = delete;
   TestConn& operator=(const TestConn&) = delete;
@@ -219,15 +218,14 @@ class TestConn {
 };
 
 inline std::string get_request(std::string_view path, std::string_view extra_headers = "") {
-  return "GET " + std::string(path) + " HTTP/1.1\r\nHost: test\r\n" + std::string(extra_headers) +
-         "\r\n";
+  return "GET " + std::string(path) + " HTTP/1.1\r\nHost: test\r\n" + std::string(extra_headers) + "\r\n";
 }
 
-inline std::string post_request(std::string_view path, std::string_view body,
-                                std::string_view extra_headers = "") {
-  return "POST " + std::string(path) + " HTTP/1.1\r\nHost: test\r\nContent-Type: "
-         "application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" +
-         std::string(extra_headers) + "\r\n" + std::string(body);
+inline std::string post_request(std::string_view path, std::string_view body, std::string_view extra_headers = "") {
+  return "POST " + std::string(path) +
+         " HTTP/1.1\r\nHost: test\r\nContent-Type: "
+         "application/json\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n" + std::string(extra_headers) + "\r\n" + std::string(body);
 }
 
 // Options of a test server: any free port, 2 I/O threads, timeouts a loaded CI machine meets.

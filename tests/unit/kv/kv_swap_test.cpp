@@ -53,7 +53,7 @@ TEST(KvSwap, SwapOutIsAllOrNothingAndFreesTheDeviceBlocks) {
   }
   EXPECT_TRUE(kv.swapped());
   EXPECT_TRUE(kv.table.blocks.empty());
-  EXPECT_EQ(kv.n_computed(), 10);  // the KV exists, on the host
+  EXPECT_EQ(kv.n_computed(), 10);   // the KV exists, on the host
   EXPECT_EQ(m.n_free(), 8);         // device blocks all free
   EXPECT_EQ(m.n_cached_free(), 3);  // big's full blocks
   EXPECT_EQ(m.n_host_free(), 0);
@@ -126,7 +126,7 @@ TEST(KvSwap, ASharedBlockStaysWithItsOtherHolders) {
 
 TEST(KvSwap, PlanAgreesWithTheMoves) {
   KvBlockManager m({.n_blocks = 8, .block_size = 4, .prefix_caching = true, .n_host_blocks = 3});
-  SeqKv a = computed(m, iota_tokens(9), 9);     // 3 blocks
+  SeqKv a = computed(m, iota_tokens(9), 9);      // 3 blocks
   SeqKv b = computed(m, iota_tokens(9, 50), 9);  // 3 blocks
   KvPlan plan(m);
   EXPECT_TRUE(plan.swap_out(a));
@@ -163,7 +163,9 @@ TEST(KvSwap, HostCopiesRoundTripEveryLayerOfKAndV) {
     KvCache kv(*backend, spec);
     const size_t elem = dtype == DType::F32 ? 4 : 2;
     const size_t part = 2 * 5 * 4 * elem;  // bytes of one block of K or V on one layer
-    const auto byte = [](int layer, int kv_index, size_t i) { return static_cast<uint8_t>(layer * 31 + kv_index * 7 + i); };
+    const auto byte = [](int layer, int kv_index, size_t i) {
+      return static_cast<uint8_t>(layer * 31 + kv_index * 7 + i);
+    };
     for (int l = 0; l < 3; ++l)
       for (size_t i = 0; i < part * 6; ++i) {
         static_cast<uint8_t*>(kv.layer(l).k)[i] = byte(l, 0, i);

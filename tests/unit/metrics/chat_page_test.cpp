@@ -50,8 +50,8 @@ TEST(ChatPage, UsesTheApiItDocuments) {
 
 TEST(ChatPage, HasTheControlsTheBrowserTestDrives) {
   const std::string html = page();
-  for (const char* id : {"model", "system", "temperature", "top_p", "max_tokens", "seed", "api_key", "prompt", "send",
-                         "stop", "log"})
+  for (const char* id :
+       {"model", "system", "temperature", "top_p", "max_tokens", "seed", "api_key", "prompt", "send", "stop", "log"})
     EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
   for (const char* stat : {"ttft", "tps", "tokens"})
     EXPECT_NE(html.find(std::string("\"") + stat + "\", \""), std::string::npos) << stat;

@@ -92,11 +92,17 @@ inline std::vector<PromFamily> parse_prometheus_text(std::string_view text) {
       if (index.count(name)) fail(line_no, "HELP after the family's samples", line);
       std::string help;
       for (size_t i = pos + 1; i < line.size(); ++i) {
-        if (line[i] != '\\') { help += line[i]; continue; }
+        if (line[i] != '\\') {
+          help += line[i];
+          continue;
+        }
         if (++i >= line.size()) fail(line_no, "dangling escape in HELP", line);
-        if (line[i] == '\\') help += '\\';
-        else if (line[i] == 'n') help += '\n';
-        else fail(line_no, "bad escape in HELP", line);
+        if (line[i] == '\\')
+          help += '\\';
+        else if (line[i] == 'n')
+          help += '\n';
+        else
+          fail(line_no, "bad escape in HELP", line);
       }
       pending_help_name = name;
       pending_help = help;
@@ -125,7 +131,10 @@ inline std::vector<PromFamily> parse_prometheus_text(std::string_view text) {
     if (pos < line.size() && line[pos] == '{') {
       ++pos;
       while (true) {
-        if (pos < line.size() && line[pos] == '}') { ++pos; break; }
+        if (pos < line.size() && line[pos] == '}') {
+          ++pos;
+          break;
+        }
         const std::string label = read_name(line, pos, false);
         if (label.empty()) fail(line_no, "bad label name", line);
         if (pos + 1 >= line.size() || line[pos] != '=' || line[pos + 1] != '"') fail(line_no, "bad label", line);
@@ -135,18 +144,29 @@ inline std::vector<PromFamily> parse_prometheus_text(std::string_view text) {
           if (pos >= line.size()) fail(line_no, "unterminated label value", line);
           const char c = line[pos++];
           if (c == '"') break;
-          if (c != '\\') { value += c; continue; }
+          if (c != '\\') {
+            value += c;
+            continue;
+          }
           if (pos >= line.size()) fail(line_no, "dangling escape", line);
           const char e = line[pos++];
-          if (e == '\\') value += '\\';
-          else if (e == '"') value += '"';
-          else if (e == 'n') value += '\n';
-          else fail(line_no, "bad escape in label value", line);
+          if (e == '\\')
+            value += '\\';
+          else if (e == '"')
+            value += '"';
+          else if (e == 'n')
+            value += '\n';
+          else
+            fail(line_no, "bad escape in label value", line);
         }
         if (!sample.labels.emplace(label, value).second) fail(line_no, "duplicate label", line);
-        if (pos < line.size() && line[pos] == ',') ++pos;
-        else if (pos < line.size() && line[pos] == '}') { ++pos; break; }
-        else fail(line_no, "expected , or }", line);
+        if (pos < line.size() && line[pos] == ',')
+          ++pos;
+        else if (pos < line.size() && line[pos] == '}') {
+          ++pos;
+          break;
+        } else
+          fail(line_no, "expected , or }", line);
       }
     }
     if (pos >= line.size() || line[pos] != ' ') fail(line_no, "expected one space before the value", line);

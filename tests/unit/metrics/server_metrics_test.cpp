@@ -80,16 +80,18 @@ TEST(ServerMetricsFormat, OneTwoFiveBucketsMatchVllm) {
 TEST(ServerMetricsParser, RejectsMalformedExpositions) {
   // The reader is only worth something if it refuses what Prometheus refuses.
   EXPECT_NO_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\na 1\n"));
-  EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\na 1"), PromParseError);      // no final newline
-  EXPECT_THROW(parse_prometheus_text("# TYPE a gauge\na 1\n"), PromParseError);                 // no HELP
-  EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\nb 1\n"), PromParseError);     // wrong family
+  EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\na 1"), PromParseError);    // no final newline
+  EXPECT_THROW(parse_prometheus_text("# TYPE a gauge\na 1\n"), PromParseError);              // no HELP
+  EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\nb 1\n"), PromParseError);  // wrong family
   EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\na{l=\"x} 1\n"), PromParseError);
   EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a gauge\na one\n"), PromParseError);
   EXPECT_THROW(parse_prometheus_text("# HELP a x\n# TYPE a counter\na -1\n"), PromParseError);
   const std::string hist_head = "# HELP h x\n# TYPE h histogram\n";
-  EXPECT_NO_THROW(parse_prometheus_text(hist_head + "h_bucket{le=\"1.0\"} 1\nh_bucket{le=\"+Inf\"} 2\nh_count 2\nh_sum 3\n"));
-  EXPECT_THROW(parse_prometheus_text(hist_head + "h_bucket{le=\"1.0\"} 3\nh_bucket{le=\"+Inf\"} 2\nh_count 2\nh_sum 3\n"),
-               PromParseError);  // not cumulative
+  EXPECT_NO_THROW(
+      parse_prometheus_text(hist_head + "h_bucket{le=\"1.0\"} 1\nh_bucket{le=\"+Inf\"} 2\nh_count 2\nh_sum 3\n"));
+  EXPECT_THROW(
+      parse_prometheus_text(hist_head + "h_bucket{le=\"1.0\"} 3\nh_bucket{le=\"+Inf\"} 2\nh_count 2\nh_sum 3\n"),
+      PromParseError);  // not cumulative
   EXPECT_THROW(parse_prometheus_text(hist_head + "h_bucket{le=\"1.0\"} 1\nh_count 1\nh_sum 3\n"), PromParseError);
   EXPECT_THROW(parse_prometheus_text(hist_head + "h_bucket{le=\"+Inf\"} 2\nh_count 3\nh_sum 3\n"), PromParseError);
 }
@@ -138,9 +140,9 @@ TEST(ServerMetrics, EmptyExpositionHasEveryVllmFamilyWithItsType) {
   }
   // vLLM creates the finish reasons' series up front, at 0.
   for (const char* reason : {"stop", "length", "abort", "error"})
-    EXPECT_EQ(value_of(families, "vllm:request_success_total", "vllm:request_success_total",
-                       {{"finished_reason", reason}}),
-              0.0);
+    EXPECT_EQ(
+        value_of(families, "vllm:request_success_total", "vllm:request_success_total", {{"finished_reason", reason}}),
+        0.0);
   EXPECT_EQ(value_of(families, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc"), 0.0);
 }
 
@@ -148,20 +150,20 @@ TEST(ServerMetrics, BucketBoundariesAreVllms) {
   ServerMetrics metrics("m", 100);
   const auto families = parse_prometheus_text(metrics.render(EngineStats{}));
   EXPECT_EQ(bucket_bounds(family(families, "vllm:time_to_first_token_seconds")),
-            (std::vector<double>{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}));
+            (std::vector<double>{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+                                 1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}));
   const std::vector<double> gap = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
                                    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
   EXPECT_EQ(bucket_bounds(family(families, "vllm:inter_token_latency_seconds")), gap);
   EXPECT_EQ(bucket_bounds(family(families, "vllm:time_per_output_token_seconds")), gap);
   const std::vector<double> latency = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                        30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
-  for (const char* name : {"vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
-                           "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
-                           "vllm:request_decode_time_seconds"})
+  for (const char* name :
+       {"vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds",
+        "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds"})
     EXPECT_EQ(bucket_bounds(family(families, name)), latency) << name;
-  for (const char* name : {"vllm:request_prompt_tokens", "vllm:request_generation_tokens",
-                           "vllm:request_params_max_tokens"})
+  for (const char* name :
+       {"vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_max_tokens"})
     EXPECT_EQ(bucket_bounds(family(families, name)), (std::vector<double>{1, 2, 5, 10, 20, 50, 100})) << name;
   EXPECT_EQ(bucket_bounds(family(families, "vllm:request_params_n")), (std::vector<double>{1, 2, 5, 10, 20}));
 }

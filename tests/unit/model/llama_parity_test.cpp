@@ -142,9 +142,10 @@ TEST(LlamaParity, TeacherForcedLogitsMatchLlamaCpp) {
   }
   const double agreement = double(agree) / total, mean_kl = kl_sum / total;
   const double clear_agreement = double(clear_agree) / clear_total;
-  std::printf("parity with llama.cpp over %lld positions: top-1 agreement %.4f (%.4f over %lld clear positions), "
-              "mean KL %.5f\n",
-              static_cast<long long>(total), agreement, clear_agreement, static_cast<long long>(clear_total), mean_kl);
+  std::printf(
+      "parity with llama.cpp over %lld positions: top-1 agreement %.4f (%.4f over %lld clear positions), "
+      "mean KL %.5f\n",
+      static_cast<long long>(total), agreement, clear_agreement, static_cast<long long>(clear_total), mean_kl);
   EXPECT_GE(clear_agreement, 0.99);
   EXPECT_GE(agreement, 0.96);
   EXPECT_LE(mean_kl, 0.005);

@@ -312,12 +312,19 @@ namespace {
 // Q/K rows in HF order (halves rotated), i.e. undoing the permutation GGUF's converter applies.
 void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied) {
   std::filesystem::create_directories(dir);
-  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                        {"hidden_size", t.embd}, {"intermediate_size", t.ff},
-                        {"num_hidden_layers", t.layers}, {"num_attention_heads", t.heads},
-                        {"num_key_value_heads", t.kv_heads}, {"rms_norm_eps", t.eps},
-                        {"rope_theta", t.base}, {"max_position_embeddings", 64},
-                        {"vocab_size", t.vocab}, {"tie_word_embeddings", tied}, {"torch_dtype", "float32"}};
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
+                        {"model_type", "llama"},
+                        {"hidden_size", t.embd},
+                        {"intermediate_size", t.ff},
+                        {"num_hidden_layers", t.layers},
+                        {"num_attention_heads", t.heads},
+                        {"num_key_value_heads", t.kv_heads},
+                        {"rms_norm_eps", t.eps},
+                        {"rope_theta", t.base},
+                        {"max_position_embeddings", 64},
+                        {"vocab_size", t.vocab},
+                        {"tie_word_embeddings", tied},
+                        {"torch_dtype", "float32"}};
   std::ofstream(dir + "/config.json") << cfg.dump(2);
   std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> tensors;
   auto unpermute = [&](const std::vector<float>& w, int n_heads, int cols) {

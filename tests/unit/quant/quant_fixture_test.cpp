@@ -83,16 +83,16 @@ TEST_F(QuantFixture, QuantizeAndDequantizeMatchReferenceBitForBit) {
       std::vector<uint8_t> q(static_cast<size_t>(row_bytes), 0xAB);  // poison: every byte written
       quantize_row(type, inputs_.data() + row.offset, q.data(), row.n);
       const int64_t bad_byte = first_byte_mismatch(q.data(), expect_q, row_bytes);
-      EXPECT_EQ(bad_byte, -1) << "quantize_row, row " << row_name << ": byte " << bad_byte
-                              << " (block " << bad_byte / dtype_traits(type).block_bytes
-                              << ") is " << int(q[bad_byte < 0 ? 0 : bad_byte]) << ", want "
+      EXPECT_EQ(bad_byte, -1) << "quantize_row, row " << row_name << ": byte " << bad_byte << " (block "
+                              << bad_byte / dtype_traits(type).block_bytes << ") is "
+                              << int(q[bad_byte < 0 ? 0 : bad_byte]) << ", want "
                               << int(expect_q[bad_byte < 0 ? 0 : bad_byte]);
 
       std::vector<float> y(static_cast<size_t>(row.n));
       dequantize_row(type, expect_q, y.data(), row.n);
       const int64_t bad = first_bit_mismatch(y.data(), expect_y, row.n);
-      EXPECT_EQ(bad, -1) << "dequantize_row, row " << row_name << ": element " << bad << " is "
-                         << y[bad < 0 ? 0 : bad] << ", want " << expect_y[bad < 0 ? 0 : bad];
+      EXPECT_EQ(bad, -1) << "dequantize_row, row " << row_name << ": element " << bad << " is " << y[bad < 0 ? 0 : bad]
+                         << ", want " << expect_y[bad < 0 ? 0 : bad];
 
       byte_pos += row_bytes;
       float_pos += row.n;
@@ -108,9 +108,8 @@ TEST_F(QuantFixture, QuantizeAndDequantizeMatchReferenceBitForBit) {
     std::vector<float> y(static_cast<size_t>(n_random));
     dequantize_row(type, want_bytes.data() + byte_pos, y.data(), n_random);
     const int64_t bad = first_bit_mismatch(y.data(), want_floats.data() + float_pos, n_random);
-    EXPECT_EQ(bad, -1) << "dequantize_row of random blocks: element " << bad << " is "
-                       << y[bad < 0 ? 0 : bad] << ", want "
-                       << want_floats[float_pos + (bad < 0 ? 0 : bad)];
+    EXPECT_EQ(bad, -1) << "dequantize_row of random blocks: element " << bad << " is " << y[bad < 0 ? 0 : bad]
+                       << ", want " << want_floats[float_pos + (bad < 0 ? 0 : bad)];
   }
 }
 
@@ -122,8 +121,7 @@ TEST_F(QuantFixture, BulkRowsMatchReferenceChecksums) {
   std::vector<uint32_t> bits(x.size());
   std::memcpy(bits.data(), x.data(), x.size() * 4);
   const auto n = static_cast<int64_t>(x.size());
-  ASSERT_EQ(hex64(checksum64<uint32_t>(0, bits.data(), n, 0)),
-            bulk.at("inputs_checksum").get<std::string>())
+  ASSERT_EQ(hex64(checksum64<uint32_t>(0, bits.data(), n, 0)), bulk.at("inputs_checksum").get<std::string>())
       << "bulk_inputs() differs from the generator's";
   std::vector<float> y(x.size());
   for (const auto& [name, want] : bulk.at("formats").items()) {
@@ -136,8 +134,7 @@ TEST_F(QuantFixture, BulkRowsMatchReferenceChecksums) {
         << name << ": quantized bytes differ from the reference";
     dequantize_row(type, q.data(), y.data(), n);
     std::memcpy(bits.data(), y.data(), y.size() * 4);
-    EXPECT_EQ(hex64(checksum64<uint32_t>(0, bits.data(), n, 0)),
-              want.at("floats_checksum").get<std::string>())
+    EXPECT_EQ(hex64(checksum64<uint32_t>(0, bits.data(), n, 0)), want.at("floats_checksum").get<std::string>())
         << name << ": dequantized floats differ from the reference";
   }
   EXPECT_EQ(bulk.at("formats").size(), block_and_plain_types().size() - 1);  // all but F32
@@ -203,14 +200,13 @@ TEST(QuantModel, DequantizesFirstLayerOfDefaultModelLikeGguf) {
       if (r < sample_rows) {
         const float* want = samples.data() + sample_offset + r * row_len;
         const int64_t bad = first_bit_mismatch(row.data(), want, row_len);
-        ASSERT_EQ(bad, -1) << "row " << r << " element " << bad << ": " << row[bad < 0 ? 0 : bad]
-                           << " vs " << want[bad < 0 ? 0 : bad];
+        ASSERT_EQ(bad, -1) << "row " << r << " element " << bad << ": " << row[bad < 0 ? 0 : bad] << " vs "
+                           << want[bad < 0 ? 0 : bad];
       }
       std::memcpy(bits.data(), row.data(), row.size() * 4);
       sum = checksum64<uint32_t>(sum, bits.data(), row_len, static_cast<uint64_t>(r * row_len));
     }
-    EXPECT_EQ(hex64(sum), t.at("dequant_checksum").get<std::string>())
-        << "some row past the samples differs";
+    EXPECT_EQ(hex64(sum), t.at("dequant_checksum").get<std::string>()) << "some row past the samples differs";
   }
   EXPECT_EQ(types_seen, (std::set<std::string>{"F32", "Q4_1", "Q8_0"}));
 }

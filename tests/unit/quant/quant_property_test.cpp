@@ -112,10 +112,10 @@ struct FormatCase {
 
 std::vector<FormatCase> block_formats() {
   return {
-      {DType::Q4_0, symmetric_clamped(8)},  {DType::Q4_1, affine_rounded(15)},
-      {DType::Q5_0, symmetric_clamped(16)}, {DType::Q5_1, affine_rounded(31)},
-      {DType::Q8_0, symmetric_rounded()},   {DType::Q8_1, symmetric_rounded()},
-      {DType::Q4_K, k_quant(32, 15, true, 63)}, {DType::Q5_K, k_quant(32, 31, true, 63)},
+      {DType::Q4_0, symmetric_clamped(8)},        {DType::Q4_1, affine_rounded(15)},
+      {DType::Q5_0, symmetric_clamped(16)},       {DType::Q5_1, affine_rounded(31)},
+      {DType::Q8_0, symmetric_rounded()},         {DType::Q8_1, symmetric_rounded()},
+      {DType::Q4_K, k_quant(32, 15, true, 63)},   {DType::Q5_K, k_quant(32, 31, true, 63)},
       {DType::Q6_K, k_quant(16, 32, false, 128)}, {DType::Q8_K, q8_k_bound()},
   };
 }
@@ -178,9 +178,8 @@ TEST(QuantProperty, RoundTripErrorOfEveryBlockIsWithinTheFormatStep) {
           }
         }
       }
-      EXPECT_LE(worst_ratio, 1.0) << dtype_name(f.type) << " on " << name << ": block "
-                                  << worst_block << " error is " << worst_ratio
-                                  << " x the bound";
+      EXPECT_LE(worst_ratio, 1.0) << dtype_name(f.type) << " on " << name << ": block " << worst_block << " error is "
+                                  << worst_ratio << " x the bound";
     }
   }
 }

@@ -36,10 +36,9 @@ inline std::vector<float> read_f32(const std::string& path) {
 
 // The formats of the quant contract, by GGML name.
 inline const std::vector<DType>& block_and_plain_types() {
-  static const std::vector<DType> all = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,
-                                         DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
-                                         DType::Q8_1, DType::Q4_K, DType::Q5_K, DType::Q6_K,
-                                         DType::Q8_K};
+  static const std::vector<DType> all = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,
+                                         DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q8_1, DType::Q4_K,
+                                         DType::Q5_K, DType::Q6_K, DType::Q8_K};
   return all;
 }
 

@@ -48,9 +48,8 @@ class TestRng {
 inline std::vector<int32_t> candidate_order(std::span<const float> logits) {
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
   return order;
 }
 
@@ -66,10 +65,8 @@ struct RefDistribution {
 // top_p is ambiguous: the sampler's float weights are accurate to about 1e-7 relative, times
 // |t| for very unlikely tokens. Its min-p test is float64 like this one, hence the tight
 // min_p_tolerance.
-inline RefDistribution reference_distribution(std::span<const float> logits,
-                                              const SamplingParams& p,
-                                              double top_p_tolerance = 1e-6,
-                                              double min_p_tolerance = 1e-9) {
+inline RefDistribution reference_distribution(std::span<const float> logits, const SamplingParams& p,
+                                              double top_p_tolerance = 1e-6, double min_p_tolerance = 1e-9) {
   RefDistribution ref;
   const std::vector<int32_t> order = candidate_order(logits);
   const int64_t n = static_cast<int64_t>(order.size());
@@ -124,8 +121,7 @@ inline std::vector<double> reference_log_softmax(std::span<const float> logits) 
 // Pearson chi-square statistic of observed counts against expected probabilities, bins with
 // an expected count below 5 merged into one; returns {statistic, degrees of freedom}.
 inline std::pair<double, int> chi_square(const std::map<int32_t, int64_t>& observed,
-                                         const std::map<int32_t, double>& expected_prob,
-                                         int64_t n_draws) {
+                                         const std::map<int32_t, double>& expected_prob, int64_t n_draws) {
   double stat = 0;
   int bins = 0;
   double small_expected = 0;
@@ -143,8 +139,7 @@ inline std::pair<double, int> chi_square(const std::map<int32_t, int64_t>& obser
     ++bins;
   }
   if (small_expected > 0) {
-    stat += (small_observed - small_expected) * (small_observed - small_expected) /
-            std::max(small_expected, 1e-300);
+    stat += (small_observed - small_expected) * (small_observed - small_expected) / std::max(small_expected, 1e-300);
     ++bins;
   }
   return {stat, bins - 1};

@@ -72,8 +72,7 @@ TEST(RowKernels, ExpReproducesPinnedBits) {
   // Built from IEEE-754 basic operations only, so these bits must come out the same on every
   // platform and compiler. They are also the correctly rounded floats of exp(x).
   const float xs[] = {-0.5f, -1.0f, -2.302585f, -10.25f, -50.0f, -86.5f};
-  const uint32_t bits[] = {0x3f1b4598u, 0x3ebc5ab2u, 0x3dccccd0u,
-                           0x38144cd4u, 0x1b692bebu, 0x0113bc74u};
+  const uint32_t bits[] = {0x3f1b4598u, 0x3ebc5ab2u, 0x3dccccd0u, 0x38144cd4u, 0x1b692bebu, 0x0113bc74u};
   for (size_t i = 0; i < std::size(xs); ++i) {
     const float y = exp_nonpositive(xs[i]);
     EXPECT_EQ(std::bit_cast<uint32_t>(y), bits[i]) << "exp(" << xs[i] << ") = " << y;
@@ -119,8 +118,7 @@ TEST(RowKernels, EachTableMatchesItsDefinition) {
         std::vector<float> w(r.size());
         std::vector<int32_t> b(r.size());
         k->weights(r.data(), n, max, inv_t, w.data());
-        for (int64_t i = 0; i < n; ++i)
-          EXPECT_EQ(w[i], exp_nonpositive((r[i] - max) * inv_t));
+        for (int64_t i = 0; i < n; ++i) EXPECT_EQ(w[i], exp_nonpositive((r[i] - max) * inv_t));
         std::vector<float> w2(r.size());
         k->weights_and_buckets(r.data(), n, max, inv_t, w2.data(), b.data());
         EXPECT_EQ(w2, w);

@@ -15,8 +15,7 @@ using tessera::test::TestRng;
 
 namespace {
 
-void expect_draws_follow_reference(const SamplingParams& p, const std::vector<float>& logits,
-                                   int64_t n_draws) {
+void expect_draws_follow_reference(const SamplingParams& p, const std::vector<float>& logits, int64_t n_draws) {
   const test::RefDistribution ref = test::reference_distribution(logits, p);
   ASSERT_FALSE(ref.ambiguous);
   Sampler s(p, static_cast<int32_t>(logits.size()));

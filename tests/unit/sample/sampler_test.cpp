@@ -149,20 +149,18 @@ TEST(Sampler, SeededSequencesArePinnedAcrossPlatforms) {
   // compilers, kernel implementations or releases: a change here breaks users' seeded
   // reproducibility and must be deliberate.
   const std::map<std::string, std::vector<int32_t>> want = {
-      {"dense", {885, 68, 933, 885, 431, 914, 885, 755, 9, 712, 755, 9,
-                 429, 882, 9, 712, 52, 9, 245, 452, 32, 959, 431, 822}},
+      {"dense",
+       {885, 68, 933, 885, 431, 914, 885, 755, 9, 712, 755, 9, 429, 882, 9, 712, 52, 9, 245, 452, 32, 959, 431, 822}},
       {"top_k+top_p+penalty", {1169, 2543, 2175, 1409, 701, 2247, 2857, 2141, 393, 1240, 2507, 575,
-                               284, 2625, 881, 435, 494, 1072, 1165, 1996, 317, 316, 254, 2562}},
-      {"top_p", {37896, 47536, 5440, 45488, 6882, 2615, 42286, 45518, 12326, 36481, 38356, 30474,
-                 19888, 15948, 42445, 15860, 13695, 49858, 44378, 13596, 31603, 15173, 2234, 1618}},
-      {"top_p_flat", {24287, 45893, 43696, 43165, 10019, 32466, 15480, 23098,
-                      41787, 28957, 28535, 47811, 44814, 21382, 21717, 2122,
-                      16123, 23949, 24252, 46197, 15730, 16203, 43199, 26038}},
-      {"min_p", {5145, 13795, 6633, 12047, 2987, 4517, 17807, 12086, 6633, 16999, 5160, 2530,
-                 14991, 6343, 5138, 8871, 6006, 475, 16703, 17604, 6401, 18449, 13489, 13801}},
+                               284,  2625, 881,  435,  494, 1072, 1165, 1996, 317, 316,  254,  2562}},
+      {"top_p", {37896, 47536, 5440,  45488, 6882,  2615,  42286, 45518, 12326, 36481, 38356, 30474,
+                 19888, 15948, 42445, 15860, 13695, 49858, 44378, 13596, 31603, 15173, 2234,  1618}},
+      {"top_p_flat", {24287, 45893, 43696, 43165, 10019, 32466, 15480, 23098, 41787, 28957, 28535, 47811,
+                      44814, 21382, 21717, 2122,  16123, 23949, 24252, 46197, 15730, 16203, 43199, 26038}},
+      {"min_p", {5145,  13795, 6633, 12047, 2987, 4517, 17807, 12086, 6633, 16999, 5160,  2530,
+                 14991, 6343,  5138, 8871,  6006, 475,  16703, 17604, 6401, 18449, 13489, 13801}},
   };
-  const RowKernels* tables[] = {&scalar_row_kernels(),
-                                cpu_has_avx2() ? &avx2_row_kernels() : nullptr};
+  const RowKernels* tables[] = {&scalar_row_kernels(), cpu_has_avx2() ? &avx2_row_kernels() : nullptr};
   for (const PinnedRun& run : pinned_runs()) {
     for (const RowKernels* kernels : tables) {
       if (kernels == nullptr) continue;
@@ -213,8 +211,8 @@ TEST(Sampler, CandidateSetsMatchFloat64BruteForce) {
     std::set<int32_t> want_set, got_set;
     for (const auto& [t, q] : ref.prob) want_set.insert(t);
     for (const auto& [t, q] : got_map) got_set.insert(t);
-    ASSERT_EQ(got_set, want_set) << "trial " << trial << " n=" << n << " T=" << p.temperature
-                                 << " k=" << p.top_k << " p=" << p.top_p << " min_p=" << p.min_p;
+    ASSERT_EQ(got_set, want_set) << "trial " << trial << " n=" << n << " T=" << p.temperature << " k=" << p.top_k
+                                 << " p=" << p.top_p << " min_p=" << p.min_p;
     for (const auto& [t, q] : ref.prob) {
       const double mine = got_map.count(t) ? got_map[t] : 0.0;
       ASSERT_NEAR(mine, q, 1e-6) << "trial " << trial << " token " << t;

@@ -36,15 +36,13 @@ void expect_accepted(const std::function<void(SamplingParams&)>& edit, const std
 }
 
 // Each float parameter rejects NaN and both infinities, plus the listed finite values.
-void expect_float_param(const std::string& name, float SamplingParams::*field,
-                        std::initializer_list<float> bad, std::initializer_list<float> good) {
+void expect_float_param(const std::string& name, float SamplingParams::*field, std::initializer_list<float> bad,
+                        std::initializer_list<float> good) {
   for (float v : {kNaN, -kNaN, kInf, -kInf}) {
     expect_rejected([&](SamplingParams& p) { p.*field = v; }, name, std::to_string(v));
   }
-  for (float v : bad)
-    expect_rejected([&](SamplingParams& p) { p.*field = v; }, name, std::to_string(v));
-  for (float v : good)
-    expect_accepted([&](SamplingParams& p) { p.*field = v; }, name + "=" + std::to_string(v));
+  for (float v : bad) expect_rejected([&](SamplingParams& p) { p.*field = v; }, name, std::to_string(v));
+  for (float v : good) expect_accepted([&](SamplingParams& p) { p.*field = v; }, name + "=" + std::to_string(v));
 }
 
 }  // namespace
@@ -66,15 +64,12 @@ TEST(SamplingParams, DefaultsAreValidAndMeanPlainSampling) {
 TEST(SamplingParams, FloatParametersRejectNonFiniteAndOutOfRange) {
   expect_float_param("temperature", &SamplingParams::temperature, {-0.001f, 100.01f, -1e30f},
                      {0.0f, 1e-30f, 0.7f, 100.0f});
-  expect_float_param("top_p", &SamplingParams::top_p, {0.0f, -0.1f, 1.0001f, 2.0f},
-                     {1e-6f, 0.5f, 1.0f});
+  expect_float_param("top_p", &SamplingParams::top_p, {0.0f, -0.1f, 1.0001f, 2.0f}, {1e-6f, 0.5f, 1.0f});
   expect_float_param("min_p", &SamplingParams::min_p, {-1e-6f, 1.001f}, {0.0f, 0.05f, 1.0f});
-  expect_float_param("repetition_penalty", &SamplingParams::repetition_penalty,
-                     {0.0f, -1.0f, 10.5f}, {0.01f, 1.0f, 1.3f, 10.0f});
-  expect_float_param("presence_penalty", &SamplingParams::presence_penalty, {-2.01f, 2.01f},
-                     {-2.0f, 0.0f, 1.5f, 2.0f});
-  expect_float_param("frequency_penalty", &SamplingParams::frequency_penalty, {-2.5f, 3.0f},
-                     {-2.0f, 0.0f, 2.0f});
+  expect_float_param("repetition_penalty", &SamplingParams::repetition_penalty, {0.0f, -1.0f, 10.5f},
+                     {0.01f, 1.0f, 1.3f, 10.0f});
+  expect_float_param("presence_penalty", &SamplingParams::presence_penalty, {-2.01f, 2.01f}, {-2.0f, 0.0f, 1.5f, 2.0f});
+  expect_float_param("frequency_penalty", &SamplingParams::frequency_penalty, {-2.5f, 3.0f}, {-2.0f, 0.0f, 2.0f});
 }
 
 TEST(SamplingParams, TopKIsOffOrWithinVocabulary) {
@@ -86,34 +81,35 @@ TEST(SamplingParams, TopKIsOffOrWithinVocabulary) {
 
 TEST(SamplingParams, LogitBiasIdsAndValuesAreChecked) {
   for (int32_t id : {-1, kVocab, kVocab + 5})
-    expect_rejected([&](SamplingParams& p) { p.logit_bias[id] = 1.0f; }, "logit_bias",
-                    "id " + std::to_string(id));
+    expect_rejected([&](SamplingParams& p) { p.logit_bias[id] = 1.0f; }, "logit_bias", "id " + std::to_string(id));
   for (float v : {kNaN, kInf, -kInf, 100.5f, -101.0f})
-    expect_rejected([&](SamplingParams& p) { p.logit_bias[3] = v; }, "logit_bias",
-                    "value " + std::to_string(v));
-  expect_accepted([](SamplingParams& p) {
-    p.logit_bias[0] = -100.0f;
-    p.logit_bias[kVocab - 1] = 100.0f;
-  }, "logit_bias at the limits");
+    expect_rejected([&](SamplingParams& p) { p.logit_bias[3] = v; }, "logit_bias", "value " + std::to_string(v));
+  expect_accepted(
+      [](SamplingParams& p) {
+        p.logit_bias[0] = -100.0f;
+        p.logit_bias[kVocab - 1] = 100.0f;
+      },
+      "logit_bias at the limits");
 }
 
 TEST(SamplingParams, CountsAreBounded) {
   for (int32_t v : {0, -1, SamplingParams::kMaxMaxTokens + 1})
     expect_rejected([&](SamplingParams& p) { p.max_tokens = v; }, "max_tokens", std::to_string(v));
   expect_accepted([](SamplingParams& p) { p.max_tokens = 1; }, "max_tokens=1");
-  expect_accepted([](SamplingParams& p) { p.max_tokens = SamplingParams::kMaxMaxTokens; },
-                  "max_tokens at the limit");
+  expect_accepted([](SamplingParams& p) { p.max_tokens = SamplingParams::kMaxMaxTokens; }, "max_tokens at the limit");
 
   for (int32_t v : {-1, 21, 1000})
     expect_rejected([&](SamplingParams& p) { p.n_logprobs = v; }, "n_logprobs", std::to_string(v));
   expect_accepted([](SamplingParams& p) { p.n_logprobs = 20; }, "n_logprobs=20");
 
   for (int32_t id : {-1, kVocab})
-    expect_rejected([&](SamplingParams& p) { p.stop_token_ids = {5, id}; }, "stop_token_ids",
-                    "id " + std::to_string(id));
-  expect_rejected([](SamplingParams& p) {
-    p.stop_token_ids.assign(SamplingParams::kMaxStopTokenIds + 1, 1);
-  }, "stop_token_ids", "too many");
+    expect_rejected(
+        [&](SamplingParams& p) {
+          p.stop_token_ids = {5, id};
+        },
+        "stop_token_ids", "id " + std::to_string(id));
+  expect_rejected([](SamplingParams& p) { p.stop_token_ids.assign(SamplingParams::kMaxStopTokenIds + 1, 1); },
+                  "stop_token_ids", "too many");
   expect_accepted([](SamplingParams& p) { p.stop_token_ids = {0, kVocab - 1}; }, "stop ids");
 }
 

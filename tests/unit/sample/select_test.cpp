@@ -64,4 +64,3 @@ TEST(CheckedMaxLogit, RejectsNaNPlusInfAndAllMinusInf) {
   EXPECT_THROW(checked_max_logit(dead), Error);
   EXPECT_THROW(checked_max_logit(std::vector<float>{}), Error);
 }
-

@@ -13,10 +13,12 @@ std::string message(const std::optional<Rejection>& r) { return r ? r->message :
 }  // namespace
 
 TEST(Admission, PerTenantTokenLimitCountsPromptPlusMaxTokensTimesN) {
-  AdmissionControl a({.max_waiting_requests = 100, .max_waiting_tokens = 1 << 20, .max_requests_per_tenant = 0,
+  AdmissionControl a({.max_waiting_requests = 100,
+                      .max_waiting_tokens = 1 << 20,
+                      .max_requests_per_tenant = 0,
                       .max_tokens_per_tenant = 1000});
   // prompt 100 + max_tokens 200 x n 2 = 500 tokens each.
-  EXPECT_FALSE(a.admit("acme", 100, 500)) ;
+  EXPECT_FALSE(a.admit("acme", 100, 500));
   EXPECT_FALSE(a.admit("acme", 100, 500));
   EXPECT_EQ(a.tokens_in_flight("acme"), 1000);
   const auto third = a.admit("acme", 10, 20);
@@ -52,14 +54,17 @@ TEST(Admission, PerTenantTokenLimitCountsPromptPlusMaxTokensTimesN) {
 }
 
 TEST(Admission, RequestAndTokenLimitsTogether) {
-  AdmissionControl a({.max_waiting_requests = 100, .max_waiting_tokens = 1 << 20, .max_requests_per_tenant = 2,
+  AdmissionControl a({.max_waiting_requests = 100,
+                      .max_waiting_tokens = 1 << 20,
+                      .max_requests_per_tenant = 2,
                       .max_tokens_per_tenant = 100});
   EXPECT_FALSE(a.admit("t", 5, 10));
   EXPECT_FALSE(a.admit("t", 5, 10));
   const auto by_count = a.admit("t", 5, 10);
   ASSERT_TRUE(by_count);
   EXPECT_EQ(by_count->reason, RejectReason::TenantLimit);
-  EXPECT_NE(by_count->message.find("2 sequences in flight + 1 for this request exceed the limit of 2"), std::string::npos)
+  EXPECT_NE(by_count->message.find("2 sequences in flight + 1 for this request exceed the limit of 2"),
+            std::string::npos)
       << message(by_count);
   a.finished("t", false, 5, 10);
   const auto by_tokens = a.admit("t", 5, 95);  // 10 + 95 > 100
@@ -71,7 +76,9 @@ TEST(Admission, RequestAndTokenLimitsTogether) {
 }
 
 TEST(Admission, TenantLimitCountsSequencesNotRequests) {
-  AdmissionControl a({.max_waiting_requests = 100, .max_waiting_tokens = 1 << 20, .max_requests_per_tenant = 4,
+  AdmissionControl a({.max_waiting_requests = 100,
+                      .max_waiting_tokens = 1 << 20,
+                      .max_requests_per_tenant = 4,
                       .max_tokens_per_tenant = 0});
   EXPECT_FALSE(a.admit("t", 5, 10, 3));  // n = 3
   EXPECT_EQ(a.in_flight("t"), 3);

@@ -23,8 +23,7 @@ SchedRequest request(RequestId id, int n_prompt, int max_tokens, int32_t priorit
   return r;
 }
 
-SchedulerConfig config(SchedulingPolicy policy, int max_seqs = 4,
-                       PreemptionMode mode = PreemptionMode::Recompute) {
+SchedulerConfig config(SchedulingPolicy policy, int max_seqs = 4, PreemptionMode mode = PreemptionMode::Recompute) {
   SchedulerConfig c;
   c.max_num_batched_tokens = 16;
   c.max_num_seqs = max_seqs;
@@ -92,7 +91,7 @@ TEST(SchedulerPriority, HighPriorityArrivalPreemptsTheLowestRunningOne) {
   EXPECT_EQ(f.out.seqs[0].n_new, 3);
   EXPECT_EQ(f.out.seqs[1].request, 1u);
   EXPECT_EQ(f.s.sequence(1).status, SeqStatus::Waiting);
-  EXPECT_EQ(f.s.sequence(1).n_computed(), 0);  // recompute: its KV is gone
+  EXPECT_EQ(f.s.sequence(1).n_computed(), 0);    // recompute: its KV is gone
   EXPECT_EQ(f.s.sequence(1).tokens.size(), 4u);  // but its prompt and output token stay
   EXPECT_EQ(f.s.stats().preemptions, 1);
   f.finish();
@@ -114,7 +113,7 @@ TEST(SchedulerPriority, SwapModeSwapsTheVictimOutAndResumesItWhereItStopped) {
       if (sc.request != 2 || swapped_in) continue;
       swapped_in = true;
       EXPECT_GE(f.out.swap_in.size(), 2u);  // request 1 may come back in the same step
-      EXPECT_EQ(sc.n_computed, 3);  // no recompute
+      EXPECT_EQ(sc.n_computed, 3);          // no recompute
       EXPECT_EQ(sc.n_new, 1);
     }
   }
@@ -177,7 +176,8 @@ TEST(SchedulerPriority, AFullSequenceCapGivesWayToAHigherPriority) {
   while (s.has_work()) {
     step(s, out, seen);
     for (const auto& [id, o] : seen)
-      if (o.finish != FinishReason::None && std::find(finish_order.begin(), finish_order.end(), id) == finish_order.end())
+      if (o.finish != FinishReason::None &&
+          std::find(finish_order.begin(), finish_order.end(), id) == finish_order.end())
         finish_order.push_back(id);
   }
   EXPECT_EQ(finish_order, (std::vector<RequestId>{3, 1, 2}));

@@ -69,8 +69,7 @@ TEST(Session, ChunkedPrefillEqualsOneShot) {
   so.max_batch_tokens = 7;  // odd chunks that straddle KV blocks
   Session chunked(so);
   const auto prompt = one.tokenizer().encode(
-      "Paged attention stores keys and values in fixed-size blocks addressed through a block table.", false,
-      false);
+      "Paged attention stores keys and values in fixed-size blocks addressed through a block table.", false, false);
   std::vector<float> a, b;
   SequenceBlocks sa, sb;
   one.feed(sa, prompt, ForwardBatch::Logits::Last, a);

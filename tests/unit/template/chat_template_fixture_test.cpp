@@ -81,8 +81,8 @@ TEST(ChatTemplateFixtures, ConcurrentAppliesAreIndependent) {
     threads.emplace_back([&] {
       for (int rep = 0; rep < 20; ++rep)
         for (const auto& c : t["cases"])
-          if (c.contains("expected") &&
-              tmpl.apply(c["messages"], c["add_generation_prompt"].get<bool>(), c["extra"]) != c["expected"].get<std::string>())
+          if (c.contains("expected") && tmpl.apply(c["messages"], c["add_generation_prompt"].get<bool>(), c["extra"]) !=
+                                            c["expected"].get<std::string>())
             ++mismatches;
     });
   for (auto& th : threads) th.join();
@@ -92,7 +92,8 @@ TEST(ChatTemplateFixtures, ConcurrentAppliesAreIndependent) {
 TEST(ChatTemplate, ChatmlFallback) {
   const ChatTemplate tmpl(ChatTemplate::chatml_source());
   const auto messages = nlohmann::json::parse(R"([{"role":"system","content":"S"},{"role":"user","content":"Hi"}])");
-  EXPECT_EQ(tmpl.apply(messages, true), "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(tmpl.apply(messages, true),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(tmpl.apply(messages, false), "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
 }
 
@@ -100,13 +101,14 @@ TEST(ChatTemplate, VariablesAndOverrides) {
   ChatTemplateOptions options;  // by field: a brace list without `now` warns (missing-field-initializers)
   options.bos_token = "<s>";
   options.eos_token = "</s>";
-  const ChatTemplate tmpl("{{ bos_token }}|{{ eos_token }}|{{ tools }}|{{ documents }}|{{ add_generation_prompt }}|"
-                          "{{ enable_thinking | default('unset') }}|{{ messages | length }}",
-                          options);
+  const ChatTemplate tmpl(
+      "{{ bos_token }}|{{ eos_token }}|{{ tools }}|{{ documents }}|{{ add_generation_prompt }}|"
+      "{{ enable_thinking | default('unset') }}|{{ messages | length }}",
+      options);
   EXPECT_EQ(tmpl.apply(nlohmann::json::array(), true), "<s>|</s>|None|None|True|unset|0");
-  EXPECT_EQ(tmpl.apply(nlohmann::json::array({{{"role", "user"}}}), false,
-                       {{"enable_thinking", false}, {"tools", {1}}}),
-            "<s>|</s>|[1]|None|False|False|1");
+  EXPECT_EQ(
+      tmpl.apply(nlohmann::json::array({{{"role", "user"}}}), false, {{"enable_thinking", false}, {"tools", {1}}}),
+      "<s>|</s>|[1]|None|False|False|1");
 }
 
 TEST(ChatTemplate, ErrorsNameTheProblem) {

@@ -49,12 +49,14 @@ TEST(JinjaLimits, MaxOutputBytes) {
 TEST(JinjaLimits, MaxRecursionDepth) {
   Options o;
   EXPECT_ERROR_HAS("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", o, "max_recursion_depth exceeded");
-  EXPECT_ERROR_HAS("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}", o, "max_recursion_depth exceeded");
+  EXPECT_ERROR_HAS("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}", o,
+                   "max_recursion_depth exceeded");
   std::string nested;
   for (int i = 0; i < 200; ++i) nested += "{% if true %}";
   EXPECT_ERROR_HAS(nested, o, "max_recursion_depth exceeded");
   o.limits.max_recursion_depth = 5;
-  EXPECT_ERROR_HAS("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(10) }}", o, "max_recursion_depth exceeded");
+  EXPECT_ERROR_HAS("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(10) }}", o,
+                   "max_recursion_depth exceeded");
   EXPECT_EQ(render_error("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}", o), "");
 }
 
@@ -62,7 +64,8 @@ TEST(JinjaLimits, MaxLoopIterations) {
   Options o;
   o.limits.max_loop_iterations = 1000;
   // Counted over all loops of a render: 40 x 40 = 1600 iterations, each loop small.
-  EXPECT_ERROR_HAS("{% for i in range(40) %}{% for j in range(40) %}{% endfor %}{% endfor %}", o, "max_loop_iterations exceeded");
+  EXPECT_ERROR_HAS("{% for i in range(40) %}{% for j in range(40) %}{% endfor %}{% endfor %}", o,
+                   "max_loop_iterations exceeded");
   EXPECT_EQ(render_error("{% for i in range(30) %}{% for j in range(30) %}{% endfor %}{% endfor %}", o), "");
 }
 
@@ -76,8 +79,8 @@ TEST(JinjaLimits, MaxRangeSize) {
 }
 
 TEST(JinjaLimits, ValueNestingIsBounded) {
-  EXPECT_ERROR_HAS("{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}", Options{},
-                   "nested deeper than");
+  EXPECT_ERROR_HAS("{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}",
+                   Options{}, "nested deeper than");
   nlohmann::json deep = 1;
   for (int i = 0; i < 300; ++i) deep = nlohmann::json::array({deep});
   EXPECT_THROW(Template::parse("{{ x }}").render(nlohmann::json{{"x", deep}}), Error);
@@ -91,23 +94,35 @@ TEST(JinjaErrors, CarryLineAndColumn) {
   EXPECT_EQ(render_error("ab\n\n   {{ 1 // 0 }}"), "line 3, column 9: integer division or modulo by zero");
   EXPECT_EQ(render_error("é{{ missing.attr }}"), "line 1, column 13: 'missing' is undefined");
   EXPECT_EQ(render_error("{{ 'unterminated }}"), "line 1, column 4: unexpected end of string literal");
-  EXPECT_EQ(render_error("{% include 'x.j2' %}"), "line 1, column 1: 'include' is not supported: chat templates have no loader");
+  EXPECT_EQ(render_error("{% include 'x.j2' %}"),
+            "line 1, column 1: 'include' is not supported: chat templates have no loader");
   EXPECT_EQ(render_error("{% for x in [1] recursive %}{% endfor %}"),
             "line 1, column 17: recursive for loops are not supported");
 }
 
 TEST(JinjaValues, FloatsPrintLikePythonRepr) {
   // Python: [repr(x) for x in (...)]
-  const std::pair<double, const char*> cases[] = {
-      {0.1, "0.1"}, {1.0 / 3, "0.3333333333333333"}, {1e22, "1e+22"}, {123456789012345678.0, "1.2345678901234568e+17"},
-      {1e-7, "1e-07"}, {0.000123, "0.000123"}, {-2.5, "-2.5"}, {5e-324, "5e-324"}, {1.7976931348623157e308, "1.7976931348623157e+308"},
-      {100.0, "100.0"}, {9999999999999998.0, "9999999999999998.0"}, {INFINITY, "inf"}, {-INFINITY, "-inf"}, {NAN, "nan"}};
+  const std::pair<double, const char*> cases[] = {{0.1, "0.1"},
+                                                  {1.0 / 3, "0.3333333333333333"},
+                                                  {1e22, "1e+22"},
+                                                  {123456789012345678.0, "1.2345678901234568e+17"},
+                                                  {1e-7, "1e-07"},
+                                                  {0.000123, "0.000123"},
+                                                  {-2.5, "-2.5"},
+                                                  {5e-324, "5e-324"},
+                                                  {1.7976931348623157e308, "1.7976931348623157e+308"},
+                                                  {100.0, "100.0"},
+                                                  {9999999999999998.0, "9999999999999998.0"},
+                                                  {INFINITY, "inf"},
+                                                  {-INFINITY, "-inf"},
+                                                  {NAN, "nan"}};
   for (const auto& [d, want] : cases) EXPECT_EQ(format_float(d), want);
 }
 
 TEST(JinjaValues, JsonDumpsLikePython) {
   // Python: json.dumps(x, ensure_ascii=...) for the same values
-  const Value v = from_json(nlohmann::ordered_json::parse(R"({"z": [1, 2.0, -0.5], "a": {"é": "\u2028\u0000"}, "n": null})"));
+  const Value v =
+      from_json(nlohmann::ordered_json::parse(R"({"z": [1, 2.0, -0.5], "a": {"é": "\u2028\u0000"}, "n": null})"));
   EXPECT_EQ(to_json(v, JsonDumpOptions{}), "{\"z\": [1, 2.0, -0.5], \"a\": {\"é\": \"\u2028\\u0000\"}, \"n\": null}");
   JsonDumpOptions ascii;
   ascii.ensure_ascii = true;
@@ -132,11 +147,19 @@ namespace {
 // Random token soup: every input either renders or throws tessera::Error; nothing else escapes
 // (no crash, no std::out_of_range, no hang) under small limits.
 TEST(JinjaRobustness, RandomTemplatesOnlyThrowErrors) {
-  const char* pieces[] = {"{{", "}}", "{%", "%}", "{#", "#}", "-", "+", " ", "\n", "if", "elif", "else", "endif",
-                          "for", "in", "endfor", "set", "=", "macro", "endmacro", "m(", "x", "ns.a", "namespace(a=1)",
-                          "(", ")", "[", "]", "{", "}", ":", "'s'", "\"q\"", "|", "trim", "tojson", "length", "1",
-                          "-2", "3.5", ".", ",", "~", "*", "/", "//", "%", "**", "range(", "loop.index", "is",
-                          "defined", "not", "and", "or", "none", "[1,2][::-1]", "messages", "raw", "endraw", "break"};
+  const char* pieces[] = {"{{",         "}}",     "{%",          "%}",       "{#",
+                          "#}",         "-",      "+",           " ",        "\n",
+                          "if",         "elif",   "else",        "endif",    "for",
+                          "in",         "endfor", "set",         "=",        "macro",
+                          "endmacro",   "m(",     "x",           "ns.a",     "namespace(a=1)",
+                          "(",          ")",      "[",           "]",        "{",
+                          "}",          ":",      "'s'",         "\"q\"",    "|",
+                          "trim",       "tojson", "length",      "1",        "-2",
+                          "3.5",        ".",      ",",           "~",        "*",
+                          "/",          "//",     "%",           "**",       "range(",
+                          "loop.index", "is",     "defined",     "not",      "and",
+                          "or",         "none",   "[1,2][::-1]", "messages", "raw",
+                          "endraw",     "break"};
   std::mt19937 rng(1234);
   Options options = Options::huggingface();
   options.limits.max_steps = 20'000;

@@ -35,7 +35,8 @@ void check_stream(const Tokenizer& tok, const std::vector<int32_t>& ids, bool sk
 }
 
 TEST(IncrementalDetokenizer, FixtureTextsStreamLikeDecode) {
-  for (const auto& [fixture, alias] : {std::pair{"smollm2_llama.json", "smollm2-135m"}, {"gemma3_llama.json", "gemma3-270m"}}) {
+  for (const auto& [fixture, alias] :
+       {std::pair{"smollm2_llama.json", "smollm2-135m"}, {"gemma3_llama.json", "gemma3-270m"}}) {
     const auto fx = test::load_fixture(fixture);
     const auto model = test::open_cached(fx["model_file"].get<std::string>(), alias);
     if (!model.tok) continue;
@@ -50,8 +51,8 @@ TEST(IncrementalDetokenizer, FixtureTextsStreamLikeDecode) {
 // Random ids, biased towards tokens that are partial UTF-8 (byte tokens, byte-level pieces of
 // multi-byte characters), never produce a broken chunk.
 TEST(IncrementalDetokenizer, FuzzRandomTokenSequences) {
-  for (const auto& [file, alias] : {std::pair{"SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m"},
-                                    {"gemma-3-270m-q4_k_m.gguf", "gemma3-270m"}}) {
+  for (const auto& [file, alias] :
+       {std::pair{"SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m"}, {"gemma-3-270m-q4_k_m.gguf", "gemma3-270m"}}) {
     const auto model = test::open_cached(file, alias);
     if (!model.tok) continue;
     const Tokenizer& tok = *model.tok;
@@ -87,7 +88,8 @@ std::unique_ptr<Tokenizer> clean_spaces_vocab() {
 TEST(IncrementalDetokenizer, CleanSpacesLookAheadIsEnough) {
   const auto tok = clean_spaces_vocab();
   ASSERT_TRUE(tok->clean_spaces());
-  EXPECT_EQ(tok->decode(tok->encode("Hello , world ? it 's ok ' yes", false, false), true), "Hello, world? it's ok'yes");
+  EXPECT_EQ(tok->decode(tok->encode("Hello , world ? it 's ok ' yes", false, false), true),
+            "Hello, world? it's ok'yes");
   std::vector<int32_t> alphabet;
   for (const char* t : {"\xC4\xA0", ",", "?", ".", "!", "'", "s", "m", "r", "e", "v", "t", "d", "l", "a", "\xC4\xA0'",
                         "\xC4\xA0,", "'s", "re"})
@@ -110,7 +112,8 @@ TEST(IncrementalDetokenizer, CleanSpacesLookAheadIsEnough) {
 std::unique_ptr<Tokenizer> tiny_spm(bool add_space_prefix) {
   VocabSpec spec;
   spec.model = "llama";
-  spec.tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81hello", "\xE2\x96\x81world", "\xE2\x96\x81", "h", "e", "l", "o", "w", "r", "d"};
+  spec.tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81hello", "\xE2\x96\x81world", "\xE2\x96\x81", "h", "e", "l", "o",
+                 "w",     "r",   "d"};
   spec.token_types = {2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   spec.scores = {0, 0, 0, -1, -2, -3, -4, -5, -6, -7, -8, -9, -10};
   for (int b = 0; b < 256; ++b) {

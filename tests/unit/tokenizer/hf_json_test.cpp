@@ -18,7 +18,8 @@ using nlohmann::json;
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() / ("tessera_tok_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    path =
+        fs::temp_directory_path() / ("tessera_tok_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
     fs::create_directories(path);
   }
   ~TempDir() { fs::remove_all(path); }
@@ -66,8 +67,10 @@ TEST(TokenizerHfJson, SmolLM2MatchesHuggingFaceTokenizers) {
             << variant << " text #" << i << " add_special=" << add << " parse_special=" << parse;
       }
       const auto ids = cases[i]["ap"].get<std::vector<int32_t>>();
-      EXPECT_EQ(sanitize_utf8(tok->decode(ids, true)), cases[i]["decode_ap_skip"].get<std::string>()) << variant << " #" << i;
-      EXPECT_EQ(sanitize_utf8(tok->decode(ids, false)), cases[i]["decode_ap_keep"].get<std::string>()) << variant << " #" << i;
+      EXPECT_EQ(sanitize_utf8(tok->decode(ids, true)), cases[i]["decode_ap_skip"].get<std::string>())
+          << variant << " #" << i;
+      EXPECT_EQ(sanitize_utf8(tok->decode(ids, false)), cases[i]["decode_ap_keep"].get<std::string>())
+          << variant << " #" << i;
     }
     if (variant == "strings") {  // TemplateProcessing wraps the ids in <|im_start|> ... <|im_end|>
       EXPECT_TRUE(tok->add_bos() || tok->encode("x", true, false).front() == 1);
@@ -87,27 +90,31 @@ json tiny_tokenizer_json() {
     append_utf8(s, byte_to_unicode(static_cast<uint8_t>(b)));
     vocab[s] = id++;
   }
-  vocab["he"] = id++;         // 256
-  vocab["ll"] = id++;         // 257
-  vocab["hell"] = id++;       // 258
-  vocab["hello"] = id++;      // 259
-  vocab["<s>"] = id++;        // 260
-  vocab["</s>"] = id++;       // 261
-  return json{{"added_tokens", json::array({json{{"id", 260}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
-                                            json{{"id", 261}, {"content", "</s>"}, {"special", true}, {"normalized", false}}})},
-              {"normalizer", nullptr},
-              {"pre_tokenizer", json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-              {"decoder", json{{"type", "ByteLevel"}}},
-              {"post_processor", nullptr},
-              {"model", json{{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({"h e", "l l", "he ll", "hell o"})}}}};
+  vocab["he"] = id++;     // 256
+  vocab["ll"] = id++;     // 257
+  vocab["hell"] = id++;   // 258
+  vocab["hello"] = id++;  // 259
+  vocab["<s>"] = id++;    // 260
+  vocab["</s>"] = id++;   // 261
+  return json{
+      {"added_tokens", json::array({json{{"id", 260}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
+                                    json{{"id", 261}, {"content", "</s>"}, {"special", true}, {"normalized", false}}})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", json{{"type", "ByteLevel"}}},
+      {"post_processor", nullptr},
+      {"model", json{{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({"h e", "l l", "he ll", "hell o"})}}}};
 }
 
 TEST(TokenizerHfJson, ReadsTokenizerConfig) {
   TempDir dir;
   const std::string path = dir.write("tokenizer.json", tiny_tokenizer_json().dump());
-  dir.write("tokenizer_config.json",
-            json{{"bos_token", "<s>"}, {"eos_token", json{{"content", "</s>"}}}, {"add_bos_token", true},
-                 {"add_eos_token", true}, {"chat_template", "{{ messages }}"}}.dump());
+  dir.write("tokenizer_config.json", json{{"bos_token", "<s>"},
+                                          {"eos_token", json{{"content", "</s>"}}},
+                                          {"add_bos_token", true},
+                                          {"add_eos_token", true},
+                                          {"chat_template", "{{ messages }}"}}
+                                         .dump());
   const auto tok = Tokenizer::from_hf_json(path);
   EXPECT_EQ(tok->bos_id(), 260);
   EXPECT_EQ(tok->eos_id(), 261);

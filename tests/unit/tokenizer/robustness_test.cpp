@@ -43,7 +43,8 @@ TEST(TokenizerRobustness, MegabyteInputsRoundTrip) {
     expect_round_trip(*tok, std::string(1 << 20, '7'), "a million digits");
     expect_round_trip(*tok, std::string(1 << 19, '\n'), "half a million newlines");
     // append, not "a" + s: GCC 12 reports a false -Wrestrict (PR 105329) in that insert.
-    expect_round_trip(*tok, std::string("a").append(repeat("\xCC\x81", 1 << 18)), "a letter with 262144 combining acute accents");
+    expect_round_trip(*tok, std::string("a").append(repeat("\xCC\x81", 1 << 18)),
+                      "a letter with 262144 combining acute accents");
     expect_round_trip(*tok, repeat("\xF0\x9F\x91\xA8\xE2\x80\x8D", 1 << 15), "a long ZWJ chain");
   }
 }

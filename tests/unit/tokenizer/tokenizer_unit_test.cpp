@@ -83,7 +83,7 @@ TEST(TokenizerUnit, EndOfGenerationByName) {
   auto spec = byte_level_spec({"<|im_end|>", "<|endoftext|>", "<reponame>", "<|im_start|>"}, {});
   spec.special_ids["eos"] = 257;
   const auto tok = Tokenizer::from_spec(spec);
-  EXPECT_TRUE(tok->is_eog(256));   // <|im_end|>, made a control token although typed normal
+  EXPECT_TRUE(tok->is_eog(256));  // <|im_end|>, made a control token although typed normal
   EXPECT_TRUE(tok->is_control(256));
   EXPECT_TRUE(tok->is_eog(257));   // eos
   EXPECT_TRUE(tok->is_eog(258));   // <reponame> is llama.cpp's FIM "repo" token
@@ -95,8 +95,8 @@ TEST(TokenizerUnit, EndOfGenerationByName) {
 TEST(TokenizerUnit, RequiredSpecialIdsOutsideTheVocabularyAreRejected) {
   const auto spec0 = byte_level_spec({}, {});
   const int64_t n = static_cast<int64_t>(spec0.tokens.size());
-  for (const auto& [key, value] : {std::pair<std::string, int64_t>{"bos", n}, {"eos", 1000000000}, {"eot", -5},
-                                   {"eom", n + 1}}) {
+  for (const auto& [key, value] :
+       {std::pair<std::string, int64_t>{"bos", n}, {"eos", 1000000000}, {"eot", -5}, {"eom", n + 1}}) {
     auto spec = spec0;
     spec.special_ids[key] = value;
     try {
@@ -153,7 +153,9 @@ TEST(TokenizerUnit, Utf8Helpers) {
   EXPECT_EQ(pos, 2u);
   EXPECT_EQ(decode_utf8_lenient("\xED\xA0\x80"), std::vector<uint32_t>{0xD800});  // surrogate as written
   EXPECT_EQ(decode_utf8_lenient("\xF4\x90\x80\x80"), (std::vector<uint32_t>{0xFFFD, 0xFFFD, 0xFFFD, 0xFFFD}));
-  EXPECT_EQ(decode_utf8_lenient("\xE2\x82" "a"), (std::vector<uint32_t>{0xFFFD, 0xFFFD, 'a'}));
+  EXPECT_EQ(decode_utf8_lenient("\xE2\x82"
+                                "a"),
+            (std::vector<uint32_t>{0xFFFD, 0xFFFD, 'a'}));
   EXPECT_TRUE(is_valid_utf8("h\xC3\xA9\xF0\x9F\x98\x80"));
   EXPECT_FALSE(is_valid_utf8("\xC0\x80"));
   EXPECT_FALSE(is_valid_utf8("\xED\xA0\x80"));
@@ -161,15 +163,18 @@ TEST(TokenizerUnit, Utf8Helpers) {
   EXPECT_EQ(incomplete_utf8_suffix("ab\xF0\x9F\x98"), 3u);
   EXPECT_EQ(incomplete_utf8_suffix("ab\xE2\x28"), 0u);
   EXPECT_EQ(incomplete_utf8_suffix("ab\x80"), 0u);
-  EXPECT_EQ(sanitize_utf8("a\xE2\x82" "b\xFF"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");  // maximal subparts
+  EXPECT_EQ(sanitize_utf8("a\xE2\x82"
+                          "b\xFF"),
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD");               // maximal subparts
   EXPECT_EQ(byte_to_unicode(' '), 0x120u);  // 'Ġ'
   EXPECT_EQ(byte_to_unicode('!'), static_cast<uint32_t>('!'));
   for (int b = 0; b < 256; ++b) EXPECT_EQ(unicode_to_byte(byte_to_unicode(static_cast<uint8_t>(b))), b);
   EXPECT_EQ(unicode_to_byte('A' + 0x1000), -1);
   EXPECT_EQ(unicode_class('7'), UnicodeClass::Number);
-  EXPECT_EQ(unicode_class(0x4E2D), UnicodeClass::Letter);     // 中
+  EXPECT_EQ(unicode_class(0x4E2D), UnicodeClass::Letter);  // 中
   EXPECT_EQ(unicode_class(0x0301), UnicodeClass::Mark);
-  EXPECT_EQ(unicode_class(0x1F6DC), UnicodeClass::Symbol);    // new in Unicode 15
+  EXPECT_EQ(unicode_class(0x1F6DC), UnicodeClass::Symbol);  // new in Unicode 15
   EXPECT_EQ(unicode_class(0x0378), UnicodeClass::Undefined);
   EXPECT_TRUE(unicode_is_whitespace(0x3000));
   EXPECT_FALSE(unicode_is_whitespace(0x1C));  // not White_Space in llama.cpp's table
@@ -188,7 +193,8 @@ TEST(TokenizerUnit, LlamaSplitterGpt2Rules) {
   const LlamaSplitter split(llama_pre_tokenizer("gpt-2").regexes);
   const auto words = split.split("Hello world's  12 !!", false);
   EXPECT_EQ(words, (std::vector<std::string>{"Hello", " world", "'s", " ", " 12", " !!"}));
-  EXPECT_EQ(split.split(" a", true), std::vector<std::string>{"\xC4\xA0" "a"});  // byte-level 'Ġa'
+  EXPECT_EQ(split.split(" a", true), std::vector<std::string>{"\xC4\xA0"
+                                                              "a"});  // byte-level 'Ġa'
   EXPECT_FALSE(llama_pre_tokenizer_names().empty());
 }
 
