@@ -58,7 +58,8 @@ void fill_weights(DType t, uint8_t* p, int64_t rows, int64_t cols, std::mt19937&
     const int64_t n = rows * cols;
     for (int64_t i = 0; i < n; ++i) {
       const float v = std::uniform_real_distribution<float>(-1, 1)(gen);
-      if (t == DType::F32) std::memcpy(p + 4 * i, &v, 4);
+      if (t == DType::F32)
+        std::memcpy(p + 4 * i, &v, 4);
       else {
         const uint16_t h = t == DType::F16 ? f32_to_fp16(v) : f32_to_bf16(v);
         std::memcpy(p + 2 * i, &h, 2);
@@ -71,11 +72,24 @@ void fill_weights(DType t, uint8_t* p, int64_t rows, int64_t cols, std::mt19937&
   for (int64_t b = 0; b < nblocks; ++b) {
     uint8_t* blk = p + b * bb;
     switch (t) {
-      case DType::Q4_1: case DType::Q5_1: std::memcpy(blk, &d, 2), std::memcpy(blk + 2, &m, 2); break;
-      case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: std::memcpy(blk, &d, 2); break;
-      case DType::Q4_K: case DType::Q5_K: std::memcpy(blk, &d, 2), std::memcpy(blk + 2, &d, 2); break;
-      case DType::Q6_K: std::memcpy(blk + bb - 2, &d, 2); break;
-      default: break;
+      case DType::Q4_1:
+      case DType::Q5_1:
+        std::memcpy(blk, &d, 2), std::memcpy(blk + 2, &m, 2);
+        break;
+      case DType::Q4_0:
+      case DType::Q5_0:
+      case DType::Q8_0:
+        std::memcpy(blk, &d, 2);
+        break;
+      case DType::Q4_K:
+      case DType::Q5_K:
+        std::memcpy(blk, &d, 2), std::memcpy(blk + 2, &d, 2);
+        break;
+      case DType::Q6_K:
+        std::memcpy(blk + bb - 2, &d, 2);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -84,7 +98,8 @@ struct Matrix {
   DType type;
   int64_t rows, cols;
   AlignedBuffer<uint8_t> data;
-  Matrix(DType t, int64_t r, int64_t c, std::mt19937& gen) : type(t), rows(r), cols(c), data(r * dtype_row_bytes(t, c)) {
+  Matrix(DType t, int64_t r, int64_t c, std::mt19937& gen)
+      : type(t), rows(r), cols(c), data(r * dtype_row_bytes(t, c)) {
     fill_weights(t, data.data(), r, c, gen);
   }
   int64_t bytes() const { return rows * dtype_row_bytes(type, cols); }
@@ -144,9 +159,11 @@ void bench_shape(CpuMatmul& mm, const char* name, DType t, int64_t rows, int64_t
     mm.run(x.data(), 1, cols, std::span(&c, 1));
   });
   const double pre = median_seconds(quick ? 3 : 10, [&] { mm.run(x.data(), prefill, cols, std::span(&tg, 1)); });
-  std::printf("%-26s decode hot %8.1f us %6.1f GB/s %6.1f GFLOP/s | cold %8.1f us %6.1f GB/s | prefill 512 %8.2f ms %6.1f GFLOP/s\n",
-              name, hot * 1e6, wbytes / hot / 1e9, flop1 / hot / 1e9, cold * 1e6, wbytes / cold / 1e9, pre * 1e3,
-              flop1 * prefill / pre / 1e9);
+  std::printf(
+      "%-26s decode hot %8.1f us %6.1f GB/s %6.1f GFLOP/s | cold %8.1f us %6.1f GB/s | prefill 512 %8.2f ms %6.1f "
+      "GFLOP/s\n",
+      name, hot * 1e6, wbytes / hot / 1e9, flop1 / hot / 1e9, cold * 1e6, wbytes / cold / 1e9, pre * 1e3,
+      flop1 * prefill / pre / 1e9);
 }
 
 // All matmuls of SmolLM2-135M (Q4_1 layers, Q8_0 tied output head) for one decode step or
@@ -173,7 +190,8 @@ void bench_model(ThreadPool& pool, CpuMatmul& mm, bool quick, std::mt19937& gen)
     for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(gen);
     const double secs = median_seconds(n == 1 ? (quick ? 5 : 30) : (quick ? 1 : 3), [&] {
       for (const Layer& L : layers) {
-        const MatmulTarget qkv[3] = {{L.q.view(), y1.data(), kDim}, {L.k.view(), y2.data(), kKv}, {L.v.view(), y3.data(), kKv}};
+        const MatmulTarget qkv[3] = {
+            {L.q.view(), y1.data(), kDim}, {L.k.view(), y2.data(), kKv}, {L.v.view(), y3.data(), kKv}};
         mm.run(x.data(), n, kDim, qkv);
         const MatmulTarget o{L.o.view(), y1.data(), kDim};
         mm.run(x.data(), n, kDim, std::span(&o, 1));
@@ -193,8 +211,9 @@ void bench_model(ThreadPool& pool, CpuMatmul& mm, bool quick, std::mt19937& gen)
   AlignedBuffer<uint8_t> buf(static_cast<size_t>(bytes) / 4096 * 4096);
   std::memset(buf.data(), 1, buf.size());
   const double s = stream_seconds(pool, buf, quick ? 5 : 20);
-  std::printf("floor: reading the %.1f MB of weights once takes %.2f ms (%.1f GB/s) = %.0f steps/s if nothing else ran\n",
-              bytes / 1e6, s * 1e3, bytes / s / 1e9, 1.0 / s);
+  std::printf(
+      "floor: reading the %.1f MB of weights once takes %.2f ms (%.1f GB/s) = %.0f steps/s if nothing else ran\n",
+      bytes / 1e6, s * 1e3, bytes / s / 1e9, 1.0 / s);
 }
 
 }  // namespace
@@ -204,11 +223,16 @@ int main(int argc, char** argv) {
   bool quick = false, types = false;
   std::string only_type;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick") quick = true;
-    else if (std::string(argv[i]) == "--types") types = true;
-    else if (std::string(argv[i]).rfind("--types=", 0) == 0) types = true, only_type = argv[i] + 8;
-    else if (std::string(argv[i]) == "--cpu") g_cpu_time = true;
-    else threads = std::atoi(argv[i]);
+    if (std::string(argv[i]) == "--quick")
+      quick = true;
+    else if (std::string(argv[i]) == "--types")
+      types = true;
+    else if (std::string(argv[i]).rfind("--types=", 0) == 0)
+      types = true, only_type = argv[i] + 8;
+    else if (std::string(argv[i]) == "--cpu")
+      g_cpu_time = true;
+    else
+      threads = std::atoi(argv[i]);
   }
   ThreadPool pool(threads);
   CpuMatmul mm(pool);
