@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/engine_model.h"
 #include "format/gguf.h"
 #include "server/api/api_error.h"
 #include "server/api/served_model.h"
@@ -77,6 +78,21 @@ tessera::api::ApiError expect_api_error(Fn&& fn) {
   }
   ADD_FAILURE() << "no ApiError thrown";
   return tessera::api::ApiError(0, "", "", std::nullopt, std::nullopt);
+}
+
+// A small engine on SmolLM2 for API tests: one thread (ctest runs suites side by side on 2
+// cores), 8 sequences of up to 512 tokens, 128 KV blocks, no warm-up.
+inline tessera::ModelEngineOptions small_engine_options(const std::string& model_path) {
+  tessera::ModelEngineOptions o;
+  o.session.model = model_path;
+  o.session.backend.threads = 1;
+  o.scheduler.max_num_batched_tokens = 64;
+  o.scheduler.max_num_seqs = 8;
+  o.scheduler.max_model_len = 512;
+  o.max_kv_blocks = 128;
+  o.kv_cache_bytes = 64ll << 20;
+  o.warmup = false;
+  return o;
 }
 
 }  // namespace api_test

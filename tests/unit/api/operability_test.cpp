@@ -28,16 +28,7 @@ class OperabilityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(model_file())) return;
-    ModelEngineOptions o;
-    o.session.model = model_file();
-    o.session.backend.threads = 1;
-    o.scheduler.max_num_batched_tokens = 64;
-    o.scheduler.max_num_seqs = 8;
-    o.scheduler.max_model_len = 512;
-    o.max_kv_blocks = 128;
-    o.kv_cache_bytes = 64ll << 20;
-    o.warmup = false;
-    model_ = new ModelEngine(o);
+    model_ = new ModelEngine(api_test::small_engine_options(model_file()));
   }
   static void TearDownTestSuite() {
     delete model_;
