@@ -376,10 +376,12 @@ TEST(Engine, ProgressAndPromptLogprobsComeBeforeTheFirstToken) {
   GatedExecutor gate(*f.sim);
   Engine engine(f.config, gate);
   Request first = greedy({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, 3);
+  // Taken before submit: the engine may schedule the request (and stamp scheduled_at) before
+  // the gate opens; it publishes the progress only after the gated forward.
+  const auto before = std::chrono::steady_clock::now();
   SubmitResult a = engine.submit(first);
   ASSERT_TRUE(a.ok());
   EXPECT_FALSE(a.stream->progress()->scheduled_at.has_value());
-  const auto before = std::chrono::steady_clock::now();
   gate.open();
   a.stream->collect();
   const RequestProgress pa = *a.stream->progress();

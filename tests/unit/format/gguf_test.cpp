@@ -234,7 +234,7 @@ TEST(GGUFParse, RejectsEveryTruncation) {
     const std::vector<uint8_t> prefix(bytes.begin(), bytes.begin() + n);
     // Header cuts say "truncated"; cuts in the data say "runs past end of file".
     const std::unique_ptr<uint8_t[]> copy(new uint8_t[std::max<size_t>(n, 1)]);
-    std::memcpy(copy.get(), prefix.data(), n);
+    if (n > 0) std::memcpy(copy.get(), prefix.data(), n);  // data() of an empty vector may be null
     try {
       GGUFFile::parse(copy.get(), n, "bad.gguf");
       ADD_FAILURE() << "accepted";
