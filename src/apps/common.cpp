@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/engine_summary.h"
+#include "engine/kv_scales.h"
 
 namespace tessera::apps {
 
@@ -20,7 +21,13 @@ void ModelArgs::add_to(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("-b,--batch-size", batch, "tokens per forward (prefill chunk)")->capture_default_str();
   cmd.add_option("--block-size", block_size, "tokens per KV block")->capture_default_str();
-  cmd.add_option("--kv-type", kv_type, "KV cache type: f16 or f32")->capture_default_str();
+  cmd.add_option("--kv-cache-dtype,--kv-type", kv_cache_dtype,
+                 "KV cache format of K and V: f16, f32, fp8[_e4m3|_e5m2][:tensor|:head|:token], int8[:token|:gN], "
+                 "int4[:kivi|:gN], turbo2.5|3|3.5|4 (docs/design/kv-quant.md)")
+      ->capture_default_str();
+  cmd.add_option("--k-cache-dtype", k_cache_dtype, "format of K alone (overrides --kv-cache-dtype)");
+  cmd.add_option("--v-cache-dtype", v_cache_dtype, "format of V alone (overrides --kv-cache-dtype)");
+  cmd.add_option("--kv-scales", kv_scales, "static KV scales (JSON from tessera calibrate-kv) for fp8 :tensor/:head");
   cmd.add_flag("--no-cuda-graphs", no_cuda_graphs, "CUDA: launch every op instead of replaying decode graphs");
 }
 
@@ -33,12 +40,16 @@ SessionOptions ModelArgs::session_options() const {
   o.ctx = max_model_len;
   o.max_batch_tokens = batch;
   o.block_size = block_size;
-  if (kv_type == "f16")
-    o.kv_dtype = DType::F16;
-  else if (kv_type == "f32")
-    o.kv_dtype = DType::F32;
-  else
-    fail("--kv-type '", kv_type, "' is not one of f16, f32");
+  o.k_format = parse_kv_format(k_cache_dtype.empty() ? kv_cache_dtype : k_cache_dtype, true);
+  o.v_format = parse_kv_format(v_cache_dtype.empty() ? kv_cache_dtype : v_cache_dtype, false);
+  if (!kv_scales.empty()) {
+    const KvScales s = read_kv_scales(kv_scales);
+    TESSERA_CHECK(o.k_format.static_scale() || o.v_format.static_scale(), "--kv-scales ", kv_scales, ": the KV format ",
+                  kv_format_name(o.k_format), "/", kv_format_name(o.v_format),
+                  " takes no static scales (fp8 :tensor or :head does)");
+    if (o.k_format.static_scale()) o.k_scales = s.k;
+    if (o.v_format.static_scale()) o.v_scales = s.v;
+  }
   o.dummy_seed = seed;
   return o;
 }

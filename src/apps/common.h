@@ -16,7 +16,9 @@ struct ModelArgs {
   int max_model_len = 0;  // prompt + output tokens of one sequence; 0 = the model's trained context
   int batch = 512;
   int block_size = 16;
-  std::string kv_type = "f16";
+  std::string kv_cache_dtype = "f16";  // K and V, unless --k-cache-dtype / --v-cache-dtype say otherwise
+  std::string k_cache_dtype, v_cache_dtype;
+  std::string kv_scales;  // static scales file (tessera calibrate-kv)
   bool no_cuda_graphs = false;
   uint64_t seed = 0;  // dummy weights
 

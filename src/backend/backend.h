@@ -175,6 +175,11 @@ class Backend {
       if (plan.argmax_only[r]) plan.argmax[r] = host_row_argmax(host + static_cast<size_t>(r) * n_vocab, n_vocab);
   }
 
+  // ---- KV storage formats ----
+
+  // Whether kv_store and attention take K / V in format f (backend/kv_format.h).
+  virtual bool supports_kv_format(const KvFormat& f) const { return f.is_plain(); }
+
   // ---- Graphs: a stretch of ops recorded once and launched again (the ModelRunner's) ----
 
   // A recorded stretch of ops. launch() runs them again with the same arguments; what they

@@ -4,6 +4,7 @@
 // not depend on the op interface.
 #include <cstdint>
 
+#include "backend/kv_format.h"
 #include "backend/tensor.h"
 
 namespace tessera {
@@ -31,16 +32,30 @@ double rope_inv_freq(const RopeConfig& cfg, int i, const float* host_freq_factor
 // Whether two configurations give the same rotation (for caching tables per configuration).
 bool same_rope_config(const RopeConfig& a, const RopeConfig& b);
 
-// One layer's paged KV storage: K and V each [n_blocks, n_kv_heads, block_size, head_dim],
-// so one head's keys of one block are contiguous.
+// One layer's paged KV storage. K and V are each an array of pages, one per (block, KV head):
+// page block * n_kv_heads + head at byte offset page * {k,v}_page_bytes, laid out as
+// kv_format.h says (plain f16/f32: [block_size, head_dim] elements). The constants are the
+// layer's static scales and TurboQuant tables (kv_codec.h, KvConstantsLayout), in this
+// backend's memory, or null for formats that have none.
 struct KvLayerView {
   void* k = nullptr;
   void* v = nullptr;
-  DType dtype = DType::F16;  // F16 or F32
+  KvFormat k_fmt;
+  KvFormat v_fmt;
   int n_blocks = 0;
   int block_size = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
+  int64_t k_page_bytes = 0;
+  int64_t v_page_bytes = 0;
+  const float* k_consts = nullptr;
+  const float* v_consts = nullptr;
+
+  // F16 or F32 when K and V are both stored in that plain type, Unknown otherwise.
+  DType plain_dtype() const { return k_fmt == v_fmt ? k_fmt.plain_dtype() : DType::Unknown; }
 };
+
+// A view of plain f16/f32 storage ([n_blocks, n_kv_heads, block_size, head_dim] each).
+KvLayerView plain_kv_view(void* k, void* v, DType dtype, int n_blocks, int block_size, int n_kv_heads, int head_dim);
 
 }  // namespace tessera

@@ -38,7 +38,10 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   spec.n_kv_heads = mc.n_head_kv;
   spec.head_dim = mc.head_dim;
   spec.block_size = o.session.block_size;
-  spec.dtype = o.session.kv_dtype;
+  spec.k_format = o.session.k_format;
+  spec.v_format = o.session.v_format;
+  spec.k_scales = o.session.k_scales;
+  spec.v_scales = o.session.v_scales;
   Backend& backend = session_->backend();
   // The largest step the engine will run, once, so a budget that cannot hold its
   // activations fails here and not under load. Its KV lands in the first blocks of `kv`.
@@ -120,7 +123,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   config_.prefix_caching = o.prefix_caching;
   std::ostringstream fp;
   fp << session_->weights().source << '|' << mc.n_vocab << '|' << mc.n_layer << '|' << session_->weights().weight_bytes
-     << '|' << dtype_name(spec.dtype);
+     << '|' << spec.format_name();
   config_.model_fingerprint = fp.str();
   config_.vocab_size = mc.n_vocab;
   config_.admission = o.admission;

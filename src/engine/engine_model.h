@@ -11,7 +11,7 @@
 namespace tessera {
 
 struct ModelEngineOptions {
-  SessionOptions session;  // model, backend, kv_dtype, block_size (ctx, batch sizes are set here)
+  SessionOptions session;  // model, backend, KV formats, block_size (ctx, batch sizes are set here)
   // max_model_len 0 = the trained context, at most 8192; max_logits_rows 0 = max_num_seqs +
   // prompt_logprob_rows; preemption_mode Swap needs swap_space_bytes.
   SchedulerConfig scheduler;

@@ -46,10 +46,9 @@ EngineSummary describe_engine(ModelEngine& engine, const std::string& model_arg)
   s.n_params = mc.n_params();
   s.trained_context = mc.n_ctx_train;
   s.max_model_len = ec.scheduler.max_model_len;
-  s.kv_dtype = std::string(dtype_name(engine.kv().spec().dtype));
-  // As --kv-type spells it.
-  std::transform(s.kv_dtype.begin(), s.kv_dtype.end(), s.kv_dtype.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const KvCacheSpec& kv = engine.kv().spec();
+  s.kv_dtype = kv.format_name();  // as --kv-cache-dtype spells it
+  s.kv_bits_per_element = 8.0 * kv.bytes_per_token() / (2.0 * kv.n_layers * kv.n_kv_heads * kv.head_dim);
   s.block_size = ec.block_size;
   s.n_blocks = ec.n_blocks;
   s.kv_block_bytes = ec.kv_block_bytes;
@@ -81,9 +80,11 @@ std::string format_engine_summary(const EngineSummary& s) {
   std::snprintf(buf, sizeof buf, "max %d tokens per sequence (--max-model-len; trained %d)", s.max_model_len,
                 s.trained_context);
   line("context", buf);
-  std::snprintf(buf, sizeof buf, "%s, %d blocks of %d tokens = %lld tokens (%s); %.2f sequences of %d tokens at once",
-                s.kv_dtype.c_str(), s.n_blocks, s.block_size, static_cast<long long>(s.kv_tokens()),
-                human_bytes_binary(s.kv_block_bytes * s.n_blocks).c_str(), s.max_concurrency(), s.max_model_len);
+  std::snprintf(
+      buf, sizeof buf,
+      "%s (%.2f bits/element), %d blocks of %d tokens = %lld tokens (%s); %.2f sequences of %d tokens at once",
+      s.kv_dtype.c_str(), s.kv_bits_per_element, s.n_blocks, s.block_size, static_cast<long long>(s.kv_tokens()),
+      human_bytes_binary(s.kv_block_bytes * s.n_blocks).c_str(), s.max_concurrency(), s.max_model_len);
   line("KV cache", buf);
   if (s.n_host_blocks > 0) {
     std::snprintf(buf, sizeof buf, "%d host blocks (%s) for swapped-out sequences", s.n_host_blocks,

@@ -15,8 +15,9 @@ struct EngineSummary {
   std::string architecture;  // "llama", "qwen2", ...
   int64_t n_params = 0;
   int trained_context = 0;
-  int max_model_len = 0;  // prompt + output tokens of one sequence
-  std::string kv_dtype;   // "f16", "f32"
+  int max_model_len = 0;            // prompt + output tokens of one sequence
+  std::string kv_dtype;             // "f16", "fp8_e4m3", "k=int4:channel v=int4:g32", ...
+  double kv_bits_per_element = 16;  // storage per K/V element, scales included
   int block_size = 0;
   int n_blocks = 0;
   int64_t kv_block_bytes = 0;

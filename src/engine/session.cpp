@@ -76,7 +76,10 @@ void Session::make_kv(int tokens) {
   spec.head_dim = c.head_dim;
   spec.block_size = options_.block_size;
   spec.n_blocks = (tokens + options_.block_size - 1) / options_.block_size;
-  spec.dtype = options_.kv_dtype;
+  spec.k_format = options_.k_format;
+  spec.v_format = options_.v_format;
+  spec.k_scales = options_.k_scales;
+  spec.v_scales = options_.v_scales;
   kv_.reset();  // free the old cache before allocating the new one
   kv_ = std::make_unique<KvCache>(*backend_, spec);
   runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *backend_);

@@ -26,7 +26,11 @@ struct SessionOptions {
   int max_batch_tokens = 512;  // tokens per forward (prefill chunk)
   int max_logits = 1;          // logits rows per forward
   int block_size = 16;         // tokens per KV block
-  DType kv_dtype = DType::F16;
+  // KV storage formats (backend/kv_format.h) and static scales (fp8 :tensor / :head; per
+  // layer, one value or one per KV head; empty = 1.0).
+  KvFormat k_format = kv_format_of(DType::F16);
+  KvFormat v_format = kv_format_of(DType::F16);
+  std::vector<std::vector<float>> k_scales, v_scales;
   uint64_t dummy_seed = 0;  // for dummy weights
 };
 

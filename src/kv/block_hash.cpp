@@ -37,7 +37,7 @@ BlockHash block_hash(const BlockHash& parent, std::span<const int32_t> tokens) {
   const uint64_t n = tokens.size();
   std::memcpy(p, parent.bytes.data(), 32);
   std::memcpy(p + 32, &n, 8);
-  std::memcpy(p + 40, tokens.data(), 4 * tokens.size());
+  if (!tokens.empty()) std::memcpy(p + 40, tokens.data(), 4 * tokens.size());  // an empty span's data() may be null
   BlockHash h;
   SHA256(p, bytes, h.bytes.data());
   return h;

@@ -1,39 +1,90 @@
 #include "kv/kv_cache.h"
 
 #include <cstring>
+#include <span>
+
+#include "backend/kv_codec.h"
 
 #include "core/error.h"
 
 namespace tessera {
 
-int64_t KvCacheSpec::bytes_per_token() const {
-  const int64_t elem = dtype == DType::F32 ? 4 : 2;
-  return 2 * static_cast<int64_t>(n_layers) * n_kv_heads * head_dim * elem;
+std::string KvCacheSpec::format_name() const {
+  const std::string k = kv_format_name(k_format, true), v = kv_format_name(v_format);
+  // int4's KIVI pair (per-channel keys, per-token values) is one name, as the flag takes it.
+  if (k == v || (k == "int4:channel" && v == "int4:g32")) return k == v ? k : "int4";
+  return "k=" + k + " v=" + v;
 }
 
+namespace {
+// The layer's constants in backend memory, or null when the format has none.
+void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat& f, int layer, bool is_key) {
+  if (f.is_plain()) return nullptr;
+  const auto& scales = is_key ? spec.k_scales : spec.v_scales;
+  TESSERA_CHECK(scales.empty() || scales.size() == static_cast<size_t>(spec.n_layers), "KV cache: ", is_key ? "K" : "V",
+                " scales for ", scales.size(), " layers, the model has ", spec.n_layers);
+  if (!scales.empty())
+    TESSERA_CHECK(f.static_scale(), "KV cache: static ", is_key ? "K" : "V", " scales given, but ", kv_format_name(f),
+                  " computes its scales per token");
+  const std::span<const float> s = scales.empty() ? std::span<const float>() : std::span<const float>(scales[layer]);
+  const std::vector<float> host = make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s);
+  void* dev = backend.alloc(sizeof(float) * host.size());
+  backend.copy_to_device(dev, host.data(), sizeof(float) * host.size());
+  return dev;
+}
+}  // namespace
+
 KvCache::KvCache(Backend& backend, const KvCacheSpec& spec) : backend_(backend), spec_(spec) {
-  TESSERA_CHECK(spec.dtype == DType::F16 || spec.dtype == DType::F32, "KV cache: unsupported dtype ",
-                dtype_name(spec.dtype), " (F16 or F32)");
   TESSERA_CHECK(spec.block_size >= 1 && spec.block_size <= 1024, "KV cache: block size ", spec.block_size,
                 " is outside [1, 1024]");
   TESSERA_CHECK(spec.n_blocks >= 1, "KV cache: needs at least one block");
-  const size_t bytes =
-      static_cast<size_t>(spec.bytes_per_token() / spec.n_layers / 2) * spec.block_size * spec.n_blocks;
+  for (const KvFormat& f : {spec.k_format, spec.v_format}) {
+    check_kv_format(f, spec.head_dim, spec.block_size);
+    TESSERA_CHECK(backend.supports_kv_format(f), "KV cache: the ", backend.name(), " backend does not store KV as ",
+                  kv_format_name(f));
+  }
   k_.resize(spec.n_layers, nullptr);
   v_.resize(spec.n_layers, nullptr);
-  for (int i = 0; i < spec.n_layers; ++i) {
-    k_[i] = backend_.alloc(bytes);
-    v_[i] = backend_.alloc(bytes);
+  k_consts_.resize(spec.n_layers, nullptr);
+  v_consts_.resize(spec.n_layers, nullptr);
+  try {
+    for (int i = 0; i < spec.n_layers; ++i) {
+      k_[i] = backend_.alloc(static_cast<size_t>(spec.k_layer_block_bytes()) * spec.n_blocks);
+      v_[i] = backend_.alloc(static_cast<size_t>(spec.v_layer_block_bytes()) * spec.n_blocks);
+      k_consts_[i] = upload_constants(backend_, spec, spec.k_format, i, true);
+      v_consts_[i] = upload_constants(backend_, spec, spec.v_format, i, false);
+    }
+  } catch (...) {
+    release();
+    throw;
   }
 }
 
-KvCache::~KvCache() {
-  for (void* p : k_) backend_.free(p);
-  for (void* p : v_) backend_.free(p);
+void KvCache::release() {
+  for (auto* list : {&k_, &v_, &k_consts_, &v_consts_})
+    for (void*& p : *list) {
+      if (p) backend_.free(p);
+      p = nullptr;
+    }
 }
 
+KvCache::~KvCache() { release(); }
+
 KvLayerView KvCache::layer(int i) const {
-  return KvLayerView{k_[i], v_[i], spec_.dtype, spec_.n_blocks, spec_.block_size, spec_.n_kv_heads, spec_.head_dim};
+  KvLayerView view;
+  view.k = k_[i];
+  view.v = v_[i];
+  view.k_fmt = spec_.k_format;
+  view.v_fmt = spec_.v_format;
+  view.n_blocks = spec_.n_blocks;
+  view.block_size = spec_.block_size;
+  view.n_kv_heads = spec_.n_kv_heads;
+  view.head_dim = spec_.head_dim;
+  view.k_page_bytes = spec_.k_page_bytes();
+  view.v_page_bytes = spec_.v_page_bytes();
+  view.k_consts = static_cast<const float*>(k_consts_[i]);
+  view.v_consts = static_cast<const float*>(v_consts_[i]);
+  return view;
 }
 
 BlockPool::BlockPool(int n_blocks) : ref_(n_blocks, 0) {

@@ -1,11 +1,14 @@
 #pragma once
 // Paged KV storage and its block accounting.
 //
-// KvCache owns the K/V tensors of every layer (memory of the run, allocated through the
-// backend): [n_blocks, n_kv_heads, block_size, head_dim] each. A block is found by index only.
+// KvCache owns the K/V storage of every layer (memory of the run, allocated through the
+// backend): per layer, K and V are each [n_blocks, n_kv_heads] pages in their format
+// (backend/kv_format.h; f16: [block_size, head_dim] elements a page), plus the layer's
+// format constants (static scales, TurboQuant tables). A block is found by index only.
 // BlockPool hands out block indices with reference counts; a sequence owns a block table
 // (SequenceBlocks). Allocation is all-or-nothing.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -18,10 +21,38 @@ struct KvCacheSpec {
   int head_dim = 0;
   int block_size = 16;
   int n_blocks = 0;
-  DType dtype = DType::F16;  // F16 or F32
-  // Bytes of K and V for one token across all layers.
-  int64_t bytes_per_token() const;
-  int64_t total_bytes() const { return bytes_per_token() * block_size * n_blocks; }
+  KvFormat k_format = kv_format_of(DType::F16);
+  KvFormat v_format = kv_format_of(DType::F16);
+  uint64_t seed = 0x7e55e2a;  // TurboQuant rotations and sketches
+  // Static scales (fp8 :tensor / :head), per layer: one value or one per KV head; empty =
+  // 1.0 everywhere (vLLM's default without a checkpoint scale).
+  std::vector<std::vector<float>> k_scales, v_scales;
+
+  // A cache with K and V both in `plain` (F16 or F32).
+  static KvCacheSpec plain(int n_layers, int n_kv_heads, int head_dim, int block_size, int n_blocks, DType plain) {
+    KvCacheSpec s;
+    s.n_layers = n_layers;
+    s.n_kv_heads = n_kv_heads;
+    s.head_dim = head_dim;
+    s.block_size = block_size;
+    s.n_blocks = n_blocks;
+    s.set_plain(plain);
+    return s;
+  }
+  // Both K and V in `plain` (F16 or F32).
+  void set_plain(DType plain) { k_format = v_format = kv_format_of(plain); }
+  int64_t k_page_bytes() const { return kv_page_layout(k_format, block_size, head_dim).page_bytes; }
+  int64_t v_page_bytes() const { return kv_page_layout(v_format, block_size, head_dim).page_bytes; }
+  // Bytes of one layer's K (or V) part of a block: n_kv_heads pages.
+  int64_t k_layer_block_bytes() const { return k_page_bytes() * n_kv_heads; }
+  int64_t v_layer_block_bytes() const { return v_page_bytes() * n_kv_heads; }
+  // Bytes of one block across all layers, K and V, scales included.
+  int64_t block_bytes() const { return (k_layer_block_bytes() + v_layer_block_bytes()) * n_layers; }
+  // Mean bytes per token (block_bytes / block_size), for reports.
+  double bytes_per_token() const { return static_cast<double>(block_bytes()) / block_size; }
+  int64_t total_bytes() const { return block_bytes() * n_blocks; }
+  // "f16", or "k=int4:channel v=int4:g32" when K and V differ.
+  std::string format_name() const;
 };
 
 class KvCache {
@@ -37,9 +68,12 @@ class KvCache {
   Backend& backend() const { return backend_; }
 
  private:
+  void release();
+
   Backend& backend_;
   KvCacheSpec spec_;
-  std::vector<void*> k_, v_;  // per layer
+  std::vector<void*> k_, v_;                // per layer
+  std::vector<void*> k_consts_, v_consts_;  // per layer; null for formats without constants
 };
 
 class BlockPool {

@@ -11,15 +11,14 @@ namespace tessera {
 
 void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies) {
   const KvCacheSpec& spec = kv.spec();
-  const size_t elem = spec.dtype == DType::F32 ? 4 : 2;
-  const size_t block_bytes = static_cast<size_t>(spec.n_kv_heads) * spec.block_size * spec.head_dim * elem;
   for (const BlockCopy& c : copies)
     TESSERA_CHECK(c.src >= 0 && c.src < spec.n_blocks && c.dst >= 0 && c.dst < spec.n_blocks && c.src != c.dst,
                   "KV copy: block ", c.src, " -> ", c.dst, " outside [0, ", spec.n_blocks, ")");
   for (int l = 0; l < spec.n_layers; ++l) {
     const KvLayerView view = kv.layer(l);
-    for (void* base : {view.k, view.v}) {
-      auto* bytes = static_cast<uint8_t*>(base);
+    for (int part = 0; part < 2; ++part) {
+      auto* bytes = static_cast<uint8_t*>(part == 0 ? view.k : view.v);
+      const size_t block_bytes = part == 0 ? spec.k_layer_block_bytes() : spec.v_layer_block_bytes();
       for (const BlockCopy& c : copies)
         std::memcpy(bytes + c.dst * block_bytes, bytes + c.src * block_bytes, block_bytes);
     }
@@ -28,16 +27,15 @@ void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies) {
 
 void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies) {
   const KvCacheSpec& spec = kv.spec();
-  const size_t elem = spec.dtype == DType::F32 ? 4 : 2;
-  const size_t block_bytes = static_cast<size_t>(spec.n_kv_heads) * spec.block_size * spec.head_dim * elem;
   for (const BlockCopy& c : copies)
     TESSERA_CHECK(c.src >= 0 && c.src < spec.n_blocks && c.dst >= 0 && c.dst < spec.n_blocks && c.src != c.dst,
                   "KV copy: block ", c.src, " -> ", c.dst, " outside [0, ", spec.n_blocks, ")");
   Backend& be = kv.backend();
   for (int l = 0; l < spec.n_layers; ++l) {
     const KvLayerView view = kv.layer(l);
-    for (void* base : {view.k, view.v}) {
-      auto* bytes = static_cast<uint8_t*>(base);
+    for (int part = 0; part < 2; ++part) {
+      auto* bytes = static_cast<uint8_t*>(part == 0 ? view.k : view.v);
+      const size_t block_bytes = part == 0 ? spec.k_layer_block_bytes() : spec.v_layer_block_bytes();
       for (const BlockCopy& c : copies)
         be.copy_device(bytes + c.dst * block_bytes, bytes + c.src * block_bytes, block_bytes);
     }
@@ -45,11 +43,6 @@ void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies) {
 }
 
 namespace {
-// Bytes of one block of K (or V) on one layer: [n_kv_heads, block_size, head_dim].
-size_t layer_block_bytes(const KvCacheSpec& spec) {
-  const size_t elem = spec.dtype == DType::F32 ? 4 : 2;
-  return static_cast<size_t>(spec.n_kv_heads) * spec.block_size * spec.head_dim * elem;
-}
 
 void check_swaps(const KvCacheSpec& spec, const HostKvTier& host, std::span<const BlockSwap> swaps) {
   TESSERA_CHECK(host.slot_bytes() == kv_block_bytes(spec), "KV swap: host slots of ", host.slot_bytes(),
@@ -65,13 +58,13 @@ template <typename Copy>
 void for_each_swap_part(const KvCache& kv, uint8_t* host_base, int64_t slot_bytes, std::span<const BlockSwap> swaps,
                         Copy copy) {
   const KvCacheSpec& spec = kv.spec();
-  const size_t part = layer_block_bytes(spec);
+  const size_t kb = spec.k_layer_block_bytes(), vb = spec.v_layer_block_bytes();
   for (const BlockSwap& s : swaps) {
     uint8_t* slot = host_base + static_cast<size_t>(s.host) * slot_bytes;
     for (int l = 0; l < spec.n_layers; ++l) {
       const KvLayerView view = kv.layer(l);
-      copy(static_cast<uint8_t*>(view.k) + s.device * part, slot + (2 * l) * part, part);
-      copy(static_cast<uint8_t*>(view.v) + s.device * part, slot + (2 * l + 1) * part, part);
+      copy(static_cast<uint8_t*>(view.k) + s.device * kb, slot + l * (kb + vb), kb);
+      copy(static_cast<uint8_t*>(view.v) + s.device * vb, slot + l * (kb + vb) + kb, vb);
     }
   }
 }
@@ -131,7 +124,7 @@ void swap_in_kv_blocks(const KvCache& kv, const HostKvTier& host, std::span<cons
   be.synchronize();
 }
 
-int64_t kv_block_bytes(const KvCacheSpec& spec) { return spec.bytes_per_token() * spec.block_size; }
+int64_t kv_block_bytes(const KvCacheSpec& spec) { return spec.block_bytes(); }
 
 int kv_blocks_for_budget(const KvCacheSpec& spec, int64_t budget_bytes) {
   const int64_t per_block = kv_block_bytes(spec);

@@ -12,15 +12,16 @@
 namespace tessera {
 
 // Copies block src to block dst in K and V of every layer, in order. Host memory only
-// (the CPU backend's KvCache); each block is [n_kv_heads, block_size, head_dim] contiguous.
+// (the CPU backend's KvCache); each layer's K (or V) part of a block is its n_kv_heads pages,
+// contiguous (scales included: a block is self-contained).
 void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies);
 // The same on any backend: device → device copies through kv.backend(), ordered before the
 // ops issued after them (one copy per layer, K and V, block).
 void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies);
 
 // The host-memory KV tier for swap preemption: n_slots blocks, each holding one device
-// block's K and V for every layer, slot-major: [n_slots][n_layers][K, V][n_kv_heads,
-// block_size, head_dim]. Memory is reserved, not touched, until a slot is written.
+// block's K and V for every layer, slot-major: [n_slots][n_layers][K pages, V pages] (one
+// page per KV head, in the cache's formats). Memory is reserved, not touched, until a slot is written.
 class HostKvTier {
  public:
   HostKvTier(const KvCacheSpec& spec, int n_slots);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/kv_codec.h"
 #include "core/error.h"
 #include "core/fp16.h"
 
@@ -105,26 +106,34 @@ void CpuBackend::rope(float* x, int n_rows, int64_t ld, int n_heads, const int32
 void CpuBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                           const AttentionBatch& batch) {
   const int hd = kv.head_dim, bs = kv.block_size;
-  pool_.parallel_for(batch.n_tokens, 16, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int slot = batch.slot_mapping[t];
-      const int64_t block = slot / bs, offset = slot % bs;
-      for (int h = 0; h < kv.n_kv_heads; ++h) {
-        const int64_t dst = ((block * kv.n_kv_heads + h) * bs + offset) * hd;
-        const float* ks = k + t * ldk + static_cast<int64_t>(h) * hd;
-        const float* vs = v + t * ldv + static_cast<int64_t>(h) * hd;
-        if (kv.dtype == DType::F32) {
-          std::memcpy(static_cast<float*>(kv.k) + dst, ks, sizeof(float) * hd);
-          std::memcpy(static_cast<float*>(kv.v) + dst, vs, sizeof(float) * hd);
-        } else {
-          uint16_t* kd = static_cast<uint16_t*>(kv.k) + dst;
-          uint16_t* vd = static_cast<uint16_t*>(kv.v) + dst;
-          for (int d = 0; d < hd; ++d) {
-            kd[d] = f32_to_fp16(ks[d]);
-            vd[d] = f32_to_fp16(vs[d]);
-          }
-        }
+  // Runs of consecutive tokens in one block: a page's tokens are written by one task (the
+  // per-channel int4 keys re-code a page's earlier tokens when its range widens).
+  store_runs_.clear();
+  for (int t = 0; t < batch.n_tokens; ++t) {
+    const int slot = batch.slot_mapping[t];
+    if (!store_runs_.empty()) {
+      StoreRun& last = store_runs_.back();
+      if (slot / bs == last.block && slot % bs == last.offset + last.n) {
+        ++last.n;
+        continue;
       }
+    }
+    store_runs_.push_back({t, slot / bs, slot % bs, 1});
+  }
+  const KvPageLayout kl = kv_page_layout(kv.k_fmt, bs, hd), vl = kv_page_layout(kv.v_fmt, bs, hd);
+  const int64_t n_tasks = static_cast<int64_t>(store_runs_.size()) * kv.n_kv_heads * 2;
+  pool_.parallel_for(n_tasks, 4, [&](int64_t b, int64_t e) {
+    std::vector<float> scratch(kv_encode_scratch_floats(hd));
+    for (int64_t i = b; i < e; ++i) {
+      const StoreRun& run = store_runs_[i / (2 * kv.n_kv_heads)];
+      const int h = static_cast<int>(i / 2 % kv.n_kv_heads);
+      const bool is_key = i % 2 == 0;
+      const KvFormat& f = is_key ? kv.k_fmt : kv.v_fmt;
+      const KvHeadConstants c = kv_head_constants(f, is_key ? kv.k_consts : kv.v_consts, kv.n_kv_heads, hd, h);
+      const int64_t page = static_cast<int64_t>(run.block) * kv.n_kv_heads + h;
+      uint8_t* dst = static_cast<uint8_t*>(is_key ? kv.k : kv.v) + page * (is_key ? kv.k_page_bytes : kv.v_page_bytes);
+      const float* src = (is_key ? k : v) + run.token * (is_key ? ldk : ldv) + static_cast<int64_t>(h) * hd;
+      kv_encode_rows(f, is_key ? kl : vl, hd, c, dst, run.offset, run.n, src, is_key ? ldk : ldv, scratch.data());
     }
   });
 }

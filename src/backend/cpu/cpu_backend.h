@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
   void copy_to_host(void* host, const void* device, size_t bytes) override;
   std::shared_ptr<const void> upload(const void* host, size_t bytes) override;
   void copy_to_device(void* device, const void* host, size_t bytes) override;
+  bool supports_kv_format(const KvFormat&) const override { return true; }
 
  private:
   // cos/sin of every rotated pair for positions [0, size), per RoPE configuration:
@@ -62,6 +63,10 @@ class CpuBackend final : public Backend {
   std::vector<RopeTable> rope_tables_;
   std::vector<const float*> rope_rows_;
   std::vector<cpu::AttentionTask> tasks_;
+  struct StoreRun {
+    int token, block, offset, n;  // batch rows [token, token + n) go to block, from offset
+  };
+  std::vector<StoreRun> store_runs_;
 };
 
 }  // namespace tessera

@@ -27,7 +27,8 @@ const OpsTable& ops_table() {
 
 int64_t attention_scratch_floats(int max_q_rows, int group, int block_size, int head_dim) {
   const int64_t n_q = static_cast<int64_t>(max_q_rows) * group;
-  return 2 * block_size * head_dim + n_q * block_size + 2 * n_q * head_dim + 2 * n_q + 64;
+  // kf, vf, sgn: [bs, hd]; sc: [n_q, bs]; o, qs, sq: [n_q, hd]; m, l: [n_q]; coef: [bs]; rot: [hd]
+  return 3 * block_size * head_dim + n_q * block_size + 3 * n_q * head_dim + 2 * n_q + block_size + head_dim + 64;
 }
 
 }  // namespace tessera::cpu

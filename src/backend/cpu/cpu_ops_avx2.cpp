@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/kv_codec.h"
 #include "core/fp16.h"
 
 namespace {

@@ -1,7 +1,8 @@
 #pragma once
 // The CPU row kernels, written once as plain loops that the compiler vectorizes for the ISA
 // of the translation unit including this file (cpu_ops_scalar.cpp, cpu_ops_avx2.cpp).
-// Include only from those files, inside their own namespace.
+// Include only from those files, inside their own namespace (after including kv_codec.h,
+// which this uses, outside it).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -128,27 +129,58 @@ static inline float dot_f32(const float* a, const float* b, int n) {
   return sum;
 }
 
+// One page's first n tokens as f32 rows (plain formats through the F16C path).
+static inline void decode_page(const tessera::KvFormat& f, const tessera::KvPageLayout& l, int hd,
+                               const tessera::KvHeadConstants& c, const uint8_t* page, int n, float* out) {
+  if (f.is_plain())
+    load_f32(page, f.plain_dtype(), 0, n * hd, out);
+  else
+    tessera::kv_decode_rows(f, l, hd, c, page, n, out);
+}
+
 // FlashAttention-style: for a tile of query rows of one sequence and one KV head (all the
 // query heads of its group at once, so each K/V block is read once), walk the sequence's
 // blocks in order keeping a running max m, sum l and unnormalized output O per query vector.
+// Each page is decoded into an L1-sized tile right before use (no dequantized cache). Turbo
+// keys: queries are rotated once (q' = R q, and S q' for the QJL term); turbo values: O is
+// accumulated in V's rotated basis and rotated back once at the end.
 static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerView& kv,
                            const tessera::AttentionBatch& b, int n_heads, float scale, float* out, int64_t ldo,
                            const tessera::cpu::AttentionTask& task, float* scratch) {
+  using tessera::KvCodec;
   const int hd = kv.head_dim, bs = kv.block_size;
   const int group = n_heads / kv.n_kv_heads;
   const int g0 = task.g_begin, ng = (task.g_end < 0 ? group : task.g_end) - g0;  // query heads of the task
   const int n_q = (task.q_end - task.q_begin) * ng;                              // query vectors in this tile
   float* kf = scratch;                                                           // [bs, hd]
   float* vf = kf + bs * hd;                                                      // [bs, hd]
-  float* sc = vf + bs * hd;                                                      // [n_q, bs]
+  float* sgn = vf + bs * hd;                                                     // [bs, hd] QJL signs
+  float* sc = sgn + bs * hd;                                                     // [n_q, bs]
   float* o = sc + n_q * bs;                                                      // [n_q, hd]
   float* m = o + n_q * hd;                                                       // [n_q]
   float* l = m + n_q;                                                            // [n_q]
   float* qs = l + n_q;                                                           // [n_q, hd] queries pre-scaled
+  float* sq = qs + n_q * hd;                                                     // [n_q, hd] S·q' (QJL)
+  float* coef = sq + n_q * hd;                                                   // [bs]
+  float* rot = coef + bs;                                                        // [hd]
+  const tessera::KvPageLayout kl = tessera::kv_page_layout(kv.k_fmt, bs, hd);
+  const tessera::KvPageLayout vl = tessera::kv_page_layout(kv.v_fmt, bs, hd);
+  const tessera::KvHeadConstants kc =
+      tessera::kv_head_constants(kv.k_fmt, kv.k_consts, kv.n_kv_heads, hd, task.kv_head);
+  const tessera::KvHeadConstants vc =
+      tessera::kv_head_constants(kv.v_fmt, kv.v_consts, kv.n_kv_heads, hd, task.kv_head);
+  const bool k_turbo = kv.k_fmt.codec == KvCodec::Turbo, qjl = k_turbo && kv.k_fmt.qjl;
   for (int r = 0; r < n_q; ++r) {
     const int t = task.q_begin + r / ng, g = g0 + r % ng;
     const float* src = q + t * ldq + static_cast<int64_t>(task.kv_head * group + g) * hd;
-    for (int d = 0; d < hd; ++d) qs[r * hd + d] = src[d] * scale;
+    float* qr = qs + r * hd;
+    for (int d = 0; d < hd; ++d) qr[d] = src[d] * scale;
+    if (k_turbo) {
+      tessera::turbo_rotate(qr, kc.signs, hd, rot);
+      std::memcpy(qr, rot, sizeof(float) * hd);
+      if (qjl)
+        for (int i = 0; i < hd; ++i) sq[r * hd + i] = dot_f32(kc.qjl + static_cast<int64_t>(i) * hd, qr, hd);
+    }
     m[r] = -std::numeric_limits<float>::infinity();
     l[r] = 0.0f;
   }
@@ -158,24 +190,25 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   const int kv_len = std::min(b.kv_len[task.seq], max_pos + 1);
   const int n_blocks = (kv_len + bs - 1) / bs;
   const int32_t* table = b.block_tables + static_cast<int64_t>(task.seq) * b.max_blocks;
+  const auto* kbase = static_cast<const uint8_t*>(kv.k);
+  const auto* vbase = static_cast<const uint8_t*>(kv.v);
+  auto page_of = [&](int blk) { return static_cast<int64_t>(table[blk]) * kv.n_kv_heads + task.kv_head; };
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int base = blk * bs;
     const int nk = std::min(bs, kv_len - base);
-    const int64_t off = (static_cast<int64_t>(table[blk]) * kv.n_kv_heads + task.kv_head) * bs * hd;
+    const uint8_t* kpage = kbase + page_of(blk) * kv.k_page_bytes;
+    const uint8_t* vpage = vbase + page_of(blk) * kv.v_page_bytes;
     // The KV of a decode step is cold (the weights streamed through the caches since the
     // layer's last step): ask for the next block while this one is computed.
     if (blk + 1 < n_blocks) {
-      const int64_t next = (static_cast<int64_t>(table[blk + 1]) * kv.n_kv_heads + task.kv_head) * bs * hd;
-      const int64_t elem = kv.dtype == tessera::DType::F32 ? 4 : 2;
-      const char* nk_ptr = static_cast<const char*>(kv.k) + next * elem;
-      const char* nv_ptr = static_cast<const char*>(kv.v) + next * elem;
-      for (int64_t byte = 0; byte < bs * hd * elem; byte += 64) {
-        __builtin_prefetch(nk_ptr + byte);
-        __builtin_prefetch(nv_ptr + byte);
-      }
+      const uint8_t* nk_ptr = kbase + page_of(blk + 1) * kv.k_page_bytes;
+      const uint8_t* nv_ptr = vbase + page_of(blk + 1) * kv.v_page_bytes;
+      for (int64_t byte = 0; byte < kv.k_page_bytes; byte += 64) __builtin_prefetch(nk_ptr + byte);
+      for (int64_t byte = 0; byte < kv.v_page_bytes; byte += 64) __builtin_prefetch(nv_ptr + byte);
     }
-    load_f32(kv.k, kv.dtype, off, nk * hd, kf);
-    load_f32(kv.v, kv.dtype, off, nk * hd, vf);
+    decode_page(kv.k_fmt, kl, hd, kc, kpage, nk, kf);
+    decode_page(kv.v_fmt, vl, hd, vc, vpage, nk, vf);
+    if (qjl) tessera::kv_decode_qjl(kl, hd, kpage, nk, sgn, coef);
     for (int r = 0; r < n_q; ++r) {
       const int pos = b.positions[task.q_begin + r / ng];
       const int visible = std::min(nk, pos - base + 1);  // causal: keys at positions <= pos
@@ -184,7 +217,8 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       const float* qr = qs + r * hd;
       float mx = m[r];
       for (int j = 0; j < visible; ++j) {
-        const float dot = dot_f32(qr, kf + j * hd, hd);
+        float dot = dot_f32(qr, kf + j * hd, hd);
+        if (qjl) dot += coef[j] * dot_f32(sq + r * hd, sgn + j * hd, hd);
         s[j] = dot;
         mx = std::max(mx, dot);
       }
@@ -220,8 +254,10 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   for (int r = 0; r < n_q; ++r) {
     const int t = task.q_begin + r / ng, g = g0 + r % ng;
     float* dst = out + t * ldo + static_cast<int64_t>(task.kv_head * group + g) * hd;
+    float* orow = o + r * hd;
+    if (kv.v_fmt.codec == KvCodec::Turbo) tessera::turbo_unrotate(orow, vc.signs, hd);
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-    for (int d = 0; d < hd; ++d) dst[d] = o[r * hd + d] * inv;
+    for (int d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
   }
 }
 

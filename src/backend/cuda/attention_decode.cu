@@ -246,18 +246,18 @@ void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
 
 bool attention_decode_supported(const KvLayerView& kv) {
   return (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) &&
-         (kv.dtype == DType::F16 || kv.dtype == DType::F32);
+         (kv.plain_dtype() == DType::F16 || kv.plain_dtype() == DType::F32);
 }
 
 void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                              float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
                              cudaStream_t s) {
   TESSERA_CHECK(attention_decode_supported(kv), "cuda decode attention: head_dim ", kv.head_dim, " / KV ",
-                dtype_name(kv.dtype), " not supported");
+                kv_format_name(kv.k_fmt), "/", kv_format_name(kv.v_fmt), " not supported");
   if (b.n_seqs == 0) return;
   if (launch_attention_decode_mma(q, ldq, kv, b, n_heads, scale, out, ldo, split_len, max_splits, partials, s)) return;
   const int group = n_heads / kv.n_kv_heads;
-  const bool f16 = kv.dtype == DType::F16;
+  const bool f16 = kv.plain_dtype() == DType::F16;
   switch (kv.head_dim) {
     case 64:
       f16 ? launch_split<__half, 64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)

@@ -476,7 +476,7 @@ void launch_fused(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
 }  // namespace
 
 bool attention_decode_mma_applies(const KvLayerView& kv, int n_heads) {
-  if (kv.dtype != DType::F16) return false;
+  if (kv.plain_dtype() != DType::F16) return false;
   if (kv.head_dim != 64 && kv.head_dim != 128) return false;
   if (kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0) return false;
   const int group = n_heads / kv.n_kv_heads;

@@ -212,10 +212,11 @@ void launch_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const De
 
 void launch_attention_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                               float scale, float* out, int64_t ldo, cudaStream_t s) {
-  TESSERA_CHECK(kv.dtype == DType::F16 || kv.dtype == DType::F32, "cuda attention: KV type ", dtype_name(kv.dtype));
+  TESSERA_CHECK(kv.plain_dtype() == DType::F16 || kv.plain_dtype() == DType::F32, "cuda attention: KV type ",
+                kv_format_name(kv.k_fmt), "/", kv_format_name(kv.v_fmt));
   if (b.n_tokens == 0 || b.n_seqs == 0) return;
   const int group = n_heads / kv.n_kv_heads;
-  const bool f16 = kv.dtype == DType::F16;
+  const bool f16 = kv.plain_dtype() == DType::F16;
   switch (kv.head_dim) {
     case 64:
       f16 ? launch_prefill<__half, 64>(q, ldq, kv, b, group, scale, out, ldo, s)

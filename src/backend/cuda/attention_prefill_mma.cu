@@ -243,7 +243,7 @@ void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const Device
 
 bool launch_attention_prefill_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                                   float scale, float* out, int64_t ldo, cudaStream_t s) {
-  if (kv.dtype != DType::F16) return false;
+  if (kv.plain_dtype() != DType::F16) return false;
   if (reinterpret_cast<uintptr_t>(q) % 8 != 0 || ldq % 2 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0 ||
       ldo % 2 != 0)
     return false;  // float2 accesses need even strides

@@ -34,16 +34,16 @@ void launch_kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const f
   const int64_t n = static_cast<int64_t>(n_tokens) * kv.n_kv_heads * kv.head_dim;
   if (n <= 0) return;
   const unsigned grid = blocks_for(n, 256);
-  if (kv.dtype == DType::F16)
+  if (kv.plain_dtype() == DType::F16)
     launch_pdl(kv_store_kernel<__half>, dim3(grid), dim3(256), 0, s, static_cast<__half*>(kv.k),
                static_cast<__half*>(kv.v), k, ldk, v, ldv, slot_mapping, n_tokens, kv.n_kv_heads, kv.block_size,
                kv.head_dim);
-  else if (kv.dtype == DType::F32)
+  else if (kv.plain_dtype() == DType::F32)
     launch_pdl(kv_store_kernel<float>, dim3(grid), dim3(256), 0, s, static_cast<float*>(kv.k),
                static_cast<float*>(kv.v), k, ldk, v, ldv, slot_mapping, n_tokens, kv.n_kv_heads, kv.block_size,
                kv.head_dim);
   else
-    fail("cuda kv_store: KV type ", dtype_name(kv.dtype), " (F16 or F32)");
+    fail("cuda kv_store: KV type ", kv_format_name(kv.k_fmt), "/", kv_format_name(kv.v_fmt), " (F16 or F32)");
   TESSERA_CUDA_CHECK_LAUNCH("kv_store");
 }
 

@@ -69,16 +69,16 @@ void launch_rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_
   const int64_t n = static_cast<int64_t>(n_rows) * (n_q_heads + kv.n_kv_heads) * (kv.head_dim / 2);
   if (n <= 0) return;
   const dim3 grid(blocks_for(n, 256));
-  if (kv.dtype == DType::F16)
+  if (kv.plain_dtype() == DType::F16)
     launch_pdl(rope_kv_store_kernel<__half>, grid, dim3(256), 0, s, q, ldq, n_q_heads, k, ldk, v, ldv,
                static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), positions, slots, n_rows, kv.n_kv_heads,
                kv.block_size, kv.head_dim, rot_dim / 2, neox, inv_freq);
-  else if (kv.dtype == DType::F32)
+  else if (kv.plain_dtype() == DType::F32)
     launch_pdl(rope_kv_store_kernel<float>, grid, dim3(256), 0, s, q, ldq, n_q_heads, k, ldk, v, ldv,
                static_cast<float*>(kv.k), static_cast<float*>(kv.v), positions, slots, n_rows, kv.n_kv_heads,
                kv.block_size, kv.head_dim, rot_dim / 2, neox, inv_freq);
   else
-    fail("cuda rope_kv_store: KV type ", dtype_name(kv.dtype), " (F16 or F32)");
+    fail("cuda rope_kv_store: KV type ", kv_format_name(kv.k_fmt), "/", kv_format_name(kv.v_fmt), " (F16 or F32)");
   TESSERA_CUDA_CHECK_LAUNCH("rope_kv_store");
 }
 

@@ -156,7 +156,13 @@ void check_attention(const AttnCase& tc, uint32_t seed) {
   std::vector<int32_t> ids(total_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
-  KvCacheSpec spec{1, tc.n_kv_heads, hd, tc.block_size, total_blocks, tc.dtype};
+  KvCacheSpec spec;
+  spec.n_layers = 1;
+  spec.n_kv_heads = tc.n_kv_heads;
+  spec.head_dim = hd;
+  spec.block_size = tc.block_size;
+  spec.n_blocks = total_blocks;
+  spec.set_plain(tc.dtype);
   KvCache kv(be, spec);
   const KvLayerView layer = kv.layer(0);
 
@@ -258,7 +264,7 @@ TEST(CpuAttention, AvxAndScalarAgree) {
   std::mt19937 rng(5);
   const int bs = 16, hd = 64, nkv = 2, nh = 4, n = 40;
   std::vector<float> k = randn(size_t(3) * nkv * bs * hd, rng), v = randn(k.size(), rng);
-  KvLayerView kv{k.data(), v.data(), DType::F32, 3, bs, nkv, hd};
+  KvLayerView kv = plain_kv_view(k.data(), v.data(), DType::F32, 3, bs, nkv, hd);
   SequenceBlocks seq;
   seq.blocks = {2, 0, 1};
   std::vector<int32_t> toks(n, 0);

@@ -71,8 +71,8 @@ void run_case(const Case& c, std::mt19937& rng) {
   void* ck = cpu->alloc(kv_bytes);
   void* cv = cpu->alloc(kv_bytes);
   DeviceVec<uint8_t> gk(*gpu, kv_bytes), gv(*gpu, kv_bytes);
-  const KvLayerView ckv{ck, cv, c.kv_dtype, n_blocks, bs, c.n_kv_heads, hd};
-  const KvLayerView gkv{gk.get(), gv.get(), c.kv_dtype, n_blocks, bs, c.n_kv_heads, hd};
+  const KvLayerView ckv = plain_kv_view(ck, cv, c.kv_dtype, n_blocks, bs, c.n_kv_heads, hd);
+  const KvLayerView gkv = plain_kv_view(gk.get(), gv.get(), c.kv_dtype, n_blocks, bs, c.n_kv_heads, hd);
   const int64_t kv_w = static_cast<int64_t>(c.n_kv_heads) * hd, q_w = static_cast<int64_t>(n_heads) * hd;
 
   auto build = [&](bool history) {

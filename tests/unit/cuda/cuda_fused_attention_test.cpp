@@ -89,15 +89,7 @@ void run_case(Backend& gpu, const Case& c, std::mt19937& rng) {
     p.vc = std::make_unique<DeviceVec<uint16_t>>(gpu, vc0);
   }
   auto view = [&](Path& p) {
-    KvLayerView kv;
-    kv.k = p.kc->get();
-    kv.v = p.vc->get();
-    kv.dtype = DType::F16;
-    kv.n_blocks = n_blocks;
-    kv.block_size = c.block_size;
-    kv.n_kv_heads = c.n_kv;
-    kv.head_dim = hd;
-    return kv;
+    return plain_kv_view(p.kc->get(), p.vc->get(), DType::F16, n_blocks, c.block_size, c.n_kv, hd);
   };
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   {

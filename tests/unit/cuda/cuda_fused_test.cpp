@@ -240,17 +240,7 @@ TEST(CudaFused, RopeAndKvStoreInOneLaunchMatchTheSeparateOps) {
         p.kc = std::make_unique<DeviceVec<uint8_t>>(*gpu, poison);
         p.vc = std::make_unique<DeviceVec<uint8_t>>(*gpu, poison);
       }
-      auto view = [&](Path& p) {
-        KvLayerView kv;
-        kv.k = p.kc->get();
-        kv.v = p.vc->get();
-        kv.dtype = vt.kv;
-        kv.n_blocks = n_blocks;
-        kv.block_size = bs;
-        kv.n_kv_heads = n_kv;
-        kv.head_dim = hd;
-        return kv;
-      };
+      auto view = [&](Path& p) { return plain_kv_view(p.kc->get(), p.vc->get(), vt.kv, n_blocks, bs, n_kv, hd); };
       auto kptr = [&](Path& p) { return vt.joined ? p.q->get() + qd : p.k->get(); };
       auto vptr = [&](Path& p) { return vt.joined ? p.q->get() + qd + kd : p.k->get() + k_elems; };
       const int64_t ldv = vt.joined ? ldq : ldk;

@@ -37,7 +37,7 @@ Rig make_rig(bool graphs, const std::shared_ptr<ModelWeights>& w, const KvCacheS
 
 std::vector<uint8_t> kv_bytes(Rig& r) {
   const KvCacheSpec& s = r.kv->spec();
-  const size_t layer = static_cast<size_t>(s.bytes_per_token() / s.n_layers / 2) * s.block_size * s.n_blocks;
+  const size_t layer = static_cast<size_t>(s.k_layer_block_bytes()) * s.n_blocks;
   std::vector<uint8_t> all(layer * 2 * s.n_layers);
   for (int l = 0; l < s.n_layers; ++l) {
     r.be->copy_to_host(all.data() + 2 * l * layer, r.kv->layer(l).k, layer);
@@ -106,7 +106,7 @@ TEST(CudaGraphs, ReplayedDecodeGivesTheSameBitsAsEagerLaunches) {
     // The padding sequences (n_seqs 3) wrote only the last block, on the graph rig alone.
     std::vector<uint8_t> ke = kv_bytes(eager), kg = kv_bytes(graph);
     const KvCacheSpec& s = graph.kv->spec();
-    const size_t block = static_cast<size_t>(s.bytes_per_token() / s.n_layers / 2) * s.block_size;
+    const size_t block = static_cast<size_t>(s.k_layer_block_bytes());
     const size_t layer = block * s.n_blocks;
     for (size_t part = 0; part < ke.size() / layer; ++part) {
       std::fill_n(ke.begin() + part * layer + (s.n_blocks - 1) * block, block, 0);

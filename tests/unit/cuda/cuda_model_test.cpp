@@ -28,7 +28,7 @@ SessionOptions options(const std::string& model, const std::string& device) {
   o.max_batch_tokens = 64;
   // f32 models keep an f32 KV cache: their parity is held to f32 tolerance, and with an f16
   // cache the prefill attention runs on the tensor cores (Q and P rounded to f16, ~1e-3).
-  o.kv_dtype = model.ends_with(":f32") ? DType::F32 : DType::F16;
+  o.k_format = o.v_format = kv_format_of(model.ends_with(":f32") ? DType::F32 : DType::F16);
   return o;
 }
 

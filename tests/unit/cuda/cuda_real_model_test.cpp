@@ -42,7 +42,7 @@ SessionOptions real_options(const std::string& path, const std::string& device) 
   o.backend.threads = 0;
   o.ctx = 512;
   o.max_batch_tokens = 128;
-  o.kv_dtype = DType::F16;
+  o.k_format = o.v_format = kv_format_of(DType::F16);
   return o;
 }
 
@@ -108,7 +108,7 @@ class F32Reference {
     spec.head_dim = c.head_dim;
     spec.block_size = kBlock;
     spec.n_blocks = 512 / kBlock;
-    spec.dtype = DType::F16;
+    spec.set_plain(DType::F16);
     kv_ = std::make_unique<KvCache>(*backend_, spec);
     runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *backend_);
     pool_ = std::make_unique<BlockPool>(spec.n_blocks);

@@ -119,7 +119,7 @@ TEST(CudaServing, KvBlockCopiesAndSwapsGoThroughTheBackend) {
       spec.head_dim = 8;
       spec.block_size = 5;
       spec.n_blocks = 7;
-      spec.dtype = dt;
+      spec.set_plain(dt);
       KvCache kv(*be, spec);
       const size_t block =
           static_cast<size_t>(spec.n_kv_heads) * spec.block_size * spec.head_dim * (dt == DType::F32 ? 4 : 2);
@@ -188,7 +188,7 @@ ModelEngineOptions engine_options(const std::string& device) {
   o.session.block_size = 4;
   // Exact token equality with the CPU: an f32 KV cache keeps the prefill attention on the f32
   // kernel (with f16 KV it runs on the tensor cores, ~1e-3 from the CPU).
-  o.session.kv_dtype = DType::F32;
+  o.session.k_format = o.session.v_format = kv_format_of(DType::F32);
   o.scheduler.max_num_batched_tokens = 48;
   o.scheduler.max_num_seqs = 12;
   o.scheduler.max_model_len = 128;

@@ -138,7 +138,8 @@ TEST(EngineSummary, FormatsOneLinePerTopic) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("max 16384 tokens per sequence (--max-model-len; trained 131072)"), std::string::npos) << text;
-  EXPECT_NE(text.find("f16, 4096 blocks of 16 tokens = 65536 tokens (8.00 GiB); 4.00 sequences of 16384 tokens"),
+  EXPECT_NE(text.find("f16 (16.00 bits/element), 4096 blocks of 16 tokens = 65536 tokens (8.00 GiB); 4.00 sequences of "
+                      "16384 tokens"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("tessera: device      cuda: NVIDIA H200\n"), std::string::npos) << text;

@@ -150,7 +150,7 @@ struct Rig {
     weights = make_dummy_weights("llama3-tiny:bf16", 3);
     model = std::make_unique<CountingModel>(create_model(weights, be, 32, 8));
     const ModelConfig& c = weights->config;
-    kv = std::make_unique<KvCache>(be, KvCacheSpec{c.n_layer, c.n_head_kv, c.head_dim, kBlock, 64, DType::F32});
+    kv = std::make_unique<KvCache>(be, KvCacheSpec::plain(c.n_layer, c.n_head_kv, c.head_dim, kBlock, 64, DType::F32));
     // Zeroed, so the slots no forward writes compare equal across rigs (alloc does not clear).
     for (int l = 0; l < c.n_layer; ++l) {
       const KvLayerView v = kv->layer(l);

@@ -16,7 +16,7 @@ TEST(KvHostOps, CopiesOneBlockOnEveryLayerOfKAndV) {
   spec.head_dim = 4;
   spec.block_size = 5;
   spec.n_blocks = 6;
-  spec.dtype = DType::F32;
+  spec.set_plain(DType::F32);
   KvCache kv(*backend, spec);
   const size_t per_block = 2 * 5 * 4;  // floats: [heads, block, head_dim]
   for (int l = 0; l < 3; ++l) {
@@ -50,7 +50,7 @@ TEST(KvHostOps, BlocksForABudget) {
   spec.n_kv_heads = 3;
   spec.head_dim = 64;
   spec.block_size = 16;
-  spec.dtype = DType::F16;
+  spec.set_plain(DType::F16);
   // SmolLM2-135M: 2 (K, V) * 30 * 3 * 64 * 2 bytes = 23040 bytes a token, 368640 a block.
   EXPECT_EQ(kv_block_bytes(spec), 368640);
   EXPECT_EQ(kv_blocks_for_budget(spec, 368640 * 10 + 5), 10);

@@ -159,7 +159,7 @@ TEST(KvSwap, HostCopiesRoundTripEveryLayerOfKAndV) {
     spec.head_dim = 4;
     spec.block_size = 5;
     spec.n_blocks = 6;
-    spec.dtype = dtype;
+    spec.set_plain(dtype);
     KvCache kv(*backend, spec);
     const size_t elem = dtype == DType::F32 ? 4 : 2;
     const size_t part = 2 * 5 * 4 * elem;  // bytes of one block of K or V on one layer

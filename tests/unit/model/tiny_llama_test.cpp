@@ -183,7 +183,7 @@ TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
     const std::vector<int32_t> toks = {3, 17, 0, 36, 5, 5, 9, 21, 30, 1, 2};
     const auto ref = tiny.forward(toks, tied);
     // Run the sequence as a chunk of 6 then decodes of one token, through F32 KV in blocks of 4.
-    KvCache kv(be, {tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 8, DType::F32});
+    KvCache kv(be, KvCacheSpec::plain(tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 8, DType::F32));
     BlockPool pool(8);
     SequenceBlocks seq;
     std::vector<float> logits(16 * tiny.vocab);
@@ -294,7 +294,7 @@ TEST(TinyLlama, OutOfVocabularyTokenIsAnErrorNotARead) {
   auto weights = load(tiny.build().build());
   CpuBackend be(1);
   auto model = create_model(weights, be, 4, 1);
-  KvCache kv(be, {tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 2, DType::F16});
+  KvCache kv(be, KvCacheSpec::plain(tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 2, DType::F16));
   BlockPool pool(2);
   SequenceBlocks seq;
   ASSERT_TRUE(seq.reserve(pool, 4, 1));
@@ -385,7 +385,7 @@ TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
     auto model = create_model(weights, be, 16, 16);
     const std::vector<int32_t> toks = {4, 8, 15, 16, 23, 36, 0};
     const auto ref = tiny.forward(toks, tied);
-    KvCache kv(be, {tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 4, DType::F32});
+    KvCache kv(be, KvCacheSpec::plain(tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 4, DType::F32));
     BlockPool pool(4);
     SequenceBlocks seq;
     ASSERT_TRUE(seq.reserve(pool, 4, int(toks.size())));

@@ -1,0 +1,24 @@
+#pragma once
+// Static KV-cache scales (for the fp8 :tensor and :head formats), as `tessera calibrate-kv`
+// writes them and --kv-scales reads them:
+//   {"model": "...", "k_format": "fp8_e4m3:head", "v_format": "...", "n_layers": L,
+//    "n_kv_heads": H, "k_scales": [[s_0, ..., s_H-1], ...L rows], "v_scales": [...]}
+// A row holds one value (per tensor) or one per KV head; a scale maps stored codes back to
+// values (x = code * scale), so it is amax / the format's largest value.
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct KvScales {
+  std::string model;
+  std::vector<std::vector<float>> k, v;  // [n_layers][1 or n_kv_heads]
+};
+
+// Throws naming the file and what is wrong (not JSON, rows of the wrong length, a scale
+// that is not finite and positive, layer counts that differ).
+KvScales read_kv_scales(const std::string& path);
+void write_kv_scales(const std::string& path, const KvScales& scales, const std::string& k_format,
+                     const std::string& v_format, int n_kv_heads);
+
+}  // namespace tessera
