@@ -35,6 +35,7 @@ struct BenchArgs {
   ModelArgs model;
   int n_prompt = 512;
   int n_gen = 128;
+  int depth = 0;  // tokens in the KV cache before the tg test (llama-bench's -d)
   int reps = 3;
   std::string peer_python;  // a Python with llama-cpp-python: measure llama.cpp in the same run
   std::string peer_script = "tools/bench/llama_cpp_bench.py";
@@ -89,7 +90,7 @@ Stat stat_of(const std::vector<double>& v) {
 
 void run_bench(const BenchArgs& a) {
   SessionOptions so = a.model.session_options();
-  so.ctx = std::max(so.ctx, a.n_prompt + a.n_gen + 1);
+  so.ctx = std::max(so.ctx, std::max(a.n_prompt, a.depth) + a.n_gen + 1);
   so.max_batch_tokens = std::max(1, std::min(so.max_batch_tokens, std::max(a.n_prompt, 1)));
   Session session(so);
   const ModelConfig& c = session.config();
@@ -129,6 +130,12 @@ void run_bench(const BenchArgs& a) {
     }
     if (a.n_gen > 0) {
       SequenceBlocks seq;
+      if (a.depth > 0) {  // the context the decodes attend over, not timed
+        std::vector<int32_t> ctx(a.depth);
+        for (auto& t : ctx) t = tok(rng);
+        logits.clear();
+        session.feed(seq, ctx, ForwardBatch::Logits::Last, logits);
+      }
       int32_t next = prompt.empty() ? 1 : prompt[0];
       const double t = time_it([&] {
         for (int i = 0; i < a.n_gen; ++i) {
@@ -161,7 +168,16 @@ void run_bench(const BenchArgs& a) {
                 session.backend().describe().c_str(), test, n, s.mean, s.sd);
   };
   if (!pp.empty()) row("pp", a.n_prompt, stat_of(pp));
-  if (!tg.empty()) row("tg", a.n_gen, stat_of(tg));
+  if (!tg.empty()) {
+    if (a.depth > 0) {
+      const Stat s = stat_of(tg);
+      std::printf("| %s | %.2f GiB | %.1f M | %s | tg%d @ d%d (KV %s) | %.2f ± %.2f (%.2f ms/token) |\n", name.c_str(),
+                  gib, c.n_params() / 1e6, session.backend().describe().c_str(), a.n_gen, a.depth,
+                  session.kv().spec().format_name().c_str(), s.mean, s.sd, 1000.0 / s.mean);
+    } else {
+      row("tg", a.n_gen, stat_of(tg));
+    }
+  }
   if (with_peer && peer_pp.size() == static_cast<size_t>(a.reps)) {
     auto peer_row = [&](const char* test, int n, const std::vector<double>& theirs, const std::vector<double>& ours) {
       const Stat s = stat_of(theirs);
@@ -208,6 +224,8 @@ void add_bench(CLI::App& app) {
   a->model.add_to(*model);
   model->add_option("-p,--n-prompt", a->n_prompt, "prompt tokens (pp test)")->capture_default_str();
   model->add_option("-n,--n-gen", a->n_gen, "generated tokens (tg test)")->capture_default_str();
+  model->add_option("-d,--depth", a->depth, "tokens already in the KV cache for the tg test (llama-bench's -d)")
+      ->capture_default_str();
   model->add_option("-r,--reps", a->reps, "repetitions")->capture_default_str();
   model->add_option("--seed", a->model.seed, "dummy weight seed")->capture_default_str();
   model->add_option(
@@ -216,7 +234,10 @@ void add_bench(CLI::App& app) {
       "tessera's, and report the median of the per-pair ratios");
   model->add_option("--peer-script", a->peer_script, "the peer's bench script")->capture_default_str();
   model->callback([a] {
-    TESSERA_CHECK(a->reps >= 1 && a->n_prompt >= 0 && a->n_gen >= 0, "bench: bad counts");
+    TESSERA_CHECK(a->reps >= 1 && a->n_prompt >= 0 && a->n_gen >= 0 && a->depth >= 0, "bench: bad counts");
+    TESSERA_CHECK(a->depth == 0 || a->peer_python.empty(),
+                  "bench model: --depth is not compared with --peer "
+                  "(the peer's script decodes from an empty cache)");
     run_bench(*a);
   });
 

@@ -47,6 +47,7 @@ void add_kv_plan(CLI::App& app) {
     std::string reserve = "0";
     std::string ctx = "2048,8192,32768";
     std::string block_size = "16";
+    std::string formats;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
@@ -58,6 +59,8 @@ void add_kv_plan(CLI::App& app) {
   cmd->add_option("--reserve", a->reserve, "memory kept for activations and the runtime")->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "comma-separated context lengths (8k = 8192)")->capture_default_str();
   cmd->add_option("--block-size", a->block_size, "comma-separated KV block sizes (tokens)")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", a->formats,
+                  "comma-separated KV formats (default: f32, f16, fp8, int8, int4 and turbo variants)");
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
   cmd->callback([a] {
     bench::KvPlanOptions o;
@@ -65,6 +68,14 @@ void add_kv_plan(CLI::App& app) {
     o.reserve_bytes = a->reserve == "0" ? 0 : bench::parse_memory_size(a->reserve);
     o.ctx = parse_list<int64_t>(a->ctx, "--ctx");
     o.block_sizes = parse_list<int>(a->block_size, "--block-size");
+    if (!a->formats.empty()) {
+      o.formats.clear();
+      for (size_t pos = 0; pos <= a->formats.size();) {
+        const size_t comma = std::min(a->formats.find(',', pos), a->formats.size());
+        o.formats.push_back(a->formats.substr(pos, comma - pos));
+        pos = comma + 1;
+      }
+    }
     const bench::KvModelInfo info = bench::load_kv_model_info(a->model);
     const auto rows = bench::kv_plan(info, o);
     if (a->json)

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/engine_model.h"
+#include "engine/engine_summary.h"
 #include "engine/stats_logger.h"
 #include "server/api/access_log.h"
 #include "server/api/api_server.h"
@@ -120,6 +121,10 @@ void serve(const ServeArgs& a) {
   };
 
   ServerMetrics metrics(served.name, served.max_model_len);
+  {
+    const EngineSummary s = describe_engine(model_engine, a.model.model);
+    metrics.set_cache_config({s.block_size, s.kv_dtype, s.n_blocks, s.n_host_blocks, s.kv_bits_per_element});
+  }
   api::ApiServerOptions options;
   options.keys = api::ApiKeys(keys);
   options.chat_page_html = std::string(web::chat_page_html());

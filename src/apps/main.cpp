@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   tessera::apps::add_bench(app);
   tessera::apps::add_serve(app);
   tessera::apps::add_kv_plan(app);
+  tessera::apps::add_calibrate_kv(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -154,9 +154,9 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
                                      uint64_t seed, std::span<const float> static_scales) {
   const KvConstantsLayout l = kv_constants_layout(f, n_kv_heads, head_dim);
   std::vector<float> out(l.total, 0.0f);
-  TESSERA_CHECK(static_scales.empty() || static_scales.size() == 1 ||
-                    static_scales.size() == static_cast<size_t>(n_kv_heads),
-                "KV scales: ", static_scales.size(), " values for ", n_kv_heads, " KV heads (1 or one per head)");
+  TESSERA_CHECK(
+      static_scales.empty() || static_scales.size() == 1 || static_scales.size() == static_cast<size_t>(n_kv_heads),
+      "KV scales: ", static_scales.size(), " values for ", n_kv_heads, " KV heads (1 or one per head)");
   for (int h = 0; h < n_kv_heads; ++h) {
     const float s = static_scales.empty() ? 1.0f : static_scales[static_scales.size() == 1 ? 0 : h];
     TESSERA_CHECK(std::isfinite(s) && s > 0, "KV scale of layer ", layer, " head ", h, " is ", s, " (finite, > 0)");
@@ -167,7 +167,8 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
     const std::vector<double> c = turbo_codebook(half == 0 ? f.bits_hi : f.bits_lo, head_dim);
     for (size_t i = 0; i < c.size(); ++i) out[(half == 0 ? l.code_hi : l.code_lo) + i] = static_cast<float>(c[i]);
   }
-  uint64_t s = seed ^ (0x7475726230ull + (static_cast<uint64_t>(layer) << 1) + (is_key ? 1 : 0)) * 0x9E3779B97F4A7C15ull;
+  uint64_t s =
+      seed ^ (0x7475726230ull + (static_cast<uint64_t>(layer) << 1) + (is_key ? 1 : 0)) * 0x9E3779B97F4A7C15ull;
   for (int64_t i = 0; i < static_cast<int64_t>(n_kv_heads) * head_dim; ++i)
     out[l.signs + i] = (splitmix64(s) >> 63) ? 1.0f : -1.0f;
   if (f.qjl)
@@ -216,8 +217,8 @@ void encode_int4_channel(const KvPageLayout& l, int hd, uint8_t* page, int offse
 
 void encode_turbo_row(const KvFormat& f, const KvPageLayout& l, int hd, const KvHeadConstants& c, uint8_t* row,
                       uint8_t* meta, const float* x, float* scratch) {
-  float* y = scratch;       // [hd] rotated
-  float* r = y + hd;        // [hd] residual
+  float* y = scratch;  // [hd] rotated
+  float* r = y + hd;   // [hd] residual
   turbo_rotate(x, c.signs, hd, y);
   double ss = 0;
   for (int d = 0; d < hd; ++d) ss += static_cast<double>(y[d]) * y[d];
@@ -266,7 +267,9 @@ void kv_encode_rows(const KvFormat& f, const KvPageLayout& l, int hd, const KvHe
     const float* xr = x + j * ldx;
     uint8_t* row = page + static_cast<int64_t>(t) * l.row_bytes;
     switch (f.codec) {
-      case KvCodec::F32: std::memcpy(row, xr, sizeof(float) * hd); break;
+      case KvCodec::F32:
+        std::memcpy(row, xr, sizeof(float) * hd);
+        break;
       case KvCodec::F16: {
         for (int d = 0; d < hd; ++d) {
           const uint16_t h = f32_to_fp16(xr[d]);
@@ -296,7 +299,8 @@ void kv_encode_rows(const KvFormat& f, const KvPageLayout& l, int hd, const KvHe
           put_f16(meta + 2 * (static_cast<int64_t>(t) * ng + q), s);
           const float inv = s > 0 ? 1 / s : 0;
           for (int d = q * g; d < (q + 1) * g; ++d)
-            row[d] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::nearbyint(xr[d] * inv), -127.0f, 127.0f)));
+            row[d] =
+                static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::nearbyint(xr[d] * inv), -127.0f, 127.0f)));
         }
         break;
       }

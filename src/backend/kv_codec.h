@@ -95,7 +95,7 @@ inline int64_t kv_encode_scratch_floats(int head_dim) { return 4 * static_cast<i
 // Tokens [0, n) of a page as f32 rows out[j * hd + c]. Turbo: in the rotated basis
 // (|x| / sqrt(hd) · centroid); multiply rotated queries with it, rotate outputs back.
 static inline void kv_decode_rows(const KvFormat& f, const KvPageLayout& l, int hd, const KvHeadConstants& c,
-                           const uint8_t* page, int n, float* out) {
+                                  const uint8_t* page, int n, float* out) {
   const uint8_t* meta = page + l.meta_offset;
   auto meta_f16 = [&](int64_t i) {
     uint16_t h;
@@ -103,7 +103,9 @@ static inline void kv_decode_rows(const KvFormat& f, const KvPageLayout& l, int 
     return fp16_to_f32(h);
   };
   switch (f.codec) {
-    case KvCodec::F32: std::memcpy(out, page, sizeof(float) * n * hd); return;
+    case KvCodec::F32:
+      std::memcpy(out, page, sizeof(float) * n * hd);
+      return;
     case KvCodec::F16: {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(page);
       for (int64_t i = 0; i < static_cast<int64_t>(n) * hd; ++i) out[i] = fp16_to_f32(h[i]);

@@ -104,8 +104,10 @@ KvFormat parse_kv_format(std::string_view name, bool for_keys) {
 
 std::string kv_format_name(const KvFormat& f, bool for_keys) {
   switch (f.codec) {
-    case KvCodec::F32: return "f32";
-    case KvCodec::F16: return "f16";
+    case KvCodec::F32:
+      return "f32";
+    case KvCodec::F16:
+      return "f16";
     case KvCodec::Fp8E4M3:
     case KvCodec::Fp8E5M2: {
       const char* base = f.codec == KvCodec::Fp8E4M3 ? "fp8_e4m3" : "fp8_e5m2";
@@ -135,7 +137,8 @@ void check_kv_format(const KvFormat& f, int head_dim, int block_size) {
     TESSERA_CHECK(f.group > 0 && head_dim % f.group == 0 && (f.codec != KvCodec::Int4 || f.group % 2 == 0),
                   "KV cache format ", name, ": group of ", f.group, " channels does not divide head_dim ", head_dim,
                   " (int4 groups are even)");
-  if (f.codec == KvCodec::Int4) TESSERA_CHECK(head_dim % 2 == 0, "KV cache format ", name, ": head_dim ", head_dim, " is odd");
+  if (f.codec == KvCodec::Int4)
+    TESSERA_CHECK(head_dim % 2 == 0, "KV cache format ", name, ": head_dim ", head_dim, " is odd");
   if (f.codec == KvCodec::Turbo) {
     TESSERA_CHECK(head_dim >= 16 && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0, "KV cache format ", name,
                   ": the Walsh-Hadamard rotation needs a power-of-two head_dim in [16, 256], not ", head_dim);
@@ -148,8 +151,12 @@ KvPageLayout kv_page_layout(const KvFormat& f, int block_size, int head_dim) {
   KvPageLayout l;
   const int64_t bs = block_size, hd = head_dim;
   switch (f.codec) {
-    case KvCodec::F32: l.row_bytes = 4 * hd; break;
-    case KvCodec::F16: l.row_bytes = 2 * hd; break;
+    case KvCodec::F32:
+      l.row_bytes = 4 * hd;
+      break;
+    case KvCodec::F16:
+      l.row_bytes = 2 * hd;
+      break;
     case KvCodec::Fp8E4M3:
     case KvCodec::Fp8E5M2:
       l.row_bytes = hd;

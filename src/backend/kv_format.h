@@ -80,7 +80,7 @@ struct KvPageLayout {
   int64_t row_bytes = 0;    // one token's codes (turbo keys: codes then QJL signs)
   int64_t meta_offset = 0;  // = block_size * row_bytes
   int64_t meta_bytes = 0;
-  int64_t page_bytes = 0;   // meta_offset + meta_bytes, rounded up to 16 unless plain
+  int64_t page_bytes = 0;  // meta_offset + meta_bytes, rounded up to 16 unless plain
   // Turbo: bytes of one bit plane of a half ([hd/2] bits) and where the QJL signs start.
   int64_t plane_bytes = 0;
   int64_t qjl_offset = 0;

@@ -134,9 +134,9 @@ KvModelInfo load_kv_model_info(const std::string& model) {
   return info;
 }
 
-std::vector<KvDtypeRow> kv_dtype_rows() {
-  return {{"f32", 4, true},  {"f16", 2, true},   {"bf16", 2, false},
-          {"fp8", 1, false}, {"int8", 1, false}, {"int4", 0.5, false}};
+std::vector<std::string> kv_plan_formats() {
+  return {"f32",  "f16",      "fp8_e4m3", "fp8_e4m3:token", "int8",   "int8:g32",
+          "int4", "int4:g32", "turbo4",   "turbo3.5",       "turbo3", "turbo2.5"};
 }
 
 double kv_bytes_per_token(const ModelConfig& c, double bytes_per_elem) {
@@ -147,16 +147,29 @@ std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& o)
   TESSERA_CHECK(!o.ctx.empty() && !o.block_sizes.empty(), "kv-plan: no context lengths or block sizes");
   std::vector<KvPlanRow> rows;
   const int64_t budget = o.memory_bytes - model.weight_bytes - o.reserve_bytes;
-  for (const KvDtypeRow& d : kv_dtype_rows())
+  const ModelConfig& c = model.config;
+  for (const std::string& name : o.formats)
     for (int bs : o.block_sizes)
       for (int64_t ctx : o.ctx) {
         TESSERA_CHECK(bs >= 1 && ctx >= 1, "kv-plan: block size ", bs, " and context ", ctx, " must be positive");
+        KvCacheSpec spec = KvCacheSpec::plain(c.n_layer, c.n_head_kv, c.head_dim, bs, 1, DType::F16);
+        spec.k_format = parse_kv_format(name, true);
+        spec.v_format = parse_kv_format(name, false);
         KvPlanRow r;
-        r.dtype = d.name;
-        r.supported = d.supported;
+        r.dtype = name;
+        r.supported = true;
+        try {
+          check_kv_format(spec.k_format, c.head_dim, bs);
+          check_kv_format(spec.v_format, c.head_dim, bs);
+        } catch (const Error& e) {
+          r.supported = false;
+          r.unsupported_why = e.what();
+        }
         r.block_size = bs;
         r.ctx = ctx;
-        r.bytes_per_token = kv_bytes_per_token(model.config, d.bytes_per_elem);
+        // As the cache allocates it: pages with their scales, per block.
+        r.bytes_per_token = spec.bytes_per_token();
+        r.bits_per_elem = 8.0 * r.bytes_per_token / (2.0 * c.n_layer * c.n_head_kv * c.head_dim);
         r.block_bytes = bs * r.bytes_per_token;
         r.blocks_per_seq = (ctx + bs - 1) / bs;
         r.seq_bytes = static_cast<double>(r.blocks_per_seq) * r.block_bytes;
@@ -183,21 +196,27 @@ std::string format_kv_plan(const KvModelInfo& m, const KvPlanOptions& o, const s
   os << " -> KV budget " << human_bytes(static_cast<double>(o.memory_bytes - m.weight_bytes - o.reserve_bytes))
      << "\n\n";
   os << "KV bytes per token = 2 x " << c.n_layer << " layers x " << c.n_head_kv << " KV heads x " << c.head_dim
-     << " head dim x dtype bytes\n\n";
-  os << "| KV dtype | tessera | bytes/token | block | ctx | blocks/seq | KV per seq | expected waste/seq | waste % "
-        "| blocks in budget | max concurrency |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+     << " head dim x bits per element / 8 (scales included)\n\n";
+  os << "| KV format | fits | bits/elem | bytes/token | block | ctx | blocks/seq | KV per seq | expected waste/seq "
+        "| waste % | blocks in budget | max concurrency "
+        "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& r : rows) {
     char buf[512];
-    std::snprintf(buf, sizeof buf, "| %s | %s | %.0f | %d | %lld | %lld | %s | %s | %.2f | %lld | %lld |\n",
-                  r.dtype.c_str(), r.supported ? "yes" : "plan only", r.bytes_per_token, r.block_size,
+    std::snprintf(buf, sizeof buf, "| %s | %s | %.2f | %.0f | %d | %lld | %lld | %s | %s | %.2f | %lld | %lld |\n",
+                  r.dtype.c_str(), r.supported ? "yes" : "no", r.bits_per_elem, r.bytes_per_token, r.block_size,
                   static_cast<long long>(r.ctx), static_cast<long long>(r.blocks_per_seq),
                   human_bytes(r.seq_bytes).c_str(), human_bytes(r.expected_waste_bytes).c_str(), r.waste_fraction * 100,
                   static_cast<long long>(r.total_blocks), static_cast<long long>(r.max_concurrency));
     os << buf;
   }
   os << "\nmax concurrency = floor(blocks in budget / ceil(ctx / block)): sequences that can each hold the full "
-        "context at once.\nexpected waste: a sequence's last block is on average half empty. fp8/int8/int4 rows count "
-        "element bytes only (no scales).\n";
+        "context at once.\nexpected waste: a sequence's last block is on average half empty. Formats: "
+        "docs/design/kv-quant.md (int4 = KIVI: per-channel keys, whose scales shrink with larger blocks).\n";
+  for (const auto& r : rows)
+    if (!r.supported) {
+      os << r.dtype << " does not fit this model: " << r.unsupported_why << "\n";
+      break;
+    }
   return os.str();
 }
 
@@ -206,6 +225,7 @@ nlohmann::json kv_plan_json(const KvModelInfo& m, const KvPlanOptions& o, const 
   for (const auto& r : rows)
     jr.push_back({{"dtype", r.dtype},
                   {"supported", r.supported},
+                  {"bits_per_elem", r.bits_per_elem},
                   {"block_size", r.block_size},
                   {"ctx", r.ctx},
                   {"bytes_per_token", r.bytes_per_token},

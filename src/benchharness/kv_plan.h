@@ -1,7 +1,7 @@
 #pragma once
-// KV-cache capacity planning (`tessera kv-plan`): bytes per token for each KV dtype, block
-// overhead, and how many sequences of a given context fit in a memory budget next to the
-// weights. Works from a GGUF file, a Hugging Face config.json directory or a dummy: preset.
+// KV-cache capacity planning (`tessera kv-plan`): bytes per token for each KV-cache format
+// (backend/kv_format.h; scales included, as the cache allocates them), block overhead, and
+// how many sequences of a given context fit in a memory budget next to the weights. Works from a GGUF file, a Hugging Face config.json directory or a dummy: preset.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,19 +23,17 @@ struct KvModelInfo {
 // dummy:<preset>[:dtype] (weights = parameters × dtype size, default f16).
 KvModelInfo load_kv_model_info(const std::string& model);
 
-struct KvDtypeRow {
-  std::string name;       // "f16", "f32", "bf16", "fp8", "int8", "int4"
-  double bytes_per_elem;  // 4, 2, 2, 1, 1, 0.5 (element bytes only; no scales)
-  bool supported;         // tessera's KV cache can use it today (f16, f32); others plan only
-};
-std::vector<KvDtypeRow> kv_dtype_rows();
+// The formats a plan lists by default (as --kv-cache-dtype names them).
+std::vector<std::string> kv_plan_formats();
 
 // 2 (K and V) × layers × KV heads × head dim × bytes per element.
 double kv_bytes_per_token(const ModelConfig& c, double bytes_per_elem);
 
 struct KvPlanRow {
-  std::string dtype;
-  bool supported = false;
+  std::string dtype;       // the --kv-cache-dtype name
+  bool supported = false;  // the format can store this model's heads (turbo: power-of-two head_dim)
+  std::string unsupported_why;
+  double bits_per_elem = 0;  // storage per K/V element, scales included
   int block_size = 0;
   int64_t ctx = 0;
   double bytes_per_token = 0;
@@ -54,6 +52,7 @@ struct KvPlanOptions {
   int64_t reserve_bytes = 0;  // activations, runtime; subtracted with the weights
   std::vector<int64_t> ctx = {2048, 8192, 32768};
   std::vector<int> block_sizes = {16};
+  std::vector<std::string> formats = kv_plan_formats();
 };
 
 std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& options);

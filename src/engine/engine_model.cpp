@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/kv_scales.h"
 #include "kv/kv_host_ops.h"
 #include "tokenizer/tokenizer.h"
 
@@ -42,6 +43,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   spec.v_format = o.session.v_format;
   spec.k_scales = o.session.k_scales;
   spec.v_scales = o.session.v_scales;
+  apply_checkpoint_kv_scales(session_->weights(), spec);
   Backend& backend = session_->backend();
   // The largest step the engine will run, once, so a budget that cannot hold its
   // activations fails here and not under load. Its KV lands in the first blocks of `kv`.

@@ -66,4 +66,13 @@ void write_kv_scales(const std::string& path, const KvScales& scales, const std:
   TESSERA_CHECK(out.good(), "KV scales: writing ", path, " failed");
 }
 
+void apply_checkpoint_kv_scales(const ModelWeights& weights, KvCacheSpec& spec) {
+  const auto apply = [&](const KvFormat& f, const std::vector<float>& from, std::vector<std::vector<float>>& to) {
+    if (!f.is_fp8() || f.scale != KvScale::Tensor || !to.empty() || from.empty()) return;
+    for (float s : from) to.push_back({s});
+  };
+  apply(spec.k_format, weights.k_scale, spec.k_scales);
+  apply(spec.v_format, weights.v_scale, spec.v_scales);
+}
+
 }  // namespace tessera

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "kv/kv_cache.h"
+#include "model/weights.h"
+
 namespace tessera {
 
 struct KvScales {
@@ -20,5 +23,9 @@ struct KvScales {
 KvScales read_kv_scales(const std::string& path);
 void write_kv_scales(const std::string& path, const KvScales& scales, const std::string& k_format,
                      const std::string& v_format, int n_kv_heads);
+
+// fp8 :tensor K (or V) without explicit scales takes the checkpoint's per-layer k_scale /
+// v_scale when it has them (as vLLM does); anything else is left as it is.
+void apply_checkpoint_kv_scales(const ModelWeights& weights, KvCacheSpec& spec);
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "engine/kv_scales.h"
 #include "model/dummy.h"
 #include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
@@ -80,6 +81,7 @@ void Session::make_kv(int tokens) {
   spec.v_format = options_.v_format;
   spec.k_scales = options_.k_scales;
   spec.v_scales = options_.v_scales;
+  apply_checkpoint_kv_scales(*weights_, spec);
   kv_.reset();  // free the old cache before allocating the new one
   kv_ = std::make_unique<KvCache>(*backend_, spec);
   runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *backend_);

@@ -1,5 +1,6 @@
 // Weights and config from a Hugging Face checkpoint: config.json + safetensors (one file or
 // sharded). Matrices in F32/F16/BF16 are used in place; vectors become f32.
+#include <cmath>
 #include <filesystem>
 
 #include "core/error.h"
@@ -97,6 +98,30 @@ struct HFBinder {
   }
 };
 
+// The per-layer KV-cache scales of fp8 checkpoints (vLLM's and LLM Compressor's names):
+// all layers or none, each a scalar ([] or [1]) that is finite and positive.
+void bind_kv_scales(const SafetensorsModel& st, ModelWeights& w) {
+  const int n_layer = w.config.n_layer;
+  for (const char* which : {"k_scale", "v_scale"}) {
+    std::vector<float>& out = which[0] == 'k' ? w.k_scale : w.v_scale;
+    for (int l = 0; l < n_layer; ++l) {
+      const std::string name = "model.layers." + std::to_string(l) + ".self_attn." + which;
+      const SafetensorsTensor* t = st.find_tensor(name);
+      if (!t) {
+        TESSERA_CHECK(out.empty(), st.name(), ": '", name, "' is missing while layer 0 has one");
+        break;
+      }
+      TESSERA_CHECK(t->n_elements() == 1 && t->shape.size() <= 1, st.name(), ": '", name, "' is not a scalar");
+      TESSERA_CHECK(t->dtype == DType::F32 || t->dtype == DType::F16 || t->dtype == DType::BF16, st.name(), ": '", name,
+                    "' has type ", safetensors_dtype_name(t->stored), ", expected F32, F16 or BF16");
+      float v = 0;
+      dequantize_row(t->dtype, t->data, &v, 1);
+      TESSERA_CHECK(std::isfinite(v) && v > 0, st.name(), ": '", name, "' is ", v, " (finite, > 0)");
+      out.push_back(v);
+    }
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir) {
@@ -108,6 +133,7 @@ std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir) {
   HFBinder bind{*st, *w};
   // Tied checkpoints may still ship lm_head; the config decides.
   bind_llama_tensors(bind, *w, kHfLlamaNames);
+  bind_kv_scales(*st, *w);
   return w;
 }
 

@@ -29,6 +29,9 @@ struct ModelWeights {
   const float* output_norm = nullptr;
   const float* rope_freq_factors = nullptr;  // [rope_dim/2] or nullptr
   std::vector<LayerWeights> layers;
+  // Static fp8 KV-cache scales a checkpoint carries (self_attn.k_scale / v_scale), one per
+  // layer; empty when it has none. Used by the fp8 :tensor KV format unless --kv-scales says.
+  std::vector<float> k_scale, v_scale;
   std::string source;        // path, or "dummy:<preset>"
   int64_t weight_bytes = 0;  // bytes of all matrices and vectors, as stored
 

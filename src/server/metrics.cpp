@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "core/error.h"
@@ -205,6 +206,7 @@ struct ServerMetrics::Impl {
   Histogram inference_time;  // prefill + decode
   Histogram prefill_time;
   Histogram decode_time;
+  std::optional<ServerMetrics::CacheConfig> cache_config;
 };
 
 ServerMetrics::ServerMetrics(std::string model_name) : ServerMetrics(std::move(model_name), kDefaultMaxModelLen) {}
@@ -215,6 +217,11 @@ ServerMetrics::ServerMetrics(std::string model_name, int64_t max_model_len) {
 }
 
 ServerMetrics::~ServerMetrics() = default;
+
+void ServerMetrics::set_cache_config(const CacheConfig& config) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->cache_config = config;
+}
 
 void ServerMetrics::record(const RequestRecord& r) {
   std::lock_guard lock(impl_->mutex);
@@ -291,6 +298,20 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
             static_cast<double>(engine.generated_tokens));
 
   std::lock_guard lock(m.mutex);
+
+  if (m.cache_config) {
+    const CacheConfig& c = *m.cache_config;
+    w.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+    w.sample("vllm:cache_config_info",
+             "block_size=\"" + std::to_string(c.block_size) + "\",cache_dtype=\"" + escape_label_value(c.cache_dtype) +
+                 "\",num_gpu_blocks=\"" + std::to_string(c.num_gpu_blocks) + "\",num_cpu_blocks=\"" +
+                 std::to_string(c.num_cpu_blocks) + "\"",
+             1.0);
+    w.gauge("tessera:kv_cache_capacity_tokens", "Tokens the KV-cache pool holds (blocks x block size).",
+            static_cast<double>(c.num_gpu_blocks) * c.block_size);
+    w.gauge("tessera:kv_cache_bits_per_element", "KV-cache storage per K/V element, scales included.",
+            c.bits_per_element);
+  }
 
   w.family("vllm:request_success_total", "counter", "Count of successfully processed requests.");
   for (FinishReason reason : kSuccessReasons) {

@@ -54,6 +54,17 @@ class ServerMetrics {
   // A request refused before it entered the engine (HTTP status and reason name).
   void record_rejection(int http_status, std::string_view reason);
 
+  // The KV cache's configuration, shown as vLLM's vllm:cache_config_info (value 1, labels)
+  // and tessera's capacity gauges. Set once after start-up; absent until then.
+  struct CacheConfig {
+    int block_size = 0;
+    std::string cache_dtype;  // as --kv-cache-dtype names it
+    int num_gpu_blocks = 0;   // the device (or host-memory) pool
+    int num_cpu_blocks = 0;   // the swap tier
+    double bits_per_element = 0;
+  };
+  void set_cache_config(const CacheConfig& config);
+
   // The Prometheus text exposition (format 0.0.4): the recorded histograms and counters,
   // plus the engine's gauges and counters from `engine`.
   std::string render(const EngineStats& engine) const;

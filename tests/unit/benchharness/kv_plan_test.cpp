@@ -26,7 +26,7 @@ const KvPlanRow& row(const std::vector<KvPlanRow>& rows, const std::string& dtyp
   throw std::runtime_error("no row " + dtype);
 }
 
-TEST(BenchKvPlan, Llama31_8B_Is128KiBPerTokenInBf16) {
+TEST(BenchKvPlan, Llama31_8B_Is128KiBPerTokenInF16) {
   const KvModelInfo m = load_kv_model_info("dummy:llama-3.1-8b");
   EXPECT_EQ(kv_bytes_per_token(m.config, 2), 131072.0);  // 2 x 32 x 8 x 128 x 2
   EXPECT_EQ(kv_bytes_per_token(m.config, 1), 65536.0);
@@ -35,8 +35,8 @@ TEST(BenchKvPlan, Llama31_8B_Is128KiBPerTokenInBf16) {
   o.ctx = {8192};
   o.block_sizes = {16, 32};
   const auto rows = kv_plan(m, o);
-  EXPECT_EQ(rows.size(), 6u * 2u * 1u);
-  const KvPlanRow& bf16 = row(rows, "bf16", 16, 8192);
+  EXPECT_EQ(rows.size(), kv_plan_formats().size() * 2u * 1u);
+  const KvPlanRow& bf16 = row(rows, "f16", 16, 8192);
   EXPECT_EQ(bf16.bytes_per_token, 131072.0);
   EXPECT_EQ(bf16.blocks_per_seq, 512);
   EXPECT_EQ(bf16.block_bytes, 16 * 131072.0);
@@ -48,10 +48,18 @@ TEST(BenchKvPlan, Llama31_8B_Is128KiBPerTokenInBf16) {
   EXPECT_EQ(bf16.max_concurrency, (budget / (16 * 131072)) / 512);
   EXPECT_DOUBLE_EQ(bf16.expected_waste_bytes, 8 * 131072.0);
   EXPECT_DOUBLE_EQ(bf16.waste_fraction, 8.0 / 8192.0);
-  EXPECT_EQ(row(rows, "int4", 32, 8192).bytes_per_token, 32768.0);
+  // Scales count, as the cache allocates them: int4:g32 pages hold [32 tokens x 64 bytes] of
+  // codes and (f16 scale, f16 min) per token per 4 groups: 2048 + 512 bytes per 32 tokens.
+  EXPECT_EQ(row(rows, "int4:g32", 32, 8192).bytes_per_token, 2.0 * 32 * 8 * (2048 + 512) / 32);
+  EXPECT_DOUBLE_EQ(row(rows, "int4:g32", 32, 8192).bits_per_elem, 5.0);
+  // KIVI keys: (scale, min) per channel per page: 4 + 32/32 bits at block 32, 4 + 32/16 at
+  // block 16; values (per token, groups of 32) 5.
+  EXPECT_DOUBLE_EQ(row(rows, "int4", 32, 8192).bits_per_elem, 5.0);
+  EXPECT_DOUBLE_EQ(row(rows, "int4", 16, 8192).bits_per_elem, 5.5);
+  EXPECT_DOUBLE_EQ(row(rows, "fp8_e4m3", 16, 8192).bytes_per_token, 65536.0);
   EXPECT_EQ(row(rows, "f32", 32, 8192).blocks_per_seq, 256);
-  EXPECT_TRUE(row(rows, "f16", 16, 8192).supported);
-  EXPECT_FALSE(row(rows, "fp8", 16, 8192).supported);
+  EXPECT_TRUE(row(rows, "turbo3.5", 16, 8192).supported);
+  EXPECT_LT(row(rows, "turbo3.5", 16, 8192).bits_per_elem, 4.0);
 }
 
 TEST(BenchKvPlan, SmolLM2FromItsGguf) {
@@ -79,7 +87,7 @@ TEST(BenchKvPlan, SmolLM2FromItsGguf) {
   const int64_t budget = (int64_t{1} << 30) - tensor_bytes;
   EXPECT_EQ(f16.max_concurrency, (budget / (16 * 23040)) / 128);
   EXPECT_EQ(row(rows, "f16", 16, 8192).max_concurrency, (budget / (16 * 23040)) / 512);
-  EXPECT_NE(format_kv_plan(m, o, rows).find("| f16 | yes | 23040 | 16 | 2048 |"), std::string::npos);
+  EXPECT_NE(format_kv_plan(m, o, rows).find("| f16 | yes | 16.00 | 23040 | 16 | 2048 |"), std::string::npos);
 }
 
 TEST(BenchKvPlan, HuggingFaceConfigDirectory) {

@@ -23,9 +23,9 @@ using namespace tessera;
 
 namespace {
 
-const char* const kAllFormats[] = {"f16",      "f32",      "fp8_e4m3", "fp8_e5m2", "fp8_e4m3:head", "fp8_e4m3:token",
-                                   "int8",     "int8:g16", "int4",     "int4:g16", "int4:g32",      "turbo2.5",
-                                   "turbo3",   "turbo3.5", "turbo4",   "turbo3.5:mse"};
+const char* const kAllFormats[] = {"f16",    "f32",      "fp8_e4m3", "fp8_e5m2",    "fp8_e4m3:head", "fp8_e4m3:token",
+                                   "int8",   "int8:g16", "int4",     "int4:g16",    "int4:g32",      "turbo2.5",
+                                   "turbo3", "turbo3.5", "turbo4",   "turbo3.5:mse"};
 
 std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);
@@ -147,8 +147,10 @@ TEST(KvCodec, Fp8MatchesFloat64NearestEven) {
       const double x = (i % 2 ? -1 : 1) * std::exp2(mag(rng));
       const float got = fp8_to_f32(f32_to_fp8(float(x), codec), codec);
       double best = 1e300;
-      for (double c : finite) best = std::min(best, std::fabs(c - std::clamp(x, -double(fp8_max(codec)), double(fp8_max(codec)))));
-      EXPECT_LE(std::fabs(got - std::clamp(x, -double(fp8_max(codec)), double(fp8_max(codec)))), best * (1 + 1e-6) + 1e-30)
+      for (double c : finite)
+        best = std::min(best, std::fabs(c - std::clamp(x, -double(fp8_max(codec)), double(fp8_max(codec)))));
+      EXPECT_LE(std::fabs(got - std::clamp(x, -double(fp8_max(codec)), double(fp8_max(codec)))),
+                best * (1 + 1e-6) + 1e-30)
           << x;
     }
   }
@@ -159,9 +161,9 @@ TEST(KvCodec, RoundTripErrorWithinEachFormatsBound) {
   const int bs = 16, hd = 64;
   // Relative RMS error bounds per format, random rows and outlier-heavy rows.
   const std::vector<std::pair<std::string, double>> bounds = {
-      {"f32", 1e-7},       {"f16", 1e-3},      {"fp8_e4m3:token", 0.04}, {"fp8_e5m2:token", 0.08},
-      {"int8", 0.012},     {"int8:g16", 0.008}, {"int4:g16", 0.12},      {"int4:g32", 0.14},
-      {"turbo4", 0.12},    {"turbo3", 0.22},   {"turbo2.5", 0.33}};
+      {"f32", 1e-7},    {"f16", 1e-3},       {"fp8_e4m3:token", 0.04}, {"fp8_e5m2:token", 0.08},
+      {"int8", 0.012},  {"int8:g16", 0.008}, {"int4:g16", 0.12},       {"int4:g32", 0.14},
+      {"turbo4", 0.12}, {"turbo3", 0.22},    {"turbo2.5", 0.33}};
   for (const auto& [name, bound] : bounds)
     for (int kind = 0; kind < 2; ++kind) {
       const std::vector<float> x = kind == 0 ? randn(size_t(bs) * hd, rng) : outlier_rows(bs, hd, rng);
@@ -465,10 +467,10 @@ TEST(CpuQuantAttention, EveryFormatPrefillAndDecodeMatchesFloat64) {
   // fp8_e4m3 0.036-0.048, int8 0.025-0.030, int4 (KIVI) 0.08-0.11, turbo3.5 0.40-0.48 with
   // QJL and 0.24-0.26 without: the sketch's variance costs more than its bias removal here).
   const std::vector<std::pair<std::string, double>> formats = {
-      {"f16", 1e-3},         {"fp8_e4m3", 0.07},     {"fp8_e5m2:token", 0.09}, {"fp8_e4m3:head", 0.06},
-      {"int8", 0.045},       {"int8:g16", 0.03},     {"int4", 0.17},           {"int4:g16", 0.25},
-      {"turbo4", 0.5},       {"turbo3.5", 0.65},     {"turbo3", 0.85},         {"turbo2.5", 0.95},
-      {"turbo4:mse", 0.27},  {"turbo3.5:mse", 0.37}, {"turbo3:mse", 0.47},     {"turbo2.5:mse", 0.62}};
+      {"f16", 1e-3},        {"fp8_e4m3", 0.07},     {"fp8_e5m2:token", 0.09}, {"fp8_e4m3:head", 0.06},
+      {"int8", 0.045},      {"int8:g16", 0.03},     {"int4", 0.17},           {"int4:g16", 0.25},
+      {"turbo4", 0.5},      {"turbo3.5", 0.65},     {"turbo3", 0.85},         {"turbo2.5", 0.95},
+      {"turbo4:mse", 0.27}, {"turbo3.5:mse", 0.37}, {"turbo3:mse", 0.47},     {"turbo2.5:mse", 0.62}};
   uint32_t seed = 100;
   for (const auto& [name, err] : formats) {
     // Prefill with a partial last block and GQA, chunked prefill continuing a stored past,

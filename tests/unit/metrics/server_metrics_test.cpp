@@ -284,6 +284,20 @@ TEST(ServerMetrics, EngineGaugesAndCountersComeFromTheSnapshot) {
   EXPECT_EQ(value_of(idle, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc"), 0.0);
 }
 
+TEST(ServerMetrics, CacheConfigShowsTheKvFormatAndCapacity) {
+  ServerMetrics metrics("m");
+  EXPECT_EQ(metrics.render(EngineStats{}).find("cache_config_info"), std::string::npos);  // not set yet
+  metrics.set_cache_config({16, "turbo3.5", 1000, 64, 3.69});
+  const auto f = parse_prometheus_text(metrics.render(EngineStats{}));
+  EXPECT_EQ(
+      value_of(
+          f, "vllm:cache_config_info", "vllm:cache_config_info",
+          {{"block_size", "16"}, {"cache_dtype", "turbo3.5"}, {"num_gpu_blocks", "1000"}, {"num_cpu_blocks", "64"}}),
+      1);
+  EXPECT_EQ(value_of(f, "tessera:kv_cache_capacity_tokens", "tessera:kv_cache_capacity_tokens"), 16000);
+  EXPECT_DOUBLE_EQ(value_of(f, "tessera:kv_cache_bits_per_element", "tessera:kv_cache_bits_per_element"), 3.69);
+}
+
 TEST(ServerMetrics, EngineCountersVllmLacksAreExportedUnderTessera) {
   ServerMetrics metrics("m");
   EngineStats engine;

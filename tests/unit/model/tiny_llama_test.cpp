@@ -16,6 +16,7 @@
 #include "engine/model_runner.h"
 #include "gguf_builder.h"
 #include "model/model.h"
+#include "engine/kv_scales.h"
 
 using namespace tessera;
 using namespace tessera::test;
@@ -310,7 +311,9 @@ namespace {
 
 // Writes the tiny model as a Hugging Face checkpoint: config.json + model.safetensors, with
 // Q/K rows in HF order (halves rotated), i.e. undoing the permutation GGUF's converter applies.
-void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied) {
+// kv_scales: per layer (k_scale, v_scale) scalars as fp8 checkpoints carry them (or none).
+void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
+                         const std::vector<std::pair<float, float>>& kv_scales = {}) {
   std::filesystem::create_directories(dir);
   nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
                         {"model_type", "llama"},
@@ -355,6 +358,10 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied) {
     add(h + "mlp.gate_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_gate.weight"));
     add(h + "mlp.up_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_up.weight"));
     add(h + "mlp.down_proj.weight", {t.embd, t.ff}, t.t.at(g + "ffn_down.weight"));
+    if (!kv_scales.empty()) {
+      add(h + "self_attn.k_scale", {}, {kv_scales[l].first});
+      add(h + "self_attn.v_scale", {1}, {kv_scales[l].second});
+    }
   }
   nlohmann::json header = nlohmann::json::object();
   size_t offset = 0;
@@ -403,4 +410,33 @@ TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
     EXPECT_LT(std::sqrt(num / den), 1e-5) << (tied ? "tied" : "untied");
     std::filesystem::remove_all(dir);
   }
+}
+
+TEST(TinyLlama, Fp8CheckpointKvScalesAreRead) {
+  Tiny tiny;
+  tiny.build(false);
+  const std::string dir = ::testing::TempDir() + "/tessera_tiny_hf_kv_scales";
+  std::vector<std::pair<float, float>> scales;
+  for (int l = 0; l < tiny.layers; ++l) scales.push_back({0.5f + l, 0.25f + l});
+  write_hf_checkpoint(tiny, dir, false, scales);
+  auto weights = load_safetensors_weights(dir);
+  ASSERT_EQ(weights->k_scale.size(), static_cast<size_t>(tiny.layers));
+  EXPECT_EQ(weights->k_scale[1], 1.5f);
+  EXPECT_EQ(weights->v_scale[0], 0.25f);
+  // Used by fp8 :tensor unless scales were given; other formats ignore them.
+  KvCacheSpec spec = KvCacheSpec::plain(tiny.layers, tiny.kv_heads, tiny.head_dim, 4, 4, DType::F16);
+  spec.k_format = spec.v_format = parse_kv_format("fp8_e4m3", true);
+  apply_checkpoint_kv_scales(*weights, spec);
+  ASSERT_EQ(spec.k_scales.size(), static_cast<size_t>(tiny.layers));
+  EXPECT_EQ(spec.v_scales[1], std::vector<float>{1.25f});
+  CpuBackend be(1);
+  KvCache kv(be, spec);
+  EXPECT_EQ(kv.layer(1).k_consts[0], 1.5f);
+  KvCacheSpec head = spec;
+  head.k_scales.clear();
+  head.v_scales.clear();
+  head.k_format = head.v_format = parse_kv_format("fp8_e4m3:head", true);
+  apply_checkpoint_kv_scales(*weights, head);
+  EXPECT_TRUE(head.k_scales.empty());
+  std::filesystem::remove_all(dir);
 }
