@@ -93,8 +93,7 @@ KvAbsMax measure_kv_absmax(Session& session, std::span<const int32_t> tokens, in
         host.resize(static_cast<size_t>(page_bytes) * spec.n_kv_heads);
         for (size_t b = 0; b < seq.blocks.size(); ++b) {
           const int n = std::min<int>(bs, window - static_cast<int>(b) * bs);
-          session.backend().copy_to_host(host.data(), base + seq.blocks[b] * page_bytes * spec.n_kv_heads,
-                                         host.size());
+          session.backend().copy_to_host(host.data(), base + seq.blocks[b] * page_bytes * spec.n_kv_heads, host.size());
           for (int h = 0; h < spec.n_kv_heads; ++h)
             out[h] = std::max(out[h], page_absmax(host.data() + h * page_bytes, dtype, n, spec.head_dim));
         }

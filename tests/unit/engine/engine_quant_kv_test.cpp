@@ -1,0 +1,88 @@
+// The serving engine over the real model (SmolLM2-135M) with quantized KV caches: batching,
+// prefix-cache hits, recompute and swap preemption and forks (copy-on-write of partial
+// blocks) give the same greedy tokens as each request run alone in the same format, because
+// a block carries its own scales and its bytes move unchanged. Formats whose codes depend
+// only on the token (fp8, int8, int4:gN, turbo) are batch-invariant. KIVI keys (int4 per
+// channel) re-code a page as it fills, so their bytes depend on how a prompt was chunked:
+// not batch-invariant, not checked here (their block copies are, in kv_quant_test.cpp).
+// Skipped without the model.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "engine_run_harness.h"
+#include "test_model.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace tessera;
+using tessera::test::RunResult;
+using tessera::test::run_engine;
+
+namespace {
+
+std::unique_ptr<ModelEngine> engine_for(const std::string& format) {
+  ModelEngineOptions o;
+  o.session.model = test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+  o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
+  o.session.block_size = 4;       // forks share partial blocks, a tight pool preempts
+  o.session.k_format = parse_kv_format(format, true);
+  o.session.v_format = parse_kv_format(format, false);
+  o.scheduler.max_num_batched_tokens = 32;
+  o.scheduler.max_num_seqs = 8;
+  o.scheduler.max_model_len = 256;
+  o.max_kv_blocks = 128;
+  o.kv_cache_bytes = 16ll << 20;
+  o.warmup = false;
+  o.swap_space_bytes = 4ll << 20;
+  return std::make_unique<ModelEngine>(o);
+}
+
+std::vector<Request> prompts(ModelEngine& m) {
+  std::vector<Request> out;
+  const std::string system = "You are a careful assistant. Answer briefly. ";
+  for (const char* p : {"The three primary colors are", "def fibonacci(n):", "In 1969, the first humans landed on"}) {
+    Request r;
+    r.prompt = m.session().tokenizer().encode(system + p, true, false);  // shared prefix: cache hits
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 6;
+    r.sampling.ignore_eos = true;
+    out.push_back(r);
+  }
+  return out;
+}
+
+void expect_same(const RunResult& got, const RunResult& want, const std::string& what) {
+  for (const auto& [id, o] : want.out)
+    EXPECT_EQ(got.out.at(id).tokens[0], o.tokens[0]) << what << ", request " << id;
+}
+
+}  // namespace
+
+TEST(EngineQuantKv, TokenWiseFormatsAreBatchPrefixPreemptionAndForkInvariant) {
+  if (!std::filesystem::exists(test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"))) GTEST_SKIP() << "no model";
+  for (const char* format : {"turbo3", "fp8_e4m3:token"}) {
+    SCOPED_TRACE(format);
+    auto m = engine_for(format);
+    const std::vector<Request> reqs = prompts(*m);
+    const RunResult alone = run_engine(*m, reqs, true, 0, false);
+    expect_same(run_engine(*m, reqs, false, 0, false), alone, "batched");
+    const RunResult cached = run_engine(*m, reqs, true, 0, true);  // later requests hit the system prompt's blocks
+    EXPECT_GT(cached.stats.prefix.hit_tokens, 0);
+    expect_same(cached, alone, "prefix cache hits");
+    const RunResult tight = run_engine(*m, reqs, false, 13, true);  // 3 x ~19 tokens in 13 blocks of 4
+    EXPECT_GT(tight.stats.preemptions, 0);
+    expect_same(tight, alone, "recompute preemption");
+    const RunResult swapped = run_engine(*m, reqs, false, 13, true, [&](EngineConfig& c) {
+      c.scheduler.preemption_mode = PreemptionMode::Swap;
+      c.n_host_blocks = m->executor().n_host_blocks();
+    });
+    EXPECT_GT(swapped.stats.swaps_out, 0);
+    expect_same(swapped, alone, "swap preemption");
+    Request forked = reqs[0];
+    forked.n = 3;
+    const RunResult f = run_engine(*m, {forked}, true, 0, false);
+    EXPECT_GT(f.stats.block_copies + (forked.prompt.size() % 4 == 0 ? 1 : 0), 0);
+    for (int c = 0; c < 3; ++c) EXPECT_EQ(f.out.at(1).tokens[c], alone.out.at(1).tokens[0]) << "choice " << c;
+  }
+}
