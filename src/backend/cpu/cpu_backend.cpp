@@ -20,8 +20,10 @@ constexpr int64_t kRowGrain = 8;
 
 }  // namespace
 
-CpuBackend::CpuBackend(int threads)
-    : pool_(threads > 0 ? threads : ThreadPool::default_threads()), matmul_(pool_), ops_(cpu::ops_table()) {
+CpuBackend::CpuBackend(int threads) : CpuBackend(threads, cpu::ops_table()) {}
+
+CpuBackend::CpuBackend(int threads, const cpu::OpsTable& ops)
+    : pool_(threads > 0 ? threads : ThreadPool::default_threads()), matmul_(pool_), ops_(ops) {
   scratch_.resize(pool_.size());
 }
 

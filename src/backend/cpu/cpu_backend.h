@@ -17,6 +17,8 @@ namespace tessera {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads);
+  // With a given row-kernel table (tests run every ISA path this machine has).
+  CpuBackend(int threads, const cpu::OpsTable& ops);
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }

@@ -129,12 +129,15 @@ static inline float dot_f32(const float* a, const float* b, int n) {
   return sum;
 }
 
-// One page's first n tokens as f32 rows (plain formats through the F16C path).
+#include "backend/cpu/kv_decode_simd.h"
+
+// One page's first n tokens as f32 rows (plain formats through the F16C path, quantized ones
+// through the AVX2 decoders where this build has them).
 static inline void decode_page(const tessera::KvFormat& f, const tessera::KvPageLayout& l, int hd,
                                const tessera::KvHeadConstants& c, const uint8_t* page, int n, float* out) {
   if (f.is_plain())
     load_f32(page, f.plain_dtype(), 0, n * hd, out);
-  else
+  else if (!simd_decode_rows(f, l, hd, c, page, n, out))
     tessera::kv_decode_rows(f, l, hd, c, page, n, out);
 }
 
@@ -208,7 +211,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     }
     decode_page(kv.k_fmt, kl, hd, kc, kpage, nk, kf);
     decode_page(kv.v_fmt, vl, hd, vc, vpage, nk, vf);
-    if (qjl) tessera::kv_decode_qjl(kl, hd, kpage, nk, sgn, coef);
+    if (qjl && !simd_decode_qjl(kl, hd, kpage, nk, sgn, coef)) tessera::kv_decode_qjl(kl, hd, kpage, nk, sgn, coef);
     for (int r = 0; r < n_q; ++r) {
       const int pos = b.positions[task.q_begin + r / ng];
       const int visible = std::min(nk, pos - base + 1);  // causal: keys at positions <= pos

@@ -16,8 +16,8 @@
 #include "tokenizer/tokenizer.h"
 
 using namespace tessera;
-using tessera::test::RunResult;
 using tessera::test::run_engine;
+using tessera::test::RunResult;
 
 namespace {
 
@@ -53,8 +53,7 @@ std::vector<Request> prompts(ModelEngine& m) {
 }
 
 void expect_same(const RunResult& got, const RunResult& want, const std::string& what) {
-  for (const auto& [id, o] : want.out)
-    EXPECT_EQ(got.out.at(id).tokens[0], o.tokens[0]) << what << ", request " << id;
+  for (const auto& [id, o] : want.out) EXPECT_EQ(got.out.at(id).tokens[0], o.tokens[0]) << what << ", request " << id;
 }
 
 }  // namespace

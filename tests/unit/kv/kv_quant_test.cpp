@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_ops.h"
 #include "backend/kv_codec.h"
 #include "core/error.h"
 #include "kv/kv_cache.h"
@@ -318,9 +319,11 @@ struct QuantAttnCase {
 // and compares against (a) float64 attention over the K/V decoded from the cache's own pages
 // (checks the fused kernel: tight) and (b) float64 attention over the original K/V (the
 // format's quality: loose). Optionally copies every block to a fresh one first (CoW).
-void check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_blocks) {
+void check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_blocks,
+                           const cpu::OpsTable& ops = cpu::ops_table()) {
+  SCOPED_TRACE(std::string("ops ") + ops.isa);
   std::mt19937 rng(seed);
-  CpuBackend be(2);
+  CpuBackend be(2, ops);
   const int hd = tc.head_dim, kvd = tc.n_kv_heads * hd, qd = tc.n_heads * hd, bs = tc.block_size;
   int total_blocks = 0;
   for (auto [past, add] : tc.seqs) total_blocks += (past + add + bs - 1) / bs;
@@ -471,12 +474,18 @@ TEST(CpuQuantAttention, EveryFormatPrefillAndDecodeMatchesFloat64) {
       {"int8", 0.045},      {"int8:g16", 0.03},     {"int4", 0.17},           {"int4:g16", 0.25},
       {"turbo4", 0.5},      {"turbo3.5", 0.65},     {"turbo3", 0.85},         {"turbo2.5", 0.95},
       {"turbo4:mse", 0.27}, {"turbo3.5:mse", 0.37}, {"turbo3:mse", 0.47},     {"turbo2.5:mse", 0.62}};
-  uint32_t seed = 100;
-  for (const auto& [name, err] : formats) {
-    // Prefill with a partial last block and GQA, chunked prefill continuing a stored past,
-    // and decodes at block boundaries.
-    check_quant_attention({name, name, 16, 6, 2, 64, {{0, 37}}, err}, seed++, false);
-    check_quant_attention({name, name, 8, 4, 1, 32, {{19, 6}, {0, 1}, {15, 1}, {16, 1}, {40, 1}}, err}, seed++, false);
+  // Every ISA path of the row kernels (the AVX2 one decodes pages with its own SIMD code).
+  std::vector<const cpu::OpsTable*> paths{&cpu::ops_table_scalar()};
+  if (const cpu::OpsTable* avx2 = cpu::ops_table_avx2()) paths.push_back(avx2);
+  for (const cpu::OpsTable* ops : paths) {
+    uint32_t seed = 100;
+    for (const auto& [name, err] : formats) {
+      // Prefill with a partial last block and GQA, chunked prefill continuing a stored past,
+      // and decodes at block boundaries.
+      check_quant_attention({name, name, 16, 6, 2, 64, {{0, 37}}, err}, seed++, false, *ops);
+      check_quant_attention({name, name, 8, 4, 1, 32, {{19, 6}, {0, 1}, {15, 1}, {16, 1}, {40, 1}}, err}, seed++, false,
+                            *ops);
+    }
   }
 }
 
