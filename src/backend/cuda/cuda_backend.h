@@ -30,6 +30,9 @@ class CudaBackend final : public Backend {
   int sm_count() const { return sm_count_; }
   cudaStream_t stream() const { return stream_; }
 
+  // Every format of kv_format.h (quantized ones: kv_store_quant.cu, attention_quant_*.cu).
+  bool supports_kv_format(const KvFormat&) const override { return true; }
+
   void* alloc(size_t bytes) override;
   void free(void* p) override;
   void synchronize() override;
