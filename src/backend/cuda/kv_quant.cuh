@@ -63,21 +63,85 @@ __device__ __forceinline__ float fp8_decode(uint8_t v, KvCodec c) {
   return static_cast<float>(x);
 }
 
-// Channels [d0, d0 + 8) of token j of one page (d0 a multiple of 8), as f32. Turbo: in the
-// rotated basis (|x|/sqrt(hd) · centroid), as kv_decode_rows. `head` picks the static scale.
-__device__ __forceinline__ void kv_decode8(const KvSide& s, const uint8_t* page, int j, int d0, int hd, int head,
-                                           float* out) {
+// Channels [d0, d0 + 8) of token j of one page (d0 a multiple of 8) in two halves: kv_load8
+// issues the loads (codes and their scales, as stored), kv_convert8 forms f32 values, so a
+// caller can have several keys' loads in flight while holding only their raw bytes. Turbo
+// values are in the rotated basis (|x|/sqrt(hd) · centroid), as kv_decode_rows. `head`
+// picks the static scale. C: the codec (a KvCodec value) when the caller knows it at compile
+// time (the switches fold), -1 to read it from s. Groups of channels (int8:gN, int4:gN) are
+// multiples of 8 on CUDA (supports_kv_format), so 8 channels share one scale.
+struct Raw8 {
+  uint4 a;                    // codes (f16: 16 bytes; f32: a and b; fp8/int8: 8; int4: 4; turbo: a plane per byte)
+  uint4 b, c;                 // f32: the upper 4 floats; int4 per channel: 8 (scale, min) f16 pairs; turbo: QJL signs
+  float s = 1.0f, mn = 0.0f;  // scale and min; turbo: |x|/sqrt(hd) and the QJL factor
+};
+
+template <int C = -1>
+__device__ __forceinline__ void kv_load8(const KvSide& s, const uint8_t* page, int j, int d0, int hd, int head,
+                                         Raw8& r) {
   const uint8_t* row = page + static_cast<int64_t>(j) * s.row_bytes;
-  switch (s.f.codec) {
+  switch (C < 0 ? s.f.codec : static_cast<KvCodec>(C)) {
+    case KvCodec::F32:
+      r.a = *reinterpret_cast<const uint4*>(row + 4 * d0);
+      r.b = *reinterpret_cast<const uint4*>(row + 4 * d0 + 16);
+      return;
+    case KvCodec::F16: r.a = *reinterpret_cast<const uint4*>(row + 2 * d0); return;
+    case KvCodec::Fp8E4M3:
+    case KvCodec::Fp8E5M2: {
+      const uint2 u = *reinterpret_cast<const uint2*>(row + d0);
+      r.a.x = u.x, r.a.y = u.y;
+      r.s = s.f.scale == KvScale::Token ? meta_f16(page, s.meta_offset, j) : s.scales[head];
+      return;
+    }
+    case KvCodec::Int8: {
+      const uint2 u = *reinterpret_cast<const uint2*>(row + d0);
+      r.a.x = u.x, r.a.y = u.y;
+      const int g = s.f.scale == KvScale::Group ? s.f.group : hd;
+      r.s = meta_f16(page, s.meta_offset, static_cast<int64_t>(j) * (hd / g) + d0 / g);
+      return;
+    }
+    case KvCodec::Int4: {
+      r.a.x = *reinterpret_cast<const uint32_t*>(row + d0 / 2);
+      if (s.f.scale == KvScale::Channel) {  // (scale, min) of channels d0..d0+7: 32 bytes
+        r.b = *reinterpret_cast<const uint4*>(page + s.meta_offset + 4 * d0);
+        r.c = *reinterpret_cast<const uint4*>(page + s.meta_offset + 4 * d0 + 16);
+        return;
+      }
+      const int64_t m = 2 * (static_cast<int64_t>(j) * (hd / s.f.group) + d0 / s.f.group);
+      r.s = meta_f16(page, s.meta_offset, m);
+      r.mn = meta_f16(page, s.meta_offset, m + 1);
+      return;
+    }
+    case KvCodec::Turbo: {
+      const int half = hd / 2, h = d0 >= half;
+      const int bits = h ? s.f.bits_lo : s.f.bits_hi;
+      const uint8_t* planes = row + (h ? s.plane_bytes * s.f.bits_hi : 0) + (d0 - h * half) / 8;
+      uint32_t packed = 0;
+      for (int p = 0; p < bits; ++p) packed |= static_cast<uint32_t>(planes[p * s.plane_bytes]) << (8 * p);
+      r.a.x = packed;
+      r.s = meta_f16(page, s.meta_offset, static_cast<int64_t>(j) * (s.f.qjl ? 2 : 1)) * rsqrtf(hd);
+      if (s.f.qjl) {  // the sketch signs of these 8 channels and sqrt(pi/2)/hd · |r|
+        r.b.x = row[s.qjl_offset + d0 / 8];
+        r.mn = sqrtf(3.14159265358979f / 2.0f) / static_cast<float>(hd) *
+               meta_f16(page, s.meta_offset, 2 * static_cast<int64_t>(j) + 1);
+      }
+      return;
+    }
+  }
+}
+
+template <int C = -1>
+__device__ __forceinline__ void kv_convert8(const KvSide& s, const Raw8& r, int d0, int hd, float* out) {
+  switch (C < 0 ? s.f.codec : static_cast<KvCodec>(C)) {
     case KvCodec::F32: {
-      const float4 a = *reinterpret_cast<const float4*>(row + 4 * d0);
-      const float4 b = *reinterpret_cast<const float4*>(row + 4 * d0 + 16);
-      out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+      const float* f = reinterpret_cast<const float*>(&r.a);
+      const float* g = reinterpret_cast<const float*>(&r.b);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out[i] = f[i], out[4 + i] = g[i];
       return;
     }
     case KvCodec::F16: {
-      const uint4 u = *reinterpret_cast<const uint4*>(row + 2 * d0);
-      const __half2* h = reinterpret_cast<const __half2*>(&u);
+      const __half2* h = reinterpret_cast<const __half2*>(&r.a);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float2 f = __half22float2(h[i]);
@@ -88,70 +152,58 @@ __device__ __forceinline__ void kv_decode8(const KvSide& s, const uint8_t* page,
     }
     case KvCodec::Fp8E4M3:
     case KvCodec::Fp8E5M2: {
-      const uint2 u = *reinterpret_cast<const uint2*>(row + d0);
-      const uint8_t* b = reinterpret_cast<const uint8_t*>(&u);
-      const float sc = s.f.scale == KvScale::Token ? meta_f16(page, s.meta_offset, j) : s.scales[head];
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(&r.a);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) out[i] = fp8_decode(b[i], s.f.codec) * sc;
+      for (int i = 0; i < 8; ++i) out[i] = fp8_decode(b[i], s.f.codec) * r.s;
       return;
     }
     case KvCodec::Int8: {
-      const uint2 u = *reinterpret_cast<const uint2*>(row + d0);
-      const int8_t* b = reinterpret_cast<const int8_t*>(&u);
-      const int g = s.f.scale == KvScale::Group ? s.f.group : hd, ng = hd / g;
+      const int8_t* b = reinterpret_cast<const int8_t*>(&r.a);
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        out[i] = static_cast<float>(b[i]) * meta_f16(page, s.meta_offset, static_cast<int64_t>(j) * ng + (d0 + i) / g);
+      for (int i = 0; i < 8; ++i) out[i] = static_cast<float>(b[i]) * r.s;
       return;
     }
     case KvCodec::Int4: {
-      const uint32_t u = *reinterpret_cast<const uint32_t*>(row + d0 / 2);
       if (s.f.scale == KvScale::Channel) {
+        const __half* m0 = reinterpret_cast<const __half*>(&r.b);
+        const __half* m1 = reinterpret_cast<const __half*>(&r.c);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const int d = d0 + i;
-          out[i] = meta_f16(page, s.meta_offset, 2 * d + 1) +
-                   static_cast<float>((u >> (4 * i)) & 15u) * meta_f16(page, s.meta_offset, 2 * d);
+          const __half* m = i < 4 ? m0 + 2 * i : m1 + 2 * (i - 4);
+          out[i] = __half2float(m[1]) + static_cast<float>((r.a.x >> (4 * i)) & 15u) * __half2float(m[0]);
         }
         return;
       }
-      const int g = s.f.group, ng = hd / g;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int64_t m = 2 * (static_cast<int64_t>(j) * ng + (d0 + i) / g);
-        out[i] = meta_f16(page, s.meta_offset, m + 1) +
-                 static_cast<float>((u >> (4 * i)) & 15u) * meta_f16(page, s.meta_offset, m);
-      }
+      for (int i = 0; i < 8; ++i) out[i] = r.mn + static_cast<float>((r.a.x >> (4 * i)) & 15u) * r.s;
       return;
     }
     case KvCodec::Turbo: {
-      const int half = hd / 2, h = d0 >= half, dd = d0 - h * half;
-      const int bits = h ? s.f.bits_lo : s.f.bits_hi;
-      const float* code = h ? s.code_lo : s.code_hi;
-      const uint8_t* planes = row + (h ? s.plane_bytes * s.f.bits_hi : 0) + dd / 8;
-      const float norm = meta_f16(page, s.meta_offset, static_cast<int64_t>(j) * (s.f.qjl ? 2 : 1)) * rsqrtf(hd);
-      int idx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int p = 0; p < bits; ++p) {
-        const int byte = planes[p * s.plane_bytes];
+      const float* code = d0 >= hd / 2 ? s.code_lo : s.code_hi;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) idx[i] |= ((byte >> i) & 1) << p;
+      for (int i = 0; i < 8; ++i) {
+        int idx = 0;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) idx |= ((r.a.x >> (8 * p + i)) & 1) << p;  // unused planes are zero
+        out[i] = __ldg(code + idx) * r.s;
       }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) out[i] = __ldg(code + idx[i]) * norm;
       return;
     }
   }
 }
 
-// Turbo keys: QJL signs of channels [d0, d0 + 8) of token j, times the token's factor
-// sqrt(pi/2)/hd · |r| (so q·r ≈ (S q') · these).
-__device__ __forceinline__ void kv_decode_qjl8(const KvSide& s, const uint8_t* page, int j, int d0, int hd,
-                                               float* out) {
-  const int byte = page[static_cast<int64_t>(j) * s.row_bytes + s.qjl_offset + d0 / 8];
-  const float coef = sqrtf(3.14159265358979f / 2.0f) / static_cast<float>(hd) *
-                     meta_f16(page, s.meta_offset, 2 * static_cast<int64_t>(j) + 1);
+template <int C = -1>
+__device__ __forceinline__ void kv_decode8(const KvSide& s, const uint8_t* page, int j, int d0, int hd, int head,
+                                           float* out) {
+  Raw8 r;
+  kv_load8<C>(s, page, j, d0, hd, head, r);
+  kv_convert8<C>(s, r, d0, hd, out);
+}
+
+// Turbo keys: the QJL signs loaded by kv_load8 as ±(sqrt(pi/2)/hd · |r|), so q·r ≈ (S q') · these.
+__device__ __forceinline__ void kv_convert_qjl8(const Raw8& r, float* out) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = ((byte >> i) & 1) ? coef : -coef;
+  for (int i = 0; i < 8; ++i) out[i] = ((r.b.x >> i) & 1) ? r.mn : -r.mn;
 }
 
 // In shared memory, in place: x[0..n) <- H x (unnormalized Walsh–Hadamard, the butterflies
@@ -186,10 +238,11 @@ __device__ __forceinline__ void kv_decode_tile(const KvSide& ks, const KvSide& v
     if (key < end) {
       const int64_t page = static_cast<int64_t>(table[key / block_size]) * n_kv_heads + kvh;
       const int jj = key % block_size;
-      const uint8_t* kp = ks.base + page * ks.page_bytes;
-      kv_decode8(ks, kp, jj, d0, hd, kvh, kf);
+      Raw8 kr;
+      kv_load8(ks, ks.base + page * ks.page_bytes, jj, d0, hd, kvh, kr);
+      kv_convert8(ks, kr, d0, hd, kf);
       kv_decode8(vs, vs.base + page * vs.page_bytes, jj, d0, hd, kvh, vf);
-      if (ks.f.qjl) kv_decode_qjl8(ks, kp, jj, d0, hd, sg);
+      if (ks.f.qjl) kv_convert_qjl8(kr, sg);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) kf[i] = vf[i] = sg[i] = 0.0f;
