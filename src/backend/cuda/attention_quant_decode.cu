@@ -248,11 +248,15 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
                                    float* partials, cudaStream_t s) {
   if (b.n_seqs == 0) return;
   const int group = n_heads / kv.n_kv_heads;
-  switch (kv.head_dim) {
-    case 64: launch_split<64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s); break;
-    case 128: launch_split<128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s); break;
-    case 256: launch_split<256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s); break;
-    default: fail("cuda attention: head_dim ", kv.head_dim, " is not supported with quantized KV (64, 128, 256)");
+  if (attention_quant_decode_mma_applies(kv, n_heads)) {
+    launch_attention_quant_decode_mma(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, s);
+  } else {
+    switch (kv.head_dim) {
+      case 64: launch_split<64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s); break;
+      case 128: launch_split<128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s); break;
+      case 256: launch_split<256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s); break;
+      default: fail("cuda attention: head_dim ", kv.head_dim, " is not supported with quantized KV (64, 128, 256)");
+    }
   }
   const KvSide vs = kv_side(kv, false);
   launch_pdl(attention_quant_decode_merge, dim3(b.n_seqs, n_heads), dim3(128), 0, s, partials, b, n_heads, group,

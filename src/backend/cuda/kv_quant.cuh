@@ -7,6 +7,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels.h"
 #include "backend/kv_codec.h"
 #include "backend/op_types.h"
 
@@ -72,7 +73,8 @@ __device__ __forceinline__ float fp8_decode(uint8_t v, KvCodec c) {
 // multiples of 8 on CUDA (supports_kv_format), so 8 channels share one scale.
 struct Raw8 {
   uint4 a;                    // codes (f16: 16 bytes; f32: a and b; fp8/int8: 8; int4: 4; turbo: a plane per byte)
-  uint4 b, c;                 // f32: the upper 4 floats; int4 per channel: 8 (scale, min) f16 pairs; turbo: QJL signs
+  uint4 b;                    // f32: the upper 4 floats; turbo: the QJL signs
+  const uint8_t* meta;        // int4 per channel: the channels' (scale, min) pairs, read at conversion
   float s = 1.0f, mn = 0.0f;  // scale and min; turbo: |x|/sqrt(hd) and the QJL factor
 };
 
@@ -102,9 +104,8 @@ __device__ __forceinline__ void kv_load8(const KvSide& s, const uint8_t* page, i
     }
     case KvCodec::Int4: {
       r.a.x = *reinterpret_cast<const uint32_t*>(row + d0 / 2);
-      if (s.f.scale == KvScale::Channel) {  // (scale, min) of channels d0..d0+7: 32 bytes
-        r.b = *reinterpret_cast<const uint4*>(page + s.meta_offset + 4 * d0);
-        r.c = *reinterpret_cast<const uint4*>(page + s.meta_offset + 4 * d0 + 16);
+      if (s.f.scale == KvScale::Channel) {  // (scale, min) of channels d0..d0+7: the page's, cached
+        r.meta = page + s.meta_offset + 4 * d0;
         return;
       }
       const int64_t m = 2 * (static_cast<int64_t>(j) * (hd / s.f.group) + d0 / s.f.group);
@@ -165,8 +166,9 @@ __device__ __forceinline__ void kv_convert8(const KvSide& s, const Raw8& r, int 
     }
     case KvCodec::Int4: {
       if (s.f.scale == KvScale::Channel) {
-        const __half* m0 = reinterpret_cast<const __half*>(&r.b);
-        const __half* m1 = reinterpret_cast<const __half*>(&r.c);
+        const uint4 b = *reinterpret_cast<const uint4*>(r.meta), c = *reinterpret_cast<const uint4*>(r.meta + 16);
+        const __half* m0 = reinterpret_cast<const __half*>(&b);
+        const __half* m1 = reinterpret_cast<const __half*>(&c);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const __half* m = i < 4 ? m0 + 2 * i : m1 + 2 * (i - 4);
@@ -280,5 +282,13 @@ __device__ __forceinline__ void kv_prepare_queries(const KvSide& ks, int kvh, in
   }
   __syncthreads();
 }
+
+// The tensor-core decode kernel (attention_quant_decode_mma.cu): head_dim 64/128, at most
+// 16 query heads per KV head. Writes the partials of every split (launch_attention_quant_decode
+// then runs its merge).
+bool attention_quant_decode_mma_applies(const KvLayerView& kv, int n_heads);
+void launch_attention_quant_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                       int n_heads, float scale, int split_len, int max_splits, float* partials,
+                                       cudaStream_t s);
 
 }  // namespace tessera::cuda

@@ -28,11 +28,13 @@ __device__ __forceinline__ float get_f16(const uint8_t* p) {
 }
 
 // int4 asymmetric grid over [lo, hi] (kv_codec.cpp): min on the f16 grid at or below lo,
-// step on the f16 grid with min + 15 step >= hi.
-__device__ __forceinline__ void int4_grid(float lo, float hi, float& mn, float& s) {
+// step on the f16 grid with min + 15 step >= hi. The per-channel encoder takes its first
+// step from the min before that is lowered (step_first), the per-group one after.
+__device__ __forceinline__ void int4_grid(float lo, float hi, float& mn, float& s, bool step_first) {
   mn = f16_round(lo);
+  if (step_first) s = f16_round(__fsub_rn(hi, mn) / 15.0f);
   if (mn > lo) mn = f16_round(__fsub_rn(lo, __fmul_rn(fabsf(lo), 0x1.0p-10f)));
-  s = f16_round(__fsub_rn(hi, mn) / 15.0f);
+  if (!step_first) s = f16_round(__fsub_rn(hi, mn) / 15.0f);
   if (__fadd_rn(__fmul_rn(s, 15.0f), mn) < hi) s = f16_round(__fmul_rn(__fsub_rn(hi, mn) / 15.0f, 1.0f + 0x1.0p-10f));
 }
 
@@ -66,7 +68,7 @@ __device__ void store_int4_channel(const KvSide& s, uint8_t* page, int offset, i
       hi = fmaxf(hi, __fadd_rn(old_mn, __fmul_rn(15.0f, old_s)));
     }
     float mn, sc;
-    int4_grid(lo, hi, mn, sc);
+    int4_grid(lo, hi, mn, sc, true);
     const float inv = sc > 0 ? 1.0f / sc : 0.0f;
     auto put = [&](int j, int q) {
       uint8_t* b = page + static_cast<int64_t>(j) * s.row_bytes + p;
@@ -162,7 +164,7 @@ __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restr
           hi = fmaxf(hi, xs[i]);
         }
         float mn, sc;
-        int4_grid(lo, hi, mn, sc);
+        int4_grid(lo, hi, mn, sc, false);
         if (d % g == 0) {
           uint8_t* m = meta + 4 * (static_cast<int64_t>(off) * ng + q);
           put_f16(m, sc);

@@ -3,9 +3,10 @@
 // steps (a prefill with partial blocks, then a chunk or one decode row per sequence, so the
 // per-channel int4 keys re-code pages), and the CUDA attention (prefill, chunked prefill,
 // decode batches, GQA) over the CPU's own pages against the CPU's attention over them.
-// Bytes may differ in rare codes where an f32 rounding lands the other way (fp8's hardware
-// conversion against the host's, a QJL sign of a dot product near zero): at most 0.2% of
-// the written bytes. TESSERA_CUDA_BENCH_KVQ=1 adds the decode-attention benchmark of
+// The store is meant to be bit-exact (the same operations in the same order; measured: every
+// format equal on these cases); the check allows rare single codes (0.2% of the bytes) where
+// an f32 rounding could land the other way (fp8's hardware conversion against the host's, a
+// QJL sign of a dot product near zero). TESSERA_CUDA_BENCH_KVQ=1 adds the decode-attention benchmark of
 // docs/benchmarks/kv-quant-gpu.md. Skipped in builds without CUDA.
 #include <algorithm>
 #include <chrono>
@@ -148,7 +149,14 @@ void run_case(const Case& c, uint32_t seed) {
   DeviceVec<float> dq(*gpu, q), dout(*gpu, std::vector<float>(ref.size(), 0.0f));
   gpu->attention(dq.get(), ldq, gl, hb.device_view(*gpu), n_heads, scale, dout.get(), ldo);
   const std::vector<float> got = dout.read();
-  EXPECT_LT(rel_err(got, ref), 1e-4) << (hb.view().one_row_each ? "decode" : "prefill");
+  // Decode at head_dim 64/128 with up to 16 query heads per KV head runs on the tensor cores
+  // (decoded K/V, Q and P rounded to f16, as the f16 kernel: ~2e-4); the rest in f32.
+  const bool decode = hb.view().one_row_each;
+  const bool tensor_core = decode && (hd == 64 || hd == 128) && c.group <= 16;
+  const double err = rel_err(got, ref);
+  EXPECT_LT(err, tensor_core ? 1e-3 : 1e-4) << (decode ? "decode" : "prefill");
+  std::printf("  %-14s/%-14s hd %3d group %2d %s: rel err %.2e\n", c.k_fmt.c_str(), c.v_fmt.c_str(), hd, c.group,
+              decode ? "decode " : "prefill", err);
 }
 
 }  // namespace

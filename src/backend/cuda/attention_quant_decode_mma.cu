@@ -1,0 +1,265 @@
+// Decode attention over quantized KV pages on the tensor cores (head_dim 64/128, up to 16
+// query heads per KV head): attention_decode_mma.cu's scheme with the tile producer
+// replaced. A block of 4 warps per (sequence, KV head, split of split_len keys); the query
+// heads are the 16 rows of mma.sync m16n8k16 (f16 operands, f32 accumulate, base-2 online
+// softmax, rows past the group zero). Warp w takes 16-key tiles w, w + 4, ...: its lanes load
+// the tile's codes and scales (kv_load8; the next tile's while this one is computed), decode them in
+// registers, round to f16 and store the tile into the warp's own shared buffer, then Q·Kᵀ by
+// ldmatrix and P·V by ldmatrix.trans as the f16 kernel. The cache is read once, as stored; the
+// f16 tile is the operand staging of one warp, never a copy of the cache. Turbo keys with QJL
+// extend K to 2·head_dim ([ŷ, ±coef]) and Q to [q', S q'] so the sketch term is part of the
+// same products; turbo values stay in V's rotated basis (the merge kernel rotates back).
+// The block merges its warps in shared memory and writes the split's partials (m in
+// natural-log units) for attention_quant_decode.cu's merge kernel.
+//
+// Numerics: decoded K/V, Q (scaled by softmax_scale·log2 e) and P are rounded to f16
+// (the f16 kernel's ~2e-4 relative error); decoded values must stay within f16's range.
+#include <cfloat>
+
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_quant.cuh"
+#include "backend/cuda/mma_common.cuh"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kKeys = 16;  // keys per tile
+constexpr int kPad = 8;    // halves of padding per shared K/V row (ldmatrix rows in distinct banks)
+
+template <int HD, bool QJL>
+struct Shape {
+  static constexpr int KW = QJL ? 2 * HD : HD;  // K row width (QJL: ŷ then the sketch)
+  static constexpr int LDK = KW + kPad, LDV = HD + kPad;
+  static constexpr size_t tiles = sizeof(__half) * kWarps * kKeys * (LDK + LDV);
+  static constexpr size_t merge = sizeof(float) * kWarps * 16 * (HD + 8 + 2);
+  static constexpr size_t area = tiles > merge ? tiles : merge;
+  static constexpr size_t smem = area + sizeof(float) * 16 * KW;  // + the query staging [16][KW]
+};
+
+__device__ __forceinline__ uint4 pack8(const float* f) {
+  return make_uint4(pack_half2(f[0], f[1]), pack_half2(f[2], f[3]), pack_half2(f[4], f[5]), pack_half2(f[6], f[7]));
+}
+
+template <int C, int HD, bool QJL>
+__global__ void __launch_bounds__(kThreads)
+    attention_quant_decode_mma(const float* __restrict__ q, int64_t ldq, KvSide ks, KvSide vs, DeviceBatch b,
+                               int n_kv_heads, int block_size, int group, float scale, int split_len, int max_splits,
+                               float* __restrict__ partials) {
+  using S = Shape<HD, QJL>;
+  constexpr int KW = S::KW, LDK = S::LDK, LDV = S::LDV;
+  constexpr int PPK = HD / 8;              // 8-channel pieces per key
+  constexpr int NP = kKeys * PPK / 32;     // pieces per lane per tile: 8 (HD 128) or 4 (HD 64)
+  constexpr int OLD = HD + 8;              // merge: shared O row stride in floats
+  extern __shared__ __align__(16) unsigned char smem[];
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
+  const int seq = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int t = b.q_start[seq];
+  const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
+  const int begin = split * split_len;
+  if (begin >= len) return;  // the merge reads only the splits that hold keys
+  const int end = min(len, begin + split_len);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int fr = lane >> 2, fc = lane & 3;
+  const int head0 = kvh * group;
+
+  // Query heads in K's basis (turbo: rotated, S q' beside), then as A fragments (base 2).
+  float* Qs = reinterpret_cast<float*>(smem + S::area);  // [16][KW]
+  for (int i = threadIdx.x; i < 16 * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
+    Qs[g * KW + d] = g < group ? q[t * ldq + static_cast<int64_t>(head0 + g) * HD + d] * scale : 0.0f;
+  }
+  kv_prepare_queries(ks, kvh, HD, Qs, KW, 16);
+  constexpr float kLog2e = 1.4426950408889634f;
+  uint32_t qf[KW / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < KW / 16; ++kk) {
+    const float* r0 = Qs + fr * KW + kk * 16 + 2 * fc;
+    const float* r1 = r0 + 8 * KW;
+    qf[kk][0] = pack_half2(r0[0] * kLog2e, r0[1] * kLog2e);
+    qf[kk][1] = pack_half2(r1[0] * kLog2e, r1[1] * kLog2e);
+    qf[kk][2] = pack_half2(r0[8] * kLog2e, r0[9] * kLog2e);
+    qf[kk][3] = pack_half2(r1[8] * kLog2e, r1[9] * kLog2e);
+  }
+
+  __half* const Kt = reinterpret_cast<__half*>(smem) + warp * kKeys * (LDK + LDV);  // [16][LDK]
+  __half* const Vt = Kt + kKeys * LDK;                                              // [16][LDV]
+  const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
+  const int n_tiles = (end - begin + kKeys - 1) / kKeys;
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+  // Piece it = lane + 32r of a tile is key it / PPK, channels (it % PPK) * 8. The codes and
+  // scales of the warp's next tile are loaded while this one is computed (one tile in
+  // flight per warp, its raw bytes in registers).
+  Raw8 kr[NP], vr[NP];
+  auto load = [&](int tile) {
+    const int key0 = begin + tile * kKeys;
+#pragma unroll
+    for (int r = 0; r < NP; ++r) {
+      const int it = lane + 32 * r, j = it / PPK, d0 = (it % PPK) * 8;
+      const int key = min(key0 + j, end - 1);
+      const int64_t page = static_cast<int64_t>(__ldg(table + key / block_size)) * n_kv_heads + kvh;
+      kv_load8<C>(ks, ks.base + page * ks.page_bytes, key % block_size, d0, HD, kvh, kr[r]);
+      kv_load8<C>(vs, vs.base + page * vs.page_bytes, key % block_size, d0, HD, kvh, vr[r]);
+    }
+  };
+  if (warp < n_tiles) load(warp);
+  for (int tile = warp; tile < n_tiles; tile += kWarps) {
+    const int key0 = begin + tile * kKeys;
+    // The tile into shared memory as f16; keys past the end are zeros (P is 0 there, but
+    // 0 · NaN would poison O).
+#pragma unroll
+    for (int r = 0; r < NP; ++r) {
+      const int it = lane + 32 * r, j = it / PPK, d0 = (it % PPK) * 8;
+      const bool ok = key0 + j < end;
+      float f[8];
+      kv_convert8<C>(ks, kr[r], d0, HD, f);
+      *reinterpret_cast<uint4*>(Kt + j * LDK + d0) = ok ? pack8(f) : make_uint4(0, 0, 0, 0);
+      if constexpr (QJL) {
+        kv_convert_qjl8(kr[r], f);
+        *reinterpret_cast<uint4*>(Kt + j * LDK + HD + d0) = ok ? pack8(f) : make_uint4(0, 0, 0, 0);
+      }
+      kv_convert8<C>(vs, vr[r], d0, HD, f);
+      *reinterpret_cast<uint4*>(Vt + j * LDV + d0) = ok ? pack8(f) : make_uint4(0, 0, 0, 0);
+    }
+    if (tile + kWarps < n_tiles) load(tile + kWarps);
+    __syncwarp();
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < KW / 16; ++kk) {
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4(smem_addr(Kt + ((lane & 7) + (lane >> 4) * 8) * LDK + kk * 16 + ((lane >> 3) & 1) * 8), b0, b1, b2,
+                  b3);
+      mma_f16(s[0], qf[kk], b0, b1);
+      mma_f16(s[1], qf[kk], b2, b3);
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (key0 + n * 8 + 2 * fc + (e & 1) >= end) s[n][e] = -INFINITY;
+    float c_a, c_b;
+    online_softmax_step<2>(s, m_a, m_b, l_a, l_b, c_a, c_b);
+    const uint32_t pa[4] = {pack_half2(s[0][0], s[0][1]), pack_half2(s[0][2], s[0][3]), pack_half2(s[1][0], s[1][1]),
+                            pack_half2(s[1][2], s[1][3])};
+#pragma unroll
+    for (int n = 0; n < HD / 8; n += 2) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        o[n + h][0] *= c_a;
+        o[n + h][1] *= c_a;
+        o[n + h][2] *= c_b;
+        o[n + h][3] *= c_b;
+      }
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4_trans(smem_addr(Vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDV + n * 8 + (lane >> 4) * 8), b0, b1,
+                        b2, b3);
+      mma_f16(o[n], pa, b0, b1);
+      mma_f16(o[n + 1], pa, b2, b3);
+    }
+    __syncwarp();  // every lane done reading the tile before the next one overwrites it
+  }
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+
+  // The 4 warps merged in a fixed order (a warp without tiles: m = -inf, adds nothing).
+  __syncthreads();  // the tiles' area becomes the merge area
+  float* so = reinterpret_cast<float*>(smem);  // [kWarps][16][OLD]
+  float* sm = so + kWarps * 16 * OLD;          // [kWarps][16]
+  float* sl = sm + kWarps * 16;                // [kWarps][16]
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = fr + 8 * half;
+    if (fc == 0) {
+      sm[warp * 16 + row] = half ? m_b : m_a;
+      sl[warp * 16 + row] = half ? l_b : l_a;
+    }
+    float* dst = so + (warp * 16 + row) * OLD + 2 * fc;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+  }
+  __syncthreads();
+  const int n_heads = n_kv_heads * group;
+  for (int i = threadIdx.x; i < group * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w * 16 + g]);
+    float l = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = sm[w * 16 + g];
+      if (mw == -INFINITY) continue;
+      const float c = exp2f(mw - mx);
+      l += sl[w * 16 + g] * c;
+      acc += so[(w * 16 + g) * OLD + d] * c;
+    }
+    float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head0 + g) * max_splits + split) * (HD + 2);
+    p[2 + d] = acc;
+    if (d == 0) {
+      p[0] = mx * 0.6931471805599453f;  // base 2 -> natural log units (the merge uses __expf)
+      p[1] = l;
+    }
+  }
+}
+
+template <int C, int HD, bool QJL>
+void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
+               int split_len, int max_splits, float* partials, cudaStream_t s) {
+  constexpr size_t smem = Shape<HD, QJL>::smem;
+  static bool configured = false;  // per instantiation; the attribute is per function
+  if (!configured) {
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_quant_decode_mma<C, HD, QJL>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    configured = true;
+  }
+  launch_pdl(attention_quant_decode_mma<C, HD, QJL>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem,
+             s, q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, kv.block_size, group, scale,
+             split_len, max_splits, partials);
+  TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_mma");
+}
+
+template <int HD>
+void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
+               int split_len, int max_splits, float* partials, cudaStream_t s) {
+  const KvCodec c = kv.k_fmt.codec == kv.v_fmt.codec ? kv.k_fmt.codec : KvCodec::F32;  // F32: mixed
+  const bool qjl = kv.k_fmt.qjl;
+#define TESSERA_QDM(CODEC, QJL) \
+  launch_as<static_cast<int>(CODEC), HD, QJL>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
+  switch (c) {
+    case KvCodec::Fp8E4M3: TESSERA_QDM(KvCodec::Fp8E4M3, false); break;
+    case KvCodec::Fp8E5M2: TESSERA_QDM(KvCodec::Fp8E5M2, false); break;
+    case KvCodec::Int8: TESSERA_QDM(KvCodec::Int8, false); break;
+    case KvCodec::Int4: TESSERA_QDM(KvCodec::Int4, false); break;
+    case KvCodec::Turbo: qjl ? TESSERA_QDM(KvCodec::Turbo, true) : TESSERA_QDM(KvCodec::Turbo, false); break;
+    default: qjl ? TESSERA_QDM(-1, true) : TESSERA_QDM(-1, false);
+  }
+#undef TESSERA_QDM
+}
+
+}  // namespace
+
+bool attention_quant_decode_mma_applies(const KvLayerView& kv, int n_heads) {
+  return (kv.head_dim == 64 || kv.head_dim == 128) && kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0 &&
+         n_heads / kv.n_kv_heads <= 16;
+}
+
+void launch_attention_quant_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                       int n_heads, float scale, int split_len, int max_splits, float* partials,
+                                       cudaStream_t s) {
+  const int group = n_heads / kv.n_kv_heads;
+  if (kv.head_dim == 64)
+    launch_hd<64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+  else
+    launch_hd<128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+}
+
+}  // namespace tessera::cuda
