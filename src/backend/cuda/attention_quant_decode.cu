@@ -178,8 +178,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Merges the splits of one (sequence, head); turbo values (signs != null) are rotated back.
-__global__ void attention_quant_decode_merge(const float* __restrict__ partials, DeviceBatch b, int n_heads,
-                                             int group, int head_dim, int split_len, int max_splits,
+__global__ void attention_quant_decode_merge(const float* __restrict__ partials, DeviceBatch b, int n_heads, int group,
+                                             int head_dim, int split_len, int max_splits,
                                              const float* __restrict__ signs, float* __restrict__ out, int64_t ldo) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
@@ -212,8 +212,8 @@ __global__ void attention_quant_decode_merge(const float* __restrict__ partials,
 }
 
 template <int C, int HD>
-void launch_split_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group,
-                     float scale, int split_len, int max_splits, float* partials, cudaStream_t s) {
+void launch_split_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
+                     int split_len, int max_splits, float* partials, cudaStream_t s) {
   const int q_chunks = (group + kMaxQ - 1) / kMaxQ;
   // Fewer keys in flight where a lane holds more per key (turbo's sketch signs).
   constexpr int kKeys = C == static_cast<int>(KvCodec::Turbo) || C < 0 ? 2 : 4;
@@ -231,12 +231,23 @@ void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
 #define TESSERA_QUANT_DECODE(CODEC) \
   launch_split_as<static_cast<int>(CODEC), HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
   switch (c) {
-    case KvCodec::Fp8E4M3: TESSERA_QUANT_DECODE(KvCodec::Fp8E4M3); break;
-    case KvCodec::Fp8E5M2: TESSERA_QUANT_DECODE(KvCodec::Fp8E5M2); break;
-    case KvCodec::Int8: TESSERA_QUANT_DECODE(KvCodec::Int8); break;
-    case KvCodec::Int4: TESSERA_QUANT_DECODE(KvCodec::Int4); break;
-    case KvCodec::Turbo: TESSERA_QUANT_DECODE(KvCodec::Turbo); break;
-    default: launch_split_as<-1, HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+    case KvCodec::Fp8E4M3:
+      TESSERA_QUANT_DECODE(KvCodec::Fp8E4M3);
+      break;
+    case KvCodec::Fp8E5M2:
+      TESSERA_QUANT_DECODE(KvCodec::Fp8E5M2);
+      break;
+    case KvCodec::Int8:
+      TESSERA_QUANT_DECODE(KvCodec::Int8);
+      break;
+    case KvCodec::Int4:
+      TESSERA_QUANT_DECODE(KvCodec::Int4);
+      break;
+    case KvCodec::Turbo:
+      TESSERA_QUANT_DECODE(KvCodec::Turbo);
+      break;
+    default:
+      launch_split_as<-1, HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
   }
 #undef TESSERA_QUANT_DECODE
 }
@@ -252,10 +263,17 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
     launch_attention_quant_decode_mma(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, s);
   } else {
     switch (kv.head_dim) {
-      case 64: launch_split<64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s); break;
-      case 128: launch_split<128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s); break;
-      case 256: launch_split<256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s); break;
-      default: fail("cuda attention: head_dim ", kv.head_dim, " is not supported with quantized KV (64, 128, 256)");
+      case 64:
+        launch_split<64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+        break;
+      case 128:
+        launch_split<128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+        break;
+      case 256:
+        launch_split<256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+        break;
+      default:
+        fail("cuda attention: head_dim ", kv.head_dim, " is not supported with quantized KV (64, 128, 256)");
     }
   }
   const KvSide vs = kv_side(kv, false);

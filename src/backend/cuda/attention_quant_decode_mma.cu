@@ -50,9 +50,9 @@ __global__ void __launch_bounds__(kThreads)
                                float* __restrict__ partials) {
   using S = Shape<HD, QJL>;
   constexpr int KW = S::KW, LDK = S::LDK, LDV = S::LDV;
-  constexpr int PPK = HD / 8;              // 8-channel pieces per key
-  constexpr int NP = kKeys * PPK / 32;     // pieces per lane per tile: 8 (HD 128) or 4 (HD 64)
-  constexpr int OLD = HD + 8;              // merge: shared O row stride in floats
+  constexpr int PPK = HD / 8;           // 8-channel pieces per key
+  constexpr int NP = kKeys * PPK / 32;  // pieces per lane per tile: 8 (HD 128) or 4 (HD 64)
+  constexpr int OLD = HD + 8;           // merge: shared O row stride in floats
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads)
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
 
   // The 4 warps merged in a fixed order (a warp without tiles: m = -inf, adds nothing).
-  __syncthreads();  // the tiles' area becomes the merge area
+  __syncthreads();                             // the tiles' area becomes the merge area
   float* so = reinterpret_cast<float*>(smem);  // [kWarps][16][OLD]
   float* sm = so + kWarps * 16 * OLD;          // [kWarps][16]
   float* sl = sm + kWarps * 16;                // [kWarps][16]
@@ -221,9 +221,9 @@ void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     configured = true;
   }
-  launch_pdl(attention_quant_decode_mma<C, HD, QJL>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem,
-             s, q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, kv.block_size, group, scale,
-             split_len, max_splits, partials);
+  launch_pdl(attention_quant_decode_mma<C, HD, QJL>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem, s,
+             q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, kv.block_size, group, scale, split_len,
+             max_splits, partials);
   TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_mma");
 }
 
@@ -235,12 +235,23 @@ void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
 #define TESSERA_QDM(CODEC, QJL) \
   launch_as<static_cast<int>(CODEC), HD, QJL>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
   switch (c) {
-    case KvCodec::Fp8E4M3: TESSERA_QDM(KvCodec::Fp8E4M3, false); break;
-    case KvCodec::Fp8E5M2: TESSERA_QDM(KvCodec::Fp8E5M2, false); break;
-    case KvCodec::Int8: TESSERA_QDM(KvCodec::Int8, false); break;
-    case KvCodec::Int4: TESSERA_QDM(KvCodec::Int4, false); break;
-    case KvCodec::Turbo: qjl ? TESSERA_QDM(KvCodec::Turbo, true) : TESSERA_QDM(KvCodec::Turbo, false); break;
-    default: qjl ? TESSERA_QDM(-1, true) : TESSERA_QDM(-1, false);
+    case KvCodec::Fp8E4M3:
+      TESSERA_QDM(KvCodec::Fp8E4M3, false);
+      break;
+    case KvCodec::Fp8E5M2:
+      TESSERA_QDM(KvCodec::Fp8E5M2, false);
+      break;
+    case KvCodec::Int8:
+      TESSERA_QDM(KvCodec::Int8, false);
+      break;
+    case KvCodec::Int4:
+      TESSERA_QDM(KvCodec::Int4, false);
+      break;
+    case KvCodec::Turbo:
+      qjl ? TESSERA_QDM(KvCodec::Turbo, true) : TESSERA_QDM(KvCodec::Turbo, false);
+      break;
+    default:
+      qjl ? TESSERA_QDM(-1, true) : TESSERA_QDM(-1, false);
   }
 #undef TESSERA_QDM
 }

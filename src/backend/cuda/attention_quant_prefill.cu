@@ -213,10 +213,17 @@ void launch_attention_quant_prefill(const float* q, int64_t ldq, const KvLayerVi
   if (b.n_tokens == 0 || b.n_seqs == 0) return;
   const int group = n_heads / kv.n_kv_heads;
   switch (kv.head_dim) {
-    case 64: launch_prefill<64>(q, ldq, kv, b, group, scale, out, ldo, s); break;
-    case 128: launch_prefill<128>(q, ldq, kv, b, group, scale, out, ldo, s); break;
-    case 256: launch_prefill<256>(q, ldq, kv, b, group, scale, out, ldo, s); break;
-    default: fail("cuda attention: head_dim ", kv.head_dim, " is not supported with quantized KV (64, 128, 256)");
+    case 64:
+      launch_prefill<64>(q, ldq, kv, b, group, scale, out, ldo, s);
+      break;
+    case 128:
+      launch_prefill<128>(q, ldq, kv, b, group, scale, out, ldo, s);
+      break;
+    case 256:
+      launch_prefill<256>(q, ldq, kv, b, group, scale, out, ldo, s);
+      break;
+    default:
+      fail("cuda attention: head_dim ", kv.head_dim, " is not supported with quantized KV (64, 128, 256)");
   }
 }
 

@@ -87,7 +87,9 @@ __device__ __forceinline__ void kv_load8(const KvSide& s, const uint8_t* page, i
       r.a = *reinterpret_cast<const uint4*>(row + 4 * d0);
       r.b = *reinterpret_cast<const uint4*>(row + 4 * d0 + 16);
       return;
-    case KvCodec::F16: r.a = *reinterpret_cast<const uint4*>(row + 2 * d0); return;
+    case KvCodec::F16:
+      r.a = *reinterpret_cast<const uint4*>(row + 2 * d0);
+      return;
     case KvCodec::Fp8E4M3:
     case KvCodec::Fp8E5M2: {
       const uint2 u = *reinterpret_cast<const uint2*>(row + d0);
@@ -230,9 +232,9 @@ __device__ __forceinline__ void block_fwht(float* x, int n, int rows, int ld) {
 // decoded into shared memory: Ks[j * ldk + c] (c < hd; turbo keys with QJL add the scaled
 // signs at c in [hd, 2 hd)) and Vs[j * ldv + c]; keys at or past `end` are zeros. All
 // threads of the block take 8 channels of one key at a time. No barrier.
-__device__ __forceinline__ void kv_decode_tile(const KvSide& ks, const KvSide& vs, const int32_t* table,
-                                               int n_kv_heads, int block_size, int kvh, int base, int end, int tile,
-                                               int hd, float* Ks, int ldk, float* Vs, int ldv) {
+__device__ __forceinline__ void kv_decode_tile(const KvSide& ks, const KvSide& vs, const int32_t* table, int n_kv_heads,
+                                               int block_size, int kvh, int base, int end, int tile, int hd, float* Ks,
+                                               int ldk, float* Vs, int ldv) {
   const int per_key = hd / 8;
   for (int it = threadIdx.x; it < tile * per_key; it += blockDim.x) {
     const int j = it / per_key, d0 = (it % per_key) * 8, key = base + j;

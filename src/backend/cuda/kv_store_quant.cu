@@ -176,7 +176,8 @@ __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restr
       if (d < hd / 2) row[d] = static_cast<uint8_t>(codes[2 * d] | (codes[2 * d + 1] << 4));
       return;
     }
-    case KvCodec::Turbo: break;
+    case KvCodec::Turbo:
+      break;
   }
   // Turbo: y = H·D·x / sqrt(hd); |y| in f16; coordinates scaled by sqrt(hd)/|y| coded with
   // the nearest centroid (bit planes); keys: QJL signs of S·(y - ŷ) and |y - ŷ|.
