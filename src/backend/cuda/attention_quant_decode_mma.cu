@@ -1,19 +1,22 @@
 // Decode attention over quantized KV pages on the tensor cores (head_dim 64/128, up to 16
-// query heads per KV head): attention_decode_mma.cu's scheme with the tile producer
-// replaced. A block of 4 warps per (sequence, KV head, split of split_len keys); the query
-// heads are the 16 rows of mma.sync m16n8k16 (f16 operands, f32 accumulate, base-2 online
-// softmax, rows past the group zero). Warp w takes 16-key tiles w, w + 4, ...: its lanes load
-// the tile's codes and scales (kv_load8; the next tile's while this one is computed), decode them in
-// registers, round to f16 and store the tile into the warp's own shared buffer, then Q·Kᵀ by
-// ldmatrix and P·V by ldmatrix.trans as the f16 kernel. The cache is read once, as stored; the
-// f16 tile is the operand staging of one warp, never a copy of the cache. Turbo keys with QJL
-// extend K to 2·head_dim ([ŷ, ±coef]) and Q to [q', S q'] so the sketch term is part of the
-// same products; turbo values stay in V's rotated basis (the merge kernel rotates back).
-// The block merges its warps in shared memory and writes the split's partials (m in
-// natural-log units) for attention_quant_decode.cu's merge kernel.
+// query heads per KV head, blocks of 16 tokens): attention_decode_mma.cu's scheme with the
+// tile producer replaced. A block of 4 warps per (sequence, KV head, split of split_len
+// keys); the query heads are the 16 rows of mma.sync m16n8k16 (f16 operands, f32
+// accumulate, base-2 online softmax, rows past the group zero). Warp w takes 16-key tiles
+// w, w + 4, ...; a tile is exactly one page of K and one of V (splits start at multiples of
+// 64 keys), copied as stored -- codes and their scales -- by cp.async into the warp's ring
+// of 3 raw-page buffers two tiles ahead (the f16 kernel's pipeline, at the cache's own
+// size). The lanes decode the landed pages from shared memory (kv_load8/kv_convert8, turbo
+// codebooks staged in shared memory), round to f16 into the warp's operand tile, then Q·Kᵀ
+// by ldmatrix and P·V by ldmatrix.trans as the f16 kernel. Turbo keys with QJL extend K to
+// 2·head_dim ([ŷ, ±coef]) and Q to [q', S q'], so the sketch term is part of the same
+// products; turbo values stay in V's rotated basis (the merge kernel rotates back). The block
+// merges its warps in shared memory and writes the split's partials (m in natural-log
+// units) for attention_quant_decode.cu's merge kernel.
 //
 // Numerics: decoded K/V, Q (scaled by softmax_scale·log2 e) and P are rounded to f16
-// (the f16 kernel's ~2e-4 relative error); decoded values must stay within f16's range.
+// (~1e-3 relative on outlier-heavy keys); decoded values must stay within f16's range.
+#include <algorithm>
 #include <cfloat>
 
 #include "backend/cuda/kernels.h"
@@ -29,15 +32,23 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kKeys = 16;  // keys per tile
 constexpr int kPad = 8;    // halves of padding per shared K/V row (ldmatrix rows in distinct banks)
 
+constexpr int kStages = 3;  // raw page buffers per warp (two tiles in flight while one is decoded)
+
 template <int HD, bool QJL>
 struct Shape {
   static constexpr int KW = QJL ? 2 * HD : HD;  // K row width (QJL: ŷ then the sketch)
   static constexpr int LDK = KW + kPad, LDV = HD + kPad;
-  static constexpr size_t tiles = sizeof(__half) * kWarps * kKeys * (LDK + LDV);
+  static constexpr size_t operand = sizeof(__half) * kKeys * (LDK + LDV);  // per warp
   static constexpr size_t merge = sizeof(float) * kWarps * 16 * (HD + 8 + 2);
-  static constexpr size_t area = tiles > merge ? tiles : merge;
-  static constexpr size_t smem = area + sizeof(float) * 16 * KW;  // + the query staging [16][KW]
 };
+// Per block: per warp the operand tile and a ring of kStages (K page, V page), then the
+// query staging [16][KW] floats and the turbo codebooks [4][16]; the merge reuses the front.
+template <int HD, bool QJL>
+size_t smem_bytes(int64_t k_page, int64_t v_page) {
+  using S = Shape<HD, QJL>;
+  const size_t warps = kWarps * (S::operand + kStages * static_cast<size_t>(k_page + v_page));
+  return std::max(warps, S::merge) + sizeof(float) * (16 * S::KW + 64);
+}
 
 __device__ __forceinline__ uint4 pack8(const float* f) {
   return make_uint4(pack_half2(f[0], f[1]), pack_half2(f[2], f[3]), pack_half2(f[4], f[5]), pack_half2(f[6], f[7]));
@@ -46,8 +57,8 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 template <int C, int HD, bool QJL>
 __global__ void __launch_bounds__(kThreads)
     attention_quant_decode_mma(const float* __restrict__ q, int64_t ldq, KvSide ks, KvSide vs, DeviceBatch b,
-                               int n_kv_heads, int block_size, int group, float scale, int split_len, int max_splits,
-                               float* __restrict__ partials) {
+                               int n_kv_heads, int group, float scale, int split_len, int max_splits,
+                               float* __restrict__ partials, int area) {
   using S = Shape<HD, QJL>;
   constexpr int KW = S::KW, LDK = S::LDK, LDV = S::LDV;
   constexpr int PPK = HD / 8;           // 8-channel pieces per key
@@ -67,7 +78,14 @@ __global__ void __launch_bounds__(kThreads)
   const int head0 = kvh * group;
 
   // Query heads in K's basis (turbo: rotated, S q' beside), then as A fragments (base 2).
-  float* Qs = reinterpret_cast<float*>(smem + S::area);  // [16][KW]
+  float* Qs = reinterpret_cast<float*>(smem + area);      // [16][KW]
+  float* codes = Qs + 16 * KW;                            // turbo codebooks: K hi, K lo, V hi, V lo [16] each
+  if constexpr (C == static_cast<int>(KvCodec::Turbo)) {  // decoded from shared memory below
+    if (threadIdx.x < 64) {
+      const KvSide& side = threadIdx.x < 32 ? ks : vs;
+      codes[threadIdx.x] = ((threadIdx.x / 16) % 2 == 0 ? side.code_hi : side.code_lo)[threadIdx.x % 16];
+    }
+  }
   for (int i = threadIdx.x; i < 16 * HD; i += kThreads) {
     const int g = i / HD, d = i % HD;
     Qs[g * KW + d] = g < group ? q[t * ldq + static_cast<int64_t>(head0 + g) * HD + d] * scale : 0.0f;
@@ -85,49 +103,67 @@ __global__ void __launch_bounds__(kThreads)
     qf[kk][3] = pack_half2(r1[8] * kLog2e, r1[9] * kLog2e);
   }
 
-  __half* const Kt = reinterpret_cast<__half*>(smem) + warp * kKeys * (LDK + LDV);  // [16][LDK]
-  __half* const Vt = Kt + kKeys * LDK;                                              // [16][LDV]
+  unsigned char* const wbase = smem + warp * (S::operand + kStages * (ks.page_bytes + vs.page_bytes));
+  __half* const Kt = reinterpret_cast<__half*>(wbase);  // [16][LDK]
+  __half* const Vt = Kt + kKeys * LDK;                  // [16][LDV]
+  unsigned char* const ring = wbase + S::operand;       // [kStages][K page, V page]
+  const int64_t stage_bytes = ks.page_bytes + vs.page_bytes;
   const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
   const int n_tiles = (end - begin + kKeys - 1) / kKeys;
+  const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
+  // Issues this warp's local tile i (global tile warp + 4i, page key0 / 16) into stage
+  // i % kStages and commits a group (an empty one past the warp's last tile).
+  auto issue = [&](int i) {
+    if (i < my_tiles) {
+      const int key0 = begin + (warp + i * kWarps) * kKeys;
+      const int64_t page = static_cast<int64_t>(__ldg(table + key0 / kKeys)) * n_kv_heads + kvh;
+      unsigned char* dst = ring + (i % kStages) * stage_bytes;
+      const unsigned char* kp = ks.base + page * ks.page_bytes;
+      const unsigned char* vp = vs.base + page * vs.page_bytes;
+      for (int64_t o = 16 * lane; o < ks.page_bytes; o += 16 * 32) cp_async16(dst + o, kp + o);
+      for (int64_t o = 16 * lane; o < vs.page_bytes; o += 16 * 32) cp_async16(dst + ks.page_bytes + o, vp + o);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  KvSide kl = ks, vl = vs;  // the sides as read from shared memory: codebooks staged there too
+  if constexpr (C == static_cast<int>(KvCodec::Turbo)) {
+    kl.code_hi = codes, kl.code_lo = codes + 16;
+    vl.code_hi = codes + 32, vl.code_lo = codes + 48;
+  }
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  __syncthreads();  // the staged codebooks
   float o[HD / 8][4];
 #pragma unroll
   for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
-  // Piece it = lane + 32r of a tile is key it / PPK, channels (it % PPK) * 8. The codes and
-  // scales of the warp's next tile are loaded while this one is computed (one tile in
-  // flight per warp, its raw bytes in registers).
-  Raw8 kr[NP], vr[NP];
-  auto load = [&](int tile) {
-    const int key0 = begin + tile * kKeys;
-#pragma unroll
-    for (int r = 0; r < NP; ++r) {
-      const int it = lane + 32 * r, j = it / PPK, d0 = (it % PPK) * 8;
-      const int key = min(key0 + j, end - 1);
-      const int64_t page = static_cast<int64_t>(__ldg(table + key / block_size)) * n_kv_heads + kvh;
-      kv_load8<C>(ks, ks.base + page * ks.page_bytes, key % block_size, d0, HD, kvh, kr[r]);
-      kv_load8<C>(vs, vs.base + page * vs.page_bytes, key % block_size, d0, HD, kvh, vr[r]);
-    }
-  };
-  if (warp < n_tiles) load(warp);
-  for (int tile = warp; tile < n_tiles; tile += kWarps) {
-    const int key0 = begin + tile * kKeys;
-    // The tile into shared memory as f16; keys past the end are zeros (P is 0 there, but
-    // 0 · NaN would poison O).
+  for (int i = 0; i < my_tiles; ++i) {
+    issue(i + kStages - 1);  // into the stage of tile i - 1, released by the __syncwarp ending i - 1
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
+    __syncwarp();
+    const int key0 = begin + (warp + i * kWarps) * kKeys;
+    const unsigned char* kpage = ring + (i % kStages) * stage_bytes;
+    const unsigned char* vpage = kpage + ks.page_bytes;
+    // The pages into the operand tile as f16: piece it = lane + 32r is key it / PPK,
+    // channels (it % PPK) * 8; keys past the end are zeros (P is 0 there, but 0 · NaN would
+    // poison O).
 #pragma unroll
     for (int r = 0; r < NP; ++r) {
       const int it = lane + 32 * r, j = it / PPK, d0 = (it % PPK) * 8;
       const bool ok = key0 + j < end;
+      Raw8 raw;
       float f[8];
-      kv_convert8<C>(ks, kr[r], d0, HD, f);
+      kv_load8<C>(kl, kpage, j, d0, HD, kvh, raw);
+      kv_convert8<C>(kl, raw, d0, HD, f);
       *reinterpret_cast<uint4*>(Kt + j * LDK + d0) = ok ? pack8(f) : make_uint4(0, 0, 0, 0);
       if constexpr (QJL) {
-        kv_convert_qjl8(kr[r], f);
+        kv_convert_qjl8(raw, f);
         *reinterpret_cast<uint4*>(Kt + j * LDK + HD + d0) = ok ? pack8(f) : make_uint4(0, 0, 0, 0);
       }
-      kv_convert8<C>(vs, vr[r], d0, HD, f);
+      kv_load8<C>(vl, vpage, j, d0, HD, kvh, raw);
+      kv_convert8<C>(vl, raw, d0, HD, f);
       *reinterpret_cast<uint4*>(Vt + j * LDV + d0) = ok ? pack8(f) : make_uint4(0, 0, 0, 0);
     }
-    if (tile + kWarps < n_tiles) load(tile + kWarps);
     __syncwarp();
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
@@ -162,8 +198,9 @@ __global__ void __launch_bounds__(kThreads)
       mma_f16(o[n], pa, b0, b1);
       mma_f16(o[n + 1], pa, b2, b3);
     }
-    __syncwarp();  // every lane done reading the tile before the next one overwrites it
+    __syncwarp();  // every lane done with this tile's pages and operands before they are refilled
   }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // only empty groups can be pending here
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
@@ -214,16 +251,17 @@ __global__ void __launch_bounds__(kThreads)
 template <int C, int HD, bool QJL>
 void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
                int split_len, int max_splits, float* partials, cudaStream_t s) {
-  constexpr size_t smem = Shape<HD, QJL>::smem;
-  static bool configured = false;  // per instantiation; the attribute is per function
-  if (!configured) {
+  const size_t smem = smem_bytes<HD, QJL>(kv.k_page_bytes, kv.v_page_bytes);
+  const int area = static_cast<int>(smem - sizeof(float) * (16 * Shape<HD, QJL>::KW + 64));
+  static size_t configured = 0;  // per instantiation: the largest opt-in asked for so far
+  if (smem > configured) {
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_quant_decode_mma<C, HD, QJL>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    configured = true;
+    configured = smem;
   }
   launch_pdl(attention_quant_decode_mma<C, HD, QJL>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem, s,
-             q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, kv.block_size, group, scale, split_len,
-             max_splits, partials);
+             q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale, split_len, max_splits,
+             partials, area);
   TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_mma");
 }
 
@@ -259,8 +297,10 @@ void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
 }  // namespace
 
 bool attention_quant_decode_mma_applies(const KvLayerView& kv, int n_heads) {
-  return (kv.head_dim == 64 || kv.head_dim == 128) && kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0 &&
-         n_heads / kv.n_kv_heads <= 16;
+  // Blocks of 16 tokens: a tile is one page. Pages small enough for two blocks per SM.
+  return (kv.head_dim == 64 || kv.head_dim == 128) && kv.block_size == kKeys && kv.n_kv_heads > 0 &&
+         n_heads % kv.n_kv_heads == 0 && n_heads / kv.n_kv_heads <= 16 &&
+         smem_bytes<128, true>(kv.k_page_bytes, kv.v_page_bytes) <= 112 * 1024;
 }
 
 void launch_attention_quant_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
