@@ -54,6 +54,31 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
   return make_uint4(pack_half2(f[0], f[1]), pack_half2(f[2], f[3]), pack_half2(f[4], f[5]), pack_half2(f[6], f[7]));
 }
 
+// 8 decoded channels as 4 packed f16 pairs, the operands' format. fp8: two codes per
+// conversion straight to f16 (exact: every e4m3/e5m2 value is an f16) and the scale applied
+// in f16 (one rounding, as f32 then rounding; a static f32 scale is first rounded to f16);
+// the per-element f32 path cost more issue slots than the tile's bytes take to arrive.
+template <int C>
+__device__ __forceinline__ uint4 convert8_f16(const KvSide& s, const Raw8& r, int d0, int hd) {
+  if constexpr (C == static_cast<int>(KvCodec::Fp8E4M3) || C == static_cast<int>(KvCodec::Fp8E5M2)) {
+    constexpr __nv_fp8_interpretation_t kind = C == static_cast<int>(KvCodec::Fp8E4M3) ? __NV_E4M3 : __NV_E5M2;
+    const __half2 sc = __float2half2_rn(r.s);
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t word = i < 2 ? r.a.x : r.a.y;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i & 1))), kind);
+      const __half2 v = __hmul2(__half2(h), sc);
+      w[i] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    float f[8];
+    kv_convert8<C>(s, r, d0, hd, f);
+    return pack8(f);
+  }
+}
+
 template <int C, int HD, bool QJL>
 __global__ void __launch_bounds__(kThreads)
     attention_quant_decode_mma(const float* __restrict__ q, int64_t ldq, KvSide ks, KvSide vs, DeviceBatch b,
@@ -152,17 +177,15 @@ __global__ void __launch_bounds__(kThreads)
       const int it = lane + 32 * r, j = it / PPK, d0 = (it % PPK) * 8;
       const bool ok = key0 + j < end;
       Raw8 raw;
-      float f[8];
       kv_load8<C>(kl, kpage, j, d0, HD, kvh, raw);
-      kv_convert8<C>(kl, raw, d0, HD, f);
-      *reinterpret_cast<uint4*>(Kt + j * LDK + d0) = ok ? pack8(f) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(Kt + j * LDK + d0) = ok ? convert8_f16<C>(kl, raw, d0, HD) : make_uint4(0, 0, 0, 0);
       if constexpr (QJL) {
+        float f[8];
         kv_convert_qjl8(raw, f);
         *reinterpret_cast<uint4*>(Kt + j * LDK + HD + d0) = ok ? pack8(f) : make_uint4(0, 0, 0, 0);
       }
       kv_load8<C>(vl, vpage, j, d0, HD, kvh, raw);
-      kv_convert8<C>(vl, raw, d0, HD, f);
-      *reinterpret_cast<uint4*>(Vt + j * LDV + d0) = ok ? pack8(f) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(Vt + j * LDV + d0) = ok ? convert8_f16<C>(vl, raw, d0, HD) : make_uint4(0, 0, 0, 0);
     }
     __syncwarp();
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};

@@ -189,7 +189,7 @@ __device__ __forceinline__ void kv_convert8(const KvSide& s, const Raw8& r, int 
         int idx = 0;
 #pragma unroll
         for (int p = 0; p < 4; ++p) idx |= ((r.a.x >> (8 * p + i)) & 1) << p;  // unused planes are zero
-        out[i] = __ldg(code + idx) * r.s;
+        out[i] = code[idx] * r.s;  // global or (staged) shared memory: a generic load
       }
       return;
     }
