@@ -484,13 +484,17 @@ void CudaBackend::rope(float* x, int n_rows, int64_t ld, int n_heads, const int3
 void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                            const AttentionBatch& batch) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("kv_store"); });
-  cuda::launch_kv_store(kv, k, ldk, v, ldv, batch.slot_mapping, batch.n_tokens, stream_);
+  if (kv.plain_dtype() == DType::Unknown)  // a quantized format on either side
+    cuda::launch_kv_store_quant(kv, k, ldk, v, ldv, batch.slot_mapping, batch.n_tokens, stream_);
+  else
+    cuda::launch_kv_store(kv, k, ldk, v, ldv, batch.slot_mapping, batch.n_tokens, stream_);
 }
 
 void CudaBackend::rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v,
                                 int64_t ldv, const KvLayerView& kv, const AttentionBatch& batch,
                                 const RopeConfig& cfg) {
-  if (cfg.head_dim != kv.head_dim) {
+  // Quantized formats: RoPE, then the encoding store (which needs a whole head per block).
+  if (cfg.head_dim != kv.head_dim || kv.plain_dtype() == DType::Unknown) {
     Backend::rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, batch, cfg);
     return;
   }
@@ -568,6 +572,18 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   TESSERA_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0, "attention: ", n_heads,
                 " query heads are not a multiple of ", kv.n_kv_heads, " KV heads");
   if (batch.n_tokens == 0) return;
+  if (kv.plain_dtype() == DType::Unknown) {  // quantized pages (attention_quant_*.cu)
+    if (!batch.one_row_each) {
+      cuda::launch_attention_quant_prefill(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, stream_);
+      return;
+    }
+    const auto [max_len, split_len, max_splits] = decode_split(kv, batch, n_heads);
+    const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
+    auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
+    cuda::launch_attention_quant_decode(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len,
+                                        max_splits, partials, stream_);
+    return;
+  }
   if (!batch.one_row_each || !cuda::attention_decode_supported(kv)) {
     const cuda::DeviceBatch db = device_batch(batch);
     if (!cuda::launch_attention_prefill_mma(q, ldq, kv, db, n_heads, scale, out, ldo, stream_))

@@ -30,6 +30,11 @@ class CudaBackend final : public Backend {
   int sm_count() const { return sm_count_; }
   cudaStream_t stream() const { return stream_; }
 
+  // Every format of kv_format.h (quantized ones: kv_store_quant.cu, attention_quant_*.cu),
+  // with groups of channels (int8:gN, int4:gN) a multiple of 8: a lane's 8 channels share
+  // one scale.
+  bool supports_kv_format(const KvFormat& f) const override { return f.scale != KvScale::Group || f.group % 8 == 0; }
+
   void* alloc(size_t bytes) override;
   void free(void* p) override;
   void synchronize() override;

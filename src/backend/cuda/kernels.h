@@ -49,6 +49,21 @@ void launch_rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_
 void launch_kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                      const int32_t* slot_mapping, int n_tokens, cudaStream_t s);
 
+// Quantized KV formats (docs/design/kv-quant.md; any K/V pair where either is not plain).
+// kv_store_quant.cu: this step's keys and values encoded into their pages in place, the
+// same bytes as the CPU encoder (within one code where f32 rounding differs; see the test).
+void launch_kv_store_quant(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                           const int32_t* slot_mapping, int n_tokens, cudaStream_t s);
+// attention_quant_decode.cu: one query row per sequence, split over the KV length like
+// launch_attention_decode (same partials layout), pages decoded tile by tile into shared
+// memory; the merge rotates turbo values back. head_dim 64, 128 or 256.
+void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                   int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
+                                   float* partials, cudaStream_t s);
+// attention_quant_prefill.cu: any batch (variable length, causal, GQA), as launch_attention_prefill.
+void launch_attention_quant_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                    int n_heads, float scale, float* out, int64_t ldo, cudaStream_t s);
+
 // Matrix-vector / small-batch products straight from the stored weight format.
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvMaxTargets = 3;
