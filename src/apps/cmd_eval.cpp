@@ -28,14 +28,14 @@ constexpr const char* kDefaultKvFormats =
 // "NAME" (K and V) or "KNAME/VNAME" (one each) over the base options; static scales are kept
 // only for a format that takes them.
 KvEvalCase kv_case(const SessionOptions& base, const std::string& label) {
-  KvEvalCase c{label, base};
+  auto o = std::make_shared<SessionOptions>(base);
   const size_t slash = label.find('/');
   const std::string k = label.substr(0, slash), v = slash == std::string::npos ? k : label.substr(slash + 1);
-  c.options.k_format = parse_kv_format(k, true);
-  c.options.v_format = parse_kv_format(v, false);
-  if (!c.options.k_format.static_scale()) c.options.k_scales.clear();
-  if (!c.options.v_format.static_scale()) c.options.v_scales.clear();
-  return c;
+  o->k_format = parse_kv_format(k, true);
+  o->v_format = parse_kv_format(v, false);
+  if (!o->k_format.static_scale()) o->k_scales.clear();
+  if (!o->v_format.static_scale()) o->v_scales.clear();
+  return KvEvalCase{label, std::move(o)};
 }
 
 void add_eval_kv(CLI::App& eval) {
@@ -69,7 +69,7 @@ void add_eval_kv(CLI::App& eval) {
       if (!name.empty()) cases.push_back(kv_case(base, name));  // parse errors before any run
     std::vector<int32_t> tokens;
     {
-      Session tok_session(ref.options);  // only its tokenizer
+      Session tok_session(*ref.options);  // only its tokenizer
       std::string text = read_file(a->file);
       if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama.cpp reads -f files
       tokens = tok_session.tokenizer().encode(text, /*add_special=*/false, /*parse_special=*/false);

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "engine/session.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera {
@@ -71,7 +72,7 @@ void for_each_window_row(Session& session, std::span<const int32_t> tokens, int 
 }
 
 std::unique_ptr<Session> open_session(const KvEvalCase& c, int window) {
-  SessionOptions so = c.options;
+  SessionOptions so = *c.options;
   so.ctx = std::max(so.ctx, window);
   so.kv_tokens = std::max(so.kv_tokens, window);
   so.max_logits = std::min(window, so.max_batch_tokens);
@@ -112,7 +113,9 @@ KvEvalReport evaluate_kv_formats(const KvEvalCase& reference, const std::vector<
   const int rows_per_chunk = window - 1;
   rep.n_scored = static_cast<int64_t>(n_chunks) * (window - 1 - first);
   rep.n_positions = static_cast<int64_t>(n_chunks) * rows_per_chunk;
-  auto bucket_of = [&](int pos) { return static_cast<int>(static_cast<int64_t>(pos) * config.n_buckets / rows_per_chunk); };
+  auto bucket_of = [&](int pos) {
+    return static_cast<int>(static_cast<int64_t>(pos) * config.n_buckets / rows_per_chunk);
+  };
   std::vector<int64_t> bucket_n(config.n_buckets, 0);
   for (int p = 0; p < rows_per_chunk; ++p) bucket_n[bucket_of(p)] += n_chunks;
 
@@ -165,8 +168,7 @@ KvEvalReport evaluate_kv_formats(const KvEvalCase& reference, const std::vector<
         [&](int c, int pos, std::span<float> row) {
           log_softmax_inplace(row);
           const int64_t idx = static_cast<int64_t>(c) * rows_per_chunk + pos;
-          const double kl =
-              kl_divergence(std::span<const float>(ref_logp.data() + idx * n_vocab, n_vocab), row);
+          const double kl = kl_divergence(std::span<const float>(ref_logp.data() + idx * n_vocab, n_vocab), row);
           const bool same = argmax(row) == ref_top[idx];
           const int b = bucket_of(pos);
           bkl[b] += kl;
@@ -208,7 +210,9 @@ void appendf(std::string& o, const char* f, T... v) {
 // the next token): the smallest pos with pos * n_buckets / (window-1) >= b.
 std::pair<int, int> bucket_range(const KvEvalReport& rep, int b) {
   const int rows = rep.window - 1;
-  auto lo_of = [&](int k) { return static_cast<int>((static_cast<int64_t>(k) * rows + rep.n_buckets - 1) / rep.n_buckets); };
+  auto lo_of = [&](int k) {
+    return static_cast<int>((static_cast<int64_t>(k) * rows + rep.n_buckets - 1) / rep.n_buckets);
+  };
   return {lo_of(b), lo_of(b + 1)};
 }
 
@@ -265,9 +269,12 @@ std::string kv_eval_json(const KvEvalReport& rep) {
   o += "],\n  \"rows\": [\n";
   for (size_t i = 0; i < rep.rows.size(); ++i) {
     const KvEvalRow& r = rep.rows[i];
-    appendf(o, "    {\"label\": \"%s\", \"format\": \"%s\", ", json_escape(r.label).c_str(), json_escape(r.format).c_str());
-    appendf(o, "\"k_bits\": %.4f, \"v_bits\": %.4f, \"bits_per_element\": %.4f, ", r.k_bits, r.v_bits, r.bits_per_element);
-    appendf(o, "\"ppl\": %.6f, \"mean_nll\": %.8f, \"mean_kl\": %.8g, \"max_kl\": %.6g, \"top1\": %.6f, \"bucket_kl\": [",
+    appendf(o, "    {\"label\": \"%s\", \"format\": \"%s\", ", json_escape(r.label).c_str(),
+            json_escape(r.format).c_str());
+    appendf(o, "\"k_bits\": %.4f, \"v_bits\": %.4f, \"bits_per_element\": %.4f, ", r.k_bits, r.v_bits,
+            r.bits_per_element);
+    appendf(o,
+            "\"ppl\": %.6f, \"mean_nll\": %.8f, \"mean_kl\": %.8g, \"max_kl\": %.6g, \"top1\": %.6f, \"bucket_kl\": [",
             r.ppl, r.mean_nll, r.mean_kl, r.max_kl, r.top1);
     for (int b = 0; b < rep.n_buckets; ++b) appendf(o, "%s%.8g", b ? ", " : "", r.bucket_kl[b]);
     o += "], \"bucket_top1\": [";

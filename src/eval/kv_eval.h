@@ -11,17 +11,18 @@
 // Per-layer error is not measured: the model's forward has no hook for intermediate outputs.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "engine/session.h"
-
 namespace tessera {
 
+struct SessionOptions;  // engine/session.h (a private dependency of eval)
+
 struct KvEvalCase {
-  std::string label;       // as given on the command line (e.g. "int4:g32")
-  SessionOptions options;  // the base options with this case's K/V formats
+  std::string label;                              // as given on the command line (e.g. "int4:g32")
+  std::shared_ptr<const SessionOptions> options;  // the base options with this case's K/V formats
 };
 
 struct KvEvalConfig {
@@ -35,19 +36,19 @@ struct KvEvalRow {
   // Storage bits per element, page meta included (from the cache's page layout).
   double k_bits = 0, v_bits = 0, bits_per_element = 0;
   double ppl = 0;
-  double mean_kl = 0;     // nats, over the scored positions
-  double max_kl = 0;      // the worst single scored position
-  double top1 = 0;        // fraction of scored positions whose argmax equals the reference's
-  double mean_nll = 0;    // nats per scored token
+  double mean_kl = 0;                          // nats, over the scored positions
+  double max_kl = 0;                           // the worst single scored position
+  double top1 = 0;                             // fraction of scored positions whose argmax equals the reference's
+  double mean_nll = 0;                         // nats per scored token
   std::vector<double> bucket_kl, bucket_top1;  // by position bucket, whole window
 };
 
 struct KvEvalReport {
   std::string reference;
   int window = 0, n_chunks = 0, n_buckets = 0;
-  int64_t n_tokens = 0;     // tokens of the text
-  int64_t n_scored = 0;     // scored positions (ppl, mean KL, top-1)
-  int64_t n_positions = 0;  // positions compared by bucket
+  int64_t n_tokens = 0;         // tokens of the text
+  int64_t n_scored = 0;         // scored positions (ppl, mean KL, top-1)
+  int64_t n_positions = 0;      // positions compared by bucket
   std::vector<KvEvalRow> rows;  // rows[0] is the reference against itself
 };
 

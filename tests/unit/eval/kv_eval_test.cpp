@@ -30,10 +30,10 @@ TEST(KvEvalMath, KlDivergenceOfKnownDistributions) {
 namespace {
 
 KvEvalCase make_case(const SessionOptions& base, const std::string& k, const std::string& v = "") {
-  KvEvalCase c{v.empty() ? k : k + "/" + v, base};
-  c.options.k_format = parse_kv_format(k, true);
-  c.options.v_format = parse_kv_format(v.empty() ? k : v, false);
-  return c;
+  auto o = std::make_shared<SessionOptions>(base);
+  o->k_format = parse_kv_format(k, true);
+  o->v_format = parse_kv_format(v.empty() ? k : v, false);
+  return KvEvalCase{v.empty() ? k : k + "/" + v, std::move(o)};
 }
 
 }  // namespace
@@ -62,9 +62,8 @@ TEST(KvEval, FormatsAgainstF16OnSmolLM2) {
   cfg.window = 96;
   cfg.n_buckets = 4;
   int progress_calls = 0;
-  const KvEvalReport rep = evaluate_kv_formats(ref, cases, tokens, cfg, [&](const std::string&, int, int) {
-    ++progress_calls;
-  });
+  const KvEvalReport rep =
+      evaluate_kv_formats(ref, cases, tokens, cfg, [&](const std::string&, int, int) { ++progress_calls; });
   EXPECT_EQ(progress_calls, 6);  // one window per session
   ASSERT_EQ(rep.rows.size(), 6u);
   EXPECT_EQ(rep.n_chunks, 1);
