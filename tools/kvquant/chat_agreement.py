@@ -40,6 +40,9 @@ def main() -> None:
         if not path.exists():
             continue
         got = ids(path)
+        if len(got) != len(ref):  # a run still writing, or failed
+            print(f"| {f} | incomplete ({len(got)} answers) | |")
+            continue
         same = sum(a == b for a, b in zip(ref, got))
         frac = []
         for a, b in zip(ref, got):
