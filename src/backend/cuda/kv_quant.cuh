@@ -273,23 +273,14 @@ __device__ __forceinline__ void kv_prepare_queries(const KvSide& ks, int kvh, in
   for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) Qs[(i / hd) * ldq + i % hd] *= inv_sqrt;
   __syncthreads();
   if (!ks.f.qjl) return;
-  // S q': a warp per row o of S (its lanes read the row coalesced, once for every query
-  // row), sums over the lanes by shuffles. blockDim.x is a multiple of 32.
   const float* S = ks.qjl + static_cast<int64_t>(kvh) * hd * hd;
-  const int lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
-  for (int o = threadIdx.x >> 5; o < hd; o += n_warps) {
-    float srow[8];  // hd <= 256: at most 8 channels per lane
-#pragma unroll
-    for (int k = 0; k < 8; ++k) srow[k] = lane + 32 * k < hd ? S[static_cast<int64_t>(o) * hd + lane + 32 * k] : 0.0f;
-    for (int r = 0; r < rows; ++r) {
-      const float* qr = Qs + r * ldq;
-      float acc = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-        if (lane + 32 * k < hd) acc = fmaf(srow[k], qr[lane + 32 * k], acc);
-      acc = warp_sum(acc);
-      if (lane == 0) Qs[r * ldq + hd + o] = acc;
-    }
+  for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
+    const int r = i / hd, o = i % hd;
+    const float* srow = S + static_cast<int64_t>(o) * hd;
+    const float* qr = Qs + r * ldq;
+    float acc = 0.0f;
+    for (int c = 0; c < hd; ++c) acc = fmaf(srow[c], qr[c], acc);
+    Qs[r * ldq + hd + o] = acc;
   }
   __syncthreads();
 }
