@@ -76,7 +76,8 @@ static inline bool simd_decode_rows(const tessera::KvFormat& f, const tessera::K
     for (int j = 0; j < n; ++j) {
       if (f.scale == KvScale::Group)
         for (int q = 0; q < ng; ++q) {
-          const float sq = simd_meta_f16(meta, 2 * (int64_t(j) * ng + q)), mq = simd_meta_f16(meta, 2 * (int64_t(j) * ng + q) + 1);
+          const float sq = simd_meta_f16(meta, 2 * (int64_t(j) * ng + q)),
+                      mq = simd_meta_f16(meta, 2 * (int64_t(j) * ng + q) + 1);
           for (int d = q * g; d < (q + 1) * g; ++d) {
             s[d] = sq;
             mn[d] = mq;
