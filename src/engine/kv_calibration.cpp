@@ -60,7 +60,6 @@ KvAbsMax measure_kv_absmax(Session& session, std::span<const int32_t> tokens, in
   if (max_chunks > 0) n_chunks = std::min(n_chunks, max_chunks);
   session.provision_kv(window);
   const bool add_bos = session.has_tokenizer() && session.tokenizer().add_bos();
-  const int batch_max = session.model().max_batch_tokens();
   const int bs = spec.block_size;
 
   KvAbsMax r;
@@ -68,20 +67,13 @@ KvAbsMax measure_kv_absmax(Session& session, std::span<const int32_t> tokens, in
   r.v = r.k;
   std::vector<int32_t> chunk(window);
   std::vector<uint8_t> host;
-  ForwardBatch batch;
+  std::vector<float> no_logits;  // feed() wants a buffer; Logits::None fills nothing
   for (int c = 0; c < n_chunks; ++c) {
     std::copy_n(tokens.begin() + static_cast<int64_t>(c) * window, window, chunk.begin());
     if (add_bos) chunk[0] = session.tokenizer().bos_id();
     SequenceBlocks seq;
-    for (int done = 0; done < window;) {
-      const int n = std::min(batch_max, window - done);
-      TESSERA_CHECK(seq.reserve(session.pool(), bs, n), "KV cache full during calibration");
-      batch.clear();
-      batch.add_sequence(seq, bs, chunk.data() + done, n, ForwardBatch::Logits::None);
-      session.runner().forward(batch, nullptr);
-      seq.n_tokens += n;
-      done += n;
-    }
+    no_logits.clear();
+    session.feed(seq, chunk, ForwardBatch::Logits::None, no_logits);
     session.backend().synchronize();
     // Read every layer's pages of this sequence back (a device cache through the backend).
     for (int l = 0; l < spec.n_layers; ++l) {
