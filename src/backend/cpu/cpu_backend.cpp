@@ -125,7 +125,9 @@ void CpuBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, co
   const KvPageLayout kl = kv_page_layout(kv.k_fmt, bs, hd), vl = kv_page_layout(kv.v_fmt, bs, hd);
   const int64_t n_tasks = static_cast<int64_t>(store_runs_.size()) * kv.n_kv_heads * 2;
   pool_.parallel_for(n_tasks, 4, [&](int64_t b, int64_t e) {
-    std::vector<float> scratch(kv_encode_scratch_floats(hd));
+    // Only TurboQuant's encoder needs scratch: no allocation on the f16/int/fp8 decode path.
+    const bool turbo = kv.k_fmt.codec == KvCodec::Turbo || kv.v_fmt.codec == KvCodec::Turbo;
+    std::vector<float> scratch(turbo ? kv_encode_scratch_floats(hd) : 0);
     for (int64_t i = b; i < e; ++i) {
       const StoreRun& run = store_runs_[i / (2 * kv.n_kv_heads)];
       const int h = static_cast<int>(i / 2 % kv.n_kv_heads);
