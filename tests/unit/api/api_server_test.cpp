@@ -45,8 +45,7 @@ class ApiServerTest : public ::testing::Test {
   void TearDown() override {
     if (!engine_) return;
     // Everything a test started must be over: no request in the engine, no generation alive.
-    for (int i = 0; i < 500 && (engine_->n_in_flight() > 0 || api_->live_generations() > 0); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    api_test::wait_until([&] { return engine_->n_in_flight() == 0 && api_->live_generations() == 0; });
     EXPECT_EQ(engine_->n_in_flight(), 0u);
     EXPECT_EQ(api_->live_generations(), 0);
     engine_->stop();
@@ -393,8 +392,7 @@ TEST_F(ApiServerTest, ThreeChoicesWhereOnlySomeHitTheStopString) {
     EXPECT_EQ(r["choices"][c]["finish_reason"], want_finish[c]) << "choice " << c;
   }
   EXPECT_EQ(r["usage"]["completion_tokens"], want_tokens);
-  for (int i = 0; i < 500 && engine_->n_in_flight() > 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  api_test::wait_until([&] { return engine_->n_in_flight() == 0; });
   // The stopped choices were ended in the engine: it did not generate all 3 x max_tokens.
   const int64_t generated = engine_->stats().generated_tokens - generated_before;
   EXPECT_GE(generated, want_tokens);
@@ -461,8 +459,7 @@ TEST_F(ApiServerTest, ClientGoneAbortsTheEngineRequest) {
   ASSERT_TRUE(ex->wait_writes(2));
   EXPECT_EQ(engine_->n_in_flight(), 1u);
   ex->abandon();
-  for (int i = 0; i < 300 && (engine_->n_in_flight() > 0 || api_->live_generations() > 0); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  api_test::wait_until([&] { return engine_->n_in_flight() == 0 && api_->live_generations() == 0; });
   EXPECT_EQ(engine_->n_in_flight(), 0u);
   EXPECT_EQ(api_->live_generations(), 0);
   std::lock_guard lock(mutex_);

@@ -4,9 +4,12 @@
 // server renders through src/template/, reduced to the messages these tests send).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "engine/engine_model.h"
 #include "format/gguf.h"
@@ -17,6 +20,17 @@
 #include "tokenizer/tokenizer.h"
 
 namespace api_test {
+
+// Polls `done` every 10 ms until it holds or `timeout` passes; says whether it held. The bound
+// is generous because the sanitizer builds (TSan especially) run the real model 10-20x slower.
+inline bool wait_until(const std::function<bool()>& done, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 
 inline const tessera::Tokenizer& smollm2_tokenizer() {
   static std::unique_ptr<tessera::GGUFFile> file =

@@ -25,11 +25,11 @@ class FakeExecutor {
     cv_.notify_all();
     thread_.join();
   }
+  // Notifies under the lock: a poster on another thread (a prompt worker) must be out of
+  // notify_all before the destructor (which takes the lock) can destroy the condition variable.
   void post(std::function<void()> fn) {
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(std::move(fn));
-    }
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(fn));
     cv_.notify_all();
   }
 

@@ -39,8 +39,7 @@ class OperabilityTest : public ::testing::Test {
   }
   void TearDown() override {
     if (!engine_) return;
-    for (int i = 0; i < 500 && (engine_->n_in_flight() > 0 || api_->live_generations() > 0); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    api_test::wait_until([&] { return engine_->n_in_flight() == 0 && api_->live_generations() == 0; });
     EXPECT_EQ(engine_->n_in_flight(), 0u);
     engine_->stop();
     executor_.reset();
@@ -275,8 +274,7 @@ TEST_F(OperabilityTest, PerTenantLimitCountsSequences) {
   two_prompts["prompt"] = {"a", "b"};  // n x prompts: 2 more
   expect_error(*call("POST", "/v1/completions", two_prompts, "sk-a"), 429, "rate_limit_exceeded");
   // The refused request's first prompt was admitted and withdrawn: wait until the engine let it go.
-  for (int i = 0; i < 500 && engine_->n_in_flight() > 1; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  api_test::wait_until([&] { return engine_->n_in_flight() <= 1; });
   json one = slow;
   one["n"] = 1;
   one["max_tokens"] = 2;
