@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "engine/engine_model.h"
+#include "fake_exchange.h"
 #include "format/gguf.h"
 #include "server/api/api_error.h"
 #include "server/api/served_model.h"
@@ -21,9 +22,8 @@
 
 namespace api_test {
 
-// Polls `done` every 10 ms until it holds or `timeout` passes; says whether it held. The bound
-// is generous because the sanitizer builds (TSan especially) run the real model 10-20x slower.
-inline bool wait_until(const std::function<bool()>& done, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+// Polls `done` every 10 ms until it holds or `timeout` passes; says whether it held.
+inline bool wait_until(const std::function<bool()>& done, std::chrono::seconds timeout = kTestWait) {
   const auto end = std::chrono::steady_clock::now() + timeout;
   while (!done()) {
     if (std::chrono::steady_clock::now() >= end) return false;

@@ -14,6 +14,11 @@
 
 namespace api_test {
 
+// How long a test waits for a response, a stream write or the engine to go idle before it
+// fails. Generous: under TSan on a loaded 2-core machine one 3 x 24-token request on the real
+// model took over a minute; a hang still fails, later.
+inline constexpr std::chrono::seconds kTestWait{300};
+
 class FakeExecutor {
  public:
   FakeExecutor() : thread_([this] { run(); }) {}
@@ -115,12 +120,12 @@ class FakeExchange : public tessera::http::Exchange {
     if (fn) executor_.post(std::move(fn));
   }
   // Waits for a complete response or stream end; false on timeout.
-  bool wait_done(std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  bool wait_done(std::chrono::seconds timeout = kTestWait) {
     std::unique_lock lock(mutex_);
     return cv_.wait_for(lock, timeout, [&] { return done_; });
   }
   // Waits until at least n writes reached the stream.
-  bool wait_writes(int n, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  bool wait_writes(int n, std::chrono::seconds timeout = kTestWait) {
     std::unique_lock lock(mutex_);
     return cv_.wait_for(lock, timeout, [&] { return writes_ >= n || done_; });
   }
