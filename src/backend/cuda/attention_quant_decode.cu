@@ -203,7 +203,7 @@ __global__ void attention_quant_decode_merge(const float* __restrict__ partials,
   if (lane == 0) red[0][warp] = mx;
   __syncthreads();
   mx = fmaxf(fmaxf(red[0][0], red[0][1]), fmaxf(red[0][2], red[0][3]));  // 128 threads: 4 warps
-  float sum = 0.0f, acc[2] = {0.0f, 0.0f};                                // dims tid, tid + 128
+  float sum = 0.0f, acc[2] = {0.0f, 0.0f};                               // dims tid, tid + 128
   for (int c0 = 0; c0 < n_splits; c0 += kChunk) {
     const int cn = min(kChunk, n_splits - c0);
     for (int i = tid; i < cn; i += blockDim.x) {
@@ -294,7 +294,8 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
   if (b.n_seqs == 0) return;
   const int group = n_heads / kv.n_kv_heads;
   if (attention_quant_decode_frag_applies(kv, n_heads)) {
-    launch_attention_quant_decode_frag(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, s);
+    launch_attention_quant_decode_frag(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, out, ldo, s);
+    if (max_splits == 1) return;  // the kernel normalized and stored the output
   } else if (attention_quant_decode_mma_applies(kv, n_heads)) {
     launch_attention_quant_decode_mma(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, s);
   } else {

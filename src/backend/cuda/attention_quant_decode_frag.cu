@@ -17,7 +17,7 @@
 // multiply the f32 scores, static V scales the f32 output.
 #include <algorithm>
 #include <cfloat>
-#include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_quant_frag.cuh"
@@ -30,11 +30,11 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kKeys = 16;   // keys per tile (one page)
-constexpr int kStages = 4;  // raw page buffers per warp
+constexpr int kStages = 3;  // raw page buffers per warp (4 and 6 measured no faster)
 
 template <int HD>
-size_t smem_bytes(int64_t k_page, int64_t v_page, int stages = kStages) {
-  const size_t ring = kWarps * stages * static_cast<size_t>(k_page + v_page);
+size_t smem_bytes(int64_t k_page, int64_t v_page) {
+  const size_t ring = kWarps * kStages * static_cast<size_t>(k_page + v_page);
   const size_t merge = sizeof(float) * kWarps * 16 * (HD + 8 + 2);
   return std::max(ring, merge) + sizeof(float) * 16 * HD;  // + the query staging
 }
@@ -45,11 +45,11 @@ __device__ __forceinline__ float static_scale(const KvSide& s, int h) {
   return fp8 && (s.f.scale == KvScale::Tensor || s.f.scale == KvScale::Head) ? s.scales[h] : 1.0f;
 }
 
-template <int KC, int VC, int HD, int kStages>
+template <int KC, int VC, int HD>
 __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
     attention_quant_decode_frag(const float* __restrict__ q, int64_t ldq, KvSide ks, KvSide vs, DeviceBatch b,
                                 int n_kv_heads, int group, float scale, int split_len, int max_splits,
-                                float* __restrict__ partials, int area) {
+                                float* __restrict__ partials, float* __restrict__ out, int64_t ldo, int area) {
   constexpr int KW = HD / 8;   // K words per key row of a lane (two per k-step)
   constexpr int VN = HD / 8;   // V words per key pair of a lane (one per n-block)
   constexpr int OLD = HD + 8;  // merge: shared O row stride in floats
@@ -101,9 +101,16 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   // Query heads (static K scale folded in), then as A fragments in K's channel order (base 2).
   float* Qs = reinterpret_cast<float*>(smem + area);  // [16][HD]
   const float q_scale = scale * static_scale(ks, kvh) * 1.4426950408889634f;
-  for (int i = threadIdx.x; i < 16 * HD; i += kThreads) {
-    const int g = i / HD, d = i % HD;
-    Qs[i] = g < group ? q[t * ldq + static_cast<int64_t>(head0 + g) * HD + d] * q_scale : 0.0f;
+  {
+    constexpr int kPer = 16 * HD / kThreads;  // every load first, then the stores (one round trip)
+    float v[kPer];
+#pragma unroll
+    for (int r = 0; r < kPer; ++r) {
+      const int i = threadIdx.x + r * kThreads, g = i / HD, d = i % HD;
+      v[r] = g < group ? __ldg(q + t * ldq + static_cast<int64_t>(head0 + g) * HD + d) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kPer; ++r) Qs[threadIdx.x + r * kThreads] = v[r] * q_scale;
   }
   __syncthreads();
   uint32_t qf[HD / 16][4];
@@ -135,69 +142,87 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
     const int key0 = begin + (warp + i * kWarps) * kKeys;
     const uint8_t* kpage = ring + (i % kStages) * stage_bytes;
     const uint8_t* vpage = kpage + ks.page_bytes;
+    // The tile's work; Masked: the split's last, partial tile (keys past the end). Full tiles,
+    // nearly all of them, skip the masks' instructions.
+    auto tile = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 
-    // S = Q·Kᵀ: keys fr (n-block 0) and fr + 8 (n-block 1) of this lane.
-    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    {
-      uint32_t raw[2][KW], gs[2][HD / 32];
+      // S = Q·Kᵀ: keys fr (n-block 0) and fr + 8 (n-block 1) of this lane; the even and odd
+      // k-steps in separate accumulators (two chains of dependent mmas per n-block, not one).
+      float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      {
+        float s2[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        uint32_t raw[2][KW], gs[2][HD / 32];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        kfrag_load<KC, HD>(ks.f, kpage, k_row, fr + 8 * r, kcb, raw[r]);
-        kfrag_group_scales<KC, HD>(ks.f, kpage, k_meta, fr + 8 * r, kcb, gs[r]);
-      }
-      const uint8_t* chs = kpage + k_meta + 4 * kcb;  // KIVI: (scale, min) of the slice's channels
+        for (int r = 0; r < 2; ++r) {
+          kfrag_load<KC, HD>(ks.f, kpage, k_row, fr + 8 * r, kcb, raw[r]);
+          kfrag_group_scales<KC, HD>(ks.f, kpage, k_meta, fr + 8 * r, kcb, gs[r]);
+        }
+        const uint8_t* chs = kpage + k_meta + 4 * kcb;  // KIVI: (scale, min) of the slice's channels
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk)
+        for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            mma_f16(kk % 2 ? s2[r] : s[r], qf[kk], kfrag_word<KC, HD>(ks.f, raw[r], gs[r], chs, 2 * kk),
+                    kfrag_word<KC, HD>(ks.f, raw[r], gs[r], chs, 2 * kk + 1));
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          mma_f16(s[r], qf[kk], kfrag_word<KC, HD>(ks.f, raw[r], gs[r], chs, 2 * kk),
-                  kfrag_word<KC, HD>(ks.f, raw[r], gs[r], chs, 2 * kk + 1));
-    }
-    if (frag_scale(KC, ks.f) == KvScale::Token) {  // s[n][e] is key n·8 + 2fc + (e & 1)
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const float2 k2 = __half22float2(u2h(lds32(kpage + k_meta + 2 * (8 * n + 2 * fc))));
-        s[n][0] *= k2.x, s[n][1] *= k2.y, s[n][2] *= k2.x, s[n][3] *= k2.y;
+          for (int e = 0; e < 4; ++e) s[r][e] += s2[r][e];
       }
-    }
+      if (frag_scale(KC, ks.f) == KvScale::Token) {  // s[n][e] is key n·8 + 2fc + (e & 1)
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+        for (int n = 0; n < 2; ++n) {
+          const float2 k2 = __half22float2(u2h(lds32(kpage + k_meta + 2 * (8 * n + 2 * fc))));
+          s[n][0] *= k2.x, s[n][1] *= k2.y, s[n][2] *= k2.x, s[n][3] *= k2.y;
+        }
+      }
+      if constexpr (kMasked) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (key0 + n * 8 + 2 * fc + (e & 1) >= end) s[n][e] = -INFINITY;
-    float c_a, c_b;
-    online_softmax_step<2>(s, m_a, m_b, l_a, l_b, c_a, c_b);
-    const uint32_t pa[4] = {pack_half2(s[0][0], s[0][1]), pack_half2(s[0][2], s[0][3]), pack_half2(s[1][0], s[1][1]),
-                            pack_half2(s[1][2], s[1][3])};
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (key0 + n * 8 + 2 * fc + (e & 1) >= end) s[n][e] = -INFINITY;
+      }
+      float c_a, c_b;
+      online_softmax_step<2>(s, m_a, m_b, l_a, l_b, c_a, c_b);
+      const uint32_t pa[4] = {pack_half2(s[0][0], s[0][1]), pack_half2(s[0][2], s[0][3]), pack_half2(s[1][0], s[1][1]),
+                              pack_half2(s[1][2], s[1][3])};
 
-    // O = O·c + P·V: key pairs (2fc, 2fc + 1) -> b0, (2fc + 8, 2fc + 9) -> b1. Keys past the
-    // end are zeroed (P is 0 there, but 0 · NaN would poison O).
-    uint32_t ra[2][HD / 16], rb[2][HD / 16], sc[2][HD / 64 > 0 ? HD / 64 : 1], mn[2][HD / 64 > 0 ? HD / 64 : 1],
-        mask[2];
+      // O = O·c + P·V: key pairs (2fc, 2fc + 1) -> b0, (2fc + 8, 2fc + 9) -> b1. Keys past the
+      // end are zeroed (P is 0 there, but 0 · NaN would poison O).
+      uint32_t ra[2][HD / 16], rb[2][HD / 16], sc[2][HD / 64 > 0 ? HD / 64 : 1], mn[2][HD / 64 > 0 ? HD / 64 : 1],
+          mask[2];
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const int a = 2 * fc + 8 * p;
-      vfrag_load<VC, HD>(vs.f, vpage, v_row, a, vcb, ra[p], rb[p]);
-      vfrag_scales<VC, HD>(vs.f, vpage, v_meta, a, vcb, sc[p], mn[p]);
-      mask[p] = (key0 + a < end ? 0x0000ffffu : 0u) | (key0 + a + 1 < end ? 0xffff0000u : 0u);
-    }
-    const uint8_t* vch = vpage + v_meta + 4 * vcb;  // int4 per-channel V: (scale, min) of the lane's channels
-    // Rescaled only when a row's max moved in some lane (rare after the first tiles).
-    if (__any_sync(0xffffffffu, c_a != 1.0f || c_b != 1.0f)) {
+      for (int p = 0; p < 2; ++p) {
+        const int a = 2 * fc + 8 * p;
+        vfrag_load<VC, HD>(vs.f, vpage, v_row, a, vcb, ra[p], rb[p]);
+        vfrag_scales<VC, HD>(vs.f, vpage, v_meta, a, vcb, sc[p], mn[p]);
+        mask[p] = (key0 + a < end ? 0x0000ffffu : 0u) | (key0 + a + 1 < end ? 0xffff0000u : 0u);
+      }
+      const uint8_t* vch = vpage + v_meta + 4 * vcb;  // int4 per-channel V: (scale, min) of the lane's channels
+      // Rescaled only when a row's max moved in some lane (rare after the first tiles).
+      if (__any_sync(0xffffffffu, c_a != 1.0f || c_b != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < VN; ++n) {
+          o[n][0] *= c_a;
+          o[n][1] *= c_a;
+          o[n][2] *= c_b;
+          o[n][3] *= c_b;
+        }
+      }
 #pragma unroll
       for (int n = 0; n < VN; ++n) {
-        o[n][0] *= c_a;
-        o[n][1] *= c_a;
-        o[n][2] *= c_b;
-        o[n][3] *= c_b;
+        uint32_t b0 = vfrag_word<VC, HD>(vs.f, ra[0], rb[0], sc[0], mn[0], vch, n);
+        uint32_t b1 = vfrag_word<VC, HD>(vs.f, ra[1], rb[1], sc[1], mn[1], vch, n);
+        if constexpr (kMasked) b0 &= mask[0], b1 &= mask[1];
+        mma_f16(o[n], pa, b0, b1);
       }
-    }
-#pragma unroll
-    for (int n = 0; n < VN; ++n) {
-      const uint32_t b0 = vfrag_word<VC, HD>(vs.f, ra[0], rb[0], sc[0], mn[0], vch, n) & mask[0];
-      const uint32_t b1 = vfrag_word<VC, HD>(vs.f, ra[1], rb[1], sc[1], mn[1], vch, n) & mask[1];
-      mma_f16(o[n], pa, b0, b1);
-    }
+    };
+    if (key0 + kKeys <= end)
+      tile(std::false_type{});
+    else
+      tile(std::true_type{});
     __syncwarp();  // every lane done with this stage before it is refilled
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // only empty groups can be pending here
@@ -242,6 +267,10 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
       l += sl[w * 16 + g] * c;
       acc += so[(w * 16 + g) * OLD + d] * c;
     }
+    if (max_splits == 1) {  // the whole context: normalized here, no merge kernel
+      out[t * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * v_scale / l : 0.0f;
+      continue;
+    }
     float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head0 + g) * max_splits + split) * (HD + 2);
     p[2 + d] = acc * v_scale;
     if (d == 0) {
@@ -251,44 +280,33 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   }
 }
 
-template <int KC, int VC, int HD, int ST>
-void launch_st(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-               int split_len, int max_splits, float* partials, cudaStream_t s) {
-  const size_t smem = smem_bytes<HD>(kv.k_page_bytes, kv.v_page_bytes, ST);
+template <int KC, int VC, int HD>
+void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
+               int split_len, int max_splits, float* partials, float* out, int64_t ldo, cudaStream_t s) {
+  const size_t smem = smem_bytes<HD>(kv.k_page_bytes, kv.v_page_bytes);
   const int area = static_cast<int>(smem - sizeof(float) * 16 * HD);
   static size_t configured = 0;  // per instantiation: the largest opt-in asked for so far
   if (smem > configured) {
-    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_quant_decode_frag<KC, VC, HD, ST>,
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_quant_decode_frag<KC, VC, HD>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     configured = smem;
   }
-  launch_pdl(attention_quant_decode_frag<KC, VC, HD, ST>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads),
-             smem, s, q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale, split_len,
-             max_splits, partials, area);
+  launch_pdl(attention_quant_decode_frag<KC, VC, HD>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem,
+             s, q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale, split_len, max_splits,
+             partials, out, ldo, area);
   TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_frag");
-}
-
-template <int KC, int VC, int HD>
-void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-               int split_len, int max_splits, float* partials, cudaStream_t s) {
-  static const int st = std::getenv("TMP_STAGES") ? std::atoi(std::getenv("TMP_STAGES")) : kStages;  // TMP
-  if constexpr (KC >= 0 && HD == 128) {
-    if (st == 3) return launch_st<KC, VC, HD, 3>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
-    if (st == 6) return launch_st<KC, VC, HD, 6>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
-  }
-  launch_st<KC, VC, HD, kStages>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
 }
 
 template <int HD>
 void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-               int split_len, int max_splits, float* partials, cudaStream_t s) {
+               int split_len, int max_splits, float* partials, float* out, int64_t ldo, cudaStream_t s) {
   // The formats of the same-format pairs (and int4's KIVI pair) compiled for themselves;
   // any other pair reads its formats at run time.
   const int kk = frag_key(kv.k_fmt.codec, kv.k_fmt.scale), vk = frag_key(kv.v_fmt.codec, kv.v_fmt.scale);
-#define TESSERA_QDF(KC, KS, VC, VS)                                                                             \
-  if (kk == frag_key(KvCodec::KC, KvScale::KS) && vk == frag_key(KvCodec::VC, KvScale::VS))                    \
-    return launch_as<frag_key(KvCodec::KC, KvScale::KS), frag_key(KvCodec::VC, KvScale::VS), HD>(             \
-        q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+#define TESSERA_QDF(KC, KS, VC, VS)                                                               \
+  if (kk == frag_key(KvCodec::KC, KvScale::KS) && vk == frag_key(KvCodec::VC, KvScale::VS))       \
+    return launch_as<frag_key(KvCodec::KC, KvScale::KS), frag_key(KvCodec::VC, KvScale::VS), HD>( \
+        q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
   TESSERA_QDF(Fp8E4M3, Tensor, Fp8E4M3, Tensor)
   TESSERA_QDF(Fp8E4M3, Token, Fp8E4M3, Token)
   TESSERA_QDF(Fp8E5M2, Tensor, Fp8E5M2, Tensor)
@@ -298,7 +316,7 @@ void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
   TESSERA_QDF(Int4, Channel, Int4, Group)
   TESSERA_QDF(Int4, Group, Int4, Group)
 #undef TESSERA_QDF
-  launch_as<-1, -1, HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+  launch_as<-1, -1, HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
 }
 
 bool frag_codec_ok(KvCodec c) { return c != KvCodec::F32 && c != KvCodec::Turbo; }
@@ -314,12 +332,12 @@ bool attention_quant_decode_frag_applies(const KvLayerView& kv, int n_heads) {
 
 void launch_attention_quant_decode_frag(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                         int n_heads, float scale, int split_len, int max_splits, float* partials,
-                                        cudaStream_t s) {
+                                        float* out, int64_t ldo, cudaStream_t s) {
   const int group = n_heads / kv.n_kv_heads;
   if (kv.head_dim == 64)
-    launch_hd<64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+    launch_hd<64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
   else
-    launch_hd<128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+    launch_hd<128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
 }
 
 }  // namespace tessera::cuda

@@ -243,12 +243,12 @@ __device__ __forceinline__ uint32_t vfrag_word(const KvFormat& f, const uint32_t
   }
 }
 
-// The kernel (attention_quant_decode_frag.cu): head_dim 64/128, blocks of 16, at most 16
-// query heads per KV head, K and V each f16, fp8, int8 or int4. Writes the partials of every
-// split (launch_attention_quant_decode then runs its merge).
-bool attention_quant_decode_frag_applies(const KvLayerView& kv, int n_heads);
+// The kernel (attention_quant_decode_frag.cu; applies: kernels.h): head_dim 64/128, blocks of
+// 16, at most 16 query heads per KV head, K and V each f16, fp8, int8 or int4. With one
+// split it writes the normalized output, else the partials of every split
+// (launch_attention_quant_decode then runs its merge).
 void launch_attention_quant_decode_frag(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                         int n_heads, float scale, int split_len, int max_splits, float* partials,
-                                        cudaStream_t s);
+                                        float* out, int64_t ldo, cudaStream_t s);
 
 }  // namespace tessera::cuda
