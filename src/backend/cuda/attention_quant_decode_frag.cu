@@ -32,11 +32,15 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kKeys = 16;   // keys per tile (one page)
 constexpr int kStages = 3;  // raw page buffers per warp (4 and 6 measured no faster)
 
+// Per block: the rings, [kStages][kWarps][K page, V page]; the query staging [16][HD] floats
+// lies on the last stage of every warp (not filled before the loop), past it if that is
+// smaller; the merge reuses the front.
 template <int HD>
 size_t smem_bytes(int64_t k_page, int64_t v_page) {
-  const size_t ring = kWarps * kStages * static_cast<size_t>(k_page + v_page);
-  const size_t merge = sizeof(float) * kWarps * 16 * (HD + 8 + 2);
-  return std::max(ring, merge) + sizeof(float) * 16 * HD;  // + the query staging
+  const size_t stage = kWarps * static_cast<size_t>(k_page + v_page);
+  const size_t ring = kStages * stage, merge = sizeof(float) * kWarps * 16 * (HD + 8 + 2);
+  const size_t query = (kStages - 1) * stage + sizeof(float) * 16 * HD;
+  return std::max({ring, merge, query});
 }
 
 // The side's static fp8 scale of KV head h, else 1.
@@ -49,7 +53,7 @@ template <int KC, int VC, int HD>
 __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
     attention_quant_decode_frag(const float* __restrict__ q, int64_t ldq, KvSide ks, KvSide vs, DeviceBatch b,
                                 int n_kv_heads, int group, float scale, int split_len, int max_splits,
-                                float* __restrict__ partials, float* __restrict__ out, int64_t ldo, int area) {
+                                float* __restrict__ partials, float* __restrict__ out, int64_t ldo) {
   constexpr int KW = HD / 8;   // K words per key row of a lane (two per k-step)
   constexpr int VN = HD / 8;   // V words per key pair of a lane (one per n-block)
   constexpr int OLD = HD + 8;  // merge: shared O row stride in floats
@@ -74,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   const int n_tiles = (end - begin + kKeys - 1) / kKeys;
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
   const int64_t stage_bytes = ks.page_bytes + vs.page_bytes;
-  unsigned char* const ring = smem + warp * kStages * stage_bytes;  // [kStages][K page, V page]
+  unsigned char* const ring = smem + warp * stage_bytes;  // stage j at ring + j · kWarps · stage_bytes
   // The block-table entry of local tile i (0 past the warp's last tile). Read kStages tiles
   // before its copy is issued: a dependent load right before the copies would stall the
   // warp for a loaded-memory round trip every tile.
@@ -85,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   auto issue = [&](int i, int entry) {
     if (i < my_tiles) {
       const int64_t page = static_cast<int64_t>(entry) * n_kv_heads + kvh;
-      unsigned char* dst = ring + (i % kStages) * stage_bytes;
+      unsigned char* dst = ring + (i % kStages) * kWarps * stage_bytes;
       const unsigned char* kp = ks.base + page * ks.page_bytes;
       const unsigned char* vp = vs.base + page * vs.page_bytes;
       for (int o = 16 * lane; o < ks.page_bytes; o += 16 * 32) cp_async16(dst + (o < k_code ? kv_swz(o) : o), kp + o);
@@ -99,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   int next_entry[2] = {table_entry(kStages - 1), table_entry(kStages)};  // tiles i + kStages - 1, i + kStages
 
   // Query heads (static K scale folded in), then as A fragments in K's channel order (base 2).
-  float* Qs = reinterpret_cast<float*>(smem + area);  // [16][HD]
+  float* Qs = reinterpret_cast<float*>(smem + (kStages - 1) * kWarps * stage_bytes);  // [16][HD]
   const float q_scale = scale * static_scale(ks, kvh) * 1.4426950408889634f;
   {
     constexpr int kPer = 16 * HD / kThreads;  // every load first, then the stores (one round trip)
@@ -127,6 +131,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
       qf[kk][3] = pack_half2(r1[b0], r1[b1]);
     }
   }
+  __syncthreads();  // every warp holds its fragments before the staging's stage is filled
 
   float o[HD / 8][4];
 #pragma unroll
@@ -140,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
     __syncwarp();
     const int key0 = begin + (warp + i * kWarps) * kKeys;
-    const uint8_t* kpage = ring + (i % kStages) * stage_bytes;
+    const uint8_t* kpage = ring + (i % kStages) * kWarps * stage_bytes;
     const uint8_t* vpage = kpage + ks.page_bytes;
     // The tile's work; Masked: the split's last, partial tile (keys past the end). Full tiles,
     // nearly all of them, skip the masks' instructions.
@@ -284,7 +289,6 @@ template <int KC, int VC, int HD>
 void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
                int split_len, int max_splits, float* partials, float* out, int64_t ldo, cudaStream_t s) {
   const size_t smem = smem_bytes<HD>(kv.k_page_bytes, kv.v_page_bytes);
-  const int area = static_cast<int>(smem - sizeof(float) * 16 * HD);
   static size_t configured = 0;  // per instantiation: the largest opt-in asked for so far
   if (smem > configured) {
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_quant_decode_frag<KC, VC, HD>,
@@ -293,7 +297,7 @@ void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
   }
   launch_pdl(attention_quant_decode_frag<KC, VC, HD>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem,
              s, q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale, split_len, max_splits,
-             partials, out, ldo, area);
+             partials, out, ldo);
   TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_frag");
 }
 
