@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
     const int g = i / HD, d = i % HD;
     Qs[g * KW + d] = g < group ? q[t * ldq + static_cast<int64_t>(head0 + g) * HD + d] * scale : 0.0f;
   }
-  kv_prepare_queries(ks, kvh, HD, Qs, KW, 16);
+  kv_prepare_queries(ks, kvh, HD, Qs, KW, 16, group);
   constexpr float kLog2e = 1.4426950408889634f;
   uint32_t qf[KW / 16][4];
 #pragma unroll
