@@ -64,7 +64,12 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   const int t = b.q_start[seq];
   const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
   const int begin = split * split_len;
-  if (begin >= len) return;  // the merge reads only the splits that hold keys
+  if (begin >= len) {     // the merge reads only the splits that hold keys
+    if (max_splits == 1)  // no keys at all and no merge: zeros, as the merge gives
+      for (int i = threadIdx.x; i < group * HD; i += kThreads)
+        out[t * ldo + static_cast<int64_t>(kvh * group) * HD + i] = 0.0f;
+    return;
+  }
   const int end = min(len, begin + split_len);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int fr = lane >> 2, fc = lane & 3;

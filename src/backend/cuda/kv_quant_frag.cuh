@@ -1,6 +1,6 @@
 #pragma once
 // Quantized KV pages decoded straight into mma.sync m16n8k16 B fragments (f16 pairs), for
-// attention_quant_decode_mma.cu: no f16 copy of the tile in shared memory, so a lane's work
+// attention_quant_decode_frag.cu: no f16 copy of the tile in shared memory, so a lane's work
 // per tile is a few shared loads of raw codes and scales, a few integer / conversion
 // instructions per f16 pair, and the mma itself.
 //
