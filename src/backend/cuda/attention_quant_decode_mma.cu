@@ -1,6 +1,7 @@
 // Decode attention over quantized KV pages on the tensor cores (head_dim 64/128, up to 16
-// query heads per KV head, blocks of 16 tokens): attention_decode_mma.cu's scheme with the
-// tile producer replaced. A block of 4 warps per (sequence, KV head, split of split_len
+// query heads per KV head, blocks of 16 tokens), for the pairs that
+// attention_quant_decode_frag.cu does not take (TurboQuant or f32 on either side):
+// attention_decode_mma.cu's scheme with the tile producer replaced. A block of 4 warps per (sequence, KV head, split of split_len
 // keys); the query heads are the 16 rows of mma.sync m16n8k16 (f16 operands, f32
 // accumulate, base-2 online softmax, rows past the group zero). Warp w takes 16-key tiles
 // w, w + 4, ...; a tile is exactly one page of K and one of V (splits start at multiples of
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
     const int g = i / HD, d = i % HD;
     Qs[g * KW + d] = g < group ? q[t * ldq + static_cast<int64_t>(head0 + g) * HD + d] * scale : 0.0f;
   }
-  kv_prepare_queries(ks, kvh, HD, Qs, KW, 16);
+  kv_prepare_queries(ks, kvh, HD, Qs, KW, 16, group);
   constexpr float kLog2e = 1.4426950408889634f;
   uint32_t qf[KW / 16][4];
 #pragma unroll

@@ -517,7 +517,11 @@ CudaBackend::DecodeSplit CudaBackend::decode_split(const KvLayerView& kv, const 
   // The tensor-core kernel takes every query head of a KV head in one block and fits two
   // blocks per SM; its splits are at least 256 keys (shorter ones measured slower: the four
   // warps' pipelines never fill). The SIMT kernels take up to 4 query heads per block.
-  const bool mma = cuda::attention_decode_mma_applies(kv, n_heads);
+  // The quantized pages' fragment-decoding kernel (attention_quant_decode_frag.cu) has the
+  // same grid; the f16 kernel's target measured best for it too (1 × 32k: 41 us against 57
+  // at the SIMT target; 64 × 8k: equal).
+  const bool mma = cuda::attention_decode_mma_applies(kv, n_heads) ||
+                   (kv.plain_dtype() == DType::Unknown && cuda::attention_quant_decode_frag_applies(kv, n_heads));
   const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? 1 : (group + 3) / 4);
   const int per_sm = mma ? cuda::CudaTuning::kDecodeMmaBlocksPerSm : cuda::CudaTuning::kDecodeBlocksPerSm;
   const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);

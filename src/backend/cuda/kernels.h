@@ -55,11 +55,17 @@ void launch_kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const f
 void launch_kv_store_quant(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                            const int32_t* slot_mapping, int n_tokens, cudaStream_t s);
 // attention_quant_decode.cu: one query row per sequence, split over the KV length like
-// launch_attention_decode (same partials layout), pages decoded tile by tile into shared
-// memory; the merge rotates turbo values back. head_dim 64, 128 or 256.
+// launch_attention_decode (same partials layout), pages decoded in registers; the merge
+// rotates turbo values back (and is skipped where the tensor-core kernel has one split and
+// writes the output itself). head_dim 64, 128 or 256.
 void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                    int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
                                    float* partials, cudaStream_t s);
+// attention_quant_decode_frag.cu: whether the tensor-core kernel that decodes pages straight
+// into mma fragments takes this layout (head_dim 64/128, blocks of 16, K and V each f16, fp8,
+// int8 or int4); like attention_decode_mma.cu it fits a few blocks per SM, so its splits are
+// chosen as that kernel's.
+bool attention_quant_decode_frag_applies(const KvLayerView& kv, int n_heads);
 // attention_quant_prefill.cu: any batch (variable length, causal, GQA), as launch_attention_prefill.
 void launch_attention_quant_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                     int n_heads, float scale, float* out, int64_t ldo, cudaStream_t s);

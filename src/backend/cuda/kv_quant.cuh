@@ -261,9 +261,11 @@ __device__ __forceinline__ void kv_decode_tile(const KvSide& ks, const KvSide& v
 }
 
 // Query rows in K's basis, in shared memory: Qs[r * ldq + c] holds the scaled query; turbo
-// keys rotate it (q' = R q) and, with QJL, put S q' at c in [hd, 2 hd). All threads call it;
-// it ends with a barrier.
-__device__ __forceinline__ void kv_prepare_queries(const KvSide& ks, int kvh, int hd, float* Qs, int ldq, int rows) {
+// keys rotate it (q' = R q) and, with QJL, put S q' at c in [hd, 2 hd) (rows from live_rows
+// on are zero queries: their S q' is set to zero, not computed). All threads call it (a
+// multiple of 32); it ends with a barrier.
+__device__ __forceinline__ void kv_prepare_queries(const KvSide& ks, int kvh, int hd, float* Qs, int ldq, int rows,
+                                                   int live_rows = -1) {
   __syncthreads();
   if (ks.f.codec != KvCodec::Turbo) return;
   const float* signs = ks.signs + static_cast<int64_t>(kvh) * hd;
@@ -273,20 +275,33 @@ __device__ __forceinline__ void kv_prepare_queries(const KvSide& ks, int kvh, in
   for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) Qs[(i / hd) * ldq + i % hd] *= inv_sqrt;
   __syncthreads();
   if (!ks.f.qjl) return;
+  // S q': a warp per row o of S, read once and coalesced (lane c + 32k), a dot product per
+  // query row reduced across the warp. (A thread per (row, o) walking S's row alone was a
+  // chain of 2·hd dependent loads and FMAs per output: 734 against 182 us at 1 × 32k.)
   const float* S = ks.qjl + static_cast<int64_t>(kvh) * hd * hd;
-  for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
-    const int r = i / hd, o = i % hd;
-    const float* srow = S + static_cast<int64_t>(o) * hd;
-    const float* qr = Qs + r * ldq;
-    float acc = 0.0f;
-    for (int c = 0; c < hd; ++c) acc = fmaf(srow[c], qr[c], acc);
-    Qs[r * ldq + hd + o] = acc;
+  const int lane = threadIdx.x & 31, live = live_rows < 0 ? rows : live_rows;
+  for (int o = threadIdx.x >> 5; o < hd; o += blockDim.x >> 5) {
+    float sv[8];  // hd <= 256
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sv[k] = 32 * k < hd ? __ldg(S + static_cast<int64_t>(o) * hd + lane + 32 * k) : 0.0f;
+    for (int r = 0; r < rows; ++r) {
+      float acc = 0.0f;
+      if (r < live) {
+        const float* qr = Qs + r * ldq + lane;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          if (32 * k < hd) acc = fmaf(sv[k], qr[32 * k], acc);
+#pragma unroll
+        for (int m = 16; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+      }
+      if (lane == 0) Qs[r * ldq + hd + o] = acc;
+    }
   }
   __syncthreads();
 }
 
-// The tensor-core decode kernel (attention_quant_decode_mma.cu): head_dim 64/128, at most
-// 16 query heads per KV head. Writes the partials of every split (launch_attention_quant_decode
+// The tensor-core decode kernel of turbo (and f32-mixed) pages (attention_quant_decode_mma.cu;
+// the other formats: kv_quant_frag.cuh): head_dim 64/128, at most 16 query heads per KV head. Writes the partials of every split (launch_attention_quant_decode
 // then runs its merge).
 bool attention_quant_decode_mma_applies(const KvLayerView& kv, int n_heads);
 void launch_attention_quant_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,

@@ -1,0 +1,254 @@
+#pragma once
+// Quantized KV pages decoded straight into mma.sync m16n8k16 B fragments (f16 pairs), for
+// attention_quant_decode_frag.cu: no f16 copy of the tile in shared memory, so a lane's work
+// per tile is a few shared loads of raw codes and scales, a few integer / conversion
+// instructions per f16 pair, and the mma itself.
+//
+// A raw page sits in shared memory as stored, except that the codes (the first
+// block_size · row_bytes bytes, a multiple of 128) are XOR-swizzled in 16-byte chunks within
+// each 128-byte line (kv_swz), so that the fragment loads below fall in distinct banks.
+//
+// K (Q·Kᵀ, B[k][n] = K[key n][channel k]): lane (fr, fc) = (lane / 4, lane % 4) holds keys
+// fr and fr + 8 of the tile and channels [fc · hd/4, (fc + 1) · hd/4): its k-step kk takes
+// words 2kk (logical k 2fc, 2fc + 1) and 2kk + 1 (logical 2fc + 8, 2fc + 9). A dot product
+// may take its channels in any order as long as Q takes the same one: kv_k_channel gives the
+// channel of word w's half h, and the query A fragments are built with it.
+// V (P·V, B[k][n] = V[key k][channel n]): lane (fr, fc) holds the key pairs (2fc, 2fc + 1)
+// and (2fc + 8, 2fc + 9) and channels [fr · hd/8, (fr + 1) · hd/8): its word n is column fr
+// of n-block n, so O's column c of n-block n is channel c · hd/8 + n (undone when O is
+// stored).
+//
+// Scales: static fp8 scales (per tensor or KV head) are folded into Q (K) and into O (V);
+// per-token K scales multiply the f32 scores; the others (per-token V scales, groups,
+// KIVI's per-channel (scale, min)) are applied to the f16 pairs (one rounding, as the f16
+// operand tile did).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda/kv_quant.cuh"
+
+namespace tessera::cuda {
+
+// Byte offset within a page's codes -> offset in shared memory (16-byte chunk c of 128-byte
+// line L goes to chunk c ^ (L mod 8)); 4-, 8- and 16-byte accesses stay within one chunk.
+__device__ __forceinline__ uint32_t kv_swz(uint32_t o) { return o ^ (((o >> 7) & 7u) << 4); }
+
+__device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<const uint32_t*>(&h); }
+__device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<const __half2*>(&u); }
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+__device__ __forceinline__ uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t lds16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+
+// N 32-bit words of codes from code byte `off` of a page (16-, 8- or 4-byte aligned; a
+// 16-byte chunk at a time).
+template <int N>
+__device__ __forceinline__ void lds_codes(const uint8_t* page, uint32_t off, uint32_t* w) {
+  if constexpr (N >= 4) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const uint4 u = *reinterpret_cast<const uint4*>(page + kv_swz(off + 4 * i));
+      w[i] = u.x, w[i + 1] = u.y, w[i + 2] = u.z, w[i + 3] = u.w;
+    }
+  } else if constexpr (N == 2) {
+    const uint2 u = *reinterpret_cast<const uint2*>(page + kv_swz(off));
+    w[0] = u.x, w[1] = u.y;
+  } else {
+    w[0] = lds32(page + kv_swz(off));
+  }
+}
+
+// The helpers' template argument C names a side's format at compile time, codec and scale
+// kind (frag_key), so that no per-word branch is left in the tile loop; -1: read from f.
+constexpr int frag_key(KvCodec c, KvScale s) {
+  return 8 * static_cast<int>(c) + static_cast<int>(s == KvScale::Head ? KvScale::Tensor : s);
+}
+__device__ __forceinline__ KvCodec frag_codec(int C, const KvFormat& f) {
+  return C < 0 ? f.codec : static_cast<KvCodec>(C / 8);
+}
+__device__ __forceinline__ KvScale frag_scale(int C, const KvFormat& f) {
+  return C < 0 ? f.scale : static_cast<KvScale>(C % 8);
+}
+
+// The channel (from the lane's first) of half h of K word w: adjacent pairs, except int4
+// (channels j and j + 4 of each 8: one shift and mask per pair).
+__host__ __device__ __forceinline__ int kv_k_channel(KvCodec c, int w, int h) {
+  return c == KvCodec::Int4 ? 8 * (w / 4) + w % 4 + 4 * h : 2 * w + h;
+}
+
+// fp8 pair (low 16 bits of x, the lower channel's code first) -> f16 pair, exact.
+__device__ __forceinline__ uint32_t fp8x2_to_h2(KvCodec c, uint32_t x) {
+  const __nv_fp8_interpretation_t kind = c == KvCodec::Fp8E4M3 ? __NV_E4M3 : __NV_E5M2;
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), kind);
+  return h2u(__half2(h));
+}
+// Bytes b0, b1 of x (signed codes XORed with 0x80) -> f16 pair, exact: 0x64XX is 1024 + XX.
+// sel picks them: 0x4140 (bytes 0, 1), 0x4342 (bytes 2, 3).
+__device__ __forceinline__ uint32_t s8x2_to_h2(uint32_t biased, uint32_t sel) {
+  const uint32_t h = prmt(biased, 0x64646464u, sel);
+  return h2u(__hsub2(u2h(h), __half2half2(__ushort_as_half(0x6480))));  // - 1152
+}
+// Nibbles at bits 0-3 and 16-19 of x -> f16 pair of the codes 0..15, exact.
+__device__ __forceinline__ uint32_t u4x2_to_h2(uint32_t x) {
+  const uint32_t h = (x & 0x000f000fu) | 0x64006400u;
+  return h2u(__hsub2(u2h(h), __half2half2(__ushort_as_half(0x6400))));  // - 1024
+}
+
+// ---- K: one key row's slice of a lane ----
+
+// The raw codes of key row j, channels [cb, cb + HD/4): HD/8 words at most (f16).
+template <int C, int HD>
+__device__ __forceinline__ void kfrag_load(const KvFormat& f, const uint8_t* page, int row_bytes, int j, int cb,
+                                           uint32_t (&raw)[HD / 8]) {
+  switch (frag_codec(C, f)) {
+    case KvCodec::F16:
+      lds_codes<HD / 8>(page, j * row_bytes + 2 * cb, raw);
+      return;
+    case KvCodec::Int4:
+      lds_codes<HD / 32>(page, j * row_bytes + cb / 2, raw);
+      return;
+    default:
+      lds_codes<HD / 16>(page, j * row_bytes + cb, raw);
+  }
+}
+
+// The row's group scales, one per 8 channels of the slice (groups are multiples of 8
+// channels): int8 s, int4 (s, min) packed as stored. Unused for other scale kinds.
+template <int C, int HD>
+__device__ __forceinline__ void kfrag_group_scales(const KvFormat& f, const uint8_t* page, int meta_offset, int j,
+                                                   int cb, uint32_t (&g)[HD / 32]) {
+  if (frag_scale(C, f) != KvScale::Group) return;
+  const int per_row = HD / f.group;
+#pragma unroll
+  for (int q = 0; q < HD / 32; ++q) {
+    const int gi = j * per_row + (cb + 8 * q) / f.group;
+    g[q] = frag_codec(C, f) == KvCodec::Int4 ? lds32(page + meta_offset + 4 * gi) : lds16(page + meta_offset + 2 * gi);
+  }
+}
+
+// Word w of the row as an f16 pair, scaled where the scale is per group or per channel.
+// chs: KIVI's per-channel (scale, min) pairs of the slice's channels in shared memory (int4
+// Channel only; the same for both rows of a lane, so the loads are shared).
+template <int C, int HD>
+__device__ __forceinline__ uint32_t kfrag_word(const KvFormat& f, const uint32_t (&raw)[HD / 8],
+                                               const uint32_t (&g)[HD / 32], const uint8_t* chs, int w) {
+  const KvCodec c = frag_codec(C, f);
+  switch (c) {
+    case KvCodec::F16:
+      return raw[w];
+    case KvCodec::Fp8E4M3:
+    case KvCodec::Fp8E5M2:
+      return fp8x2_to_h2(c, raw[w / 2] >> (16 * (w % 2)));
+    case KvCodec::Int8: {
+      const uint32_t v = s8x2_to_h2(raw[w / 2] ^ 0x80808080u, w % 2 ? 0x4342 : 0x4140);
+      if (frag_scale(C, f) != KvScale::Group) return v;  // per token: on the scores
+      return h2u(__hmul2(u2h(v), __half2half2(__ushort_as_half(static_cast<uint16_t>(g[w / 4])))));
+    }
+    case KvCodec::Int4: {
+      const uint32_t v = u4x2_to_h2(raw[w / 4] >> (4 * (w % 4)));
+      uint32_t s, m;
+      if (frag_scale(C, f) == KvScale::Channel) {  // channels 8q + j and 8q + j + 4
+        const uint32_t a = lds32(chs + 4 * (8 * (w / 4) + w % 4)), b = lds32(chs + 4 * (8 * (w / 4) + w % 4 + 4));
+        s = prmt(a, b, 0x5410);
+        m = prmt(a, b, 0x7632);
+      } else {
+        s = prmt(g[w / 4], 0, 0x1010);
+        m = prmt(g[w / 4], 0, 0x3232);
+      }
+      return h2u(__hfma2(u2h(v), u2h(s), u2h(m)));
+    }
+    default:
+      return 0;
+  }
+}
+
+// ---- V: one key pair (a, a + 1) of a lane, channels [cb, cb + HD/8) ----
+
+template <int C, int HD>
+__device__ __forceinline__ void vfrag_load(const KvFormat& f, const uint8_t* page, int row_bytes, int a, int cb,
+                                           uint32_t (&ra)[HD / 16], uint32_t (&rb)[HD / 16]) {
+  switch (frag_codec(C, f)) {
+    case KvCodec::F16:
+      lds_codes<HD / 16>(page, a * row_bytes + 2 * cb, ra);
+      lds_codes<HD / 16>(page, (a + 1) * row_bytes + 2 * cb, rb);
+      return;
+    case KvCodec::Int4:
+      lds_codes<HD / 64>(page, a * row_bytes + cb / 2, ra);
+      lds_codes<HD / 64>(page, (a + 1) * row_bytes + cb / 2, rb);
+      return;
+    default:
+      lds_codes<HD / 32>(page, a * row_bytes + cb, ra);
+      lds_codes<HD / 32>(page, (a + 1) * row_bytes + cb, rb);
+  }
+}
+
+// The pair's scales: sc[q] / mn[q] for the 8-channel block q of the slice, as f16 pairs
+// (key a low, a + 1 high; per channel: the channel's own pair duplicated). Static fp8 scales
+// are applied to O instead: sc = 1.
+template <int C, int HD>
+__device__ __forceinline__ void vfrag_scales(const KvFormat& f, const uint8_t* page, int meta_offset, int a, int cb,
+                                             uint32_t (&sc)[HD / 64 > 0 ? HD / 64 : 1],
+                                             uint32_t (&mn)[HD / 64 > 0 ? HD / 64 : 1]) {
+  constexpr int NQ = HD / 64 > 0 ? HD / 64 : 1;
+  const KvCodec c = frag_codec(C, f);
+  const uint8_t* meta = page + meta_offset;
+#pragma unroll
+  for (int q = 0; q < NQ; ++q) {
+    sc[q] = 0x3c003c00u;  // (1, 1)
+    mn[q] = 0;
+    if (frag_scale(C, f) == KvScale::Token) {
+      sc[q] = lds32(meta + 2 * a);
+    } else if (frag_scale(C, f) == KvScale::Group) {
+      const int per_row = HD / f.group, gq = (cb + 8 * q) / f.group;
+      if (c == KvCodec::Int4) {
+        const uint32_t x = lds32(meta + 4 * (a * per_row + gq)), y = lds32(meta + 4 * ((a + 1) * per_row + gq));
+        sc[q] = prmt(x, y, 0x5410);
+        mn[q] = prmt(x, y, 0x7632);
+      } else {
+        sc[q] = prmt(lds16(meta + 2 * (a * per_row + gq)), lds16(meta + 2 * ((a + 1) * per_row + gq)), 0x5410);
+      }
+    }
+  }
+}
+
+// Word n of the pair: (V[a][cb + n], V[a + 1][cb + n]) as an f16 pair, scaled.
+template <int C, int HD>
+__device__ __forceinline__ uint32_t vfrag_word(const KvFormat& f, const uint32_t (&ra)[HD / 16],
+                                               const uint32_t (&rb)[HD / 16], const uint32_t* sc, const uint32_t* mn,
+                                               const uint8_t* chmeta, int n) {
+  const KvCodec c = frag_codec(C, f);
+  switch (c) {
+    case KvCodec::F16:
+      return prmt(ra[n / 2], rb[n / 2], n % 2 ? 0x7632 : 0x5410);
+    case KvCodec::Fp8E4M3:
+    case KvCodec::Fp8E5M2: {
+      const uint32_t t = prmt(ra[n / 4], rb[n / 4], n % 4 < 2 ? 0x5140 : 0x7362);  // (a_k, b_k, a_k+1, b_k+1)
+      const uint32_t v = fp8x2_to_h2(c, t >> (16 * (n % 2)));
+      return frag_scale(C, f) == KvScale::Token ? h2u(__hmul2(u2h(v), u2h(sc[n / 8]))) : v;
+    }
+    case KvCodec::Int8: {
+      const uint32_t t = prmt(ra[n / 4] ^ 0x80808080u, rb[n / 4] ^ 0x80808080u, n % 4 < 2 ? 0x5140 : 0x7362);
+      return h2u(__hmul2(u2h(s8x2_to_h2(t, n % 2 ? 0x4342 : 0x4140)), u2h(sc[n / 8])));
+    }
+    case KvCodec::Int4: {
+      const uint32_t t = prmt(ra[n / 8], rb[n / 8], n % 8 < 4 ? 0x5410 : 0x7632);  // a's 4 channels, then b's
+      const uint32_t v = u4x2_to_h2(t >> (4 * (n % 4)));
+      if (frag_scale(C, f) == KvScale::Channel) {
+        const uint32_t x = lds32(chmeta + 4 * n);
+        return h2u(__hfma2(u2h(v), u2h(prmt(x, 0, 0x1010)), u2h(prmt(x, 0, 0x3232))));
+      }
+      return h2u(__hfma2(u2h(v), u2h(sc[n / 8]), u2h(mn[n / 8])));
+    }
+    default:
+      return 0;
+  }
+}
+
+// The kernel (attention_quant_decode_frag.cu; applies: kernels.h): head_dim 64/128, blocks of
+// 16, at most 16 query heads per KV head, K and V each f16, fp8, int8 or int4. With one
+// split it writes the normalized output, else the partials of every split
+// (launch_attention_quant_decode then runs its merge).
+void launch_attention_quant_decode_frag(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                        int n_heads, float scale, int split_len, int max_splits, float* partials,
+                                        float* out, int64_t ldo, cudaStream_t s);
+
+}  // namespace tessera::cuda
