@@ -1,0 +1,102 @@
+// AVX2 kernels for group-quantized weights (W4G/W8G). Eight weight rows at a time, one f32
+// lane per row: per 32-column block each row's codes are unpacked in registers and dotted with
+// the Q8 activation block (maddubs), the 8 rows' i32 sums reduced into one vector, the zero
+// points taken out through the activation's exact block sum, and one FMA per block advances
+// all 8 outputs in the canonical order (bitwise the scalar kernel's result).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cpu/matmul_kernels.h"
+
+namespace tessera::mm {
+
+namespace {
+
+// 32 codes of a row's block b as unsigned bytes in column order.
+template <int kBits>
+inline __m256i block_codes(const uint8_t* row, int64_t b) {
+  if constexpr (kBits == 8)
+    return load256(row + b * 32);
+  else
+    return nibbles_32(row + b * 16);
+}
+
+// i32 partial sums (8 lanes) of codes · x for one block. W8: codes - 128 with the sign trick
+// (|w| · sign(x, w) keeps maddubs' i16 pairs in range); the 128 comes back through sum(x).
+template <int kBits>
+inline __m256i block_dot(__m256i codes, __m256i x) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (kBits == 8) {
+    const __m256i w = _mm256_xor_si256(codes, _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones);
+  } else {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), ones);
+  }
+}
+
+// The first n (<= 8) entries of p as lanes, the rest repeat the last one (never read past p[n-1]).
+inline __m256 load_scales8(const uint16_t* p, int n) {
+  if (n == 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  uint16_t tmp[8];
+  for (int i = 0; i < 8; ++i) tmp[i] = p[std::min(i, n - 1)];
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tmp)));
+}
+inline __m256i load_zeros8(const uint8_t* p, int n) {
+  uint8_t tmp[16] = {};
+  for (int i = 0; i < 8; ++i) tmp[i] = p[std::min(i, n - 1)];
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(tmp)));
+}
+
+template <int kBits>
+void gq_matmul_avx2(const MatmulTask& t) {
+  const ActLayout& l = *t.act_layout;
+  const int64_t n_blocks = l.cols / 32;
+  // isum = raw + (bias - zero) * sum(x): raw is sum codes * x (W4) or (codes - 128) * x (W8).
+  const int32_t bias = kBits == 8 ? 128 : 0;
+  const __m256i zero_default = _mm256_set1_epi32(1 << (kBits - 1));
+  for (int64_t r0 = 0; r0 < t.n_w; r0 += 8) {
+    const int nr = static_cast<int>(std::min<int64_t>(8, t.n_w - r0));
+    const uint8_t* rows[8];
+    for (int i = 0; i < 8; ++i) rows[i] = t.w + (r0 + std::min(i, nr - 1)) * t.w_stride;
+    for (int64_t x = 0; x < t.n_x; ++x) {
+      const ActRow a = act_row(t.act, l, x);
+      __m256 acc = _mm256_setzero_ps();
+      int64_t g_cur = -1;
+      __m256 scale = _mm256_setzero_ps();
+      __m256i zero_minus_bias = _mm256_setzero_si256();
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const int64_t g = b * 32 / t.gq_group;
+        if (g != g_cur) {
+          g_cur = g;
+          scale = load_scales8(t.gq_scales + g * t.gq_ld + r0, nr);
+          const __m256i z = t.gq_zeros ? load_zeros8(t.gq_zeros + g * t.gq_ld + r0, nr) : zero_default;
+          zero_minus_bias = _mm256_sub_epi32(z, _mm256_set1_epi32(bias));
+        }
+        const __m256i xq = load256(a.qs + b * 32);
+        __m256i p[8];
+        for (int i = 0; i < 8; ++i) p[i] = block_dot<kBits>(block_codes<kBits>(rows[i], b), xq);
+        __m256i isum = hsum8x8_i32(p);
+        isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(zero_minus_bias, _mm256_set1_epi32(a.sum32[b])));
+        const __m256 d = _mm256_mul_ps(scale, _mm256_set1_ps(a.d32[b]));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
+      }
+      float* y = t.y + x * t.ldy + r0;
+      if (nr == 8) {
+        _mm256_storeu_ps(y, acc);
+      } else {
+        float out[8];
+        _mm256_storeu_ps(out, acc);
+        std::memcpy(y, out, sizeof(float) * nr);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gq_matmul_avx2_w4(const MatmulTask& t) { gq_matmul_avx2<4>(t); }
+void gq_matmul_avx2_w8(const MatmulTask& t) { gq_matmul_avx2<8>(t); }
+
+}  // namespace tessera::mm
