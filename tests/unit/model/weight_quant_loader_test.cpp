@@ -127,7 +127,10 @@ TEST(WeightQuantLoader, CheckpointsDecodeToTheWritersIntendedValues) {
 }
 
 // The whole model: the quantized checkpoint's logits against the same model with its weights
-// decoded to f32 (the difference is the 8-bit quantization of the activations).
+// decoded to f32. The difference is the 8-bit quantization of the activations in the 7
+// products of each layer (measured 1.8-2.4% relative here). Every zero point off by one moved
+// them by 101-138% at 4 bits and by 6% at 8 bits (per channel); the exact checks above catch
+// smaller slips.
 TEST(WeightQuantLoader, TinyModelLogitsMatchTheDequantizedModel) {
   const std::vector<int32_t> toks = {3, 17, 0, 47, 5, 5, 9, 21, 30};
   for (const char* variant : kVariants) {
@@ -140,7 +143,7 @@ TEST(WeightQuantLoader, TinyModelLogitsMatchTheDequantizedModel) {
       num += (got[i] - ref[i]) * (got[i] - ref[i]);
       den += ref[i] * ref[i];
     }
-    EXPECT_LT(std::sqrt(num / den), 2e-2) << variant;
+    EXPECT_LT(std::sqrt(num / den), 4e-2) << variant;
   }
 }
 
