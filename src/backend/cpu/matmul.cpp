@@ -106,7 +106,11 @@ struct WorkItem {
 int64_t mm::panel_scratch_bytes(const KernelSet& set, int64_t cols) {
   // Worst case over formats: f32 weights of panel_rows rows with the columns padded to a
   // multiple of 8 (float panels are built 8 columns at a time), or two quantized panels.
-  return std::max<int64_t>(set.panel_rows * ((cols + 7) / 8 * 8) * 4, 2 * mm::panel_bytes(cols, set.panel_rows)) + 256;
+  // (and the group-quantized panel: 8 rows of codes as bytes over the width padded to 32, then
+  // per group of at least 32 columns 8 scales and 8 zero points of 4 bytes).
+  const int64_t gq_panel = 10 * ((cols + 31) / 32 * 32) + 64;
+  return std::max({set.panel_rows * ((cols + 7) / 8 * 8) * 4, 2 * mm::panel_bytes(cols, set.panel_rows), gq_panel}) +
+         256;
 }
 
 struct CpuMatmul::Impl {

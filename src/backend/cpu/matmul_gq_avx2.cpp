@@ -44,9 +44,51 @@ inline __m256 load_scales8(const uint16_t* p, int n) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tmp)));
 }
 inline __m256i load_zeros8(const uint8_t* p, int n) {
+  if (n == 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   uint8_t tmp[16] = {};
   for (int i = 0; i < 8; ++i) tmp[i] = p[std::min(i, n - 1)];
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(tmp)));
+}
+
+// Prefill: the 8 rows' codes of every block transposed once into the task's scratch, so that
+// one register holds 4 consecutive codes of each row ([block][step][row][4 bytes]; W8 stored
+// as code - 128). A broadcast of 4 activation bytes times that register advances all 8 rows'
+// sums in their own lanes: no horizontal reduction per block and input row.
+template <int kBits>
+void build_panel(const uint8_t* const rows[8], int64_t n_blocks, uint8_t* panel) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    __m256i r[8], out[8];
+    for (int i = 0; i < 8; ++i) {
+      r[i] = block_codes<kBits>(rows[i], b);
+      if constexpr (kBits == 8) r[i] = _mm256_xor_si256(r[i], _mm256_set1_epi8(static_cast<char>(0x80)));
+    }
+    transpose_8x8(r, out);
+    for (int s = 0; s < 8; ++s) _mm256_store_si256(reinterpret_cast<__m256i*>(panel + (b * 8 + s) * 32), out[s]);
+  }
+}
+
+template <int kBits>
+inline __m256i panel_block_sum(const uint8_t* panel_block, const int8_t* xq) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto step = [&](int s) {
+    int32_t x4;
+    std::memcpy(&x4, xq + 4 * s, 4);
+    const __m256i xs = _mm256_set1_epi32(x4);
+    const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel_block + 32 * s));
+    if constexpr (kBits == 8)
+      return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xs, w)), ones);
+    else
+      return _mm256_maddubs_epi16(w, xs);  // 4-bit: 8 steps of pairs <= 2*15*128 stay in i16
+  };
+  if constexpr (kBits == 8) {
+    __m256i acc = step(0);
+    for (int s = 1; s < 8; ++s) acc = _mm256_add_epi32(acc, step(s));
+    return acc;
+  } else {
+    __m256i acc = step(0);
+    for (int s = 1; s < 8; ++s) acc = _mm256_add_epi16(acc, step(s));
+    return _mm256_madd_epi16(acc, ones);
+  }
 }
 
 template <int kBits>
@@ -60,6 +102,27 @@ void gq_matmul_avx2(const MatmulTask& t) {
     const int nr = static_cast<int>(std::min<int64_t>(8, t.n_w - r0));
     const uint8_t* rows[8];
     for (int i = 0; i < 8; ++i) rows[i] = t.w + (r0 + std::min(i, nr - 1)) * t.w_stride;
+    // Prefill: codes transposed once (panel_bytes), then per group the rows' scales (f32) and
+    // zero - bias (i32), read by every input row.
+    const bool panel = t.scratch != nullptr && t.n_x >= 4;
+    const int64_t n_groups = (n_blocks * 32 + t.gq_group - 1) / t.gq_group;
+    float* group_scales = panel ? reinterpret_cast<float*>(t.scratch + n_blocks * 256) : nullptr;
+    int32_t* group_zeros = panel ? reinterpret_cast<int32_t*>(group_scales + 8 * n_groups) : nullptr;
+    auto group_vectors = [&](int64_t g, __m256* scale, __m256i* zero_minus_bias) {
+      *scale = load_scales8(t.gq_scales + g * t.gq_ld + r0, nr);
+      const __m256i z = t.gq_zeros ? load_zeros8(t.gq_zeros + g * t.gq_ld + r0, nr) : zero_default;
+      *zero_minus_bias = _mm256_sub_epi32(z, _mm256_set1_epi32(bias));
+    };
+    if (panel) {
+      build_panel<kBits>(rows, n_blocks, t.scratch);
+      for (int64_t g = 0; g < n_groups; ++g) {
+        __m256 sc;
+        __m256i zb;
+        group_vectors(g, &sc, &zb);
+        _mm256_store_ps(group_scales + 8 * g, sc);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(group_zeros + 8 * g), zb);
+      }
+    }
     for (int64_t x = 0; x < t.n_x; ++x) {
       const ActRow a = act_row(t.act, l, x);
       __m256 acc = _mm256_setzero_ps();
@@ -70,14 +133,22 @@ void gq_matmul_avx2(const MatmulTask& t) {
         const int64_t g = b * 32 / t.gq_group;
         if (g != g_cur) {
           g_cur = g;
-          scale = load_scales8(t.gq_scales + g * t.gq_ld + r0, nr);
-          const __m256i z = t.gq_zeros ? load_zeros8(t.gq_zeros + g * t.gq_ld + r0, nr) : zero_default;
-          zero_minus_bias = _mm256_sub_epi32(z, _mm256_set1_epi32(bias));
+          if (panel) {
+            scale = _mm256_load_ps(group_scales + 8 * g);
+            zero_minus_bias = _mm256_load_si256(reinterpret_cast<const __m256i*>(group_zeros + 8 * g));
+          } else {
+            group_vectors(g, &scale, &zero_minus_bias);
+          }
         }
-        const __m256i xq = load256(a.qs + b * 32);
-        __m256i p[8];
-        for (int i = 0; i < 8; ++i) p[i] = block_dot<kBits>(block_codes<kBits>(rows[i], b), xq);
-        __m256i isum = hsum8x8_i32(p);
+        __m256i isum;
+        if (panel) {
+          isum = panel_block_sum<kBits>(t.scratch + b * 256, a.qs + b * 32);
+        } else {
+          const __m256i xq = load256(a.qs + b * 32);
+          __m256i p[8];
+          for (int i = 0; i < 8; ++i) p[i] = block_dot<kBits>(block_codes<kBits>(rows[i], b), xq);
+          isum = hsum8x8_i32(p);
+        }
         isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(zero_minus_bias, _mm256_set1_epi32(a.sum32[b])));
         const __m256 d = _mm256_mul_ps(scale, _mm256_set1_ps(a.d32[b]));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
