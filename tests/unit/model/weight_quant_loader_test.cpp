@@ -11,6 +11,8 @@
 #include <fstream>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/fp16.h"
@@ -217,6 +219,26 @@ TEST(WeightQuantLoader, MismatchedTensorsNameTheTensor) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("scales"), std::string::npos) << msg;
     EXPECT_NE(msg.find("shape"), std::string::npos) << msg;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Quantized tensors in a checkpoint whose config.json has no quantization_config.
+TEST(WeightQuantLoader, QuantizedTensorsWithoutAConfigAreRefused) {
+  const std::string src = fixture("awq_w4_g32");
+  const std::string dir = ::testing::TempDir() + "/tessera_wquant_no_config";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ifstream in(src + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg.erase("quantization_config");
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  try {
+    load_safetensors_weights(dir);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no quantization_config"), std::string::npos) << e.what();
   }
   std::filesystem::remove_all(dir);
 }

@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "quant/group_quant.h"
@@ -113,6 +114,13 @@ TEST(GroupQuant, BadInputIsRefusedNamingIt) {
   EXPECT_NE(error_of(source(4, 1, 64, 32, codes, two, {}, g_idx)).find("g_idx[0] = 2"), std::string::npos);
   const std::vector<uint16_t> inf = {0x7C00};
   EXPECT_NE(error_of(source(4, 1, 64, 64, codes, inf, {}, {})).find("not finite"), std::string::npos);
+}
+
+TEST(GroupQuant, TypesAreNeverReadFromGguf) {
+  // W4G/W8G are tessera's own: a GGUF tensor type id equal to theirs is unknown, not them.
+  EXPECT_EQ(dtype_from_ggml_id(static_cast<uint32_t>(DType::W4G)), DType::Unknown);
+  EXPECT_EQ(dtype_from_ggml_id(static_cast<uint32_t>(DType::W8G)), DType::Unknown);
+  EXPECT_TRUE(is_group_quant(DType::W4G) && !is_group_quant(DType::Q4_0));
 }
 
 TEST(GroupQuant, RoundToNearestIsWithinHalfAStep) {
