@@ -91,6 +91,26 @@ inline __m256i panel_block_sum(const uint8_t* panel_block, const int8_t* xq) {
   }
 }
 
+// Decode, W4: two rows' 16 code bytes in one register (row 2p low lane, 2p+1 high), so one
+// mask and one shift unpack both, each lane dotted with the matching half of the activation
+// block; a 3-hadd tree gives the 8 rows' sums in order (GGUF Q4_0's direct kernel's trick).
+inline __m256i direct_block_sum_w4(const uint8_t* const rows[8], int64_t b, const int8_t* xq) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m128i* xb = reinterpret_cast<const __m128i*>(xq);
+  const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb));
+  const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1));
+  __m256i part[4];
+  for (int p = 0; p < 4; ++p) {
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p] + b * 16));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p + 1] + b * 16));
+    const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+    const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    part[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), ones);
+  }
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(part[0], part[1]), _mm256_hadd_epi32(part[2], part[3]));
+  return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 template <int kBits>
 void gq_matmul_avx2(const MatmulTask& t) {
   const ActLayout& l = *t.act_layout;
@@ -143,6 +163,11 @@ void gq_matmul_avx2(const MatmulTask& t) {
         __m256i isum;
         if (panel) {
           isum = panel_block_sum<kBits>(t.scratch + b * 256, a.qs + b * 32);
+        } else if constexpr (kBits == 4) {
+          if ((b & 3) == 0)  // the rows' next lines, 16 blocks ahead (short streams prefetch late)
+            for (int i = 0; i < 8; ++i)
+              _mm_prefetch(reinterpret_cast<const char*>(rows[i] + (b + 16) * 16), _MM_HINT_T0);
+          isum = direct_block_sum_w4(rows, b, a.qs + b * 32);
         } else {
           const __m256i xq = load256(a.qs + b * 32);
           __m256i p[8];
