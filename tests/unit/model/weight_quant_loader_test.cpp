@@ -18,6 +18,7 @@
 #include "core/fp16.h"
 #include "engine/model_runner.h"
 #include "format/safetensors.h"
+#include "model/dummy.h"
 #include "model/model.h"
 #include "model/quant_config.h"
 #include "quant/group_quant.h"
@@ -147,6 +148,28 @@ TEST(WeightQuantLoader, TinyModelLogitsMatchTheDequantizedModel) {
     }
     EXPECT_LT(std::sqrt(num / den), 4e-2) << variant;
   }
+}
+
+// Dummy weights in the group formats (for benchmarks at real sizes): the decoder's linear
+// layers are W4G/W8G, the model runs, and gives the logits of its dequantized copy.
+TEST(WeightQuantLoader, DummyGroupQuantizedWeights) {
+  const std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  for (const char* spec : {"llama3-tiny:w4g64", "llama3-tiny:w8c", "llama3-tiny:w4g128"}) {
+    auto q = make_dummy_weights(spec, 7);
+    ASSERT_EQ(q->layers[0].wq.dtype, std::string(spec).find("w8") != std::string::npos ? DType::W8G : DType::W4G)
+        << spec;
+    EXPECT_EQ(q->tok_embd.dtype, DType::F16);
+    const auto ref = run_logits(dequantized_copy(*q), toks);
+    const auto got = run_logits(q, toks);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << spec;
+      num += (got[i] - ref[i]) * (got[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 4e-2) << spec;
+  }
+  EXPECT_THROW(make_dummy_weights("llama3-tiny:w4g48", 7), Error);
 }
 
 namespace {
