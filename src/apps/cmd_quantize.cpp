@@ -46,6 +46,13 @@ void add_quantize(CLI::App& app) {
                   static_cast<long long>(t.cols), t.rel_error);
       sum += t.rel_error;
     }
+    int partial = 0;
+    for (const auto& t : r.tensors) partial += a->o.group_size > 0 && t.cols % a->o.group_size != 0;
+    if (partial)
+      std::printf(
+          "\nnote: %d matrices have a partial last group (width not a multiple of %lld): tessera loads them, "
+          "vLLM may not\n",
+          partial, static_cast<long long>(a->o.group_size));
     std::printf("\n%zu matrices quantized, mean relative error %.5f; %.1f MB -> %.1f MB in %.1f s\n", r.tensors.size(),
                 r.tensors.empty() ? 0.0 : sum / static_cast<double>(r.tensors.size()), r.bytes_in / 1e6,
                 r.bytes_out / 1e6, secs());

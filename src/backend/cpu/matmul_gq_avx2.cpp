@@ -91,6 +91,34 @@ inline __m256i panel_block_sum(const uint8_t* panel_block, const int8_t* xq) {
   }
 }
 
+// The same for two input rows at once: each panel register loaded once for both.
+template <int kBits>
+inline void panel_block_sum2(const uint8_t* panel_block, const int8_t* x0, const int8_t* x1, __m256i* s0, __m256i* s1) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  for (int s = 0; s < 8; ++s) {
+    int32_t v0, v1;
+    std::memcpy(&v0, x0 + 4 * s, 4);
+    std::memcpy(&v1, x1 + 4 * s, 4);
+    const __m256i xs0 = _mm256_set1_epi32(v0), xs1 = _mm256_set1_epi32(v1);
+    const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel_block + 32 * s));
+    if constexpr (kBits == 8) {
+      const __m256i wa = _mm256_sign_epi8(w, w);
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xs0, w)), ones));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xs1, w)), ones));
+    } else {
+      a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(w, xs0));
+      a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(w, xs1));
+    }
+  }
+  if constexpr (kBits == 4) {
+    a0 = _mm256_madd_epi16(a0, ones);
+    a1 = _mm256_madd_epi16(a1, ones);
+  }
+  *s0 = a0;
+  *s1 = a1;
+}
+
 // Decode, W4: two rows' 16 code bytes in one register (row 2p low lane, 2p+1 high), so one
 // mask and one shift unpack both, each lane dotted with the matching half of the activation
 // block; a 3-hadd tree gives the 8 rows' sums in order (GGUF Q4_0's direct kernel's trick).
@@ -143,7 +171,37 @@ void gq_matmul_avx2(const MatmulTask& t) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(group_zeros + 8 * g), zb);
       }
     }
-    for (int64_t x = 0; x < t.n_x; ++x) {
+    auto store = [&](int64_t x, __m256 acc) {
+      float* y = t.y + x * t.ldy + r0;
+      if (nr == 8) {
+        _mm256_storeu_ps(y, acc);
+      } else {
+        float out[8];
+        _mm256_storeu_ps(out, acc);
+        std::memcpy(y, out, sizeof(float) * nr);
+      }
+    };
+    int64_t x = 0;
+    if (panel) {  // input rows in pairs
+      for (; x + 1 < t.n_x; x += 2) {
+        const ActRow a0 = act_row(t.act, l, x), a1 = act_row(t.act, l, x + 1);
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int64_t b = 0; b < n_blocks; ++b) {
+          const int64_t g = b * 32 / t.gq_group;
+          const __m256 scale = _mm256_load_ps(group_scales + 8 * g);
+          const __m256i zero_minus_bias = _mm256_load_si256(reinterpret_cast<const __m256i*>(group_zeros + 8 * g));
+          __m256i s0, s1;
+          panel_block_sum2<kBits>(t.scratch + b * 256, a0.qs + b * 32, a1.qs + b * 32, &s0, &s1);
+          s0 = _mm256_sub_epi32(s0, _mm256_mullo_epi32(zero_minus_bias, _mm256_set1_epi32(a0.sum32[b])));
+          s1 = _mm256_sub_epi32(s1, _mm256_mullo_epi32(zero_minus_bias, _mm256_set1_epi32(a1.sum32[b])));
+          acc0 = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a0.d32[b])), _mm256_cvtepi32_ps(s0), acc0);
+          acc1 = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a1.d32[b])), _mm256_cvtepi32_ps(s1), acc1);
+        }
+        store(x, acc0);
+        store(x + 1, acc1);
+      }
+    }
+    for (; x < t.n_x; ++x) {
       const ActRow a = act_row(t.act, l, x);
       __m256 acc = _mm256_setzero_ps();
       int64_t g_cur = -1;
@@ -178,14 +236,7 @@ void gq_matmul_avx2(const MatmulTask& t) {
         const __m256 d = _mm256_mul_ps(scale, _mm256_set1_ps(a.d32[b]));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
       }
-      float* y = t.y + x * t.ldy + r0;
-      if (nr == 8) {
-        _mm256_storeu_ps(y, acc);
-      } else {
-        float out[8];
-        _mm256_storeu_ps(out, acc);
-        std::memcpy(y, out, sizeof(float) * nr);
-      }
+      store(x, acc);
     }
   }
 }
