@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/group_quant.h"
+#include "model/quantize_weights.h"
 #include "quant/quant.h"
 
 namespace tessera {
@@ -98,28 +99,6 @@ ModelConfig dummy_preset(const std::string& name) {
 
 namespace {
 
-// Group-quantized dummy weights: "w4g128" (4-bit, groups of 128), "w8g64", "w4c" (one group
-// per row); symmetric, random codes.
-struct GroupSpec {
-  int bits = 0;
-  int64_t group = 0;  // 0: per channel
-};
-
-bool parse_group_spec(const std::string& s, GroupSpec* g) {
-  if (s.size() < 3 || s[0] != 'w' || (s[1] != '4' && s[1] != '8')) return false;
-  g->bits = s[1] - '0';
-  if (s == std::string("w") + s[1] + "c") return true;
-  if (s[2] != 'g' || s.size() < 4) return false;
-  int64_t n = 0;
-  for (size_t i = 3; i < s.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(s[i])) || n > (1 << 20)) return false;
-    n = n * 10 + (s[i] - '0');
-  }
-  if (n < 32 || n % 32 != 0) fail("dummy weight type '", s, "': the group size must be a multiple of 32");
-  g->group = n;
-  return true;
-}
-
 DType parse_dtype(const std::string& s) {
   static const std::pair<const char*, DType> kNames[] = {
       {"f32", DType::F32},   {"f16", DType::F16},   {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
@@ -152,14 +131,14 @@ struct DummyBuilder {
   ModelWeights& w;
   uint64_t seed;
   DType dtype;
-  GroupSpec group;  // bits 0: not group-quantized
+  WeightQuantSpec group{0, 0, false};  // bits 0: not group-quantized
   uint64_t next_tensor = 1;
 
   // Random codes (uniform over the levels, zero 2^(bits-1)) and one scale that spans the same
   // range as the float matrices; widths that are not a multiple of 32 stay F16.
   WeightMatrix group_matrix(int64_t rows, int64_t cols) {
     const int64_t gs = group.group == 0 ? cols : group.group;
-    const GroupQuantLayout l = GroupQuantLayout::make(group.bits, rows, cols, gs, false, false);
+    const GroupQuantLayout l = GroupQuantLayout::make(group.bits, rows, cols, gs, group.asymmetric, false);
     auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(l.total_bytes)]());
     const uint64_t id = next_tensor++;
     const int n_threads = std::max(1u, std::thread::hardware_concurrency());
@@ -181,10 +160,12 @@ struct DummyBuilder {
     const uint16_t scale = f32_to_fp16(amp / static_cast<float>(1 << (group.bits - 1)));
     auto* scales = reinterpret_cast<uint16_t*>(buf.get() + l.off_scales);
     std::fill(scales, scales + l.n_groups * rows, scale);
+    if (l.has_zeros) std::fill(buf.get() + l.off_zeros, buf.get() + l.off_zeros + l.n_groups * rows, l.zero_default());
     w.owners.push_back(std::shared_ptr<const void>(buf, buf.get()));
     w.weight_bytes += l.total_bytes;
     WeightMatrix m{buf.get(), group.bits == 8 ? DType::W8G : DType::W4G, rows, cols};
     m.group_size = gs;
+    m.gq_zeros = l.has_zeros;
     return m;
   }
 
@@ -228,16 +209,16 @@ std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64
   const auto colon = spec.find(':');
   const std::string preset = spec.substr(0, colon);
   const std::string type = colon == std::string::npos ? "f16" : spec.substr(colon + 1);
-  GroupSpec group;
+  WeightQuantSpec group{0, 0, false};
   // Group-quantized dummies keep the embedding and output head in F16, as GPTQ/AWQ checkpoints do.
-  const bool grouped = parse_group_spec(type, &group);
+  const bool grouped = parse_weight_quant_spec(type, &group);
   const DType dtype = grouped ? DType::F16 : parse_dtype(type);
   auto w = std::make_shared<ModelWeights>();
   w->config = dummy_preset(preset);
   w->config.validate();
   w->source = "dummy:" + spec;
   const ModelConfig& c = w->config;
-  DummyBuilder b{*w, seed, dtype, {}};
+  DummyBuilder b{*w, seed, dtype, {0, 0, false}};
   const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim,
                 kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
   w->tok_embd = b.matrix(c.n_vocab, c.n_embd);

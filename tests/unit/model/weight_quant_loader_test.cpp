@@ -21,6 +21,7 @@
 #include "model/dummy.h"
 #include "model/model.h"
 #include "model/quant_config.h"
+#include "model/quantize_weights.h"
 #include "quant/group_quant.h"
 
 using namespace tessera;
@@ -170,6 +171,35 @@ TEST(WeightQuantLoader, DummyGroupQuantizedWeights) {
     EXPECT_LT(std::sqrt(num / den), 4e-2) << spec;
   }
   EXPECT_THROW(make_dummy_weights("llama3-tiny:w4g48", 7), Error);
+}
+
+// Quantization at load ("MODEL@w4g64a"): any model's linear layers become W4G/W8G by RTN.
+TEST(WeightQuantLoader, QuantizeAtLoad) {
+  WeightQuantSpec spec;
+  ASSERT_TRUE(parse_weight_quant_spec("w4g64a", &spec));
+  EXPECT_TRUE(spec.bits == 4 && spec.group == 64 && spec.asymmetric);
+  ASSERT_TRUE(parse_weight_quant_spec("w8c", &spec));
+  EXPECT_TRUE(spec.bits == 8 && spec.group == 0 && !spec.asymmetric);
+  EXPECT_FALSE(parse_weight_quant_spec("q4_0", &spec));
+  EXPECT_THROW(parse_weight_quant_spec("w4g20", &spec), Error);
+  const std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  for (const char* s : {"w4g64a", "w8g128"}) {
+    ASSERT_TRUE(parse_weight_quant_spec(s, &spec));
+    auto w = make_dummy_weights("llama3-tiny:q8_0", 3);
+    quantize_linear_weights(*w, spec);
+    EXPECT_EQ(w->layers[1].w_down.dtype, spec.bits == 8 ? DType::W8G : DType::W4G) << s;
+    EXPECT_EQ(w->layers[1].w_down.gq_zeros, spec.asymmetric) << s;
+    EXPECT_EQ(w->output.dtype, DType::Q8_0) << s;  // the head is kept
+    const auto ref = run_logits(dequantized_copy(*w), toks);
+    const auto got = run_logits(w, toks);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      num += (got[i] - ref[i]) * (got[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 4e-2) << s;
+    EXPECT_THROW(quantize_linear_weights(*w, spec), Error);  // group-quantized already
+  }
 }
 
 namespace {
