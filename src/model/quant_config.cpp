@@ -183,10 +183,27 @@ WeightQuantConfig parse_weight_quant_config(std::string_view config_json, std::s
 }
 
 WeightQuantConfig load_weight_quant_config(const std::string& dir) {
-  const std::string file =
-      std::filesystem::is_directory(dir) ? (std::filesystem::path(dir) / "config.json").string() : dir;
-  const MappedFile mapped(file);
-  return parse_weight_quant_config(std::string_view(reinterpret_cast<const char*>(mapped.data()), mapped.size()), file);
+  namespace fs = std::filesystem;
+  const bool is_dir = fs::is_directory(dir);
+  const std::string file = is_dir ? (fs::path(dir) / "config.json").string() : dir;
+  auto read = [](const std::string& path) {
+    const MappedFile mapped(path);
+    return std::string(reinterpret_cast<const char*>(mapped.data()), mapped.size());
+  };
+  WeightQuantConfig c = parse_weight_quant_config(read(file), file);
+  if (c.method != WeightQuantMethod::None || !is_dir) return c;
+  // Older checkpoints keep the settings beside config.json: AutoGPTQ's quantize_config.json,
+  // AutoAWQ's quant_config.json (often without quant_method), as vLLM also reads them.
+  for (const auto& [name, method] : {std::pair<const char*, const char*>{"quantize_config.json", "gptq"},
+                                     std::pair<const char*, const char*>{"quant_config.json", "awq"}}) {
+    const std::string path = (fs::path(dir) / name).string();
+    if (!fs::exists(path)) continue;
+    json q = parse_model_json(read(path), path);
+    if (!q.is_object()) fail(path, ": not a JSON object");
+    if (!q.contains("quant_method")) q["quant_method"] = method;
+    return parse_weight_quant_config(json{{"quantization_config", q}}.dump(), path);
+  }
+  return c;
 }
 
 }  // namespace tessera

@@ -276,6 +276,34 @@ TEST(WeightQuantLoader, MismatchedTensorsNameTheTensor) {
   std::filesystem::remove_all(dir);
 }
 
+// Older checkpoints: the settings in quantize_config.json (AutoGPTQ) or quant_config.json
+// (AutoAWQ) beside a config.json without quantization_config, quant_method often absent.
+TEST(WeightQuantLoader, SettingsBesideConfigJsonAreRead) {
+  for (const auto& [variant, file] :
+       {std::pair<const char*, const char*>{"gptq_w4_g32_asym_actorder", "quantize_config.json"},
+        std::pair<const char*, const char*>{"awq_w4_g32", "quant_config.json"}}) {
+    const std::string src = fixture(variant);
+    const std::string dir = ::testing::TempDir() + "/tessera_wquant_side_config";
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+    std::ifstream in(src + "/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    nlohmann::json q = cfg["quantization_config"];
+    q.erase("quant_method");
+    cfg.erase("quantization_config");
+    std::ofstream(dir + "/config.json") << cfg.dump();
+    std::ofstream(dir + "/" + file) << q.dump();
+    auto side = load_safetensors_weights(dir);
+    auto ref = load_safetensors_weights(src);
+    const WeightMatrix a = side->layers[0].w_down, b = ref->layers[0].w_down;
+    ASSERT_EQ(a.dtype, b.dtype) << variant;
+    ASSERT_EQ(a.bytes(), b.bytes()) << variant;
+    EXPECT_EQ(std::memcmp(a.data, b.data, static_cast<size_t>(a.bytes())), 0) << variant;
+    std::filesystem::remove_all(dir);
+  }
+}
+
 // Quantized tensors in a checkpoint whose config.json has no quantization_config.
 TEST(WeightQuantLoader, QuantizedTensorsWithoutAConfigAreRefused) {
   const std::string src = fixture("awq_w4_g32");
