@@ -50,6 +50,8 @@ void launch_dequant_gq_bf16(const WeightMatrix& w, uint16_t* out, cudaStream_t s
   const char* why = l.valid_reason();
   TESSERA_CHECK(is_group_quant(w.dtype) && !why, "cuda dequant: not a valid group-quantized weight (",
                 why ? why : dtype_name(w.dtype), ")");
+  // The GEMM reads the bf16 rows with a leading dimension of cols (as launch_dequant_bf16's).
+  TESSERA_CHECK(l.cols % 8 == 0, "cuda dequant: width ", l.cols, " is not a multiple of 8");
   const int64_t n_items = l.rows * (l.cols_padded / 8);
   if (n_items == 0) return;
   const unsigned grid = std::min<unsigned>(blocks_for(n_items, 256), 132u * 16u);
