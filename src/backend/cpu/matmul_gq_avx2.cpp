@@ -153,7 +153,7 @@ void gq_matmul_avx2(const MatmulTask& t) {
     // Prefill: codes transposed once (panel_bytes), then per group the rows' scales (f32) and
     // zero - bias (i32), read by every input row.
     const bool panel = t.scratch != nullptr && t.n_x >= 4;
-    const int64_t n_groups = (n_blocks * 32 + t.gq_group - 1) / t.gq_group;
+    const int64_t n_groups = (t.cols + t.gq_group - 1) / t.gq_group;  // of the real width, not the padded
     float* group_scales = panel ? reinterpret_cast<float*>(t.scratch + n_blocks * 256) : nullptr;
     int32_t* group_zeros = panel ? reinterpret_cast<int32_t*>(group_scales + 8 * n_groups) : nullptr;
     auto group_vectors = [&](int64_t g, __m256* scale, __m256i* zero_minus_bias) {
