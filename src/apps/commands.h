@@ -13,6 +13,7 @@ void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_kv_plan(CLI::App& app);
 void add_calibrate_kv(CLI::App& app);
+void add_quantize(CLI::App& app);
 // Subcommands of `tessera bench` (registered by add_bench).
 void add_bench_serve(CLI::App& bench);
 void add_bench_compare(CLI::App& bench);

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tessera::apps::add_serve(app);
   tessera::apps::add_kv_plan(app);
   tessera::apps::add_calibrate_kv(app);
+  tessera::apps::add_quantize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

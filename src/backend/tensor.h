@@ -4,18 +4,32 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/group_quant.h"
 
 namespace tessera {
 
 // A 2-D weight stored in its own format: `rows` output features, each of `cols` elements,
 // rows contiguous with stride dtype_row_bytes(dtype, cols). For GGUF, rows = shape[1] and
-// cols = shape[0].
+// cols = shape[0]. Group-quantized weights (W4G/W8G) are one buffer of planes, codes first
+// (core/group_quant.h): row_bytes() is the stride of the codes, bytes() the whole buffer.
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::F32;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t row_bytes() const { return dtype_row_bytes(dtype, cols); }
+  // W4G/W8G only: columns per scale group (== cols for one group per row), and which
+  // optional planes follow the scales.
+  int64_t group_size = 0;
+  bool gq_zeros = false;
+  bool gq_perm = false;
+
+  GroupQuantLayout gq_layout() const {
+    return GroupQuantLayout::make(dtype == DType::W8G ? 8 : 4, rows, cols, group_size, gq_zeros, gq_perm);
+  }
+  int64_t row_bytes() const {
+    return is_group_quant(dtype) ? gq_layout().code_row_bytes : dtype_row_bytes(dtype, cols);
+  }
+  int64_t bytes() const { return is_group_quant(dtype) ? gq_layout().total_bytes : rows * row_bytes(); }
 };
 
 // One output of a matmul that shares its input with others (Q, K, V; gate, up):

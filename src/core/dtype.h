@@ -24,6 +24,12 @@ enum class DType : uint32_t {
   I16 = 25,
   I32 = 26,
   BF16 = 30,
+  // Group-quantized integer weights (tessera's own, never in a GGUF file): 4- or 8-bit codes
+  // with f16 scales per group of columns, optional zero points and act-order permutation.
+  // A matrix's layout (core/group_quant.h, docs/design/weight-quant.md) needs its group size
+  // and flags, which WeightMatrix carries.
+  W4G = 0x100,
+  W8G = 0x101,
   Unknown = 0xffffffffu,
 };
 
@@ -39,7 +45,9 @@ const DTypeTraits& dtype_traits(DType t);
 // Parses a GGML type id; Unknown when the id is not one of the types above.
 DType dtype_from_ggml_id(uint32_t id);
 inline std::string_view dtype_name(DType t) { return dtype_traits(t).name; }
+inline bool is_group_quant(DType t) { return t == DType::W4G || t == DType::W8G; }
 // Bytes of one row of n elements; n must be a multiple of the block size (checked by loaders).
+// For W4G/W8G: the codes of one row only (the scales follow all rows' codes).
 inline int64_t dtype_row_bytes(DType t, int64_t n) {
   const auto& tr = dtype_traits(t);
   return n / tr.block_elems * tr.block_bytes;

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "engine/kv_scales.h"
 #include "model/dummy.h"
+#include "model/quantize_weights.h"
 #include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
@@ -43,9 +44,19 @@ std::string resolve_model_path(const std::string& model) {
 }
 
 Session::Session(const SessionOptions& options) : options_(options) {
-  if (options.model.rfind("dummy:", 0) == 0) {
-    weights_ = make_dummy_weights(options.model.substr(6), options.dummy_seed);
-  } else if (const std::string path = resolve_model_path(options.model); std::filesystem::is_directory(path)) {
+  // "MODEL@w4g128": the model's linear layers quantized at load (round-to-nearest).
+  std::string model = options.model;
+  WeightQuantSpec quantize_at_load;
+  bool quantize = false;
+  if (const auto at = model.rfind('@'); at != std::string::npos && at > 0) {
+    quantize = parse_weight_quant_spec(model.substr(at + 1), &quantize_at_load);
+    TESSERA_CHECK(quantize, "model '", model, "': '", model.substr(at + 1),
+                  "' after '@' is not a weight quantization (w4g128, w8g64, w4c, w4g128a, ...)");
+    model = model.substr(0, at);
+  }
+  if (model.rfind("dummy:", 0) == 0) {
+    weights_ = make_dummy_weights(model.substr(6), options.dummy_seed);
+  } else if (const std::string path = resolve_model_path(model); std::filesystem::is_directory(path)) {
     // A Hugging Face checkpoint: config.json, safetensors, tokenizer.json.
     weights_ = load_safetensors_weights(path);
     if (std::filesystem::exists(path + "/tokenizer.json"))
@@ -54,6 +65,10 @@ Session::Session(const SessionOptions& options) : options_(options) {
     gguf_ = GGUFFile::open(path);
     weights_ = load_gguf_weights(gguf_);
     tokenizer_ = Tokenizer::from_gguf(*gguf_);
+  }
+  if (quantize) {
+    quantize_linear_weights(*weights_, quantize_at_load);
+    weights_->source += options.model.substr(options.model.rfind('@'));
   }
   if (tokenizer_)
     TESSERA_CHECK(tokenizer_->vocab_size() <= weights_->config.n_vocab, weights_->source, ": tokenizer has ",

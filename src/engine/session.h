@@ -19,7 +19,10 @@ class GGUFFile;
 class Tokenizer;
 
 struct SessionOptions {
-  std::string model;  // path to .gguf, a model alias (smollm2-135m), or dummy:<preset>[:dtype]
+  // Path to .gguf or a Hugging Face directory, a model alias (smollm2-135m), or
+  // dummy:<preset>[:dtype]; "@w4g128" (w8g64, w4c, w4g128a, ...) after it quantizes the
+  // decoder's linear layers at load (round-to-nearest, model/quantize_weights.h).
+  std::string model;
   BackendOptions backend;
   int ctx = 0;                 // most tokens of one sequence; 0 = the trained context
   int kv_tokens = 0;           // KV allocated at load, in tokens; 0 = ctx (provision_kv() grows it)

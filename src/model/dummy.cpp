@@ -1,10 +1,16 @@
 #include "model/dummy.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
+#include "core/fp16.h"
+#include "core/group_quant.h"
+#include "model/quantize_weights.h"
 #include "quant/quant.h"
 
 namespace tessera {
@@ -100,7 +106,8 @@ DType parse_dtype(const std::string& s) {
       {"q4_k", DType::Q4_K}, {"q5_k", DType::Q5_K}, {"q6_k", DType::Q6_K}};
   for (auto& [name, t] : kNames)
     if (s == name) return t;
-  fail("unknown dummy weight type '", s, "' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)");
+  fail("unknown dummy weight type '", s,
+       "' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, w4g<N>, w8g<N>, w4c, w8c)");
 }
 
 uint64_t splitmix64(uint64_t& state) {
@@ -124,9 +131,47 @@ struct DummyBuilder {
   ModelWeights& w;
   uint64_t seed;
   DType dtype;
+  WeightQuantSpec group{0, 0, false};  // bits 0: not group-quantized
   uint64_t next_tensor = 1;
 
+  // Random codes (uniform over the levels, zero 2^(bits-1)) and one scale that spans the same
+  // range as the float matrices; widths that are not a multiple of 32 stay F16.
+  WeightMatrix group_matrix(int64_t rows, int64_t cols) {
+    const int64_t gs = group.group == 0 ? cols : group.group;
+    const GroupQuantLayout l = GroupQuantLayout::make(group.bits, rows, cols, gs, group.asymmetric, false);
+    auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(l.total_bytes)]());
+    const uint64_t id = next_tensor++;
+    const int n_threads = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> threads;
+    for (int th = 0; th < n_threads; ++th) {
+      threads.emplace_back([&, th] {
+        for (int64_t r = th; r < rows; r += n_threads) {
+          uint64_t state = seed ^ (id * 0x100000001b3ull) ^ (static_cast<uint64_t>(r) << 20);
+          uint8_t* row = buf.get() + r * l.code_row_bytes;
+          for (int64_t i = 0; i < l.code_row_bytes; i += 8) {
+            const uint64_t v = splitmix64(state);
+            std::memcpy(row + i, &v, static_cast<size_t>(std::min<int64_t>(8, l.code_row_bytes - i)));
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    const float amp = 1.0f / std::sqrt(static_cast<float>(cols));
+    const uint16_t scale = f32_to_fp16(amp / static_cast<float>(1 << (group.bits - 1)));
+    auto* scales = reinterpret_cast<uint16_t*>(buf.get() + l.off_scales);
+    std::fill(scales, scales + l.n_groups * rows, scale);
+    if (l.has_zeros) std::fill(buf.get() + l.off_zeros, buf.get() + l.off_zeros + l.n_groups * rows, l.zero_default());
+    w.owners.push_back(std::shared_ptr<const void>(buf, buf.get()));
+    w.weight_bytes += l.total_bytes;
+    WeightMatrix m{buf.get(), group.bits == 8 ? DType::W8G : DType::W4G, rows, cols};
+    m.group_size = gs;
+    m.gq_zeros = l.has_zeros;
+    return m;
+  }
+
   WeightMatrix matrix(int64_t rows, int64_t cols) {
+    if (group.bits != 0 && cols % 32 == 0 && (group.group == 0 || cols % group.group == 0))
+      return group_matrix(rows, cols);
     const DType t = cols % dtype_traits(dtype).block_elems == 0 ? dtype : DType::F16;
     const int64_t row_bytes = dtype_row_bytes(t, cols);
     auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(rows * row_bytes)]);
@@ -163,17 +208,22 @@ struct DummyBuilder {
 std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64_t seed) {
   const auto colon = spec.find(':');
   const std::string preset = spec.substr(0, colon);
-  const DType dtype = colon == std::string::npos ? DType::F16 : parse_dtype(spec.substr(colon + 1));
+  const std::string type = colon == std::string::npos ? "f16" : spec.substr(colon + 1);
+  WeightQuantSpec group{0, 0, false};
+  // Group-quantized dummies keep the embedding and output head in F16, as GPTQ/AWQ checkpoints do.
+  const bool grouped = parse_weight_quant_spec(type, &group);
+  const DType dtype = grouped ? DType::F16 : parse_dtype(type);
   auto w = std::make_shared<ModelWeights>();
   w->config = dummy_preset(preset);
   w->config.validate();
   w->source = "dummy:" + spec;
   const ModelConfig& c = w->config;
-  DummyBuilder b{*w, seed, dtype};
+  DummyBuilder b{*w, seed, dtype, {0, 0, false}};
   const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim,
                 kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
   w->tok_embd = b.matrix(c.n_vocab, c.n_embd);
   w->output = c.tied_embeddings ? w->tok_embd : b.matrix(c.n_vocab, c.n_embd);
+  b.group = group;  // the decoder's linear layers
   w->output_norm = b.vector(c.n_embd, 1.0f, 0.1f);
   w->layers.resize(c.n_layer);
   for (auto& l : w->layers) {

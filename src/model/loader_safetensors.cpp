@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "model/bind_llama.h"
 #include "model/hf_config.h"
+#include "model/loader_quantized.h"
 #include "format/safetensors.h"
 #include "model/weights.h"
 #include "quant/quant.h"
@@ -62,6 +63,7 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
 struct HFBinder {
   const SafetensorsModel& st;
   ModelWeights& w;
+  WeightQuantConfig quant;
 
   const SafetensorsTensor& find(const std::string& name) {
     const SafetensorsTensor* t = st.find_tensor(name);
@@ -73,6 +75,12 @@ struct HFBinder {
   }
 
   WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols) {
+    // A quantized linear layer keeps its tensors beside the name without ".weight".
+    constexpr std::string_view kWeight = ".weight";
+    if (name.size() > kWeight.size() && name.ends_with(kWeight)) {
+      WeightMatrix q;
+      if (load_quantized_linear(st, quant, name.substr(0, name.size() - kWeight.size()), rows, cols, w, &q)) return q;
+    }
     const SafetensorsTensor& t = find(name);
     if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
       fail(st.name(), ": tensor '", name, "' has shape ", shape_str(t), ", expected [", rows, ", ", cols, "]");
@@ -130,7 +138,7 @@ std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir) {
   w->config = config_from_hf(load_hf_config(dir), dir);
   w->source = dir;
   w->owners.push_back(st);
-  HFBinder bind{*st, *w};
+  HFBinder bind{*st, *w, load_weight_quant_config(dir)};
   // Tied checkpoints may still ship lm_head; the config decides.
   bind_llama_tensors(bind, *w, kHfLlamaNames);
   bind_kv_scales(*st, *w);

@@ -27,21 +27,23 @@ std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWei
   };
   auto matrix = [&](const WeightMatrix& m) {
     WeightMatrix r = m;
-    r.data = put(m.data, static_cast<size_t>(m.rows * m.row_bytes()));
+    r.data = put(m.data, static_cast<size_t>(m.bytes()));
     return r;
   };
   auto vec = [&](const float* v, int64_t n) { return static_cast<const float*>(put(v, sizeof(float) * n)); };
   // On a device backend the matrices that share an input (Q, K, V; gate, up) of one type and
   // width go into one allocation, back to back, so the backend can run them as one product.
-  // The CPU computes on the host copy and gains nothing from it.
+  // The CPU computes on the host copy and gains nothing from it. Group-quantized matrices are
+  // planes (codes, then scales) that do not concatenate by rows: they travel apart.
   const bool device = backend.device_free_bytes() > 0;
   auto matrices = [&](std::initializer_list<std::pair<const WeightMatrix*, WeightMatrix*>> parts) {
-    auto bytes = [](const WeightMatrix* m) { return static_cast<size_t>(m->rows * m->row_bytes()); };
+    auto bytes = [](const WeightMatrix* m) { return static_cast<size_t>(m->bytes()); };
     const WeightMatrix& first = *parts.begin()->first;
     bool fuse = device;
     size_t total = 0;
     for (const auto& [h, d] : parts) {
-      fuse = fuse && h->data && h->dtype == first.dtype && h->cols == first.cols && !done.count(h->data);
+      fuse = fuse && h->data && !is_group_quant(h->dtype) && h->dtype == first.dtype && h->cols == first.cols &&
+             !done.count(h->data);
       total += bytes(h);
     }
     if (!fuse) {

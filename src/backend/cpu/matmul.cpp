@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/matmul_kernels.h"
 #include "core/aligned_buffer.h"
 #include "core/error.h"
+#include "quant/group_quant.h"
 
 namespace tessera {
 
@@ -104,7 +106,11 @@ struct WorkItem {
 int64_t mm::panel_scratch_bytes(const KernelSet& set, int64_t cols) {
   // Worst case over formats: f32 weights of panel_rows rows with the columns padded to a
   // multiple of 8 (float panels are built 8 columns at a time), or two quantized panels.
-  return std::max<int64_t>(set.panel_rows * ((cols + 7) / 8 * 8) * 4, 2 * mm::panel_bytes(cols, set.panel_rows)) + 256;
+  // (and the group-quantized panel: 8 rows of codes as bytes over the width padded to 32, then
+  // per group of at least 32 columns 8 scales and 8 zero points of 4 bytes).
+  const int64_t gq_panel = 10 * ((cols + 31) / 32 * 32) + 64;
+  return std::max({set.panel_rows * ((cols + 7) / 8 * 8) * 4, 2 * mm::panel_bytes(cols, set.panel_rows), gq_panel}) +
+         256;
 }
 
 struct CpuMatmul::Impl {
@@ -116,9 +122,53 @@ struct CpuMatmul::Impl {
   std::vector<AlignedBuffer<uint8_t>> scratch;  // per thread: repacked weight panels
   std::vector<WorkItem> items;
   std::vector<int64_t> split_rows;  // plan()'s scratch, kept to avoid an allocation per call
+  // Group-quantized targets: Q8 activations over the padded input, one buffer per distinct
+  // act-order permutation among the targets (null: none), and each target's buffer.
+  std::vector<AlignedBuffer<uint8_t>> act_gq;
+  std::vector<const int32_t*> act_gq_perm;
+  std::vector<int> target_gq;
+  std::vector<float> gq_row;  // one permuted, zero-padded input row
 
+  void prepare_group_quant(const float* x, int64_t n_rows, int64_t ldx, std::span<const MatmulTarget> targets,
+                           const mm::ActLayout& lay);
   void plan(std::span<const MatmulTarget> targets, int64_t n_rows, int64_t cols);
 };
+
+// Quantizes the input once per distinct permutation of the group-quantized targets (the
+// calling thread; it is O(rows * cols), small beside the products).
+void CpuMatmul::Impl::prepare_group_quant(const float* x, int64_t n_rows, int64_t ldx,
+                                          std::span<const MatmulTarget> targets, const mm::ActLayout& lay) {
+  act_gq_perm.clear();
+  target_gq.assign(targets.size(), -1);
+  const int64_t cols = targets[0].w.cols;
+  for (size_t ti = 0; ti < targets.size(); ++ti) {
+    const WeightMatrix& w = targets[ti].w;
+    if (!is_group_quant(w.dtype)) continue;
+    const GroupQuantLayout gl = w.gq_layout();
+    const int32_t* perm =
+        gl.has_perm ? reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(w.data) + gl.off_perm) : nullptr;
+    int found = -1;
+    for (size_t i = 0; i < act_gq_perm.size() && found < 0; ++i) {
+      const int32_t* p = act_gq_perm[i];
+      if (p == perm || (p && perm && std::memcmp(p, perm, sizeof(int32_t) * cols) == 0)) found = static_cast<int>(i);
+    }
+    if (found < 0) {
+      found = static_cast<int>(act_gq_perm.size());
+      act_gq_perm.push_back(perm);
+      if (act_gq.size() < act_gq_perm.size()) act_gq.emplace_back();
+      AlignedBuffer<uint8_t>& buf = act_gq[found];
+      const size_t bytes = static_cast<size_t>(n_rows * lay.row_bytes);
+      if (buf.size() < bytes) buf.resize(bytes);
+      gq_row.assign(static_cast<size_t>(lay.cols), 0.0f);
+      for (int64_t t = 0; t < n_rows; ++t) {
+        const float* xr = x + t * ldx;
+        for (int64_t k = 0; k < cols; ++k) gq_row[k] = xr[perm ? perm[k] : k];
+        ks->quantize_q8(gq_row.data(), buf.data() + t * lay.row_bytes, lay);
+      }
+    }
+    target_gq[ti] = found;
+  }
+}
 
 CpuMatmul::CpuMatmul(ThreadPool& pool) : impl_(std::make_unique<Impl>(pool)) {}
 CpuMatmul::~CpuMatmul() = default;
@@ -177,13 +227,22 @@ void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const
   if (n_rows <= 0 || targets.empty()) return;
   TESSERA_CHECK(x != nullptr, "matmul: input is null");
   const int64_t cols = targets[0].w.cols;
-  bool need_q8 = false, need_q8k = false;
+  bool need_q8 = false, need_q8k = false, need_gq = false;
   for (const MatmulTarget& t : targets) {
     const WeightMatrix& w = t.w;
-    TESSERA_CHECK(mm::wkind_index(w.dtype) >= 0, "matmul: weight type ", dtype_name(w.dtype), " is not supported");
+    const bool gq = is_group_quant(w.dtype);
+    need_gq |= gq;
+    TESSERA_CHECK(gq || mm::wkind_index(w.dtype) >= 0, "matmul: weight type ", dtype_name(w.dtype),
+                  " is not supported");
     TESSERA_CHECK(w.cols == cols, "matmul: targets disagree on the input width (", w.cols, " vs ", cols, ")");
-    TESSERA_CHECK(w.cols > 0 && w.cols % dtype_traits(w.dtype).block_elems == 0, "matmul: ", dtype_name(w.dtype),
-                  " weight has ", w.cols, " columns, not a multiple of its block size");
+    if (gq) {
+      const char* why = w.gq_layout().valid_reason();
+      TESSERA_CHECK(!why, "matmul: ", dtype_name(w.dtype), " weight [", w.rows, ", ", w.cols, "] group size ",
+                    w.group_size, ": ", why ? why : "");
+    } else {
+      TESSERA_CHECK(w.cols > 0 && w.cols % dtype_traits(w.dtype).block_elems == 0, "matmul: ", dtype_name(w.dtype),
+                    " weight has ", w.cols, " columns, not a multiple of its block size");
+    }
     TESSERA_CHECK(w.data != nullptr && t.y != nullptr, "matmul: null weight or output");
     TESSERA_CHECK(n_rows == 1 || t.ldy >= w.rows, "matmul: ldy ", t.ldy, " is less than the ", w.rows, " outputs");
     const mm::ActKind k = mm::act_kind(w.dtype);
@@ -200,6 +259,9 @@ void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const
   };
   if (need_q8) reserve(s.act_q8, lay_q8);
   if (need_q8k) reserve(s.act_q8k, lay_q8k);
+  const mm::ActLayout lay_gq = mm::ActLayout::make((cols + 31) / 32 * 32, false);
+  if (need_gq) s.prepare_group_quant(x, n_rows, ldx, targets, lay_gq);
+  const bool scalar_gq = std::string_view(s.ks->name) == "scalar";
 
   s.plan(targets, n_rows, cols);
   const bool panels = s.ks->panel_rows > 1 && n_rows >= mm::kPanelMinRows;
@@ -262,6 +324,22 @@ void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const
       }
       task.y = tg.y + it.t0 * tg.ldy + it.r0;
       task.ldy = tg.ldy;
+      if (is_group_quant(tg.w.dtype)) {
+        const GroupQuantLayout gl = tg.w.gq_layout();
+        const auto* base = static_cast<const uint8_t*>(tg.w.data);
+        task.act = s.act_gq[s.target_gq[it.target]].data() + it.t0 * lay_gq.row_bytes;
+        task.act_layout = &lay_gq;
+        task.gq_scales = reinterpret_cast<const uint16_t*>(base + gl.off_scales) + it.r0;
+        task.gq_zeros = gl.has_zeros ? base + gl.off_zeros + it.r0 : nullptr;
+        task.gq_ld = tg.w.rows;
+        task.gq_group = gl.group_size;
+        const bool w8 = tg.w.dtype == DType::W8G;
+        if (scalar_gq)
+          (w8 ? mm::gq_matmul_scalar_w8 : mm::gq_matmul_scalar_w4)(task);
+        else
+          (w8 ? mm::gq_matmul_avx2_w8 : mm::gq_matmul_avx2_w4)(task);
+        continue;
+      }
       const int k = mm::wkind_index(tg.w.dtype);
       (panels && s.ks->panel[k] ? s.ks->panel[k] : s.ks->direct[k])(task);
     }
@@ -269,6 +347,12 @@ void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const
 }
 
 void cpu_get_rows(const WeightMatrix& w, const int32_t* ids, int64_t n, float* out) {
+  if (is_group_quant(w.dtype)) {
+    const GroupQuantLayout gl = w.gq_layout();
+    for (int64_t i = 0; i < n; ++i)
+      gq_dequantize_row(gl, static_cast<const uint8_t*>(w.data), ids[i], out + i * w.cols);
+    return;
+  }
   TESSERA_CHECK(mm::wkind_index(w.dtype) >= 0, "get_rows: weight type ", dtype_name(w.dtype), " is not supported");
   const int64_t row_bytes = w.row_bytes();
   for (int64_t i = 0; i < n; ++i)

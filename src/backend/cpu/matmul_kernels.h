@@ -132,6 +132,14 @@ struct MatmulTask {
   float* y = nullptr;  // y of the first weight row and first activation row
   int64_t ldy = 0;
   uint8_t* scratch = nullptr;  // per-thread, at least KernelSet::scratch_bytes(dtype, cols)
+  // Group-quantized weights (W4G/W8G; w and w_stride address their codes): the f16 scales and
+  // u8 zero points of the first weight row, group-major ([group][matrix row], stride gq_ld);
+  // gq_zeros null means every zero is 2^(bits-1). The activations are Q8 over the permuted,
+  // zero-padded input (cols = the padded width).
+  const uint16_t* gq_scales = nullptr;
+  const uint8_t* gq_zeros = nullptr;
+  int64_t gq_ld = 0;
+  int64_t gq_group = 0;
 };
 
 using MatmulKernel = void (*)(const MatmulTask&);
@@ -265,6 +273,14 @@ void avx2_quantize_q8k(const float* x, uint8_t* row, const ActLayout& l);
 // at a time, so their scratch holds 16 rows).
 constexpr int kAvx2PanelRows = 8;
 constexpr int kAvx512PanelRows = 16;
+
+// Group-quantized weights (matmul_gq_*.cpp), any number of weight and input rows. The
+// canonical order: one accumulator per output, 32-column blocks in order, per block the exact
+// isum_b = sum (q - zero) * x_q, then acc = fma(scale_g * d_x, float(isum_b), acc).
+void gq_matmul_scalar_w4(const MatmulTask& t);
+void gq_matmul_scalar_w8(const MatmulTask& t);
+void gq_matmul_avx2_w4(const MatmulTask& t);  // call only when the CPU has AVX2, FMA, F16C
+void gq_matmul_avx2_w8(const MatmulTask& t);
 
 // Scalar decoding of one weight row to f32 (embedding lookup; tests of the kernels use
 // their own float64 decoders).

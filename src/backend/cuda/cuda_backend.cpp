@@ -243,8 +243,8 @@ int CudaBackend::coalesce(std::span<const MatmulTarget> targets, MatmulTarget* r
     if (n > 0) {
       MatmulTarget& r = runs[n - 1];
       const auto* end = static_cast<const uint8_t*>(r.w.data) + r.w.rows * r.w.row_bytes();
-      if (t.w.dtype == r.w.dtype && t.w.cols == r.w.cols && t.w.data == end && t.ldy == r.ldy &&
-          t.y == r.y + r.w.rows) {
+      if (!is_group_quant(t.w.dtype) && t.w.dtype == r.w.dtype && t.w.cols == r.w.cols && t.w.data == end &&
+          t.ldy == r.ldy && t.y == r.y + r.w.rows) {
         r.w.rows += t.w.rows;
         continue;
       }
@@ -259,10 +259,17 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
   // Decode: straight from the stored format, targets of one type grouped into one launch.
   int i = 0;
   while (i < n_runs) {
+    if (is_group_quant(runs[i].w.dtype)) {
+      // No matrix-vector kernel reads group-quantized codes yet: decoded to bf16, then cuBLASLt.
+      TESSERA_CHECK(!in.up && !in.residual, "cuda gemv: a fused input needs the bulk kernel");
+      gemm(in.x, n_rows, ldx, cols, &runs[i], 1, nullptr, false);
+      ++i;
+      continue;
+    }
     cuda::GemvTarget g[cuda::kGemvMaxTargets];
     int n = 0;
     const DType type = runs[i].w.dtype;
-    while (i < n_runs && n < cuda::kGemvMaxTargets && runs[i].w.dtype == type) {
+    while (i < n_runs && n < cuda::kGemvMaxTargets && runs[i].w.dtype == type && !is_group_quant(type)) {
       g[n++] = {runs[i].w.data, runs[i].y, runs[i].ldy, runs[i].w.rows};
       ++i;
     }
@@ -308,6 +315,11 @@ void CudaBackend::gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, co
         break;
       default: {
         auto* wb = static_cast<uint16_t*>(scratch(wdeq_, wdeq_cap_, static_cast<size_t>(w.rows) * cols * 2));
+        if (is_group_quant(w.dtype)) {
+          cuda::launch_dequant_gq_bf16(w, wb, stream_);
+          gemm_->run(CUDA_R_16BF, wb, cols, act(true), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
+          break;
+        }
         TESSERA_CHECK(cuda::launch_dequant_bf16(w.dtype, w.data, w.rows, cols, wb, stream_),
                       "cuda matmul: weight type ", dtype_name(w.dtype), " is not supported");
         gemm_->run(CUDA_R_16BF, wb, cols, act(true), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);

@@ -115,6 +115,10 @@ bool gemv_bulk_applies(DType t, int64_t cols, const GemvInput& in);
 // out[r, :] = W[r, :] as bf16 (round to nearest even), for the tensor-core path at large
 // batch. False when the type has no decoder.
 bool launch_dequant_bf16(DType t, const void* w, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t s);
+// Group-quantized weights (W4G/W8G) as bf16, dense [rows, cols] in input-column order (the
+// act-order permutation undone): the tensor-core path for them at every batch size until a
+// fused W4A16 kernel exists (dequant_gq.cu).
+void launch_dequant_gq_bf16(const WeightMatrix& w, uint16_t* out, cudaStream_t s);
 // out[r, c] = x[r * ldx + c] as bf16 (to_bf16) or f16, dense [n_rows, cols].
 void launch_convert_rows(const float* x, int n_rows, int64_t ldx, int64_t cols, uint16_t* out, bool to_bf16,
                          cudaStream_t s);

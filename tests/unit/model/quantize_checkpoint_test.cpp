@@ -1,0 +1,161 @@
+// `tessera quantize` (model/quantize_checkpoint.h): a 16-bit checkpoint quantized with RTN and
+// written as compressed-tensors loads back through the checkpoint loader into exactly the
+// codes, scales and zero points of the quantizer, within the quantization step of the
+// original weights; the rest of the checkpoint is carried over; bad input is refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "format/safetensors_writer.h"
+#include "model/quantize_checkpoint.h"
+#include "model/weights.h"
+#include "quant/group_quant.h"
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kEmbd = 64, kFf = 96, kVocab = 40, kLayers = 2, kHeads = 4, kKvHeads = 2;
+
+struct Linear {
+  std::string name;
+  int64_t rows, cols;
+};
+
+std::vector<Linear> linears() {
+  std::vector<Linear> out;
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.push_back({p + "self_attn.q_proj.weight", kEmbd, kEmbd});
+    out.push_back({p + "self_attn.k_proj.weight", kEmbd / 2, kEmbd});
+    out.push_back({p + "self_attn.v_proj.weight", kEmbd / 2, kEmbd});
+    out.push_back({p + "self_attn.o_proj.weight", kEmbd, kEmbd});
+    out.push_back({p + "mlp.gate_proj.weight", kFf, kEmbd});
+    out.push_back({p + "mlp.up_proj.weight", kFf, kEmbd});
+    out.push_back({p + "mlp.down_proj.weight", kEmbd, kFf});
+  }
+  return out;
+}
+
+// A random f16 checkpoint; returns every tensor's values as written.
+std::map<std::string, std::vector<uint16_t>> write_f16_checkpoint(const std::string& dir) {
+  fs::create_directories(dir);
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
+                        {"model_type", "llama"},
+                        {"hidden_size", kEmbd},
+                        {"intermediate_size", kFf},
+                        {"num_hidden_layers", kLayers},
+                        {"num_attention_heads", kHeads},
+                        {"num_key_value_heads", kKvHeads},
+                        {"vocab_size", kVocab},
+                        {"torch_dtype", "float16"}};
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  std::ofstream(dir + "/tokenizer.json") << "{\"not\": \"read\"}";
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0, 0.3f);
+  std::map<std::string, std::vector<uint16_t>> values;
+  auto add = [&](const std::string& name, int64_t n, float offset) {
+    auto& v = values[name];
+    for (int64_t i = 0; i < n; ++i) v.push_back(f32_to_fp16(d(rng) + offset));
+  };
+  std::vector<SafetensorsOutTensor> ts;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  add("model.embed_tokens.weight", kVocab * kEmbd, 0), shapes["model.embed_tokens.weight"] = {kVocab, kEmbd};
+  add("lm_head.weight", kVocab * kEmbd, 0), shapes["lm_head.weight"] = {kVocab, kEmbd};
+  add("model.norm.weight", kEmbd, 1), shapes["model.norm.weight"] = {kEmbd};
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", kEmbd, 1), shapes[p + "input_layernorm.weight"] = {kEmbd};
+    add(p + "post_attention_layernorm.weight", kEmbd, 1), shapes[p + "post_attention_layernorm.weight"] = {kEmbd};
+  }
+  for (const Linear& m : linears()) add(m.name, m.rows * m.cols, 0), shapes[m.name] = {m.rows, m.cols};
+  for (auto& [name, v] : values) ts.push_back({name, SafetensorsDType::F16, shapes[name], v.data(), v.size() * 2});
+  write_safetensors(dir + "/model.safetensors", ts);
+  return values;
+}
+
+WeightMatrix find_linear(const ModelWeights& w, const std::string& name) {
+  const int l = std::stoi(name.substr(std::string("model.layers.").size()));
+  const LayerWeights& L = w.layers[l];
+  if (name.ends_with("q_proj.weight")) return L.wq;
+  if (name.ends_with("k_proj.weight")) return L.wk;
+  if (name.ends_with("v_proj.weight")) return L.wv;
+  if (name.ends_with("o_proj.weight")) return L.wo;
+  if (name.ends_with("gate_proj.weight")) return L.w_gate;
+  if (name.ends_with("up_proj.weight")) return L.w_up;
+  return L.w_down;
+}
+
+}  // namespace
+
+TEST(QuantizeCheckpoint, RtnRoundTripsThroughCompressedTensors) {
+  const std::string in = ::testing::TempDir() + "/tessera_quantize_in";
+  const auto values = write_f16_checkpoint(in);
+  for (const QuantizeOptions& o : {QuantizeOptions{"rtn", 4, 32, true}, QuantizeOptions{"rtn", 4, 64, false},
+                                   QuantizeOptions{"rtn", 8, -1, false}}) {
+    SCOPED_TRACE(std::to_string(o.bits) + " bits, group " + std::to_string(o.group_size));
+    const std::string out = ::testing::TempDir() + "/tessera_quantize_out";
+    fs::remove_all(out);
+    int layers_seen = 0;
+    const QuantizeReport r = quantize_checkpoint(in, out, o, [&](int layer, int n, const auto& ts) {
+      EXPECT_EQ(layer, layers_seen++);
+      EXPECT_EQ(n, kLayers);
+      EXPECT_EQ(ts.size(), 7u);
+    });
+    EXPECT_EQ(layers_seen, kLayers);
+    EXPECT_EQ(r.tensors.size(), 7u * kLayers);
+    EXPECT_LT(r.bytes_out, r.bytes_in);
+    EXPECT_TRUE(fs::exists(out + "/tokenizer.json"));
+    auto w = load_safetensors_weights(out);
+    EXPECT_EQ(w->output.dtype, DType::F16);  // lm_head is left alone
+    for (const Linear& lin : linears()) {
+      SCOPED_TRACE(lin.name);
+      const WeightMatrix m = find_linear(*w, lin.name);
+      ASSERT_EQ(m.dtype, o.bits == 8 ? DType::W8G : DType::W4G);
+      std::vector<float> orig(lin.rows * lin.cols);
+      for (size_t i = 0; i < orig.size(); ++i) orig[i] = fp16_to_f32(values.at(lin.name)[i]);
+      const int64_t group = o.group_size < 0 ? lin.cols : o.group_size;
+      const GroupQuantMatrix want = quantize_group_rtn(orig.data(), lin.rows, lin.cols, o.bits, group, o.asymmetric);
+      const GroupQuantLayout l = m.gq_layout();
+      ASSERT_EQ(l.total_bytes, want.layout.total_bytes);
+      // Bit for bit the quantizer's buffer: codes, scales, zero points survived the packing.
+      EXPECT_EQ(std::memcmp(m.data, want.data.get(), static_cast<size_t>(l.total_bytes)), 0);
+      std::vector<float> row(lin.cols);
+      for (int64_t r0 = 0; r0 < lin.rows; ++r0) {
+        gq_dequantize_row(l, static_cast<const uint8_t*>(m.data), r0, row.data());
+        for (int64_t k = 0; k < lin.cols; ++k) {
+          const float step = fp16_to_f32(gq_scale_f16(l, static_cast<const uint8_t*>(m.data), r0, k / group));
+          ASSERT_LE(std::fabs(row[k] - orig[r0 * lin.cols + k]), step * 1.01f) << r0 << "," << k;
+        }
+      }
+    }
+    fs::remove_all(out);
+  }
+  fs::remove_all(in);
+}
+
+TEST(QuantizeCheckpoint, RefusesQuantizedInputAndBadOptions) {
+  auto error_of = [](const std::string& in, const QuantizeOptions& o) {
+    try {
+      quantize_checkpoint(in, ::testing::TempDir() + "/tessera_quantize_never", o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string quantized = std::string(TESSERA_FIXTURES_DIR) + "/wquant/awq_w4_g32";
+  EXPECT_NE(error_of(quantized, {}).find("quantized already"), std::string::npos);
+  EXPECT_NE(error_of(quantized, {"gptq", 4, 128, false}).find("not implemented"), std::string::npos);
+  EXPECT_NE(error_of(quantized, {"rtn", 3, 128, false}).find("--bits"), std::string::npos);
+  EXPECT_NE(error_of(quantized, {"rtn", 4, 100, false}).find("--group-size"), std::string::npos);
+  EXPECT_NE(error_of("/nonexistent/model.gguf", {}).find("GGUF"), std::string::npos);
+}
