@@ -146,12 +146,16 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
       at += static_cast<int64_t>(n_kv_heads) * head_dim * head_dim;
     }
   }
+  if (f.centers_keys()) {
+    l.mean = at;
+    at += static_cast<int64_t>(n_kv_heads) * head_dim;
+  }
   l.total = at;
   return l;
 }
 
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
-                                     uint64_t seed, std::span<const float> static_scales) {
+                                     uint64_t seed, std::span<const float> static_scales, std::span<const float> mean) {
   const KvConstantsLayout l = kv_constants_layout(f, n_kv_heads, head_dim);
   std::vector<float> out(l.total, 0.0f);
   TESSERA_CHECK(
@@ -161,6 +165,17 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
     const float s = static_scales.empty() ? 1.0f : static_scales[static_scales.size() == 1 ? 0 : h];
     TESSERA_CHECK(std::isfinite(s) && s > 0, "KV scale of layer ", layer, " head ", h, " is ", s, " (finite, > 0)");
     out[l.scales + h] = s;
+  }
+  if (!mean.empty()) {
+    TESSERA_CHECK(f.centers_keys() && is_key, "KV key means given for ", is_key ? "K" : "V", " in ", kv_format_name(f),
+                  ", which does not center ", is_key ? "its keys" : "values");
+    TESSERA_CHECK(mean.size() == static_cast<size_t>(n_kv_heads) * head_dim, "KV key means of layer ", layer, ": ",
+                  mean.size(), " values for ", n_kv_heads, " KV heads x head_dim ", head_dim);
+    for (size_t i = 0; i < mean.size(); ++i) {
+      TESSERA_CHECK(std::isfinite(mean[i]), "KV key mean of layer ", layer, " head ", i / head_dim, " channel ",
+                    i % head_dim, " is ", mean[i], " (not finite)");
+      out[l.mean + i] = mean[i];
+    }
   }
   if (f.codec != KvCodec::Turbo) return out;
   for (int half = 0; half < 2; ++half) {
@@ -219,7 +234,9 @@ void encode_turbo_row(const KvFormat& f, const KvPageLayout& l, int hd, const Kv
                       uint8_t* meta, const float* x, float* scratch) {
   float* y = scratch;  // [hd] rotated
   float* r = y + hd;   // [hd] residual
-  turbo_rotate(x, c.signs, hd, y);
+  float* xc = r + hd;  // [hd] centered: x − μ
+  for (int d = 0; d < hd; ++d) xc[d] = c.mean ? x[d] - c.mean[d] : x[d];
+  turbo_rotate(xc, c.signs, hd, y);
   double ss = 0;
   for (int d = 0; d < hd; ++d) ss += static_cast<double>(y[d]) * y[d];
   const float norm = f16_round(static_cast<float>(std::sqrt(ss)));
