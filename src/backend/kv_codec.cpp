@@ -240,22 +240,32 @@ void encode_turbo_row(const KvFormat& f, const KvPageLayout& l, int hd, const Kv
   double ss = 0;
   for (int d = 0; d < hd; ++d) ss += static_cast<double>(y[d]) * y[d];
   const float norm = f16_round(static_cast<float>(std::sqrt(ss)));
-  put_f16(meta, norm);
   std::memset(row, 0, l.row_bytes);
   const float to_unit = norm > 0 ? std::sqrt(static_cast<float>(hd)) / norm : 0.0f;
-  const float from_unit = norm / std::sqrt(static_cast<float>(hd));
   const int half = hd / 2;
+  uint8_t idx[256];  // hd <= 256 (check_kv_format)
+  double dot = 0;    // <centroids, y>, in channel order
   for (int h = 0; h < 2; ++h) {
     const int bits = h == 0 ? f.bits_hi : f.bits_lo;
     const float* code = h == 0 ? c.code_hi : c.code_lo;
     uint8_t* planes = row + (h == 0 ? 0 : l.plane_bytes * f.bits_hi);
     for (int d = 0; d < half; ++d) {
-      const int idx = nearest(code, 1 << bits, y[h * half + d] * to_unit);
+      const int i = nearest(code, 1 << bits, y[h * half + d] * to_unit);
+      idx[h * half + d] = static_cast<uint8_t>(i);
       for (int p = 0; p < bits; ++p)
-        if ((idx >> p) & 1) planes[p * l.plane_bytes + d / 8] |= static_cast<uint8_t>(1 << (d & 7));
-      r[h * half + d] = y[h * half + d] - code[idx] * from_unit;
+        if ((i >> p) & 1) planes[p * l.plane_bytes + d / 8] |= static_cast<uint8_t>(1 << (d & 7));
+      dot += static_cast<double>(code[i]) * y[h * half + d];
     }
   }
+  // Without QJL the stored scale makes <ŷ, y> = |y|² (ŷ = centroids · scale / sqrt(hd)):
+  // Lloyd–Max codes shrink a vector along itself by about (1 − D), which would scale every
+  // score of a query by that factor (a softmax temperature); corrected, what is left of the
+  // error is noise orthogonal to y. QJL keys keep |y| (the sketch corrects the residual).
+  const bool unbias = !f.qjl && ss > 0 && dot > 0;
+  const float scale = unbias ? f16_round(static_cast<float>(ss * std::sqrt(static_cast<double>(hd)) / dot)) : norm;
+  put_f16(meta, scale);
+  const float from_unit = scale / std::sqrt(static_cast<float>(hd));
+  for (int d = 0; d < hd; ++d) r[d] = y[d] - (d < half ? c.code_hi : c.code_lo)[idx[d]] * from_unit;
   if (!f.qjl) return;
   double rr = 0;
   for (int d = 0; d < hd; ++d) rr += static_cast<double>(r[d]) * r[d];

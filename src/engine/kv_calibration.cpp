@@ -16,8 +16,9 @@ namespace {
 
 // Max |x| over a page's first n tokens (plain f16 / f32 rows of head_dim); with sum / sq /
 // within (keys), also adds each channel's values, squares and squared deviations from the
-// page's own channel mean.
-float page_stats(const uint8_t* page, DType dtype, int n, int head_dim, double* sum, double* sq, double* within) {
+// page's own channel mean; with first (a window's first page), token 0's values and squares.
+float page_stats(const uint8_t* page, DType dtype, int n, int head_dim, double* sum, double* sq, double* within,
+                 double* first_sum, double* first_sq) {
   float m = 0;
   std::vector<double> ps(sum ? head_dim : 0, 0.0), pq(ps);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * head_dim; ++i) {
@@ -34,6 +35,10 @@ float page_stats(const uint8_t* page, DType dtype, int n, int head_dim, double* 
     if (sum) {
       ps[i % head_dim] += x;
       pq[i % head_dim] += static_cast<double>(x) * x;
+    }
+    if (first_sum && i < head_dim) {
+      first_sum[i] += x;
+      first_sq[i] += static_cast<double>(x) * x;
     }
   }
   for (size_t c = 0; c < ps.size(); ++c) {
@@ -83,6 +88,8 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
   r.k_sum.assign(spec.n_layers, std::vector<double>(static_cast<size_t>(spec.n_kv_heads) * spec.head_dim, 0.0));
   r.k_sq = r.k_sum;
   r.k_within = r.k_sum;
+  r.k_first_sum = r.k_sum;
+  r.k_first_sq = r.k_sum;
   std::vector<int32_t> chunk(window);
   std::vector<uint8_t> host;
   std::vector<float> no_logits;  // feed() wants a buffer; Logits::None fills nothing
@@ -109,14 +116,18 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
             double* sum = part == 0 ? r.k_sum[l].data() + c0 : nullptr;
             double* sq = part == 0 ? r.k_sq[l].data() + c0 : nullptr;
             double* within = part == 0 ? r.k_within[l].data() + c0 : nullptr;
-            out[h] =
-                std::max(out[h], page_stats(host.data() + h * page_bytes, dtype, n, spec.head_dim, sum, sq, within));
+            const bool first = part == 0 && b == 0;
+            double* first_sum = first ? r.k_first_sum[l].data() + c0 : nullptr;
+            double* first_sq = first ? r.k_first_sq[l].data() + c0 : nullptr;
+            out[h] = std::max(out[h], page_stats(host.data() + h * page_bytes, dtype, n, spec.head_dim, sum, sq, within,
+                                                 first_sum, first_sq));
           }
         }
       }
     }
     seq.release_all(session.pool());
     r.tokens += window;
+    ++r.windows;
   }
   return r;
 }
@@ -135,14 +146,15 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
 }
 
 std::string kv_key_stats_table(const KvStats& stats) {
-  std::string out = "layer  E|k|^2  |mu|^2/E|k|^2  top channel var/var  within-page var/var  equalization gain\n";
+  std::string out =
+      "layer  E|k|^2  |mu|^2/E|k|^2  top channel var/var  within-page var/var  equalization gain  first token\n";
   const double n = static_cast<double>(std::max<int64_t>(stats.tokens, 1));
   const int hd = stats.head_dim;
   for (size_t l = 0; l < stats.k_sum.size(); ++l) {
-    double energy = 0, mean_energy = 0, var = 0, within = 0, top_var = 0, gain = 0;
+    double energy = 0, mean_energy = 0, var = 0, within = 0, top_var = 0, gain = 0, first = 0;
     const size_t n_heads = stats.k_sum[l].size() / hd;
     for (size_t h = 0; h < n_heads; ++h) {
-      double v_h = 0, tv = 0, sum_sd = 0;
+      double v_h = 0, tv = 0, sum_sd = 0, f_h = 0;
       for (int c = 0; c < hd; ++c) {
         const size_t i = h * hd + c;
         const double m = stats.k_sum[l][i] / n, e = stats.k_sq[l][i] / n, v = std::max(e - m * m, 0.0);
@@ -152,14 +164,17 @@ std::string kv_key_stats_table(const KvStats& stats) {
         within += stats.k_within[l][i] / n;
         tv = std::max(tv, v);
         sum_sd += std::sqrt(v);
+        const double w = static_cast<double>(std::max(stats.windows, 1));  // E|k_0 − μ|² over windows
+        f_h += stats.k_first_sq[l][i] / w - 2 * m * stats.k_first_sum[l][i] / w + m * m;
       }
+      first += f_h / v_h;
       var += v_h;
       top_var += tv / v_h;
       gain += hd * v_h / (sum_sd * sum_sd);  // MSE ratio of equalizing by sqrt(sd), isotropic queries
     }
     char line[200];
-    std::snprintf(line, sizeof line, "%5zu  %7.2f  %13.3f  %19.3f  %19.3f  %17.2f\n", l, energy / n_heads,
-                  mean_energy / energy, top_var / n_heads, within / var, gain / n_heads);
+    std::snprintf(line, sizeof line, "%5zu  %7.2f  %13.3f  %19.3f  %19.3f  %17.2f  %11.1f\n", l, energy / n_heads,
+                  mean_energy / energy, top_var / n_heads, within / var, gain / n_heads, first / n_heads);
     out += line;
   }
   return out;

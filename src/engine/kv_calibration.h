@@ -21,8 +21,11 @@ struct KvStats {
   // [layer][head * head_dim + channel]: sums of K and K² over the stored tokens, and of the
   // squared deviations of K from its page's mean (what per-page schemes like KIVI see)
   std::vector<std::vector<double>> k_sum, k_sq, k_within;
+  // [layer][head * head_dim + channel]: sums of each window's first key and its squares
+  std::vector<std::vector<double>> k_first_sum, k_first_sq;
   int head_dim = 0;
   int64_t tokens = 0;  // tokens run through the model (per layer and head)
+  int windows = 0;
 };
 
 // Windows of `window` tokens from `tokens`, each a fresh sequence (at most max_chunks; 0 =
@@ -39,7 +42,8 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
 // of it in the mean (|μ|² / E|k|²: what centering removes), the largest channel's share of
 // the variance left (outlier channels), the share of that variance within a page (around
 // each page's own channel means: what KIVI's per-page ranges see), and the error ratio an
-// equalization by per-channel scales would give isotropic queries (hd·Σσ²/(Σσ)²).
+// equalization by per-channel scales would give isotropic queries (hd·Σσ²/(Σσ)²), and
+// the first key of a window (the attention sink) as E|k_0 − μ|² over E|k − μ|².
 std::string kv_key_stats_table(const KvStats& stats);
 
 }  // namespace tessera

@@ -522,6 +522,37 @@ TEST(CpuQuantAttention, CenteredTurboKeysLeaveTheSoftmaxUnchanged) {
   }
 }
 
+TEST(KvCodec, TurboScaleMakesTheCodesUnbiasedAlongTheVector) {
+  // Lloyd–Max codes shrink a vector along itself by about (1 − D); the stored scale undoes
+  // that (<ŷ, y> = |y|² up to the f16 rounding of the scale), except with QJL, which keeps
+  // |y| and corrects the residual with its sketch.
+  std::mt19937 rng(19);
+  const int bs = 16, hd = 64;
+  for (const char* name : {"turbo2.5", "turbo3", "turbo3.5", "turbo4", "turbo3:qjl"}) {
+    for (bool key : {true, false}) {
+      Page p(name, key, bs, hd);
+      const std::vector<float> x = outlier_rows(bs, hd, rng);
+      p.encode(0, bs, x.data());
+      std::vector<float> dec(size_t(bs) * hd), y(hd);
+      kv_decode_rows(p.f, p.l, hd, p.c(), p.bytes.data(), bs, dec.data());  // rotated basis
+      for (int j = 0; j < bs; ++j) {
+        turbo_rotate(x.data() + size_t(j) * hd, p.c().signs, hd, y.data());
+        double along = 0, yy = 0;
+        for (int i = 0; i < hd; ++i) {
+          along += double(dec[size_t(j) * hd + i]) * y[i];
+          yy += double(y[i]) * y[i];
+        }
+        if (p.f.qjl && key) {  // the stored scale is |y|
+          uint16_t h;
+          std::memcpy(&h, p.bytes.data() + p.l.meta_offset + 4 * j, 2);
+          EXPECT_EQ(fp16_to_f32(h), fp16_to_f32(f32_to_fp16(float(std::sqrt(yy))))) << name << " token " << j;
+        } else
+          EXPECT_NEAR(along / yy, 1.0, 1e-3) << name << (key ? " K" : " V") << " token " << j;
+      }
+    }
+  }
+}
+
 TEST(KvCodec, TurboKeysAreStoredCentered) {
   // Encoding x with key means μ writes exactly the bytes of encoding x − μ without them.
   std::mt19937 rng(17);
