@@ -102,7 +102,8 @@ inline int64_t kv_encode_scratch_floats(int head_dim) { return 4 * static_cast<i
 
 // ---- Decoding ----
 // Tokens [0, n) of a page as f32 rows out[j * hd + c]. Turbo: in the rotated basis
-// (|x| / sqrt(hd) · centroid); multiply rotated queries with it, rotate outputs back.
+// (stored scale / sqrt(hd) · centroid, the scale about |x|); multiply rotated queries with it,
+// rotate outputs back.
 static inline void kv_decode_rows(const KvFormat& f, const KvPageLayout& l, int hd, const KvHeadConstants& c,
                                   const uint8_t* page, int n, float* out) {
   const uint8_t* meta = page + l.meta_offset;

@@ -21,7 +21,8 @@
 //                sqrt(hd)/|x| and coded with a Lloyd–Max codebook of the sphere's marginal
 //                (bits_hi for channels [0, hd/2), bits_lo for the rest), codes as bit planes;
 //                keys with :qjl add a 1-bit QJL sketch sign(S·r) of the residual r and |r|, so
-//                q·k is estimated without bias. Meta: f16 |x| (and f16 |r|).
+//                q·k is estimated without bias. Meta: f16 scale making <x̂, x> = |x|²
+//                (:qjl keys: |x|, and f16 |r|).
 #include <cstdint>
 #include <string>
 #include <string_view>
