@@ -57,6 +57,8 @@ KvScales read_kv_scales(const std::string& path) {
     TESSERA_CHECK(s.k.size() == s.k_mean.size(), "KV scales ", path, ": ", s.k.size(), " scale rows and ",
                   s.k_mean.size(), " \"k_mean\" rows (one per layer each)");
   if (!s.k_mean.empty() && j.contains("n_kv_heads") && j.contains("head_dim")) {
+    TESSERA_CHECK(j["n_kv_heads"].is_number_integer() && j["head_dim"].is_number_integer(), "KV scales ", path,
+                  ": \"n_kv_heads\" and \"head_dim\" are not integers");
     const int64_t want = j["n_kv_heads"].get<int64_t>() * j["head_dim"].get<int64_t>();
     TESSERA_CHECK(static_cast<int64_t>(s.k_mean.front().size()) == want, "KV scales ", path, ": \"k_mean\" rows of ",
                   s.k_mean.front().size(), " values, n_kv_heads x head_dim is ", want);
