@@ -1,7 +1,8 @@
-// tessera calibrate-kv: static fp8 KV scales from a text (docs/design/kv-quant.md). The model
-// runs over windows of the text with an exact f32 cache; the largest |K| and |V| each layer
-// and KV head stores become scales (amax / the format's largest code) in a JSON file that
-// `--kv-scales` loads with `--kv-cache-dtype fp8_e4m3` (:tensor) or `fp8_e4m3:head`.
+// tessera calibrate-kv: static KV constants from a text (docs/design/kv-quant.md). The model
+// runs over windows of the text with an exact f32 cache; what each layer and KV head stores
+// becomes a JSON file that `--kv-scales` loads: for fp8 :tensor / :head the largest |K| and
+// |V| as scales (amax / the format's largest code), for TurboQuant the per-channel mean key
+// (k_mean), which the store subtracts.
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -19,41 +20,48 @@ void add_calibrate_kv(CLI::App& app) {
     std::string file, out = "kv-scales.json", format = "fp8_e4m3:head";
     int window = 512;
     int max_chunks = 16;
+    bool stats = false;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("calibrate-kv", "static fp8 KV-cache scales from a calibration text");
+  CLI::App* cmd = app.add_subcommand("calibrate-kv", "static KV-cache constants (fp8 scales, turbo key means)");
   a->model.add_to(*cmd);
   cmd->add_option("-f,--file", a->file, "calibration text")->required();
-  cmd->add_option("-o,--out", a->out, "scales file to write (for --kv-scales)")->capture_default_str();
-  cmd->add_option("--format", a->format, "the fp8 format the scales are for: fp8_e4m3|fp8_e5m2 with :tensor or :head")
+  cmd->add_option("-o,--out", a->out, "file to write (for --kv-scales)")->capture_default_str();
+  cmd->add_option("--format", a->format,
+                  "the format the constants are for: fp8_e4m3|fp8_e5m2 with :tensor or :head (scales), or "
+                  "turbo2.5|3|3.5|4 (key means)")
       ->capture_default_str();
   cmd->add_option("--window", a->window, "tokens per calibration window")->capture_default_str();
   cmd->add_option("--chunks", a->max_chunks, "windows to run at most (0 = the whole text)")->capture_default_str();
+  cmd->add_flag("--stats", a->stats, "print per-layer key statistics (mean energy, outlier channels)");
   cmd->callback([a] {
     const KvFormat k = parse_kv_format(a->format, true), v = parse_kv_format(a->format, false);
-    TESSERA_CHECK(k.is_fp8() && k.static_scale(), "calibrate-kv --format ", a->format,
-                  ": static scales are for fp8 with :tensor or :head");
+    TESSERA_CHECK((k.is_fp8() && k.static_scale()) || k.centers_keys(), "calibrate-kv --format ", a->format,
+                  ": static scales are for fp8 with :tensor or :head, key means for turbo formats");
     SessionOptions so = a->model.session_options();
     so.k_format = so.v_format = kv_format_of(DType::F32);  // exact values to measure
     so.k_scales.clear();
     so.v_scales.clear();
+    so.k_mean.clear();
     so.ctx = std::max(so.ctx, a->window);
     so.kv_tokens = a->window;
     Session session(so);
     std::string text = read_file(a->file);
     const auto tokens = session.tokenizer().encode(text, /*add_special=*/false, /*parse_special=*/false);
-    const KvAbsMax amax = measure_kv_absmax(session, tokens, a->window, a->max_chunks);
-    KvScales scales = kv_scales_from_absmax(amax, k, v);
+    const KvStats stats = measure_kv_stats(session, tokens, a->window, a->max_chunks);
+    KvScales scales = kv_scales_from_stats(stats, k, v);
     scales.model = a->model.model;
-    write_kv_scales(a->out, scales, kv_format_name(k, true), kv_format_name(v), session.config().n_head_kv);
+    write_kv_scales(a->out, scales, kv_format_name(k, true), kv_format_name(v), session.config().n_head_kv,
+                    session.config().head_dim);
+    if (a->stats) std::printf("%s", kv_key_stats_table(stats).c_str());
     float kmax = 0, vmax = 0;
-    for (const auto& r : amax.k)
+    for (const auto& r : stats.k)
       for (float x : r) kmax = std::max(kmax, x);
-    for (const auto& r : amax.v)
+    for (const auto& r : stats.v)
       for (float x : r) vmax = std::max(vmax, x);
-    std::printf("calibrate-kv: %lld tokens, %zu layers x %d KV heads; max |K| %.3g, max |V| %.3g; %s scales -> %s\n",
-                static_cast<long long>(amax.tokens), amax.k.size(), session.config().n_head_kv, kmax, vmax,
-                a->format.c_str(), a->out.c_str());
+    std::printf("calibrate-kv: %lld tokens, %zu layers x %d KV heads; max |K| %.3g, max |V| %.3g; %s %s -> %s\n",
+                static_cast<long long>(stats.tokens), stats.k.size(), session.config().n_head_kv, kmax, vmax,
+                a->format.c_str(), k.centers_keys() ? "key means" : "scales", a->out.c_str());
   });
 }
 

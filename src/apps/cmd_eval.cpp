@@ -12,6 +12,7 @@
 #include "apps/common.h"
 #include "core/error.h"
 #include "backend/kv_format.h"
+#include "engine/kv_scales.h"
 #include "eval/kv_eval.h"
 #include "eval/perplexity.h"
 #include "tokenizer/tokenizer.h"
@@ -22,19 +23,20 @@ namespace {
 
 // The formats of the quality table in docs/benchmarks/kv-quant.md.
 constexpr const char* kDefaultKvFormats =
-    "fp8_e4m3,fp8_e4m3:token,fp8_e5m2:token,int8,int8:g32,int4,int4:g32,turbo4,turbo3.5,turbo3.5:mse,turbo3,"
-    "turbo3:mse,turbo2.5,turbo2.5:mse";
+    "fp8_e4m3,fp8_e4m3:token,fp8_e5m2:token,int8,int8:g32,int4,int4:g32,turbo4,turbo3.5,turbo3.5:qjl,turbo3,"
+    "turbo2.5";
 
-// "NAME" (K and V) or "KNAME/VNAME" (one each) over the base options; static scales are kept
-// only for a format that takes them.
-KvEvalCase kv_case(const SessionOptions& base, const std::string& label) {
+// "NAME" (K and V) or "KNAME/VNAME" (one each) over the base options; the --kv-scales file's
+// static scales and key means go to the formats that take them.
+KvEvalCase kv_case(const SessionOptions& base, const KvScales& file, const std::string& label) {
   auto o = std::make_shared<SessionOptions>(base);
   const size_t slash = label.find('/');
   const std::string k = label.substr(0, slash), v = slash == std::string::npos ? k : label.substr(slash + 1);
   o->k_format = parse_kv_format(k, true);
   o->v_format = parse_kv_format(v, false);
-  if (!o->k_format.static_scale()) o->k_scales.clear();
-  if (!o->v_format.static_scale()) o->v_scales.clear();
+  if (o->k_format.static_scale()) o->k_scales = file.k;
+  if (o->v_format.static_scale()) o->v_scales = file.v;
+  if (o->k_format.centers_keys()) o->k_mean = file.k_mean;
   return KvEvalCase{label, std::move(o)};
 }
 
@@ -61,12 +63,15 @@ void add_eval_kv(CLI::App& eval) {
   kv->add_option("--markdown", a->markdown, "also write the markdown tables to this file");
   kv->callback([a] {
     // --kv-cache-dtype is ignored here: every format comes from --formats.
-    const SessionOptions base = a->model.session_options();
-    const KvEvalCase ref = kv_case(base, a->reference);
+    ModelArgs model = a->model;
+    model.kv_scales.clear();  // applied per format below
+    const SessionOptions base = model.session_options();
+    const KvScales file = a->model.kv_scales.empty() ? KvScales() : read_kv_scales(a->model.kv_scales);
+    const KvEvalCase ref = kv_case(base, file, a->reference);
     std::vector<KvEvalCase> cases;
     std::stringstream list(a->formats);
     for (std::string name; std::getline(list, name, ',');)
-      if (!name.empty()) cases.push_back(kv_case(base, name));  // parse errors before any run
+      if (!name.empty()) cases.push_back(kv_case(base, file, name));  // parse errors before any run
     std::vector<int32_t> tokens;
     {
       Session tok_session(*ref.options);  // only its tokenizer

@@ -146,12 +146,16 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
       at += static_cast<int64_t>(n_kv_heads) * head_dim * head_dim;
     }
   }
+  if (f.centers_keys()) {
+    l.mean = at;
+    at += static_cast<int64_t>(n_kv_heads) * head_dim;
+  }
   l.total = at;
   return l;
 }
 
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
-                                     uint64_t seed, std::span<const float> static_scales) {
+                                     uint64_t seed, std::span<const float> static_scales, std::span<const float> mean) {
   const KvConstantsLayout l = kv_constants_layout(f, n_kv_heads, head_dim);
   std::vector<float> out(l.total, 0.0f);
   TESSERA_CHECK(
@@ -161,6 +165,17 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
     const float s = static_scales.empty() ? 1.0f : static_scales[static_scales.size() == 1 ? 0 : h];
     TESSERA_CHECK(std::isfinite(s) && s > 0, "KV scale of layer ", layer, " head ", h, " is ", s, " (finite, > 0)");
     out[l.scales + h] = s;
+  }
+  if (!mean.empty()) {
+    TESSERA_CHECK(f.centers_keys() && is_key, "KV key means given for ", is_key ? "K" : "V", " in ", kv_format_name(f),
+                  ", which does not center ", is_key ? "its keys" : "values");
+    TESSERA_CHECK(mean.size() == static_cast<size_t>(n_kv_heads) * head_dim, "KV key means of layer ", layer, ": ",
+                  mean.size(), " values for ", n_kv_heads, " KV heads x head_dim ", head_dim);
+    for (size_t i = 0; i < mean.size(); ++i) {
+      TESSERA_CHECK(std::isfinite(mean[i]), "KV key mean of layer ", layer, " head ", i / head_dim, " channel ",
+                    i % head_dim, " is ", mean[i], " (not finite)");
+      out[l.mean + i] = mean[i];
+    }
   }
   if (f.codec != KvCodec::Turbo) return out;
   for (int half = 0; half < 2; ++half) {
@@ -219,26 +234,38 @@ void encode_turbo_row(const KvFormat& f, const KvPageLayout& l, int hd, const Kv
                       uint8_t* meta, const float* x, float* scratch) {
   float* y = scratch;  // [hd] rotated
   float* r = y + hd;   // [hd] residual
-  turbo_rotate(x, c.signs, hd, y);
+  float* xc = r + hd;  // [hd] centered: x − μ
+  for (int d = 0; d < hd; ++d) xc[d] = c.mean ? x[d] - c.mean[d] : x[d];
+  turbo_rotate(xc, c.signs, hd, y);
   double ss = 0;
   for (int d = 0; d < hd; ++d) ss += static_cast<double>(y[d]) * y[d];
   const float norm = f16_round(static_cast<float>(std::sqrt(ss)));
-  put_f16(meta, norm);
   std::memset(row, 0, l.row_bytes);
   const float to_unit = norm > 0 ? std::sqrt(static_cast<float>(hd)) / norm : 0.0f;
-  const float from_unit = norm / std::sqrt(static_cast<float>(hd));
   const int half = hd / 2;
+  uint8_t idx[256];  // hd <= 256 (check_kv_format)
+  double dot = 0;    // <centroids, y>, in channel order
   for (int h = 0; h < 2; ++h) {
     const int bits = h == 0 ? f.bits_hi : f.bits_lo;
     const float* code = h == 0 ? c.code_hi : c.code_lo;
     uint8_t* planes = row + (h == 0 ? 0 : l.plane_bytes * f.bits_hi);
     for (int d = 0; d < half; ++d) {
-      const int idx = nearest(code, 1 << bits, y[h * half + d] * to_unit);
+      const int i = nearest(code, 1 << bits, y[h * half + d] * to_unit);
+      idx[h * half + d] = static_cast<uint8_t>(i);
       for (int p = 0; p < bits; ++p)
-        if ((idx >> p) & 1) planes[p * l.plane_bytes + d / 8] |= static_cast<uint8_t>(1 << (d & 7));
-      r[h * half + d] = y[h * half + d] - code[idx] * from_unit;
+        if ((i >> p) & 1) planes[p * l.plane_bytes + d / 8] |= static_cast<uint8_t>(1 << (d & 7));
+      dot += static_cast<double>(code[i]) * y[h * half + d];
     }
   }
+  // Without QJL the stored scale makes <ŷ, y> = |y|² (ŷ = centroids · scale / sqrt(hd)):
+  // Lloyd–Max codes shrink a vector along itself by about (1 − D), which would scale every
+  // score of a query by that factor (a softmax temperature); corrected, what is left of the
+  // error is noise orthogonal to y. QJL keys keep |y| (the sketch corrects the residual).
+  const bool unbias = !f.qjl && ss > 0 && dot > 0;
+  const float scale = unbias ? f16_round(static_cast<float>(ss * std::sqrt(static_cast<double>(hd)) / dot)) : norm;
+  put_f16(meta, scale);
+  const float from_unit = scale / std::sqrt(static_cast<float>(hd));
+  for (int d = 0; d < hd; ++d) r[d] = y[d] - (d < half ? c.code_hi : c.code_lo)[idx[d]] * from_unit;
   if (!f.qjl) return;
   double rr = 0;
   for (int d = 0; d < hd; ++d) rr += static_cast<double>(r[d]) * r[d];

@@ -17,18 +17,25 @@ namespace tessera {
 
 // ---- Layer constants: one float array per layer and K/V, in the backend's memory ----
 // [scales: n_kv_heads] [code_hi: 16] [code_lo: 16] [signs: n_kv_heads * hd] [qjl: n_kv_heads * hd * hd]
+// [mean: n_kv_heads * hd]
 // scales: the static fp8 scale of each head (1 when the format has none); code_*: turbo
 // codebook centroids (unit-variance coordinates), signs: turbo's random ±1 diagonal D, qjl:
-// the QJL projection S (row-major [hd out][hd in], N(0, 1) entries). Absent parts have size 0.
+// the QJL projection S (row-major [hd out][hd in], N(0, 1) entries); mean (formats that
+// center keys, KvFormat::centers_keys): the calibrated mean key μ the store subtracts (zeros
+// for V and without calibration). Absent parts have size 0; mean comes last so the other
+// offsets do not depend on it.
 struct KvConstantsLayout {
-  int64_t scales = 0, code_hi = 0, code_lo = 0, signs = 0, qjl = 0, total = 0;
+  int64_t scales = 0, code_hi = 0, code_lo = 0, signs = 0, qjl = 0, mean = 0, total = 0;
 };
 KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int head_dim);
 // Builds the constants of one layer's K (is_key) or V. Turbo's signs and S are drawn from a
 // generator seeded by (seed, layer, is_key), so they are the same on every run and backend.
 // static_scales: empty (1.0), one (per tensor) or n_kv_heads values (fp8 :tensor / :head).
+// mean: empty (zeros) or n_kv_heads * head_dim values (head-major), for a format that
+// centers keys; throws naming what is wrong otherwise.
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
-                                     uint64_t seed, std::span<const float> static_scales);
+                                     uint64_t seed, std::span<const float> static_scales,
+                                     std::span<const float> mean = {});
 // Lloyd–Max centroids (ascending, 2^bits of them) for one coordinate of a uniformly random
 // unit vector in `dim` dimensions scaled by sqrt(dim): density ∝ (1 - t²/dim)^((dim-3)/2).
 std::vector<double> turbo_codebook(int bits, int dim);
@@ -40,6 +47,7 @@ struct KvHeadConstants {
   const float* code_lo = nullptr;
   const float* signs = nullptr;  // [hd]
   const float* qjl = nullptr;    // [hd, hd]
+  const float* mean = nullptr;   // [hd] subtracted before encoding (formats that center keys)
 };
 inline KvHeadConstants kv_head_constants(const KvFormat& f, const float* layer, int n_kv_heads, int hd, int head) {
   KvHeadConstants c;
@@ -52,6 +60,7 @@ inline KvHeadConstants kv_head_constants(const KvFormat& f, const float* layer, 
     c.signs = layer + l.signs + static_cast<int64_t>(head) * hd;
     if (f.qjl) c.qjl = layer + l.qjl + static_cast<int64_t>(head) * hd * hd;
   }
+  if (f.centers_keys()) c.mean = layer + l.mean + static_cast<int64_t>(head) * hd;
   return c;
 }
 
@@ -93,7 +102,8 @@ inline int64_t kv_encode_scratch_floats(int head_dim) { return 4 * static_cast<i
 
 // ---- Decoding ----
 // Tokens [0, n) of a page as f32 rows out[j * hd + c]. Turbo: in the rotated basis
-// (|x| / sqrt(hd) · centroid); multiply rotated queries with it, rotate outputs back.
+// (stored scale / sqrt(hd) · centroid, the scale about |x|); multiply rotated queries with it,
+// rotate outputs back.
 static inline void kv_decode_rows(const KvFormat& f, const KvPageLayout& l, int hd, const KvHeadConstants& c,
                                   const uint8_t* page, int n, float* out) {
   const uint8_t* meta = page + l.meta_offset;

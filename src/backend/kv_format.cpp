@@ -12,7 +12,8 @@ namespace {
 
 constexpr const char* kAccepted =
     "f16, f32, auto, fp8, fp8_e4m3, fp8_e5m2 (optionally :tensor, :head or :token), int8 (:token or :gN), "
-    "int4 (:kivi or :gN), turbo2.5, turbo3, turbo3.5, turbo4 (optionally :mse: keys without the QJL sketch)";
+    "int4 (:kivi or :gN), turbo2.5, turbo3, turbo3.5, turbo4 (optionally :qjl: keys with the QJL sketch, or :mse: "
+    "without it, the default)";
 
 int parse_group(std::string_view g, std::string_view name) {
   int n = 0;
@@ -96,8 +97,11 @@ KvFormat parse_kv_format(std::string_view name, bool for_keys) {
     return f;
   }
   if (base == "turbo2.5" || base == "turbo3" || base == "turbo3.5" || base == "turbo4") {
-    TESSERA_CHECK(opt.empty() || opt == "mse", "KV cache format '", name, "': turbo's one option is :mse");
-    return turbo(std::stod(std::string(base.substr(5))), for_keys && opt.empty());
+    // Keys default to all bits in the codes (:mse): the QJL sketch's variance costs more than
+    // its bias removal gains (docs/benchmarks/kv-quant.md); :qjl asks for it.
+    TESSERA_CHECK(opt.empty() || opt == "mse" || opt == "qjl", "KV cache format '", name,
+                  "': turbo's options are :mse (the default) and :qjl");
+    return turbo(std::stod(std::string(base.substr(5))), for_keys && opt == "qjl");
   }
   fail("KV cache format '", name, "' is not one of: ", kAccepted);
 }
@@ -122,7 +126,7 @@ std::string kv_format_name(const KvFormat& f, bool for_keys) {
       const int twice = f.bits_hi + f.bits_lo + (f.qjl ? 2 : 0);
       std::ostringstream s;
       s << "turbo" << twice / 2 << (twice % 2 ? ".5" : "");
-      if (for_keys && !f.qjl) s << ":mse";
+      if (for_keys && f.qjl) s << ":qjl";
       return s.str();
     }
   }

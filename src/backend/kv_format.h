@@ -16,11 +16,13 @@
 //   int8         symmetric codes; f16 scale per token-head, or per token per group of channels
 //   int4         asymmetric (scale, min as f16 pairs), two codes per byte (low nibble first):
 //                per token per group of channels, or KIVI's per channel over the page's tokens
-//   turbo        TurboQuant: x rotated by R = H·D/sqrt(hd) (random signs D, Walsh–Hadamard H),
-//                coordinates scaled by sqrt(hd)/|x| and coded with a Lloyd–Max codebook of the
-//                sphere's marginal (bits_hi for channels [0, hd/2), bits_lo for the rest),
-//                codes as bit planes; K adds a 1-bit QJL sketch sign(S·r) of the residual r
-//                and |r|, so q·k is estimated without bias. Meta: f16 |x| (and f16 |r|).
+//   turbo        TurboQuant: x (keys: x − μ, the calibrated mean key, when given) rotated by
+//                R = H·D/sqrt(hd) (random signs D, Walsh–Hadamard H), coordinates scaled by
+//                sqrt(hd)/|x| and coded with a Lloyd–Max codebook of the sphere's marginal
+//                (bits_hi for channels [0, hd/2), bits_lo for the rest), codes as bit planes;
+//                keys with :qjl add a 1-bit QJL sketch sign(S·r) of the residual r and |r|, so
+//                q·k is estimated without bias. Meta: f16 scale making <x̂, x> = |x|²
+//                (:qjl keys: |x|, and f16 |r|).
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -52,6 +54,10 @@ struct KvFormat {
   bool is_plain() const { return codec == KvCodec::F32 || codec == KvCodec::F16; }
   bool is_fp8() const { return codec == KvCodec::Fp8E4M3 || codec == KvCodec::Fp8E5M2; }
   bool static_scale() const { return scale == KvScale::Tensor || scale == KvScale::Head; }
+  // Keys in this format are stored centered, k − μ, when calibrated means are given (layer
+  // constants): TurboQuant codes each key relative to its norm, which a large per-channel
+  // offset would dominate. Scores shift by q·μ for every key of a query: softmax unchanged.
+  bool centers_keys() const { return codec == KvCodec::Turbo; }
   // F16 / F32 for the plain codecs, Unknown otherwise.
   DType plain_dtype() const;
   bool operator==(const KvFormat&) const = default;
@@ -65,7 +71,8 @@ KvFormat kv_format_of(DType plain);  // F16 or F32
 //   fp8 | fp8_e4m3 | fp8_e5m2 [:tensor | :head | :token]     default :tensor (vLLM's meaning)
 //   int8 [:token | :gN]                                       default :token
 //   int4 [:kivi | :gN]        default kivi: K per channel, V per token in groups of 32
-//   turbo2.5 | turbo3 | turbo3.5 | turbo4 [:mse]   :mse = keys without the QJL sketch
+//   turbo2.5 | turbo3 | turbo3.5 | turbo4 [:mse | :qjl]   keys: :mse (default) codes only,
+//                                                         :qjl with the QJL sketch
 // `for_keys` picks the K half of the pair formats (int4 KIVI, turbo's QJL). Throws with the
 // accepted names on anything else.
 KvFormat parse_kv_format(std::string_view name, bool for_keys);

@@ -43,6 +43,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   spec.v_format = o.session.v_format;
   spec.k_scales = o.session.k_scales;
   spec.v_scales = o.session.v_scales;
+  spec.k_mean = o.session.k_mean;
   apply_checkpoint_kv_scales(session_->weights(), spec);
   Backend& backend = session_->backend();
   // The largest step the engine will run, once, so a budget that cannot hold its

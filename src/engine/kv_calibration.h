@@ -1,9 +1,12 @@
 #pragma once
-// Static KV scales from a calibration pass (`tessera calibrate-kv`): run the model over a
-// text with an exact (f32/f16) cache, take the largest |K| and |V| each layer and KV head
-// stores, and turn them into the fp8 scales --kv-scales loads (scale = amax / largest code).
+// Static KV constants from a calibration pass (`tessera calibrate-kv`): run the model over a
+// text with an exact (f32/f16) cache and read back what each layer and KV head stores:
+// the largest |K| and |V| become the fp8 scales --kv-scales loads (scale = amax / largest
+// code); the per-channel mean of K becomes the key centering μ (TurboQuant keys store k − μ;
+// every score of a query shifts by the same q·μ, so the softmax is unchanged).
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/kv_format.h"
@@ -13,18 +16,34 @@ namespace tessera {
 
 class Session;
 
-struct KvAbsMax {
+struct KvStats {
   std::vector<std::vector<float>> k, v;  // [layer][KV head]: max |value| stored
-  int64_t tokens = 0;                    // tokens run through the model
+  // [layer][head * head_dim + channel]: sums of K and K² over the stored tokens, and of the
+  // squared deviations of K from its page's mean (what per-page schemes like KIVI see)
+  std::vector<std::vector<double>> k_sum, k_sq, k_within;
+  // [layer][head * head_dim + channel]: sums of each window's first key and its squares
+  std::vector<std::vector<double>> k_first_sum, k_first_sq;
+  int head_dim = 0;
+  int64_t tokens = 0;  // tokens run through the model (per layer and head)
+  int windows = 0;
 };
 
 // Windows of `window` tokens from `tokens`, each a fresh sequence (at most max_chunks; 0 =
 // all). The session's cache must be plain (f16 or f32): the values read back are what the
 // model computed, as a quantized cache would receive them.
-KvAbsMax measure_kv_absmax(Session& session, std::span<const int32_t> tokens, int window, int max_chunks);
+KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int window, int max_chunks);
 
 // Scales for formats with static scales: one per layer (:tensor) or per KV head (:head);
 // other formats get no rows (their scales are per token). A zero amax gives scale 1.
-KvScales kv_scales_from_absmax(const KvAbsMax& amax, const KvFormat& k_format, const KvFormat& v_format);
+// Key means (k_mean) for key formats that center (kv_centers_keys), else none.
+KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, const KvFormat& v_format);
+
+// One line per layer on the keys (means over its heads): energy per token E|k|², the share
+// of it in the mean (|μ|² / E|k|²: what centering removes), the largest channel's share of
+// the variance left (outlier channels), the share of that variance within a page (around
+// each page's own channel means: what KIVI's per-page ranges see), and the error ratio an
+// equalization by per-channel scales would give isotropic queries (hd·Σσ²/(Σσ)²), and
+// the first key of a window (the attention sink) as E|k_0 − μ|² over E|k − μ|².
+std::string kv_key_stats_table(const KvStats& stats);
 
 }  // namespace tessera

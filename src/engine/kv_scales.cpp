@@ -1,5 +1,6 @@
 #include "engine/kv_scales.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -9,7 +10,9 @@
 namespace tessera {
 
 namespace {
-std::vector<std::vector<float>> read_rows(const nlohmann::json& j, const char* key, const std::string& path) {
+// Rows of numbers under `key`; positive: every value finite and > 0 (scales), else finite.
+std::vector<std::vector<float>> read_rows(const nlohmann::json& j, const char* key, const std::string& path,
+                                          bool positive) {
   TESSERA_CHECK(j.contains(key) && j[key].is_array(), "KV scales ", path, ": no array \"", key, "\"");
   std::vector<std::vector<float>> rows;
   for (const auto& row : j[key]) {
@@ -19,12 +22,13 @@ std::vector<std::vector<float>> read_rows(const nlohmann::json& j, const char* k
     for (const auto& v : row) {
       TESSERA_CHECK(v.is_number(), "KV scales ", path, ": \"", key, "\" row ", rows.size(), " holds a non-number");
       const float s = v.get<float>();
-      TESSERA_CHECK(std::isfinite(s) && s > 0, "KV scales ", path, ": \"", key, "\" row ", rows.size(), " has scale ",
-                    s, " (finite, > 0)");
+      TESSERA_CHECK(std::isfinite(s) && (!positive || s > 0), "KV scales ", path, ": \"", key, "\" row ", rows.size(),
+                    positive ? " has scale " : " has value ", s, positive ? " (finite, > 0)" : " (not finite)");
       r.push_back(s);
     }
-    TESSERA_CHECK(rows.empty() || r.size() == rows.front().size() || r.size() == 1 || rows.front().size() == 1,
-                  "KV scales ", path, ": \"", key, "\" rows of different lengths");
+    TESSERA_CHECK(
+        rows.empty() || r.size() == rows.front().size() || (positive && (r.size() == 1 || rows.front().size() == 1)),
+        "KV scales ", path, ": \"", key, "\" rows of different lengths");
     rows.push_back(std::move(r));
   }
   return rows;
@@ -43,23 +47,37 @@ KvScales read_kv_scales(const std::string& path) {
   TESSERA_CHECK(j.is_object(), "KV scales ", path, ": not a JSON object");
   KvScales s;
   if (j.contains("model") && j["model"].is_string()) s.model = j["model"].get<std::string>();
-  s.k = read_rows(j, "k_scales", path);
-  s.v = read_rows(j, "v_scales", path);
-  TESSERA_CHECK(s.k.size() == s.v.size() && !s.k.empty(), "KV scales ", path, ": ", s.k.size(), " K rows and ",
-                s.v.size(), " V rows (one per layer each)");
+  s.k = read_rows(j, "k_scales", path, true);
+  s.v = read_rows(j, "v_scales", path, true);
+  if (j.contains("k_mean")) s.k_mean = read_rows(j, "k_mean", path, false);
+  TESSERA_CHECK(s.k.size() == s.v.size(), "KV scales ", path, ": ", s.k.size(), " K rows and ", s.v.size(),
+                " V rows (one per layer each)");
+  TESSERA_CHECK(!s.k.empty() || !s.k_mean.empty(), "KV scales ", path, ": no scales and no \"k_mean\"");
+  if (!s.k.empty() && !s.k_mean.empty())
+    TESSERA_CHECK(s.k.size() == s.k_mean.size(), "KV scales ", path, ": ", s.k.size(), " scale rows and ",
+                  s.k_mean.size(), " \"k_mean\" rows (one per layer each)");
+  if (!s.k_mean.empty() && j.contains("n_kv_heads") && j.contains("head_dim")) {
+    TESSERA_CHECK(j["n_kv_heads"].is_number_integer() && j["head_dim"].is_number_integer(), "KV scales ", path,
+                  ": \"n_kv_heads\" and \"head_dim\" are not integers");
+    const int64_t want = j["n_kv_heads"].get<int64_t>() * j["head_dim"].get<int64_t>();
+    TESSERA_CHECK(static_cast<int64_t>(s.k_mean.front().size()) == want, "KV scales ", path, ": \"k_mean\" rows of ",
+                  s.k_mean.front().size(), " values, n_kv_heads x head_dim is ", want);
+  }
   return s;
 }
 
 void write_kv_scales(const std::string& path, const KvScales& scales, const std::string& k_format,
-                     const std::string& v_format, int n_kv_heads) {
+                     const std::string& v_format, int n_kv_heads, int head_dim) {
   nlohmann::json j;
   j["model"] = scales.model;
   j["k_format"] = k_format;
   j["v_format"] = v_format;
-  j["n_layers"] = scales.k.size();
+  j["n_layers"] = std::max(scales.k.size(), scales.k_mean.size());
   j["n_kv_heads"] = n_kv_heads;
-  j["k_scales"] = scales.k;
-  j["v_scales"] = scales.v;
+  j["head_dim"] = head_dim;
+  j["k_scales"] = scales.k.empty() ? nlohmann::json::array() : nlohmann::json(scales.k);
+  j["v_scales"] = scales.v.empty() ? nlohmann::json::array() : nlohmann::json(scales.v);
+  if (!scales.k_mean.empty()) j["k_mean"] = scales.k_mean;
   std::ofstream out(path);
   TESSERA_CHECK(out.good(), "KV scales: cannot write ", path);
   out << j.dump(1) << '\n';

@@ -1,10 +1,12 @@
 #pragma once
-// Static KV-cache scales (for the fp8 :tensor and :head formats), as `tessera calibrate-kv`
-// writes them and --kv-scales reads them:
+// Static KV-cache constants, as `tessera calibrate-kv` writes them and --kv-scales reads them:
 //   {"model": "...", "k_format": "fp8_e4m3:head", "v_format": "...", "n_layers": L,
-//    "n_kv_heads": H, "k_scales": [[s_0, ..., s_H-1], ...L rows], "v_scales": [...]}
-// A row holds one value (per tensor) or one per KV head; a scale maps stored codes back to
-// values (x = code * scale), so it is amax / the format's largest value.
+//    "n_kv_heads": H, "head_dim": D, "k_scales": [[s_0, ..., s_H-1], ...L rows], "v_scales": [...],
+//    "k_mean": [[μ_0, ..., μ_{H·D-1}], ...L rows]}
+// Scales (fp8 :tensor and :head): a row holds one value (per tensor) or one per KV head; a
+// scale maps stored codes back to values (x = code * scale), so it is amax / the format's
+// largest value; [] when the file has none. k_mean (optional; TurboQuant keys): per layer,
+// the mean key of each KV head and channel (head-major), which the store subtracts.
 #include <string>
 #include <vector>
 
@@ -15,14 +17,15 @@ namespace tessera {
 
 struct KvScales {
   std::string model;
-  std::vector<std::vector<float>> k, v;  // [n_layers][1 or n_kv_heads]
+  std::vector<std::vector<float>> k, v;    // [n_layers][1 or n_kv_heads], or empty
+  std::vector<std::vector<float>> k_mean;  // [n_layers][n_kv_heads * head_dim], or empty
 };
 
 // Throws naming the file and what is wrong (not JSON, rows of the wrong length, a scale
-// that is not finite and positive, layer counts that differ).
+// that is not finite and positive, a mean that is not finite, layer counts that differ).
 KvScales read_kv_scales(const std::string& path);
 void write_kv_scales(const std::string& path, const KvScales& scales, const std::string& k_format,
-                     const std::string& v_format, int n_kv_heads);
+                     const std::string& v_format, int n_kv_heads, int head_dim);
 
 // fp8 :tensor K (or V) without explicit scales takes the checkpoint's per-layer k_scale /
 // v_scale when it has them (as vLLM does); anything else is left as it is.

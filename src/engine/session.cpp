@@ -96,6 +96,7 @@ void Session::make_kv(int tokens) {
   spec.v_format = options_.v_format;
   spec.k_scales = options_.k_scales;
   spec.v_scales = options_.v_scales;
+  spec.k_mean = options_.k_mean;
   apply_checkpoint_kv_scales(*weights_, spec);
   kv_.reset();  // free the old cache before allocating the new one
   kv_ = std::make_unique<KvCache>(*backend_, spec);

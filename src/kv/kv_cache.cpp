@@ -27,7 +27,16 @@ void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat
     TESSERA_CHECK(f.static_scale(), "KV cache: static ", is_key ? "K" : "V", " scales given, but ", kv_format_name(f),
                   " computes its scales per token");
   const std::span<const float> s = scales.empty() ? std::span<const float>() : std::span<const float>(scales[layer]);
-  const std::vector<float> host = make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s);
+  std::span<const float> mean;
+  if (is_key && !spec.k_mean.empty()) {
+    TESSERA_CHECK(f.centers_keys(), "KV cache: key means given, but ", kv_format_name(f, true),
+                  " does not center its keys (TurboQuant keys do)");
+    TESSERA_CHECK(spec.k_mean.size() == static_cast<size_t>(spec.n_layers), "KV cache: key means for ",
+                  spec.k_mean.size(), " layers, the model has ", spec.n_layers);
+    mean = spec.k_mean[layer];
+  }
+  const std::vector<float> host =
+      make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s, mean);
   void* dev = backend.alloc(sizeof(float) * host.size());
   backend.copy_to_device(dev, host.data(), sizeof(float) * host.size());
   return dev;

@@ -27,6 +27,9 @@ struct KvCacheSpec {
   // Static scales (fp8 :tensor / :head), per layer: one value or one per KV head; empty =
   // 1.0 everywhere (vLLM's default without a checkpoint scale).
   std::vector<std::vector<float>> k_scales, v_scales;
+  // Calibrated mean key per layer ([n_kv_heads * head_dim], head-major) for a key format that
+  // centers keys (KvFormat::centers_keys); empty = no centering (μ = 0).
+  std::vector<std::vector<float>> k_mean;
 
   // A cache with K and V both in `plain` (F16 or F32).
   static KvCacheSpec plain(int n_layers, int n_kv_heads, int head_dim, int block_size, int n_blocks, DType plain) {

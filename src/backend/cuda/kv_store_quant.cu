@@ -85,9 +85,12 @@ __device__ void store_int4_channel(const KvSide& s, uint8_t* page, int offset, i
   }
 }
 
+// k_mean / v_mean: the side's centering μ ([n_kv_heads, hd], layer constants) when its format
+// centers keys (zeros unless calibrated), else null.
 __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restrict__ k, int64_t ldk,
                                       const float* __restrict__ v, int64_t ldv, const int32_t* __restrict__ slots,
-                                      int n_tokens, int n_kv_heads, int block_size, int hd) {
+                                      int n_tokens, int n_kv_heads, int block_size, int hd,
+                                      const float* __restrict__ k_mean, const float* __restrict__ v_mean) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   __shared__ float xs[kMaxHd];       // the token's channels (turbo: rotated)
@@ -179,9 +182,11 @@ __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restr
     case KvCodec::Turbo:
       break;
   }
-  // Turbo: y = H·D·x / sqrt(hd); |y| in f16; coordinates scaled by sqrt(hd)/|y| coded with
-  // the nearest centroid (bit planes); keys: QJL signs of S·(y - ŷ) and |y - ŷ|.
-  if (d < hd) xs[d] = xv * s.signs[h * hd + d];
+  // Turbo: y = H·D·(x − μ) / sqrt(hd); coordinates scaled by sqrt(hd)/|y| (|y| in f16) coded
+  // with the nearest centroid (bit planes); the f16 scale that makes <ŷ, y> = |y|² (QJL keys:
+  // |y|); keys with QJL: the signs of S·(y - ŷ) and |y - ŷ|.
+  const float* mean = is_key ? k_mean : v_mean;
+  if (d < hd) xs[d] = __fmul_rn(mean ? __fsub_rn(xv, mean[h * hd + d]) : xv, s.signs[h * hd + d]);
   block_fwht(xs, hd, 1, hd);
   const float inv_sqrt = 1.0f / sqrtf(static_cast<float>(hd));
   float y = 0.0f;
@@ -190,27 +195,43 @@ __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restr
     sq[d] = __dmul_rn(static_cast<double>(y), static_cast<double>(y));
   }
   __syncthreads();
+  __shared__ double shared_ss;
   if (d == 0) {
     double ss = 0;
     for (int i = 0; i < hd; ++i) ss = __dadd_rn(ss, sq[i]);
+    shared_ss = ss;
     shared_s[0] = f16_round(static_cast<float>(sqrt(ss)));
   }
   __syncthreads();
   const float norm = shared_s[0];
   const int meta_stride = f.qjl ? 4 : 2;
-  if (d == 0) put_f16(meta + static_cast<int64_t>(off) * meta_stride, norm);
   const float to_unit = norm > 0 ? sqrtf(static_cast<float>(hd)) / norm : 0.0f;
-  const float from_unit = norm / sqrtf(static_cast<float>(hd));
   const int half = hd / 2;
+  const float* code = d >= half ? s.code_lo : s.code_hi;
+  int ci = 0;
   if (d < hd) {
-    const int hh = d >= half;
-    const int n_codes = 1 << (hh ? f.bits_lo : f.bits_hi);
-    const float* code = hh ? s.code_lo : s.code_hi;
+    const int n_codes = 1 << (d >= half ? f.bits_lo : f.bits_hi);
     const float tv = __fmul_rn(y, to_unit);
-    int i = 0;
-    while (i + 1 < n_codes && tv > 0.5f * (code[i] + code[i + 1])) ++i;
-    codes[d] = static_cast<uint8_t>(i);
-    const float r = __fsub_rn(y, __fmul_rn(code[i], from_unit));
+    while (ci + 1 < n_codes && tv > 0.5f * (code[ci] + code[ci + 1])) ++ci;
+    codes[d] = static_cast<uint8_t>(ci);
+    sq[d] = __dmul_rn(static_cast<double>(code[ci]), static_cast<double>(y));
+  }
+  __syncthreads();
+  // The stored scale (kv_codec.cpp, encode_turbo_row): without QJL, |y|² sqrt(hd) / <c, y>
+  // so that <ŷ, y> = |y|²; QJL keys keep |y|. <c, y> summed in order by one thread.
+  if (d == 0) {
+    double dot = 0;
+    for (int i = 0; i < hd; ++i) dot = __dadd_rn(dot, sq[i]);
+    const double ss = shared_ss;
+    const bool unbias = !f.qjl && ss > 0 && dot > 0;
+    shared_s[1] =
+        unbias ? f16_round(static_cast<float>(__ddiv_rn(__dmul_rn(ss, sqrt(static_cast<double>(hd))), dot))) : norm;
+    put_f16(meta + static_cast<int64_t>(off) * meta_stride, shared_s[1]);
+  }
+  __syncthreads();
+  const float from_unit = shared_s[1] / sqrtf(static_cast<float>(hd));
+  if (d < hd) {
+    const float r = __fsub_rn(y, __fmul_rn(code[ci], from_unit));
     rs[d] = r;
     sq[d] = __dmul_rn(static_cast<double>(r), static_cast<double>(r));
   }
@@ -255,8 +276,14 @@ void launch_kv_store_quant(const KvLayerView& kv, const float* k, int64_t ldk, c
   TESSERA_CHECK(kv.head_dim <= kMaxHd && kv.head_dim % 8 == 0, "cuda kv_store: head_dim ", kv.head_dim,
                 " (a multiple of 8, at most ", kMaxHd, ", for quantized KV)");
   const int threads = static_cast<int>(round_up(kv.head_dim, 32));
+  // The centering means are the last part of the layer constants (kv_codec.h).
+  const auto mean_of = [&](const KvFormat& f, const float* consts) -> const float* {
+    if (!consts || !f.centers_keys()) return nullptr;
+    return consts + kv_constants_layout(f, kv.n_kv_heads, kv.head_dim).mean;
+  };
   launch_pdl(kv_store_quant_kernel, dim3(n_tokens, kv.n_kv_heads, 2), dim3(threads), 0, st, kv_side(kv, true),
-             kv_side(kv, false), k, ldk, v, ldv, slots, n_tokens, kv.n_kv_heads, kv.block_size, kv.head_dim);
+             kv_side(kv, false), k, ldk, v, ldv, slots, n_tokens, kv.n_kv_heads, kv.block_size, kv.head_dim,
+             mean_of(kv.k_fmt, kv.k_consts), mean_of(kv.v_fmt, kv.v_consts));
   TESSERA_CUDA_CHECK_LAUNCH("kv_store_quant");
 }
 

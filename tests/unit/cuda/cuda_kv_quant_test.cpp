@@ -24,9 +24,9 @@ using namespace tessera::cudatest;
 
 namespace {
 
-const char* const kFormats[] = {"fp8_e4m3", "fp8_e5m2", "fp8_e4m3:head", "fp8_e5m2:token", "int8",
-                                "int8:g16", "int4",     "int4:g16",      "int4:g32",       "turbo2.5",
-                                "turbo3",   "turbo3.5", "turbo4",        "turbo3.5:mse",   "turbo2.5:mse"};
+const char* const kFormats[] = {"fp8_e4m3",   "fp8_e5m2",     "fp8_e4m3:head", "fp8_e5m2:token", "int8",
+                                "int8:g16",   "int4",         "int4:g16",      "int4:g32",       "turbo2.5:qjl",
+                                "turbo3:qjl", "turbo3.5:qjl", "turbo4:qjl",    "turbo3.5",       "turbo2.5"};
 
 struct Seq {
   int past, add;  // tokens stored in step 1, tokens (query rows) of step 2
@@ -54,6 +54,11 @@ KvCacheSpec spec_of(const Case& c, int n_blocks) {
   spec.v_format = parse_kv_format(c.v_fmt, false);
   if (spec.k_format.static_scale()) spec.k_scales = {std::vector<float>(c.n_kv_heads, 0.05f)};
   if (spec.v_format.static_scale()) spec.v_scales = {std::vector<float>(c.n_kv_heads, 0.01f)};
+  if (spec.k_format.centers_keys()) {  // calibrated key means: the store subtracts them
+    std::vector<float> mean(static_cast<size_t>(c.n_kv_heads) * c.head_dim);
+    for (size_t i = 0; i < mean.size(); ++i) mean[i] = 0.75f * static_cast<float>(static_cast<int>(i * 7 % 13) - 6);
+    spec.k_mean = {mean};
+  }
   return spec;
 }
 
@@ -179,10 +184,10 @@ TEST(CudaKvQuant, EveryFormatStoresTheCpuBytesAndAttendsLikeTheCpu) {
 TEST(CudaKvQuant, MixedFormatsBlockSizesAndHeadSizes) {
   TESSERA_REQUIRE_CUDA();
   run_case({"int4", "int8", 16, 2, 2, 64, {{33, 1}, {7, 9}}}, 90);
-  run_case({"turbo3.5", "fp8_e4m3:token", 16, 2, 4, 128, {{20, 1}, {3, 40}}}, 91);
+  run_case({"turbo3.5:qjl", "fp8_e4m3:token", 16, 2, 4, 128, {{20, 1}, {3, 40}}}, 91);
   run_case({"f16", "int4:g32", 16, 2, 4, 128, {{50, 1}, {0, 20}}}, 92);
-  run_case({"int4", "turbo3", 7, 3, 2, 64, {{29, 6}, {13, 1}}}, 93);
-  run_case({"turbo3:mse", "turbo3", 16, 1, 8, 256, {{70, 1}, {0, 18}}},
+  run_case({"int4", "turbo3:qjl", 7, 3, 2, 64, {{29, 6}, {13, 1}}}, 93);
+  run_case({"turbo3", "turbo3:qjl", 16, 1, 8, 256, {{70, 1}, {0, 18}}},
            94);  // QJL keys at 256: too much shared memory for prefill
   run_case({"int8:g32", "fp8_e5m2", 32, 2, 16, 256, {{100, 1}, {31, 2}}}, 95);
 }
@@ -196,9 +201,9 @@ TEST(CudaKvQuant, DecodeAttentionBenchmark) {
   if (!std::getenv("TESSERA_CUDA_BENCH_KVQ")) GTEST_SKIP() << "set TESSERA_CUDA_BENCH_KVQ=1";
   auto gpu = make_cuda();
   const int hd = 128, n_kv = 8, n_heads = 32, bs = 16;
-  const std::vector<std::string> formats = {"f16",      "fp8_e4m3", "fp8_e4m3:token", "int8",
-                                            "int8:g32", "int4",     "int4:g32",       "turbo4",
-                                            "turbo3.5", "turbo3",   "turbo2.5",       "turbo3.5:mse"};
+  const std::vector<std::string> formats = {"f16",          "fp8_e4m3",   "fp8_e4m3:token", "int8",
+                                            "int8:g32",     "int4",       "int4:g32",       "turbo4:qjl",
+                                            "turbo3.5:qjl", "turbo3:qjl", "turbo2.5:qjl",   "turbo3.5"};
   std::printf("%-16s %-10s %10s %10s %10s %10s %8s %9s\n", "format", "shape", "us/layer", "MB/layer", "GB/s",
               "floor us", "x f16", "of floor");
   for (const auto& [n_seqs, ctx] : std::vector<std::pair<int, int>>{{64, 8192}, {1, 32768}}) {

@@ -24,9 +24,9 @@ using namespace tessera;
 
 namespace {
 
-const char* const kAllFormats[] = {"f16",    "f32",      "fp8_e4m3", "fp8_e5m2",    "fp8_e4m3:head", "fp8_e4m3:token",
-                                   "int8",   "int8:g16", "int4",     "int4:g16",    "int4:g32",      "turbo2.5",
-                                   "turbo3", "turbo3.5", "turbo4",   "turbo3.5:mse"};
+const char* const kAllFormats[] = {
+    "f16",  "f32",      "fp8_e4m3", "fp8_e5m2",     "fp8_e4m3:head", "fp8_e4m3:token", "int8",       "int8:g16",
+    "int4", "int4:g16", "int4:g32", "turbo2.5:qjl", "turbo3:qjl",    "turbo3.5:qjl",   "turbo4:qjl", "turbo3.5"};
 
 std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);
@@ -95,11 +95,18 @@ TEST(KvFormat, NamesRoundTripAndBadNamesSayWhatIsAccepted) {
   // int4 defaults to KIVI: keys per channel, values per token in groups of 32.
   EXPECT_EQ(parse_kv_format("int4", true).scale, KvScale::Channel);
   EXPECT_EQ(kv_format_name(parse_kv_format("int4", false)), "int4:g32");
-  // Turbo keys spend one bit on the QJL sketch.
-  const KvFormat k35 = parse_kv_format("turbo3.5", true), v35 = parse_kv_format("turbo3.5", false);
+  // Turbo keys give every bit to the codes unless :qjl asks for the sketch (one bit of it).
+  const KvFormat k35 = parse_kv_format("turbo3.5:qjl", true), v35 = parse_kv_format("turbo3.5:qjl", false);
   EXPECT_TRUE(k35.qjl);
   EXPECT_EQ(k35.bits_hi + k35.bits_lo, 5);
   EXPECT_EQ(v35.bits_hi + v35.bits_lo, 7);
+  EXPECT_FALSE(v35.qjl);
+  const KvFormat k35d = parse_kv_format("turbo3.5", true);
+  EXPECT_FALSE(k35d.qjl);
+  EXPECT_EQ(k35d.bits_hi + k35d.bits_lo, 7);
+  EXPECT_EQ(parse_kv_format("turbo3.5:mse", true), k35d);
+  EXPECT_EQ(kv_format_name(k35, true), "turbo3.5:qjl");
+  EXPECT_EQ(kv_format_name(k35d, true), "turbo3.5");
   for (const char* bad : {"int3", "fp8:channel", "int8:g0", "int4:gx", "turbo5", "f16:head", ""}) {
     try {
       parse_kv_format(bad, true);
@@ -108,7 +115,7 @@ TEST(KvFormat, NamesRoundTripAndBadNamesSayWhatIsAccepted) {
       EXPECT_NE(std::string(e.what()).find("KV cache format"), std::string::npos) << e.what();
     }
   }
-  EXPECT_THROW(check_kv_format(parse_kv_format("turbo3", true), 96, 16), Error);  // not a power of two
+  EXPECT_THROW(check_kv_format(parse_kv_format("turbo3:qjl", true), 96, 16), Error);  // not a power of two
   EXPECT_THROW(check_kv_format(parse_kv_format("int8:g48", true), 64, 16), Error);
 }
 
@@ -120,9 +127,9 @@ TEST(KvFormat, PageSizesCountScales) {
   EXPECT_EQ(kv_page_layout(parse_kv_format("int4:g32", true), bs, hd).page_bytes, bs * hd / 2 + 4 * bs * 2);
   EXPECT_EQ(kv_page_layout(parse_kv_format("int4", true), bs, hd).page_bytes, bs * hd / 2 + 4 * hd);
   // turbo3 values: 3 bits a channel + an f16 norm a token.
-  EXPECT_EQ(kv_page_layout(parse_kv_format("turbo3", false), bs, hd).page_bytes, bs * hd * 3 / 8 + 2 * bs);
-  // turbo3 keys: 2 bits + 1 QJL bit a channel + two f16 norms a token.
-  EXPECT_EQ(kv_page_layout(parse_kv_format("turbo3", true), bs, hd).page_bytes, bs * hd * 3 / 8 + 4 * bs);
+  EXPECT_EQ(kv_page_layout(parse_kv_format("turbo3:qjl", false), bs, hd).page_bytes, bs * hd * 3 / 8 + 2 * bs);
+  // turbo3:qjl keys: 2 bits + 1 QJL bit a channel + two f16 norms a token.
+  EXPECT_EQ(kv_page_layout(parse_kv_format("turbo3:qjl", true), bs, hd).page_bytes, bs * hd * 3 / 8 + 4 * bs);
   for (const char* name : kAllFormats) {
     EXPECT_EQ(kv_page_layout(parse_kv_format(name, true), bs, hd).page_bytes % 16, 0) << name;
   }
@@ -162,9 +169,9 @@ TEST(KvCodec, RoundTripErrorWithinEachFormatsBound) {
   const int bs = 16, hd = 64;
   // Relative RMS error bounds per format, random rows and outlier-heavy rows.
   const std::vector<std::pair<std::string, double>> bounds = {
-      {"f32", 1e-7},    {"f16", 1e-3},       {"fp8_e4m3:token", 0.04}, {"fp8_e5m2:token", 0.08},
-      {"int8", 0.012},  {"int8:g16", 0.008}, {"int4:g16", 0.12},       {"int4:g32", 0.14},
-      {"turbo4", 0.12}, {"turbo3", 0.22},    {"turbo2.5", 0.33}};
+      {"f32", 1e-7},        {"f16", 1e-3},        {"fp8_e4m3:token", 0.04}, {"fp8_e5m2:token", 0.08},
+      {"int8", 0.012},      {"int8:g16", 0.008},  {"int4:g16", 0.12},       {"int4:g32", 0.14},
+      {"turbo4:qjl", 0.12}, {"turbo3:qjl", 0.22}, {"turbo2.5:qjl", 0.33}};
   for (const auto& [name, bound] : bounds)
     for (int kind = 0; kind < 2; ++kind) {
       const std::vector<float> x = kind == 0 ? randn(size_t(bs) * hd, rng) : outlier_rows(bs, hd, rng);
@@ -233,7 +240,7 @@ TEST(KvCodec, PerChannelInt4KeysWrittenTokenByTokenStayCloseToOneShot) {
 TEST(KvCodec, TurboRotationIsOrthonormalAndCodebooksAreLloydMax) {
   std::mt19937 rng(14);
   const int hd = 128;
-  Page p("turbo3", false, 4, hd);
+  Page p("turbo3:qjl", false, 4, hd);
   const std::vector<float> x = randn(hd, rng);
   std::vector<float> y(hd);
   turbo_rotate(x.data(), p.c().signs, hd, y.data());
@@ -271,7 +278,7 @@ TEST(KvCodec, TurboKeysEstimateDotProductsWithoutBias) {
   // removes the bias: over many keys the mean error is ~0 within its standard error.
   std::mt19937 rng(15);
   const int hd = 64, n = 4000;
-  Page p("turbo2.5", true, 1, hd);
+  Page p("turbo2.5:qjl", true, 1, hd);
   const std::vector<float> q = randn(hd, rng);
   std::vector<float> qr(hd), sq(hd);
   turbo_rotate(q.data(), p.c().signs, hd, qr.data());
@@ -313,14 +320,17 @@ struct QuantAttnCase {
   int block_size, n_heads, n_kv_heads, head_dim;
   std::vector<std::pair<int, int>> seqs;  // tokens already stored, tokens of this step
   double max_err_vs_exact;                // relative RMS against attention over the unquantized K/V
+  float key_offset = 0;                   // keys get a fixed per-channel offset of this scale ...
+  bool center = false;                    // ... which the cache's calibrated key means remove
 };
 
 // Stores K/V through the backend in two batches (the past, then this step), runs attention,
 // and compares against (a) float64 attention over the K/V decoded from the cache's own pages
 // (checks the fused kernel: tight) and (b) float64 attention over the original K/V (the
 // format's quality: loose). Optionally copies every block to a fresh one first (CoW).
-void check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_blocks,
-                           const cpu::OpsTable& ops = cpu::ops_table()) {
+// Returns (b)'s error.
+double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_blocks,
+                             const cpu::OpsTable& ops = cpu::ops_table()) {
   SCOPED_TRACE(std::string("ops ") + ops.isa);
   std::mt19937 rng(seed);
   CpuBackend be(2, ops);
@@ -333,6 +343,10 @@ void check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_blo
   KvCacheSpec spec = KvCacheSpec::plain(1, tc.n_kv_heads, hd, bs, int(ids.size()), DType::F16);
   spec.k_format = parse_kv_format(tc.k_format, true);
   spec.v_format = parse_kv_format(tc.v_format, false);
+  // Keys as models have them: a mean per KV head and channel, larger than the spread.
+  const std::vector<float> offset =
+      tc.key_offset > 0 ? randn(size_t(kvd), rng, tc.key_offset) : std::vector<float>(size_t(kvd), 0.0f);
+  if (tc.center) spec.k_mean = {offset};
   KvCache kv(be, spec);
   const KvLayerView layer = kv.layer(0);
   std::vector<std::vector<float>> K(tc.seqs.size()), V(tc.seqs.size());
@@ -341,6 +355,7 @@ void check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_blo
   for (size_t s = 0; s < tc.seqs.size(); ++s) {
     const int n = tc.seqs[s].first + tc.seqs[s].second;
     K[s] = outlier_rows(n * tc.n_kv_heads, hd, rng);
+    for (size_t i = 0; i < K[s].size(); ++i) K[s][i] += offset[i % kvd];
     V[s] = randn(size_t(n) * kvd, rng);
     for (int b = 0; b < (n + bs - 1) / bs; ++b) seqs[s].blocks.push_back(ids[next_id++]);
   }
@@ -461,6 +476,7 @@ void check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_blo
   EXPECT_LT(std::sqrt(num / den), 2e-5) << tc.k_format << "/" << tc.v_format << ": fused kernel vs its own pages";
   const double err = rel_rms(got, ref_exact);
   EXPECT_LT(err, tc.max_err_vs_exact) << tc.k_format << "/" << tc.v_format << ": vs exact K/V";
+  return err;
 }
 
 }  // namespace
@@ -470,10 +486,10 @@ TEST(CpuQuantAttention, EveryFormatPrefillAndDecodeMatchesFloat64) {
   // fp8_e4m3 0.036-0.048, int8 0.025-0.030, int4 (KIVI) 0.08-0.11, turbo3.5 0.40-0.48 with
   // QJL and 0.24-0.26 without: the sketch's variance costs more than its bias removal here).
   const std::vector<std::pair<std::string, double>> formats = {
-      {"f16", 1e-3},        {"fp8_e4m3", 0.07},     {"fp8_e5m2:token", 0.09}, {"fp8_e4m3:head", 0.06},
-      {"int8", 0.045},      {"int8:g16", 0.03},     {"int4", 0.17},           {"int4:g16", 0.25},
-      {"turbo4", 0.5},      {"turbo3.5", 0.65},     {"turbo3", 0.85},         {"turbo2.5", 0.95},
-      {"turbo4:mse", 0.27}, {"turbo3.5:mse", 0.37}, {"turbo3:mse", 0.47},     {"turbo2.5:mse", 0.62}};
+      {"f16", 1e-3},       {"fp8_e4m3", 0.07},     {"fp8_e5m2:token", 0.09}, {"fp8_e4m3:head", 0.06},
+      {"int8", 0.045},     {"int8:g16", 0.03},     {"int4", 0.17},           {"int4:g16", 0.25},
+      {"turbo4:qjl", 0.5}, {"turbo3.5:qjl", 0.65}, {"turbo3:qjl", 0.85},     {"turbo2.5:qjl", 0.95},
+      {"turbo4", 0.27},    {"turbo3.5", 0.37},     {"turbo3", 0.47},         {"turbo2.5", 0.62}};
   // Every ISA path of the row kernels (the AVX2 one decodes pages with its own SIMD code).
   std::vector<const cpu::OpsTable*> paths{&cpu::ops_table_scalar()};
   if (const cpu::OpsTable* avx2 = cpu::ops_table_avx2()) paths.push_back(avx2);
@@ -489,12 +505,95 @@ TEST(CpuQuantAttention, EveryFormatPrefillAndDecodeMatchesFloat64) {
   }
 }
 
+TEST(CpuQuantAttention, CenteredTurboKeysLeaveTheSoftmaxUnchanged) {
+  // Keys with a large per-channel mean (scale 4, against a spread of 1 with a few channels of
+  // 12), stored centered (k − μ, μ the cache's key means): every score of a query shifts by
+  // the same q·μ, so attention against the float64 reference over the *original* keys is as
+  // close as for keys without a mean (and the fused kernel matches its own centered pages).
+  for (const char* name : {"turbo3.5", "turbo2.5", "turbo4:qjl"}) {
+    SCOPED_TRACE(name);
+    const QuantAttnCase plain{name, "f16", 16, 4, 2, 64, {{0, 37}, {19, 6}}, 1.0};
+    QuantAttnCase centered = plain;
+    centered.key_offset = 4.0f;
+    centered.center = true;
+    const double e_plain = check_quant_attention(plain, 300, false);
+    const double e_centered = check_quant_attention(centered, 300, false);
+    EXPECT_LT(e_centered, 1.3 * e_plain) << e_plain;
+  }
+}
+
+TEST(KvCodec, TurboScaleMakesTheCodesUnbiasedAlongTheVector) {
+  // Lloyd–Max codes shrink a vector along itself by about (1 − D); the stored scale undoes
+  // that (<ŷ, y> = |y|² up to the f16 rounding of the scale), except with QJL, which keeps
+  // |y| and corrects the residual with its sketch.
+  std::mt19937 rng(19);
+  const int bs = 16, hd = 64;
+  for (const char* name : {"turbo2.5", "turbo3", "turbo3.5", "turbo4", "turbo3:qjl"}) {
+    for (bool key : {true, false}) {
+      Page p(name, key, bs, hd);
+      const std::vector<float> x = outlier_rows(bs, hd, rng);
+      p.encode(0, bs, x.data());
+      std::vector<float> dec(size_t(bs) * hd), y(hd);
+      kv_decode_rows(p.f, p.l, hd, p.c(), p.bytes.data(), bs, dec.data());  // rotated basis
+      for (int j = 0; j < bs; ++j) {
+        turbo_rotate(x.data() + size_t(j) * hd, p.c().signs, hd, y.data());
+        double along = 0, yy = 0;
+        for (int i = 0; i < hd; ++i) {
+          along += double(dec[size_t(j) * hd + i]) * y[i];
+          yy += double(y[i]) * y[i];
+        }
+        if (p.f.qjl && key) {  // the stored scale is |y|
+          uint16_t h;
+          std::memcpy(&h, p.bytes.data() + p.l.meta_offset + 4 * j, 2);
+          EXPECT_EQ(fp16_to_f32(h), fp16_to_f32(f32_to_fp16(float(std::sqrt(yy))))) << name << " token " << j;
+        } else
+          EXPECT_NEAR(along / yy, 1.0, 1e-3) << name << (key ? " K" : " V") << " token " << j;
+      }
+    }
+  }
+}
+
+TEST(KvCodec, TurboKeysAreStoredCentered) {
+  // Encoding x with key means μ writes exactly the bytes of encoding x − μ without them.
+  std::mt19937 rng(17);
+  const int bs = 16, hd = 64;
+  for (const char* name : {"turbo3.5", "turbo3:qjl"}) {
+    Page centered(name, true, bs, hd), plain(name, true, bs, hd);
+    const std::vector<float> mean = randn(hd, rng, 3.0f);
+    centered.consts = make_kv_constants(centered.f, 1, hd, 0, true, 7, {}, mean);
+    std::vector<float> x = randn(size_t(bs) * hd, rng), xc(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xc[i] = x[i] - mean[i % hd];
+    centered.encode(0, 5, x.data());
+    centered.encode(5, bs - 5, x.data() + 5 * hd);
+    plain.encode(0, bs, xc.data());
+    EXPECT_EQ(centered.bytes, plain.bytes) << name;
+  }
+  // Means only for keys of a format that centers them, one per head and channel, finite.
+  const KvFormat t = parse_kv_format("turbo3", true), i8 = parse_kv_format("int8", true);
+  const std::vector<float> ok(2 * hd, 0.5f), short_row(hd, 0.5f);
+  std::vector<float> nan_row = ok;
+  nan_row[70] = NAN;
+  EXPECT_EQ(make_kv_constants(t, 2, hd, 0, true, 7, {}, ok).size(), size_t(kv_constants_layout(t, 2, hd).total));
+  auto expect_error = [&](const KvFormat& f, bool key, const std::vector<float>& m, const std::string& needle) {
+    try {
+      make_kv_constants(f, 2, hd, 3, key, 7, {}, m);
+      ADD_FAILURE() << "accepted " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(t, false, ok, "means given for V");
+  expect_error(i8, true, ok, "int8, which does not center");
+  expect_error(t, true, short_row, "64 values for 2 KV heads x head_dim 64");
+  expect_error(t, true, nan_row, "layer 3 head 1 channel 6 is nan");
+}
+
 TEST(CpuQuantAttention, KeysAndValuesMayDifferAndBlocksCopyWithTheirScales) {
   check_quant_attention({"int4", "int8", 16, 4, 2, 64, {{33, 1}, {7, 9}}, 0.17}, 200, false);
-  check_quant_attention({"turbo3.5", "fp8_e4m3:token", 16, 4, 2, 64, {{20, 1}}, 0.35}, 201, false);
+  check_quant_attention({"turbo3.5:qjl", "fp8_e4m3:token", 16, 4, 2, 64, {{20, 1}}, 0.35}, 201, false);
   // A block copy (copy-on-write, swap) moves pages with their scales: attention over the
   // copies is as right as over the originals.
-  for (const char* name : {"int4", "int8:g16", "turbo3", "fp8_e5m2:token"})
+  for (const char* name : {"int4", "int8:g16", "turbo3:qjl", "fp8_e5m2:token"})
     check_quant_attention({name, name, 8, 4, 2, 32, {{21, 1}, {9, 4}}, 0.85}, 202, true);
 }
 
@@ -508,6 +607,8 @@ TEST(KvCache, QuantizedBlocksAreSmallerAndStaticScalesAreChecked) {
   spec.v_format = parse_kv_format("turbo3.5", false);
   EXPECT_LT(spec.block_bytes() * 3.5, f16);
   EXPECT_EQ(spec.format_name(), "turbo3.5");
+  spec.k_format = parse_kv_format("turbo3.5:qjl", true);
+  EXPECT_EQ(spec.format_name(), "k=turbo3.5:qjl v=turbo3.5");
   // Static scales: one row per layer, each 1 or n_kv_heads values, only for static formats.
   spec.k_format = spec.v_format = parse_kv_format("fp8_e4m3:head", true);
   spec.k_scales = {{0.5f, 0.25f}, {1.0f}};
@@ -522,4 +623,15 @@ TEST(KvCache, QuantizedBlocksAreSmallerAndStaticScalesAreChecked) {
   spec.k_scales.clear();
   spec.k_format = spec.v_format = parse_kv_format("int8", true);
   EXPECT_THROW(KvCache(be, spec), Error);  // per-token scales: static ones make no sense
+  spec.v_scales.clear();
+  // Key means: one row per layer of n_kv_heads * head_dim values, for turbo keys only.
+  spec.k_mean = {std::vector<float>(2 * 64, 1.0f), std::vector<float>(2 * 64, -1.0f)};
+  EXPECT_THROW(KvCache(be, spec), Error);  // int8 keys are not centered
+  spec.k_format = spec.v_format = parse_kv_format("turbo3", true);
+  KvCache centered(be, spec);
+  const KvConstantsLayout cl = kv_constants_layout(spec.k_format, 2, 64);
+  EXPECT_EQ(centered.layer(1).k_consts[cl.mean + 5], -1.0f);
+  EXPECT_EQ(centered.layer(1).v_consts[cl.mean + 5], 0.0f);  // values are not centered
+  spec.k_mean.pop_back();
+  EXPECT_THROW(KvCache(be, spec), Error);  // one row for two layers
 }
