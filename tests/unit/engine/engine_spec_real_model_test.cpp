@@ -244,14 +244,16 @@ TEST_F(EngineSpecRealModel, SeededSamplingIsReproducible) {
 
 // With temperature 0.8 and top-p 0.9, the second and third tokens after a fixed context
 // (the first ones drafts can verify) are distributed as without speculation: a two-sample
-// chi-square at significance 0.001 over 2048 continuations each (16 seeded choices a
+// chi-square at significance 0.001 over 1024 continuations each (16 seeded choices a
 // request, so the prompt is computed once per request and then read from the prefix cache).
+// The context is open (several likely continuations) and its words recur, so the n-gram
+// drafter proposes tokens that are sometimes kept and sometimes not.
 TEST_F(EngineSpecRealModel, SampledContinuationsMatchNonSpeculativeSampling) {
-  constexpr int kRequests = 128;
+  constexpr int kRequests = 64;
   const auto sample = [&](bool spec, uint64_t seed_base) {
     std::vector<Request> reqs;
     for (int i = 0; i < kRequests; ++i) {
-      Request r = greedy(kCopyPrompt, 3);
+      Request r = greedy("Once upon a time, in a small village by the sea, there lived a", 3);
       r.sampling.temperature = 0.8f;
       r.sampling.top_p = 0.9f;
       r.sampling.seed = seed_base + static_cast<uint64_t>(i) * 16;
