@@ -33,9 +33,9 @@ struct SimSetup {
   int eos_one_in = 0;
   bool check_invariants = true;  // after every step
   PreemptionMode preemption = PreemptionMode::Recompute;
-  int n_host_blocks = 0;          // host tier (swap)
-  int max_logits_rows = 0;        // 0 = max_num_seqs
-  SpeculativeConfig speculative;  // off unless a test sets it (needs max_logits_rows room)
+  int n_host_blocks = 0;               // host tier (swap)
+  int max_logits_rows = 0;             // 0 = max_num_seqs
+  SpeculativeConfig speculative = {};  // off unless a test sets it (needs max_logits_rows room)
 };
 
 struct Collected {

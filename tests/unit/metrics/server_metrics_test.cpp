@@ -382,8 +382,6 @@ TEST(ServerMetrics, ConcurrentRecordsAndScrapesLoseNothing) {
 TEST(ServerMetrics, RejectsAZeroContextLength) { EXPECT_THROW(ServerMetrics("m", 0), Error); }
 
 }  // namespace
-}  // namespace tessera
-
 TEST(ServerMetrics, SpeculativeDecodingCountersUnderVllmNames) {
   ServerMetrics metrics("m");
   // No speculation: no spec_decode families at all.
@@ -404,3 +402,5 @@ TEST(ServerMetrics, SpeculativeDecodingCountersUnderVllmNames) {
   EXPECT_EQ(value_of(f, per_pos, per_pos, {{"position", "1"}}), 7);
   EXPECT_EQ(value_of(f, per_pos, per_pos, {{"position", "2"}}), 5);
 }
+
+}  // namespace tessera
