@@ -99,7 +99,7 @@ void EngineCore::add(RequestId id, const Request& r) {
   sr.prefix_root = prefix_root_hash({config_.model_fingerprint, r.adapter_id, r.tenant_salt});
   sr.prompt_logits = r.prompt_logprobs >= 0;
   const SeqId first = scheduler_.add(std::move(sr));
-  if (drafter_ && r.speculative && !r.logprobs && r.prompt_logprobs < 0) speculating_.insert(id);
+  if (drafter_ && r.speculative && r.prompt_logprobs < 0) speculating_.insert(id);
   awaiting_first_token_[id] = static_cast<int32_t>(r.prompt.size());
   if (r.logprobs || r.prompt_logprobs >= 0)
     extras_[id] = Extras{r.logprobs, r.prompt_logprobs, static_cast<int32_t>(r.prompt.size()), {}, false};
@@ -173,7 +173,9 @@ void EngineCore::build_batch(const SchedulerOutput& out) {
       const auto d = drafts_.find(sc.seq);
       std::span<const std::vector<TokenProb>> probs;
       if (d != drafts_.end() && !d->second.probs.empty()) probs = std::span(d->second.probs).first(sc.n_draft);
-      samples_.push_back({row, sc.seq, false, std::span(s.draft).first(sc.n_draft), probs});
+      const auto extras = extras_.find(sc.request);
+      const bool logprobs = extras != extras_.end() && extras->second.logprobs;
+      samples_.push_back({row, sc.seq, logprobs, std::span(s.draft).first(sc.n_draft), probs});
       continue;
     }
     batch_.add_sequence(s.kv.table, config_.block_size, s.tokens.data() + sc.n_computed, sc.n_new,
@@ -228,7 +230,17 @@ void EngineCore::attach_logprobs(std::vector<SeqEvent>& events) const {
     TESSERA_CHECK(e < events.size() && events[e].seq == samples_[i].seq, "engine: no event for sample target ", i,
                   " of sequence ", samples_[i].seq);
     if (!samples_[i].draft.empty()) {
-      while (e + 1 < events.size() && events[e + 1].seq == samples_[i].seq) ++e;
+      // One Logprobs per emitted token; tokens after a stop were dropped, their logprobs too.
+      const size_t emitted = output_.counts.empty() ? 1 : static_cast<size_t>(output_.counts[i]);
+      size_t j = 0;
+      for (;; ++e, ++j) {
+        if (samples_[i].logprobs && j < emitted) {
+          TESSERA_CHECK(next + j < output_.logprobs.size(), "engine: executor returned too few logprobs");
+          if (events[e].token >= 0) events[e].logprobs = output_.logprobs[next + j];
+        }
+        if (!(e + 1 < events.size() && events[e + 1].seq == samples_[i].seq)) break;
+      }
+      if (samples_[i].logprobs) next += emitted;
       continue;
     }
     const size_t event_index = e;

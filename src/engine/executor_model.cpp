@@ -84,10 +84,25 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
     const auto it = samplers_.find(t.seq);
     TESSERA_CHECK(it != samplers_.end(), "executor: sampling unknown sequence ", t.seq);
     if (!t.draft.empty()) {
-      TESSERA_CHECK(!t.logprobs, "executor: speculative target for sequence ", t.seq, " asks for logprobs");
+      // Logprobs are of the raw rows, which verification edits (bias, penalties): keep them.
+      const size_t n_rows = t.draft.size() + 1;
+      if (t.logprobs) {
+        raw_rows_.resize(n_rows * n_vocab_);
+        for (size_t j = 0; j < n_rows; ++j) {
+          const std::span<float> r = row_of(t.row + static_cast<int32_t>(j));
+          std::copy(r.begin(), r.end(), raw_rows_.begin() + static_cast<ptrdiff_t>(j * n_vocab_));
+        }
+      }
       const size_t before = tokens.size();
       verify_draft(t, it->second, row_of, tokens);
       out.counts[i] = static_cast<int32_t>(tokens.size() - before);
+      if (t.logprobs) {
+        // Emitted token j was kept against, or drawn from, row j.
+        for (size_t j = 0; j < tokens.size() - before; ++j)
+          out.logprobs.push_back(
+              compute_logprobs(std::span<const float>(raw_rows_.data() + j * n_vocab_, static_cast<size_t>(n_vocab_)),
+                               tokens[before + j], it->second.params().n_logprobs));
+      }
       continue;
     }
     std::span<float> row = row_of(t.row);

@@ -60,6 +60,7 @@ class ModelExecutor final : public Executor {
   std::vector<float> logits_;           // [rows, n_vocab]
   std::vector<float> row_;              // [n_vocab] a row sampled by several sequences
   std::vector<TokenProb> target_dist_;  // verification: p_j of the position being checked
+  std::vector<float> raw_rows_;         // [draft + 1, n_vocab] verification rows before processing (logprobs)
 };
 
 }  // namespace tessera

@@ -36,7 +36,7 @@ struct Request {
   // hits (cached positions have no logits) but still publishes its blocks.
   int32_t prompt_logprobs = -1;
   // Speculative decoding, when the engine has it (--speculative-config): false opts this
-  // request out. Requests with logprobs or prompt_logprobs never speculate (for now).
+  // request out. Requests with prompt_logprobs never speculate (for now).
   bool speculative = true;
 };
 

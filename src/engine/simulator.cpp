@@ -176,12 +176,12 @@ void SimulatedExecutor::execute(const StepInput& in, StepOutput& out) {
     for (size_t j = 0; j <= t.draft.size(); ++j) {
       const uint64_t value = row_value(t.row + static_cast<int32_t>(j));
       out.tokens.push_back(token_after(value, it->second.seed));
+      if (t.logprobs) out.logprobs.push_back(fake_logprobs(value, out.tokens.back(), it->second.n_logprobs));
       if (j == t.draft.size() || out.tokens.back() != t.draft[j]) {
         out.counts[i] = static_cast<int32_t>(j + 1);
         break;
       }
     }
-    if (t.logprobs) out.logprobs.push_back(fake_logprobs(row_value(t.row), out.tokens.back(), it->second.n_logprobs));
   }
   const double dt = config_.cost.step_seconds(b);
   elapsed_s_ += dt;

@@ -230,6 +230,30 @@ TEST_F(EngineSpecRealModel, ManySpeculativeStepsWithAbortsLeakNoBlocks) {
   EXPECT_EQ(core.kv().n_free(), core.kv().n_blocks());
 }
 
+TEST_F(EngineSpecRealModel, LogprobsEqualThoseOfANonSpeculativeRun) {
+  std::vector<Request> reqs = greedy_requests();
+  for (Request& r : reqs) {
+    r.logprobs = true;
+    r.sampling.n_logprobs = 3;
+  }
+  const RunResult plain = run(reqs, false, true);
+  const RunResult spec = run(reqs, true, true);
+  EXPECT_GT(spec.stats.spec.accepted_tokens, 10);
+  for (const auto& [id, o] : plain.out) {
+    ASSERT_EQ(spec.out.at(id).tokens[0], o.tokens[0]) << id;
+    const auto& want = plain.logprobs.at(id)[0];
+    const auto& got = spec.logprobs.at(id)[0];
+    ASSERT_EQ(got.size(), want.size()) << id;
+    for (size_t i = 0; i < want.size(); ++i) {
+      // Another batch shape than the plain run's; the CPU kernels are batch-invariant.
+      EXPECT_EQ(got[i].chosen.token, want[i].chosen.token) << id << " token " << i;
+      EXPECT_NEAR(got[i].chosen.logprob, want[i].chosen.logprob, 1e-5) << id << " token " << i;
+      ASSERT_EQ(got[i].top.size(), 3u);
+      for (size_t k = 0; k < 3; ++k) EXPECT_EQ(got[i].top[k].token, want[i].top[k].token) << id << " token " << i;
+    }
+  }
+}
+
 TEST_F(EngineSpecRealModel, SeededSamplingIsReproducible) {
   Request r = greedy(kCopyPrompt, 16);
   r.sampling.temperature = 0.8f;

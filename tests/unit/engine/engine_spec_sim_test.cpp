@@ -154,3 +154,29 @@ TEST(EngineSpecSim, DraftsNeverRunPastMaxTokens) {
   }
   e.expect_whole();
 }
+
+TEST(EngineSpecSim, LogprobsComeWithEveryEmittedTokenFromItsOwnRow) {
+  SimSetup s = spec_setup();
+  s.eos = -1;
+  SimEngine e(s);
+  std::mt19937 rng(9);
+  std::vector<std::pair<RequestId, Request>> reqs;
+  for (int i = 0; i < 12; ++i) {
+    Request r = greedy_request(random_tokens(rng, 20 + static_cast<int>(rng() % 20), s.vocab), 30);
+    r.logprobs = true;
+    r.sampling.n_logprobs = 3;
+    if (i % 3 == 0) r.sampling.stop_token_ids = {static_cast<int32_t>(rng() % s.vocab)};  // stops inside drafts
+    reqs.emplace_back(e.add(r), r);
+  }
+  e.run();
+  for (const auto& [id, r] : reqs) {
+    const Collected& o = e.out(id);
+    EXPECT_EQ(o.tokens[0], e.reference(r)) << id;
+    const auto want = e.reference_logprobs(r, o.tokens[0]);
+    ASSERT_EQ(o.logprobs[0].size(), want.size()) << id;
+    for (size_t i = 0; i < want.size(); ++i)
+      expect_same_logprobs(o.logprobs[0][i], want[i], "request " + std::to_string(id) + " token " + std::to_string(i));
+  }
+  EXPECT_GT(e.core().stats().spec.accepted_tokens, 10);
+  e.expect_whole();
+}
