@@ -67,10 +67,12 @@ tessera_layer(model     DIRS src/model src/model/arch PUBLIC core backend kv PRI
   LIBS nlohmann_json::nlohmann_json)
 tessera_layer(sample    DIRS src/sample PUBLIC core)
 tessera_layer(sched     DIRS src/sched PUBLIC core kv sample)
+# Speculative decoding: drafters, exact verification, the per-request draft length policy.
+tessera_layer(spec      DIRS src/spec PUBLIC core sample LIBS nlohmann_json::nlohmann_json)
 tessera_layer(tokenizer DIRS src/tokenizer PUBLIC core PRIVATE format
   LIBS PkgConfig::PCRE2 nlohmann_json::nlohmann_json)
 tessera_layer(template  DIRS src/template PUBLIC core PRIVATE tokenizer LIBS nlohmann_json::nlohmann_json)
-tessera_layer(engine    DIRS src/engine PUBLIC core backend kv model sample sched
+tessera_layer(engine    DIRS src/engine PUBLIC core backend kv model sample sched spec
   PRIVATE backend_registry tokenizer format LIBS nlohmann_json::nlohmann_json)
 # The server reaches the scheduler only through the engine's API (engine/engine.h, engine/request.h).
 tessera_layer(server    DIRS src/server src/server/api src/server/http src/server/web

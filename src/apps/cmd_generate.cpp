@@ -1,4 +1,5 @@
 // tessera generate: one prompt in, streamed text out.
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include "apps/commands.h"
 #include "apps/common.h"
 #include "core/error.h"
+#include "engine/engine_core.h"
 #include "engine/engine_offline.h"
 #include "sample/sampler.h"
 #include "tokenizer/detokenizer.h"
@@ -37,6 +39,7 @@ struct GenerateArgs {
   std::string batch_file;
   std::string out_file;
   EngineArgs engine;
+  bool through_engine = false;  // one prompt through the serving engine (implied by --speculative-config)
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -137,6 +140,54 @@ void run_generate(const GenerateArgs& a) {
   seq.release_all(session.pool());
 }
 
+// One prompt through the serving engine (a batch of one): what --speculative-config needs,
+// and the fair baseline for it (--engine without it). Prints decode speed and acceptance.
+void run_generate_engine(const GenerateArgs& a) {
+  EngineArgs ea = a.engine;
+  ea.max_num_seqs = 1;
+  ModelEngine engine(ea.engine_options(a.model));
+  print_engine_summary(engine, a.model);
+  Tokenizer& tok = engine.session().tokenizer();
+  const std::string prompt = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
+  Request r;
+  r.prompt = tok.encode(prompt, /*add_special=*/true, a.parse_special);
+  TESSERA_CHECK(!r.prompt.empty(), "the prompt is empty after tokenization");
+  r.sampling = sampling_params_of(a);
+  EngineCore core(engine.config(), engine.executor());
+  if (const auto rejection = core.validate(r)) fail("generate: ", rejection->message);
+  core.add(1, r);
+  IncrementalDetokenizer detok(tok);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point t_first;
+  int n_gen = 0;
+  while (core.has_work()) {
+    const StepResult step = core.step();
+    TESSERA_CHECK(step.error.empty(), "generate: ", step.error);
+    for (const SeqEvent& e : step.events) {
+      if (e.token < 0) continue;
+      if (n_gen++ == 0) t_first = std::chrono::steady_clock::now();
+      if (!a.ignore_eos && tok.is_eog(e.token)) continue;
+      const std::string text = detok.push(e.token);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    }
+    std::fflush(stdout);
+  }
+  const std::string rest = detok.flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  const double t_prefill = n_gen > 0 ? std::chrono::duration<double>(t_first - t0).count() : seconds_since(t0);
+  const double t_decode = n_gen > 1 ? seconds_since(t_first) : 0.0;
+  const EngineStats st = core.stats();
+  std::fprintf(stderr,
+               "\n[tessera] prompt %zu tokens, first token after %.3f s; then %d tokens in %.3f s (%.1f tok/s) in %lld "
+               "steps; speculative: %s, %lld drafts, %lld of %lld draft tokens accepted (%.1f%%); %s\n",
+               r.prompt.size(), t_prefill, std::max(0, n_gen - 1), t_decode,
+               t_decode > 0 ? (n_gen - 1) / t_decode : 0.0, static_cast<long long>(st.steps),
+               describe_speculative_config(engine.config().speculative).c_str(), static_cast<long long>(st.spec.drafts),
+               static_cast<long long>(st.spec.accepted_tokens), static_cast<long long>(st.spec.draft_tokens),
+               100.0 * st.spec.acceptance_rate(), engine.session().backend().describe().c_str());
+}
+
 }  // namespace
 
 void add_generate(CLI::App& app) {
@@ -164,10 +215,13 @@ void add_generate(CLI::App& app) {
   batch->excludes(p)->excludes(pf);
   cmd->add_option("--out", args->out_file, "with --batch: write results here instead of stdout");
   args->engine.add_to(*cmd);
+  cmd->add_flag("--engine", args->through_engine,
+                "run the prompt through the serving engine, as --speculative-config does (a like-for-like baseline)");
   cmd->callback([args] {
     if (!args->batch_file.empty()) return run_batch(*args);
     TESSERA_CHECK(!args->prompt.empty() || !args->prompt_file.empty(),
                   "generate needs --prompt, --prompt-file or --batch");
+    if (args->through_engine || !args->engine.speculative_config.empty()) return run_generate_engine(*args);
     run_generate(*args);
   });
 }

@@ -91,6 +91,9 @@ void EngineArgs::add_to(CLI::App& cmd) {
                  "sequences in flight per tenant: a request counts n x prompts (0 = no limit)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd.add_option("--speculative-config", speculative_config,
+                 "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                 "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (docs/design/spec-decode.md)");
   cmd.add_option("--max-tokens-per-tenant", max_tokens_per_tenant,
                  "tokens in flight per tenant, prompt + max_tokens x n of each request (0 = no limit)")
       ->check(CLI::NonNegativeNumber)
@@ -141,6 +144,7 @@ ModelEngineOptions EngineArgs::engine_options(const ModelArgs& model) const {
   }
   o.admission.max_requests_per_tenant = max_requests_per_tenant;
   o.admission.max_tokens_per_tenant = max_tokens_per_tenant;
+  o.speculative = parse_speculative_config(speculative_config);
   return o;
 }
 

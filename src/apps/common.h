@@ -38,6 +38,7 @@ struct EngineArgs {
   std::optional<double> swap_space_gib;       // host KV tier for swap mode; unset = 4 GiB
   int max_requests_per_tenant = 0;            // 0 = no limit
   int64_t max_tokens_per_tenant = 0;          // prompt + max_tokens x n in flight; 0 = no limit
+  std::string speculative_config;             // JSON (vLLM's form); empty = no speculation
 
   void add_to(CLI::App& cmd);
   // Throws when flags contradict each other (--swap-space without --preemption-mode swap).

@@ -1,5 +1,6 @@
 #include "engine/engine_core.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
@@ -36,6 +37,8 @@ EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
                 " blocks but the executor has ", executor.n_host_blocks());
   TESSERA_CHECK(config.scheduler.preemption_mode != PreemptionMode::Swap || config.n_host_blocks > 0,
                 "engine: swap preemption needs a host KV tier (swap space), which is empty");
+  drafter_ = make_drafter(config.speculative);
+  if (drafter_) counters_.spec.accepted_per_pos.assign(config.speculative.num_speculative_tokens, 0);
 }
 
 EngineCore::~EngineCore() {
@@ -96,6 +99,7 @@ void EngineCore::add(RequestId id, const Request& r) {
   sr.prefix_root = prefix_root_hash({config_.model_fingerprint, r.adapter_id, r.tenant_salt});
   sr.prompt_logits = r.prompt_logprobs >= 0;
   const SeqId first = scheduler_.add(std::move(sr));
+  if (drafter_ && r.speculative && r.prompt_logprobs < 0) speculating_.insert(id);
   awaiting_first_token_[id] = static_cast<int32_t>(r.prompt.size());
   if (r.logprobs || r.prompt_logprobs >= 0)
     extras_[id] = Extras{r.logprobs, r.prompt_logprobs, static_cast<int32_t>(r.prompt.size()), {}, false};
@@ -115,8 +119,16 @@ void EngineCore::forget_finished(const std::vector<SeqEvent>& events) {
         awaiting_first_token_.erase(it);
       }
     }
-    if (e.finish != FinishReason::None) executor_.remove_sequence(e.seq);
+    if (e.finish != FinishReason::None) {
+      executor_.remove_sequence(e.seq);
+      if (drafter_) {
+        drafter_->remove(e.seq);
+        draft_length_.erase(e.seq);
+        drafts_.erase(e.seq);
+      }
+    }
     if (e.request_done) {
+      speculating_.erase(e.request);
       extras_.erase(e.request);
       awaiting_first_token_.erase(e.request);  // ended before its first token
       // A request counts by how its last choice ended (an abort or error ends all that are left).
@@ -150,6 +162,22 @@ void EngineCore::build_batch(const SchedulerOutput& out) {
   for (const ScheduledSeq& sc : out.seqs) {
     const Sequence& s = scheduler_.sequence(sc.handle);
     const int first_row = batch_.n_tokens();
+    if (sc.n_draft > 0) {
+      // Query rows: the last token, then the draft; each row's logits check the next draft
+      // token, and the last row's give the bonus token.
+      chunk_.assign(1, s.tokens[sc.n_computed]);
+      chunk_.insert(chunk_.end(), s.draft.begin(), s.draft.begin() + sc.n_draft);
+      batch_.add_sequence(s.kv.table, config_.block_size, chunk_.data(), sc.n_new, ForwardBatch::Logits::None);
+      const auto row = static_cast<int32_t>(batch_.logits_rows.size());
+      for (int j = 0; j <= sc.n_draft; ++j) batch_.logits_rows.push_back(first_row + j);
+      const auto d = drafts_.find(sc.seq);
+      std::span<const std::vector<TokenProb>> probs;
+      if (d != drafts_.end() && !d->second.probs.empty()) probs = std::span(d->second.probs).first(sc.n_draft);
+      const auto extras = extras_.find(sc.request);
+      const bool logprobs = extras != extras_.end() && extras->second.logprobs;
+      samples_.push_back({row, sc.seq, logprobs, std::span(s.draft).first(sc.n_draft), probs});
+      continue;
+    }
     batch_.add_sequence(s.kv.table, config_.block_size, s.tokens.data() + sc.n_computed, sc.n_new,
                         ForwardBatch::Logits::None);
     const auto extras = extras_.find(sc.request);
@@ -192,22 +220,41 @@ void EngineCore::gather_prompt_logprobs(const SchedulerOutput& out, StepResult& 
 }
 
 void EngineCore::attach_logprobs(std::vector<SeqEvent>& events) const {
-  // update() emits exactly one event per sample target, in target order.
-  TESSERA_CHECK(events.size() == samples_.size(), "engine: ", events.size(), " events for ", samples_.size(),
-                " sampled tokens");
+  // update() emits one event per sample target, in target order, or, for a speculative
+  // target (which never asks for logprobs), one per emitted token up to a stop.
+  TESSERA_CHECK(events.size() >= samples_.size(), "engine: ", events.size(), " events for ", samples_.size(),
+                " sample targets");
   size_t next = 0;
-  for (size_t i = 0; i < events.size(); ++i) {
-    TESSERA_CHECK(events[i].seq == samples_[i].seq, "engine: event ", i, " is for sequence ", events[i].seq,
-                  ", sampled for ", samples_[i].seq);
-    if (const auto it = extras_.find(events[i].request); it != extras_.end() && it->second.prompt_logprobs >= 0)
-      TESSERA_CHECK(it->second.published, "engine: request ", events[i].request,
+  size_t e = 0;
+  for (size_t i = 0; i < samples_.size(); ++i, ++e) {
+    TESSERA_CHECK(e < events.size() && events[e].seq == samples_[i].seq, "engine: no event for sample target ", i,
+                  " of sequence ", samples_[i].seq);
+    if (!samples_[i].draft.empty()) {
+      // One Logprobs per emitted token; tokens after a stop were dropped, their logprobs too.
+      const size_t emitted = output_.counts.empty() ? 1 : static_cast<size_t>(output_.counts[i]);
+      size_t j = 0;
+      for (;; ++e, ++j) {
+        if (samples_[i].logprobs && j < emitted) {
+          TESSERA_CHECK(next + j < output_.logprobs.size(), "engine: executor returned too few logprobs");
+          if (events[e].token >= 0) events[e].logprobs = output_.logprobs[next + j];
+        }
+        if (!(e + 1 < events.size() && events[e + 1].seq == samples_[i].seq)) break;
+      }
+      if (samples_[i].logprobs) next += emitted;
+      continue;
+    }
+    const size_t event_index = e;
+    auto& ev = events[event_index];
+    if (const auto it = extras_.find(ev.request); it != extras_.end() && it->second.prompt_logprobs >= 0)
+      TESSERA_CHECK(it->second.published, "engine: request ", ev.request,
                     " got a token before its prompt logprobs were complete");
     if (!samples_[i].logprobs) continue;
     TESSERA_CHECK(next < output_.logprobs.size(), "engine: executor returned too few logprobs");
     // A choice finished before its fork drops its sampled token, and the token's logprobs.
-    if (events[i].token >= 0) events[i].logprobs = output_.logprobs[next];
+    if (ev.token >= 0) ev.logprobs = output_.logprobs[next];
     ++next;
   }
+  TESSERA_CHECK(e == events.size(), "engine: ", events.size(), " events for ", e, " sampled tokens");
   TESSERA_CHECK(next == output_.logprobs.size(), "engine: executor returned ", output_.logprobs.size(),
                 " logprobs for ", next, " requested");
 }
@@ -216,6 +263,7 @@ StepResult EngineCore::step() {
   StepResult result;
   if (!scheduler_.has_work()) return result;
   const auto now = std::chrono::steady_clock::now();
+  propose_drafts();
   const SchedulerOutput out = scheduler_.schedule();
   for (RequestId id : out.started) {
     RequestStart start{id, 0, now};
@@ -229,9 +277,11 @@ StepResult EngineCore::step() {
     // Swap-outs read blocks that swap-ins, copies and the forward may then overwrite.
     executor_.swap_out(out.swap_out);
     executor_.swap_in(out.swap_in);
+    output_.counts.clear();  // an executor that knows no drafts leaves it empty: one token each
     executor_.execute(StepInput{batch_, out.copies, samples_, prompt_targets_}, output_);
     gather_prompt_logprobs(out, result);
-    result.events = scheduler_.update(out, output_.tokens);
+    count_verifications(out);
+    result.events = scheduler_.update(out, output_.tokens, output_.counts);
     attach_logprobs(result.events);
   } catch (const std::exception& e) {
     result.error = e.what();
@@ -242,6 +292,60 @@ StepResult EngineCore::step() {
   forget_finished(result.events);
   if (config_.check_invariants) check_invariants();
   return result;
+}
+
+void EngineCore::propose_drafts() {
+  drafts_.clear();
+  if (!drafter_) return;
+  const SpeculativeConfig& sc = config_.speculative;
+  // The off switch: a large batch gains less from fewer serial steps than it pays for the
+  // extra rows (the threshold is measured per device: docs/benchmarks/spec-decode.md).
+  const bool on = !speculating_.empty() && (sc.disable_by_batch_size == 0 ||
+                                            static_cast<int>(scheduler_.n_running()) <= sc.disable_by_batch_size);
+  std::vector<SeqHandle> handles;
+  std::vector<DraftQuery> queries;
+  for (const SeqHandle h : scheduler_.decoding_sequences()) {
+    const Sequence& s = scheduler_.sequence(h);
+    if (on && speculating_.count(s.request)) {
+      handles.push_back(h);
+      queries.push_back({s.id, s.tokens, draft_length_[s.id].next(sc.num_speculative_tokens, sc.adaptive)});
+    } else if (!s.draft.empty()) {
+      scheduler_.set_draft(h, {});  // a draft left from a step that did not schedule it
+    }
+  }
+  if (queries.empty()) return;
+  std::vector<Draft> drafts(queries.size());
+  drafter_->propose(queries, drafts);
+  for (size_t i = 0; i < queries.size(); ++i) {
+    Draft& d = drafts[i];
+    TESSERA_CHECK(static_cast<int>(d.tokens.size()) <= queries[i].max_tokens &&
+                      (d.probs.empty() || d.probs.size() == d.tokens.size()),
+                  "engine: drafter ", drafter_->name(), " proposed ", d.tokens.size(), " tokens (", d.probs.size(),
+                  " distributions) for at most ", queries[i].max_tokens);
+    for (const int32_t t : d.tokens)
+      TESSERA_CHECK(t >= 0 && t < config_.vocab_size, "engine: drafter ", drafter_->name(), " proposed token ", t,
+                    " outside the vocabulary");
+    if (d.tokens.empty() && scheduler_.sequence(handles[i]).draft.empty()) continue;
+    scheduler_.set_draft(handles[i], d.tokens);
+    if (!d.tokens.empty()) drafts_[queries[i].seq] = std::move(d);
+  }
+}
+
+void EngineCore::count_verifications(const SchedulerOutput& out) {
+  size_t target = 0;
+  for (const ScheduledSeq& sc : out.seqs) {
+    if (sc.n_draft > 0) {
+      const int emitted = output_.counts.empty() ? 1 : output_.counts[target];
+      const int accepted = std::min(sc.n_draft, std::max(0, emitted - 1));
+      SpecDecodeStats& st = counters_.spec;
+      ++st.drafts;
+      st.draft_tokens += sc.n_draft;
+      st.accepted_tokens += accepted;
+      for (int j = 0; j < accepted && j < static_cast<int>(st.accepted_per_pos.size()); ++j) ++st.accepted_per_pos[j];
+      draft_length_[sc.seq].observe(sc.n_draft, accepted);
+    }
+    target += sc.sample_seqs.size();
+  }
 }
 
 EngineStats EngineCore::stats() const {
@@ -276,10 +380,15 @@ void EngineCore::check_invariants() const {
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: logprob state left for ended request ", id);
   for (const auto& [id, n] : awaiting_first_token_)
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: prompt count left for ended request ", id);
+  for (const RequestId id : speculating_)
+    TESSERA_CHECK(scheduler_.contains(id), "engine invariant: speculation state left for ended request ", id);
+  TESSERA_CHECK(draft_length_.size() <= scheduler_.n_live_choices(), "engine invariant: draft length state for ",
+                draft_length_.size(), " sequences but ", scheduler_.n_live_choices(), " live choices");
 }
 
 bool EngineCore::is_idle() const {
-  return scheduler_.is_idle() && executor_.n_sequences() == 0 && extras_.empty() && awaiting_first_token_.empty();
+  return scheduler_.is_idle() && executor_.n_sequences() == 0 && extras_.empty() && awaiting_first_token_.empty() &&
+         speculating_.empty() && draft_length_.empty();
 }
 
 }  // namespace tessera

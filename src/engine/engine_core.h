@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/executor.h"
@@ -14,6 +15,9 @@
 #include "kv/block_manager.h"
 #include "sched/admission.h"
 #include "sched/scheduler.h"
+#include "spec/draft_length.h"
+#include "spec/drafter.h"
+#include "spec/spec_config.h"
 
 namespace tessera {
 
@@ -29,6 +33,22 @@ struct EngineConfig {
   int max_n = 16;                 // most choices per request
   AdmissionLimits admission;      // used by Engine
   bool check_invariants = false;  // after every step (tests): slow, throws on a broken one
+  // Speculative decoding (docs/design/spec-decode.md); off by default. Draft tokens take
+  // logits rows: scheduler.max_logits_rows must leave room (ModelEngine adds it).
+  SpeculativeConfig speculative;
+};
+
+// vLLM's spec_decode counters: verifications with at least one draft token, draft tokens
+// verified, draft tokens accepted, and accepted tokens per draft position (index j: the
+// (j+1)-th draft token of a step was accepted).
+struct SpecDecodeStats {
+  int64_t drafts = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_pos;  // [num_speculative_tokens]
+  double acceptance_rate() const {
+    return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / static_cast<double>(draft_tokens) : 0.0;
+  }
 };
 
 struct EngineStats {
@@ -50,6 +70,7 @@ struct EngineStats {
   int64_t requests_aborted = 0;
   int64_t requests_failed = 0;
   PrefixCacheStats prefix;
+  SpecDecodeStats spec;
   size_t waiting = 0;  // sequences, swapped ones included
   size_t running = 0;
   size_t swapped = 0;
@@ -118,6 +139,9 @@ class EngineCore {
     std::vector<Logprobs> prompt;  // entries so far, for positions 1, 2, ...
     bool published = false;
   };
+  // Speculative decoding: a draft for every decoding sequence that speculates this step.
+  void propose_drafts();
+  void count_verifications(const SchedulerOutput& out);
   void build_batch(const SchedulerOutput& out);
   void attach_logprobs(std::vector<SeqEvent>& events) const;
   void gather_prompt_logprobs(const SchedulerOutput& out, StepResult& result);
@@ -135,6 +159,14 @@ class EngineCore {
   std::unordered_map<RequestId, Extras> extras_;
   std::unordered_map<RequestId, int32_t> awaiting_first_token_;  // request -> prompt length
   EngineStats counters_;
+  // Speculative decoding state: the drafter, the requests that speculate, each sequence's
+  // draft length policy, and the drafts (with their q, when the drafter has one) proposed
+  // for the coming step.
+  std::unique_ptr<Drafter> drafter_;
+  std::unordered_set<RequestId> speculating_;
+  std::unordered_map<SeqId, DraftLength> draft_length_;
+  std::unordered_map<SeqId, Draft> drafts_;
+  std::vector<int32_t> chunk_;  // a speculative sequence's step tokens: last token + draft
 };
 
 }  // namespace tessera

@@ -18,9 +18,16 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   o.session.ctx = o.session.block_size;
   o.session.max_batch_tokens = sc.max_num_batched_tokens;
   TESSERA_CHECK(o.prompt_logprob_rows >= 0, "prompt logprob rows ", o.prompt_logprob_rows, " is negative");
+  o.speculative.validate();
+  // Each speculating sequence verifies up to k draft tokens, a logits row each; only
+  // sequences up to the off switch's batch size speculate.
+  const int spec_seqs = o.speculative.disable_by_batch_size > 0
+                            ? std::min(o.speculative.disable_by_batch_size, sc.max_num_seqs)
+                            : sc.max_num_seqs;
+  const int spec_rows = o.speculative.enabled() ? spec_seqs * o.speculative.num_speculative_tokens : 0;
   if (sc.max_logits_rows <= 0)
-    sc.max_logits_rows =
-        std::min(sc.max_num_seqs + o.prompt_logprob_rows, std::max(sc.max_num_batched_tokens, sc.max_num_seqs));
+    sc.max_logits_rows = std::min(sc.max_num_seqs + o.prompt_logprob_rows + spec_rows,
+                                  std::max(sc.max_num_batched_tokens, sc.max_num_seqs));
   o.session.max_logits = sc.max_logits_rows;
   session_ = std::make_unique<Session>(o.session);
   const ModelConfig& mc = session_->config();
@@ -131,6 +138,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   config_.vocab_size = mc.n_vocab;
   config_.admission = o.admission;
   config_.max_n = o.max_n;
+  config_.speculative = o.speculative;
 
   if (o.warmup && !warmed_up) warm_up(*kv_);
 }

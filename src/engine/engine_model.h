@@ -32,6 +32,9 @@ struct ModelEngineOptions {
   // Logits rows per forward beyond max_num_seqs, for prompt-logprob prefill chunks (each
   // needs a row per prompt token); costs rows x vocabulary x 4 bytes twice.
   int prompt_logprob_rows = 64;
+  // Speculative decoding (off by default); its draft tokens get logits rows of their own
+  // beyond the two above.
+  SpeculativeConfig speculative;
 };
 
 class ModelEngine {

@@ -59,6 +59,7 @@ struct OfflineBenchRow {
   std::vector<double> ttft_s, e2e_s, tpot_s, itl_s;
   int64_t prefix_hit_tokens = 0;
   int64_t preemptions = 0;
+  SpecDecodeStats spec;  // speculative decoding: drafts, draft and accepted tokens
 };
 
 // `engine` must have been built with max_num_seqs >= every concurrency level.

@@ -60,6 +60,7 @@ EngineSummary describe_engine(ModelEngine& engine, const std::string& model_arg)
   s.policy = std::string(scheduling_policy_name(ec.scheduler.policy));
   s.preemption = std::string(preemption_mode_name(ec.scheduler.preemption_mode));
   s.prefix_caching = ec.prefix_caching;
+  s.speculative = describe_speculative_config(ec.speculative);
   return s;
 }
 
@@ -97,6 +98,7 @@ std::string format_engine_summary(const EngineSummary& s) {
                 s.policy.c_str(), s.max_num_seqs, s.max_num_batched_tokens, s.max_partial_prefills,
                 s.preemption.c_str(), s.prefix_caching ? "on" : "off");
   line("scheduler", buf);
+  if (!s.speculative.empty() && s.speculative != "off") line("speculative", s.speculative);
   return out;
 }
 

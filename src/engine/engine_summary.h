@@ -29,6 +29,7 @@ struct EngineSummary {
   std::string policy;      // "fcfs", "priority"
   std::string preemption;  // "recompute", "swap"
   bool prefix_caching = false;
+  std::string speculative;  // describe_speculative_config(): "off" or method, k, lookup
 
   int64_t kv_tokens() const { return static_cast<int64_t>(n_blocks) * block_size; }
   // Sequences of max_model_len tokens the cache holds at once.

@@ -21,6 +21,14 @@ struct SampleTarget {
   int32_t row = 0;
   SeqId seq = 0;
   bool logprobs = false;  // also report the token's logprob and the sequence's n_logprobs alternatives
+  // Speculative verification (src/spec/verify.h): rows row .. row + draft.size() are the
+  // target's logits after the sequence's last token and after each draft token; draft
+  // token j is checked against row + j, and the row after the last kept one gives the
+  // replacement or the bonus token. draft_probs: the drafter's q per token, or empty for
+  // point masses (n-gram). Never on a row shared by several targets. With logprobs, one
+  // Logprobs per emitted token (from the row it was checked or drawn against).
+  std::span<const int32_t> draft = {};
+  std::span<const std::vector<TokenProb>> draft_probs = {};
 };
 
 // The logprob of `token` under logits row `row`, with the n_top most likely alternatives
@@ -39,8 +47,10 @@ struct StepInput {
 };
 
 struct StepOutput {
-  std::vector<int32_t> tokens;            // one per sample target
-  std::vector<Logprobs> logprobs;         // one per sample target with logprobs, in order
+  // Per sample target, in order: counts[i] tokens (1 + its accepted draft tokens), flat.
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> counts;
+  std::vector<Logprobs> logprobs;         // per sample target with logprobs, one per emitted token, in order
   std::vector<Logprobs> prompt_logprobs;  // one per prompt target, in order
 };
 

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kv/kv_host_ops.h"
+#include "spec/verify.h"
 
 namespace tessera {
 
@@ -59,7 +60,8 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
   argmax_only_.assign(rows, 1);
   argmax_.assign(rows, -1);
   for (const SampleTarget& t : in.samples)
-    if (t.row >= 0 && static_cast<size_t>(t.row) < rows && !argmax_is_enough(t)) argmax_only_[t.row] = 0;
+    for (size_t j = 0; j <= t.draft.size(); ++j)
+      if (t.row >= 0 && t.row + j < rows && !argmax_is_enough(t)) argmax_only_[t.row + j] = 0;
   for (const PromptLogprobTarget& t : in.prompt_logprobs)
     if (t.row >= 0 && static_cast<size_t>(t.row) < rows) argmax_only_[t.row] = 0;
   logits_.resize(rows * n_vocab_);
@@ -73,17 +75,41 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
   for (const PromptLogprobTarget& t : in.prompt_logprobs)
     out.prompt_logprobs.push_back(compute_logprobs(row_of(t.row), t.token, t.n_top));
   out.logprobs.clear();
+  out.counts.assign(in.samples.size(), 1);
   std::vector<int32_t>& tokens = out.tokens;
-  tokens.resize(in.samples.size());
+  tokens.clear();
+  tokens.reserve(in.samples.size());
   for (size_t i = 0; i < in.samples.size(); ++i) {
     const SampleTarget& t = in.samples[i];
     const auto it = samplers_.find(t.seq);
     TESSERA_CHECK(it != samplers_.end(), "executor: sampling unknown sequence ", t.seq);
+    if (!t.draft.empty()) {
+      // Logprobs are of the raw rows, which verification edits (bias, penalties): keep them.
+      const size_t n_rows = t.draft.size() + 1;
+      if (t.logprobs) {
+        raw_rows_.resize(n_rows * n_vocab_);
+        for (size_t j = 0; j < n_rows; ++j) {
+          const std::span<float> r = row_of(t.row + static_cast<int32_t>(j));
+          std::copy(r.begin(), r.end(), raw_rows_.begin() + static_cast<ptrdiff_t>(j * n_vocab_));
+        }
+      }
+      const size_t before = tokens.size();
+      verify_draft(t, it->second, row_of, tokens);
+      out.counts[i] = static_cast<int32_t>(tokens.size() - before);
+      if (t.logprobs) {
+        // Emitted token j was kept against, or drawn from, row j.
+        for (size_t j = 0; j < tokens.size() - before; ++j)
+          out.logprobs.push_back(
+              compute_logprobs(std::span<const float>(raw_rows_.data() + j * n_vocab_, static_cast<size_t>(n_vocab_)),
+                               tokens[before + j], it->second.params().n_logprobs));
+      }
+      continue;
+    }
     std::span<float> row = row_of(t.row);
     if (argmax_only_[t.row] && argmax_[t.row] >= 0) {
       // The sampler would take the argmax of this unmodified row (and draw no randomness).
-      tokens[i] = argmax_[t.row];
-      it->second.accept(tokens[i]);
+      tokens.push_back(argmax_[t.row]);
+      it->second.accept(tokens.back());
       continue;
     }
     // sample() edits the row (bias, penalties): a row shared by several choices is copied.
@@ -95,12 +121,44 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
     }
     if (t.logprobs) {
       SampleResult r = it->second.sample_with_logprobs(row);
-      tokens[i] = r.token;
+      tokens.push_back(r.token);
       out.logprobs.push_back(std::move(r.logprobs));
     } else {
-      tokens[i] = it->second.sample(row);
+      tokens.push_back(it->second.sample(row));
     }
-    it->second.accept(tokens[i]);
+    it->second.accept(tokens.back());
+  }
+}
+
+void ModelExecutor::verify_draft(const SampleTarget& t, Sampler& sampler, FunctionRef<std::span<float>(int32_t)> row_of,
+                                 std::vector<int32_t>& tokens) {
+  const size_t n = t.draft.size();
+  if (argmax_is_enough(t) && argmax_[t.row] >= 0) {
+    // Greedy without processors: p_j is a point mass at the row's argmax, so a draft token
+    // is kept iff it is that argmax, and the first other argmax replaces it.
+    for (size_t j = 0; j <= n; ++j) {
+      const int32_t best = argmax_[t.row + j];
+      TESSERA_CHECK(best >= 0, "executor: argmax of verification row ", t.row + j, " missing");
+      tokens.push_back(best);
+      sampler.accept(best);
+      if (j == n || best != t.draft[j]) return;
+    }
+  }
+  const auto target = [&](size_t j) -> std::span<const TokenProb> {
+    target_dist_ = sampler.distribution(row_of(t.row + static_cast<int32_t>(j)));
+    return target_dist_;
+  };
+  const auto on_accept = [&](size_t j) { sampler.accept(t.draft[j]); };
+  const auto uniform = [&] { return sampler.uniform(); };
+  const ChainVerdict v = verify_chain(t.draft, t.draft_probs, target, on_accept, uniform);
+  tokens.insert(tokens.end(), v.tokens.begin(), v.tokens.end());
+  if (v.n_accepted == n) {
+    // Every draft token kept: the bonus token, sampled from p_n as a plain step would.
+    const int32_t bonus = sampler.sample(row_of(t.row + static_cast<int32_t>(n)));
+    tokens.push_back(bonus);
+    sampler.accept(bonus);
+  } else {
+    sampler.accept(v.tokens.back());  // the replacement drawn at the first rejection
   }
 }
 

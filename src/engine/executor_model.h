@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/function_ref.h"
 #include "engine/executor.h"
 #include "engine/model_runner.h"
 #include "kv/kv_cache.h"
@@ -42,6 +43,10 @@ class ModelExecutor final : public Executor {
  private:
   // Whether row sampling for this target is exactly the argmax of the raw row.
   bool argmax_is_enough(const SampleTarget& t) const;
+  // Speculative target: verifies its draft against rows t.row .. t.row + draft.size() and
+  // appends the emitted tokens (accepted prefix + replacement or bonus), recording each.
+  void verify_draft(const SampleTarget& t, Sampler& sampler, FunctionRef<std::span<float>(int32_t)> row_of,
+                    std::vector<int32_t>& tokens);
 
   KvCache& kv_;
   ModelRunner runner_;
@@ -52,8 +57,10 @@ class ModelExecutor final : public Executor {
   int max_logits_rows_;
   std::unique_ptr<HostKvTier> host_;
   std::unordered_map<SeqId, Sampler> samplers_;
-  std::vector<float> logits_;  // [rows, n_vocab]
-  std::vector<float> row_;     // [n_vocab] a row sampled by several sequences
+  std::vector<float> logits_;           // [rows, n_vocab]
+  std::vector<float> row_;              // [n_vocab] a row sampled by several sequences
+  std::vector<TokenProb> target_dist_;  // verification: p_j of the position being checked
+  std::vector<float> raw_rows_;         // [draft + 1, n_vocab] verification rows before processing (logprobs)
 };
 
 }  // namespace tessera

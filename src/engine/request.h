@@ -35,6 +35,9 @@ struct Request {
   // k most likely alternatives (OpenAI echo + logprobs). Such a request takes no prefix-cache
   // hits (cached positions have no logits) but still publishes its blocks.
   int32_t prompt_logprobs = -1;
+  // Speculative decoding, when the engine has it (--speculative-config): false opts this
+  // request out. Requests with prompt_logprobs never speculate (for now).
+  bool speculative = true;
 };
 
 // One thing that happened to a choice: a new token, its end, or both.

@@ -164,14 +164,24 @@ void SimulatedExecutor::execute(const StepInput& in, StepOutput& out) {
   for (const PromptLogprobTarget& t : in.prompt_logprobs)
     out.prompt_logprobs.push_back(fake_logprobs(row_value(t.row), t.token, t.n_top));
   out.logprobs.clear();
-  out.tokens.resize(in.samples.size());
+  out.tokens.clear();
+  out.counts.assign(in.samples.size(), 1);
   for (size_t i = 0; i < in.samples.size(); ++i) {
     const SampleTarget& t = in.samples[i];
     const auto it = seqs_.find(t.seq);
     TESSERA_CHECK(it != seqs_.end(), "simulator: sampling unknown sequence ", t.seq);
-    const uint64_t value = row_value(t.row);
-    out.tokens[i] = token_after(value, it->second.seed);
-    if (t.logprobs) out.logprobs.push_back(fake_logprobs(value, out.tokens[i], it->second.n_logprobs));
+    // Speculative targets verify like greedy decoding: the simulated model's token after
+    // each position is deterministic, a draft token is kept iff it equals it, and the first
+    // other one replaces it (so outputs match a run without drafts exactly).
+    for (size_t j = 0; j <= t.draft.size(); ++j) {
+      const uint64_t value = row_value(t.row + static_cast<int32_t>(j));
+      out.tokens.push_back(token_after(value, it->second.seed));
+      if (t.logprobs) out.logprobs.push_back(fake_logprobs(value, out.tokens.back(), it->second.n_logprobs));
+      if (j == t.draft.size() || out.tokens.back() != t.draft[j]) {
+        out.counts[i] = static_cast<int32_t>(j + 1);
+        break;
+      }
+    }
   }
   const double dt = config_.cost.step_seconds(b);
   elapsed_s_ += dt;

@@ -122,6 +122,21 @@ void KvBlockManager::cache_full_blocks(SeqKv& kv, std::span<const int32_t> token
   kv.n_registered = std::max(kv.n_registered, n_full);
 }
 
+void KvBlockManager::truncate(SeqKv& kv, int n_tokens) {
+  TESSERA_CHECK(n_tokens >= 0 && n_tokens <= kv.table.n_tokens && !kv.swapped(), "KV: truncate of a sequence of ",
+                kv.table.n_tokens, " tokens to ", n_tokens);
+  TESSERA_CHECK(kv.n_registered <= n_tokens / block_size_, "KV: truncate to ", n_tokens,
+                " tokens would cut into blocks offered to the prefix index");
+  auto& blocks = kv.table.blocks;
+  const int keep = blocks_for(n_tokens);
+  while (static_cast<int>(blocks.size()) > keep) {
+    release(blocks.back());
+    blocks.pop_back();
+  }
+  if (static_cast<int>(kv.hashes.size()) > n_tokens / block_size_) kv.hashes.resize(n_tokens / block_size_);
+  kv.table.n_tokens = n_tokens;
+}
+
 void KvBlockManager::fork(const SeqKv& parent, SeqKv& child) {
   TESSERA_CHECK(child.table.blocks.empty(), "KV: fork into a sequence that has KV");
   for (int32_t b : parent.table.blocks) retain(b);

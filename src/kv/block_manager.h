@@ -121,6 +121,12 @@ class KvBlockManager {
   // the sequence's tokens (at least kv.n_computed()). No-op without prefix caching.
   void cache_full_blocks(SeqKv& kv, std::span<const int32_t> tokens);
 
+  // Speculative rollback: the sequence keeps only its first n_tokens computed tokens
+  // (n_tokens <= kv.n_computed()); blocks past them go back to the pool. Those blocks were
+  // allocated fresh for draft positions, so they are private and unindexed; a kept block's
+  // stale slots are overwritten by the next write. Keys of blocks no longer full are dropped.
+  void truncate(SeqKv& kv, int n_tokens);
+
   // child shares every block of parent (one more reference each) and its computed count.
   void fork(const SeqKv& parent, SeqKv& child);
   // Gives every block of the sequence back (last block first, so the head of a prefix

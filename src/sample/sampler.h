@@ -81,6 +81,11 @@ class Sampler {
   // Records `token` as generated output (for repetition, presence and frequency penalties).
   void accept(int32_t token);
 
+  // One output of the sequence's random stream as a double in [0, 1) (its top 53 bits), the
+  // same mapping draw() uses: speculative verification (src/spec/verify.h) takes its
+  // acceptance and resampling draws from here, so a seeded request stays reproducible.
+  double uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+
   // The exact distribution sample() would draw from for this row, over the tokens that
   // survive all processors, sorted by token id, probabilities summing to 1. Applies bias and
   // penalties to the row in place like sample(), and consumes no randomness. For greedy

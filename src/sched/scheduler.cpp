@@ -211,7 +211,11 @@ SchedulerOutput Scheduler::commit(const SchedulePlan& p) {
     sc.n_new = plan_sc.n_new;
     sc.prompt_rows_begin = plan_sc.prompt_rows_begin;
     sc.prompt_rows_end = plan_sc.prompt_rows_end;
-    if (sc.n_computed + sc.n_new == static_cast<int>(s.tokens.size())) {
+    sc.n_draft = plan_sc.n_draft;
+    TESSERA_CHECK(sc.n_draft == 0 || (s.decoding() && sc.n_draft <= static_cast<int>(s.draft.size())),
+                  "scheduler: sequence ", s.id, " scheduled ", sc.n_draft, " draft tokens it does not have");
+    stats_.draft_tokens_scheduled += sc.n_draft;
+    if (sc.n_computed + sc.n_new - sc.n_draft == static_cast<int>(s.tokens.size())) {
       if (!r.forked && r.spec.n > 1) {
         for (int c = 0; c < r.spec.n; ++c) sc.sample_seqs.push_back(r.first_seq + c);
       } else {
@@ -228,6 +232,7 @@ SchedulerOutput Scheduler::commit(const SchedulePlan& p) {
 void Scheduler::preempt(SeqHandle h, bool swap, std::vector<BlockSwap>& swaps) {
   Sequence& s = slots_[h];
   TESSERA_CHECK(s.status == SeqStatus::Running, "scheduler: preempting sequence ", s.id, " that is not running");
+  s.draft.clear();
   if (swap) {
     TESSERA_CHECK(kv_.swap_out(s.kv, swaps), "scheduler: plan reserved host slots for sequence ", s.id,
                   " but the swap-out failed");
@@ -245,16 +250,34 @@ void Scheduler::preempt(SeqHandle h, bool swap, std::vector<BlockSwap>& swaps) {
   ++stats_.preemptions;
 }
 
-std::vector<SeqEvent> Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled) {
-  TESSERA_CHECK(static_cast<int>(sampled.size()) == out.n_samples(), "scheduler: ", sampled.size(),
-                " sampled tokens for ", out.n_samples(), " samples");
+std::vector<SeqEvent> Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled,
+                                        std::span<const int32_t> counts) {
+  const size_t n_samples = static_cast<size_t>(out.n_samples());
+  TESSERA_CHECK(counts.empty() || counts.size() == n_samples, "scheduler: ", counts.size(), " token counts for ",
+                n_samples, " samples");
+  size_t n_sampled = counts.empty() ? n_samples : 0;
+  for (int32_t c : counts) n_sampled += static_cast<size_t>(c);
+  TESSERA_CHECK(sampled.size() == n_sampled, "scheduler: ", sampled.size(), " sampled tokens for ", n_sampled,
+                " expected");
   ++version_;
   std::vector<SeqEvent> events;
-  size_t k = 0;
+  size_t k = 0;       // next token in `sampled`
+  size_t target = 0;  // next sample target
   for (const ScheduledSeq& sc : out.seqs) {
     Sequence& s = slots_[sc.handle];
     TESSERA_CHECK(s.id == sc.seq && s.status == SeqStatus::Running, "scheduler: sequence ", sc.seq,
                   " changed between commit and update");
+    if (sc.n_draft > 0) {
+      const size_t count = counts.empty() ? 1 : static_cast<size_t>(counts[target]);
+      TESSERA_CHECK(sc.sample_seqs.size() == 1 && count >= 1 && count <= static_cast<size_t>(sc.n_draft) + 1,
+                    "scheduler: ", count, " tokens for sequence ", s.id, " that verified ", sc.n_draft,
+                    " draft tokens");
+      update_speculative(s, sc, sampled.subspan(k, count), events);
+      k += count;
+      ++target;
+      continue;
+    }
+    s.draft.clear();
     s.kv.table.n_tokens += sc.n_new;
     kv_.cache_full_blocks(s.kv, s.tokens);
     if (sc.prompt_rows_end > sc.prompt_rows_begin) {
@@ -262,14 +285,55 @@ std::vector<SeqEvent> Scheduler::update(const SchedulerOutput& out, std::span<co
       r.prompt_rows_next = std::max(r.prompt_rows_next, sc.prompt_rows_end);
     }
     if (sc.sample_seqs.empty()) continue;
+    for (size_t i = 0; i < sc.sample_seqs.size(); ++i)
+      TESSERA_CHECK(counts.empty() || counts[target + i] == 1, "scheduler: ", counts[target + i],
+                    " tokens for sequence ", sc.sample_seqs[i], " that verified no draft");
     const auto tokens = sampled.subspan(k, sc.sample_seqs.size());
     k += sc.sample_seqs.size();
+    target += sc.sample_seqs.size();
     if (sc.sample_seqs.size() > 1)
       fork(sc.handle, tokens, events);
     else
       append_token(s, tokens[0], events);
   }
   return events;
+}
+
+void Scheduler::update_speculative(Sequence& s, const ScheduledSeq& sc, std::span<const int32_t> tokens,
+                                   std::vector<SeqEvent>& events) {
+  // tokens = the accepted draft prefix, then one sampled token. The KV written this step
+  // holds the last token and all n_draft draft tokens; keep the last token and the accepted
+  // ones, give back the rest.
+  const int n_accepted = static_cast<int>(tokens.size()) - 1;
+  for (int j = 0; j < n_accepted; ++j)
+    TESSERA_CHECK(tokens[j] == s.draft[j], "scheduler: accepted token ", j, " of sequence ", s.id,
+                  " is not its draft token");
+  s.kv.table.n_tokens += sc.n_new;
+  kv_.truncate(s.kv, sc.n_computed + 1 + n_accepted);
+  // The prefix index sees the accepted tokens in place (verified: they are output now).
+  const size_t n_before = s.tokens.size();
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.begin() + n_accepted);
+  kv_.cache_full_blocks(s.kv, s.tokens);
+  s.tokens.resize(n_before);
+  s.draft.clear();
+  for (const int32_t token : tokens) {
+    append_token(s, token, events);
+    if (s.status == SeqStatus::Finished) break;  // a stop: the tokens after it are dropped
+  }
+}
+
+void Scheduler::set_draft(SeqHandle h, std::vector<int32_t> draft) {
+  Sequence& s = slots_.at(h);
+  TESSERA_CHECK(s.decoding(), "scheduler: draft for sequence ", s.id, " that is not decoding");
+  ++version_;
+  s.draft = std::move(draft);
+}
+
+std::vector<SeqHandle> Scheduler::decoding_sequences() const {
+  std::vector<SeqHandle> out;
+  for (const auto& [key, h] : running_)
+    if (slots_[h].decoding()) out.push_back(h);
+  return out;
 }
 
 void Scheduler::fork(SeqHandle parent_handle, std::span<const int32_t> tokens, std::vector<SeqEvent>& events) {
@@ -335,6 +399,7 @@ void Scheduler::finish(Sequence& s, FinishReason reason, std::vector<SeqEvent>& 
   const SeqId seq = s.id;
   const int32_t choice = s.choice;
   s.tokens = {};  // give the memory back now; the slot is reused
+  s.draft = {};
   free_slots_.push_back(h);
   RequestState& r = requests_.at(id);
   r.seqs[choice] = UINT32_MAX;

@@ -63,6 +63,10 @@ struct ScheduledSeq {
   RequestId request = 0;
   int n_computed = 0;  // tokens already in KV before this step
   int n_new = 0;       // tokens computed this step: tokens[n_computed, n_computed + n_new)
+  // Speculative decoding: the last n_draft of the n_new tokens are the sequence's draft[0,
+  // n_draft), after its last token (n_new = 1 + n_draft); each takes a logits row, and
+  // update() keeps only the KV of the ones verification accepted.
+  int n_draft = 0;
   // Sampling: the logits row of the last new token is sampled once per entry of sample_seqs
   // (empty: no logits; one entry normally; n entries on the step that completes the prompt
   // of an n-choice request, which then forks).
@@ -120,6 +124,7 @@ struct SchedulerStats {
   int64_t swap_fallbacks = 0;  // swap mode, but the host tier was full: recomputed
   int64_t scheduled_tokens = 0;
   int64_t forks = 0;
+  int64_t draft_tokens_scheduled = 0;  // speculative tokens verified (accepted or not)
 };
 
 class Scheduler {
@@ -148,8 +153,20 @@ class Scheduler {
   SchedulePlan plan() const;
   SchedulerOutput commit(const SchedulePlan& plan);
   SchedulerOutput schedule() { return commit(plan()); }
-  // After the forward: `sampled` holds one token per sample_seqs entry, in output order.
-  std::vector<SeqEvent> update(const SchedulerOutput& output, std::span<const int32_t> sampled);
+  // After the forward: `sampled` holds the tokens of every sample_seqs entry, in output
+  // order: counts[i] of them for entry i (1 + the draft tokens verification accepted; empty
+  // counts = one each). A speculative sequence's rejected draft positions are rolled back:
+  // its computed count stops after the accepted ones, blocks past it are freed, and only
+  // blocks of verified tokens reach the prefix cache. One event per emitted token, up to a
+  // stop (tokens after it are dropped).
+  std::vector<SeqEvent> update(const SchedulerOutput& output, std::span<const int32_t> sampled,
+                               std::span<const int32_t> counts = {});
+  // Speculative decoding: the tokens to verify after the sequence's last token the next time
+  // it is scheduled (it must be decoding()); the plan may use fewer (token budget, logits
+  // rows, max_tokens, max_model_len, KV) or none. Replaces any earlier draft.
+  void set_draft(SeqHandle h, std::vector<int32_t> draft);
+  // Running sequences in decode state, in scheduling order.
+  std::vector<SeqHandle> decoding_sequences() const;
   // The step failed: its requests end with FinishReason::Error and their KV is freed
   // (those swapped out in the step too: their host copy may be incomplete).
   std::vector<SeqEvent> fail(const SchedulerOutput& output);
@@ -195,6 +212,11 @@ class Scheduler {
   void fork(SeqHandle parent, std::span<const int32_t> tokens, std::vector<SeqEvent>& events);
   FinishReason stop_reason(const Sequence& s, const StopCriteria& stop, int32_t token) const;
   int prefill_chunk(const Sequence& s, int n_computed, int budget) const;
+  // Draft tokens of a decoding sequence this step can verify.
+  int draft_allowance(const Sequence& s, int budget_left, int rows_left) const;
+  // Speculative update: keep the KV of the accepted draft tokens, roll back the rest.
+  void update_speculative(Sequence& s, const ScheduledSeq& sc, std::span<const int32_t> tokens,
+                          std::vector<SeqEvent>& events);
 
   SchedulerConfig config_;
   KvBlockManager& kv_;

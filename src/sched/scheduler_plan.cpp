@@ -77,8 +77,12 @@ SchedulePlan Scheduler::plan() const {
       if (i >= end) break;
       const int n_new = cap_for_rows(s, s.n_computed(), prefill_chunk(s, s.n_computed(), budget), 1 + extra_rows);
       if (is_partial(s, s.n_computed(), n_new) && n_partial == config_.max_partial_prefills) continue;
+      // Draft tokens ride along only where they fit: budget, rows, limits, then KV (a
+      // speculative step gives way to a plain one before anyone is preempted).
+      int n_draft = draft_allowance(s, budget - n_new, extra_rows);
+      if (n_draft > 0 && !kv.reserve(s.kv, {}, n_new + n_draft)) n_draft = 0;
       bool fits = true;
-      while (!kv.reserve(s.kv, {}, n_new)) {
+      while (n_draft == 0 && !kv.reserve(s.kv, {}, n_new)) {
         take_victim(kv, end, true);
         if (end == i) {  // it was this sequence itself
           fits = false;
@@ -89,11 +93,13 @@ SchedulePlan Scheduler::plan() const {
       ScheduledSeq sc;
       sc.handle = h;
       sc.n_computed = s.n_computed();
-      sc.n_new = n_new;
+      sc.n_new = n_new + n_draft;
+      sc.n_draft = n_draft;
       take_rows(s, sc);
+      extra_rows -= n_draft;
       p.seqs.push_back(std::move(sc));
-      budget -= n_new;
-      p.n_tokens += n_new;
+      budget -= n_new + n_draft;
+      p.n_tokens += n_new + n_draft;
       if (is_partial(s, s.n_computed(), n_new)) ++n_partial;
       continue;
     }
@@ -161,6 +167,21 @@ SchedulePlan Scheduler::plan() const {
     if (is_partial(s, n_computed, n_new)) ++n_partial;
   }
   return p;
+}
+
+int Scheduler::draft_allowance(const Sequence& s, int budget_left, int rows_left) const {
+  if (s.draft.empty() || !s.decoding()) return 0;
+  const RequestState& r = requests_.at(s.request);
+  // The step that completes an n > 1 prompt samples every choice from one row and forks:
+  // drafts start after the fork, each choice with its own.
+  if (r.spec.n > 1 && !r.forked) return 0;
+  const StopCriteria& stop = r.spec.stop;
+  const int n_tokens = static_cast<int>(s.tokens.size());
+  // Every draft token kept still leaves room for the token sampled after them: never past
+  // max_tokens or max_model_len, so no KV is written for a position that cannot be emitted.
+  const int n = std::min({static_cast<int>(s.draft.size()), budget_left, rows_left, stop.max_tokens - s.n_output() - 1,
+                          config_.max_model_len - n_tokens - 1});
+  return std::max(0, n);
 }
 
 }  // namespace tessera

@@ -57,9 +57,15 @@ struct Sequence {
   int32_t n_prompt = 0;
   SeqKv kv;  // kv.n_computed(): tokens whose KV is in the cache
   int32_t n_preemptions = 0;
+  // Speculative decoding: tokens proposed to follow `tokens`, verified the next time the
+  // sequence is scheduled in decode state (Scheduler::set_draft); never part of `tokens`
+  // until verified. Cleared by every update and preemption.
+  std::vector<int32_t> draft;
 
   int n_computed() const { return kv.n_computed(); }
   int n_output() const { return static_cast<int>(tokens.size()) - n_prompt; }
+  // Everything but the last token is in KV: the next step computes one token and samples.
+  bool decoding() const { return status == SeqStatus::Running && n_computed() + 1 == static_cast<int>(tokens.size()); }
 };
 
 }  // namespace tessera

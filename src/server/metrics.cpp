@@ -290,6 +290,22 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   w.counter("tessera:prefix_cache_evictions_total", "Cached prefix blocks evicted to hold other data.",
             static_cast<double>(engine.prefix.evictions));
 
+  // Speculative decoding, under vLLM's names (present when the engine speculates), with
+  // the _total that prometheus_client appends to counters, like the rest.
+  if (!engine.spec.accepted_per_pos.empty()) {
+    w.counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",
+              static_cast<double>(engine.spec.drafts));
+    w.counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
+              static_cast<double>(engine.spec.draft_tokens));
+    w.counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
+              static_cast<double>(engine.spec.accepted_tokens));
+    w.family("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+             "Number of accepted tokens per position.");
+    for (size_t j = 0; j < engine.spec.accepted_per_pos.size(); ++j)
+      w.sample("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position=\"" + std::to_string(j) + "\"",
+               static_cast<double>(engine.spec.accepted_per_pos[j]));
+  }
+
   // Token counters as they happen (vLLM counts them per engine step): prompt tokens when a
   // request's prefill completes, generation tokens as they are sampled.
   w.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",

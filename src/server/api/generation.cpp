@@ -44,6 +44,7 @@ void Generation::start(std::shared_ptr<http::Exchange> exchange, Engine& engine,
     r.tenant_salt = gen->plan_.tenant_salt;
     r.logprobs = o.logprobs;
     r.prompt_logprobs = gen->plan_.echo && o.logprobs ? o.top_logprobs : -1;
+    r.speculative = o.speculative;
     SubmitResult s = engine.submit(std::move(r), [weak] {
       if (auto g = weak.lock()) g->schedule_drain();
     });

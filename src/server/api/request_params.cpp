@@ -147,6 +147,7 @@ GenerationOptions parse_generation_options(const json& body, Endpoint endpoint, 
   o.stop = parse_stop(f);
   o.include_stop_str_in_output = f.boolean("include_stop_str_in_output").value_or(false);
   o.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
+  o.speculative = f.boolean("speculative").value_or(true);
   o.user = f.string("user", kMaxUserBytes).value_or("");
   parse_logprobs(f, endpoint, o);
   sp.n_logprobs = o.top_logprobs;

@@ -34,6 +34,9 @@ struct GenerationOptions {
   std::vector<std::string> stop;  // stop strings, matched on the output text
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
+  // tessera extension: false opts this request out of speculative decoding (when the server
+  // runs with --speculative-config); outputs are the same either way, only the speed differs.
+  bool speculative = true;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // report the chosen token's logprob

@@ -112,6 +112,7 @@ TEST(ApiRequestParams, CompletionInvalidCases) {
       {R"({"prompt": "hi", "stop_token_ids": [49152]})", 400, "stop_token_ids", "invalid_value"},
       {R"({"prompt": "hi", "stop_token_ids": 2})", 400, "stop_token_ids", "invalid_type"},
       {R"({"prompt": "hi", "ignore_eos": 1})", 400, "ignore_eos", "invalid_type"},
+      {R"({"prompt": "hi", "speculative": "no"})", 400, "speculative", "invalid_type"},
       {R"({"prompt": "hi", "echo": "yes"})", 400, "echo", "invalid_type"},
       {R"({"prompt": "hi", "logprobs": 21})", 400, "logprobs", "invalid_value"},
       {R"({"prompt": "hi", "logprobs": true})", 400, "logprobs", "invalid_type"},
@@ -161,7 +162,7 @@ TEST(ApiRequestParams, CompletionValidFields) {
     "frequency_penalty": -0.5, "repetition_penalty": 1.1, "logit_bias": {"42": -100, "7": 2.5}, "seed": -1,
     "stop": "\n", "stop_token_ids": [2], "ignore_eos": true, "user": "u1", "echo": true, "logprobs": 3,
     "stream": true, "stream_options": {"include_usage": true}, "include_stop_str_in_output": true,
-    "unknown_key": {"ignored": true}, "suffix": null})");
+    "unknown_key": {"ignored": true}, "suffix": null, "speculative": false})");
   const GenerationPlan p = parse_completion_request(body, model);
   ASSERT_EQ(p.prompts.size(), 2u);
   EXPECT_EQ(p.prompts[0].tokens, model.tokenizer->encode("Hello", true, false));
@@ -173,6 +174,7 @@ TEST(ApiRequestParams, CompletionValidFields) {
   EXPECT_TRUE(o.include_stop_str_in_output && o.stream && o.include_usage && o.logprobs);
   EXPECT_EQ(o.top_logprobs, 3);
   EXPECT_EQ(o.user, "u1");
+  EXPECT_FALSE(o.speculative);  // the opt-out
   const SamplingParams& sp = p.sampling[1];
   EXPECT_EQ(sp.max_tokens, 7);
   EXPECT_FLOAT_EQ(sp.temperature, 0.5f);
@@ -194,6 +196,7 @@ TEST(ApiRequestParams, CompletionValidFields) {
   ASSERT_EQ(t.prompts.size(), 2u);
   EXPECT_EQ(t.prompts[0].tokens, (std::vector<int32_t>{1, 2}));
   EXPECT_EQ(t.options.n, 1);
+  EXPECT_TRUE(t.options.speculative);  // speculation unless the request opts out
   EXPECT_EQ(parse_completion_request(json::parse(R"({"prompt": [5, 6, 7]})"), model).prompts[0].tokens.size(), 3u);
 }
 

@@ -33,8 +33,9 @@ struct SimSetup {
   int eos_one_in = 0;
   bool check_invariants = true;  // after every step
   PreemptionMode preemption = PreemptionMode::Recompute;
-  int n_host_blocks = 0;    // host tier (swap)
-  int max_logits_rows = 0;  // 0 = max_num_seqs
+  int n_host_blocks = 0;               // host tier (swap)
+  int max_logits_rows = 0;             // 0 = max_num_seqs
+  SpeculativeConfig speculative = {};  // off unless a test sets it (needs max_logits_rows room)
 };
 
 struct Collected {
@@ -87,6 +88,7 @@ class SimEngine {
     ec.scheduler.max_logits_rows = s.max_logits_rows;
     ec.n_host_blocks = s.n_host_blocks;
     ec.kv_block_bytes = 100;  // any: the byte counters are blocks x this
+    ec.speculative = s.speculative;
     core_ = std::make_unique<EngineCore>(ec, *sim_);
   }
 

@@ -382,4 +382,25 @@ TEST(ServerMetrics, ConcurrentRecordsAndScrapesLoseNothing) {
 TEST(ServerMetrics, RejectsAZeroContextLength) { EXPECT_THROW(ServerMetrics("m", 0), Error); }
 
 }  // namespace
+TEST(ServerMetrics, SpeculativeDecodingCountersUnderVllmNames) {
+  ServerMetrics metrics("m");
+  // No speculation: no spec_decode families at all.
+  EXPECT_EQ(metrics.render(EngineStats{}).find("spec_decode"), std::string::npos);
+  EngineStats engine;
+  engine.spec.drafts = 10;
+  engine.spec.draft_tokens = 35;
+  engine.spec.accepted_tokens = 21;
+  engine.spec.accepted_per_pos = {9, 7, 5};
+  const auto f = parse_prometheus_text(metrics.render(engine));
+  for (const auto& [name, want] :
+       std::vector<std::pair<std::string, double>>{{"vllm:spec_decode_num_drafts_total", 10},
+                                                   {"vllm:spec_decode_num_draft_tokens_total", 35},
+                                                   {"vllm:spec_decode_num_accepted_tokens_total", 21}})
+    EXPECT_EQ(value_of(f, name, name), want) << name;
+  const std::string per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+  EXPECT_EQ(value_of(f, per_pos, per_pos, {{"position", "0"}}), 9);
+  EXPECT_EQ(value_of(f, per_pos, per_pos, {{"position", "1"}}), 7);
+  EXPECT_EQ(value_of(f, per_pos, per_pos, {{"position", "2"}}), 5);
+}
+
 }  // namespace tessera

@@ -1,0 +1,50 @@
+#pragma once
+// Drafters propose the tokens a speculative step verifies. One interface for every kind:
+// prompt lookup (ngram_drafter.h, no model), and later a draft model with its own paged KV,
+// early-exit self-speculation over the target's first layers, and learned heads
+// (Medusa/EAGLE). Contract: docs/design/spec-decode.md.
+//
+// The engine calls propose() once per step for every running sequence in decode state that
+// speculates, all of them in one call (a model drafter runs them as one batch). The tokens
+// it passes are the truth (prompt + verified output): a drafter with per-sequence state
+// (a draft model's KV) rolls back to the longest prefix it shares with them, so rejected
+// draft positions are undone by the next call, not by a separate message.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "spec/verify.h"  // SparseDistribution
+
+namespace tessera {
+
+using DraftSeqId = uint64_t;  // the engine's sequence id
+
+struct DraftQuery {
+  DraftSeqId seq = 0;
+  std::span<const int32_t> tokens;  // prompt + output so far; the last one is not yet in the target's KV
+  int max_tokens = 0;               // propose at most this many (k for this sequence, this step)
+};
+
+struct Draft {
+  std::vector<int32_t> tokens;  // a chain: tokens[j] follows tokens[j - 1]
+  // q_j for each token, or empty when every token is a point mass (a deterministic drafter).
+  // A sampling drafter must return the distribution each token was drawn from: verification
+  // is exact only against the q that produced the token.
+  std::vector<SparseDistribution> probs;
+  void clear() {
+    tokens.clear();
+    probs.clear();
+  }
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual const char* name() const = 0;
+  // out[i] receives the proposal for queries[i] (possibly empty: nothing worth verifying).
+  virtual void propose(std::span<const DraftQuery> queries, std::span<Draft> out) = 0;
+  // The sequence ended: drop its state. Stateless drafters ignore it.
+  virtual void remove(DraftSeqId seq) {}
+};
+
+}  // namespace tessera

@@ -1,0 +1,30 @@
+#pragma once
+// Prompt lookup decoding (Saxena 2023; vLLM's "ngram" method): find the last n tokens of the
+// sequence earlier in its prompt + output, and propose the tokens that followed them there.
+// n runs from prompt_lookup_max down to prompt_lookup_min; the first n with a match wins, and
+// among its matches the most recent one (the continuation most like the current text).
+// Stateless and deterministic: its drafts are point masses (Draft::probs empty).
+#include "spec/drafter.h"
+
+namespace tessera {
+
+struct NgramDrafterConfig {
+  int prompt_lookup_min = 2;
+  int prompt_lookup_max = 4;
+};
+
+class NgramDrafter final : public Drafter {
+ public:
+  explicit NgramDrafter(NgramDrafterConfig config);
+  const char* name() const override { return "ngram"; }
+  void propose(std::span<const DraftQuery> queries, std::span<Draft> out) override;
+
+  // One sequence: the continuation of the most recent earlier occurrence of its last n
+  // tokens, up to max_tokens; empty when no n in [min, max] matches.
+  void propose_one(std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) const;
+
+ private:
+  NgramDrafterConfig config_;
+};
+
+}  // namespace tessera

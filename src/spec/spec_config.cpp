@@ -1,0 +1,105 @@
+#include "spec/spec_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "spec/ngram_drafter.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr int kMaxSpeculativeTokens = 32;
+constexpr int kMaxLookup = 64;
+
+int int_field(const nlohmann::json& j, const char* key, int fallback) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number_integer()) fail("--speculative-config: \"", key, "\" must be an integer, got ", it->dump());
+  const int64_t v = it->get<int64_t>();
+  if (v < INT32_MIN || v > INT32_MAX) fail("--speculative-config: \"", key, "\" = ", v, " is out of range");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+std::string_view spec_method_name(SpecMethod m) { return m == SpecMethod::Ngram ? "ngram" : "none"; }
+
+void SpeculativeConfig::validate() const {
+  if (method == SpecMethod::None) return;
+  TESSERA_CHECK(num_speculative_tokens >= 1 && num_speculative_tokens <= kMaxSpeculativeTokens,
+                "--speculative-config: num_speculative_tokens = ", num_speculative_tokens, " is outside [1, ",
+                kMaxSpeculativeTokens, "]");
+  TESSERA_CHECK(prompt_lookup_min >= 1 && prompt_lookup_min <= kMaxLookup,
+                "--speculative-config: prompt_lookup_min = ", prompt_lookup_min, " is outside [1, ", kMaxLookup, "]");
+  TESSERA_CHECK(prompt_lookup_max >= prompt_lookup_min && prompt_lookup_max <= kMaxLookup,
+                "--speculative-config: prompt_lookup_max = ", prompt_lookup_max,
+                " is outside [prompt_lookup_min = ", prompt_lookup_min, ", ", kMaxLookup, "]");
+  TESSERA_CHECK(disable_by_batch_size >= 0, "--speculative-config: disable_by_batch_size = ", disable_by_batch_size,
+                " is negative");
+}
+
+SpeculativeConfig parse_speculative_config(std::string_view text) {
+  SpeculativeConfig c;
+  if (text.empty()) return c;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("--speculative-config is not valid JSON: ", e.what());
+  }
+  if (!j.is_object()) fail("--speculative-config must be a JSON object, got ", j.dump());
+  static constexpr const char* kKnown[] = {
+      "method",  "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size",
+      "adaptive"};
+  for (const auto& [key, value] : j.items()) {
+    bool known = false;
+    for (const char* k : kKnown) known = known || key == k;
+    if (!known)
+      fail("--speculative-config: unknown key \"", key,
+           "\" (known: method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, "
+           "disable_by_batch_size, adaptive)");
+  }
+  const auto method = j.find("method");
+  if (method == j.end() || !method->is_string())
+    fail("--speculative-config: \"method\" is required and must be a string (supported: \"ngram\")");
+  const std::string m = method->get<std::string>();
+  if (m == "ngram") {
+    c.method = SpecMethod::Ngram;
+  } else if (m == "draft_model" || m == "eagle" || m == "eagle3" || m == "medusa" || m == "mlp_speculator" ||
+             m == "early_exit") {
+    fail("--speculative-config: method \"", m, "\" is not built yet; supported: \"ngram\"");
+  } else {
+    fail("--speculative-config: unknown method \"", m, "\"; supported: \"ngram\"");
+  }
+  if (!j.contains("num_speculative_tokens"))
+    fail("--speculative-config: \"num_speculative_tokens\" is required (the draft tokens verified per step)");
+  c.num_speculative_tokens = int_field(j, "num_speculative_tokens", 0);
+  c.prompt_lookup_max = int_field(j, "prompt_lookup_max", c.prompt_lookup_max);
+  // vLLM: a lone prompt_lookup_max sets the minimum to the same value only if it is smaller.
+  c.prompt_lookup_min = int_field(j, "prompt_lookup_min", std::min(c.prompt_lookup_min, c.prompt_lookup_max));
+  c.disable_by_batch_size = int_field(j, "disable_by_batch_size", 0);
+  if (const auto a = j.find("adaptive"); a != j.end()) {
+    if (!a->is_boolean()) fail("--speculative-config: \"adaptive\" must be true or false, got ", a->dump());
+    c.adaptive = a->get<bool>();
+  }
+  c.validate();
+  return c;
+}
+
+std::string describe_speculative_config(const SpeculativeConfig& c) {
+  if (!c.enabled()) return "off";
+  std::string s = std::string(spec_method_name(c.method)) + " k=" + std::to_string(c.num_speculative_tokens) +
+                  " lookup " + std::to_string(c.prompt_lookup_min) + ".." + std::to_string(c.prompt_lookup_max);
+  if (c.adaptive) s += " adaptive";
+  if (c.disable_by_batch_size > 0) s += " off above " + std::to_string(c.disable_by_batch_size) + " seqs";
+  return s;
+}
+
+std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& c) {
+  c.validate();
+  if (!c.enabled()) return nullptr;
+  return std::make_unique<NgramDrafter>(NgramDrafterConfig{c.prompt_lookup_min, c.prompt_lookup_max});
+}
+
+}  // namespace tessera

@@ -1,0 +1,303 @@
+// Speculative decoding (n-gram drafts) over the real default model (SmolLM2-135M): greedy
+// outputs token for token equal to the non-speculative engine's, with batching, forks,
+// chunked prefill, prefix hits, preemption, stop tokens and aborts; no KV block leaks;
+// sampled continuations distributed as without speculation (a two-sample test); seeded
+// requests reproducible. Skipped when the model is not in the cache.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "engine/engine_core.h"
+#include "engine/engine_model.h"
+#include "engine_run_harness.h"
+#include "test_model.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace tessera;
+using tessera::test::RunResult;
+
+namespace {
+
+std::string model_path() { return test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"); }
+
+SpeculativeConfig ngram_config(int k) {
+  SpeculativeConfig c;
+  c.method = SpecMethod::Ngram;
+  c.num_speculative_tokens = k;
+  c.prompt_lookup_min = 1;
+  c.prompt_lookup_max = 4;
+  return c;
+}
+
+// Copy-heavy: the continuation repeats text from the prompt, so drafts get accepted.
+constexpr const char* kCopyPrompt =
+    "Repeat the list exactly.\nList: apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum.\n"
+    "Repeat: apple, banana, cherry,";
+
+class EngineSpecRealModel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(model_path())) return;
+    ModelEngineOptions o;
+    o.session.model = model_path();
+    o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
+    o.session.block_size = 4;       // small blocks: drafts cross block edges, forks share partial blocks
+    o.scheduler.max_num_batched_tokens = 64;
+    o.scheduler.max_num_seqs = 16;
+    o.scheduler.max_model_len = 256;
+    o.max_kv_blocks = 256;
+    o.kv_cache_bytes = 64ll << 20;
+    o.max_n = 16;
+    o.warmup = false;
+    o.swap_space_bytes = 8ll << 20;
+    o.speculative = ngram_config(4);  // provisions the draft rows; each run chooses on or off
+    model_ = new ModelEngine(o);
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (!model_) GTEST_SKIP() << "model not found: " << model_path();
+  }
+
+  static std::vector<int32_t> encode(const std::string& text) {
+    return model_->session().tokenizer().encode(text, true, false);
+  }
+  static Request greedy(const std::string& text, int max_tokens) {
+    Request r;
+    r.prompt = encode(text);
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    return r;
+  }
+  // spec: speculation on (k = 4) or off; tweak adjusts the rest.
+  static RunResult run(const std::vector<Request>& requests, bool spec, bool alone = false, int n_blocks = 0,
+                       const std::function<void(EngineConfig&)>& tweak = {}) {
+    return test::run_engine(*model_, requests, alone, n_blocks, true, [&](EngineConfig& c) {
+      c.speculative = spec ? ngram_config(4) : SpeculativeConfig{};
+      if (tweak) tweak(c);
+    });
+  }
+  static std::vector<Request> greedy_requests() {
+    return {greedy(kCopyPrompt, 24), greedy("def fibonacci(n):\n    if n < 2:\n        return n\n    return", 16),
+            greedy("The three primary colors are red, blue and yellow. The three primary colors are", 16)};
+  }
+
+  static ModelEngine* model_;
+};
+
+ModelEngine* EngineSpecRealModel::model_ = nullptr;
+
+// Wilson-Hilferty: the chi-square quantile at significance 0.001 (z = 3.0902), within 1%
+// for the degrees of freedom used here.
+double chi_square_critical_0001(int df) {
+  const double a = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - a + 3.0902 * std::sqrt(a), 3.0);
+}
+
+// Two-sample chi-square of equal-size samples of tokens; cells with fewer than 10
+// observations in both samples together are pooled into one.
+struct TwoSample {
+  double stat = 0;
+  int df = 0;
+};
+TwoSample two_sample(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
+  std::map<int32_t, std::pair<int, int>> cells;
+  for (const auto& [t, n] : a) cells[t].first += n;
+  for (const auto& [t, n] : b) cells[t].second += n;
+  std::vector<std::pair<int, int>> kept;
+  std::pair<int, int> pooled{0, 0};
+  for (const auto& [t, c] : cells) {
+    if (c.first + c.second >= 10) {
+      kept.push_back(c);
+    } else {
+      pooled.first += c.first;
+      pooled.second += c.second;
+    }
+  }
+  if (pooled.first + pooled.second > 0) kept.push_back(pooled);
+  TwoSample r;
+  for (const auto& [x, y] : kept) r.stat += static_cast<double>(x - y) * (x - y) / (x + y);
+  r.df = static_cast<int>(kept.size()) - 1;
+  return r;
+}
+
+}  // namespace
+
+TEST_F(EngineSpecRealModel, GreedyOutputsEqualNonSpeculativeOnesBatchedAndAlone) {
+  const std::vector<Request> reqs = greedy_requests();
+  const RunResult plain = run(reqs, false, true);
+  const RunResult spec_alone = run(reqs, true, true);
+  const RunResult spec_batched = run(reqs, true, false);
+  for (const auto& [id, o] : plain.out) {
+    EXPECT_EQ(spec_alone.out.at(id).tokens[0], o.tokens[0]) << "request " << id;
+    EXPECT_EQ(spec_batched.out.at(id).tokens[0], o.tokens[0]) << "request " << id;
+  }
+  EXPECT_EQ(plain.stats.spec.drafts, 0);
+  EXPECT_GT(spec_alone.stats.spec.accepted_tokens, 10);                                  // the copy prompt is copied
+  EXPECT_LT(spec_alone.stats.steps, plain.stats.steps);                                  // fewer serial steps
+  EXPECT_LT(spec_alone.stats.spec.accepted_tokens, spec_alone.stats.spec.draft_tokens);  // and rejections rolled back
+}
+
+TEST_F(EngineSpecRealModel, ForksPreemptionChunkingAndPrefixHitsChangeNothing) {
+  std::vector<Request> reqs = greedy_requests();
+  reqs[0].n = 3;  // greedy forks: each choice speculates on its own copy of the last block
+  const RunResult plain = run(reqs, false, true);
+  // A tight pool (preemption, recompute then swap), small steps (chunked prefill), and the
+  // same prompts twice (the second time from the prefix cache).
+  std::vector<Request> twice = reqs;
+  twice.insert(twice.end(), reqs.begin(), reqs.end());
+  const auto small_steps = [](EngineConfig& c) { c.scheduler.max_num_batched_tokens = 16; };
+  const RunResult tight = run(twice, true, false, 24, small_steps);
+  const RunResult swapped = run(twice, true, false, 24, [&](EngineConfig& c) {
+    small_steps(c);
+    c.scheduler.preemption_mode = PreemptionMode::Swap;
+  });
+  for (const RunResult* r : {&tight, &swapped}) {
+    for (size_t i = 0; i < twice.size(); ++i) {
+      const RequestId want = i % reqs.size() + 1;
+      for (int c = 0; c < twice[i].n; ++c)
+        EXPECT_EQ(r->out.at(i + 1).tokens[c], plain.out.at(want).tokens[c]) << "request " << i + 1 << " choice " << c;
+    }
+    EXPECT_GT(r->stats.preemptions, 0);
+    EXPECT_GT(r->stats.prefix.hit_tokens, 0);
+    EXPECT_GT(r->stats.spec.accepted_tokens, 0);
+  }
+  EXPECT_GT(swapped.stats.swaps_out, 0);
+}
+
+TEST_F(EngineSpecRealModel, StopTokensEndAtTheSameTokenInsideAcceptedDrafts) {
+  const Request base = greedy(kCopyPrompt, 24);
+  const RunResult plain = run({base}, false);
+  const std::vector<int32_t>& full = plain.out.at(1).tokens[0];
+  ASSERT_GE(full.size(), 10u);
+  // Stop at a token the drafts are likely to carry past; the first occurrence ends both.
+  Request stopped = base;
+  stopped.sampling.stop_token_ids = {full[7]};
+  const RunResult a = run({stopped}, false);
+  const RunResult b = run({stopped}, true);
+  EXPECT_EQ(b.out.at(1).tokens[0], a.out.at(1).tokens[0]);
+  EXPECT_EQ(b.out.at(1).finish[0], FinishReason::Stop);
+  // max_tokens cuts at the same place, never past it.
+  for (int max_tokens : {1, 2, 5, 9}) {
+    Request cut = base;
+    cut.sampling.max_tokens = max_tokens;
+    const RunResult c = run({cut}, true);
+    EXPECT_EQ(c.out.at(1).tokens[0], std::vector<int32_t>(full.begin(), full.begin() + max_tokens)) << max_tokens;
+  }
+}
+
+TEST_F(EngineSpecRealModel, ManySpeculativeStepsWithAbortsLeakNoBlocks) {
+  EngineConfig c = model_->config();
+  c.check_invariants = true;
+  c.n_blocks = 40;  // tight: preemption too
+  c.speculative = ngram_config(4);
+  EngineCore core(c, model_->executor());
+  std::mt19937 rng(3);
+  const std::vector<Request> reqs = greedy_requests();
+  RequestId next = 1;
+  int aborted = 0;
+  while (next <= 40 || core.has_work()) {
+    if (next <= 40 && rng() % 2 == 0) {
+      Request r = reqs[rng() % reqs.size()];
+      r.sampling.max_tokens = 8 + static_cast<int>(rng() % 24);
+      if (rng() % 3 == 0) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.top_p = 0.9f;
+        r.sampling.seed = rng();
+      }
+      core.add(next++, r);
+    }
+    if (rng() % 6 == 0) {
+      const auto ids = core.scheduler().request_ids();
+      if (!ids.empty()) {
+        core.abort(ids[rng() % ids.size()]);
+        ++aborted;
+      }
+    }
+    const StepResult s = core.step();
+    ASSERT_EQ(s.error, "");
+  }
+  EXPECT_GT(aborted, 5);
+  EXPECT_GT(core.stats().spec.drafts, 50);
+  EXPECT_LT(core.stats().spec.accepted_tokens, core.stats().spec.draft_tokens);
+  EXPECT_TRUE(core.is_idle());
+  EXPECT_EQ(core.kv().n_free(), core.kv().n_blocks());
+}
+
+TEST_F(EngineSpecRealModel, LogprobsEqualThoseOfANonSpeculativeRun) {
+  std::vector<Request> reqs = greedy_requests();
+  for (Request& r : reqs) {
+    r.logprobs = true;
+    r.sampling.n_logprobs = 3;
+  }
+  const RunResult plain = run(reqs, false, true);
+  const RunResult spec = run(reqs, true, true);
+  EXPECT_GT(spec.stats.spec.accepted_tokens, 10);
+  for (const auto& [id, o] : plain.out) {
+    ASSERT_EQ(spec.out.at(id).tokens[0], o.tokens[0]) << id;
+    const auto& want = plain.logprobs.at(id)[0];
+    const auto& got = spec.logprobs.at(id)[0];
+    ASSERT_EQ(got.size(), want.size()) << id;
+    for (size_t i = 0; i < want.size(); ++i) {
+      // Another batch shape than the plain run's; the CPU kernels are batch-invariant.
+      EXPECT_EQ(got[i].chosen.token, want[i].chosen.token) << id << " token " << i;
+      EXPECT_NEAR(got[i].chosen.logprob, want[i].chosen.logprob, 1e-5) << id << " token " << i;
+      ASSERT_EQ(got[i].top.size(), 3u);
+      for (size_t k = 0; k < 3; ++k) EXPECT_EQ(got[i].top[k].token, want[i].top[k].token) << id << " token " << i;
+    }
+  }
+}
+
+TEST_F(EngineSpecRealModel, SeededSamplingIsReproducible) {
+  Request r = greedy(kCopyPrompt, 16);
+  r.sampling.temperature = 0.8f;
+  r.sampling.top_p = 0.9f;
+  r.sampling.seed = 1234;
+  r.n = 2;
+  const RunResult a = run({r}, true);
+  const RunResult b = run({r}, true);
+  EXPECT_EQ(a.out.at(1).tokens, b.out.at(1).tokens);
+  EXPECT_GT(a.stats.spec.drafts, 0);
+}
+
+// With temperature 0.8 and top-p 0.9, the second and third tokens after a fixed context
+// (the first ones drafts can verify) are distributed as without speculation: a two-sample
+// chi-square at significance 0.001 over 1024 continuations each (16 seeded choices a
+// request, so the prompt is computed once per request and then read from the prefix cache).
+// The context is open (several likely continuations) and its words recur, so the n-gram
+// drafter proposes tokens that are sometimes kept and sometimes not.
+TEST_F(EngineSpecRealModel, SampledContinuationsMatchNonSpeculativeSampling) {
+  constexpr int kRequests = 64;
+  const auto sample = [&](bool spec, uint64_t seed_base) {
+    std::vector<Request> reqs;
+    for (int i = 0; i < kRequests; ++i) {
+      Request r = greedy("Once upon a time, in a small village by the sea, there lived a", 3);
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_p = 0.9f;
+      r.sampling.seed = seed_base + static_cast<uint64_t>(i) * 16;
+      r.n = 16;
+      reqs.push_back(r);
+    }
+    return run(reqs, spec);
+  };
+  const RunResult plain = sample(false, 1000000);
+  const RunResult spec = sample(true, 2000000);
+  EXPECT_GT(spec.stats.spec.accepted_tokens, 0);
+  EXPECT_LT(spec.stats.spec.accepted_tokens, spec.stats.spec.draft_tokens);
+  for (size_t pos : {1u, 2u}) {
+    std::map<int32_t, int> a, b;
+    for (const auto& [id, o] : plain.out)
+      for (const auto& t : o.tokens) ++a[t.at(pos)];
+    for (const auto& [id, o] : spec.out)
+      for (const auto& t : o.tokens) ++b[t.at(pos)];
+    const TwoSample t = two_sample(a, b);
+    ASSERT_GE(t.df, 1) << "position " << pos << ": a single token, nothing to compare";
+    EXPECT_LT(t.stat, chi_square_critical_0001(t.df)) << "position " << pos << " df " << t.df;
+  }
+}

@@ -1,0 +1,113 @@
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "spec/draft_length.h"
+#include "spec/ngram_drafter.h"
+#include "spec/spec_config.h"
+
+using namespace tessera;
+
+namespace {
+std::vector<int32_t> propose(const NgramDrafter& d, const std::vector<int32_t>& tokens, int k) {
+  std::vector<int32_t> out;
+  d.propose_one(tokens, k, out);
+  return out;
+}
+}  // namespace
+
+TEST(NgramDrafter, ProposesTheContinuationOfAnEarlierMatch) {
+  const NgramDrafter d({.prompt_lookup_min = 2, .prompt_lookup_max = 3});
+  // ... 5 6 7 8 9 ... then the text ends in 5 6 7: propose 8 9 10.
+  EXPECT_EQ(propose(d, {1, 5, 6, 7, 8, 9, 10, 2, 5, 6, 7}, 3), (std::vector<int32_t>{8, 9, 10}));
+  // At most k tokens, and no more than exist after the match.
+  EXPECT_EQ(propose(d, {1, 5, 6, 7, 8, 9, 10, 2, 5, 6, 7}, 2), (std::vector<int32_t>{8, 9}));
+  EXPECT_EQ(propose(d, {5, 6, 7, 8, 5, 6, 7}, 5), (std::vector<int32_t>{8, 5, 6, 7}));
+}
+
+TEST(NgramDrafter, PrefersTheLongestSuffixThenTheMostRecentMatch) {
+  const NgramDrafter d({.prompt_lookup_min = 1, .prompt_lookup_max = 3});
+  // The 1-gram "7" matches most recently at index 6 (followed by 4), but the 3-gram
+  // "5 6 7" matches at 0 (followed by 1): the longer match wins.
+  EXPECT_EQ(propose(d, {5, 6, 7, 1, 2, 9, 7, 4, 5, 6, 7}, 1), (std::vector<int32_t>{1}));
+  // Two matches of the same 2-gram: the later one's continuation.
+  EXPECT_EQ(propose(d, {3, 4, 10, 3, 4, 11, 3, 4}, 1), (std::vector<int32_t>{11}));
+}
+
+TEST(NgramDrafter, NothingWithoutAMatchOrBelowTheMinimum) {
+  const NgramDrafter d({.prompt_lookup_min = 2, .prompt_lookup_max = 4});
+  EXPECT_TRUE(propose(d, {1, 2, 3, 4, 5}, 4).empty());
+  EXPECT_TRUE(propose(d, {1, 2, 3, 1}, 4).empty());  // only a 1-gram matches
+  EXPECT_TRUE(propose(d, {1}, 4).empty());
+  EXPECT_TRUE(propose(d, {1, 2, 1, 2}, 0).empty());
+  EXPECT_THROW(NgramDrafter({.prompt_lookup_min = 3, .prompt_lookup_max = 2}), Error);
+}
+
+TEST(NgramDrafter, BatchedProposeFillsEveryOutput) {
+  NgramDrafter d({.prompt_lookup_min = 1, .prompt_lookup_max = 2});
+  const std::vector<int32_t> a = {1, 2, 3, 1}, b = {4, 5, 6};
+  const std::vector<DraftQuery> queries = {{1, a, 2}, {2, b, 2}};
+  std::vector<Draft> out(2);
+  out[1].tokens = {99};  // stale content is replaced
+  d.propose(queries, out);
+  EXPECT_EQ(out[0].tokens, (std::vector<int32_t>{2, 3}));
+  EXPECT_TRUE(out[0].probs.empty());
+  EXPECT_TRUE(out[1].tokens.empty());
+}
+
+TEST(SpeculativeConfig, ParsesVllmsNgramConfig) {
+  const SpeculativeConfig c = parse_speculative_config(
+      R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5, "prompt_lookup_min": 2})");
+  EXPECT_TRUE(c.enabled());
+  EXPECT_EQ(c.method, SpecMethod::Ngram);
+  EXPECT_EQ(c.num_speculative_tokens, 4);
+  EXPECT_EQ(c.prompt_lookup_max, 5);
+  EXPECT_EQ(c.prompt_lookup_min, 2);
+  EXPECT_TRUE(c.adaptive);
+  EXPECT_EQ(c.disable_by_batch_size, 0);
+  EXPECT_FALSE(parse_speculative_config("").enabled());
+  const SpeculativeConfig d = parse_speculative_config(
+      R"({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 8, "adaptive": false})");
+  EXPECT_EQ(d.disable_by_batch_size, 8);
+  EXPECT_FALSE(d.adaptive);
+  EXPECT_NE(make_drafter(d), nullptr);
+  EXPECT_EQ(make_drafter(SpeculativeConfig{}), nullptr);
+}
+
+TEST(SpeculativeConfig, MalformedConfigsNameWhatIsWrong) {
+  const auto message = [](const char* json) {
+    try {
+      parse_speculative_config(json);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(message("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(message("[1]").find("JSON object"), std::string::npos);
+  EXPECT_NE(message(R"({"num_speculative_tokens": 4})").find("\"method\" is required"), std::string::npos);
+  EXPECT_NE(message(R"({"method": "ngram"})").find("num_speculative_tokens"), std::string::npos);
+  EXPECT_NE(message(R"({"method": "foo", "num_speculative_tokens": 4})").find("unknown method \"foo\""),
+            std::string::npos);
+  EXPECT_NE(message(R"({"method": "draft_model", "num_speculative_tokens": 4})").find("not built yet"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": "4"})").find("must be an integer"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": 0})").find("outside [1, 32]"), std::string::npos);
+  EXPECT_NE(
+      message(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5})").find("prompt_lookup_max"),
+      std::string::npos);
+  EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": 4, "lookahead": 2})").find("unknown key"),
+            std::string::npos);
+}
+
+TEST(DraftLength, FollowsTheRunningAcceptance) {
+  DraftLength d;
+  EXPECT_EQ(d.next(4, true), 4);  // the prior: 0.8 -> 4
+  EXPECT_EQ(d.next(8, false), 8);
+  for (int i = 0; i < 20; ++i) d.observe(4, 0);
+  EXPECT_EQ(d.next(4, true), 1);  // never below one
+  for (int i = 0; i < 20; ++i) d.observe(4, 4);
+  EXPECT_EQ(d.next(4, true), 4);
+  d.observe(0, 0);  // nothing verified: no change
+  EXPECT_EQ(d.next(4, true), 4);
+}
