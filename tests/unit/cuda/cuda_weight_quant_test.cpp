@@ -1,9 +1,12 @@
 // Group-quantized weights (W4G/W8G) on the CUDA backend: the bf16 decode against the CPU
 // reference decoder, matmul at decode and prefill row counts against float64, and a quantized
-// checkpoint (tests/fixtures/wquant) giving the CPU backend's logits. Skips without a GPU.
+// checkpoint (tests/fixtures/wquant) giving the logits of the CPU backend running the same
+// model with its weights decoded to f32. Skips without a GPU.
+#include <cstdio>
 #include <numeric>
 
 #include "core/fp16.h"
+#include "../model/dequantized_weights.h"
 #include "cuda_test_util.h"
 #include "engine/model_runner.h"
 #include "model/model.h"
@@ -93,11 +96,15 @@ TEST(CudaWeightQuant, QuantizedCheckpointMatchesTheCpuBackend) {
   TESSERA_REQUIRE_CUDA();
   const std::vector<int32_t> toks = {3, 17, 0, 47, 5, 5, 9, 21, 30, 1, 2, 3};  // > 8 rows, then decode
   for (const char* variant : {"gptq_w4_g32_asym_actorder", "awq_w4_g32", "ct_w8_channel"}) {
-    auto host = load_safetensors_weights(std::string(TESSERA_FIXTURES_DIR) + "/wquant/" + variant);
+    auto quantized = load_safetensors_weights(std::string(TESSERA_FIXTURES_DIR) + "/wquant/" + variant);
+    // The CPU reference runs the decoded f32 weights: the CPU's own W4G/W8G path rounds the
+    // activations to int8 (2-4% here), which would hide a GPU error of that size.
+    auto reference = testing_util::dequantized_copy(*quantized);
     std::vector<std::vector<float>> out;
     for (const char* device : {"cpu", "cuda"}) {
       auto be = make_backend(BackendOptions{device, 2});
-      auto w = make_resident(host, *be);
+      auto w =
+          make_resident(std::string(device) == "cpu" ? std::shared_ptr<const ModelWeights>(reference) : quantized, *be);
       const ModelConfig& c = w->config;
       auto model = create_model(w, *be, 16, 16);
       KvCache kv(*be, KvCacheSpec::plain(c.n_layer, c.n_head_kv, c.head_dim, 4, 8, DType::F32));
@@ -119,6 +126,10 @@ TEST(CudaWeightQuant, QuantizedCheckpointMatchesTheCpuBackend) {
       seq.release_all(pool);
       out.push_back(logits);
     }
-    EXPECT_LT(rel_err(out[1], out[0]), 3e-2) << variant;
+    // bf16 weights and activations, the bound CudaModel's bf16 parity uses; a zero point off
+    // by one moves these logits by 6% (8 bits, per channel) to over 100% (4 bits).
+    const double err = rel_err(out[1], out[0]);
+    std::printf("[parity] %s: logits rel err %.3g against the f32 dequantized model\n", variant, err);
+    EXPECT_LT(err, 2e-2) << variant;
   }
 }

@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/fp16.h"
+#include "dequantized_weights.h"
 #include "engine/model_runner.h"
 #include "format/safetensors.h"
 #include "model/dummy.h"
@@ -25,6 +26,7 @@
 #include "quant/group_quant.h"
 
 using namespace tessera;
+using tessera::testing_util::dequantized_copy;
 
 namespace {
 
@@ -57,21 +59,6 @@ T at(const SafetensorsTensor& t, int64_t i) {
 }
 
 // The same weights with every group-quantized matrix decoded to f32 (tessera's reference decoder).
-std::shared_ptr<ModelWeights> dequantized_copy(const ModelWeights& q) {
-  auto f = std::make_shared<ModelWeights>(q);
-  auto decode = [&](WeightMatrix& m) {
-    if (!is_group_quant(m.dtype)) return;
-    float* out = f->make_f32(static_cast<size_t>(m.rows * m.cols));
-    const GroupQuantLayout l = m.gq_layout();
-    for (int64_t r = 0; r < m.rows; ++r) gq_dequantize_row(l, static_cast<const uint8_t*>(m.data), r, out + r * m.cols);
-    m = WeightMatrix{out, DType::F32, m.rows, m.cols};
-  };
-  for (LayerWeights& L : f->layers)
-    for (WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) decode(*m);
-  decode(f->output);
-  return f;
-}
-
 std::vector<float> run_logits(std::shared_ptr<const ModelWeights> w, const std::vector<int32_t>& toks) {
   const ModelConfig& c = w->config;
   CpuBackend be(2);
