@@ -1,6 +1,7 @@
 // tessera serve: the OpenAI-compatible HTTP server over the serving engine.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -164,10 +165,12 @@ void serve(const ServeArgs& a) {
   std::fprintf(stderr, "tessera: %s: draining (up to %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", a.drain_timeout_s);
   // The listener stays open: probes get 503 server_draining rather than a refused connection.
   api.set_draining(true);
+  const auto drain_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.drain_timeout_s);
   engine.drain(std::chrono::seconds(a.drain_timeout_s));
-  // The engine is idle; give the connections a moment to write their last chunks.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (api.live_generations() > 0 && std::chrono::steady_clock::now() < deadline)
+  // The engine is idle; the connections still write their last chunks (stop() would drop
+  // what is queued). Bounded by the drain timeout, and at least 2 s for the last chunks.
+  const auto deadline = std::max(drain_deadline, std::chrono::steady_clock::now() + std::chrono::seconds(2));
+  while ((api.live_generations() > 0 || server.counters().answering > 0) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   server.stop();
   stats_logger.reset();

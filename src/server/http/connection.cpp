@@ -113,7 +113,7 @@ void Connection::start() {
 // Reading
 
 void Connection::begin_request() {
-  phase_ = Phase::ReadRequest;
+  set_phase(Phase::ReadRequest);
   parser_.emplace();
   parser_->header_limit(static_cast<std::uint32_t>(std::min<size_t>(options_.max_header_bytes, UINT32_MAX)));
   parser_->body_limit(static_cast<std::uint64_t>(options_.max_body_bytes));
@@ -328,7 +328,7 @@ void Connection::dispatch() {
 
   keep_alive_ = message.keep_alive() && !state_->draining.load();
   head_request_ = message.method() == bhttp::verb::head;
-  phase_ = Phase::Handling;
+  set_phase(Phase::Handling);
   ++read_timer_generation_;  // the handler may take as long as it needs
   read_timer_.cancel();
   reply_ = Reply::Waiting;
@@ -356,7 +356,7 @@ void Connection::reject(int status, std::string message) {
 
 // A response from the transport itself (no exchange): errors and filter refusals.
 void Connection::send_final_response(Response response, bool keep_alive) {
-  phase_ = Phase::Handling;
+  set_phase(Phase::Handling);
   ++read_timer_generation_;
   read_timer_.cancel();
   parser_.reset();
@@ -590,7 +590,7 @@ void Connection::arm_write_timer() {
 }
 
 void Connection::start_linger() {
-  phase_ = Phase::Lingering;
+  set_phase(Phase::Lingering);
   error_code ec;
   socket_.shutdown(tcp::socket::shutdown_send, ec);  // FIN after the response
   if (ec) {
@@ -609,10 +609,18 @@ void Connection::abandon_current() {
   current_.reset();
 }
 
+// Every phase change goes through here: the server counts the connections answering a
+// request (a drain waits for them to write their last bytes before stopping).
+void Connection::set_phase(Phase next) {
+  if (phase_ == Phase::Handling && next != Phase::Handling) state_->answering.fetch_sub(1);
+  if (phase_ != Phase::Handling && next == Phase::Handling) state_->answering.fetch_add(1);
+  phase_ = next;
+}
+
 void Connection::close(const char* reason) {
   (void)reason;  // kept at the call sites: it documents why
   if (phase_ == Phase::Closed) return;
-  phase_ = Phase::Closed;
+  set_phase(Phase::Closed);
   ++read_timer_generation_;
   ++write_timer_generation_;
   read_timer_.cancel();

@@ -92,6 +92,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   enum class Phase { ReadRequest, Handling, Lingering, Closed };
   enum class Reply { None, Waiting, Streaming, Final };
 
+  void set_phase(Phase next);  // keeps ServerState::answering
+
   struct OutChunk {
     std::string bytes;
     size_t accounted = 0;  // bytes of handler data in it (queued_bytes)

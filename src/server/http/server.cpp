@@ -234,6 +234,7 @@ ServerCounters HttpServer::counters() const {
   c.open_connections = s.open_connections.load();
   c.live_connections = s.live_connections.load();
   c.live_exchanges = s.live_exchanges.load();
+  c.answering = s.answering.load();
   c.accepted = s.accepted.load();
   c.refused = s.refused.load();
   c.requests = s.requests.load();

@@ -10,11 +10,12 @@
 
 namespace tessera::http {
 
-// What the transport has seen, for tests and metrics. Counters only grow.
+// What the transport has seen, for tests and metrics. Counters from `accepted` on only grow.
 struct ServerCounters {
   size_t open_connections = 0;  // sockets open now
   size_t live_connections = 0;  // connection objects in memory (open or finishing)
   size_t live_exchanges = 0;    // Exchange objects in memory (held by handlers or queued)
+  size_t answering = 0;         // connections answering a request now, last byte not yet written
   uint64_t accepted = 0;        // connections accepted and served
   uint64_t refused = 0;         // connections closed at once (max_connections, stopping)
   uint64_t requests = 0;        // requests handed to the handler

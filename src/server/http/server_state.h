@@ -45,6 +45,7 @@ struct ServerState {
   std::atomic<size_t> open_connections{0};
   std::atomic<size_t> live_connections{0};
   std::atomic<size_t> live_exchanges{0};
+  std::atomic<size_t> answering{0};  // connections in Phase::Handling (response not all written)
   std::atomic<uint64_t> accepted{0};
   std::atomic<uint64_t> refused{0};
   std::atomic<uint64_t> requests{0};

@@ -63,6 +63,7 @@ TEST(HttpStream, SseHeadersChunksAndReuse) {
   TestConn c(server.port());
   ASSERT_TRUE(c.send(post_request("/v1/chat/completions", R"({"stream":true})")));
   ASSERT_TRUE(parked.wait_for(1));
+  EXPECT_EQ(server.counters().answering, 1u);  // a drain waits for this one
   auto head = c.read_head();
   ASSERT_TRUE(head);
   EXPECT_EQ(head->status, 200);
@@ -87,6 +88,7 @@ TEST(HttpStream, SseHeadersChunksAndReuse) {
   EXPECT_EQ(c.read_chunk(), "data: [DONE]\n\n");
   EXPECT_EQ(c.read_chunk(), "");  // last chunk
   EXPECT_TRUE(eventually([&] { return ex->queued_bytes() == 0; }));
+  EXPECT_TRUE(eventually([&] { return server.counters().answering == 0; }));  // all written
   EXPECT_FALSE(ex->abandoned());
   // The connection carries on after the stream.
   ASSERT_TRUE(c.send(get_request("/plain")));
