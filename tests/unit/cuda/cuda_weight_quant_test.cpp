@@ -76,6 +76,7 @@ TEST(CudaWeightQuant, DecodeKernelMatchesFloat64OnAwkwardShapes) {
   TESSERA_REQUIRE_CUDA();
   auto gpu = make_cuda();
   std::mt19937 rng(7);
+  double worst_decode = 0;
   struct Case {
     int bits;
     int64_t rows, cols, group;
@@ -92,8 +93,10 @@ TEST(CudaWeightQuant, DecodeKernelMatchesFloat64OnAwkwardShapes) {
     wm.data = dev.get();
     std::vector<int> ns = {1, 2, 3, 4, 5, 6, 7, 8};
     if (c.cols % 8 == 0) ns.insert(ns.end(), {9, 33});  // the GEMM path takes widths of 8k
-    for (int n : ns) {
-      const int64_t ldx = n % 2 ? c.cols + 5 : (c.cols + 3) / 4 * 4 + 4, ldy = c.rows + 3;
+    for (int n : ns)
+      for (bool aligned : {true, false}) {
+      // Aligned x at one row takes the bulk kernel; odd strides take the scalar x loads.
+      const int64_t ldx = aligned ? (c.cols + 3) / 4 * 4 + 4 : c.cols + 5, ldy = c.rows + 3;
       auto x = randn(n * ldx, rng);
       DeviceVec<float> dx(*gpu, x);
       DeviceVec<float> dy(*gpu, std::vector<float>(n * ldy, NAN));
@@ -104,14 +107,17 @@ TEST(CudaWeightQuant, DecodeKernelMatchesFloat64OnAwkwardShapes) {
       std::vector<float> got;
       for (int i = 0; i < n; ++i)
         for (int64_t r = 0; r < c.rows; ++r) got.push_back(y[i * ldy + r]);
-      // Up to 8 rows: f32 codes, scales and activations (float32 rounding only). Past 8:
+      // Up to 8 rows: f32 arithmetic (W4G sums 0.5 + code/256 and takes 128 + zero times the
+      // sum of x off: a few 1e-6 to 1e-5 of cancellation). Past 8:
       // weights and activations rounded to bf16 for the tensor cores.
-      EXPECT_LT(rel_err(got, ref), n <= 8 ? 1e-5 : 1e-2)
-          << "W" << c.bits << " " << c.rows << "x" << c.cols << " g" << c.group << " n=" << n;
+      if (n <= 8) worst_decode = std::max(worst_decode, rel_err(got, ref));
+      EXPECT_LT(rel_err(got, ref), n <= 8 ? 1e-4 : 1e-2) << "W" << c.bits << " " << c.rows << "x" << c.cols << " g"
+                                                        << c.group << " n=" << n << " aligned=" << aligned;
       for (int i = 0; i < n; ++i)
         for (int64_t r = c.rows; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r])) << "n=" << n << " r=" << r;
-    }
+      }
   }
+  std::printf("[decode] worst relative error at 1-8 rows: %.3g\n", worst_decode);
 }
 
 // Q/K/V-like: three weights of one width into column blocks of one output row (ldy the whole
@@ -156,7 +162,7 @@ TEST(CudaWeightQuant, DecodeRunsSeveralTargetsInOneCall) {
         for (int64_t r = 0; r < rows; ++r) got.push_back(y[i * ldy + offs[t] + r]);
         for (int64_t r = rows; r < rows + 2; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + offs[t] + r]));
       }
-      EXPECT_LT(rel_err(got, ref), 1e-5) << "target " << t << " n=" << n;
+      EXPECT_LT(rel_err(got, ref), 1e-4) << "target " << t << " n=" << n;
     }
   }
 }
@@ -295,7 +301,7 @@ TEST(CudaWeightQuant, MatmulMatchesFloat64AtDecodeAndPrefillRows) {
           got.push_back(y[i * ldy + r]);
         }
       // Past 8 rows decoded weights and activations rounded to bf16 for the tensor cores.
-      EXPECT_LT(rel_err(got, ref), n <= 8 ? 1e-5 : 1e-2) << "W" << c.bits << " g" << c.group << " n=" << n;
+      EXPECT_LT(rel_err(got, ref), n <= 8 ? 1e-4 : 1e-2) << "W" << c.bits << " g" << c.group << " n=" << n;
       for (int i = 0; i < n; ++i)
         for (int64_t r = c.rows; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r]));
     }
