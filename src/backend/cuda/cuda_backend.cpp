@@ -268,12 +268,12 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
       if (w0.gq_perm) {
         const auto ldp = static_cast<int64_t>(round_up(static_cast<size_t>(cols), 4));
         auto* xp = static_cast<float*>(scratch(xperm_, xperm_cap_, sizeof(float) * n_rows * ldp));
-        const auto* perm = reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(w0.data) +
-                                                            w0.gq_layout().off_perm);
+        const auto* perm =
+            reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(w0.data) + w0.gq_layout().off_perm);
         cuda::launch_permute_cols(in.x, n_rows, ldx, perm, cols, xp, ldp, stream_);
         MatmulTarget t = runs[i++];
         t.w.gq_perm = false;  // the kernel reads codes, scales and zeros; x is already in stored order
-        cuda::launch_gemv_gq(xp, n_rows, ldp, &t, 1, sm_count_, stream_);
+        cuda::launch_gemv_gq(xp, n_rows, ldp, &t, 1, stream_);
         continue;
       }
       MatmulTarget g[cuda::kGemvMaxTargets];
@@ -281,7 +281,7 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
       while (i < n_runs && n < cuda::kGemvMaxTargets && runs[i].w.dtype == w0.dtype && !runs[i].w.gq_perm &&
              runs[i].w.group_size == w0.group_size)
         g[n++] = runs[i++];
-      cuda::launch_gemv_gq(in.x, n_rows, ldx, g, n, sm_count_, stream_);
+      cuda::launch_gemv_gq(in.x, n_rows, ldx, g, n, stream_);
       continue;
     }
     cuda::GemvTarget g[cuda::kGemvMaxTargets];

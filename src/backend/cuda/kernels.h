@@ -123,10 +123,8 @@ void launch_dequant_gq_bf16(const WeightMatrix& w, uint16_t* out, cudaStream_t s
 // The targets (<= kGemvMaxTargets) share type, width and group size and carry no act-order
 // permutation: such a weight takes x gathered into its stored column order
 // (launch_permute_cols) and runs alone.
-// One row with x 16-byte aligned streams the codes through shared memory (the bulk copy
-// engine, a persistent grid sized by sm_count) where the row counts split into chunks.
 void launch_gemv_gq(const float* x, int n_rows, int64_t ldx, const MatmulTarget* targets, int n_targets,
-                    int sm_count, cudaStream_t s);
+                    cudaStream_t s);
 // xp[t * ldxp + j] = x[t * ldx + perm[j]] for t < n_rows, j < cols.
 void launch_permute_cols(const float* x, int n_rows, int64_t ldx, const int32_t* perm, int64_t cols, float* xp,
                          int64_t ldxp, cudaStream_t s);
