@@ -124,6 +124,7 @@ CudaBackend::~CudaBackend() {
   for (auto& t : rope_tables_) cudaFree(t.inv_freq);
   cudaFree(act16_);
   cudaFree(wdeq_);
+  cudaFree(xperm_);
   cudaFree(partials_);
   cudaStreamDestroy(stream_);
 }
@@ -260,10 +261,27 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
   int i = 0;
   while (i < n_runs) {
     if (is_group_quant(runs[i].w.dtype)) {
-      // No matrix-vector kernel reads group-quantized codes yet: decoded to bf16, then cuBLASLt.
+      // Straight from the codes (gemv_gq.cu): weights of one type and group size without a
+      // permutation in one launch; an act-order weight alone, on x gathered into its order.
       TESSERA_CHECK(!in.up && !in.residual, "cuda gemv: a fused input needs the bulk kernel");
-      gemm(in.x, n_rows, ldx, cols, &runs[i], 1, nullptr, false);
-      ++i;
+      const WeightMatrix& w0 = runs[i].w;
+      if (w0.gq_perm) {
+        const auto ldp = static_cast<int64_t>(round_up(static_cast<size_t>(cols), 4));
+        auto* xp = static_cast<float*>(scratch(xperm_, xperm_cap_, sizeof(float) * n_rows * ldp));
+        const auto* perm =
+            reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(w0.data) + w0.gq_layout().off_perm);
+        cuda::launch_permute_cols(in.x, n_rows, ldx, perm, cols, xp, ldp, stream_);
+        MatmulTarget t = runs[i++];
+        t.w.gq_perm = false;  // the kernel reads codes, scales and zeros; x is already in stored order
+        cuda::launch_gemv_gq(xp, n_rows, ldp, &t, 1, stream_);
+        continue;
+      }
+      MatmulTarget g[cuda::kGemvMaxTargets];
+      int n = 0;
+      while (i < n_runs && n < cuda::kGemvMaxTargets && runs[i].w.dtype == w0.dtype && !runs[i].w.gq_perm &&
+             runs[i].w.group_size == w0.group_size)
+        g[n++] = runs[i++];
+      cuda::launch_gemv_gq(in.x, n_rows, ldx, g, n, stream_);
       continue;
     }
     cuda::GemvTarget g[cuda::kGemvMaxTargets];

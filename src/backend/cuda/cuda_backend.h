@@ -127,6 +127,8 @@ class CudaBackend final : public Backend {
   size_t act16_cap_ = 0;
   void* wdeq_ = nullptr;  // a quantized weight decoded to bf16
   size_t wdeq_cap_ = 0;
+  void* xperm_ = nullptr;  // decode activations gathered into an act-order weight's column order
+  size_t xperm_cap_ = 0;
   void* partials_ = nullptr;  // split-KV attention partial results
   size_t partials_cap_ = 0;
 

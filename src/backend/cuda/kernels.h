@@ -116,9 +116,18 @@ bool gemv_bulk_applies(DType t, int64_t cols, const GemvInput& in);
 // batch. False when the type has no decoder.
 bool launch_dequant_bf16(DType t, const void* w, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t s);
 // Group-quantized weights (W4G/W8G) as bf16, dense [rows, cols] in input-column order (the
-// act-order permutation undone): the tensor-core path for them at every batch size until a
-// fused W4A16 kernel exists (dequant_gq.cu).
+// act-order permutation undone): their tensor-core path past kGemvMaxRows rows (dequant_gq.cu).
 void launch_dequant_gq_bf16(const WeightMatrix& w, uint16_t* out, cudaStream_t s);
+// Group-quantized weights (W4G/W8G) at decode sizes, read straight from the codes
+// (gemv_gq.cu): y_i[t * ldy_i + r] = x[t, :] · W_i[r, :] for t < n_rows (<= kGemvMaxRows).
+// The targets (<= kGemvMaxTargets) share type, width and group size and carry no act-order
+// permutation: such a weight takes x gathered into its stored column order
+// (launch_permute_cols) and runs alone.
+void launch_gemv_gq(const float* x, int n_rows, int64_t ldx, const MatmulTarget* targets, int n_targets,
+                    cudaStream_t s);
+// xp[t * ldxp + j] = x[t * ldx + perm[j]] for t < n_rows, j < cols.
+void launch_permute_cols(const float* x, int n_rows, int64_t ldx, const int32_t* perm, int64_t cols, float* xp,
+                         int64_t ldxp, cudaStream_t s);
 // out[r, c] = x[r * ldx + c] as bf16 (to_bf16) or f16, dense [n_rows, cols].
 void launch_convert_rows(const float* x, int n_rows, int64_t ldx, int64_t cols, uint16_t* out, bool to_bf16,
                          cudaStream_t s);
