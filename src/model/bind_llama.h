@@ -20,11 +20,26 @@ struct LlamaTensorNames {
   const char *q_norm = nullptr, *k_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
 };
 
-inline constexpr LlamaTensorNames kGgufLlamaNames = {
-    "token_embd.weight", "output.weight",   "output_norm.weight", "blk.",           "attn_norm.weight", "attn_q.weight",
-    "attn_k.weight",     "attn_v.weight",   "attn_output.weight", "attn_q.bias",    "attn_k.bias",      "attn_v.bias",
-    "ffn_norm.weight",   "ffn_gate.weight", "ffn_up.weight",      "ffn_down.weight",    "attn_q_norm.weight",
-    "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight"};
+inline constexpr LlamaTensorNames kGgufLlamaNames = {"token_embd.weight",
+                                                     "output.weight",
+                                                     "output_norm.weight",
+                                                     "blk.",
+                                                     "attn_norm.weight",
+                                                     "attn_q.weight",
+                                                     "attn_k.weight",
+                                                     "attn_v.weight",
+                                                     "attn_output.weight",
+                                                     "attn_q.bias",
+                                                     "attn_k.bias",
+                                                     "attn_v.bias",
+                                                     "ffn_norm.weight",
+                                                     "ffn_gate.weight",
+                                                     "ffn_up.weight",
+                                                     "ffn_down.weight",
+                                                     "attn_q_norm.weight",
+                                                     "attn_k_norm.weight",
+                                                     "post_attention_norm.weight",
+                                                     "post_ffw_norm.weight"};
 
 inline constexpr LlamaTensorNames kHfLlamaNames = {
     "model.embed_tokens.weight",       "lm_head.weight",          "model.norm.weight",       "model.layers.",

@@ -70,8 +70,8 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
     c.rope_freq_base_local = 10000.0f;
     // query_pre_attn_scalar is head_dim except for the 27B (62 layers): n_embd / n_head there,
     // as llama.cpp decides it.
-    const float pre_attn = c.n_layer == 62 && c.n_head > 0 ? static_cast<float>(c.n_embd / c.n_head)
-                                                           : static_cast<float>(c.head_dim);
+    const float pre_attn =
+        c.n_layer == 62 && c.n_head > 0 ? static_cast<float>(c.n_embd / c.n_head) : static_cast<float>(c.head_dim);
     c.attn_scale = pre_attn > 0 ? 1.0f / std::sqrt(pre_attn) : 0.0f;
   }
   // GGUF's converter permutes Llama's Q/K rows so RoPE rotates adjacent pairs; Qwen2 and Gemma

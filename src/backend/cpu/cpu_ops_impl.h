@@ -289,6 +289,6 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
 }
 
 static const tessera::cpu::OpsTable kOpsTable = {
-    TESSERA_OPS_ISA, rms_norm_rows_impl, add_rms_norm_rows_impl, swiglu_rows_impl, rope_rows_impl, attention_impl,
-    geglu_rows_impl,
+    TESSERA_OPS_ISA, rms_norm_rows_impl, add_rms_norm_rows_impl, swiglu_rows_impl,
+    rope_rows_impl,  attention_impl,     geglu_rows_impl,
 };

@@ -29,8 +29,7 @@ template <typename KT, int HD>
 __global__ void __launch_bounds__(kThreads)
     attention_prefill_kernel(const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc,
                              const KT* __restrict__ vc, DeviceBatch b, int n_kv_heads, int block_size, int group,
-                             int gc, int rows_per_tile, float scale, float* __restrict__ out, int64_t ldo,
-                             int window) {
+                             int gc, int rows_per_tile, float scale, float* __restrict__ out, int64_t ldo, int window) {
   extern __shared__ float smem[];
   float* Qs = smem;                  // [kQ][HD+1], pre-scaled
   float* Ks = Qs + kQ * (HD + 1);    // [kK][HD+1]
@@ -141,8 +140,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int qi = 4 * qg + a, key = base + sub + 8 * c;
-          const bool visible =
-              key < kv_end && key <= pos_s[qi] && (window == 0 || key > pos_s[qi] - window);
+          const bool visible = key < kv_end && key <= pos_s[qi] && (window == 0 || key > pos_s[qi] - window);
           S[qi * (kK + 1) + sub + 8 * c] = visible ? s[a][c] : -FLT_MAX;
         }
     }

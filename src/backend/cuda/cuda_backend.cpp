@@ -558,8 +558,8 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
   // each fused block computing its own RoPE angles).
   // A sliding window (Gemma 3's local layers) takes the separate kernels: the fused one has no mask.
   const bool fits = batch.n_tokens > 0 && batch.one_row_each && batch.window == 0 && cfg.head_dim == kv.head_dim &&
-                    kv.n_kv_heads > 0 &&
-                    n_heads % kv.n_kv_heads == 0 && cuda::attention_decode_mma_applies(kv, n_heads);
+                    kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0 &&
+                    cuda::attention_decode_mma_applies(kv, n_heads);
   DecodeSplit split = fits ? decode_split(kv, batch, n_heads) : DecodeSplit{};
   const bool would_split = split.max_splits >= 2;
   if (would_split) {
@@ -615,8 +615,8 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   const auto [max_len, split_len, max_splits] = decode_split(kv, batch, n_heads);
   const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
   auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
-  cuda::launch_attention_decode_window(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len,
-                                       max_splits, partials, batch.window, stream_);
+  cuda::launch_attention_decode_window(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len, max_splits,
+                                       partials, batch.window, stream_);
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {

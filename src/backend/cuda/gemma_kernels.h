@@ -24,8 +24,7 @@ void launch_scale(float* x, float scale, int64_t n, cudaStream_t s);
 void launch_attention_prefill_window(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                      int n_heads, float scale, float* out, int64_t ldo, int window, cudaStream_t s);
 bool launch_attention_prefill_mma_window(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
-                                         int n_heads, float scale, float* out, int64_t ldo, int window,
-                                         cudaStream_t s);
+                                         int n_heads, float scale, float* out, int64_t ldo, int window, cudaStream_t s);
 void launch_attention_decode_window(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                     int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
                                     float* partials, int window, cudaStream_t s);

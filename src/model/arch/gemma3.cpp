@@ -90,19 +90,19 @@ class Gemma3Model final : public Model {
       be_.rms_norm_heads(q_, qkv_ld_, n, c_.n_head, c_.head_dim, L.q_norm, c_.rms_eps);
       be_.rms_norm_heads(k_, qkv_ld_, n, c_.n_head_kv, c_.head_dim, L.k_norm, c_.rms_eps);
       be_.rope_kv_store_attention(q_, qkv_ld_, c_.n_head, k_, qkv_ld_, v_, qkv_ld_, kv.layer(il),
-                                  is_local ? local : global, is_local ? rope_local_ : rope_global_, c_.attn_scale,
-                                  att_, q_dim_);  // att: [n, q_dim]
+                                  is_local ? local : global, is_local ? rope_local_ : rope_global_, c_.attn_scale, att_,
+                                  q_dim_);  // att: [n, q_dim]
       const MatmulTarget o[] = {{L.wo, tmp_, e}};
-      be_.matmul(att_, n, q_dim_, o);                                    // tmp: [n, e]
-      be_.rms_norm(tmp_, L.post_attn_norm, tmp_, n, e, c_.rms_eps);      // post-attention norm
+      be_.matmul(att_, n, q_dim_, o);                                // tmp: [n, e]
+      be_.rms_norm(tmp_, L.post_attn_norm, tmp_, n, e, c_.rms_eps);  // post-attention norm
       // gate, up = W_gate|up · norm(x + tmp): [n, n_ff | n_ff]
       const MatmulTarget gate_up[] = {{L.w_gate, gate_, 2 * c_.n_ff}, {L.w_up, up_, 2 * c_.n_ff}};
       be_.add_rms_norm_matmul(x, tmp_, L.ffn_norm, x_next, xn_, n, e, c_.rms_eps, gate_up);
       std::swap(x, x_next);
       be_.geglu(gate_, up_, 2 * c_.n_ff, h_, n, c_.n_ff);  // h: [n, n_ff]
       const MatmulTarget down[] = {{L.w_down, tmp_, e}};
-      be_.matmul(h_, n, c_.n_ff, down);                              // tmp: [n, e]
-      be_.rms_norm(tmp_, L.post_ffn_norm, tmp_, n, e, c_.rms_eps);   // post-FFN norm
+      be_.matmul(h_, n, c_.n_ff, down);                             // tmp: [n, e]
+      be_.rms_norm(tmp_, L.post_ffn_norm, tmp_, n, e, c_.rms_eps);  // post-FFN norm
     }
     if (n_out == 0) return logits_;
     be_.add(x, tmp_, static_cast<int64_t>(n) * e);

@@ -65,8 +65,7 @@ class RecordingBackend final : public Backend {
   void geglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) override {
     op([=, this] { cpu_.geglu(gate, up, ld_in, out, n_rows, dim); });
   }
-  void rms_norm_heads(float* x, int64_t ld, int n_rows, int n_heads, int head_dim, const float* w,
-                      float eps) override {
+  void rms_norm_heads(float* x, int64_t ld, int n_rows, int n_heads, int head_dim, const float* w, float eps) override {
     op([=, this] { cpu_.rms_norm_heads(x, ld, n_rows, n_heads, head_dim, w, eps); });
   }
   void scale(float* x, float s, int64_t n) override {

@@ -19,7 +19,6 @@
 using namespace tessera;
 using namespace tessera::test;
 
-
 TEST(LlamaParity, TeacherForcedLogitsMatchLlamaCpp) {
   const std::string model = test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
   int top_k = 0;

@@ -80,7 +80,6 @@ inline std::vector<double> log_softmax(const float* logits, int n) {
   return out;
 }
 
-
 // KL(ref || ours) over the reference's top-k ids plus one bucket for the rest of the vocabulary
 // (a lower bound of the exact KL; within a few percent of it at k = 20).
 inline double topk_kl(const Position& ref, const std::vector<double>& ours) {
