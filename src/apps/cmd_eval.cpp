@@ -124,7 +124,9 @@ void add_eval(CLI::App& app) {
     Session session(so);
     std::string text = read_file(a->file);
     if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama.cpp reads -f files
-    const auto tokens = session.tokenizer().encode(text, /*add_special=*/false, /*parse_special=*/false);
+    // add_special as llama-perplexity tokenizes: a model that adds BOS (Gemma) starts the
+    // stream with it, so the chunks fall on the same tokens as llama.cpp's.
+    const auto tokens = session.tokenizer().encode(text, /*add_special=*/true, /*parse_special=*/false);
     const auto t0 = std::chrono::steady_clock::now();
     const PerplexityResult r = perplexity(session, tokens, a->ctx, a->max_chunks, [](int i, int n, double ppl) {
       std::fprintf(stderr, "[%d/%d] ppl %.4f\n", i, n, ppl);

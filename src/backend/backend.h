@@ -34,6 +34,10 @@ struct AttentionBatch {
   const int32_t* kv_len = nullptr;        // [n_seqs]
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks]
   int max_blocks = 0;                     // row stride of block_tables (may exceed every sequence's blocks)
+  // Sliding-window attention (Gemma 3's local layers): a query at position p attends keys at
+  // positions p - window + 1 .. p only; 0 = every earlier key (plain causal). Per layer: the
+  // model passes a copy of the batch with this set.
+  int window = 0;
 };
 
 class Backend {
@@ -126,6 +130,18 @@ class Backend {
   }
   // x += y                                                           [n]
   virtual void add(float* x, const float* y, int64_t n) = 0;
+
+  // ---- Gemma 3's ops ----
+  // (Appended as one group so that other additions merge beside it.)
+
+  // out = gelu_tanh(gate) * up (GeGLU)            gate, up: [n_rows, ld_in]; out: [n_rows, dim]
+  virtual void geglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) = 0;
+  // In place, every head of every row: x_h = x_h / rms(x_h) * w (QK-norm; w shared by the
+  // heads)                                                 x: [n_rows, ld], n_heads*head_dim used
+  virtual void rms_norm_heads(float* x, int64_t ld, int n_rows, int n_heads, int head_dim, const float* w,
+                              float eps) = 0;
+  // x *= s                                                           [n]
+  virtual void scale(float* x, float s, int64_t n) = 0;
   // Copies rows: dst[i, :] = src[rows[i], :] (gathers the rows whose logits are wanted; rows
   // is a device array)
   virtual void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) = 0;

@@ -5,6 +5,7 @@
 // that find, check and convert one tensor (naming it in any error).
 #include <string>
 
+#include "core/error.h"
 #include "model/weights.h"
 
 namespace tessera {
@@ -15,12 +16,30 @@ struct LlamaTensorNames {
   const char* output_norm;
   const char* layer_prefix;  // followed by the layer index and a '.'
   const char *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *ffn_norm, *w_gate, *w_up, *w_down;
+  // Gemma 3's extra norms (null where the format has no names for them)
+  const char *q_norm = nullptr, *k_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
 };
 
-inline constexpr LlamaTensorNames kGgufLlamaNames = {
-    "token_embd.weight", "output.weight",   "output_norm.weight", "blk.",           "attn_norm.weight", "attn_q.weight",
-    "attn_k.weight",     "attn_v.weight",   "attn_output.weight", "attn_q.bias",    "attn_k.bias",      "attn_v.bias",
-    "ffn_norm.weight",   "ffn_gate.weight", "ffn_up.weight",      "ffn_down.weight"};
+inline constexpr LlamaTensorNames kGgufLlamaNames = {"token_embd.weight",
+                                                     "output.weight",
+                                                     "output_norm.weight",
+                                                     "blk.",
+                                                     "attn_norm.weight",
+                                                     "attn_q.weight",
+                                                     "attn_k.weight",
+                                                     "attn_v.weight",
+                                                     "attn_output.weight",
+                                                     "attn_q.bias",
+                                                     "attn_k.bias",
+                                                     "attn_v.bias",
+                                                     "ffn_norm.weight",
+                                                     "ffn_gate.weight",
+                                                     "ffn_up.weight",
+                                                     "ffn_down.weight",
+                                                     "attn_q_norm.weight",
+                                                     "attn_k_norm.weight",
+                                                     "post_attention_norm.weight",
+                                                     "post_ffw_norm.weight"};
 
 inline constexpr LlamaTensorNames kHfLlamaNames = {
     "model.embed_tokens.weight",       "lm_head.weight",          "model.norm.weight",       "model.layers.",
@@ -53,6 +72,14 @@ void bind_llama_tensors(Binder& bind, ModelWeights& w, const LlamaTensorNames& n
     l.w_gate = bind.matrix(p + n.w_gate, c.n_ff, c.n_embd);
     l.w_up = bind.matrix(p + n.w_up, c.n_ff, c.n_embd);
     l.w_down = bind.matrix(p + n.w_down, c.n_embd, c.n_ff);
+    if (c.arch == "gemma3") {
+      if (!n.q_norm) fail("gemma3: this checkpoint format is not supported (GGUF only)");
+      // GGUF's converter stores Gemma's norm weights with the +1 of Gemma's (1 + w) folded in.
+      l.q_norm = bind.vector(p + n.q_norm, c.head_dim, false);
+      l.k_norm = bind.vector(p + n.k_norm, c.head_dim, false);
+      l.post_attn_norm = bind.vector(p + n.post_attn_norm, c.n_embd, false);
+      l.post_ffn_norm = bind.vector(p + n.post_ffn_norm, c.n_embd, false);
+    }
   }
 }
 

@@ -27,6 +27,14 @@ void ModelConfig::validate() const {
   TESSERA_CHECK(n_ctx_train >= 1, "model config: context length ", n_ctx_train, " must be positive");
   TESSERA_CHECK(rope_scaling.empty() || rope_scaling == "linear" || rope_scaling == "llama3",
                 "model config: unsupported RoPE scaling '", rope_scaling, "'");
+  if (arch == "gemma3") {
+    TESSERA_CHECK(sliding_window >= 1 && sliding_window_pattern >= 1, "model config: gemma3 needs a sliding window (",
+                  sliding_window, ") and a layer pattern (", sliding_window_pattern, ")");
+    TESSERA_CHECK(std::isfinite(rope_freq_base_local) && rope_freq_base_local > 1, "model config: local RoPE base ",
+                  rope_freq_base_local, " is out of range");
+    TESSERA_CHECK(std::isfinite(attn_scale) && attn_scale > 0, "model config: attention scale ", attn_scale,
+                  " is out of range");
+  }
   if (!rope_scaling.empty())
     TESSERA_CHECK(std::isfinite(rope_scaling_factor) && rope_scaling_factor >= 1, "model config: RoPE scaling factor ",
                   rope_scaling_factor, " must be >= 1");
@@ -35,7 +43,9 @@ void ModelConfig::validate() const {
 int64_t ModelConfig::n_params() const {
   const int64_t e = n_embd, q = static_cast<int64_t>(n_head) * head_dim,
                 kv = static_cast<int64_t>(n_head_kv) * head_dim;
-  const int64_t per_layer = e * q + 2 * e * kv + q * e + 3 * e * n_ff + 2 * e;
+  // Gemma 3 adds two norms of the residual width and the per-head Q and K norms.
+  const int64_t extra_norms = arch == "gemma3" ? 2 * e + 2 * head_dim : 0;
+  const int64_t per_layer = e * q + 2 * e * kv + q * e + 3 * e * n_ff + 2 * e + extra_norms;
   return n_layer * per_layer + static_cast<int64_t>(n_vocab) * e * (tied_embeddings ? 1 : 2) + e;
 }
 

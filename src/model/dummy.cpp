@@ -15,7 +15,9 @@
 
 namespace tessera {
 
-const char* dummy_presets() { return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b"; }
+const char* dummy_presets() {
+  return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b, gemma3-270m, gemma3-tiny";
+}
 
 ModelConfig dummy_preset(const std::string& name) {
   ModelConfig c;
@@ -89,6 +91,28 @@ ModelConfig dummy_preset(const std::string& name) {
     c.rope_neox = true;
     c.qkv_bias = true;
     c.tied_embeddings = true;
+  } else if (name == "gemma3-270m" || name == "gemma3-tiny") {
+    // Gemma 3 270M's shape (head_dim 256, one KV head, window 512, five local layers per
+    // global one); the tiny one keeps the block shape with a small vocabulary and a window
+    // of 16, so tests cross it with short sequences.
+    const bool tiny = name == "gemma3-tiny";
+    c.arch = "gemma3";
+    c.n_vocab = tiny ? 4096 : 262144;
+    c.n_embd = 640;
+    c.n_layer = tiny ? 6 : 18;
+    c.n_head = 4;
+    c.n_head_kv = 1;
+    c.head_dim = 256;
+    c.n_ff = 2048;
+    c.n_ctx_train = 32768;
+    c.rope_freq_base = 1000000;
+    c.rms_eps = 1e-6f;
+    c.rope_neox = true;
+    c.tied_embeddings = true;
+    c.sliding_window = tiny ? 16 : 512;
+    c.sliding_window_pattern = 6;
+    c.rope_freq_base_local = 10000;
+    c.attn_scale = 1.0f / 16.0f;  // 1/sqrt(head_dim)
   } else {
     fail("unknown dummy preset '", name, "' (known: ", dummy_presets(), ")");
   }
@@ -241,6 +265,12 @@ std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64
     l.w_gate = b.matrix(c.n_ff, c.n_embd);
     l.w_up = b.matrix(c.n_ff, c.n_embd);
     l.w_down = b.matrix(c.n_embd, c.n_ff);
+    if (c.arch == "gemma3") {
+      l.q_norm = b.vector(c.head_dim, 1.0f, 0.1f);
+      l.k_norm = b.vector(c.head_dim, 1.0f, 0.1f);
+      l.post_attn_norm = b.vector(c.n_embd, 1.0f, 0.1f);
+      l.post_ffn_norm = b.vector(c.n_embd, 1.0f, 0.1f);
+    }
   }
   return w;
 }

@@ -1,4 +1,5 @@
 // Weights and config from a GGUF file, zero-copy for the matrices.
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -33,8 +34,8 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
   auto arch = f.get_string("general.architecture");
   if (!arch) fail(f.name(), ": missing metadata key 'general.architecture'");
   c.arch = std::string(*arch);
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral")
-    fail(f.name(), ": architecture '", c.arch, "' is not supported (supported: llama, mistral, qwen2)");
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral" && c.arch != "gemma3")
+    fail(f.name(), ": architecture '", c.arch, "' is not supported (supported: llama, mistral, qwen2, gemma3)");
   const std::string a = c.arch + ".";
   if (auto name = f.get_string("general.name")) c.name = std::string(*name);
   c.n_layer = get_required_int(f, a + "block_count");
@@ -59,8 +60,23 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
   } else if (const auto* t = f.find_tensor("token_embd.weight"); t && t->shape.size() == 2) {
     c.n_vocab = static_cast<int>(t->shape[1]);
   }
-  // GGUF's converter permutes Llama's Q/K rows so RoPE rotates adjacent pairs; Qwen2 keeps halves.
-  c.rope_neox = c.arch == "qwen2";
+  if (c.arch == "gemma3") {
+    c.sliding_window = get_required_int(f, a + "attention.sliding_window");
+    // llama.cpp's reading of Gemma 3: five local layers, then one global (the files carry no
+    // pattern key; a later converter's key is honoured); local layers use RoPE base 10,000
+    // without scaling (rope_scaling applies to the global layers only).
+    c.sliding_window_pattern =
+        f.has(a + "attention.sliding_window_pattern") ? get_required_int(f, a + "attention.sliding_window_pattern") : 6;
+    c.rope_freq_base_local = 10000.0f;
+    // query_pre_attn_scalar is head_dim except for the 27B (62 layers): n_embd / n_head there,
+    // as llama.cpp decides it.
+    const float pre_attn =
+        c.n_layer == 62 && c.n_head > 0 ? static_cast<float>(c.n_embd / c.n_head) : static_cast<float>(c.head_dim);
+    c.attn_scale = pre_attn > 0 ? 1.0f / std::sqrt(pre_attn) : 0.0f;
+  }
+  // GGUF's converter permutes Llama's Q/K rows so RoPE rotates adjacent pairs; Qwen2 and Gemma
+  // keep halves.
+  c.rope_neox = c.arch == "qwen2" || c.arch == "gemma3";
   c.qkv_bias = c.arch == "qwen2";
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.validate();

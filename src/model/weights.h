@@ -20,6 +20,12 @@ struct LayerWeights {
   const float* bv = nullptr;          // [n_kv*hd]
   const float* ffn_norm = nullptr;    // [n_embd]
   WeightMatrix w_gate, w_up, w_down;  // [n_ff, n_embd] x2, [n_embd, n_ff]
+  // Gemma 3 only (else nullptr): per-head Q and K norms, and the norms of the attention's and
+  // the FFN's outputs before they join the residual stream.
+  const float* q_norm = nullptr;          // [head_dim]
+  const float* k_norm = nullptr;          // [head_dim]
+  const float* post_attn_norm = nullptr;  // [n_embd]
+  const float* post_ffn_norm = nullptr;   // [n_embd]
 };
 
 struct ModelWeights {

@@ -191,6 +191,24 @@ void CpuBackend::add(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+void CpuBackend::geglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {
+  pool_.parallel_for(n_rows, kRowGrain, [&](int64_t b, int64_t e) {
+    ops_.geglu_rows(gate + b * ld_in, up + b * ld_in, ld_in, out + b * dim, e - b, dim);
+  });
+}
+
+void CpuBackend::rms_norm_heads(float* x, int64_t ld, int n_rows, int n_heads, int head_dim, const float* w,
+                                float eps) {
+  // A row's heads are contiguous: each is one "row" of head_dim for the row kernel (in place).
+  pool_.parallel_for(n_rows, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) ops_.rms_norm_rows(x + r * ld, w, x + r * ld, n_heads, head_dim, eps);
+  });
+}
+
+void CpuBackend::scale(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 void CpuBackend::gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) {
   for (int i = 0; i < n; ++i) std::memcpy(dst + static_cast<int64_t>(i) * dim, src + rows[i] * ld, sizeof(float) * dim);
 }

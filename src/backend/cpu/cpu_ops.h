@@ -31,6 +31,7 @@ struct OpsTable {
                     const float* const* cos_sin_rows);
   void (*attention)(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch, int n_heads,
                     float scale, float* out, int64_t ldo, const AttentionTask& task, float* scratch);
+  void (*geglu_rows)(const float* gate, const float* up, int64_t ld_in, float* out, int64_t n_rows, int dim);
 };
 
 const OpsTable& ops_table();  // best for this CPU, or forced by TESSERA_ISA=scalar|avx2

@@ -92,6 +92,23 @@ static void swiglu_rows_impl(const float* gate, const float* up, int64_t ld_in, 
   }
 }
 
+// gelu_tanh(g) * u, gelu_tanh(g) = g/2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3))), with
+// tanh(|a|) = (1 - e^-2|a|) / (1 + e^-2|a|) from the branch-free exp
+static void geglu_rows_impl(const float* gate, const float* up, int64_t ld_in, float* out, int64_t n_rows, int dim) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* g = gate + r * ld_in;
+    const float* u = up + r * ld_in;
+    float* o = out + r * dim;
+    for (int i = 0; i < dim; ++i) {
+      const float x = g[i];
+      const float a = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+      const float e = fast_exp_nonpos(-2.0f * std::fabs(a));
+      const float t = (1.0f - e) / (1.0f + e);
+      o[i] = 0.5f * x * (1.0f + (a >= 0 ? t : -t)) * u[i];
+    }
+  }
+}
+
 static void rope_rows_impl(float* x, int64_t n_rows, int64_t ld, int n_heads, int head_dim, int rot_dim, bool neox,
                            const float* const* cos_sin_rows) {
   const int half = rot_dim / 2;
@@ -188,15 +205,20 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     l[r] = 0.0f;
   }
   std::memset(o, 0, sizeof(float) * n_q * hd);
-  int max_pos = 0;
-  for (int t = task.q_begin; t < task.q_end; ++t) max_pos = std::max(max_pos, b.positions[t]);
+  int max_pos = 0, min_pos = std::numeric_limits<int>::max();
+  for (int t = task.q_begin; t < task.q_end; ++t) {
+    max_pos = std::max(max_pos, b.positions[t]);
+    min_pos = std::min(min_pos, b.positions[t]);
+  }
   const int kv_len = std::min(b.kv_len[task.seq], max_pos + 1);
   const int n_blocks = (kv_len + bs - 1) / bs;
+  // Sliding window: blocks wholly before every row's window are not read.
+  const int first_blk = b.window > 0 ? std::max(0, min_pos - b.window + 1) / bs : 0;
   const int32_t* table = b.block_tables + static_cast<int64_t>(task.seq) * b.max_blocks;
   const auto* kbase = static_cast<const uint8_t*>(kv.k);
   const auto* vbase = static_cast<const uint8_t*>(kv.v);
   auto page_of = [&](int blk) { return static_cast<int64_t>(table[blk]) * kv.n_kv_heads + task.kv_head; };
-  for (int blk = 0; blk < n_blocks; ++blk) {
+  for (int blk = first_blk; blk < n_blocks; ++blk) {
     const int base = blk * bs;
     const int nk = std::min(bs, kv_len - base);
     const uint8_t* kpage = kbase + page_of(blk) * kv.k_page_bytes;
@@ -215,11 +237,13 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     for (int r = 0; r < n_q; ++r) {
       const int pos = b.positions[task.q_begin + r / ng];
       const int visible = std::min(nk, pos - base + 1);  // causal: keys at positions <= pos
-      if (visible <= 0) continue;
+      // window: keys at positions >= pos - window + 1
+      const int lo = b.window > 0 ? std::max(0, pos - b.window + 1 - base) : 0;
+      if (visible <= lo) continue;
       float* s = sc + r * bs;
       const float* qr = qs + r * hd;
       float mx = m[r];
-      for (int j = 0; j < visible; ++j) {
+      for (int j = lo; j < visible; ++j) {
         float dot = dot_f32(qr, kf + j * hd, hd);
         if (qjl) dot += coef[j] * dot_f32(sq + r * hd, sgn + j * hd, hd);
         s[j] = dot;
@@ -227,7 +251,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       }
       const float alpha = fast_exp_nonpos(m[r] - mx);  // m = -inf on the first block: alpha = 0
       float sum = 0.0f;
-      for (int j = 0; j < visible; ++j) {
+      for (int j = lo; j < visible; ++j) {
         s[j] = fast_exp_nonpos(s[j] - mx);
         sum += s[j];
       }
@@ -240,7 +264,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       for (; d0 + 8 <= hd; d0 += 8) {
         float acc[8];
         for (int k = 0; k < 8; ++k) acc[k] = orow[d0 + k] * alpha;
-        for (int j = 0; j < visible; ++j) {
+        for (int j = lo; j < visible; ++j) {
           const float p = s[j];
           const float* vr = vf + j * hd + d0;
           for (int k = 0; k < 8; ++k) acc[k] += p * vr[k];
@@ -249,7 +273,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       }
       for (; d0 < hd; ++d0) {
         float acc = orow[d0] * alpha;
-        for (int j = 0; j < visible; ++j) acc += s[j] * vf[j * hd + d0];
+        for (int j = lo; j < visible; ++j) acc += s[j] * vf[j * hd + d0];
         orow[d0] = acc;
       }
     }
@@ -265,5 +289,6 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
 }
 
 static const tessera::cpu::OpsTable kOpsTable = {
-    TESSERA_OPS_ISA, rms_norm_rows_impl, add_rms_norm_rows_impl, swiglu_rows_impl, rope_rows_impl, attention_impl,
+    TESSERA_OPS_ISA, rms_norm_rows_impl, add_rms_norm_rows_impl, swiglu_rows_impl,
+    rope_rows_impl,  attention_impl,     geglu_rows_impl,
 };

@@ -9,7 +9,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_tuning.h"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/gemma_kernels.h"
 
 namespace tessera::cuda {
 
@@ -111,7 +111,8 @@ template <typename KT, int HD, int kKeysPerGroup>
 __global__ void __launch_bounds__(kThreads)
     attention_decode_split(const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc,
                            const KT* __restrict__ vc, DeviceBatch b, int n_kv_heads, int block_size, int group,
-                           int q_chunks, float scale, int split_len, int max_splits, float* __restrict__ partials) {
+                           int q_chunks, float scale, int split_len, int max_splits, float* __restrict__ partials,
+                           int window) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   constexpr int DPL = 8;             // dims per lane
@@ -124,9 +125,11 @@ __global__ void __launch_bounds__(kThreads)
   const int split = blockIdx.z;
   const int t = b.q_start[seq];
   const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
-  const int begin = split * split_len;
-  if (begin >= len) return;
-  const int end = min(len, begin + split_len);
+  if (split * split_len >= len) return;
+  const int end = min(len, split * split_len + split_len);
+  // Sliding window: keys before pos - window + 1 are skipped; a split wholly before the window
+  // runs no step and stores an empty partial (m = -FLT_MAX, l = 0) for the merge.
+  const int begin = max(split * split_len, window > 0 ? b.positions[t] - window + 1 : 0);
   const int lg = threadIdx.x / LPK, li = threadIdx.x % LPK;
   const int n_heads = n_kv_heads * group;
 
@@ -233,13 +236,13 @@ __global__ void attention_decode_merge(const float* __restrict__ partials, Devic
 
 template <typename KT, int HD>
 void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-                  int split_len, int max_splits, float* partials, cudaStream_t s) {
+                  int split_len, int max_splits, float* partials, int window, cudaStream_t s) {
   const int q_chunks = (group + kMaxQ - 1) / kMaxQ;
   const dim3 grid(b.n_seqs, kv.n_kv_heads * q_chunks, max_splits);
   constexpr int kKeys = CudaTuning::kDecodeKeysPerGroup;
   launch_pdl(attention_decode_split<KT, HD, kKeys>, dim3(grid), dim3(kThreads), 0, s, q, ldq,
              static_cast<const KT*>(kv.k), static_cast<const KT*>(kv.v), b, kv.n_kv_heads, kv.block_size, group,
-             q_chunks, scale, split_len, max_splits, partials);
+             q_chunks, scale, split_len, max_splits, partials, window);
 }
 
 }  // namespace
@@ -252,24 +255,34 @@ bool attention_decode_supported(const KvLayerView& kv) {
 void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                              float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
                              cudaStream_t s) {
+  launch_attention_decode_window(q, ldq, kv, b, n_heads, scale, out, ldo, split_len, max_splits, partials, 0, s);
+}
+
+void launch_attention_decode_window(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                    int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
+                                    float* partials, int window, cudaStream_t s) {
   TESSERA_CHECK(attention_decode_supported(kv), "cuda decode attention: head_dim ", kv.head_dim, " / KV ",
                 kv_format_name(kv.k_fmt), "/", kv_format_name(kv.v_fmt), " not supported");
   if (b.n_seqs == 0) return;
-  if (launch_attention_decode_mma(q, ldq, kv, b, n_heads, scale, out, ldo, split_len, max_splits, partials, s)) return;
+  // The tensor-core kernel has no window mask.
+  if (window == 0 &&
+      launch_attention_decode_mma(q, ldq, kv, b, n_heads, scale, out, ldo, split_len, max_splits, partials, s))
+    return;
   const int group = n_heads / kv.n_kv_heads;
   const bool f16 = kv.plain_dtype() == DType::F16;
+  const auto w = window;
   switch (kv.head_dim) {
     case 64:
-      f16 ? launch_split<__half, 64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
-          : launch_split<float, 64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+      f16 ? launch_split<__half, 64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s)
+          : launch_split<float, 64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s);
       break;
     case 128:
-      f16 ? launch_split<__half, 128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
-          : launch_split<float, 128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+      f16 ? launch_split<__half, 128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s)
+          : launch_split<float, 128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s);
       break;
     default:
-      f16 ? launch_split<__half, 256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
-          : launch_split<float, 256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+      f16 ? launch_split<__half, 256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s)
+          : launch_split<float, 256>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s);
   }
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_split");
   launch_attention_decode_merge(partials, b, n_heads, kv.head_dim, split_len, max_splits, out, ldo, s);

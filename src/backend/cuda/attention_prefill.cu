@@ -7,9 +7,10 @@
 // dims. Shared memory rows are padded by one float where threads of a warp read different
 // rows of the same column.
 #include <cfloat>
+#include <climits>
 
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/gemma_kernels.h"
 
 namespace tessera::cuda {
 
@@ -28,7 +29,7 @@ template <typename KT, int HD>
 __global__ void __launch_bounds__(kThreads)
     attention_prefill_kernel(const float* __restrict__ q, int64_t ldq, const KT* __restrict__ kc,
                              const KT* __restrict__ vc, DeviceBatch b, int n_kv_heads, int block_size, int group,
-                             int gc, int rows_per_tile, float scale, float* __restrict__ out, int64_t ldo) {
+                             int gc, int rows_per_tile, float scale, float* __restrict__ out, int64_t ldo, int window) {
   extern __shared__ float smem[];
   float* Qs = smem;                  // [kQ][HD+1], pre-scaled
   float* Ks = Qs + kQ * (HD + 1);    // [kK][HD+1]
@@ -82,8 +83,14 @@ __global__ void __launch_bounds__(kThreads)
               : 0.0f;
   }
   __syncthreads();
-  for (int i = 0; i < kQ; ++i) max_pos = max(max_pos, pos_s[i]);
+  int min_pos = INT_MAX;
+  for (int i = 0; i < kQ; ++i) {
+    max_pos = max(max_pos, pos_s[i]);
+    if (pos_s[i] >= 0) min_pos = min(min_pos, pos_s[i]);
+  }
   const int kv_end = min(b.kv_len[seq], max_pos + 1);
+  // Sliding window: tiles wholly before every query's window are skipped.
+  const int kv_begin = window > 0 && min_pos != INT_MAX ? max(0, min_pos - window + 1) / kK * kK : 0;
   const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
 
   const int qg = threadIdx.x / 8, sub = threadIdx.x % 8;  // 16 groups of 4 query vectors × 8
@@ -93,7 +100,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < HD / 8; ++i) o[a][i] = 0.0f;
 
-  for (int base = 0; base < kv_end; base += kK) {
+  for (int base = kv_begin; base < kv_end; base += kK) {
     // K/V tile → shared memory as f32 (zeros past the end).
     for (int i = threadIdx.x; i < kK * HD; i += kThreads) {
       const int j = i / HD, d = i % HD, key = base + j;
@@ -133,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int qi = 4 * qg + a, key = base + sub + 8 * c;
-          const bool visible = key < kv_end && key <= pos_s[qi];
+          const bool visible = key < kv_end && key <= pos_s[qi] && (window == 0 || key > pos_s[qi] - window);
           S[qi * (kK + 1) + sub + 8 * c] = visible ? s[a][c] : -FLT_MAX;
         }
     }
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename KT, int HD>
 void launch_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-                    float* out, int64_t ldo, cudaStream_t s) {
+                    float* out, int64_t ldo, int window, cudaStream_t s) {
   const int gc = min(group, kQ);
   const int rows_per_tile = kQ / gc;
   const int g_chunks = (group + gc - 1) / gc;
@@ -204,7 +211,7 @@ void launch_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const De
   }
   attention_prefill_kernel<KT, HD><<<dim3(n_tiles, kv.n_kv_heads * g_chunks), kThreads, smem, s>>>(
       q, ldq, static_cast<const KT*>(kv.k), static_cast<const KT*>(kv.v), b, kv.n_kv_heads, kv.block_size, group, gc,
-      rows_per_tile, scale, out, ldo);
+      rows_per_tile, scale, out, ldo, window);
   TESSERA_CUDA_CHECK_LAUNCH("attention_prefill");
 }
 
@@ -212,6 +219,11 @@ void launch_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const De
 
 void launch_attention_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                               float scale, float* out, int64_t ldo, cudaStream_t s) {
+  launch_attention_prefill_window(q, ldq, kv, b, n_heads, scale, out, ldo, 0, s);
+}
+
+void launch_attention_prefill_window(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                     int n_heads, float scale, float* out, int64_t ldo, int window, cudaStream_t s) {
   TESSERA_CHECK(kv.plain_dtype() == DType::F16 || kv.plain_dtype() == DType::F32, "cuda attention: KV type ",
                 kv_format_name(kv.k_fmt), "/", kv_format_name(kv.v_fmt));
   if (b.n_tokens == 0 || b.n_seqs == 0) return;
@@ -219,16 +231,16 @@ void launch_attention_prefill(const float* q, int64_t ldq, const KvLayerView& kv
   const bool f16 = kv.plain_dtype() == DType::F16;
   switch (kv.head_dim) {
     case 64:
-      f16 ? launch_prefill<__half, 64>(q, ldq, kv, b, group, scale, out, ldo, s)
-          : launch_prefill<float, 64>(q, ldq, kv, b, group, scale, out, ldo, s);
+      f16 ? launch_prefill<__half, 64>(q, ldq, kv, b, group, scale, out, ldo, window, s)
+          : launch_prefill<float, 64>(q, ldq, kv, b, group, scale, out, ldo, window, s);
       break;
     case 128:
-      f16 ? launch_prefill<__half, 128>(q, ldq, kv, b, group, scale, out, ldo, s)
-          : launch_prefill<float, 128>(q, ldq, kv, b, group, scale, out, ldo, s);
+      f16 ? launch_prefill<__half, 128>(q, ldq, kv, b, group, scale, out, ldo, window, s)
+          : launch_prefill<float, 128>(q, ldq, kv, b, group, scale, out, ldo, window, s);
       break;
     case 256:
-      f16 ? launch_prefill<__half, 256>(q, ldq, kv, b, group, scale, out, ldo, s)
-          : launch_prefill<float, 256>(q, ldq, kv, b, group, scale, out, ldo, s);
+      f16 ? launch_prefill<__half, 256>(q, ldq, kv, b, group, scale, out, ldo, window, s)
+          : launch_prefill<float, 256>(q, ldq, kv, b, group, scale, out, ldo, window, s);
       break;
     default:
       fail("cuda attention: head_dim ", kv.head_dim, " is not supported (64, 128, 256)");

@@ -13,9 +13,10 @@
 // already), P to f16 before P·V; sums and the softmax state are f32. Relative error against
 // the f32 kernel is ~2e-4 (measured; tests/unit/cuda/cuda_attention_test.cpp).
 #include <cfloat>
+#include <climits>
 
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/gemma_kernels.h"
 #include "backend/cuda/mma_common.cuh"
 
 namespace tessera::cuda {
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_prefill_mma_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
                                  const __half* __restrict__ vc, DeviceBatch b, int n_kv_heads, int block_size,
                                  int group, int gc, int rows_per_tile, float q_scale, float* __restrict__ out,
-                                 int64_t ldo) {
+                                 int64_t ldo, int window) {
   constexpr int KT = keys_per_tile<HD>();
   constexpr int LD = HD + kPad;  // shared row stride in halves
   extern __shared__ __align__(16) __half smem_h[];
@@ -94,8 +95,11 @@ __global__ void __launch_bounds__(kThreads)
     *reinterpret_cast<__half2*>(Qs + qi * LD + d) = __floats2half2_rn(v.x * q_scale, v.y * q_scale);
   }
   __syncthreads();
-  int max_pos = -1;
-  for (int i = 0; i < kQ; ++i) max_pos = max(max_pos, pos_s[i]);
+  int max_pos = -1, min_pos = INT_MAX;
+  for (int i = 0; i < kQ; ++i) {
+    max_pos = max(max_pos, pos_s[i]);
+    if (pos_s[i] >= 0) min_pos = min(min_pos, pos_s[i]);
+  }
   const int kv_end = min(b.kv_len[seq], max_pos + 1);
   const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
 
@@ -132,9 +136,11 @@ __global__ void __launch_bounds__(kThreads)
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
   const int n_tiles = (kv_end + KT - 1) / KT;
-  if (n_tiles > 0) load_tile(0, 0);
-  for (int t = 0; t < n_tiles; ++t) {
-    const int base = t * KT, buf = t & 1;
+  // Sliding window: tiles wholly before every query's window are not loaded.
+  const int t0 = window > 0 && min_pos != INT_MAX ? min(n_tiles, max(0, min_pos - window + 1) / KT) : 0;
+  if (t0 < n_tiles) load_tile(t0, 0);
+  for (int t = t0; t < n_tiles; ++t) {
+    const int base = t * KT, buf = (t - t0) & 1;
     // The other buffer was last read in iteration t - 1, which ended with a barrier.
     if (t + 1 < n_tiles) {
       load_tile(t + 1, buf ^ 1);
@@ -169,7 +175,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = base + n * 8 + 2 * fc + (e & 1);
-          const bool visible = key < kv_end && key <= (e < 2 ? pos_a : pos_b);
+          const int pos = e < 2 ? pos_a : pos_b;
+          const bool visible = key < kv_end && key <= pos && (window == 0 || key > pos - window);
           s[n][e] = visible ? s[n][e] : -INFINITY;
         }
       float c_a, c_b;  // l: this lane's share of the row sum (reduced at the end)
@@ -220,7 +227,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int HD>
 void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-                float* out, int64_t ldo, cudaStream_t s) {
+                float* out, int64_t ldo, int window, cudaStream_t s) {
   const int gc = min(group, kQ);
   const int rows_per_tile = kQ / gc;
   const int g_chunks = (group + gc - 1) / gc;
@@ -235,7 +242,7 @@ void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const Device
   const float q_scale = scale * 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
   attention_prefill_mma_kernel<HD><<<dim3(n_tiles, kv.n_kv_heads * g_chunks), kThreads, smem, s>>>(
       q, ldq, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b, kv.n_kv_heads, kv.block_size,
-      group, gc, rows_per_tile, q_scale, out, ldo);
+      group, gc, rows_per_tile, q_scale, out, ldo, window);
   TESSERA_CUDA_CHECK_LAUNCH("attention_prefill_mma");
 }
 
@@ -243,6 +250,12 @@ void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const Device
 
 bool launch_attention_prefill_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                                   float scale, float* out, int64_t ldo, cudaStream_t s) {
+  return launch_attention_prefill_mma_window(q, ldq, kv, b, n_heads, scale, out, ldo, 0, s);
+}
+
+bool launch_attention_prefill_mma_window(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
+                                         int n_heads, float scale, float* out, int64_t ldo, int window,
+                                         cudaStream_t s) {
   if (kv.plain_dtype() != DType::F16) return false;
   if (reinterpret_cast<uintptr_t>(q) % 8 != 0 || ldq % 2 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0 ||
       ldo % 2 != 0)
@@ -251,13 +264,13 @@ bool launch_attention_prefill_mma(const float* q, int64_t ldq, const KvLayerView
   const int group = n_heads / kv.n_kv_heads;
   switch (kv.head_dim) {
     case 64:
-      launch_mma<64>(q, ldq, kv, b, group, scale, out, ldo, s);
+      launch_mma<64>(q, ldq, kv, b, group, scale, out, ldo, window, s);
       return true;
     case 128:
-      launch_mma<128>(q, ldq, kv, b, group, scale, out, ldo, s);
+      launch_mma<128>(q, ldq, kv, b, group, scale, out, ldo, window, s);
       return true;
     case 256:
-      launch_mma<256>(q, ldq, kv, b, group, scale, out, ldo, s);
+      launch_mma<256>(q, ldq, kv, b, group, scale, out, ldo, window, s);
       return true;
     default:
       return false;

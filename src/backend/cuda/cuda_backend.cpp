@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_diag.h"
 #include "backend/cuda/cuda_factory.h"
 #include "backend/cuda/cuda_tuning.h"
+#include "backend/cuda/gemma_kernels.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -573,8 +574,10 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
   // launches the GPU waits on); with one block per (sequence, KV head) already filling the
   // GPU, the separate launches measured faster (128 sequences: 14,636 against 14,213 tok/s,
   // each fused block computing its own RoPE angles).
-  const bool fits = batch.n_tokens > 0 && batch.one_row_each && cfg.head_dim == kv.head_dim && kv.n_kv_heads > 0 &&
-                    n_heads % kv.n_kv_heads == 0 && cuda::attention_decode_mma_applies(kv, n_heads);
+  // A sliding window (Gemma 3's local layers) takes the separate kernels: the fused one has no mask.
+  const bool fits = batch.n_tokens > 0 && batch.one_row_each && batch.window == 0 && cfg.head_dim == kv.head_dim &&
+                    kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0 &&
+                    cuda::attention_decode_mma_applies(kv, n_heads);
   DecodeSplit split = fits ? decode_split(kv, batch, n_heads) : DecodeSplit{};
   const bool would_split = split.max_splits >= 2;
   if (would_split) {
@@ -606,6 +609,9 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   TESSERA_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0, "attention: ", n_heads,
                 " query heads are not a multiple of ", kv.n_kv_heads, " KV heads");
   if (batch.n_tokens == 0) return;
+  TESSERA_CHECK(batch.window == 0 || kv.plain_dtype() != DType::Unknown, "cuda attention: a sliding window (",
+                batch.window, ") takes an f16 or f32 KV cache; KV format ", kv_format_name(kv.k_fmt), "/",
+                kv_format_name(kv.v_fmt), " has no windowed kernel yet");
   if (kv.plain_dtype() == DType::Unknown) {  // quantized pages (attention_quant_*.cu)
     if (!batch.one_row_each) {
       cuda::launch_attention_quant_prefill(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, stream_);
@@ -620,15 +626,15 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
   }
   if (!batch.one_row_each || !cuda::attention_decode_supported(kv)) {
     const cuda::DeviceBatch db = device_batch(batch);
-    if (!cuda::launch_attention_prefill_mma(q, ldq, kv, db, n_heads, scale, out, ldo, stream_))
-      cuda::launch_attention_prefill(q, ldq, kv, db, n_heads, scale, out, ldo, stream_);
+    if (!cuda::launch_attention_prefill_mma_window(q, ldq, kv, db, n_heads, scale, out, ldo, batch.window, stream_))
+      cuda::launch_attention_prefill_window(q, ldq, kv, db, n_heads, scale, out, ldo, batch.window, stream_);
     return;
   }
   const auto [max_len, split_len, max_splits] = decode_split(kv, batch, n_heads);
   const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
   auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
-  cuda::launch_attention_decode(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len, max_splits,
-                                partials, stream_);
+  cuda::launch_attention_decode_window(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len, max_splits,
+                                       partials, batch.window, stream_);
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {
@@ -639,6 +645,22 @@ void CudaBackend::swiglu(const float* gate, const float* up, int64_t ld_in, floa
 void CudaBackend::add(float* x, const float* y, int64_t n) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("add"); });
   cuda::launch_add(x, y, n, stream_);
+}
+
+void CudaBackend::geglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("geglu"); });
+  cuda::launch_geglu(gate, up, ld_in, out, n_rows, dim, stream_);
+}
+
+void CudaBackend::rms_norm_heads(float* x, int64_t ld, int n_rows, int n_heads, int head_dim, const float* w,
+                                 float eps) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rms_norm_heads"); });
+  cuda::launch_rms_norm_heads(x, ld, n_rows, n_heads, head_dim, w, eps, stream_);
+}
+
+void CudaBackend::scale(float* x, float s, int64_t n) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("scale"); });
+  cuda::launch_scale(x, s, n, stream_);
 }
 
 void CudaBackend::gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) {

@@ -64,6 +64,9 @@ class CudaBackend final : public Backend {
                                int n_rows, int dim, float eps, const MatmulTarget& gate, const MatmulTarget& up,
                                float* h, const MatmulTarget& down) override;
   void add(float* x, const float* y, int64_t n) override;
+  void geglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) override;
+  void rms_norm_heads(float* x, int64_t ld, int n_rows, int n_heads, int head_dim, const float* w, float eps) override;
+  void scale(float* x, float s, int64_t n) override;
   void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) override;
   void copy_to_host(void* host, const void* device, size_t bytes) override;
 

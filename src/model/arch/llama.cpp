@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "core/error.h"
-#include "model/model.h"
+#include "model/arch/arch.h"
 
 namespace tessera {
 
@@ -16,6 +16,7 @@ class LlamaModel final : public Model {
   LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens, int max_logits)
       : w_(make_resident(std::move(weights), backend)),
         be_(backend),
+        bufs_(backend),
         c_(w_->config),
         max_tokens_(max_tokens),
         max_logits_(max_logits) {
@@ -43,22 +44,7 @@ class LlamaModel final : public Model {
     h_ = buf(t * c_.n_ff);
     rows_ = buf(static_cast<int64_t>(max_logits) * c_.n_embd);
     logits_ = buf(static_cast<int64_t>(max_logits) * c_.n_vocab);
-    rope_.head_dim = c_.head_dim;
-    rope_.rot_dim = c_.rope_dim;
-    rope_.freq_base = c_.rope_freq_base;
-    rope_.neox = c_.rope_neox;
-    rope_.freq_factors = w_->rope_freq_factors;
-    if (c_.rope_scaling == "linear") rope_.linear_factor = c_.rope_scaling_factor;
-    if (c_.rope_scaling == "llama3") {
-      rope_.llama3_factor = c_.rope_scaling_factor;
-      rope_.llama3_low_freq_factor = c_.rope_low_freq_factor;
-      rope_.llama3_high_freq_factor = c_.rope_high_freq_factor;
-      rope_.llama3_original_ctx = c_.rope_original_ctx;
-    }
-  }
-
-  ~LlamaModel() override {
-    for (void* p : owned_) be_.free(p);
+    rope_ = rope_config_for(c_, c_.rope_freq_base, w_->rope_freq_factors, /*with_scaling=*/true);
   }
 
   const ModelConfig& config() const override { return c_; }
@@ -118,30 +104,23 @@ class LlamaModel final : public Model {
   }
 
  private:
-  float* buf(int64_t n) {
-    void* p = be_.alloc(sizeof(float) * static_cast<size_t>(n));
-    owned_.push_back(p);
-    return static_cast<float*>(p);
-  }
+  float* buf(int64_t n) { return bufs_.floats(n); }
 
   std::shared_ptr<const ModelWeights> w_;
   Backend& be_;
+  BackendBuffers bufs_;
   const ModelConfig& c_;
   int max_tokens_, max_logits_;
   int64_t q_dim_ = 0, kv_dim_ = 0, qkv_ld_ = 0;
   RopeConfig rope_;
-  std::vector<void*> owned_;
   float *x_, *x2_, *xn_, *tmp_, *q_, *k_, *v_, *att_, *gate_, *up_, *h_, *rows_, *logits_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
-                                    int max_logits) {
-  const std::string& arch = weights->config.arch;
-  if (arch == "llama" || arch == "mistral" || arch == "qwen2")
-    return std::make_unique<LlamaModel>(std::move(weights), backend, max_batch_tokens, max_logits);
-  fail("no model runner for architecture '", arch, "'");
+std::unique_ptr<Model> make_llama_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens,
+                                        int max_logits) {
+  return std::make_unique<LlamaModel>(std::move(weights), backend, max_tokens, max_logits);
 }
 
 }  // namespace tessera

@@ -98,6 +98,53 @@ TEST(CpuOps, SwigluMatchesFloat64) {
   }
 }
 
+TEST(CpuOps, GegluMatchesFloat64) {
+  std::mt19937 rng(21);
+  for (auto* ops : ops_paths()) {
+    const int rows = 3, dim = 101, ld = 110;
+    auto g = randn(rows * ld, rng, 3.0f), u = randn(rows * ld, rng);
+    g[5] = 90.0f;  // saturating inputs stay finite
+    g[6] = -90.0f;
+    std::vector<float> out(rows * dim, NAN);
+    ops->geglu_rows(g.data(), u.data(), ld, out.data(), rows, dim);
+    std::vector<double> ref(rows * dim);
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < dim; ++i) {
+        const double x = g[r * ld + i];
+        const double gelu = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+        ref[r * dim + i] = gelu * u[r * ld + i];
+      }
+    EXPECT_LT(rel_err(out, ref), 1e-6) << ops->isa;
+  }
+}
+
+TEST(CpuBackend, RmsNormHeadsNormsEachHeadOfStridedRowsInPlace) {
+  std::mt19937 rng(22);
+  CpuBackend be(2);
+  const int rows = 5, heads = 3, hd = 24, ld = heads * hd + 40;  // the rest of the row untouched
+  auto x = randn(rows * ld, rng, 2.0f);
+  const auto w = randn(hd, rng);
+  const auto before = x;
+  be.rms_norm_heads(x.data(), ld, rows, heads, hd, w.data(), 1e-6f);
+  std::vector<float> got;
+  std::vector<double> ref;
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      double ss = 0;
+      for (int i = 0; i < hd; ++i) ss += double(before[r * ld + h * hd + i]) * before[r * ld + h * hd + i];
+      const double inv = 1 / std::sqrt(ss / hd + 1e-6);
+      for (int i = 0; i < hd; ++i) {
+        ref.push_back(before[r * ld + h * hd + i] * inv * w[i]);
+        got.push_back(x[r * ld + h * hd + i]);
+      }
+    }
+    for (int i = heads * hd; i < ld; ++i) EXPECT_EQ(x[r * ld + i], before[r * ld + i]);
+  }
+  EXPECT_LT(rel_err(got, ref), 1e-6);
+  be.scale(x.data(), 2.0f, 3);
+  EXPECT_EQ(x[2], 2.0f * got[2]);
+}
+
 TEST(CpuOps, RopeMatchesFloat64BothLayouts) {
   std::mt19937 rng(3);
   for (auto* ops : ops_paths()) {
@@ -142,6 +189,7 @@ struct AttnCase {
   DType dtype;
   // per sequence: tokens already in KV before this step, new tokens this step
   std::vector<std::pair<int, int>> seqs;
+  int window = 0;  // sliding window (0: plain causal)
 };
 
 // Runs kv_store + attention through the backend over shuffled block tables and compares every
@@ -201,7 +249,9 @@ void check_attention(const AttnCase& tc, uint32_t seed) {
   auto q = randn(size_t(n) * ldq, rng);
   std::vector<float> out(size_t(n) * ldo, NAN);
   const float scale = 1.0f / std::sqrt(float(hd));
-  be.attention(q.data(), ldq, layer, fb.attention_view(), tc.n_heads, scale, out.data(), ldo);
+  AttentionBatch ab = fb.attention_view();
+  ab.window = tc.window;
+  be.attention(q.data(), ldq, layer, ab, tc.n_heads, scale, out.data(), ldo);
 
   const int group = tc.n_heads / tc.n_kv_heads;
   std::vector<float> got;
@@ -209,11 +259,12 @@ void check_attention(const AttnCase& tc, uint32_t seed) {
   for (size_t s = 0; s < tc.seqs.size(); ++s) {
     for (int t = fb.q_start[s]; t < fb.q_start[s + 1]; ++t) {
       const int pos = fb.positions[t];
+      const int first = tc.window > 0 ? std::max(0, pos - tc.window + 1) : 0;  // keys first..pos
       for (int h = 0; h < tc.n_heads; ++h) {
         const int kh = h / group;
-        std::vector<double> sc(pos + 1);
+        std::vector<double> sc(pos + 1, -1e300);
         double mx = -1e300;
-        for (int j = 0; j <= pos; ++j) {
+        for (int j = first; j <= pos; ++j) {
           double d = 0;
           for (int i = 0; i < hd; ++i)
             d += double(q[t * ldq + h * hd + i]) * round(K[s][size_t(j) * kvd + kh * hd + i]);
@@ -224,7 +275,7 @@ void check_attention(const AttnCase& tc, uint32_t seed) {
         for (auto& v : sc) sum += (v = std::exp(v - mx));
         for (int i = 0; i < hd; ++i) {
           double o = 0;
-          for (int j = 0; j <= pos; ++j) o += sc[j] * round(V[s][size_t(j) * kvd + kh * hd + i]);
+          for (int j = first; j <= pos; ++j) o += sc[j] * round(V[s][size_t(j) * kvd + kh * hd + i]);
           ref.push_back(o / sum);
           got.push_back(out[t * ldo + h * hd + i]);
         }
@@ -257,6 +308,14 @@ TEST(CpuAttention, MixedChunkedPrefillAndDecode) {
   // A chunk continuing a long prompt, a fresh prompt, and decodes, in one batch.
   check_attention({8, 8, 8, 16, DType::F32, {{40, 19}, {0, 33}, {63, 1}, {64, 1}}}, 13);
   check_attention({3, 2, 1, 8, DType::F16, {{10, 2}, {0, 1}}}, 14);
+}
+
+TEST(CpuAttention, SlidingWindowMasksKeysBeforeTheWindow) {
+  // Gemma 3's local layers: a chunk crossing the window, decodes far past it and just inside
+  // it, a fresh prompt longer than the window, and a window of one (only the key itself).
+  check_attention({8, 4, 1, 32, DType::F16, {{40, 19}, {0, 33}, {63, 1}, {9, 1}}, 16}, 18);
+  check_attention({16, 8, 2, 64, DType::F32, {{100, 1}, {0, 70}}, 37}, 19);
+  check_attention({4, 2, 1, 8, DType::F16, {{10, 3}, {0, 5}}, 1}, 20);
 }
 
 TEST(CpuAttention, AvxAndScalarAgree) {

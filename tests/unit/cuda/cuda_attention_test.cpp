@@ -24,6 +24,7 @@ struct Case {
   int head_dim, n_kv_heads, group, block_size;
   DType kv_dtype;
   std::vector<SeqSpec> seqs;
+  int window = 0;  // sliding window (AttentionBatch::window); 0 = plain causal
 };
 
 bool is_prefill(const Case& c) {
@@ -36,7 +37,8 @@ bool is_prefill(const Case& c) {
 // or decode at head_dim 64/128 with at most 16 query heads per KV head (attention_decode_mma.cu).
 bool tensor_core(const Case& c) {
   if (c.kv_dtype != DType::F16) return false;
-  return is_prefill(c) || ((c.head_dim == 64 || c.head_dim == 128) && c.group <= 16);
+  // A windowed decode takes the SIMT kernel (the tensor-core one has no window mask).
+  return is_prefill(c) || ((c.head_dim == 64 || c.head_dim == 128) && c.group <= 16 && c.window == 0);
 }
 
 // Tolerance of the comparison: f32 paths 2e-5; the tensor-core kernels round Q and the
@@ -125,8 +127,10 @@ void run_case(const Case& c, std::mt19937& rng) {
   DeviceVec<float> dq(*gpu, q), dout(*gpu, std::vector<float>(n * ldq, NAN));
   std::vector<float> cout(n * ldq, NAN);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  cpu->attention(q.data(), ldq, ckv, step.view(), n_heads, scale, cout.data(), ldq);
-  gpu->attention(dq.get(), ldq, gkv, step.device_view(*gpu), n_heads, scale, dout.get(), ldq);
+  AttentionBatch cview = step.view(), gview = step.device_view(*gpu);
+  cview.window = gview.window = c.window;
+  cpu->attention(q.data(), ldq, ckv, cview, n_heads, scale, cout.data(), ldq);
+  gpu->attention(dq.get(), ldq, gkv, gview, n_heads, scale, dout.get(), ldq);
   const auto got = dout.read();
   std::vector<float> g, r;
   for (int t = 0; t < n; ++t)
@@ -203,4 +207,20 @@ TEST(CudaAttention, ManySequenceDecodeMatchesCpu) {
   for (auto [hd, nkv, group, bs] : std::vector<std::array<int, 4>>{{128, 6, 8, 16}, {128, 4, 12, 16}, {64, 4, 12, 7}})
     run_case(Case{hd, nkv, group, bs, DType::F16, seqs(48)}, rng);
   run_case(Case{128, 4, 12, 7, DType::F16, seqs(11)}, rng);
+}
+
+TEST(CudaAttention, SlidingWindowPrefillAndDecodeMatchCpu) {
+  TESSERA_REQUIRE_CUDA();
+  std::mt19937 rng(77);
+  // Gemma 3 270M's heads (head_dim 256, 4 query heads on 1 KV head, window 512): a prompt past
+  // the window, a chunk crossing it, decodes far past it (splits wholly before the window).
+  for (DType dt : {DType::F16, DType::F32}) {
+    run_case({256, 1, 4, 16, dt, {{0, 700}}, 512}, rng);
+    run_case({256, 1, 4, 16, dt, {{600, 40}, {0, 50}}, 64}, rng);
+    run_case({256, 1, 4, 16, dt, {{900, 1}, {30, 1}, {600, 1}}, 512}, rng);
+  }
+  // Other head sizes and block 7, windows of 1 (the key itself) and 16.
+  run_case({64, 2, 4, 7, DType::F16, {{40, 19}, {0, 33}, {63, 1}}, 16}, rng);
+  run_case({128, 2, 2, 16, DType::F16, {{100, 1}, {5, 1}}, 1}, rng);
+  run_case({128, 2, 2, 16, DType::F32, {{10, 30}}, 1}, rng);
 }

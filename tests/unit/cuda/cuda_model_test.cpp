@@ -110,3 +110,13 @@ TEST(CudaModel, Qwen2BiasAndNeoxRopeOnGpu) {
   // 24 layers and a 151936-entry vocabulary: f32 rounding differences grow to ~1.5e-4.
   parity("dummy:qwen2.5-0.5b:f32", 5e-4, true);
 }
+
+TEST(CudaModel, Gemma3WindowQkNormGegluOnGpu) {
+  TESSERA_REQUIRE_CUDA();
+  // gemma3-tiny: Gemma 3's block with a 16-token window, so the 21-token prompt and 64 decode
+  // steps cross it on the local layers (prefill and decode kernels with the window mask).
+  parity("dummy:gemma3-tiny:f32", 5e-4, true);
+  // The real 270M shape (262144-entry vocabulary, head_dim 256), in f32 and Q4_K.
+  parity("dummy:gemma3-270m:f32", 5e-4, true);
+  parity("dummy:gemma3-270m:q4_k", 5e-2, false);
+}

@@ -264,3 +264,38 @@ TEST(CudaOps, ElementwiseOpsMatchFloat64) {
   for (size_t i = 0; i < pick.size(); ++i)
     for (int c = 0; c < dim; ++c) ASSERT_EQ(gathered[i * dim + c], xs[pick[i] * ld + c]);
 }
+
+TEST(CudaOps, GemmaOpsMatchTheCpu) {
+  TESSERA_REQUIRE_CUDA();
+  auto gpu = make_cuda();
+  auto cpu = make_cpu();
+  std::mt19937 rng(31);
+  const int rows = 5, dim = 2048;
+  const int64_t ld = 2 * dim;  // gate | up in one row, as the model lays them out
+  auto gu = randn(rows * ld, rng, 3.0f);
+  gu[7] = 60.0f;  // saturating gates stay finite
+  gu[8] = -60.0f;
+  DeviceVec<float> dgu(*gpu, gu), out(*gpu, std::vector<float>(rows * dim, NAN));
+  std::vector<float> cout(rows * dim, NAN);
+  gpu->geglu(dgu.get(), dgu.get() + dim, ld, out.get(), rows, dim);
+  cpu->geglu(gu.data(), gu.data() + dim, ld, cout.data(), rows, dim);
+  EXPECT_LT(rel_err(out.read(), cout), 1e-6);
+  // QK-norm on Q|K|V rows: 4 query heads then 1 key head of 256, each its own weights; V untouched.
+  const int hd = 256, nq = 4, nk = 1;
+  const int64_t qkv_ld = (nq + 2 * nk) * hd;
+  auto x = randn(rows * qkv_ld, rng, 2.0f), wq = randn(hd, rng), wk = randn(hd, rng);
+  DeviceVec<float> dx(*gpu, x), dwq(*gpu, wq), dwk(*gpu, wk);
+  auto cx = x;
+  gpu->rms_norm_heads(dx.get(), qkv_ld, rows, nq, hd, dwq.get(), 1e-6f);
+  gpu->rms_norm_heads(dx.get() + nq * hd, qkv_ld, rows, nk, hd, dwk.get(), 1e-6f);
+  cpu->rms_norm_heads(cx.data(), qkv_ld, rows, nq, hd, wq.data(), 1e-6f);
+  cpu->rms_norm_heads(cx.data() + nq * hd, qkv_ld, rows, nk, hd, wk.data(), 1e-6f);
+  const auto gx = dx.read();
+  EXPECT_LT(rel_err(gx, cx), 1e-6);
+  for (int r = 0; r < rows; ++r)
+    for (int64_t i = (nq + nk) * hd; i < qkv_ld; ++i) ASSERT_EQ(gx[r * qkv_ld + i], x[r * qkv_ld + i]);
+  // scale
+  gpu->scale(dx.get(), 25.298221f, rows * qkv_ld);
+  cpu->scale(cx.data(), 25.298221f, rows * qkv_ld);
+  EXPECT_LT(rel_err(dx.read(), cx), 1e-6);
+}

@@ -62,6 +62,15 @@ class RecordingBackend final : public Backend {
   void add(float* x, const float* y, int64_t n) override {
     op([=, this] { cpu_.add(x, y, n); });
   }
+  void geglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) override {
+    op([=, this] { cpu_.geglu(gate, up, ld_in, out, n_rows, dim); });
+  }
+  void rms_norm_heads(float* x, int64_t ld, int n_rows, int n_heads, int head_dim, const float* w, float eps) override {
+    op([=, this] { cpu_.rms_norm_heads(x, ld, n_rows, n_heads, head_dim, w, eps); });
+  }
+  void scale(float* x, float s, int64_t n) override {
+    op([=, this] { cpu_.scale(x, s, n); });
+  }
   void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) override {
     op([=, this] { cpu_.gather_rows(src, ld, rows, n, dim, dst); });
   }

@@ -13,80 +13,11 @@
 #include "engine/session.h"
 #include "eval/perplexity.h"
 #include "test_model.h"
+#include "unit/model/parity_fixture.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace tessera;
-
-namespace {
-
-struct Position {
-  float lse, next_logprob;
-  std::vector<int32_t> top_ids;
-  std::vector<float> top_logprobs;
-};
-struct Record {
-  std::string name, text;
-  bool add_special, parse_special;
-  std::vector<int32_t> tokens;
-  std::vector<Position> pos;
-};
-
-template <typename T>
-T read_pod(std::ifstream& in) {
-  T v;
-  in.read(reinterpret_cast<char*>(&v), sizeof(T));
-  if (!in) throw std::runtime_error("fixture truncated");
-  return v;
-}
-
-std::vector<Record> read_topk(const std::string& path, int& top_k) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  char magic[8];
-  in.read(magic, 8);
-  if (std::memcmp(magic, "TSLGT001", 8) != 0) throw std::runtime_error("bad magic in " + path);
-  read_pod<uint32_t>(in);  // version
-  const uint32_t n_records = read_pod<uint32_t>(in);
-  read_pod<uint32_t>(in);  // n_vocab
-  top_k = static_cast<int>(read_pod<uint32_t>(in));
-  std::vector<Record> out(n_records);
-  for (auto& r : out) {
-    auto read_str = [&] {
-      std::string s(read_pod<uint32_t>(in), '\0');
-      in.read(s.data(), s.size());
-      return s;
-    };
-    r.name = read_str();
-    r.text = read_str();
-    const uint32_t flags = read_pod<uint32_t>(in);
-    r.add_special = flags & 1;
-    r.parse_special = flags & 2;
-    r.tokens.resize(read_pod<uint32_t>(in));
-    in.read(reinterpret_cast<char*>(r.tokens.data()), 4 * r.tokens.size());
-    r.pos.resize(r.tokens.size());
-    for (auto& p : r.pos) {
-      p.lse = read_pod<float>(in);
-      p.next_logprob = read_pod<float>(in);
-      p.top_ids.resize(top_k);
-      p.top_logprobs.resize(top_k);
-      in.read(reinterpret_cast<char*>(p.top_ids.data()), 4 * top_k);
-      in.read(reinterpret_cast<char*>(p.top_logprobs.data()), 4 * top_k);
-    }
-  }
-  return out;
-}
-
-std::vector<double> log_softmax(const float* logits, int n) {
-  const float mx = *std::max_element(logits, logits + n);
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - mx);
-  const double lse = std::log(sum) + mx;
-  std::vector<double> out(n);
-  for (int i = 0; i < n; ++i) out[i] = logits[i] - lse;
-  return out;
-}
-
-}  // namespace
+using namespace tessera::test;
 
 TEST(LlamaParity, TeacherForcedLogitsMatchLlamaCpp) {
   const std::string model = test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf");

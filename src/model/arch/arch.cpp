@@ -1,0 +1,37 @@
+// The architecture registry (create_model) and the pieces architectures share.
+#include "model/arch/arch.h"
+
+#include <utility>
+
+#include "core/error.h"
+
+namespace tessera {
+
+RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* freq_factors, bool with_scaling) {
+  RopeConfig r;
+  r.head_dim = c.head_dim;
+  r.rot_dim = c.rope_dim;
+  r.freq_base = freq_base;
+  r.neox = c.rope_neox;
+  r.freq_factors = freq_factors;
+  if (!with_scaling) return r;
+  if (c.rope_scaling == "linear") r.linear_factor = c.rope_scaling_factor;
+  if (c.rope_scaling == "llama3") {
+    r.llama3_factor = c.rope_scaling_factor;
+    r.llama3_low_freq_factor = c.rope_low_freq_factor;
+    r.llama3_high_freq_factor = c.rope_high_freq_factor;
+    r.llama3_original_ctx = c.rope_original_ctx;
+  }
+  return r;
+}
+
+std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
+                                    int max_logits) {
+  const std::string& arch = weights->config.arch;
+  if (arch == "llama" || arch == "mistral" || arch == "qwen2")
+    return make_llama_model(std::move(weights), backend, max_batch_tokens, max_logits);
+  if (arch == "gemma3") return make_gemma3_model(std::move(weights), backend, max_batch_tokens, max_logits);
+  fail("no model runner for architecture '", arch, "'");
+}
+
+}  // namespace tessera
