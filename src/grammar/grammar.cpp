@@ -2,6 +2,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -144,6 +145,10 @@ void apply_token_bitmask(std::span<float> logits, std::span<const int32_t> mask)
     const auto bits = static_cast<uint32_t>(mask[w]);
     if (bits == 0xffffffffu) continue;  // typical of free text: nothing to clear
     const size_t end = std::min(n, w * 32 + 32);
+    if (bits == 0) {  // typical of a constrained position: most words allow nothing
+      std::fill(logits.begin() + static_cast<ptrdiff_t>(w * 32), logits.begin() + static_cast<ptrdiff_t>(end), kNegInf);
+      continue;
+    }
     for (size_t t = w * 32; t < end; ++t)
       if (!((bits >> (t - w * 32)) & 1u)) logits[t] = kNegInf;
   }
