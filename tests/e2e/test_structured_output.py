@@ -83,6 +83,9 @@ SCHEMAS = [Person, Order, Drawing, Flags, Company]
 
 
 def parse(client, **kwargs):
+    # 50 tokens x 10 choices can take minutes on a shared 2-core machine: past the shared
+    # client's 60 s timeout, which would fail the test for the machine's load, not the output.
+    client = client.with_options(timeout=600)
     # openai >= 1.92 has parse() on chat.completions; older clients under beta.
     completions = client.chat.completions if hasattr(client.chat.completions, "parse") else \
         client.beta.chat.completions
