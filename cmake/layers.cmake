@@ -71,12 +71,16 @@ tessera_layer(sched     DIRS src/sched PUBLIC core kv sample)
 tessera_layer(spec      DIRS src/spec PUBLIC core sample LIBS nlohmann_json::nlohmann_json)
 tessera_layer(tokenizer DIRS src/tokenizer PUBLIC core PRIVATE format
   LIBS PkgConfig::PCRE2 nlohmann_json::nlohmann_json)
+# Structured output: grammars compiled for the vocabulary and per-sequence token masks (XGrammar).
+include(${CMAKE_CURRENT_LIST_DIR}/xgrammar.cmake)
+tessera_layer(grammar   DIRS src/grammar PUBLIC core PRIVATE tokenizer
+  LIBS xgrammar::xgrammar nlohmann_json::nlohmann_json)
 tessera_layer(template  DIRS src/template PUBLIC core PRIVATE tokenizer LIBS nlohmann_json::nlohmann_json)
-tessera_layer(engine    DIRS src/engine PUBLIC core backend kv model sample sched spec
+tessera_layer(engine    DIRS src/engine PUBLIC core backend kv model sample sched spec grammar
   PRIVATE backend_registry tokenizer format LIBS nlohmann_json::nlohmann_json)
 # The server reaches the scheduler only through the engine's API (engine/engine.h, engine/request.h).
 tessera_layer(server    DIRS src/server src/server/api src/server/http src/server/web
-  PUBLIC core engine sample tokenizer PRIVATE template
+  PUBLIC core engine sample tokenizer PRIVATE template grammar
   LIBS Boost::headers OpenSSL::Crypto nlohmann_json::nlohmann_json)
 # Tools above the engine, kept out of it.
 tessera_layer(eval      DIRS src/eval PUBLIC core PRIVATE engine tokenizer)
@@ -106,6 +110,6 @@ function(tessera_program name)
 endfunction()
 
 tessera_program(tessera DIRS src/apps PRIVATE core format model backend backend_cpu backend_cuda backend_registry
-  sample tokenizer template engine server eval bench benchharness)
+  sample tokenizer grammar template engine server eval bench benchharness)
 
 include(${CMAKE_CURRENT_LIST_DIR}/layer_links.cmake)

@@ -302,6 +302,7 @@ void add_bench(CLI::App& app) {
   });
   add_bench_serve(*bench);
   add_bench_compare(*bench);
+  add_bench_grammar(*bench);
 }
 
 }  // namespace tessera::apps

@@ -12,6 +12,7 @@
 #include "apps/commands.h"
 #include "apps/common.h"
 #include "core/error.h"
+#include "grammar/grammar.h"
 #include "engine/engine.h"
 #include "engine/engine_model.h"
 #include "engine/engine_summary.h"
@@ -116,6 +117,9 @@ void serve(const ServeArgs& a) {
       !a.served_model_name.empty() ? a.served_model_name : default_model_name(resolve_model_path(a.model.model));
   served.tokenizer = &tok;
   api::set_engine_limits(served, model_engine.config());
+  // The vocabulary's grammar index is built once here; requests compile against it.
+  const GrammarCompiler grammar(tok, model_engine.config().vocab_size);
+  served.grammar = &grammar;
   served.chat = [chat_template](const nlohmann::json& messages, bool add_generation_prompt,
                                 const nlohmann::json& extra) {
     return chat_template->apply_marked(messages, add_generation_prompt, extra);

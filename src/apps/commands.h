@@ -17,5 +17,6 @@ void add_quantize(CLI::App& app);
 // Subcommands of `tessera bench` (registered by add_bench).
 void add_bench_serve(CLI::App& bench);
 void add_bench_compare(CLI::App& bench);
+void add_bench_grammar(CLI::App& bench);
 
 }  // namespace tessera::apps

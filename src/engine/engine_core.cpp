@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "grammar/grammar.h"
 
 namespace tessera {
 
@@ -70,6 +71,9 @@ std::optional<Rejection> EngineCore::validate(const Request& r) const {
   } catch (const Error& e) {
     return invalid(e.what());
   }
+  if (r.sampling.grammar && r.sampling.grammar->vocab_size() != config_.vocab_size)
+    return invalid("the grammar was compiled for ", r.sampling.grammar->vocab_size(), " tokens, the model has ",
+                   config_.vocab_size);
   if (!(r.prompt_logprobs >= -1 && r.prompt_logprobs <= SamplingParams::kMaxLogprobs))
     return invalid("prompt_logprobs = ", r.prompt_logprobs, " is outside [-1, ", SamplingParams::kMaxLogprobs, "]");
   const int64_t n_prompt = static_cast<int64_t>(r.prompt.size());

@@ -1,6 +1,7 @@
 #include "engine/executor_model.h"
 
 #include <algorithm>
+#include <future>
 
 #include "core/error.h"
 #include "kv/kv_host_ops.h"
@@ -15,6 +16,7 @@ ModelExecutor::ModelExecutor(Model& model, KvCache& kv, Backend& backend, int ma
       n_vocab_(model.config().n_vocab),
       max_batch_tokens_(std::min(max_batch_tokens, model.max_batch_tokens())),
       max_logits_rows_(max_logits_rows) {
+  mask_words_ = bitmask_words(n_vocab_);
   TESSERA_CHECK(max_logits_rows >= 1, "executor: max_logits_rows ", max_logits_rows);
   if (n_host_blocks > 0) host_ = std::make_unique<HostKvTier>(kv.spec(), n_host_blocks, backend);
 }
@@ -32,12 +34,69 @@ void ModelExecutor::swap_in(std::span<const BlockSwap> swaps) {
 }
 
 void ModelExecutor::add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) {
+  if (params.grammar)
+    TESSERA_CHECK(params.grammar->vocab_size() == n_vocab_, "executor: a grammar compiled for ",
+                  params.grammar->vocab_size(), " tokens, the model has ", n_vocab_);
   const auto [it, added] = samplers_.try_emplace(seq, params, n_vocab_, prompt);
   TESSERA_CHECK(added, "executor: sequence ", seq, " added twice");
+  // Each choice starts the grammar at its beginning: the choices of a request fork right
+  // after the prompt, where every matcher is in the initial state.
+  if (params.grammar) constrained_.emplace(seq, Constrained{GrammarMatcher(params.grammar), {}, 0, 0});
 }
 
 void ModelExecutor::remove_sequence(SeqId seq) {
   TESSERA_CHECK(samplers_.erase(seq) == 1, "executor: removing unknown sequence ", seq);
+  constrained_.erase(seq);
+}
+
+void ModelExecutor::prepare_masks(std::span<const SampleTarget> samples) {
+  for (const SampleTarget& t : samples) {
+    const auto it = constrained_.find(t.seq);
+    if (it == constrained_.end()) continue;
+    Constrained& c = it->second;
+    c.n_masks = 0;
+    c.n_tentative = 0;
+    if (c.matcher.terminated()) continue;  // ignore_eos past the grammar's end: free text
+    const size_t n = t.draft.size();
+    c.masks.resize((n + 1) * static_cast<size_t>(mask_words_));
+    for (size_t j = 0; j <= n; ++j) {
+      const std::span<int32_t> mask(c.masks.data() + j * mask_words_, static_cast<size_t>(mask_words_));
+      c.matcher.fill_next_token_bitmask(mask);
+      ++c.n_masks;
+      // A draft token the grammar forbids has probability 0 under its mask: verification
+      // rejects it there and never looks at the rows after it.
+      if (j == n || !bitmask_allows(mask, t.draft[j]) || !c.matcher.accept(t.draft[j])) break;
+      ++c.n_tentative;
+    }
+  }
+}
+
+void ModelExecutor::mask_rows(const SampleTarget& t, FunctionRef<std::span<float>(int32_t)> row_of) {
+  const auto it = constrained_.find(t.seq);
+  if (it == constrained_.end()) return;
+  const Constrained& c = it->second;
+  for (int j = 0; j < c.n_masks; ++j)
+    apply_token_bitmask(row_of(t.row + j),
+                        std::span<const int32_t>(c.masks.data() + static_cast<size_t>(j) * mask_words_,
+                                                 static_cast<size_t>(mask_words_)));
+}
+
+void ModelExecutor::advance_grammar(const SampleTarget& t, std::span<const int32_t> emitted) {
+  const auto it = constrained_.find(t.seq);
+  if (it == constrained_.end()) return;
+  Constrained& c = it->second;
+  if (c.n_masks == 0) return;
+  // The emitted tokens are the kept draft prefix, then one replacement or bonus token; the
+  // matcher already holds the first n_tentative draft tokens.
+  const int kept = std::min(c.n_tentative, static_cast<int>(emitted.size()) - 1);
+  for (int j = 0; j < kept; ++j)
+    TESSERA_CHECK(emitted[j] == t.draft[j], "executor: emitted token ", j, " is not the kept draft token");
+  c.matcher.rollback(c.n_tentative - kept);
+  for (size_t j = static_cast<size_t>(kept); j < emitted.size(); ++j)
+    TESSERA_CHECK(c.matcher.accept(emitted[j]), "executor: sequence ", t.seq, " sampled token ", emitted[j],
+                  " which its grammar forbids");
+  c.n_masks = 0;
+  c.n_tentative = 0;
 }
 
 bool ModelExecutor::argmax_is_enough(const SampleTarget& t) const {
@@ -45,8 +104,8 @@ bool ModelExecutor::argmax_is_enough(const SampleTarget& t) const {
   const auto it = samplers_.find(t.seq);
   if (it == samplers_.end()) return false;  // reported below
   const SamplingParams& p = it->second.params();
-  return p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-         p.logit_bias.empty();
+  return !p.grammar && p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && p.logit_bias.empty();
 }
 
 void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
@@ -65,7 +124,15 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
   for (const PromptLogprobTarget& t : in.prompt_logprobs)
     if (t.row >= 0 && static_cast<size_t>(t.row) < rows) argmax_only_[t.row] = 0;
   logits_.resize(rows * n_vocab_);
+  // The constrained targets' masks are computed on another thread while the forward runs, so
+  // a step pays for them only where they take longer than the forward.
+  const bool any_constrained =
+      !constrained_.empty() && std::any_of(in.samples.begin(), in.samples.end(),
+                                           [&](const SampleTarget& t) { return constrained_.count(t.seq) > 0; });
+  std::future<void> masks;
+  if (any_constrained) masks = std::async(std::launch::async, [&] { prepare_masks(in.samples); });
   runner_.forward(in.batch, logits_.data(), {argmax_only_.data(), argmax_.data()});
+  if (masks.valid()) masks.get();
   const auto row_of = [&](int32_t row) {
     TESSERA_CHECK(row >= 0 && static_cast<size_t>(row) < real_rows, "executor: logits row ", row, " of ", real_rows);
     return std::span<float>(logits_.data() + static_cast<size_t>(row) * n_vocab_, n_vocab_);
@@ -84,6 +151,7 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
     const auto it = samplers_.find(t.seq);
     TESSERA_CHECK(it != samplers_.end(), "executor: sampling unknown sequence ", t.seq);
     if (!t.draft.empty()) {
+      mask_rows(t, row_of);
       // Logprobs are of the raw rows, which verification edits (bias, penalties): keep them.
       const size_t n_rows = t.draft.size() + 1;
       if (t.logprobs) {
@@ -96,6 +164,7 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
       const size_t before = tokens.size();
       verify_draft(t, it->second, row_of, tokens);
       out.counts[i] = static_cast<int32_t>(tokens.size() - before);
+      advance_grammar(t, std::span<const int32_t>(tokens).subspan(before));
       if (t.logprobs) {
         // Emitted token j was kept against, or drawn from, row j.
         for (size_t j = 0; j < tokens.size() - before; ++j)
@@ -119,6 +188,7 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
       row_.assign(row.begin(), row.end());
       row = row_;
     }
+    mask_rows(t, [&](int32_t) { return row; });
     if (t.logprobs) {
       SampleResult r = it->second.sample_with_logprobs(row);
       tokens.push_back(r.token);
@@ -127,6 +197,7 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
       tokens.push_back(it->second.sample(row));
     }
     it->second.accept(tokens.back());
+    advance_grammar(t, std::span<const int32_t>(tokens).last(1));
   }
 }
 

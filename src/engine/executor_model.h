@@ -13,6 +13,7 @@
 #include "core/function_ref.h"
 #include "engine/executor.h"
 #include "engine/model_runner.h"
+#include "grammar/grammar.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_host_ops.h"
 #include "model/model.h"
@@ -48,6 +49,23 @@ class ModelExecutor final : public Executor {
   void verify_draft(const SampleTarget& t, Sampler& sampler, FunctionRef<std::span<float>(int32_t)> row_of,
                     std::vector<int32_t>& tokens);
 
+  // Structured output (docs/design/structured-output.md): a constrained sequence's matcher
+  // and the masks of its coming step, one per row it samples or verifies against.
+  struct Constrained {
+    GrammarMatcher matcher;
+    TokenBitmask masks;   // [n_masks, mask words]
+    int n_masks = 0;      // rows masked this step (0: the grammar is over, the row is free)
+    int n_tentative = 0;  // draft tokens the matcher took ahead of verification
+  };
+  // Fills the masks of every constrained target, taking each draft token into the matcher as
+  // far as the grammar allows (so later rows get their masks); runs beside the forward.
+  void prepare_masks(std::span<const SampleTarget> samples);
+  // Masks rows t.row .. t.row + n_masks - 1 of a constrained target (nothing for a free one).
+  void mask_rows(const SampleTarget& t, FunctionRef<std::span<float>(int32_t)> row_of);
+  // After the step's tokens for a constrained target: drops the rejected draft tokens from the
+  // matcher and takes the rest.
+  void advance_grammar(const SampleTarget& t, std::span<const int32_t> emitted);
+
   KvCache& kv_;
   ModelRunner runner_;
   std::vector<uint8_t> argmax_only_;  // [rows] readback plan
@@ -57,6 +75,8 @@ class ModelExecutor final : public Executor {
   int max_logits_rows_;
   std::unique_ptr<HostKvTier> host_;
   std::unordered_map<SeqId, Sampler> samplers_;
+  std::unordered_map<SeqId, Constrained> constrained_;
+  int32_t mask_words_;
   std::vector<float> logits_;           // [rows, n_vocab]
   std::vector<float> row_;              // [n_vocab] a row sampled by several sequences
   std::vector<TokenProb> target_dist_;  // verification: p_j of the position being checked

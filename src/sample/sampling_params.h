@@ -5,10 +5,13 @@
 // Contract and processor order: docs/design/sampling.md.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
 namespace tessera {
+
+class CompiledGrammar;  // grammar/grammar.h
 
 struct SamplingParams {
   // Bounds enforced by validate(). Counts are bounded so that one request cannot make the
@@ -50,6 +53,9 @@ struct SamplingParams {
   // How many most likely alternatives to report with each token (log-probabilities of the
   // raw model distribution); the chosen token's own log-probability is always available.
   int32_t n_logprobs = 0;
+  // Structured output: every sampled token keeps the output inside this grammar (the engine's
+  // executor masks the row before the processors above). Shared by the request's choices.
+  std::shared_ptr<const CompiledGrammar> grammar;
 
   // Throws tessera::Error naming the first parameter out of range (NaN and infinities are
   // out of every range). vocab_size bounds top_k and every token id.

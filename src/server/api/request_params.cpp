@@ -6,6 +6,7 @@
 
 #include "engine/engine_core.h"
 #include "server/api/api_error.h"
+#include "server/api/structured_output.h"
 
 namespace tessera::api {
 
@@ -169,14 +170,8 @@ GenerationOptions parse_generation_options(const json& body, Endpoint endpoint, 
       throw ApiError(400, detail::concat("'", field, "' is not supported: this server has no tool calling yet"),
                      "invalid_request_error", std::string(field), "unsupported_parameter");
   }
-  if (const json* rf = f.get("response_format")) {
-    const std::string type = rf->is_object() && rf->contains("type") && (*rf)["type"].is_string()
-                                 ? (*rf)["type"].get<std::string>()
-                                 : std::string();
-    if (type != "text")
-      invalid_param("response_format", "invalid_value",
-                    "'response_format' supports only {\"type\": \"text\"}; structured output is not available");
-  }
+  // Compiled here, on a prompt worker, so the engine thread only ever matches.
+  sp.grammar = structured_output_grammar(f, model.grammar);
 
   // Every range at once, through the engine's own rules (the same ones it enforces); max_tokens
   // and the token ids were range-checked above, so a placeholder keeps validate() quiet about them.

@@ -11,6 +11,7 @@
 namespace tessera {
 class Tokenizer;
 struct EngineConfig;
+class GrammarCompiler;
 }  // namespace tessera
 
 namespace tessera::api {
@@ -29,8 +30,11 @@ struct ServedModel {
   // Prompt + max_tokens of one choice, at most: the scheduler's max_model_len, or less when
   // the whole KV cache holds fewer tokens.
   int32_t max_model_len = 0;
-  int max_n = 16;       // most choices per request (EngineConfig::max_n)
-  ChatRenderer chat;    // empty: /v1/chat/completions answers 400
+  int max_n = 16;     // most choices per request (EngineConfig::max_n)
+  ChatRenderer chat;  // empty: /v1/chat/completions answers 400
+  // Structured output (response_format, guided_*): grammars compiled for this vocabulary;
+  // null: such a request answers 400.
+  const GrammarCompiler* grammar = nullptr;
   int64_t created = 0;  // unix time the server started (for /v1/models)
 };
 

@@ -121,7 +121,13 @@ TEST(ApiRequestParams, CompletionInvalidCases) {
       {R"({"prompt": "hi", "stream_options": {"include_usage": true}})", 400, "stream_options", "invalid_value"},
       {R"({"prompt": "hi", "stream": true, "stream_options": {"include_usage": 1}})", 400,
        "stream_options.include_usage", "invalid_type"},
-      {R"({"prompt": "hi", "response_format": {"type": "json_object"}})", 400, "response_format", "invalid_value"},
+      // This model has no grammar compiler: structured output is refused by name.
+      {R"({"prompt": "hi", "response_format": {"type": "json_object"}})", 400, "response_format",
+       "unsupported_parameter"},
+      {R"({"prompt": "hi", "response_format": {"type": "xml"}})", 400, "response_format.type", "invalid_value"},
+      {R"({"prompt": "hi", "response_format": "json"})", 400, "response_format", "invalid_type"},
+      {R"({"prompt": "hi", "guided_choice": []})", 400, "guided_choice", "invalid_type"},
+      {R"({"prompt": "hi", "guided_regex": "a", "guided_json": {}})", 400, "guided_regex", "invalid_value"},
   };
   for (const BadCase& c : cases) check_bad(c, false);
 }

@@ -1,0 +1,195 @@
+// `tessera bench grammar`: what structured output costs. Part 1 times the grammar work of one
+// token (mask fill, applying it to a row of logits, accepting the token) on the model's
+// vocabulary; part 2 runs the serving engine's steps at each batch size with every request
+// free, every request constrained, and half of each, and reports the step time and the
+// overhead per constrained token (docs/benchmarks/structured-output.md).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "apps/common.h"
+#include "core/error.h"
+#include "engine/engine_core.h"
+#include "grammar/grammar.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera::apps {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
+
+struct GrammarBenchArgs {
+  ModelArgs model;
+  EngineArgs engine;
+  std::string batches = "1,32";
+  int n_gen = 64;
+  int walks = 20;
+};
+
+constexpr const char* kSchema = R"({"type": "object", "properties": {
+  "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+  "favorite_color": {"enum": ["red", "green", "blue"]},
+  "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,8}$"}, "maxItems": 4},
+  "address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
+              "required": ["street", "city"]},
+  "nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+  "required": ["name", "age", "favorite_color", "tags", "address", "nickname"]})";
+// Written with XGrammar's fixed separators (", " and ": "), in the schema's property order.
+constexpr const char* kDocument = R"({"name": "Ann Smith", "age": 41, "favorite_color": "blue", "tags": ["red", "x"], )"
+                                  R"("address": {"street": "12 Main Street", "city": "Paris"}, "nickname": null})";
+// The engine part's grammar: JSON objects one after another, never closed, so every request
+// runs exactly n_gen masked steps (the end-of-generation token is biased away).
+constexpr const char* kEndless = R"(root ::= "[" item ("," " " item)*
+item ::= "{\"name\": \"" [a-zA-Z ]{1,16} "\", \"age\": " [0-9]{1,3} ", \"tags\": [" (tag ("," " " tag)*)? "]}"
+tag ::= "\"" [a-z]{1,8} "\"")";
+
+void time_masks(const Tokenizer& tok, const GrammarCompiler& compiler, const char* name, const GrammarSpec& spec,
+                const std::string& text, int walks) {
+  const auto t0 = Clock::now();
+  const auto grammar = compiler.compile(spec);
+  const double compile_ms = us_since(t0) / 1000;
+  const std::vector<int32_t> ids = tok.encode(text, false, false);
+  TokenBitmask mask(static_cast<size_t>(bitmask_words(compiler.vocab_size())));
+  std::vector<float> logits(static_cast<size_t>(compiler.vocab_size()), 0.5f);
+  std::vector<double> fill, apply, accept;
+  for (int w = 0; w < walks; ++w) {
+    GrammarMatcher m(grammar);
+    for (const int32_t id : ids) {
+      auto t = Clock::now();
+      m.fill_next_token_bitmask(mask);
+      fill.push_back(us_since(t));
+      t = Clock::now();
+      apply_token_bitmask(logits, mask);
+      apply.push_back(us_since(t));
+      TESSERA_CHECK(bitmask_allows(mask, id), "bench grammar: the ", name, " text is outside its grammar at token ",
+                    id);
+      t = Clock::now();
+      TESSERA_CHECK(m.accept(id), "bench grammar: token ", id, " refused");
+      accept.push_back(us_since(t));
+    }
+  }
+  const auto mean = [](std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return s / static_cast<double>(v.size());
+  };
+  const auto p99 = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(0.99 * static_cast<double>(v.size() - 1))];
+  };
+  std::printf("| %s | %.1f | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n", name, compile_ms, ids.size(), mean(fill),
+              p99(fill), mean(apply), mean(accept), mean(fill) + mean(apply) + mean(accept));
+}
+
+struct ArmResult {
+  double step_ms_median = 0;
+  int64_t tokens = 0;
+  int64_t constrained_tokens = 0;
+  double seconds = 0;
+};
+
+ArmResult run_arm(ModelEngine& engine, const std::shared_ptr<const CompiledGrammar>& grammar, int batch,
+                  int n_constrained, int n_gen) {
+  const Tokenizer& tok = engine.session().tokenizer();
+  EngineConfig c = engine.config();
+  EngineCore core(c, engine.executor());
+  const std::vector<int32_t> prompt = tok.encode("A list of people as JSON:", true, false);
+  for (int i = 0; i < batch; ++i) {
+    Request r;
+    r.prompt = prompt;
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = static_cast<uint64_t>(i);
+    r.sampling.max_tokens = n_gen;
+    r.sampling.ignore_eos = true;
+    r.sampling.logit_bias[tok.eos_id()] = -100.0f;  // the same processors in every arm
+    if (i < n_constrained) r.sampling.grammar = grammar;
+    core.add(static_cast<RequestId>(i + 1), r);
+  }
+  ArmResult a;
+  std::vector<double> steps;
+  const auto t0 = Clock::now();
+  while (core.has_work()) {
+    const auto t = Clock::now();
+    const StepResult s = core.step();
+    TESSERA_CHECK(s.error.empty(), "bench grammar: ", s.error);
+    steps.push_back(us_since(t) / 1000);
+    for (const SeqEvent& e : s.events)
+      if (e.token >= 0) {
+        ++a.tokens;
+        if (static_cast<int>(e.request) <= n_constrained) ++a.constrained_tokens;
+      }
+  }
+  a.seconds = us_since(t0) / 1e6;
+  std::sort(steps.begin(), steps.end());
+  a.step_ms_median = steps[steps.size() / 2];
+  return a;
+}
+
+void run_grammar_bench(const GrammarBenchArgs& a, const std::vector<int>& batches) {
+  EngineArgs ea = a.engine;
+  ea.max_num_seqs = std::max(ea.max_num_seqs, *std::max_element(batches.begin(), batches.end()));
+  ModelEngine engine(ea.engine_options(a.model));
+  print_engine_summary(engine, a.model);
+  const Tokenizer& tok = engine.session().tokenizer();
+  auto t0 = Clock::now();
+  const GrammarCompiler compiler(tok, engine.config().vocab_size);
+  std::printf("vocabulary: %d tokens; grammar index built in %.0f ms\n\n", engine.config().vocab_size,
+              us_since(t0) / 1000);
+  std::printf("| grammar | compile ms | tokens | fill us/token | fill p99 us | apply us | accept us | total us |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  time_masks(tok, compiler, "JSON schema (object, 6 fields)", {GrammarSpec::Kind::JsonSchema, kSchema, {}}, kDocument,
+             a.walks);
+  time_masks(tok, compiler, "json_object (any object)", {GrammarSpec::Kind::JsonObject, "", {}}, kDocument, a.walks);
+  time_masks(tok, compiler, "regex (date)", {GrammarSpec::Kind::Regex, R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2})", {}},
+             "2026-12-03T21:45", a.walks);
+  time_masks(tok, compiler, "EBNF (endless JSON list)", {GrammarSpec::Kind::Ebnf, kEndless, {}},
+             R"([{"name": "Ann", "age": 41, "tags": ["x", "yz"]}, {"name": "Bo", "age": 7, "tags": []})", a.walks);
+
+  const auto grammar = compiler.compile({GrammarSpec::Kind::Ebnf, kEndless, {}});
+  std::printf("\n| batch | requests constrained | step ms (median) | output tok/s | overhead vs free, ms/step |\n");
+  std::printf("|---|---|---|---|---|\n");
+  for (const int b : batches) {
+    (void)run_arm(engine, grammar, b, 0, 4);  // warm the caches at this batch size
+    const ArmResult free = run_arm(engine, grammar, b, 0, a.n_gen);
+    for (const int n_constrained : {0, b / 2, b}) {
+      if (n_constrained == b / 2 && (n_constrained == 0 || n_constrained == b)) continue;  // batch 1: no half
+      const ArmResult r = n_constrained == 0 ? free : run_arm(engine, grammar, b, n_constrained, a.n_gen);
+      std::printf("| %d | %d | %.2f | %.1f | %+.2f |\n", b, n_constrained, r.step_ms_median,
+                  static_cast<double>(r.tokens) / r.seconds, r.step_ms_median - free.step_ms_median);
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+void add_bench_grammar(CLI::App& bench) {
+  auto a = std::make_shared<GrammarBenchArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "grammar", "structured output: mask time per token, and engine steps with free and constrained requests");
+  a->model.add_to(*cmd);
+  a->engine.add_to(*cmd);
+  cmd->add_option("-C,--batches", a->batches, "comma-separated batch sizes")->capture_default_str();
+  cmd->add_option("-n,--n-gen", a->n_gen, "tokens per request")->capture_default_str();
+  cmd->add_option("--walks", a->walks, "walks through each mask test's text")->capture_default_str();
+  cmd->callback([a] {
+    std::vector<int> batches;
+    std::stringstream ss(a->batches);
+    for (std::string item; std::getline(ss, item, ',');) {
+      try {
+        batches.push_back(std::stoi(item));
+      } catch (const std::exception&) {
+        fail("--batches '", a->batches, "' is not a comma-separated list of integers");
+      }
+      TESSERA_CHECK(batches.back() >= 1, "--batches values must be positive");
+    }
+    TESSERA_CHECK(!batches.empty() && a->n_gen >= 1 && a->walks >= 1, "bench grammar: bad counts");
+    run_grammar_bench(*a, batches);
+  });
+}
+
+}  // namespace tessera::apps
