@@ -12,7 +12,7 @@ if(TESSERA_BUILD_TESTS)
   # whose engine-thread paths the simulator tests cover; under TSan they took over 10 minutes
   # of a CI run (2026-12-03). ASan and the Release suite run them.
   list(FILTER TESSERA_CONCURRENCY_TEST_SOURCES EXCLUDE REGEX
-    "/engine/(engine_quant_kv|engine_real_model|engine_spec_real_model|kv_calibration|model_runner)_test\\.cpp$")
+    "/engine/(engine_grammar_real_model|engine_quant_kv|engine_real_model|engine_spec_real_model|kv_calibration|model_runner)_test\\.cpp$")
   add_executable(tessera_concurrency_tests EXCLUDE_FROM_ALL ${TESSERA_CONCURRENCY_TEST_SOURCES})
   target_include_directories(tessera_concurrency_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests)
   target_link_libraries(tessera_concurrency_tests PRIVATE tessera_lib GTest::gtest GTest::gtest_main)
