@@ -2,7 +2,7 @@
 # distribution by scripts/xgrammar-deps.sh into ~/.cache/tessera/xgrammar (outside the
 # repository), then imported here as a static library. The first configure on a fresh machine
 # runs the build (minutes on 2 cores: docs/design/structured-output.md); later ones return at once.
-execute_process(COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/xgrammar-deps.sh
+execute_process(COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/../scripts/xgrammar-deps.sh
   OUTPUT_VARIABLE XGRAMMAR_OUT RESULT_VARIABLE XGRAMMAR_RC OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT XGRAMMAR_RC EQUAL 0)
   message(FATAL_ERROR "scripts/xgrammar-deps.sh failed (exit ${XGRAMMAR_RC}): XGrammar is needed for structured output")
