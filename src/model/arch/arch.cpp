@@ -7,6 +7,28 @@
 
 namespace tessera {
 
+DecoderActivations::DecoderActivations(Backend& be, const ModelConfig& c, int max_tokens, int max_logits) : bufs(be) {
+  TESSERA_CHECK(max_tokens >= 1 && max_logits >= 1 && max_logits <= max_tokens, c.arch, ": bad batch limits ",
+                max_tokens, "/", max_logits);
+  q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
+  kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  qkv_ld = q_dim + 2 * kv_dim;
+  const int64_t t = max_tokens;
+  x = bufs.floats(t * c.n_embd);
+  x2 = bufs.floats(t * c.n_embd);
+  xn = bufs.floats(t * c.n_embd);
+  tmp = bufs.floats(t * c.n_embd);
+  q = bufs.floats(t * qkv_ld);
+  k = q + q_dim;
+  v = k + kv_dim;
+  att = bufs.floats(t * q_dim);
+  gate = bufs.floats(t * 2 * c.n_ff);
+  up = gate + c.n_ff;
+  h = bufs.floats(t * c.n_ff);
+  rows = bufs.floats(static_cast<int64_t>(max_logits) * c.n_embd);
+  logits = bufs.floats(static_cast<int64_t>(max_logits) * c.n_vocab);
+}
+
 RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* freq_factors, bool with_scaling) {
   RopeConfig r;
   r.head_dim = c.head_dim;

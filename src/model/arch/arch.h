@@ -29,6 +29,26 @@ class BackendBuffers {
   std::vector<void*> owned_;
 };
 
+// The activations of a pre-norm decoder for up to max_tokens rows (max_logits for the head).
+// The residual stream alternates between x and x2: each pre-norm writes x + residual into the
+// other one (add_rms_norm_matmul), so a backend can fold the norm into the product that follows
+// without a second kernel or an in-place race. Q, K and V sit side by side in one row (vLLM's
+// qkv_proj layout), gate and up likewise: a backend may then run each group as one product, and
+// RoPE rotates Q and K in one call.
+struct DecoderActivations {
+  DecoderActivations(Backend& be, const ModelConfig& c, int max_tokens, int max_logits);
+
+  BackendBuffers bufs;
+  int64_t q_dim = 0, kv_dim = 0, qkv_ld = 0;  // qkv_ld = q_dim + 2 kv_dim
+  float *x, *x2, *xn, *tmp;                   // [t, n_embd]
+  float *q, *k, *v;                           // [t, q_dim | kv_dim | kv_dim], row stride qkv_ld
+  float* att;                                 // [t, q_dim]
+  float *gate, *up;                           // [t, n_ff | n_ff], row stride 2 n_ff
+  float* h;                                   // [t, n_ff]
+  float* rows;                                // [max_logits, n_embd]: the rows the head reads
+  float* logits;                              // [max_logits, n_vocab]
+};
+
 // RoPE as the config says, at base freq_base; with_scaling false leaves out the config's
 // rope_scaling (Gemma 3's local layers rotate unscaled).
 RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* freq_factors, bool with_scaling);

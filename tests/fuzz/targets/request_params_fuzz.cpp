@@ -34,7 +34,7 @@ struct Served {
     model.max_model_len = 2048;
     model.max_n = 16;
     model.chat = [c = chat](const nlohmann::json& messages, bool add_generation_prompt, const nlohmann::json& extra) {
-      return c->apply(messages, add_generation_prompt, extra);
+      return c->apply_marked(messages, add_generation_prompt, extra);
     };
   }
 };
