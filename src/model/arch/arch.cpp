@@ -29,6 +29,20 @@ DecoderActivations::DecoderActivations(Backend& be, const ModelConfig& c, int ma
   logits = bufs.floats(static_cast<int64_t>(max_logits) * c.n_vocab);
 }
 
+const float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x,
+                          const ForwardInputs& in) {
+  const ModelConfig& c = w.config;
+  const int n = in.batch.n_tokens, n_out = in.n_logits, e = c.n_embd;
+  if (n_out == 0) return a.logits;
+  be.add(x, a.tmp, static_cast<int64_t>(n) * e);
+  // Only the wanted rows go through the final norm and the (large) output matrix.
+  be.gather_rows(x, e, in.logits_rows, n_out, e, a.rows);
+  be.rms_norm(a.rows, w.output_norm, a.rows, n_out, e, c.rms_eps);
+  const MatmulTarget out[] = {{w.output, a.logits, c.n_vocab}};
+  be.matmul(a.rows, n_out, e, out);  // logits: [n_out, n_vocab]
+  return a.logits;
+}
+
 RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* freq_factors, bool with_scaling) {
   RopeConfig r;
   r.head_dim = c.head_dim;

@@ -49,6 +49,10 @@ struct DecoderActivations {
   float* logits;                              // [max_logits, n_vocab]
 };
 
+// The end of a decoder's forward: x += tmp (the last block's output), then the final norm
+// and the output matrix on the rows the caller wants only. Returns a.logits: [n_logits, n_vocab].
+const float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x, const ForwardInputs& in);
+
 // RoPE as the config says, at base freq_base; with_scaling false leaves out the config's
 // rope_scaling (Gemma 3's local layers rotate unscaled).
 RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* freq_factors, bool with_scaling);

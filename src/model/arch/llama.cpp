@@ -70,14 +70,7 @@ class LlamaModel final : public Model {
                                   {L.w_down, a_.tmp, e});
       std::swap(x, x_next);
     }
-    if (n_out == 0) return a_.logits;
-    be_.add(x, a_.tmp, static_cast<int64_t>(n) * e);
-    // Only the wanted rows go through the final norm and the (large) output matrix.
-    be_.gather_rows(x, e, in.logits_rows, n_out, e, a_.rows);
-    be_.rms_norm(a_.rows, w_->output_norm, a_.rows, n_out, e, c_.rms_eps);
-    const MatmulTarget out[] = {{w_->output, a_.logits, c_.n_vocab}};
-    be_.matmul(a_.rows, n_out, e, out);  // logits: [n_out, n_vocab]
-    return a_.logits;
+    return decoder_head(be_, *w_, a_, x, in);
   }
 
  private:
