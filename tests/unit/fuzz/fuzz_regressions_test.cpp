@@ -14,6 +14,7 @@
 #include "format/safetensors.h"
 #include "test_model.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace tessera {
 namespace {
@@ -82,6 +83,20 @@ TEST(FuzzRegression, SmolLM2DropsControlBytesWithoutTokens) {
   for (char dropped : {'\x04', '\x06', '\x13', '\x14', '\x16', '\x1d'})
     EXPECT_TRUE(tok->encode(std::string(1, dropped), false, false).empty()) << int(dropped);
   EXPECT_EQ(tok->decode(tok->encode(all, false, false), false), kept);
+}
+
+// Its second report (crash-02143251..., mode 0x08 then 00 01 02 08 f1 9f a4 96): the same
+// behaviour for a byte above 0x7F. SmolLM2's vocabulary has no byte-level token for 0xF1 (the
+// lead byte of U+5F916 here), so encode drops it; the target only checked ASCII bytes and now
+// checks all 256 against the vocabulary.
+TEST(FuzzRegression, SmolLM2DropsLeadByteF1WithoutAToken) {
+  const auto file = GGUFFile::open(test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"));
+  const auto tok = Tokenizer::from_gguf(*file);
+  std::string f1;
+  append_utf8(f1, byte_to_unicode(0xF1));
+  EXPECT_FALSE(tok->token_id(f1).has_value());
+  const std::string text("\x00\x01\x02\x08\xf1\x9f\xa4\x96", 8);
+  EXPECT_EQ(tok->decode(tok->encode(text, false, false), false), std::string("\x00\x01\x02\x08\x9f\xa4\x96", 7));
 }
 
 }  // namespace
