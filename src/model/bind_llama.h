@@ -16,7 +16,8 @@ struct LlamaTensorNames {
   const char* output_norm;
   const char* layer_prefix;  // followed by the layer index and a '.'
   const char *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *ffn_norm, *w_gate, *w_up, *w_down;
-  // Gemma 3's extra norms (null where the format has no names for them)
+  // Per-head Q/K norms (Qwen 3, Gemma 3) and Gemma 3's post norms (null where the format has
+  // no names for them)
   const char *q_norm = nullptr, *k_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
 };
 
@@ -45,7 +46,8 @@ inline constexpr LlamaTensorNames kHfLlamaNames = {
     "model.embed_tokens.weight",       "lm_head.weight",          "model.norm.weight",       "model.layers.",
     "input_layernorm.weight",          "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
     "self_attn.o_proj.weight",         "self_attn.q_proj.bias",   "self_attn.k_proj.bias",   "self_attn.v_proj.bias",
-    "post_attention_layernorm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+    "post_attention_layernorm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight",
+    "self_attn.q_norm.weight",         "self_attn.k_norm.weight"};
 
 // Fills w's matrices and vectors from w.config (already read and validated).
 template <typename Binder>
@@ -72,11 +74,13 @@ void bind_llama_tensors(Binder& bind, ModelWeights& w, const LlamaTensorNames& n
     l.w_gate = bind.matrix(p + n.w_gate, c.n_ff, c.n_embd);
     l.w_up = bind.matrix(p + n.w_up, c.n_ff, c.n_embd);
     l.w_down = bind.matrix(p + n.w_down, c.n_embd, c.n_ff);
-    if (c.arch == "gemma3") {
-      if (!n.q_norm) fail("gemma3: this checkpoint format is not supported (GGUF only)");
-      // GGUF's converter stores Gemma's norm weights with the +1 of Gemma's (1 + w) folded in.
+    if (c.qk_norm) {
       l.q_norm = bind.vector(p + n.q_norm, c.head_dim, false);
       l.k_norm = bind.vector(p + n.k_norm, c.head_dim, false);
+    }
+    if (c.arch == "gemma3") {
+      if (!n.post_attn_norm) fail("gemma3: this checkpoint format is not supported (GGUF only)");
+      // GGUF's converter stores Gemma's norm weights with the +1 of Gemma's (1 + w) folded in.
       l.post_attn_norm = bind.vector(p + n.post_attn_norm, c.n_embd, false);
       l.post_ffn_norm = bind.vector(p + n.post_ffn_norm, c.n_embd, false);
     }

@@ -43,8 +43,8 @@ void ModelConfig::validate() const {
 int64_t ModelConfig::n_params() const {
   const int64_t e = n_embd, q = static_cast<int64_t>(n_head) * head_dim,
                 kv = static_cast<int64_t>(n_head_kv) * head_dim;
-  // Gemma 3 adds two norms of the residual width and the per-head Q and K norms.
-  const int64_t extra_norms = arch == "gemma3" ? 2 * e + 2 * head_dim : 0;
+  // Gemma 3 adds two norms of the residual width; Gemma 3 and Qwen 3 the per-head Q and K norms.
+  const int64_t extra_norms = (arch == "gemma3" ? 2 * e : 0) + (qk_norm ? 2 * head_dim : 0);
   const int64_t per_layer = e * q + 2 * e * kv + q * e + 3 * e * n_ff + 2 * e + extra_norms;
   return n_layer * per_layer + static_cast<int64_t>(n_vocab) * e * (tied_embeddings ? 1 : 2) + e;
 }

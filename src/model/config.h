@@ -6,7 +6,7 @@
 namespace tessera {
 
 struct ModelConfig {
-  std::string arch;  // "llama" (Llama 2/3, Mistral, SmolLM2), "mistral", "qwen2" or "gemma3"
+  std::string arch;  // "llama" (Llama 2/3, Mistral, SmolLM2), "mistral", "qwen2", "qwen3" or "gemma3"
   std::string name;  // general.name or the checkpoint's directory name
   int n_vocab = 0;
   int n_embd = 0;  // model width
@@ -26,16 +26,19 @@ struct ModelConfig {
   float rope_high_freq_factor = 4.0f;
   int rope_original_ctx = 0;
   bool qkv_bias = false;  // Qwen2
+  bool qk_norm = false;   // Qwen 3, Gemma 3: each head of Q and K RMS-normed (own weights) before RoPE
   bool tied_embeddings = false;
-  // Gemma 3: local (sliding-window) layers with their own RoPE base, interleaved with global
-  // ones; every sliding_window_pattern-th layer (il % pattern == pattern - 1) is global.
+  // Local (sliding-window) layers. Gemma 3: interleaved with global ones, with their own RoPE
+  // base; every sliding_window_pattern-th layer (il % pattern == pattern - 1) is global.
+  // Mistral: pattern 0, every layer local.
   int sliding_window = 0;  // keys a local layer's query sees, itself included; 0 = no local layers
   int sliding_window_pattern = 0;
   float rope_freq_base_local = 10000.0f;
   float attn_scale = 0.0f;  // query scale (query_pre_attn_scalar^-1/2); 0 = 1/sqrt(head_dim)
 
   bool is_local_layer(int il) const {
-    return sliding_window > 0 && sliding_window_pattern > 0 && il % sliding_window_pattern < sliding_window_pattern - 1;
+    if (sliding_window <= 0) return false;
+    return sliding_window_pattern == 0 || il % sliding_window_pattern < sliding_window_pattern - 1;
   }
 
   // Throws tessera::Error naming the first field that is out of range or inconsistent.

@@ -16,7 +16,8 @@
 namespace tessera {
 
 const char* dummy_presets() {
-  return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b, gemma3-270m, gemma3-tiny";
+  return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b, qwen3-0.6b, qwen3-tiny, gemma3-270m, "
+         "gemma3-tiny";
 }
 
 ModelConfig dummy_preset(const std::string& name) {
@@ -91,6 +92,24 @@ ModelConfig dummy_preset(const std::string& name) {
     c.rope_neox = true;
     c.qkv_bias = true;
     c.tied_embeddings = true;
+  } else if (name == "qwen3-0.6b" || name == "qwen3-tiny") {
+    // Qwen3-0.6B's shape: QK-norm, no QKV bias, head_dim 128 wider than n_embd / n_head; the
+    // tiny one keeps the head shape with a small vocabulary and width.
+    const bool tiny = name == "qwen3-tiny";
+    c.arch = "qwen3";
+    c.n_vocab = tiny ? 4096 : 151936;
+    c.n_embd = tiny ? 256 : 1024;
+    c.n_layer = tiny ? 4 : 28;
+    c.n_head = tiny ? 4 : 16;
+    c.n_head_kv = tiny ? 2 : 8;
+    c.head_dim = 128;
+    c.n_ff = tiny ? 768 : 3072;
+    c.n_ctx_train = 40960;
+    c.rope_freq_base = 1000000;
+    c.rms_eps = 1e-6f;
+    c.rope_neox = true;
+    c.qk_norm = true;
+    c.tied_embeddings = true;
   } else if (name == "gemma3-270m" || name == "gemma3-tiny") {
     // Gemma 3 270M's shape (head_dim 256, one KV head, window 512, five local layers per
     // global one); the tiny one keeps the block shape with a small vocabulary and a window
@@ -108,6 +127,7 @@ ModelConfig dummy_preset(const std::string& name) {
     c.rope_freq_base = 1000000;
     c.rms_eps = 1e-6f;
     c.rope_neox = true;
+    c.qk_norm = true;
     c.tied_embeddings = true;
     c.sliding_window = tiny ? 16 : 512;
     c.sliding_window_pattern = 6;
@@ -265,9 +285,11 @@ std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64
     l.w_gate = b.matrix(c.n_ff, c.n_embd);
     l.w_up = b.matrix(c.n_ff, c.n_embd);
     l.w_down = b.matrix(c.n_embd, c.n_ff);
-    if (c.arch == "gemma3") {
+    if (c.qk_norm) {
       l.q_norm = b.vector(c.head_dim, 1.0f, 0.1f);
       l.k_norm = b.vector(c.head_dim, 1.0f, 0.1f);
+    }
+    if (c.arch == "gemma3") {
       l.post_attn_norm = b.vector(c.n_embd, 1.0f, 0.1f);
       l.post_ffn_norm = b.vector(c.n_embd, 1.0f, 0.1f);
     }

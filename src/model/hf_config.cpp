@@ -166,6 +166,8 @@ HFConfig parse_hf_config(std::string_view json_text, std::string_view name) {
   c.tie_word_embeddings = f.boolean("tie_word_embeddings").value_or(false);
   c.bos_token_ids = f.token_ids("bos_token_id");
   c.eos_token_ids = f.token_ids("eos_token_id");
+  c.sliding_window = f.positive("sliding_window").value_or(0);
+  c.use_sliding_window = f.boolean("use_sliding_window").value_or(true);
   c.attention_bias = f.boolean("attention_bias").value_or(false);
   // Qwen2 has q/k/v biases by construction; its config has no flag for them.
   c.qkv_bias = c.attention_bias || c.model_type == "qwen2" || c.architecture == "Qwen2ForCausalLM";

@@ -38,6 +38,8 @@ struct HFConfig {
   std::vector<int64_t> bos_token_ids;  // an int or a list in the file; empty when absent or null
   std::vector<int64_t> eos_token_ids;
   std::optional<HFRopeScaling> rope_scaling;  // absent or null: none
+  int64_t sliding_window = 0;                 // keys a query sees (Mistral); 0 when absent or null
+  bool use_sliding_window = true;             // false in Qwen 2/3's configs: the window is then off
   bool attention_bias = false;                // biases on q, k, v and o projections
   bool qkv_bias = false;                      // biases on q, k and v: attention_bias, or always for Qwen2
   std::string torch_dtype;                    // "bfloat16", "float16", "float32" (or "dtype"); empty when absent

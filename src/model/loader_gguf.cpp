@@ -34,8 +34,8 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
   auto arch = f.get_string("general.architecture");
   if (!arch) fail(f.name(), ": missing metadata key 'general.architecture'");
   c.arch = std::string(*arch);
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral" && c.arch != "gemma3")
-    fail(f.name(), ": architecture '", c.arch, "' is not supported (supported: llama, mistral, qwen2, gemma3)");
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "mistral" && c.arch != "gemma3")
+    fail(f.name(), ": architecture '", c.arch, "' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3)");
   const std::string a = c.arch + ".";
   if (auto name = f.get_string("general.name")) c.name = std::string(*name);
   c.n_layer = get_required_int(f, a + "block_count");
@@ -74,10 +74,11 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
         c.n_layer == 62 && c.n_head > 0 ? static_cast<float>(c.n_embd / c.n_head) : static_cast<float>(c.head_dim);
     c.attn_scale = pre_attn > 0 ? 1.0f / std::sqrt(pre_attn) : 0.0f;
   }
-  // GGUF's converter permutes Llama's Q/K rows so RoPE rotates adjacent pairs; Qwen2 and Gemma
+  // GGUF's converter permutes Llama's Q/K rows so RoPE rotates adjacent pairs; Qwen and Gemma
   // keep halves.
-  c.rope_neox = c.arch == "qwen2" || c.arch == "gemma3";
+  c.rope_neox = c.arch == "qwen2" || c.arch == "qwen3" || c.arch == "gemma3";
   c.qkv_bias = c.arch == "qwen2";
+  c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.validate();
   return c;

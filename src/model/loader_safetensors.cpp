@@ -21,9 +21,12 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
     c.arch = "llama";
   } else if (h.architecture == "Qwen2ForCausalLM") {
     c.arch = "qwen2";
+  } else if (h.architecture == "Qwen3ForCausalLM") {
+    c.arch = "qwen3";
+    c.qk_norm = true;
   } else {
     fail(dir, ": architecture '", h.architecture,
-         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
   }
   c.name = std::filesystem::path(dir).filename().string();
   auto narrow = [&](int64_t v, const char* field) {
@@ -44,6 +47,15 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
   c.rope_neox = true;  // Hugging Face checkpoints rotate halves (rotate_half)
   c.qkv_bias = h.qkv_bias;
   c.tied_embeddings = h.tie_word_embeddings;
+  if (h.sliding_window > 0 && h.use_sliding_window) {
+    // Mistral (v0.1): every layer attends to the last sliding_window keys. Qwen 2/3 window only
+    // the layers from max_window_layers on, and ship with the window off; not supported on.
+    if (c.arch != "llama")
+      fail(dir, "/config.json: use_sliding_window is true; a ", h.architecture,
+           " sliding window is not supported (set it to false)");
+    c.sliding_window = narrow(h.sliding_window, "sliding_window");
+    c.sliding_window_pattern = 0;  // every layer local
+  }
   if (h.rope_scaling) {
     const HFRopeScaling& s = *h.rope_scaling;
     if (s.type == "llama3" || s.type == "linear") {

@@ -1,5 +1,6 @@
-// Llama-family decoder (Llama 2/3, Mistral, SmolLM2, Qwen2 with QKV bias): pre-norm blocks of
-// RMSNorm → GQA attention with RoPE → residual → RMSNorm → SwiGLU FFN → residual.
+// Llama-family decoder (Llama 2/3, Mistral, SmolLM2, Qwen2 with QKV bias, Qwen3 with QK-norm):
+// pre-norm blocks of RMSNorm → GQA attention with RoPE → residual → RMSNorm → SwiGLU FFN →
+// residual. Mistral v0.1's sliding window applies to every layer.
 #include <cmath>
 #include <memory>
 #include <utility>
@@ -21,6 +22,9 @@ class LlamaModel final : public Model {
         max_tokens_(max_tokens),
         max_logits_(max_logits) {
     rope_ = rope_config_for(c_, c_.rope_freq_base, w_->rope_freq_factors, /*with_scaling=*/true);
+    if (c_.qk_norm)
+      for (const LayerWeights& L : w_->layers)
+        TESSERA_CHECK(L.q_norm && L.k_norm, c_.arch, ": a layer lacks its Q or K norm");
   }
 
   const ModelConfig& config() const override { return c_; }
@@ -36,6 +40,8 @@ class LlamaModel final : public Model {
     TESSERA_CHECK(n_out >= 0 && n_out <= max_logits_, "forward: ", n_out, " logits rows, limit ", max_logits_);
     const int e = c_.n_embd;
     const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+    AttentionBatch local = ab;  // the batch of the sliding-window layers (Mistral v0.1)
+    local.window = c_.sliding_window;
 
     float* x = a_.x;        // the residual stream: [n, e]
     float* x_next = a_.x2;  // where the next pre-norm writes x + residual
@@ -58,10 +64,14 @@ class LlamaModel final : public Model {
         be_.add_bias(a_.k, a_.qkv_ld, L.bk, n, static_cast<int>(a_.kv_dim));
         be_.add_bias(a_.v, a_.qkv_ld, L.bv, n, static_cast<int>(a_.kv_dim));
       }
+      if (c_.qk_norm) {  // Qwen3: each head of q and k RMS-normed before RoPE
+        be_.rms_norm_heads(a_.q, a_.qkv_ld, n, c_.n_head, c_.head_dim, L.q_norm, c_.rms_eps);
+        be_.rms_norm_heads(a_.k, a_.qkv_ld, n, c_.n_head_kv, c_.head_dim, L.k_norm, c_.rms_eps);
+      }
       // Q and K rotated, K and V into the cache (K's heads follow Q's in the row), then the
       // attention over it.                                               att: [n, q_dim]
-      be_.rope_kv_store_attention(a_.q, a_.qkv_ld, c_.n_head, a_.k, a_.qkv_ld, a_.v, a_.qkv_ld, kvl, ab, rope_, scale,
-                                  a_.att, a_.q_dim);
+      be_.rope_kv_store_attention(a_.q, a_.qkv_ld, c_.n_head, a_.k, a_.qkv_ld, a_.v, a_.qkv_ld, kvl,
+                                  c_.is_local_layer(il) ? local : ab, rope_, scale, a_.att, a_.q_dim);
       const MatmulTarget o[] = {{L.wo, a_.tmp, e}};
       be_.matmul(a_.att, n, a_.q_dim, o);  // tmp: [n, e]
       // gate, up = W_gate|up · norm(x + tmp): [n, n_ff | n_ff]; then tmp = W_down · silu(gate)·up: [n, e]

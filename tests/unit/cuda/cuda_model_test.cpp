@@ -111,6 +111,14 @@ TEST(CudaModel, Qwen2BiasAndNeoxRopeOnGpu) {
   parity("dummy:qwen2.5-0.5b:f32", 5e-4, true);
 }
 
+TEST(CudaModel, Qwen3QkNormAndWideHeadsOnGpu) {
+  TESSERA_REQUIRE_CUDA();
+  // QK-norm and head_dim 128 over a width of 1024 / 16 heads; the real 0.6B shape in f32 and Q8_0.
+  parity("dummy:qwen3-tiny:f32", 5e-4, true);
+  parity("dummy:qwen3-0.6b:f32", 5e-4, true);
+  parity("dummy:qwen3-0.6b:q8_0", 5e-2, false);
+}
+
 TEST(CudaModel, Gemma3WindowQkNormGegluOnGpu) {
   TESSERA_REQUIRE_CUDA();
   // gemma3-tiny: Gemma 3's block with a 16-token window, so the 21-token prompt and 64 decode

@@ -366,6 +366,32 @@ TEST(HFConfig, ReadsQwen2WithImplicitQkvBias) {
   EXPECT_EQ(c.rope_theta, 1e6);
 }
 
+// Qwen3-0.6B's config.json: head_dim 128 over hidden 1024 / 16 heads, no bias, the window off.
+TEST(HFConfig, ReadsQwen3WithExplicitHeadDimAndTheWindowOff) {
+  const HFConfig c = load_hf_config(fixture("config_qwen3_06b.json"));
+  EXPECT_EQ(c.architecture, "Qwen3ForCausalLM");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.hidden_size, 1024);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.sliding_window, 0);  // null
+  EXPECT_FALSE(c.use_sliding_window);
+  EXPECT_FALSE(c.rope_scaling.has_value());
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.max_position_embeddings, 40960);
+}
+
+// Mistral-7B-v0.1's config.json: a 4096-key sliding window on every layer.
+TEST(HFConfig, ReadsMistralSlidingWindow) {
+  const HFConfig c = load_hf_config(fixture("config_mistral_7b_v01.json"));
+  EXPECT_EQ(c.architecture, "MistralForCausalLM");
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_TRUE(c.use_sliding_window);
+  const HFConfig q = load_hf_config(fixture("config_qwen25_05b.json"));
+  EXPECT_EQ(q.sliding_window, 32768);  // present but switched off
+  EXPECT_FALSE(q.use_sliding_window);
+}
+
 TEST(HFConfig, DefaultsAndNewerLayouts) {
   HFConfig c = parse_hf_config(minimal_config());
   EXPECT_EQ(c.num_key_value_heads, 4);

@@ -27,6 +27,8 @@ struct Tiny {
   int vocab = 37, embd = 24, layers = 2, heads = 6, kv_heads = 2, head_dim = 4, ff = 40;
   float eps = 1e-5f, base = 10000.0f;
   bool qwen2 = false;  // QKV biases and rotation of halves (GGUF arch "qwen2")
+  bool qwen3 = false;  // per-head Q/K RMS norms, rotation of halves, no biases (GGUF arch "qwen3")
+  int window = 0;      // keys each query sees (Mistral's sliding window; Hugging Face only); 0 = all
   std::mt19937 rng{7};
   std::map<std::string, std::vector<float>> t;
 
@@ -38,7 +40,7 @@ struct Tiny {
   }
   GGUFBuilder build(bool tied = false) {
     GGUFBuilder b;
-    const std::string a = qwen2 ? "qwen2" : "llama";
+    const std::string a = qwen2 ? "qwen2" : qwen3 ? "qwen3" : "llama";
     b.string("general.architecture", a)
         .u32(a + ".block_count", layers)
         .u32(a + ".embedding_length", embd)
@@ -49,6 +51,7 @@ struct Tiny {
         .f32(a + ".rope.freq_base", base)
         .f32(a + ".attention.layer_norm_rms_epsilon", eps)
         .u32(a + ".vocab_size", vocab);
+    if (head_dim * heads != embd) b.u32(a + ".attention.key_length", head_dim).u32(a + ".attention.value_length", head_dim);
     auto add = [&](const std::string& name, std::vector<uint64_t> dims, float scale, float offset = 0) {
       size_t n = 1;
       for (auto d : dims) n *= d;
@@ -67,6 +70,10 @@ struct Tiny {
       add(p + "attn_q.weight", {uint64_t(embd), q}, 0.4f);
       add(p + "attn_k.weight", {uint64_t(embd), kv}, 0.4f);
       add(p + "attn_v.weight", {uint64_t(embd), kv}, 0.4f);
+      if (qwen3) {
+        add(p + "attn_q_norm.weight", {uint64_t(head_dim)}, 0.3f, 1.0f);
+        add(p + "attn_k_norm.weight", {uint64_t(head_dim)}, 0.3f, 1.0f);
+      }
       if (qwen2) {
         add(p + "attn_q.bias", {q}, 0.5f);
         add(p + "attn_k.bias", {kv}, 0.5f);
@@ -98,13 +105,22 @@ struct Tiny {
     for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * t.at(w)[i];
     return y;
   }
+  // Qwen3's QK-norm: every head of v RMS-normed with the same [head_dim] weights.
+  void rms_heads(std::vector<double>& v, int n_heads, const std::string& w) {
+    for (int h = 0; h < n_heads; ++h) {
+      std::vector<double> head(v.begin() + h * head_dim, v.begin() + (h + 1) * head_dim);
+      head = rms(head, w);
+      std::copy(head.begin(), head.end(), v.begin() + h * head_dim);
+    }
+  }
   // Adjacent pairs (GGUF llama) or halves (qwen2, Hugging Face).
   void rope(std::vector<double>& v, int n_heads, int pos) {
     for (int h = 0; h < n_heads; ++h)
       for (int i = 0; i < head_dim / 2; ++i) {
         const double th = pos * std::pow(double(base), -2.0 * i / head_dim);
-        double& a = v[h * head_dim + (qwen2 ? i : 2 * i)];
-        double& b = v[h * head_dim + (qwen2 ? i + head_dim / 2 : 2 * i + 1)];
+        const bool halves = qwen2 || qwen3;
+        double& a = v[h * head_dim + (halves ? i : 2 * i)];
+        double& b = v[h * head_dim + (halves ? i + head_dim / 2 : 2 * i + 1)];
         const double a0 = a, b0 = b;
         a = a0 * std::cos(th) - b0 * std::sin(th);
         b = a0 * std::sin(th) + b0 * std::cos(th);
@@ -129,6 +145,10 @@ struct Tiny {
           for (int i = 0; i < kv_dim; ++i) k[i] += t.at(pre + "attn_k.bias")[i];
           for (int i = 0; i < kv_dim; ++i) v[i] += t.at(pre + "attn_v.bias")[i];
         }
+        if (qwen3) {
+          rms_heads(q, heads, pre + "attn_q_norm.weight");
+          rms_heads(k, kv_heads, pre + "attn_k_norm.weight");
+        }
         rope(q, heads, int(p));
         rope(k, kv_heads, int(p));
         K[l].push_back(k);
@@ -138,15 +158,16 @@ struct Tiny {
           const int kh = h / group;
           std::vector<double> s(p + 1);
           double mx = -1e300;
-          for (size_t j = 0; j <= p; ++j) {
+          const size_t first = window > 0 && p + 1 > size_t(window) ? p + 1 - window : 0;
+          for (size_t j = first; j <= p; ++j) {
             double d = 0;
             for (int i = 0; i < head_dim; ++i) d += q[h * head_dim + i] * K[l][j][kh * head_dim + i];
             s[j] = d / std::sqrt(double(head_dim));
             mx = std::max(mx, s[j]);
           }
           double sum = 0;
-          for (auto& e : s) sum += (e = std::exp(e - mx));
-          for (size_t j = 0; j <= p; ++j)
+          for (size_t j = first; j <= p; ++j) sum += (s[j] = std::exp(s[j] - mx));
+          for (size_t j = first; j <= p; ++j)
             for (int i = 0; i < head_dim; ++i) att[h * head_dim + i] += s[j] / sum * V[l][j][kh * head_dim + i];
         }
         auto o = matvec(pre + "attn_output.weight", att, embd);
@@ -172,10 +193,12 @@ std::shared_ptr<ModelWeights> load(const std::vector<uint8_t>& bytes) {
 }  // namespace
 
 TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
-  for (int variant = 0; variant < 3; ++variant) {
-    const bool tied = variant == 1;
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool tied = variant == 1 || variant == 3;
     Tiny tiny;
     tiny.qwen2 = variant == 2;
+    tiny.qwen3 = variant == 3;
+    if (tiny.qwen3) tiny.head_dim = 8;  // wider than embd / heads, as Qwen3's 128 over 1024 / 16
     const auto bytes = tiny.build(tied).build();
     auto weights = load(bytes);
     EXPECT_EQ(weights->config.tied_embeddings, tied);
@@ -207,7 +230,8 @@ TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
       done += n;
     }
     EXPECT_LT(std::sqrt(num / den), 1e-5) << "variant " << variant;
-    EXPECT_EQ(weights->config.rope_neox, tiny.qwen2);
+    EXPECT_EQ(weights->config.rope_neox, tiny.qwen2 || tiny.qwen3);
+    EXPECT_EQ(weights->config.head_dim, tiny.head_dim);
     seq.release_all(pool);
     EXPECT_EQ(pool.n_free(), 8);
   }
@@ -310,13 +334,16 @@ TEST(TinyLlama, OutOfVocabularyTokenIsAnErrorNotARead) {
 namespace {
 
 // Writes the tiny model as a Hugging Face checkpoint: config.json + model.safetensors, with
-// Q/K rows in HF order (halves rotated), i.e. undoing the permutation GGUF's converter applies.
+// Q/K rows in HF order (halves rotated), i.e. undoing the permutation GGUF's converter applies
+// to Llama (Qwen's GGUF rows are already in HF order). A window makes it a Mistral.
 // kv_scales: per layer (k_scale, v_scale) scalars as fp8 checkpoints carry them (or none).
 void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
                          const std::vector<std::pair<float, float>>& kv_scales = {}) {
   std::filesystem::create_directories(dir);
-  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
-                        {"model_type", "llama"},
+  const char* arch = t.qwen3 ? "Qwen3ForCausalLM" : t.window > 0 ? "MistralForCausalLM" : "LlamaForCausalLM";
+  nlohmann::json cfg = {{"architectures", {arch}},
+                        {"model_type", t.qwen3 ? "qwen3" : t.window > 0 ? "mistral" : "llama"},
+                        {"head_dim", t.head_dim},
                         {"hidden_size", t.embd},
                         {"intermediate_size", t.ff},
                         {"num_hidden_layers", t.layers},
@@ -328,9 +355,12 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
                         {"vocab_size", t.vocab},
                         {"tie_word_embeddings", tied},
                         {"torch_dtype", "float32"}};
+  if (t.window > 0) cfg["sliding_window"] = t.window;
+  if (t.qwen3) cfg["use_sliding_window"] = false;
   std::ofstream(dir + "/config.json") << cfg.dump(2);
   std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> tensors;
   auto unpermute = [&](const std::vector<float>& w, int n_heads, int cols) {
+    if (t.qwen3) return w;
     std::vector<float> out(w.size());
     const int hd = t.head_dim;
     for (int h = 0; h < n_heads; ++h)
@@ -354,6 +384,10 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
     add(h + "self_attn.k_proj.weight", {kv, t.embd}, unpermute(t.t.at(g + "attn_k.weight"), t.kv_heads, t.embd));
     add(h + "self_attn.v_proj.weight", {kv, t.embd}, t.t.at(g + "attn_v.weight"));
     add(h + "self_attn.o_proj.weight", {t.embd, q}, t.t.at(g + "attn_output.weight"));
+    if (t.qwen3) {
+      add(h + "self_attn.q_norm.weight", {t.head_dim}, t.t.at(g + "attn_q_norm.weight"));
+      add(h + "self_attn.k_norm.weight", {t.head_dim}, t.t.at(g + "attn_k_norm.weight"));
+    }
     add(h + "post_attention_layernorm.weight", {t.embd}, t.t.at(g + "ffn_norm.weight"));
     add(h + "mlp.gate_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_gate.weight"));
     add(h + "mlp.up_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_up.weight"));
@@ -380,14 +414,22 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
 
 }  // namespace
 
+// Llama (untied, tied), Qwen3 (QK-norm, head_dim 8 over a width of 24 / 6 heads) and Mistral
+// (a 3-key sliding window, which the 7-token sequence crosses).
 TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
-  for (bool tied : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool tied = variant == 1;
     Tiny tiny;
+    tiny.qwen3 = variant == 2;
+    if (tiny.qwen3) tiny.head_dim = 8;
+    if (variant == 3) tiny.window = 3;
     tiny.build(tied);  // draws the weights
-    const std::string dir = ::testing::TempDir() + "/tessera_tiny_hf_" + (tied ? "tied" : "untied");
+    const std::string dir = ::testing::TempDir() + "/tessera_tiny_hf_" + std::to_string(variant);
     write_hf_checkpoint(tiny, dir, tied);
     auto weights = load_safetensors_weights(dir);
     EXPECT_TRUE(weights->config.rope_neox);
+    EXPECT_EQ(weights->config.arch, tiny.qwen3 ? "qwen3" : "llama");
+    EXPECT_EQ(weights->config.sliding_window, tiny.window);
     CpuBackend be(2);
     auto model = create_model(weights, be, 16, 16);
     const std::vector<int32_t> toks = {4, 8, 15, 16, 23, 36, 0};
@@ -407,7 +449,7 @@ TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
         num += d * d;
         den += ref[p][v] * ref[p][v];
       }
-    EXPECT_LT(std::sqrt(num / den), 1e-5) << (tied ? "tied" : "untied");
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << "variant " << variant;
     std::filesystem::remove_all(dir);
   }
 }
