@@ -21,6 +21,15 @@ struct RopeConfig {
   int llama3_original_ctx = 8192;
   // Linear position scaling (rope_scaling.type == "linear"): positions / linear_factor.
   float linear_factor = 1.0f;
+  // YaRN (rope_scaling.rope_type == "yarn"); factor 0 = off. Pairs rotating faster than
+  // beta_fast turns over the original context keep their frequency, those slower than beta_slow
+  // are divided by the factor, a linear ramp between. YaRN's attention magnitude (mscale) is not
+  // here: scaling q and k by it equals scaling the attention scale by its square, which the
+  // model does.
+  float yarn_factor = 0.0f;
+  int yarn_original_ctx = 0;
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
   // Per-pair frequency divisors [rot_dim/2] (GGUF tensor rope_freqs.weight), or nullptr.
   const float* freq_factors = nullptr;
 };

@@ -25,8 +25,22 @@ void ModelConfig::validate() const {
   TESSERA_CHECK(std::isfinite(rope_freq_base) && rope_freq_base > 1, "model config: RoPE base ", rope_freq_base,
                 " is out of range");
   TESSERA_CHECK(n_ctx_train >= 1, "model config: context length ", n_ctx_train, " must be positive");
-  TESSERA_CHECK(rope_scaling.empty() || rope_scaling == "linear" || rope_scaling == "llama3",
-                "model config: unsupported RoPE scaling '", rope_scaling, "'");
+  TESSERA_CHECK(rope_scaling.empty() || rope_scaling == "linear" || rope_scaling == "llama3" || rope_scaling == "yarn",
+                "model config: unsupported RoPE scaling '", rope_scaling, "' (supported: linear, llama3, yarn)");
+  if (rope_scaling == "yarn") {
+    TESSERA_CHECK(rope_original_ctx >= 1, "model config: YaRN needs the original context length (",
+                  rope_original_ctx, ")");
+    TESSERA_CHECK(std::isfinite(rope_yarn_beta_fast) && std::isfinite(rope_yarn_beta_slow) &&
+                      rope_yarn_beta_fast > rope_yarn_beta_slow && rope_yarn_beta_slow > 0,
+                  "model config: YaRN beta_fast (", rope_yarn_beta_fast, ") must exceed beta_slow (",
+                  rope_yarn_beta_slow, ") > 0");
+    // The attention magnitude is folded into the attention scale, exact only when every
+    // element of a head rotates.
+    TESSERA_CHECK(rope_dim == head_dim, "model config: YaRN with partial rotary (", rope_dim, " of ", head_dim,
+                  ") is not supported");
+  }
+  TESSERA_CHECK(std::isfinite(rope_attn_factor) && rope_attn_factor > 0 && rope_attn_factor < 16,
+                "model config: RoPE attention factor ", rope_attn_factor, " is out of range");
   if (arch == "gemma3") {
     TESSERA_CHECK(sliding_window >= 1 && sliding_window_pattern >= 1, "model config: gemma3 needs a sliding window (",
                   sliding_window, ") and a layer pattern (", sliding_window_pattern, ")");

@@ -20,11 +20,16 @@ struct ModelConfig {
   float rope_freq_base = 10000.0f;
   int rope_dim = 0;          // rotated elements per head
   bool rope_neox = false;    // GGUF llama permutes Q/K to interleaved pairs; HF and Qwen2 use halves
-  std::string rope_scaling;  // "", "linear" or "llama3"
+  std::string rope_scaling;  // "", "linear", "llama3" or "yarn"
   float rope_scaling_factor = 0.0f;
   float rope_low_freq_factor = 1.0f;
   float rope_high_freq_factor = 4.0f;
-  int rope_original_ctx = 0;
+  int rope_original_ctx = 0;  // llama3, yarn: the context the model was pretrained at
+  float rope_yarn_beta_fast = 32.0f;
+  float rope_yarn_beta_slow = 1.0f;
+  // YaRN's attention magnitude: q and k scaled by it, so attention logits by its square
+  // (0.1 ln(factor) + 1 unless the config says otherwise); 1 for other scalings.
+  float rope_attn_factor = 1.0f;
   bool qkv_bias = false;  // Qwen2
   bool qk_norm = false;   // Qwen 3, Gemma 3: each head of Q and K RMS-normed (own weights) before RoPE
   bool tied_embeddings = false;

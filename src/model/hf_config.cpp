@@ -116,6 +116,12 @@ HFRopeScaling parse_rope_scaling(const json& obj, std::string_view file, const s
   s.low_freq_factor = f.positive_number("low_freq_factor").value_or(s.low_freq_factor);
   s.high_freq_factor = f.positive_number("high_freq_factor").value_or(s.high_freq_factor);
   s.original_max_position_embeddings = f.positive("original_max_position_embeddings").value_or(0);
+  s.attention_factor = f.positive_number("attention_factor").value_or(0);
+  s.beta_fast = f.positive_number("beta_fast").value_or(s.beta_fast);
+  s.beta_slow = f.positive_number("beta_slow").value_or(s.beta_slow);
+  if (s.type == "yarn")
+    for (std::string_view k : {"mscale", "mscale_all_dim"})  // DeepSeek's variant of the magnitude
+      if (f.get(k)) fail(file, ": field '", where, k, "': YaRN with mscale is not supported");
   if (s.type == "llama3") {
     // transformers refuses llama3 scaling without these; so do we.
     for (std::string_view k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})

@@ -17,6 +17,8 @@ struct HFRopeScaling {
   double low_freq_factor = 1.0;                  // llama3
   double high_freq_factor = 4.0;                 // llama3
   int64_t original_max_position_embeddings = 0;  // 0 when absent
+  double attention_factor = 0;                   // yarn: q/k magnitude; 0 when absent (0.1 ln(factor) + 1)
+  double beta_fast = 32, beta_slow = 1;          // yarn
 };
 
 struct HFConfig {

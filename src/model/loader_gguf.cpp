@@ -1,4 +1,5 @@
 // Weights and config from a GGUF file, zero-copy for the matrices.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -27,6 +28,16 @@ int get_required_int(const GGUFFile& f, const std::string& key) {
   return static_cast<int>(*v);
 }
 
+// YaRN as llama.cpp reads it: the original context, beta_fast/slow (default 32/1) and an
+// attention factor that multiplies YaRN's own 0.1 ln(factor) + 1.
+void read_yarn(const GGUFFile& f, const std::string& a, ModelConfig& c) {
+  c.rope_original_ctx = get_required_int(f, a + "rope.scaling.original_context_length");
+  if (auto v = f.get_float(a + "rope.scaling.yarn_beta_fast")) c.rope_yarn_beta_fast = static_cast<float>(*v);
+  if (auto v = f.get_float(a + "rope.scaling.yarn_beta_slow")) c.rope_yarn_beta_slow = static_cast<float>(*v);
+  const double attn = f.get_float(a + "rope.scaling.attn_factor").value_or(1.0);
+  c.rope_attn_factor = static_cast<float>(attn * (0.1 * std::log(std::max(1.0f, c.rope_scaling_factor)) + 1));
+}
+
 }  // namespace
 
 ModelConfig config_from_gguf(const GGUFFile& f) {
@@ -52,6 +63,7 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
   if (auto type = f.get_string(a + "rope.scaling.type"); type && *type != "none") {
     c.rope_scaling = std::string(*type);
     if (auto factor = f.get_float(a + "rope.scaling.factor")) c.rope_scaling_factor = static_cast<float>(*factor);
+    if (c.rope_scaling == "yarn") read_yarn(f, a, c);
   }
   if (f.has(a + "vocab_size")) {
     c.n_vocab = get_required_int(f, a + "vocab_size");

@@ -1,5 +1,6 @@
 // Weights and config from a Hugging Face checkpoint: config.json + safetensors (one file or
 // sharded). Matrices in F32/F16/BF16 are used in place; vectors become f32.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -64,8 +65,22 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
       c.rope_low_freq_factor = static_cast<float>(s.low_freq_factor);
       c.rope_high_freq_factor = static_cast<float>(s.high_freq_factor);
       c.rope_original_ctx = static_cast<int>(s.original_max_position_embeddings);
+    } else if (s.type == "yarn") {
+      // The original context defaults to max_position_embeddings; the context the model then
+      // runs at is that times the factor (vLLM's reading).
+      c.rope_scaling = s.type;
+      c.rope_scaling_factor = static_cast<float>(s.factor);
+      c.rope_original_ctx = s.original_max_position_embeddings > 0
+                                ? narrow(s.original_max_position_embeddings, "original_max_position_embeddings")
+                                : c.n_ctx_train;
+      c.rope_yarn_beta_fast = static_cast<float>(s.beta_fast);
+      c.rope_yarn_beta_slow = static_cast<float>(s.beta_slow);
+      c.rope_attn_factor = static_cast<float>(s.attention_factor > 0 ? s.attention_factor
+                                                                     : 0.1 * std::log(std::max(1.0, s.factor)) + 1);
+      const double extended = static_cast<double>(c.rope_original_ctx) * std::max(1.0, s.factor);
+      c.n_ctx_train = static_cast<int>(std::min(extended, static_cast<double>(int64_t{1} << 30)));
     } else if (s.type != "default") {
-      fail(dir, "/config.json: rope_scaling type '", s.type, "' is not supported (llama3, linear)");
+      fail(dir, "/config.json: rope_scaling type '", s.type, "' is not supported (llama3, linear, yarn)");
     }
   }
   c.validate();

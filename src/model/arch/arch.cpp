@@ -58,6 +58,12 @@ RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* f
     r.llama3_high_freq_factor = c.rope_high_freq_factor;
     r.llama3_original_ctx = c.rope_original_ctx;
   }
+  if (c.rope_scaling == "yarn") {
+    r.yarn_factor = c.rope_scaling_factor;
+    r.yarn_original_ctx = c.rope_original_ctx;
+    r.yarn_beta_fast = c.rope_yarn_beta_fast;
+    r.yarn_beta_slow = c.rope_yarn_beta_slow;
+  }
   return r;
 }
 

@@ -28,6 +28,7 @@ class Gemma3Model final : public Model {
     for (const LayerWeights& L : w_->layers)
       TESSERA_CHECK(L.q_norm && L.k_norm && L.post_attn_norm && L.post_ffn_norm,
                     "gemma3: a layer lacks its Q/K or post-attention/post-FFN norm");
+    TESSERA_CHECK(c_.rope_scaling != "yarn", "gemma3: YaRN RoPE scaling is not supported");
     rope_global_ = rope_config_for(c_, c_.rope_freq_base, w_->rope_freq_factors, /*with_scaling=*/true);
     rope_local_ = rope_config_for(c_, c_.rope_freq_base_local, nullptr, /*with_scaling=*/false);
   }

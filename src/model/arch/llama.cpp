@@ -39,7 +39,8 @@ class LlamaModel final : public Model {
     TESSERA_CHECK(n >= 1 && n <= max_tokens_, "forward: batch of ", n, " tokens, limit ", max_tokens_);
     TESSERA_CHECK(n_out >= 0 && n_out <= max_logits_, "forward: ", n_out, " logits rows, limit ", max_logits_);
     const int e = c_.n_embd;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+    // YaRN's attention magnitude scales q and k; folded in here (its square on the logits)
+    const float scale = c_.rope_attn_factor * c_.rope_attn_factor / std::sqrt(static_cast<float>(c_.head_dim));
     AttentionBatch local = ab;  // the batch of the sliding-window layers (Mistral v0.1)
     local.window = c_.sliding_window;
 

@@ -392,6 +392,23 @@ TEST(HFConfig, ReadsMistralSlidingWindow) {
   EXPECT_FALSE(q.use_sliding_window);
 }
 
+TEST(HFConfig, ReadsYarnScaling) {
+  HFConfig c = parse_hf_config(minimal_config(
+      R"("rope_scaling":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768})"));
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->type, "yarn");
+  EXPECT_EQ(c.rope_scaling->factor, 4.0);
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 32768);
+  EXPECT_EQ(c.rope_scaling->beta_fast, 32.0);
+  EXPECT_EQ(c.rope_scaling->beta_slow, 1.0);
+  EXPECT_EQ(c.rope_scaling->attention_factor, 0.0);
+  c = parse_hf_config(minimal_config(R"("rope_scaling":{"type":"yarn","factor":2,"beta_fast":16,"attention_factor":1.5})"));
+  EXPECT_EQ(c.rope_scaling->beta_fast, 16.0);
+  EXPECT_EQ(c.rope_scaling->attention_factor, 1.5);
+  expect_config_error(minimal_config(R"("rope_scaling":{"rope_type":"yarn","factor":40,"mscale":1.0})"),
+                      "rope_scaling.mscale': YaRN with mscale is not supported");
+}
+
 TEST(HFConfig, DefaultsAndNewerLayouts) {
   HFConfig c = parse_hf_config(minimal_config());
   EXPECT_EQ(c.num_key_value_heads, 4);

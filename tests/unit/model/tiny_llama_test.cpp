@@ -29,6 +29,8 @@ struct Tiny {
   bool qwen2 = false;  // QKV biases and rotation of halves (GGUF arch "qwen2")
   bool qwen3 = false;  // per-head Q/K RMS norms, rotation of halves, no biases (GGUF arch "qwen3")
   int window = 0;      // keys each query sees (Mistral's sliding window; Hugging Face only); 0 = all
+  float yarn_factor = 0;  // YaRN RoPE scaling over an original context of yarn_original_ctx; 0 = off
+  int yarn_original_ctx = 4096;
   std::mt19937 rng{7};
   std::map<std::string, std::vector<float>> t;
 
@@ -51,6 +53,10 @@ struct Tiny {
         .f32(a + ".rope.freq_base", base)
         .f32(a + ".attention.layer_norm_rms_epsilon", eps)
         .u32(a + ".vocab_size", vocab);
+    if (yarn_factor > 0)
+      b.string(a + ".rope.scaling.type", "yarn")
+          .f32(a + ".rope.scaling.factor", yarn_factor)
+          .u32(a + ".rope.scaling.original_context_length", yarn_original_ctx);
     if (head_dim * heads != embd) b.u32(a + ".attention.key_length", head_dim).u32(a + ".attention.value_length", head_dim);
     auto add = [&](const std::string& name, std::vector<uint64_t> dims, float scale, float offset = 0) {
       size_t n = 1;
@@ -113,17 +119,33 @@ struct Tiny {
       std::copy(head.begin(), head.end(), v.begin() + h * head_dim);
     }
   }
+  // YaRN from its paper (Peng et al. 2023, eq. 18-23) as transformers computes it: pair i keeps
+  // its frequency when it turns more than beta_fast = 32 times over the original context, is
+  // divided by the factor below beta_slow = 1 turn, linear in between.
+  double inv_freq(int i) const {
+    const double inv = std::pow(double(base), -2.0 * i / head_dim);
+    if (yarn_factor <= 0) return inv;
+    const double pi = std::acos(-1.0);
+    auto dim_of = [&](double turns) {
+      return head_dim * std::log(yarn_original_ctx / (turns * 2 * pi)) / (2 * std::log(double(base)));
+    };
+    const double lo = std::max(0.0, std::floor(dim_of(32))), hi = std::min(head_dim - 1.0, std::ceil(dim_of(1)));
+    const double interp = std::min(1.0, std::max(0.0, (i - lo) / (hi - lo)));
+    return inv * (1 - interp) + inv / yarn_factor * interp;
+  }
+  // YaRN's magnitude on q and k (cos and sin scaled by it).
+  double mscale() const { return yarn_factor > 0 ? 0.1 * std::log(double(yarn_factor)) + 1 : 1.0; }
   // Adjacent pairs (GGUF llama) or halves (qwen2, Hugging Face).
   void rope(std::vector<double>& v, int n_heads, int pos) {
     for (int h = 0; h < n_heads; ++h)
       for (int i = 0; i < head_dim / 2; ++i) {
-        const double th = pos * std::pow(double(base), -2.0 * i / head_dim);
+        const double th = pos * inv_freq(i);
         const bool halves = qwen2 || qwen3;
         double& a = v[h * head_dim + (halves ? i : 2 * i)];
         double& b = v[h * head_dim + (halves ? i + head_dim / 2 : 2 * i + 1)];
         const double a0 = a, b0 = b;
-        a = a0 * std::cos(th) - b0 * std::sin(th);
-        b = a0 * std::sin(th) + b0 * std::cos(th);
+        a = (a0 * std::cos(th) - b0 * std::sin(th)) * mscale();
+        b = (a0 * std::sin(th) + b0 * std::cos(th)) * mscale();
       }
   }
   // Logits of every position for the token sequence, float64 throughout (KV kept exact).
@@ -193,12 +215,15 @@ std::shared_ptr<ModelWeights> load(const std::vector<uint8_t>& bytes) {
 }  // namespace
 
 TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 5; ++variant) {
     const bool tied = variant == 1 || variant == 3;
     Tiny tiny;
     tiny.qwen2 = variant == 2;
-    tiny.qwen3 = variant == 3;
+    tiny.qwen3 = variant >= 3;
     if (tiny.qwen3) tiny.head_dim = 8;  // wider than embd / heads, as Qwen3's 128 over 1024 / 16
+    // YaRN x4 over 4096: with head_dim 8 the ramp keeps pair 0 and 1, interpolates pair 3 and
+    // mixes pair 2.
+    if (variant == 4) tiny.yarn_factor = 4;
     const auto bytes = tiny.build(tied).build();
     auto weights = load(bytes);
     EXPECT_EQ(weights->config.tied_embeddings, tied);
@@ -357,6 +382,9 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
                         {"torch_dtype", "float32"}};
   if (t.window > 0) cfg["sliding_window"] = t.window;
   if (t.qwen3) cfg["use_sliding_window"] = false;
+  if (t.yarn_factor > 0)  // as Qwen3's model card says to enable it
+    cfg["rope_scaling"] = {
+        {"rope_type", "yarn"}, {"factor", t.yarn_factor}, {"original_max_position_embeddings", t.yarn_original_ctx}};
   std::ofstream(dir + "/config.json") << cfg.dump(2);
   std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> tensors;
   auto unpermute = [&](const std::vector<float>& w, int n_heads, int cols) {
@@ -414,15 +442,16 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
 
 }  // namespace
 
-// Llama (untied, tied), Qwen3 (QK-norm, head_dim 8 over a width of 24 / 6 heads) and Mistral
-// (a 3-key sliding window, which the 7-token sequence crosses).
+// Llama (untied, tied), Qwen3 (QK-norm, head_dim 8 over a width of 24 / 6 heads), Mistral
+// (a 3-key sliding window, which the 7-token sequence crosses) and Qwen3 with YaRN.
 TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 5; ++variant) {
     const bool tied = variant == 1;
     Tiny tiny;
-    tiny.qwen3 = variant == 2;
+    tiny.qwen3 = variant == 2 || variant == 4;
     if (tiny.qwen3) tiny.head_dim = 8;
     if (variant == 3) tiny.window = 3;
+    if (variant == 4) tiny.yarn_factor = 4;
     tiny.build(tied);  // draws the weights
     const std::string dir = ::testing::TempDir() + "/tessera_tiny_hf_" + std::to_string(variant);
     write_hf_checkpoint(tiny, dir, tied);
@@ -430,6 +459,8 @@ TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
     EXPECT_TRUE(weights->config.rope_neox);
     EXPECT_EQ(weights->config.arch, tiny.qwen3 ? "qwen3" : "llama");
     EXPECT_EQ(weights->config.sliding_window, tiny.window);
+    // YaRN: the context runs to the original one times the factor.
+    EXPECT_EQ(weights->config.n_ctx_train, variant == 4 ? 4 * tiny.yarn_original_ctx : 64);
     CpuBackend be(2);
     auto model = create_model(weights, be, 16, 16);
     const std::vector<int32_t> toks = {4, 8, 15, 16, 23, 36, 0};
