@@ -2,11 +2,14 @@
 # Sanitizer runs for CI (.ci/run), each in its own build directory, CUDA off, -O1 with line
 # tables only (-g1). GCC, the project's compiler: Debian's clang 14 rejects the cpu-feature
 # names the CPU kernels ask __builtin_cpu_supports about ("f16c"), so it cannot build src/.
-#   scripts/ci-sanitizers.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer)
-#                                   on the whole unit suite (build-asan/bin/tessera_tests)
-#   scripts/ci-sanitizers.sh tsan   ThreadSanitizer on the engine, scheduler, HTTP and API-server
-#                                   tests (build-tsan/bin/tessera_concurrency_tests, cmake/sanitizers.cmake)
-#   scripts/ci-sanitizers.sh        both, one after the other
+#   scripts/ci-sanitizers.sh asan        AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer)
+#                                        on the memory-owning and parsing layers' tests
+#                                        (build-asan/bin/tessera_memory_tests, cmake/sanitizers.cmake)
+#   scripts/ci-sanitizers.sh tsan        ThreadSanitizer on the engine, scheduler, HTTP and API-server
+#                                        tests (build-tsan/bin/tessera_concurrency_tests)
+#   scripts/ci-sanitizers.sh             both, one after the other (what CI runs)
+#   scripts/ci-sanitizers.sh asan-suite  ASan+UBSan on the whole unit suite (build-asan/bin/tessera_tests;
+#                                        about 30 minutes cold: per session, not in CI)
 # Extra arguments after the mode go to the test binary (e.g. --gtest_filter=Http*).
 # Any report fails the run: the sanitizers halt on the first error. Suppressions are only for
 # third-party code and live in tests/sanitizers/*.supp, each with its reason.
@@ -31,17 +34,17 @@ configure() {
   fi
 }
 
+# run_asan BINARY [gtest args...]
 run_asan() {
-  local dir="$root/build-asan"
+  local dir="$root/build-asan" binary="$1"
+  shift
   configure "$dir" address,undefined
-  # tessera too: some unit tests run the command line (TESSERA_BIN).
-  cmake --build "$dir" -j "$jobs" --target tessera tessera_tests
-  echo "ci-sanitizers: ASan+UBSan unit suite"
-  TESSERA_BIN="$dir/bin/tessera" \
-    ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1" \
+  cmake --build "$dir" -j "$jobs" --target "$binary"
+  echo "ci-sanitizers: ASan+UBSan $binary"
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1" \
     LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0" \
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-    "$dir/bin/tessera_tests" --gtest_brief=1 "$@"
+    "$dir/bin/$binary" --gtest_brief=1 "$@"
 }
 
 run_tsan() {
@@ -57,8 +60,9 @@ run_tsan() {
 mode="${1:-all}"
 shift || true
 case "$mode" in
-  asan) run_asan "$@" ;;
+  asan) run_asan tessera_memory_tests "$@" ;;
+  asan-suite) run_asan tessera_tests "$@" ;;
   tsan) run_tsan "$@" ;;
-  all) run_asan "$@"; run_tsan "$@" ;;
-  *) echo "usage: scripts/ci-sanitizers.sh [asan|tsan|all] [gtest args...]" >&2; exit 2 ;;
+  all) run_asan tessera_memory_tests "$@"; run_tsan "$@" ;;
+  *) echo "usage: scripts/ci-sanitizers.sh [asan|tsan|all|asan-suite] [gtest args...]" >&2; exit 2 ;;
 esac

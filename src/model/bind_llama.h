@@ -19,7 +19,19 @@ struct LlamaTensorNames {
   // Per-head Q/K norms (Qwen 3, Gemma 3) and Gemma 3's post norms (null where the format has
   // no names for them)
   const char *q_norm = nullptr, *k_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
+  // Phi-3's fused projections: Q|K|V rows in one matrix, gate|up rows in another.
+  const char *wqkv = nullptr, *w_gate_up = nullptr;
 };
+
+// Rows [row0, row0 + rows) of a stored matrix, in place (rows are contiguous in every
+// block format; not in the group-quantized ones, whose scales sit in planes after the codes).
+inline WeightMatrix weight_rows(const WeightMatrix& m, int64_t row0, int64_t rows, const std::string& name) {
+  if (is_group_quant(m.dtype)) fail(name, ": a fused matrix cannot be group-quantized (", dtype_name(m.dtype), ")");
+  WeightMatrix out = m;
+  out.data = static_cast<const uint8_t*>(m.data) + row0 * m.row_bytes();
+  out.rows = rows;
+  return out;
+}
 
 inline constexpr LlamaTensorNames kGgufLlamaNames = {"token_embd.weight",
                                                      "output.weight",
@@ -40,14 +52,18 @@ inline constexpr LlamaTensorNames kGgufLlamaNames = {"token_embd.weight",
                                                      "attn_q_norm.weight",
                                                      "attn_k_norm.weight",
                                                      "post_attention_norm.weight",
-                                                     "post_ffw_norm.weight"};
+                                                     "post_ffw_norm.weight",
+                                                     "attn_qkv.weight",
+                                                     "ffn_up.weight"};
 
 inline constexpr LlamaTensorNames kHfLlamaNames = {
     "model.embed_tokens.weight",       "lm_head.weight",          "model.norm.weight",       "model.layers.",
     "input_layernorm.weight",          "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
     "self_attn.o_proj.weight",         "self_attn.q_proj.bias",   "self_attn.k_proj.bias",   "self_attn.v_proj.bias",
     "post_attention_layernorm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight",
-    "self_attn.q_norm.weight",         "self_attn.k_norm.weight"};
+    "self_attn.q_norm.weight",         "self_attn.k_norm.weight",
+    nullptr,                           nullptr,
+    "self_attn.qkv_proj.weight",       "mlp.gate_up_proj.weight"};
 
 // Fills w's matrices and vectors from w.config (already read and validated).
 template <typename Binder>
@@ -63,16 +79,29 @@ void bind_llama_tensors(Binder& bind, ModelWeights& w, const LlamaTensorNames& n
     const std::string p = n.layer_prefix + std::to_string(i) + ".";
     LayerWeights& l = w.layers[i];
     l.attn_norm = bind.vector(p + n.attn_norm, c.n_embd, false);
-    l.wq = bind.matrix(p + n.wq, q_dim, c.n_embd);
-    l.wk = bind.matrix(p + n.wk, kv_dim, c.n_embd);
-    l.wv = bind.matrix(p + n.wv, kv_dim, c.n_embd);
+    if (c.arch == "phi3") {  // fused projections, bound as row ranges of one stored matrix
+      const WeightMatrix qkv = bind.matrix(p + n.wqkv, q_dim + 2 * kv_dim, c.n_embd);
+      l.wq = weight_rows(qkv, 0, q_dim, p + n.wqkv);
+      l.wk = weight_rows(qkv, q_dim, kv_dim, p + n.wqkv);
+      l.wv = weight_rows(qkv, q_dim + kv_dim, kv_dim, p + n.wqkv);
+    } else {
+      l.wq = bind.matrix(p + n.wq, q_dim, c.n_embd);
+      l.wk = bind.matrix(p + n.wk, kv_dim, c.n_embd);
+      l.wv = bind.matrix(p + n.wv, kv_dim, c.n_embd);
+    }
     l.wo = bind.matrix(p + n.wo, c.n_embd, q_dim);
     l.bq = bind.vector(p + n.bq, q_dim, !c.qkv_bias);
     l.bk = bind.vector(p + n.bk, kv_dim, !c.qkv_bias);
     l.bv = bind.vector(p + n.bv, kv_dim, !c.qkv_bias);
     l.ffn_norm = bind.vector(p + n.ffn_norm, c.n_embd, false);
-    l.w_gate = bind.matrix(p + n.w_gate, c.n_ff, c.n_embd);
-    l.w_up = bind.matrix(p + n.w_up, c.n_ff, c.n_embd);
+    if (c.arch == "phi3") {
+      const WeightMatrix gate_up = bind.matrix(p + n.w_gate_up, 2 * static_cast<int64_t>(c.n_ff), c.n_embd);
+      l.w_gate = weight_rows(gate_up, 0, c.n_ff, p + n.w_gate_up);
+      l.w_up = weight_rows(gate_up, c.n_ff, c.n_ff, p + n.w_gate_up);
+    } else {
+      l.w_gate = bind.matrix(p + n.w_gate, c.n_ff, c.n_embd);
+      l.w_up = bind.matrix(p + n.w_up, c.n_ff, c.n_embd);
+    }
     l.w_down = bind.matrix(p + n.w_down, c.n_embd, c.n_ff);
     if (c.qk_norm) {
       l.q_norm = bind.vector(p + n.q_norm, c.head_dim, false);

@@ -41,6 +41,9 @@ void ModelConfig::validate() const {
   }
   TESSERA_CHECK(std::isfinite(rope_attn_factor) && rope_attn_factor > 0 && rope_attn_factor < 16,
                 "model config: RoPE attention factor ", rope_attn_factor, " is out of range");
+  // It is folded into the attention scale, exact only when every element of a head rotates.
+  TESSERA_CHECK(rope_attn_factor == 1.0f || rope_dim == head_dim, "model config: a RoPE attention factor with ",
+                "partial rotary (", rope_dim, " of ", head_dim, ") is not supported");
   if (arch == "gemma3") {
     TESSERA_CHECK(sliding_window >= 1 && sliding_window_pattern >= 1, "model config: gemma3 needs a sliding window (",
                   sliding_window, ") and a layer pattern (", sliding_window_pattern, ")");

@@ -28,7 +28,8 @@ struct ModelConfig {
   float rope_yarn_beta_fast = 32.0f;
   float rope_yarn_beta_slow = 1.0f;
   // YaRN's attention magnitude: q and k scaled by it, so attention logits by its square
-  // (0.1 ln(factor) + 1 unless the config says otherwise); 1 for other scalings.
+  // (0.1 ln(factor) + 1 unless the config says otherwise); Phi-3's LongRoPE factor
+  // sqrt(1 + ln(ctx / original) / ln(original)); 1 for other scalings.
   float rope_attn_factor = 1.0f;
   bool qkv_bias = false;  // Qwen2
   bool qk_norm = false;   // Qwen 3, Gemma 3: each head of Q and K RMS-normed (own weights) before RoPE

@@ -16,8 +16,8 @@
 namespace tessera {
 
 const char* dummy_presets() {
-  return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b, qwen3-0.6b, qwen3-tiny, gemma3-270m, "
-         "gemma3-tiny";
+  return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny, "
+         "gemma3-270m, gemma3-tiny";
 }
 
 ModelConfig dummy_preset(const std::string& name) {
@@ -110,6 +110,23 @@ ModelConfig dummy_preset(const std::string& name) {
     c.rope_neox = true;
     c.qk_norm = true;
     c.tied_embeddings = true;
+  } else if (name == "phi3-mini" || name == "phi3-tiny") {
+    // Phi-3-mini-4k's shape: 32 heads of 96 without GQA, a 2047-key window on every layer; the
+    // tiny one keeps the heads with a 16-key window that short tests cross.
+    const bool tiny = name == "phi3-tiny";
+    c.arch = "phi3";
+    c.n_vocab = tiny ? 4096 : 32064;
+    c.n_embd = tiny ? 384 : 3072;
+    c.n_layer = tiny ? 4 : 32;
+    c.n_head = tiny ? 4 : 32;
+    c.n_head_kv = c.n_head;
+    c.head_dim = 96;
+    c.n_ff = tiny ? 1024 : 8192;
+    c.n_ctx_train = 4096;
+    c.rope_freq_base = 10000;
+    c.rope_neox = true;
+    c.sliding_window = tiny ? 16 : 2047;
+    c.sliding_window_pattern = 0;
   } else if (name == "gemma3-270m" || name == "gemma3-tiny") {
     // Gemma 3 270M's shape (head_dim 256, one KV head, window 512, five local layers per
     // global one); the tiny one keeps the block shape with a small vocabulary and a window

@@ -119,6 +119,17 @@ HFRopeScaling parse_rope_scaling(const json& obj, std::string_view file, const s
   s.attention_factor = f.positive_number("attention_factor").value_or(0);
   s.beta_fast = f.positive_number("beta_fast").value_or(s.beta_fast);
   s.beta_slow = f.positive_number("beta_slow").value_or(s.beta_slow);
+  if (s.type == "longrope") {
+    for (auto [key, out] : {std::pair{"short_factor", &s.short_factor}, std::pair{"long_factor", &s.long_factor}}) {
+      const json* v = f.get(key);
+      if (!v) f.missing(key);
+      if (!v->is_array() || v->empty() || v->size() > 4096) f.wrong(key, *v, "a non-empty list of numbers");
+      for (const json& x : *v) {
+        if (!x.is_number() || !(x.get<double>() > 0)) f.wrong(key, *v, "a list of positive numbers");
+        out->push_back(x.get<double>());
+      }
+    }
+  }
   if (s.type == "yarn")
     for (std::string_view k : {"mscale", "mscale_all_dim"})  // DeepSeek's variant of the magnitude
       if (f.get(k)) fail(file, ": field '", where, k, "': YaRN with mscale is not supported");
@@ -169,6 +180,9 @@ HFConfig parse_hf_config(std::string_view json_text, std::string_view name) {
 
   c.rms_norm_eps = f.positive_number("rms_norm_eps").value_or(c.rms_norm_eps);
   c.max_position_embeddings = f.positive("max_position_embeddings").value_or(c.max_position_embeddings);
+  c.original_max_position_embeddings = f.positive("original_max_position_embeddings").value_or(0);
+  c.partial_rotary_factor = f.positive_number("partial_rotary_factor").value_or(1.0);
+  if (c.partial_rotary_factor > 1) fail(name, ": field 'partial_rotary_factor' (", c.partial_rotary_factor, ") is above 1");
   c.tie_word_embeddings = f.boolean("tie_word_embeddings").value_or(false);
   c.bos_token_ids = f.token_ids("bos_token_id");
   c.eos_token_ids = f.token_ids("eos_token_id");

@@ -19,6 +19,7 @@ struct HFRopeScaling {
   int64_t original_max_position_embeddings = 0;  // 0 when absent
   double attention_factor = 0;                   // yarn: q/k magnitude; 0 when absent (0.1 ln(factor) + 1)
   double beta_fast = 32, beta_slow = 1;          // yarn
+  std::vector<double> short_factor, long_factor;  // longrope (Phi-3): per-pair frequency divisors
 };
 
 struct HFConfig {
@@ -36,6 +37,8 @@ struct HFConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   int64_t max_position_embeddings = 2048;
+  int64_t original_max_position_embeddings = 0;  // Phi-3 keeps it beside rope_scaling; 0 when absent
+  double partial_rotary_factor = 1.0;            // fraction of each head that rotates (Phi-4-mini: 0.75)
   bool tie_word_embeddings = false;
   std::vector<int64_t> bos_token_ids;  // an int or a list in the file; empty when absent or null
   std::vector<int64_t> eos_token_ids;

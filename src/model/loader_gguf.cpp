@@ -38,6 +38,24 @@ void read_yarn(const GGUFFile& f, const std::string& a, ModelConfig& c) {
   c.rope_attn_factor = static_cast<float>(attn * (0.1 * std::log(std::max(1.0f, c.rope_scaling_factor)) + 1));
 }
 
+// Phi-3: a sliding window on every layer (mini-4k: 2047) and, for the 128k models, LongRoPE:
+// per-pair frequency divisors for long contexts (rope_factors_long) and short ones
+// (rope_factors_short), with q and k scaled by attn_factor. As llama.cpp does for a context
+// beyond the original, tessera runs the long factors whenever the model's context exceeds the
+// original one (its default --max-model-len), whatever the prompt's length.
+void read_phi3(const GGUFFile& f, const std::string& a, ModelConfig& c) {
+  if (f.has(a + "attention.sliding_window")) {
+    c.sliding_window = get_required_int(f, a + "attention.sliding_window");
+    c.sliding_window_pattern = 0;  // every layer local
+  }
+  if (!f.has(a + "rope.scaling.original_context_length")) return;
+  c.rope_original_ctx = get_required_int(f, a + "rope.scaling.original_context_length");
+  if (c.n_ctx_train <= c.rope_original_ctx) return;
+  const double scale = static_cast<double>(c.n_ctx_train) / c.rope_original_ctx;
+  const double computed = std::sqrt(1 + std::log(scale) / std::log(static_cast<double>(c.rope_original_ctx)));
+  c.rope_attn_factor = static_cast<float>(f.get_float(a + "rope.scaling.attn_factor").value_or(computed));
+}
+
 }  // namespace
 
 ModelConfig config_from_gguf(const GGUFFile& f) {
@@ -45,8 +63,10 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
   auto arch = f.get_string("general.architecture");
   if (!arch) fail(f.name(), ": missing metadata key 'general.architecture'");
   c.arch = std::string(*arch);
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "mistral" && c.arch != "gemma3")
-    fail(f.name(), ": architecture '", c.arch, "' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3)");
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "mistral" && c.arch != "gemma3" &&
+      c.arch != "phi3")
+    fail(f.name(), ": architecture '", c.arch,
+         "' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3, phi3)");
   const std::string a = c.arch + ".";
   if (auto name = f.get_string("general.name")) c.name = std::string(*name);
   c.n_layer = get_required_int(f, a + "block_count");
@@ -86,9 +106,10 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
         c.n_layer == 62 && c.n_head > 0 ? static_cast<float>(c.n_embd / c.n_head) : static_cast<float>(c.head_dim);
     c.attn_scale = pre_attn > 0 ? 1.0f / std::sqrt(pre_attn) : 0.0f;
   }
-  // GGUF's converter permutes Llama's Q/K rows so RoPE rotates adjacent pairs; Qwen and Gemma
-  // keep halves.
-  c.rope_neox = c.arch == "qwen2" || c.arch == "qwen3" || c.arch == "gemma3";
+  if (c.arch == "phi3") read_phi3(f, a, c);
+  // GGUF's converter permutes Llama's Q/K rows so RoPE rotates adjacent pairs; Qwen, Gemma and
+  // Phi-3 keep halves.
+  c.rope_neox = c.arch == "qwen2" || c.arch == "qwen3" || c.arch == "gemma3" || c.arch == "phi3";
   c.qkv_bias = c.arch == "qwen2";
   c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
@@ -156,6 +177,11 @@ std::shared_ptr<ModelWeights> load_gguf_weights(std::shared_ptr<const GGUFFile> 
   TensorBinder bind{f, *w};
   bind_llama_tensors(bind, *w, kGgufLlamaNames);
   w->rope_freq_factors = bind.vector("rope_freqs.weight", c.rope_dim / 2, /*optional=*/true);
+  if (c.arch == "phi3" && c.rope_original_ctx > 0) {  // LongRoPE (see read_phi3)
+    const bool long_ctx = c.n_ctx_train > c.rope_original_ctx;
+    w->rope_freq_factors = bind.vector(long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight",
+                                       c.rope_dim / 2, /*optional=*/!long_ctx);
+  }
   return w;
 }
 

@@ -25,9 +25,12 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
   } else if (h.architecture == "Qwen3ForCausalLM") {
     c.arch = "qwen3";
     c.qk_norm = true;
+  } else if (h.architecture == "Phi3ForCausalLM") {
+    c.arch = "phi3";
   } else {
     fail(dir, ": architecture '", h.architecture,
-         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+         "Phi3ForCausalLM)");
   }
   c.name = std::filesystem::path(dir).filename().string();
   auto narrow = [&](int64_t v, const char* field) {
@@ -44,14 +47,15 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
   c.n_ctx_train = narrow(h.max_position_embeddings, "max_position_embeddings");
   c.rms_eps = static_cast<float>(h.rms_norm_eps);
   c.rope_freq_base = static_cast<float>(h.rope_theta);
-  c.rope_dim = c.head_dim;
+  c.rope_dim = static_cast<int>(std::lround(c.head_dim * h.partial_rotary_factor));
   c.rope_neox = true;  // Hugging Face checkpoints rotate halves (rotate_half)
   c.qkv_bias = h.qkv_bias;
   c.tied_embeddings = h.tie_word_embeddings;
   if (h.sliding_window > 0 && h.use_sliding_window) {
-    // Mistral (v0.1): every layer attends to the last sliding_window keys. Qwen 2/3 window only
-    // the layers from max_window_layers on, and ship with the window off; not supported on.
-    if (c.arch != "llama")
+    // Mistral (v0.1), Phi-3: every layer attends to the last sliding_window keys. Qwen 2/3
+    // window only the layers from max_window_layers on, and ship with the window off; not
+    // supported on.
+    if (c.arch != "llama" && c.arch != "phi3")
       fail(dir, "/config.json: use_sliding_window is true; a ", h.architecture,
            " sliding window is not supported (set it to false)");
     c.sliding_window = narrow(h.sliding_window, "sliding_window");
@@ -79,8 +83,25 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
                                                                      : 0.1 * std::log(std::max(1.0, s.factor)) + 1);
       const double extended = static_cast<double>(c.rope_original_ctx) * std::max(1.0, s.factor);
       c.n_ctx_train = static_cast<int>(std::min(extended, static_cast<double>(int64_t{1} << 30)));
+    } else if (s.type == "longrope") {
+      // Phi-3: per-pair divisors, long ones when the context exceeds the original (always, at
+      // the model's own context: see read_phi3 in loader_gguf.cpp), q and k scaled as below.
+      const int64_t original = h.original_max_position_embeddings > 0 ? h.original_max_position_embeddings
+                                                                        : s.original_max_position_embeddings;
+      if (original <= 0) fail(dir, "/config.json: longrope needs original_max_position_embeddings");
+      c.rope_original_ctx = narrow(original, "original_max_position_embeddings");
+      const auto& factors = c.n_ctx_train > c.rope_original_ctx ? s.long_factor : s.short_factor;
+      if (static_cast<int64_t>(factors.size()) != c.rope_dim / 2)
+        fail(dir, "/config.json: rope_scaling has ", factors.size(), " factors, expected one per rotated pair (",
+             c.rope_dim / 2, ")");
+      if (c.n_ctx_train > c.rope_original_ctx) {
+        const double scale = static_cast<double>(c.n_ctx_train) / c.rope_original_ctx;
+        c.rope_attn_factor = static_cast<float>(
+            s.attention_factor > 0 ? s.attention_factor
+                                   : std::sqrt(1 + std::log(scale) / std::log(static_cast<double>(c.rope_original_ctx))));
+      }
     } else if (s.type != "default") {
-      fail(dir, "/config.json: rope_scaling type '", s.type, "' is not supported (llama3, linear, yarn)");
+      fail(dir, "/config.json: rope_scaling type '", s.type, "' is not supported (llama3, linear, yarn, longrope)");
     }
   }
   c.validate();
@@ -162,13 +183,21 @@ void bind_kv_scales(const SafetensorsModel& st, ModelWeights& w) {
 std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir) {
   auto st = std::shared_ptr<SafetensorsModel>(SafetensorsModel::open(dir));
   auto w = std::make_shared<ModelWeights>();
-  w->config = config_from_hf(load_hf_config(dir), dir);
+  const HFConfig hf = load_hf_config(dir);
+  w->config = config_from_hf(hf, dir);
   w->source = dir;
   w->owners.push_back(st);
   HFBinder bind{*st, *w, load_weight_quant_config(dir)};
   // Tied checkpoints may still ship lm_head; the config decides.
   bind_llama_tensors(bind, *w, kHfLlamaNames);
   bind_kv_scales(*st, *w);
+  if (hf.rope_scaling && hf.rope_scaling->type == "longrope") {  // divisors chosen as config_from_hf says
+    const ModelConfig& c = w->config;
+    const auto& factors = c.n_ctx_train > c.rope_original_ctx ? hf.rope_scaling->long_factor : hf.rope_scaling->short_factor;
+    float* f = w->make_f32(factors.size());
+    for (size_t i = 0; i < factors.size(); ++i) f[i] = static_cast<float>(factors[i]);
+    w->rope_freq_factors = f;
+  }
   return w;
 }
 

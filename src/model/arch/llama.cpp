@@ -1,6 +1,7 @@
 // Llama-family decoder (Llama 2/3, Mistral, SmolLM2, Qwen2 with QKV bias, Qwen3 with QK-norm):
 // pre-norm blocks of RMSNorm → GQA attention with RoPE → residual → RMSNorm → SwiGLU FFN →
-// residual. Mistral v0.1's sliding window applies to every layer.
+// residual. Mistral v0.1's and Phi-3's sliding windows apply to every layer; Phi-3's fused
+// QKV and gate|up matrices are bound as row ranges (bind_llama.h), so its block is this one.
 #include <cmath>
 #include <memory>
 #include <utility>

@@ -31,6 +31,10 @@ struct Tiny {
   int window = 0;      // keys each query sees (Mistral's sliding window; Hugging Face only); 0 = all
   float yarn_factor = 0;  // YaRN RoPE scaling over an original context of yarn_original_ctx; 0 = off
   int yarn_original_ctx = 4096;
+  // Phi-3 (GGUF arch "phi3"): fused QKV and gate|up tensors, rotation of halves, the window on
+  // every layer, LongRoPE divisors over an original context of 16 (the file says 64).
+  bool phi3 = false;
+  std::vector<float> long_factors;
   std::mt19937 rng{7};
   std::map<std::string, std::vector<float>> t;
 
@@ -42,7 +46,7 @@ struct Tiny {
   }
   GGUFBuilder build(bool tied = false) {
     GGUFBuilder b;
-    const std::string a = qwen2 ? "qwen2" : qwen3 ? "qwen3" : "llama";
+    const std::string a = qwen2 ? "qwen2" : qwen3 ? "qwen3" : phi3 ? "phi3" : "llama";
     b.string("general.architecture", a)
         .u32(a + ".block_count", layers)
         .u32(a + ".embedding_length", embd)
@@ -57,6 +61,13 @@ struct Tiny {
       b.string(a + ".rope.scaling.type", "yarn")
           .f32(a + ".rope.scaling.factor", yarn_factor)
           .u32(a + ".rope.scaling.original_context_length", yarn_original_ctx);
+    if (phi3) {
+      b.u32(a + ".attention.sliding_window", window).u32(a + ".rope.scaling.original_context_length", 16);
+      long_factors = rand(head_dim / 2, 0.5f);
+      for (auto& f : long_factors) f = 1 + std::fabs(f) * 4;
+      b.tensor_f32("rope_factors_long.weight", {uint64_t(head_dim / 2)}, long_factors);
+      b.tensor_f32("rope_factors_short.weight", {uint64_t(head_dim / 2)}, std::vector<float>(head_dim / 2, 1.0f));
+    }
     if (head_dim * heads != embd) b.u32(a + ".attention.key_length", head_dim).u32(a + ".attention.value_length", head_dim);
     auto add = [&](const std::string& name, std::vector<uint64_t> dims, float scale, float offset = 0) {
       size_t n = 1;
@@ -64,7 +75,16 @@ struct Tiny {
       auto v = rand(n, scale);
       for (auto& x : v) x += offset;
       t[name] = v;
-      b.tensor_f32(name, dims, v);
+      const bool fused = phi3 && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight") ||
+                                  name.ends_with("attn_v.weight") || name.ends_with("ffn_gate.weight") ||
+                                  name.ends_with("ffn_up.weight"));
+      if (!fused) b.tensor_f32(name, dims, v);
+    };
+    // Phi-3's fused tensors: the row blocks one after the other.
+    auto fuse = [&](const std::string& name, std::initializer_list<std::string> parts, uint64_t rows) {
+      std::vector<float> v;
+      for (const auto& p : parts) v.insert(v.end(), t.at(p).begin(), t.at(p).end());
+      b.tensor_f32(name, {uint64_t(embd), rows}, v);
     };
     const uint64_t q = heads * head_dim, kv = kv_heads * head_dim;
     add("token_embd.weight", {uint64_t(embd), uint64_t(vocab)}, 1.0f);
@@ -90,6 +110,10 @@ struct Tiny {
       add(p + "ffn_gate.weight", {uint64_t(embd), uint64_t(ff)}, 0.3f);
       add(p + "ffn_up.weight", {uint64_t(embd), uint64_t(ff)}, 0.3f);
       add(p + "ffn_down.weight", {uint64_t(ff), uint64_t(embd)}, 0.3f);
+      if (phi3) {
+        fuse(p + "attn_qkv.weight", {p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}, q + 2 * kv);
+        fuse(p + "ffn_up.weight", {p + "ffn_gate.weight", p + "ffn_up.weight"}, 2 * uint64_t(ff));
+      }
     }
     return b;
   }
@@ -123,6 +147,7 @@ struct Tiny {
   // its frequency when it turns more than beta_fast = 32 times over the original context, is
   // divided by the factor below beta_slow = 1 turn, linear in between.
   double inv_freq(int i) const {
+    if (phi3) return std::pow(double(base), -2.0 * i / head_dim) / long_factors[i];
     const double inv = std::pow(double(base), -2.0 * i / head_dim);
     if (yarn_factor <= 0) return inv;
     const double pi = std::acos(-1.0);
@@ -134,13 +159,17 @@ struct Tiny {
     return inv * (1 - interp) + inv / yarn_factor * interp;
   }
   // YaRN's magnitude on q and k (cos and sin scaled by it).
-  double mscale() const { return yarn_factor > 0 ? 0.1 * std::log(double(yarn_factor)) + 1 : 1.0; }
+  // LongRoPE's: sqrt(1 + ln(64 / 16) / ln(16)).
+  double mscale() const {
+    if (phi3) return std::sqrt(1 + std::log(4.0) / std::log(16.0));
+    return yarn_factor > 0 ? 0.1 * std::log(double(yarn_factor)) + 1 : 1.0;
+  }
   // Adjacent pairs (GGUF llama) or halves (qwen2, Hugging Face).
   void rope(std::vector<double>& v, int n_heads, int pos) {
     for (int h = 0; h < n_heads; ++h)
       for (int i = 0; i < head_dim / 2; ++i) {
         const double th = pos * inv_freq(i);
-        const bool halves = qwen2 || qwen3;
+        const bool halves = qwen2 || qwen3 || phi3;
         double& a = v[h * head_dim + (halves ? i : 2 * i)];
         double& b = v[h * head_dim + (halves ? i + head_dim / 2 : 2 * i + 1)];
         const double a0 = a, b0 = b;
@@ -215,15 +244,18 @@ std::shared_ptr<ModelWeights> load(const std::vector<uint8_t>& bytes) {
 }  // namespace
 
 TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
-  for (int variant = 0; variant < 5; ++variant) {
+  for (int variant = 0; variant < 6; ++variant) {
     const bool tied = variant == 1 || variant == 3;
     Tiny tiny;
     tiny.qwen2 = variant == 2;
-    tiny.qwen3 = variant >= 3;
+    tiny.qwen3 = variant == 3 || variant == 4;
     if (tiny.qwen3) tiny.head_dim = 8;  // wider than embd / heads, as Qwen3's 128 over 1024 / 16
     // YaRN x4 over 4096: with head_dim 8 the ramp keeps pair 0 and 1, interpolates pair 3 and
     // mixes pair 2.
     if (variant == 4) tiny.yarn_factor = 4;
+    // Phi-3 with a 4-key window, which the 11-token sequence crosses.
+    tiny.phi3 = variant == 5;
+    if (tiny.phi3) tiny.window = 4;
     const auto bytes = tiny.build(tied).build();
     auto weights = load(bytes);
     EXPECT_EQ(weights->config.tied_embeddings, tied);
@@ -255,7 +287,8 @@ TEST(TinyLlama, ForwardMatchesFloat64ReferenceAcrossBatchShapes) {
       done += n;
     }
     EXPECT_LT(std::sqrt(num / den), 1e-5) << "variant " << variant;
-    EXPECT_EQ(weights->config.rope_neox, tiny.qwen2 || tiny.qwen3);
+    EXPECT_EQ(weights->config.rope_neox, tiny.qwen2 || tiny.qwen3 || tiny.phi3);
+    EXPECT_EQ(weights->config.sliding_window, tiny.window);
     EXPECT_EQ(weights->config.head_dim, tiny.head_dim);
     seq.release_all(pool);
     EXPECT_EQ(pool.n_free(), 8);
@@ -365,9 +398,12 @@ namespace {
 void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
                          const std::vector<std::pair<float, float>>& kv_scales = {}) {
   std::filesystem::create_directories(dir);
-  const char* arch = t.qwen3 ? "Qwen3ForCausalLM" : t.window > 0 ? "MistralForCausalLM" : "LlamaForCausalLM";
+  const char* arch = t.qwen3         ? "Qwen3ForCausalLM"
+                     : t.phi3        ? "Phi3ForCausalLM"
+                     : t.window > 0 ? "MistralForCausalLM"
+                                     : "LlamaForCausalLM";
   nlohmann::json cfg = {{"architectures", {arch}},
-                        {"model_type", t.qwen3 ? "qwen3" : t.window > 0 ? "mistral" : "llama"},
+                        {"model_type", t.qwen3 ? "qwen3" : t.phi3 ? "phi3" : t.window > 0 ? "mistral" : "llama"},
                         {"head_dim", t.head_dim},
                         {"hidden_size", t.embd},
                         {"intermediate_size", t.ff},
@@ -385,10 +421,16 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
   if (t.yarn_factor > 0)  // as Qwen3's model card says to enable it
     cfg["rope_scaling"] = {
         {"rope_type", "yarn"}, {"factor", t.yarn_factor}, {"original_max_position_embeddings", t.yarn_original_ctx}};
+  if (t.phi3) {  // Phi-3-mini-128k's layout: longrope with both lists, the original context beside
+    cfg["original_max_position_embeddings"] = 16;
+    cfg["rope_scaling"] = {{"type", "longrope"},
+                           {"long_factor", t.long_factors},
+                           {"short_factor", std::vector<float>(t.head_dim / 2, 1.0f)}};
+  }
   std::ofstream(dir + "/config.json") << cfg.dump(2);
   std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> tensors;
   auto unpermute = [&](const std::vector<float>& w, int n_heads, int cols) {
-    if (t.qwen3) return w;
+    if (t.qwen3 || t.phi3) return w;
     std::vector<float> out(w.size());
     const int hd = t.head_dim;
     for (int h = 0; h < n_heads; ++h)
@@ -408,17 +450,28 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
   for (int l = 0; l < t.layers; ++l) {
     const std::string g = "blk." + std::to_string(l) + ".", h = "model.layers." + std::to_string(l) + ".";
     add(h + "input_layernorm.weight", {t.embd}, t.t.at(g + "attn_norm.weight"));
-    add(h + "self_attn.q_proj.weight", {q, t.embd}, unpermute(t.t.at(g + "attn_q.weight"), t.heads, t.embd));
-    add(h + "self_attn.k_proj.weight", {kv, t.embd}, unpermute(t.t.at(g + "attn_k.weight"), t.kv_heads, t.embd));
-    add(h + "self_attn.v_proj.weight", {kv, t.embd}, t.t.at(g + "attn_v.weight"));
+    auto concat = [&](std::initializer_list<std::string> parts) {
+      std::vector<float> v;
+      for (const auto& p : parts) v.insert(v.end(), t.t.at(g + p).begin(), t.t.at(g + p).end());
+      return v;
+    };
+    if (t.phi3) {
+      add(h + "self_attn.qkv_proj.weight", {q + 2 * kv, t.embd},
+          concat({"attn_q.weight", "attn_k.weight", "attn_v.weight"}));
+      add(h + "mlp.gate_up_proj.weight", {2 * t.ff, t.embd}, concat({"ffn_gate.weight", "ffn_up.weight"}));
+    } else {
+      add(h + "self_attn.q_proj.weight", {q, t.embd}, unpermute(t.t.at(g + "attn_q.weight"), t.heads, t.embd));
+      add(h + "self_attn.k_proj.weight", {kv, t.embd}, unpermute(t.t.at(g + "attn_k.weight"), t.kv_heads, t.embd));
+      add(h + "self_attn.v_proj.weight", {kv, t.embd}, t.t.at(g + "attn_v.weight"));
+      add(h + "mlp.gate_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_gate.weight"));
+      add(h + "mlp.up_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_up.weight"));
+    }
     add(h + "self_attn.o_proj.weight", {t.embd, q}, t.t.at(g + "attn_output.weight"));
     if (t.qwen3) {
       add(h + "self_attn.q_norm.weight", {t.head_dim}, t.t.at(g + "attn_q_norm.weight"));
       add(h + "self_attn.k_norm.weight", {t.head_dim}, t.t.at(g + "attn_k_norm.weight"));
     }
     add(h + "post_attention_layernorm.weight", {t.embd}, t.t.at(g + "ffn_norm.weight"));
-    add(h + "mlp.gate_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_gate.weight"));
-    add(h + "mlp.up_proj.weight", {t.ff, t.embd}, t.t.at(g + "ffn_up.weight"));
     add(h + "mlp.down_proj.weight", {t.embd, t.ff}, t.t.at(g + "ffn_down.weight"));
     if (!kv_scales.empty()) {
       add(h + "self_attn.k_scale", {}, {kv_scales[l].first});
@@ -443,21 +496,24 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
 }  // namespace
 
 // Llama (untied, tied), Qwen3 (QK-norm, head_dim 8 over a width of 24 / 6 heads), Mistral
-// (a 3-key sliding window, which the 7-token sequence crosses) and Qwen3 with YaRN.
+// (a 3-key sliding window, which the 7-token sequence crosses), Qwen3 with YaRN and Phi-3 (fused
+// projections, LongRoPE, a 4-key window).
 TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
-  for (int variant = 0; variant < 5; ++variant) {
+  for (int variant = 0; variant < 6; ++variant) {
     const bool tied = variant == 1;
     Tiny tiny;
     tiny.qwen3 = variant == 2 || variant == 4;
     if (tiny.qwen3) tiny.head_dim = 8;
     if (variant == 3) tiny.window = 3;
     if (variant == 4) tiny.yarn_factor = 4;
+    tiny.phi3 = variant == 5;
+    if (tiny.phi3) tiny.window = 4;
     tiny.build(tied);  // draws the weights
     const std::string dir = ::testing::TempDir() + "/tessera_tiny_hf_" + std::to_string(variant);
     write_hf_checkpoint(tiny, dir, tied);
     auto weights = load_safetensors_weights(dir);
     EXPECT_TRUE(weights->config.rope_neox);
-    EXPECT_EQ(weights->config.arch, tiny.qwen3 ? "qwen3" : "llama");
+    EXPECT_EQ(weights->config.arch, tiny.qwen3 ? "qwen3" : tiny.phi3 ? "phi3" : "llama");
     EXPECT_EQ(weights->config.sliding_window, tiny.window);
     // YaRN: the context runs to the original one times the factor.
     EXPECT_EQ(weights->config.n_ctx_train, variant == 4 ? 4 * tiny.yarn_original_ctx : 64);
