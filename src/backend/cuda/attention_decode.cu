@@ -46,8 +46,9 @@ __device__ __forceinline__ void merge_groups_and_store(const float (&m)[kMaxQ], 
 #pragma unroll
       for (int g = 0; g < kMaxQ; ++g) {
         const float c = l[g] > 0.0f ? __expf(m[g] - mb[g]) : 0.0f;
+        if (li * DPL < HD)  // the padding lanes of head_dim 96 hold nothing
 #pragma unroll
-        for (int d = 0; d < DPL; ++d) so[g][li * DPL + d] += acc[g][d] * c;
+          for (int d = 0; d < DPL; ++d) so[g][li * DPL + d] += acc[g][d] * c;
         if (li == 0) sl[g] += l[g] * c;
       }
     }
@@ -115,8 +116,11 @@ __global__ void __launch_bounds__(kThreads)
                            int window) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
-  constexpr int DPL = 8;             // dims per lane
-  constexpr int LPK = HD / DPL;      // lanes per key: 8, 16 or 32
+  constexpr int DPL = 8;  // dims per lane
+  static_assert(HD % DPL == 0 && HD / DPL <= 32, "head_dim: a multiple of 8, at most 256");
+  // Lanes per key: HD/8 rounded up to a power of two (8, 16 or 32), so a key's lanes sit in one
+  // warp and the shuffles reduce them; for head_dim 96 lanes 12..15 of each 16 hold zeros.
+  constexpr int LPK = HD / DPL <= 8 ? 8 : HD / DPL <= 16 ? 16 : 32;
   constexpr int G = kThreads / LPK;  // lane groups per block
   constexpr int STEP = G * kKeysPerGroup;
   const int seq = blockIdx.x;
@@ -131,6 +135,7 @@ __global__ void __launch_bounds__(kThreads)
   // runs no step and stores an empty partial (m = -FLT_MAX, l = 0) for the merge.
   const int begin = max(split * split_len, window > 0 ? b.positions[t] - window + 1 : 0);
   const int lg = threadIdx.x / LPK, li = threadIdx.x % LPK;
+  const bool lane_on = li * DPL < HD;
   const int n_heads = n_kv_heads * group;
 
   float qr[kMaxQ][DPL], acc[kMaxQ][DPL], m[kMaxQ], l[kMaxQ];
@@ -141,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int d = 0; d < DPL; ++d) {
       acc[g][d] = 0.0f;
-      qr[g][d] = g < nq ? q[t * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + li * DPL + d] * scale : 0.0f;
+      qr[g][d] = g < nq && lane_on ? q[t * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + li * DPL + d] * scale : 0.0f;
     }
   }
   const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;
@@ -154,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kKeysPerGroup; ++u) {
       const int j = jb + u * G + lg;
       valid[u] = j < end;
-      if (valid[u]) {
+      if (valid[u] && lane_on) {
         const int64_t base =
             ((static_cast<int64_t>(table[j / block_size]) * n_kv_heads + kvh) * block_size + j % block_size) * HD +
             li * DPL;
@@ -248,7 +253,7 @@ void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
 }  // namespace
 
 bool attention_decode_supported(const KvLayerView& kv) {
-  return (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) &&
+  return (kv.head_dim == 64 || kv.head_dim == 96 || kv.head_dim == 128 || kv.head_dim == 256) &&
          (kv.plain_dtype() == DType::F16 || kv.plain_dtype() == DType::F32);
 }
 
@@ -275,6 +280,10 @@ void launch_attention_decode_window(const float* q, int64_t ldq, const KvLayerVi
     case 64:
       f16 ? launch_split<__half, 64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s)
           : launch_split<float, 64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s);
+      break;
+    case 96:  // Phi-3
+      f16 ? launch_split<__half, 96>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s)
+          : launch_split<float, 96>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s);
       break;
     case 128:
       f16 ? launch_split<__half, 128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, w, s)

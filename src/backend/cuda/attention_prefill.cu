@@ -234,6 +234,10 @@ void launch_attention_prefill_window(const float* q, int64_t ldq, const KvLayerV
       f16 ? launch_prefill<__half, 64>(q, ldq, kv, b, group, scale, out, ldo, window, s)
           : launch_prefill<float, 64>(q, ldq, kv, b, group, scale, out, ldo, window, s);
       break;
+    case 96:  // Phi-3
+      f16 ? launch_prefill<__half, 96>(q, ldq, kv, b, group, scale, out, ldo, window, s)
+          : launch_prefill<float, 96>(q, ldq, kv, b, group, scale, out, ldo, window, s);
+      break;
     case 128:
       f16 ? launch_prefill<__half, 128>(q, ldq, kv, b, group, scale, out, ldo, window, s)
           : launch_prefill<float, 128>(q, ldq, kv, b, group, scale, out, ldo, window, s);
@@ -243,7 +247,7 @@ void launch_attention_prefill_window(const float* q, int64_t ldq, const KvLayerV
           : launch_prefill<float, 256>(q, ldq, kv, b, group, scale, out, ldo, window, s);
       break;
     default:
-      fail("cuda attention: head_dim ", kv.head_dim, " is not supported (64, 128, 256)");
+      fail("cuda attention: head_dim ", kv.head_dim, " is not supported (64, 96, 128, 256)");
   }
 }
 

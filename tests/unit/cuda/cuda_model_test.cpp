@@ -119,6 +119,15 @@ TEST(CudaModel, Qwen3QkNormAndWideHeadsOnGpu) {
   parity("dummy:qwen3-0.6b:q8_0", 5e-2, false);
 }
 
+TEST(CudaModel, Phi3HeadDim96AndWindowOnEveryLayerOnGpu) {
+  TESSERA_REQUIRE_CUDA();
+  // phi3-tiny: head_dim 96 (the generic kernels with padding lanes) without GQA and a 16-key
+  // window on every layer, crossed by the 21-token prompt and the decode steps; then the real
+  // mini shape in Q8_0.
+  parity("dummy:phi3-tiny:f32", 5e-4, true);
+  parity("dummy:phi3-mini:q8_0", 5e-2, false);
+}
+
 TEST(CudaModel, Gemma3WindowQkNormGegluOnGpu) {
   TESSERA_REQUIRE_CUDA();
   // gemma3-tiny: Gemma 3's block with a 16-token window, so the 21-token prompt and 64 decode
