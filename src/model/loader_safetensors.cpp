@@ -83,6 +83,13 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
                                                                      : 0.1 * std::log(std::max(1.0, s.factor)) + 1);
       const double extended = static_cast<double>(c.rope_original_ctx) * std::max(1.0, s.factor);
       c.n_ctx_train = static_cast<int>(std::min(extended, static_cast<double>(int64_t{1} << 30)));
+    } else if (s.type == "dynamic") {
+      // Dynamic NTK, as vLLM runs it: the base stretched once for the full scaled context
+      // (max_position_embeddings × factor), not re-derived from each sequence's length as
+      // transformers does, since cached keys were rotated with the base of their time.
+      const double f = std::max(1.0, s.factor), d = c.rope_dim;
+      c.rope_freq_base = static_cast<float>(c.rope_freq_base * std::pow(f * f - f + 1, d / (d - 2)));
+      c.n_ctx_train = static_cast<int>(std::min(c.n_ctx_train * f, static_cast<double>(int64_t{1} << 30)));
     } else if (s.type == "longrope") {
       // Phi-3: per-pair divisors, long ones when the context exceeds the original (always, at
       // the model's own context: see read_phi3 in loader_gguf.cpp), q and k scaled as below.
@@ -101,7 +108,7 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
                                    : std::sqrt(1 + std::log(scale) / std::log(static_cast<double>(c.rope_original_ctx))));
       }
     } else if (s.type != "default") {
-      fail(dir, "/config.json: rope_scaling type '", s.type, "' is not supported (llama3, linear, yarn, longrope)");
+      fail(dir, "/config.json: rope_scaling type '", s.type, "' is not supported (llama3, linear, dynamic, yarn, longrope)");
     }
   }
   c.validate();

@@ -35,6 +35,9 @@ struct Tiny {
   // every layer, LongRoPE divisors over an original context of 16 (the file says 64).
   bool phi3 = false;
   std::vector<float> long_factors;
+  // Hugging Face "dynamic" RoPE scaling, as vLLM runs it: the base stretched for the full
+  // scaled context, base · (f² - f + 1)^(d / (d - 2)).
+  float dynamic_ntk = 0;
   std::mt19937 rng{7};
   std::map<std::string, std::vector<float>> t;
 
@@ -147,6 +150,10 @@ struct Tiny {
   // its frequency when it turns more than beta_fast = 32 times over the original context, is
   // divided by the factor below beta_slow = 1 turn, linear in between.
   double inv_freq(int i) const {
+    if (dynamic_ntk > 0) {
+      const double f = dynamic_ntk, b = base * std::pow(f * f - f + 1, double(head_dim) / (head_dim - 2));
+      return std::pow(b, -2.0 * i / head_dim);
+    }
     if (phi3) return std::pow(double(base), -2.0 * i / head_dim) / long_factors[i];
     const double inv = std::pow(double(base), -2.0 * i / head_dim);
     if (yarn_factor <= 0) return inv;
@@ -421,6 +428,7 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
   if (t.yarn_factor > 0)  // as Qwen3's model card says to enable it
     cfg["rope_scaling"] = {
         {"rope_type", "yarn"}, {"factor", t.yarn_factor}, {"original_max_position_embeddings", t.yarn_original_ctx}};
+  if (t.dynamic_ntk > 0) cfg["rope_scaling"] = {{"type", "dynamic"}, {"factor", t.dynamic_ntk}};
   if (t.phi3) {  // Phi-3-mini-128k's layout: longrope with both lists, the original context beside
     cfg["original_max_position_embeddings"] = 16;
     cfg["rope_scaling"] = {{"type", "longrope"},
@@ -499,7 +507,7 @@ void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
 // (a 3-key sliding window, which the 7-token sequence crosses), Qwen3 with YaRN and Phi-3 (fused
 // projections, LongRoPE, a 4-key window).
 TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
-  for (int variant = 0; variant < 6; ++variant) {
+  for (int variant = 0; variant < 7; ++variant) {
     const bool tied = variant == 1;
     Tiny tiny;
     tiny.qwen3 = variant == 2 || variant == 4;
@@ -508,6 +516,7 @@ TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
     if (variant == 4) tiny.yarn_factor = 4;
     tiny.phi3 = variant == 5;
     if (tiny.phi3) tiny.window = 4;
+    if (variant == 6) tiny.dynamic_ntk = 2;
     tiny.build(tied);  // draws the weights
     const std::string dir = ::testing::TempDir() + "/tessera_tiny_hf_" + std::to_string(variant);
     write_hf_checkpoint(tiny, dir, tied);
@@ -516,7 +525,7 @@ TEST(TinyLlama, HuggingFaceCheckpointGivesTheSameLogits) {
     EXPECT_EQ(weights->config.arch, tiny.qwen3 ? "qwen3" : tiny.phi3 ? "phi3" : "llama");
     EXPECT_EQ(weights->config.sliding_window, tiny.window);
     // YaRN: the context runs to the original one times the factor.
-    EXPECT_EQ(weights->config.n_ctx_train, variant == 4 ? 4 * tiny.yarn_original_ctx : 64);
+    EXPECT_EQ(weights->config.n_ctx_train, variant == 4 ? 4 * tiny.yarn_original_ctx : variant == 6 ? 128 : 64);
     CpuBackend be(2);
     auto model = create_model(weights, be, 16, 16);
     const std::vector<int32_t> toks = {4, 8, 15, 16, 23, 36, 0};
