@@ -56,14 +56,28 @@ inline constexpr LlamaTensorNames kGgufLlamaNames = {"token_embd.weight",
                                                      "attn_qkv.weight",
                                                      "ffn_up.weight"};
 
-inline constexpr LlamaTensorNames kHfLlamaNames = {
-    "model.embed_tokens.weight",       "lm_head.weight",          "model.norm.weight",       "model.layers.",
-    "input_layernorm.weight",          "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",         "self_attn.q_proj.bias",   "self_attn.k_proj.bias",   "self_attn.v_proj.bias",
-    "post_attention_layernorm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight",
-    "self_attn.q_norm.weight",         "self_attn.k_norm.weight",
-    nullptr,                           nullptr,
-    "self_attn.qkv_proj.weight",       "mlp.gate_up_proj.weight"};
+inline constexpr LlamaTensorNames kHfLlamaNames = {"model.embed_tokens.weight",
+                                                   "lm_head.weight",
+                                                   "model.norm.weight",
+                                                   "model.layers.",
+                                                   "input_layernorm.weight",
+                                                   "self_attn.q_proj.weight",
+                                                   "self_attn.k_proj.weight",
+                                                   "self_attn.v_proj.weight",
+                                                   "self_attn.o_proj.weight",
+                                                   "self_attn.q_proj.bias",
+                                                   "self_attn.k_proj.bias",
+                                                   "self_attn.v_proj.bias",
+                                                   "post_attention_layernorm.weight",
+                                                   "mlp.gate_proj.weight",
+                                                   "mlp.up_proj.weight",
+                                                   "mlp.down_proj.weight",
+                                                   "self_attn.q_norm.weight",
+                                                   "self_attn.k_norm.weight",
+                                                   nullptr,
+                                                   nullptr,
+                                                   "self_attn.qkv_proj.weight",
+                                                   "mlp.gate_up_proj.weight"};
 
 // Fills w's matrices and vectors from w.config (already read and validated).
 template <typename Binder>

@@ -28,8 +28,8 @@ void ModelConfig::validate() const {
   TESSERA_CHECK(rope_scaling.empty() || rope_scaling == "linear" || rope_scaling == "llama3" || rope_scaling == "yarn",
                 "model config: unsupported RoPE scaling '", rope_scaling, "' (supported: linear, llama3, yarn)");
   if (rope_scaling == "yarn") {
-    TESSERA_CHECK(rope_original_ctx >= 1, "model config: YaRN needs the original context length (",
-                  rope_original_ctx, ")");
+    TESSERA_CHECK(rope_original_ctx >= 1, "model config: YaRN needs the original context length (", rope_original_ctx,
+                  ")");
     TESSERA_CHECK(std::isfinite(rope_yarn_beta_fast) && std::isfinite(rope_yarn_beta_slow) &&
                       rope_yarn_beta_fast > rope_yarn_beta_slow && rope_yarn_beta_slow > 0,
                   "model config: YaRN beta_fast (", rope_yarn_beta_fast, ") must exceed beta_slow (",

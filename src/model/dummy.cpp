@@ -16,7 +16,8 @@
 namespace tessera {
 
 const char* dummy_presets() {
-  return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny, "
+  return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b, qwen3-0.6b, qwen3-tiny, phi3-mini, "
+         "phi3-tiny, "
          "gemma3-270m, gemma3-tiny";
 }
 

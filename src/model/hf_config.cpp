@@ -182,7 +182,8 @@ HFConfig parse_hf_config(std::string_view json_text, std::string_view name) {
   c.max_position_embeddings = f.positive("max_position_embeddings").value_or(c.max_position_embeddings);
   c.original_max_position_embeddings = f.positive("original_max_position_embeddings").value_or(0);
   c.partial_rotary_factor = f.positive_number("partial_rotary_factor").value_or(1.0);
-  if (c.partial_rotary_factor > 1) fail(name, ": field 'partial_rotary_factor' (", c.partial_rotary_factor, ") is above 1");
+  if (c.partial_rotary_factor > 1)
+    fail(name, ": field 'partial_rotary_factor' (", c.partial_rotary_factor, ") is above 1");
   c.tie_word_embeddings = f.boolean("tie_word_embeddings").value_or(false);
   c.bos_token_ids = f.token_ids("bos_token_id");
   c.eos_token_ids = f.token_ids("eos_token_id");

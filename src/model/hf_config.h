@@ -14,11 +14,11 @@ namespace tessera {
 struct HFRopeScaling {
   std::string type;  // "rope_type" (or the older "type"): "linear", "dynamic", "yarn", "llama3", ...
   double factor = 1.0;
-  double low_freq_factor = 1.0;                  // llama3
-  double high_freq_factor = 4.0;                 // llama3
-  int64_t original_max_position_embeddings = 0;  // 0 when absent
-  double attention_factor = 0;                   // yarn: q/k magnitude; 0 when absent (0.1 ln(factor) + 1)
-  double beta_fast = 32, beta_slow = 1;          // yarn
+  double low_freq_factor = 1.0;                   // llama3
+  double high_freq_factor = 4.0;                  // llama3
+  int64_t original_max_position_embeddings = 0;   // 0 when absent
+  double attention_factor = 0;                    // yarn: q/k magnitude; 0 when absent (0.1 ln(factor) + 1)
+  double beta_fast = 32, beta_slow = 1;           // yarn
   std::vector<double> short_factor, long_factor;  // longrope (Phi-3): per-pair frequency divisors
 };
 

@@ -79,8 +79,8 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
                                 : c.n_ctx_train;
       c.rope_yarn_beta_fast = static_cast<float>(s.beta_fast);
       c.rope_yarn_beta_slow = static_cast<float>(s.beta_slow);
-      c.rope_attn_factor = static_cast<float>(s.attention_factor > 0 ? s.attention_factor
-                                                                     : 0.1 * std::log(std::max(1.0, s.factor)) + 1);
+      c.rope_attn_factor =
+          static_cast<float>(s.attention_factor > 0 ? s.attention_factor : 0.1 * std::log(std::max(1.0, s.factor)) + 1);
       const double extended = static_cast<double>(c.rope_original_ctx) * std::max(1.0, s.factor);
       c.n_ctx_train = static_cast<int>(std::min(extended, static_cast<double>(int64_t{1} << 30)));
     } else if (s.type == "dynamic") {
@@ -94,7 +94,7 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
       // Phi-3: per-pair divisors, long ones when the context exceeds the original (always, at
       // the model's own context: see read_phi3 in loader_gguf.cpp), q and k scaled as below.
       const int64_t original = h.original_max_position_embeddings > 0 ? h.original_max_position_embeddings
-                                                                        : s.original_max_position_embeddings;
+                                                                      : s.original_max_position_embeddings;
       if (original <= 0) fail(dir, "/config.json: longrope needs original_max_position_embeddings");
       c.rope_original_ctx = narrow(original, "original_max_position_embeddings");
       const auto& factors = c.n_ctx_train > c.rope_original_ctx ? s.long_factor : s.short_factor;
@@ -104,11 +104,13 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
       if (c.n_ctx_train > c.rope_original_ctx) {
         const double scale = static_cast<double>(c.n_ctx_train) / c.rope_original_ctx;
         c.rope_attn_factor = static_cast<float>(
-            s.attention_factor > 0 ? s.attention_factor
-                                   : std::sqrt(1 + std::log(scale) / std::log(static_cast<double>(c.rope_original_ctx))));
+            s.attention_factor > 0
+                ? s.attention_factor
+                : std::sqrt(1 + std::log(scale) / std::log(static_cast<double>(c.rope_original_ctx))));
       }
     } else if (s.type != "default") {
-      fail(dir, "/config.json: rope_scaling type '", s.type, "' is not supported (llama3, linear, dynamic, yarn, longrope)");
+      fail(dir, "/config.json: rope_scaling type '", s.type,
+           "' is not supported (llama3, linear, dynamic, yarn, longrope)");
     }
   }
   c.validate();
@@ -200,7 +202,8 @@ std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir) {
   bind_kv_scales(*st, *w);
   if (hf.rope_scaling && hf.rope_scaling->type == "longrope") {  // divisors chosen as config_from_hf says
     const ModelConfig& c = w->config;
-    const auto& factors = c.n_ctx_train > c.rope_original_ctx ? hf.rope_scaling->long_factor : hf.rope_scaling->short_factor;
+    const auto& factors =
+        c.n_ctx_train > c.rope_original_ctx ? hf.rope_scaling->long_factor : hf.rope_scaling->short_factor;
     float* f = w->make_f32(factors.size());
     for (size_t i = 0; i < factors.size(); ++i) f[i] = static_cast<float>(factors[i]);
     w->rope_freq_factors = f;

@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int d = 0; d < DPL; ++d) {
       acc[g][d] = 0.0f;
-      qr[g][d] = g < nq && lane_on ? q[t * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + li * DPL + d] * scale : 0.0f;
+      qr[g][d] = g < nq && lane_on ? q[t * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + li * DPL + d] * scale
+                                   : 0.0f;
     }
   }
   const int32_t* table = b.block_tables + static_cast<int64_t>(seq) * b.max_blocks;

@@ -393,8 +393,8 @@ TEST(HFConfig, ReadsMistralSlidingWindow) {
 }
 
 TEST(HFConfig, ReadsYarnScaling) {
-  HFConfig c = parse_hf_config(minimal_config(
-      R"("rope_scaling":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768})"));
+  HFConfig c = parse_hf_config(
+      minimal_config(R"("rope_scaling":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768})"));
   ASSERT_TRUE(c.rope_scaling.has_value());
   EXPECT_EQ(c.rope_scaling->type, "yarn");
   EXPECT_EQ(c.rope_scaling->factor, 4.0);
@@ -402,7 +402,8 @@ TEST(HFConfig, ReadsYarnScaling) {
   EXPECT_EQ(c.rope_scaling->beta_fast, 32.0);
   EXPECT_EQ(c.rope_scaling->beta_slow, 1.0);
   EXPECT_EQ(c.rope_scaling->attention_factor, 0.0);
-  c = parse_hf_config(minimal_config(R"("rope_scaling":{"type":"yarn","factor":2,"beta_fast":16,"attention_factor":1.5})"));
+  c = parse_hf_config(
+      minimal_config(R"("rope_scaling":{"type":"yarn","factor":2,"beta_fast":16,"attention_factor":1.5})"));
   EXPECT_EQ(c.rope_scaling->beta_fast, 16.0);
   EXPECT_EQ(c.rope_scaling->attention_factor, 1.5);
   expect_config_error(minimal_config(R"("rope_scaling":{"rope_type":"yarn","factor":40,"mscale":1.0})"),

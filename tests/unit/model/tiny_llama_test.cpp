@@ -26,9 +26,9 @@ namespace {
 struct Tiny {
   int vocab = 37, embd = 24, layers = 2, heads = 6, kv_heads = 2, head_dim = 4, ff = 40;
   float eps = 1e-5f, base = 10000.0f;
-  bool qwen2 = false;  // QKV biases and rotation of halves (GGUF arch "qwen2")
-  bool qwen3 = false;  // per-head Q/K RMS norms, rotation of halves, no biases (GGUF arch "qwen3")
-  int window = 0;      // keys each query sees (Mistral's sliding window; Hugging Face only); 0 = all
+  bool qwen2 = false;     // QKV biases and rotation of halves (GGUF arch "qwen2")
+  bool qwen3 = false;     // per-head Q/K RMS norms, rotation of halves, no biases (GGUF arch "qwen3")
+  int window = 0;         // keys each query sees (Mistral's sliding window; Hugging Face only); 0 = all
   float yarn_factor = 0;  // YaRN RoPE scaling over an original context of yarn_original_ctx; 0 = off
   int yarn_original_ctx = 4096;
   // Phi-3 (GGUF arch "phi3"): fused QKV and gate|up tensors, rotation of halves, the window on
@@ -71,7 +71,8 @@ struct Tiny {
       b.tensor_f32("rope_factors_long.weight", {uint64_t(head_dim / 2)}, long_factors);
       b.tensor_f32("rope_factors_short.weight", {uint64_t(head_dim / 2)}, std::vector<float>(head_dim / 2, 1.0f));
     }
-    if (head_dim * heads != embd) b.u32(a + ".attention.key_length", head_dim).u32(a + ".attention.value_length", head_dim);
+    if (head_dim * heads != embd)
+      b.u32(a + ".attention.key_length", head_dim).u32(a + ".attention.value_length", head_dim);
     auto add = [&](const std::string& name, std::vector<uint64_t> dims, float scale, float offset = 0) {
       size_t n = 1;
       for (auto d : dims) n *= d;
@@ -405,12 +406,15 @@ namespace {
 void write_hf_checkpoint(Tiny& t, const std::string& dir, bool tied,
                          const std::vector<std::pair<float, float>>& kv_scales = {}) {
   std::filesystem::create_directories(dir);
-  const char* arch = t.qwen3         ? "Qwen3ForCausalLM"
-                     : t.phi3        ? "Phi3ForCausalLM"
+  const char* arch = t.qwen3        ? "Qwen3ForCausalLM"
+                     : t.phi3       ? "Phi3ForCausalLM"
                      : t.window > 0 ? "MistralForCausalLM"
-                                     : "LlamaForCausalLM";
+                                    : "LlamaForCausalLM";
   nlohmann::json cfg = {{"architectures", {arch}},
-                        {"model_type", t.qwen3 ? "qwen3" : t.phi3 ? "phi3" : t.window > 0 ? "mistral" : "llama"},
+                        {"model_type", t.qwen3        ? "qwen3"
+                                       : t.phi3       ? "phi3"
+                                       : t.window > 0 ? "mistral"
+                                                      : "llama"},
                         {"head_dim", t.head_dim},
                         {"hidden_size", t.embd},
                         {"intermediate_size", t.ff},
