@@ -35,7 +35,7 @@ struct BenchArgs {
   ModelArgs model;
   int n_prompt = 512;
   int n_gen = 128;
-  int depth = 0;  // tokens in the KV cache before the tg test (llama-bench's -d)
+  int depth = 0;  // tokens in the KV cache before the pp and tg tests (llama-bench's -d)
   int reps = 3;
   std::string peer_python;  // a Python with llama-cpp-python: measure llama.cpp in the same run
   std::string peer_script = "tools/bench/llama_cpp_bench.py";
@@ -90,7 +90,7 @@ Stat stat_of(const std::vector<double>& v) {
 
 void run_bench(const BenchArgs& a) {
   SessionOptions so = a.model.session_options();
-  so.ctx = std::max(so.ctx, std::max(a.n_prompt, a.depth) + a.n_gen + 1);
+  so.ctx = std::max(so.ctx, a.depth + std::max(a.n_prompt, a.n_gen + 1) + 1);
   so.max_batch_tokens = std::max(1, std::min(so.max_batch_tokens, std::max(a.n_prompt, 1)));
   Session session(so);
   const ModelConfig& c = session.config();
@@ -120,9 +120,18 @@ void run_bench(const BenchArgs& a) {
       session.backend().name() == "cpu" ? static_cast<CpuBackend&>(session.backend()).pool().size() : 1;
   std::vector<double> pp, tg, peer_pp, peer_tg;
   std::string peer_version;
+  // The context a test runs on top of, not timed.
+  auto fill_depth = [&](SequenceBlocks& seq) {
+    if (a.depth == 0) return;
+    std::vector<int32_t> ctx(a.depth);
+    for (auto& t : ctx) t = tok(rng);
+    logits.clear();
+    session.feed(seq, ctx, ForwardBatch::Logits::Last, logits);
+  };
   for (int r = 0; r < a.reps; ++r) {
     if (a.n_prompt > 0) {
       SequenceBlocks seq;
+      fill_depth(seq);
       logits.clear();
       const double t = time_it([&] { session.feed(seq, prompt, ForwardBatch::Logits::Last, logits); });
       pp.push_back(a.n_prompt / t);
@@ -130,12 +139,7 @@ void run_bench(const BenchArgs& a) {
     }
     if (a.n_gen > 0) {
       SequenceBlocks seq;
-      if (a.depth > 0) {  // the context the decodes attend over, not timed
-        std::vector<int32_t> ctx(a.depth);
-        for (auto& t : ctx) t = tok(rng);
-        logits.clear();
-        session.feed(seq, ctx, ForwardBatch::Logits::Last, logits);
-      }
+      fill_depth(seq);
       int32_t next = prompt.empty() ? 1 : prompt[0];
       const double t = time_it([&] {
         for (int i = 0; i < a.n_gen; ++i) {
@@ -167,17 +171,16 @@ void run_bench(const BenchArgs& a) {
     std::printf("| %s | %.2f GiB | %.1f M | %s | %s%d | %.2f ± %.2f |\n", name.c_str(), gib, c.n_params() / 1e6,
                 session.backend().describe().c_str(), test, n, s.mean, s.sd);
   };
-  if (!pp.empty()) row("pp", a.n_prompt, stat_of(pp));
-  if (!tg.empty()) {
-    if (a.depth > 0) {
-      const Stat s = stat_of(tg);
-      std::printf("| %s | %.2f GiB | %.1f M | %s | tg%d @ d%d (KV %s) | %.2f ± %.2f (%.2f ms/token) |\n", name.c_str(),
-                  gib, c.n_params() / 1e6, session.backend().describe().c_str(), a.n_gen, a.depth,
-                  session.kv().spec().format_name().c_str(), s.mean, s.sd, 1000.0 / s.mean);
-    } else {
-      row("tg", a.n_gen, stat_of(tg));
-    }
-  }
+  // At a depth: the KV format, and ms per token for decode.
+  auto depth_row = [&](const char* test, int n, const Stat& s, bool per_token) {
+    std::printf("| %s | %.2f GiB | %.1f M | %s | %s%d @ d%d (KV %s) | %.2f ± %.2f", name.c_str(), gib,
+                c.n_params() / 1e6, session.backend().describe().c_str(), test, n, a.depth,
+                session.kv().spec().format_name().c_str(), s.mean, s.sd);
+    if (per_token) std::printf(" (%.2f ms/token)", 1000.0 / s.mean);
+    std::printf(" |\n");
+  };
+  if (!pp.empty()) a.depth > 0 ? depth_row("pp", a.n_prompt, stat_of(pp), false) : row("pp", a.n_prompt, stat_of(pp));
+  if (!tg.empty()) a.depth > 0 ? depth_row("tg", a.n_gen, stat_of(tg), true) : row("tg", a.n_gen, stat_of(tg));
   if (with_peer && peer_pp.size() == static_cast<size_t>(a.reps)) {
     auto peer_row = [&](const char* test, int n, const std::vector<double>& theirs, const std::vector<double>& ours) {
       const Stat s = stat_of(theirs);
@@ -224,7 +227,7 @@ void add_bench(CLI::App& app) {
   a->model.add_to(*model);
   model->add_option("-p,--n-prompt", a->n_prompt, "prompt tokens (pp test)")->capture_default_str();
   model->add_option("-n,--n-gen", a->n_gen, "generated tokens (tg test)")->capture_default_str();
-  model->add_option("-d,--depth", a->depth, "tokens already in the KV cache for the tg test (llama-bench's -d)")
+  model->add_option("-d,--depth", a->depth, "tokens already in the KV cache for the pp and tg tests (llama-bench's -d)")
       ->capture_default_str();
   model->add_option("-r,--reps", a->reps, "repetitions")->capture_default_str();
   model->add_option("--seed", a->model.seed, "dummy weight seed")->capture_default_str();
