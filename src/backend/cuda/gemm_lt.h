@@ -21,6 +21,11 @@ class GemmLt {
 
   void run(cudaDataType_t ab_type, const void* A, int64_t lda, const void* B, int64_t ldb, float* D, int64_t ldd,
            int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+  // FP8 (E4M3) A and B on the tensor cores, D f32: D[t, r] = sa[r] * sb[t] * sum_k A[r, k] B[t, k]
+  // when cuBLASLt takes per-row (outer vector) scales for this shape, and then true; otherwise
+  // D is the unscaled product and false (the caller applies the scales). lda, ldb, K multiples of 16.
+  bool run_fp8(const void* A, int64_t lda, const float* sa, const void* B, int64_t ldb, const float* sb, float* D,
+               int64_t ldd, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
 
  private:
   struct Plan;

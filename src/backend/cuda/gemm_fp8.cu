@@ -1,0 +1,65 @@
+// FP8 W8A8 past the decode sizes: the activations quantized per row (token) to E4M3 for the
+// cuBLASLt FP8 GEMM (gemm_lt.cpp), and the scaling epilogue for when cuBLASLt did not apply
+// the per-row x per-channel scales itself.
+#include <cuda_fp8.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// One block per row: amax, then codes = e4m3(x / scale) with scale = amax / 448 (RN,
+// saturating: the hardware conversion with __NV_SATFINITE), columns [cols, ldq) zero.
+__global__ void __launch_bounds__(kThreads)
+    quantize_rows_e4m3_kernel(const float* __restrict__ x, int64_t ldx, int cols, uint8_t* __restrict__ xq, int64_t ldq,
+                              float* __restrict__ sx) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
+  float amax = 0.0f;
+  for (int j = threadIdx.x; j < cols; j += kThreads) amax = fmaxf(amax, fabsf(xr[j]));
+  __shared__ float red[kThreads / 32];
+  amax = warp_max(amax);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = red[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) amax = fmaxf(amax, red[w]);
+  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+  uint8_t* q = xq + static_cast<int64_t>(blockIdx.x) * ldq;
+  for (int j = threadIdx.x; j < ldq; j += kThreads)
+    q[j] = j < cols ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(xr[j] / scale, __NV_SATFINITE, __NV_E4M3)) : 0;
+  if (threadIdx.x == 0) sx[blockIdx.x] = scale;
+}
+
+__global__ void scale_outer_kernel(float* __restrict__ y, int64_t ldy, int n_rows, int64_t rows,
+                                   const float* __restrict__ sw, const float* __restrict__ sx) {
+  const int64_t n = static_cast<int64_t>(n_rows) * rows;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / rows, r = i % rows;
+    y[t * ldy + r] *= sw[r] * sx[t];
+  }
+}
+
+}  // namespace
+
+void launch_quantize_rows_e4m3(const float* x, int n_rows, int64_t ldx, int64_t cols, uint8_t* xq, int64_t ldq,
+                               float* sx, cudaStream_t s) {
+  TESSERA_CHECK(n_rows >= 1 && cols >= 1 && ldx >= cols && ldq >= cols && ldq % 16 == 0 && cols <= (1 << 30),
+                "cuda quantize_rows_e4m3: bad shape (", n_rows, " x ", cols, ", ldx ", ldx, ", ldq ", ldq, ")");
+  quantize_rows_e4m3_kernel<<<n_rows, kThreads, 0, s>>>(x, ldx, static_cast<int>(cols), xq, ldq, sx);
+  TESSERA_CUDA_CHECK_LAUNCH("quantize_rows_e4m3");
+}
+
+void launch_scale_outer(float* y, int64_t ldy, int n_rows, int64_t rows, const float* sw, const float* sx,
+                        cudaStream_t s) {
+  const int64_t n = static_cast<int64_t>(n_rows) * rows;
+  const unsigned grid = std::min<unsigned>(blocks_for(n, 256), 132u * 16u);
+  scale_outer_kernel<<<grid, 256, 0, s>>>(y, ldy, n_rows, rows, sw, sx);
+  TESSERA_CUDA_CHECK_LAUNCH("scale_outer");
+}
+
+}  // namespace tessera::cuda
