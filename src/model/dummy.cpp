@@ -152,6 +152,25 @@ void fill_row(float* row, int64_t n, uint64_t seed, uint64_t tensor, int64_t r, 
   }
 }
 
+// Fills the rows of a matrix from fill_row's values on every core: f(row_values, r) stores
+// row r in its format.
+template <typename F>
+void for_each_random_row(int64_t rows, int64_t cols, uint64_t seed, uint64_t id, F f) {
+  const float amp = 1.0f / std::sqrt(static_cast<float>(cols));  // keeps activations O(1)
+  const int n_threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> threads;
+  for (int th = 0; th < n_threads; ++th) {
+    threads.emplace_back([&, th] {
+      std::vector<float> row(cols);
+      for (int64_t r = th; r < rows; r += n_threads) {
+        fill_row(row.data(), cols, seed, id, r, amp);
+        f(row.data(), r);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
 struct DummyBuilder {
   ModelWeights& w;
   uint64_t seed;
@@ -198,21 +217,10 @@ struct DummyBuilder {
   WeightMatrix fp8_matrix(int64_t rows, int64_t cols) {
     Fp8Matrix m = make_fp8_matrix(rows, cols);
     const Fp8WeightLayout& l = m.layout;
-    const uint64_t id = next_tensor++;
-    const float amp = 1.0f / std::sqrt(static_cast<float>(cols));
     auto* scales = reinterpret_cast<float*>(m.data.get() + l.off_scales);
-    const int n_threads = std::max(1u, std::thread::hardware_concurrency());
-    std::vector<std::thread> threads;
-    for (int th = 0; th < n_threads; ++th) {
-      threads.emplace_back([&, th] {
-        std::vector<float> row(cols);
-        for (int64_t r = th; r < rows; r += n_threads) {
-          fill_row(row.data(), cols, seed, id, r, amp);
-          scales[r] = quantize_fp8_row(row.data(), cols, m.data.get() + r * l.row_bytes, r);
-        }
-      });
-    }
-    for (auto& th : threads) th.join();
+    for_each_random_row(rows, cols, seed, next_tensor++, [&](const float* row, int64_t r) {
+      scales[r] = quantize_fp8_row(row, cols, m.data.get() + r * l.row_bytes, r);
+    });
     w.owners.push_back(m.data);
     w.weight_bytes += l.total_bytes;
     return WeightMatrix{m.data.get(), DType::FP8W, rows, cols};
@@ -225,20 +233,8 @@ struct DummyBuilder {
     const DType t = cols % dtype_traits(dtype).block_elems == 0 ? dtype : DType::F16;
     const int64_t row_bytes = dtype_row_bytes(t, cols);
     auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(rows * row_bytes)]);
-    const uint64_t id = next_tensor++;
-    const float amp = 1.0f / std::sqrt(static_cast<float>(cols));  // keeps activations O(1)
-    const int n_threads = std::max(1u, std::thread::hardware_concurrency());
-    std::vector<std::thread> threads;
-    for (int th = 0; th < n_threads; ++th) {
-      threads.emplace_back([&, th] {
-        std::vector<float> row(cols);
-        for (int64_t r = th; r < rows; r += n_threads) {
-          fill_row(row.data(), cols, seed, id, r, amp);
-          quantize_row(t, row.data(), buf.get() + r * row_bytes, cols);
-        }
-      });
-    }
-    for (auto& th : threads) th.join();
+    for_each_random_row(rows, cols, seed, next_tensor++,
+                        [&](const float* row, int64_t r) { quantize_row(t, row, buf.get() + r * row_bytes, cols); });
     w.owners.push_back(std::shared_ptr<const void>(buf, buf.get()));
     w.weight_bytes += rows * row_bytes;
     return WeightMatrix{buf.get(), t, rows, cols};

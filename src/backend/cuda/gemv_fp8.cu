@@ -10,6 +10,7 @@
 // the width reads as 0.
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/gemv_loads.cuh"
 #include "backend/cuda/quant_decode.cuh"
 
 namespace tessera::cuda {
@@ -28,29 +29,6 @@ struct Fp8Targets {
   int n;
 };
 
-__device__ __forceinline__ uint4 load_codes(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-// x[c..c+3] of one row; past `cols` zero.
-template <bool kFull, bool kVecX>
-__device__ __forceinline__ float4 load_x4(const float* xr, int c, int cols) {
-  if constexpr (kFull && kVecX) {
-    return __ldg(reinterpret_cast<const float4*>(xr + c));
-  } else {
-    float4 v;
-    v.x = (kFull || c + 0 < cols) ? __ldg(xr + c + 0) : 0.0f;
-    v.y = (kFull || c + 1 < cols) ? __ldg(xr + c + 1) : 0.0f;
-    v.z = (kFull || c + 2 < cols) ? __ldg(xr + c + 2) : 0.0f;
-    v.w = (kFull || c + 3 < cols) ? __ldg(xr + c + 3) : 0.0f;
-    return v;
-  }
-}
-
 template <int NR, bool kFull, bool kVecX>
 __device__ __forceinline__ void fp8_step(const float* __restrict__ x, int n_rows, int64_t ldx, int cols, int j0,
                                          const uint4 (&q)[kRowsPerWarp], float (&acc)[NR][kRowsPerWarp]) {
@@ -60,22 +38,10 @@ __device__ __forceinline__ void fp8_step(const float* __restrict__ x, int n_rows
     float v[kRowsPerWarp][4];
 #pragma unroll
     for (int k = 0; k < kRowsPerWarp; ++k) {
-      const uint32_t wd = i == 0 ? q[k].x : i == 1 ? q[k].y : i == 2 ? q[k].z : q[k].w;
+      const uint32_t wd = word_of(q[k], i);
       e4m3x4_to_f32(wd, v[k]);
     }
-#pragma unroll
-    for (int t = 0; t < NR; ++t) {
-      if (NR > 1 && t >= n_rows) break;
-      const float4 xv = load_x4<kFull, kVecX>(x + t * ldx, c, cols);
-#pragma unroll
-      for (int k = 0; k < kRowsPerWarp; ++k) {
-        float p = acc[t][k];
-        p = fmaf(v[k][0], xv.x, p);
-        p = fmaf(v[k][1], xv.y, p);
-        p = fmaf(v[k][2], xv.z, p);
-        acc[t][k] = fmaf(v[k][3], xv.w, p);
-      }
-    }
+    fma_x4<NR, kRowsPerWarp, kFull, kVecX>(x, n_rows, ldx, cols, c, v, acc);
   }
 }
 
