@@ -68,7 +68,7 @@ TEST(CudaBench, Llama31_8B_Bf16) {
     for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
       weight_read_bytes += static_cast<double>(m->bytes());
   const double kv_bytes_per_token = double(spec.bytes_per_token());
-  auto logits_buf = cuda_pinned_host(sizeof(float) * size_t{n_seqs} * c.n_vocab);
+  auto logits_buf = cuda_pinned_host(sizeof(float) * static_cast<size_t>(n_seqs) * c.n_vocab);
   float* logits = static_cast<float*>(logits_buf.get());
 
   std::vector<int32_t> prompt(n_prompt);
