@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_diag.h"
 #include "backend/cuda/cuda_factory.h"
 #include "backend/cuda/cuda_tuning.h"
+#include "backend/cuda/gemm_fp8.h"
 #include "backend/cuda/gemma_kernels.h"
 #include "core/error.h"
 
@@ -349,6 +350,15 @@ void CudaBackend::gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, co
   for (int i = 0; i < n_runs; ++i) {
     const MatmulTarget& t = runs[i];
     const WeightMatrix& w = t.w;
+    // cuBLASLt's FP8 kernels want output rows in multiples of 16 and a 16-byte aligned output
+    // (measured on cuBLAS 13.1: 37 rows, or an output at an 8-byte offset, find no algorithm);
+    // other shapes take the weights decoded to bf16 and the bf16 GEMM.
+    if (is_fp8_weight(w.dtype) && (w.rows % 16 != 0 || t.ldy % 4 != 0 || reinterpret_cast<uintptr_t>(t.y) % 16 != 0)) {
+      auto* wb = static_cast<uint16_t*>(scratch(wdeq_, wdeq_cap_, static_cast<size_t>(w.rows) * cols * 2));
+      cuda::launch_dequant_fp8_bf16(w, wb, stream_);
+      gemm_->run(CUDA_R_16BF, wb, cols, act(true), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
+      continue;
+    }
     if (is_fp8_weight(w.dtype)) {
       act_fp8();
       TESSERA_CHECK(w.row_bytes() == ldq, "cuda gemm: FP8 weight row stride ", w.row_bytes(), " vs ", ldq);

@@ -1,9 +1,11 @@
 // FP8 W8A8 past the decode sizes: the activations quantized per row (token) to E4M3 for the
-// cuBLASLt FP8 GEMM (gemm_lt.cpp), and the scaling epilogue for when cuBLASLt did not apply
-// the per-row x per-channel scales itself.
+// cuBLASLt FP8 GEMM (gemm_lt.cpp), the scaling epilogue for when cuBLASLt did not apply the
+// per-row x per-channel scales itself, and the bf16 decode for the shapes cuBLASLt's FP8
+// kernels refuse (output rows not a multiple of 16, an output not 16-byte aligned).
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gemm_fp8.h"
 #include "backend/cuda/kernels.h"
 
 namespace tessera::cuda {
@@ -44,7 +46,29 @@ __global__ void scale_outer_kernel(float* __restrict__ y, int64_t ldy, int n_row
   }
 }
 
+// out[r * cols + j] = bf16(e4m3(code[r, j]) * scale[r]), a thread per element.
+__global__ void dequant_fp8_bf16_kernel(const uint8_t* __restrict__ codes, int64_t row_bytes,
+                                        const float* __restrict__ scales, int64_t rows, int64_t cols,
+                                        uint16_t* __restrict__ out) {
+  const int64_t n = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, j = i % cols;
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(codes[r * row_bytes + j], __NV_E4M3);
+    out[i] = f32_to_16bits(half_bits_to_f32(h.x) * scales[r], true);
+  }
+}
+
 }  // namespace
+
+void launch_dequant_fp8_bf16(const WeightMatrix& w, uint16_t* out, cudaStream_t s) {
+  TESSERA_CHECK(is_fp8_weight(w.dtype) && w.rows > 0 && w.cols > 0, "cuda dequant_fp8: not an FP8W weight");
+  const int64_t n = w.rows * w.cols;
+  const unsigned grid = std::min<unsigned>(blocks_for(n, 256), 132u * 16u);
+  dequant_fp8_bf16_kernel<<<grid, 256, 0, s>>>(static_cast<const uint8_t*>(w.data), w.row_bytes(), w.fp8_scales(),
+                                               w.rows, w.cols, out);
+  TESSERA_CUDA_CHECK_LAUNCH("dequant_fp8_bf16");
+}
 
 void launch_quantize_rows_e4m3(const float* x, int n_rows, int64_t ldx, int64_t cols, uint8_t* xq, int64_t ldq,
                                float* sx, cudaStream_t s) {

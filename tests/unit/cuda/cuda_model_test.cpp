@@ -108,8 +108,10 @@ TEST(CudaModel, QuantizedDummiesMatchCpu) {
 TEST(CudaModel, Fp8DummyMatchesCpu) {
   TESSERA_REQUIRE_CUDA();
   // The CPU keeps activations in f32 (fp8_matmul_scalar); the GPU's prefill (21 rows) quantizes
-  // them per token to E4M3 for the FP8 tensor cores, decode keeps them in f32.
-  parity("dummy:smollm2-135m:fp8", 5e-2, false);
+  // them per token to E4M3 for the FP8 tensor cores (3 mantissa bits), decode keeps them in
+  // f32: 6.7e-2 measured on an H100 over the 30 layers (5e-2 for the 4-bit formats, whose
+  // activations stay 16-bit).
+  parity("dummy:smollm2-135m:fp8", 1e-1, false);
 }
 
 TEST(CudaModel, Qwen2BiasAndNeoxRopeOnGpu) {
