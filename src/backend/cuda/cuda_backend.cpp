@@ -362,8 +362,8 @@ void CudaBackend::gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, co
     if (is_fp8_weight(w.dtype)) {
       act_fp8();
       TESSERA_CHECK(w.row_bytes() == ldq, "cuda gemm: FP8 weight row stride ", w.row_bytes(), " vs ", ldq);
-      if (!gemm_->run_fp8(w.data, ldq, w.fp8_scales(), xq, ldq, sx, t.y, t.ldy, w.rows, n_rows, ldq, stream_))
-        cuda::launch_scale_outer(t.y, t.ldy, n_rows, w.rows, w.fp8_scales(), sx, stream_);
+      gemm_->run(CUDA_R_8F_E4M3, w.data, ldq, xq, ldq, t.y, t.ldy, w.rows, n_rows, ldq, stream_);
+      cuda::launch_scale_outer(t.y, t.ldy, n_rows, w.rows, w.fp8_scales(), sx, stream_);
       continue;
     }
     switch (w.dtype) {

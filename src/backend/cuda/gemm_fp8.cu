@@ -1,7 +1,7 @@
 // FP8 W8A8 past the decode sizes: the activations quantized per row (token) to E4M3 for the
-// cuBLASLt FP8 GEMM (gemm_lt.cpp), the scaling epilogue for when cuBLASLt did not apply the
-// per-row x per-channel scales itself, and the bf16 decode for the shapes cuBLASLt's FP8
-// kernels refuse (output rows not a multiple of 16, an output not 16-byte aligned).
+// cuBLASLt FP8 GEMM (gemm_lt.cpp), the epilogue that applies the per-channel x per-token scales
+// to its unscaled f32 product, and the bf16 decode for the shapes cuBLASLt's FP8 kernels refuse
+// (output rows not a multiple of 16, an output not 16-byte aligned).
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_common.cuh"

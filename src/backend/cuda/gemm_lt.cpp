@@ -34,7 +34,6 @@ struct GemmLt::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool outer_scales = false;  // FP8: A and B scaled per row by cuBLASLt (OUTER_VEC_32F)
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -71,45 +70,25 @@ GemmLt::Plan& GemmLt::plan(const Key& key) {
     TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, K, M, lda));
     TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, K, N, ldb));
     TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, M, N, ldd));
-    auto heuristic = [&](cublasLtMatmulHeuristicResult_t& result) {
-      cublasLtMatmulPreference_t pref = nullptr;
-      TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      const uint64_t ws = workspace_bytes_;
-      const uint32_t al = static_cast<uint32_t>(align);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
-      int found = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->op, p->a,
-                                                               p->b, p->d, p->d, pref, 1, &result, &found);
-      cublasLtMatmulPreferenceDestroy(pref);
-      return st == CUBLAS_STATUS_SUCCESS && found > 0 ? 0 : static_cast<int>(st == CUBLAS_STATUS_SUCCESS ? -1 : st);
-    };
+    cublasLtMatmulPreference_t pref = nullptr;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = workspace_bytes_;
+    const uint32_t al = static_cast<uint32_t>(align);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
     cublasLtMatmulHeuristicResult_t result{};
-    int st = -1;
-    if (type == CUDA_R_8F_E4M3) {
-      // Per-row scales of both operands (weights per output channel, activations per token)
-      // applied in the epilogue, where this cuBLASLt offers it; else the plain product.
-      const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-      if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode) ==
-              CUBLAS_STATUS_SUCCESS &&
-          cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode) ==
-              CUBLAS_STATUS_SUCCESS) {
-        st = heuristic(result);
-        p->outer_scales = st == 0;
-      }
-      if (!p->outer_scales) {
-        const int32_t scalar = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &scalar, sizeof scalar);
-        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &scalar, sizeof scalar);
-      }
-    }
-    if (!p->outer_scales) st = heuristic(result);
-    if (st != 0)
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->op, p->a, p->b,
+                                                             p->d, p->d, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
       fail("cuBLASLt has no algorithm for a ", M, "x", N, "x", K, " product (type ", type_i, ", alignment ", align,
-           ", status ", st, ")");
+           ", status ", static_cast<int>(st), ")");
+    // The heuristic's first choice. Timing its candidates (and split-K versions) on cold L2
+    // was tried and ran slower inside the decode step (docs/benchmarks/gpu.md, fourth pass).
     p->algo = result.algo;
   } catch (...) {
     delete p;
@@ -128,21 +107,6 @@ void GemmLt::run(cudaDataType_t ab_type, const void* A, int64_t lda, const void*
   const float alpha = 1.0f, beta = 0.0f;
   TESSERA_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, A, p.a, B, p.b, &beta, D,
                                       p.d, D, p.d, &p.algo, workspace_, workspace_bytes_, stream));
-}
-
-bool GemmLt::run_fp8(const void* A, int64_t lda, const float* sa, const void* B, int64_t ldb, const float* sb, float* D,
-                     int64_t ldd, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
-  if (M == 0 || N == 0) return true;
-  const int align = std::min({alignment_of(A, lda, 1), alignment_of(B, ldb, 1), alignment_of(D, ldd, 4)});
-  Plan& p = plan(Key{static_cast<int>(CUDA_R_8F_E4M3), M, N, K, lda, ldb, ldd, align});
-  if (p.outer_scales) {
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
-  }
-  const float alpha = 1.0f, beta = 0.0f;
-  TESSERA_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, A, p.a, B, p.b, &beta, D,
-                                      p.d, D, p.d, &p.algo, workspace_, workspace_bytes_, stream));
-  return p.outer_scales;
 }
 
 }  // namespace tessera::cuda

@@ -126,8 +126,8 @@ void launch_gemv_fp8(const float* x, int n_rows, int64_t ldx, const MatmulTarget
                      cudaStream_t s);
 // FP8 W8A8 past kGemvMaxRows (gemm_fp8.cu): activations quantized per row to E4M3,
 // xq [n_rows][ldq] (columns past cols zero, ldq a multiple of 16) with sx[t] = amax_t / 448
-// (1 for a zero row); and the scaling epilogue y[t * ldy + r] *= sw[r] * sx[t] when cuBLASLt
-// did not apply the scales itself.
+// (1 for a zero row); and the scaling epilogue y[t * ldy + r] *= sw[r] * sx[t] on cuBLASLt's
+// unscaled FP8 product.
 void launch_quantize_rows_e4m3(const float* x, int n_rows, int64_t ldx, int64_t cols, uint8_t* xq, int64_t ldq,
                                float* sx, cudaStream_t s);
 void launch_scale_outer(float* y, int64_t ldy, int n_rows, int64_t rows, const float* sw, const float* sx,
