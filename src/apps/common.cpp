@@ -29,12 +29,30 @@ void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--v-cache-dtype", v_cache_dtype, "format of V alone (overrides --kv-cache-dtype)");
   cmd.add_option("--kv-scales", kv_scales,
                  "static KV constants (JSON from tessera calibrate-kv): fp8 :tensor/:head scales, turbo key means");
+  cmd.add_option("--quantization,-q", quantization,
+                 "quantize the model's linear layers at load, round-to-nearest: fp8 (E4M3, a scale per output "
+                 "channel) or w4a16 (4-bit groups of 128, = MODEL@w4g128); docs/design/weight-quant.md");
   cmd.add_flag("--no-cuda-graphs", no_cuda_graphs, "CUDA: launch every op instead of replaying decode graphs");
 }
 
 SessionOptions ModelArgs::session_options() const {
   SessionOptions o;
   o.model = model;
+  if (!quantization.empty()) {
+    // The flag maps onto the MODEL@spec quantization at load that Session performs.
+    std::string spec;
+    if (quantization == "fp8")
+      spec = "fp8";
+    else if (quantization == "w4a16")
+      spec = "w4g128";
+    else if (quantization == "int8")
+      fail("--quantization int8: INT8 W8A8 weights are not implemented (fp8 and w4a16 are)");
+    else
+      fail("--quantization '", quantization, "': expected fp8 or w4a16");
+    TESSERA_CHECK(model.find('@') == std::string::npos, "--quantization ", quantization, " with model '", model,
+                  "', which names a quantization after '@' already");
+    o.model += "@" + spec;
+  }
   o.backend.device = device;
   o.backend.threads = threads;
   o.backend.cuda_graphs = !no_cuda_graphs;

@@ -20,7 +20,8 @@ struct ModelArgs {
   std::string k_cache_dtype, v_cache_dtype;
   std::string kv_scales;  // static scales file (tessera calibrate-kv)
   bool no_cuda_graphs = false;
-  uint64_t seed = 0;  // dummy weights
+  uint64_t seed = 0;         // dummy weights
+  std::string quantization;  // vLLM's --quantization: fp8 or w4a16, quantized at load (RTN)
 
   void add_to(CLI::App& cmd);
   SessionOptions session_options() const;

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/fp8_weight.h"
 #include "core/group_quant.h"
 
 namespace tessera {
@@ -12,6 +13,7 @@ namespace tessera {
 // rows contiguous with stride dtype_row_bytes(dtype, cols). For GGUF, rows = shape[1] and
 // cols = shape[0]. Group-quantized weights (W4G/W8G) are one buffer of planes, codes first
 // (core/group_quant.h): row_bytes() is the stride of the codes, bytes() the whole buffer.
+// FP8W weights likewise: E4M3 codes with padded rows, then a scale per row (core/fp8_weight.h).
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::F32;
@@ -26,10 +28,19 @@ struct WeightMatrix {
   GroupQuantLayout gq_layout() const {
     return GroupQuantLayout::make(dtype == DType::W8G ? 8 : 4, rows, cols, group_size, gq_zeros, gq_perm);
   }
+  Fp8WeightLayout fp8_layout() const { return Fp8WeightLayout::make(rows, cols); }
   int64_t row_bytes() const {
+    if (is_fp8_weight(dtype)) return fp8_layout().row_bytes;
     return is_group_quant(dtype) ? gq_layout().code_row_bytes : dtype_row_bytes(dtype, cols);
   }
-  int64_t bytes() const { return is_group_quant(dtype) ? gq_layout().total_bytes : rows * row_bytes(); }
+  int64_t bytes() const {
+    if (is_fp8_weight(dtype)) return fp8_layout().total_bytes;
+    return is_group_quant(dtype) ? gq_layout().total_bytes : rows * row_bytes();
+  }
+  // FP8W: the per-row scales, after the codes.
+  const float* fp8_scales() const {
+    return reinterpret_cast<const float*>(static_cast<const uint8_t*>(data) + fp8_layout().off_scales);
+  }
 };
 
 // One output of a matmul that shares its input with others (Q, K, V; gate, up):

@@ -11,7 +11,8 @@ const DTypeTraits& dtype_traits(DType t) {
       q4_0{"Q4_0", 32, 18, true}, q4_1{"Q4_1", 32, 20, true}, q5_0{"Q5_0", 32, 22, true}, q5_1{"Q5_1", 32, 24, true},
       q8_0{"Q8_0", 32, 34, true}, q8_1{"Q8_1", 32, 36, false}, q4_k{"Q4_K", 256, 144, true},
       q5_k{"Q5_K", 256, 176, true}, q6_k{"Q6_K", 256, 210, true}, q8_k{"Q8_K", 256, 292, false}, i8{"I8", 1, 1, false},
-      i16{"I16", 1, 2, false}, i32{"I32", 1, 4, false}, w4g{"W4G", 32, 16, true}, w8g{"W8G", 32, 32, true};
+      i16{"I16", 1, 2, false}, i32{"I32", 1, 4, false}, w4g{"W4G", 32, 16, true}, w8g{"W8G", 32, 32, true},
+      fp8w{"FP8W", 1, 1, true};
   switch (t) {
     case DType::F32:
       return f32;
@@ -49,6 +50,8 @@ const DTypeTraits& dtype_traits(DType t) {
       return w4g;
     case DType::W8G:
       return w8g;
+    case DType::FP8W:
+      return fp8w;
     default:
       return kUnknown;
   }
@@ -56,8 +59,8 @@ const DTypeTraits& dtype_traits(DType t) {
 
 DType dtype_from_ggml_id(uint32_t id) {
   const DType t = static_cast<DType>(id);
-  // The group-quantized types are tessera's own: no GGML id maps to them.
-  return dtype_traits(t).block_elems == 0 || is_group_quant(t) ? DType::Unknown : t;
+  // The group-quantized and FP8W types are tessera's own: no GGML id maps to them.
+  return dtype_traits(t).block_elems == 0 || is_group_quant(t) || is_fp8_weight(t) ? DType::Unknown : t;
 }
 
 }  // namespace tessera

@@ -30,6 +30,10 @@ enum class DType : uint32_t {
   // and flags, which WeightMatrix carries.
   W4G = 0x100,
   W8G = 0x101,
+  // FP8 E4M3 weights with one f32 scale per output row (tessera's own, core/fp8_weight.h):
+  // value = decode_e4m3(code) * scale[row]. What vLLM's --quantization fp8 and
+  // compressed-tensors float-quantized (channel strategy) checkpoints hold.
+  FP8W = 0x102,
   Unknown = 0xffffffffu,
 };
 
@@ -46,8 +50,10 @@ const DTypeTraits& dtype_traits(DType t);
 DType dtype_from_ggml_id(uint32_t id);
 inline std::string_view dtype_name(DType t) { return dtype_traits(t).name; }
 inline bool is_group_quant(DType t) { return t == DType::W4G || t == DType::W8G; }
+inline bool is_fp8_weight(DType t) { return t == DType::FP8W; }
 // Bytes of one row of n elements; n must be a multiple of the block size (checked by loaders).
-// For W4G/W8G: the codes of one row only (the scales follow all rows' codes).
+// For W4G/W8G: the codes of one row only (the scales follow all rows' codes). For FP8W the
+// stored stride is padded (WeightMatrix::row_bytes, core/fp8_weight.h).
 inline int64_t dtype_row_bytes(DType t, int64_t n) {
   const auto& tr = dtype_traits(t);
   return n / tr.block_elems * tr.block_bytes;

@@ -11,6 +11,7 @@
 #include "core/fp16.h"
 #include "core/group_quant.h"
 #include "model/quantize_weights.h"
+#include "quant/fp8_weight.h"
 #include "quant/quant.h"
 
 namespace tessera {
@@ -169,7 +170,7 @@ DType parse_dtype(const std::string& s) {
   for (auto& [name, t] : kNames)
     if (s == name) return t;
   fail("unknown dummy weight type '", s,
-       "' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, w4g<N>, w8g<N>, w4c, w8c)");
+       "' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, w4g<N>, w8g<N>, w4c, w8c, fp8)");
 }
 
 uint64_t splitmix64(uint64_t& state) {
@@ -189,11 +190,30 @@ void fill_row(float* row, int64_t n, uint64_t seed, uint64_t tensor, int64_t r, 
   }
 }
 
+// Fills the rows of a matrix from fill_row's values on every core: f(row_values, r) stores
+// row r in its format.
+template <typename F>
+void for_each_random_row(int64_t rows, int64_t cols, uint64_t seed, uint64_t id, F f) {
+  const float amp = 1.0f / std::sqrt(static_cast<float>(cols));  // keeps activations O(1)
+  const int n_threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> threads;
+  for (int th = 0; th < n_threads; ++th) {
+    threads.emplace_back([&, th] {
+      std::vector<float> row(cols);
+      for (int64_t r = th; r < rows; r += n_threads) {
+        fill_row(row.data(), cols, seed, id, r, amp);
+        f(row.data(), r);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
 struct DummyBuilder {
   ModelWeights& w;
   uint64_t seed;
   DType dtype;
-  WeightQuantSpec group{0, 0, false};  // bits 0: not group-quantized
+  WeightQuantSpec group{0, 0, false, false};  // bits 0: not group-quantized
   uint64_t next_tensor = 1;
 
   // Random codes (uniform over the levels, zero 2^(bits-1)) and one scale that spans the same
@@ -231,26 +251,28 @@ struct DummyBuilder {
     return m;
   }
 
+  // Uniform random values as the float matrices hold, quantized to E4M3 per row (RTN).
+  WeightMatrix fp8_matrix(int64_t rows, int64_t cols) {
+    Fp8Matrix m = make_fp8_matrix(rows, cols);
+    const Fp8WeightLayout& l = m.layout;
+    auto* scales = reinterpret_cast<float*>(m.data.get() + l.off_scales);
+    for_each_random_row(rows, cols, seed, next_tensor++, [&](const float* row, int64_t r) {
+      scales[r] = quantize_fp8_row(row, cols, m.data.get() + r * l.row_bytes, r);
+    });
+    w.owners.push_back(m.data);
+    w.weight_bytes += l.total_bytes;
+    return WeightMatrix{m.data.get(), DType::FP8W, rows, cols};
+  }
+
   WeightMatrix matrix(int64_t rows, int64_t cols) {
+    if (group.fp8) return fp8_matrix(rows, cols);
     if (group.bits != 0 && cols % 32 == 0 && (group.group == 0 || cols % group.group == 0))
       return group_matrix(rows, cols);
     const DType t = cols % dtype_traits(dtype).block_elems == 0 ? dtype : DType::F16;
     const int64_t row_bytes = dtype_row_bytes(t, cols);
     auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(rows * row_bytes)]);
-    const uint64_t id = next_tensor++;
-    const float amp = 1.0f / std::sqrt(static_cast<float>(cols));  // keeps activations O(1)
-    const int n_threads = std::max(1u, std::thread::hardware_concurrency());
-    std::vector<std::thread> threads;
-    for (int th = 0; th < n_threads; ++th) {
-      threads.emplace_back([&, th] {
-        std::vector<float> row(cols);
-        for (int64_t r = th; r < rows; r += n_threads) {
-          fill_row(row.data(), cols, seed, id, r, amp);
-          quantize_row(t, row.data(), buf.get() + r * row_bytes, cols);
-        }
-      });
-    }
-    for (auto& th : threads) th.join();
+    for_each_random_row(rows, cols, seed, next_tensor++,
+                        [&](const float* row, int64_t r) { quantize_row(t, row, buf.get() + r * row_bytes, cols); });
     w.owners.push_back(std::shared_ptr<const void>(buf, buf.get()));
     w.weight_bytes += rows * row_bytes;
     return WeightMatrix{buf.get(), t, rows, cols};
@@ -271,16 +293,17 @@ std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64
   const auto colon = spec.find(':');
   const std::string preset = spec.substr(0, colon);
   const std::string type = colon == std::string::npos ? "f16" : spec.substr(colon + 1);
-  WeightQuantSpec group{0, 0, false};
-  // Group-quantized dummies keep the embedding and output head in F16, as GPTQ/AWQ checkpoints do.
+  WeightQuantSpec group{0, 0, false, false};
+  // Group-quantized dummies keep the embedding and output head in F16, as GPTQ/AWQ checkpoints
+  // do; FP8 ones in BF16, as vLLM's --quantization fp8 leaves them.
   const bool grouped = parse_weight_quant_spec(type, &group);
-  const DType dtype = grouped ? DType::F16 : parse_dtype(type);
+  const DType dtype = grouped ? (group.fp8 ? DType::BF16 : DType::F16) : parse_dtype(type);
   auto w = std::make_shared<ModelWeights>();
   w->config = dummy_preset(preset);
   w->config.validate();
   w->source = "dummy:" + spec;
   const ModelConfig& c = w->config;
-  DummyBuilder b{*w, seed, dtype, {0, 0, false}};
+  DummyBuilder b{*w, seed, dtype, {0, 0, false, false}};
   const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim,
                 kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
   w->tok_embd = b.matrix(c.n_vocab, c.n_embd);

@@ -7,12 +7,17 @@
 #include <vector>
 
 #include "core/error.h"
+#include "quant/fp8_weight.h"
 #include "quant/group_quant.h"
 #include "quant/quant.h"
 
 namespace tessera {
 
 bool parse_weight_quant_spec(const std::string& s, WeightQuantSpec* out) {
+  if (s == "fp8") {
+    *out = WeightQuantSpec{8, 0, false, true};
+    return true;
+  }
   if (s.size() < 3 || s[0] != 'w' || (s[1] != '4' && s[1] != '8')) return false;
   WeightQuantSpec spec;
   spec.bits = s[1] - '0';
@@ -41,12 +46,14 @@ void quantize_linear_weights(ModelWeights& w, const WeightQuantSpec& spec) {
   std::vector<WeightMatrix*> todo;
   for (LayerWeights& l : w.layers)
     for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      TESSERA_CHECK(!is_group_quant(m->dtype), w.source, ": weights are group-quantized already");
+      TESSERA_CHECK(!is_group_quant(m->dtype) && !is_fp8_weight(m->dtype), w.source, ": weights are ",
+                    dtype_name(m->dtype), " (quantized) already");
       TESSERA_CHECK(m->cols % dtype_traits(m->dtype).block_elems == 0, w.source, ": a ", dtype_name(m->dtype),
                     " matrix of width ", m->cols, " cannot be decoded");
       todo.push_back(m);
     }
   std::vector<GroupQuantMatrix> built(todo.size());
+  std::vector<Fp8Matrix> built_fp8(todo.size());
   std::atomic<size_t> next{0};
   auto work = [&] {
     std::vector<float> f;
@@ -56,6 +63,10 @@ void quantize_linear_weights(ModelWeights& w, const WeightQuantSpec& spec) {
       const int64_t row_bytes = m.row_bytes();
       for (int64_t r = 0; r < m.rows; ++r)
         dequantize_row(m.dtype, static_cast<const uint8_t*>(m.data) + r * row_bytes, f.data() + r * m.cols, m.cols);
+      if (spec.fp8) {
+        built_fp8[i] = quantize_fp8_rtn(f.data(), m.rows, m.cols);
+        continue;
+      }
       built[i] = quantize_group_rtn(f.data(), m.rows, m.cols, spec.bits, spec.group == 0 ? m.cols : spec.group,
                                     spec.asymmetric);
     }
@@ -67,6 +78,13 @@ void quantize_linear_weights(ModelWeights& w, const WeightQuantSpec& spec) {
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < todo.size(); ++i) {
     WeightMatrix& m = *todo[i];
+    if (spec.fp8) {
+      WeightMatrix q{built_fp8[i].data.get(), DType::FP8W, m.rows, m.cols};
+      w.weight_bytes += q.bytes() - m.bytes();
+      w.owners.push_back(built_fp8[i].data);
+      m = q;
+      continue;
+    }
     const GroupQuantLayout& l = built[i].layout;
     w.weight_bytes += l.total_bytes - m.bytes();
     w.owners.push_back(built[i].data);

@@ -12,6 +12,7 @@
 #include "backend/cpu/matmul_kernels.h"
 #include "core/aligned_buffer.h"
 #include "core/error.h"
+#include "quant/fp8_weight.h"
 #include "quant/group_quant.h"
 
 namespace tessera {
@@ -232,8 +233,8 @@ void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const
     const WeightMatrix& w = t.w;
     const bool gq = is_group_quant(w.dtype);
     need_gq |= gq;
-    TESSERA_CHECK(gq || mm::wkind_index(w.dtype) >= 0, "matmul: weight type ", dtype_name(w.dtype),
-                  " is not supported");
+    TESSERA_CHECK(gq || is_fp8_weight(w.dtype) || mm::wkind_index(w.dtype) >= 0, "matmul: weight type ",
+                  dtype_name(w.dtype), " is not supported");
     TESSERA_CHECK(w.cols == cols, "matmul: targets disagree on the input width (", w.cols, " vs ", cols, ")");
     if (gq) {
       const char* why = w.gq_layout().valid_reason();
@@ -324,6 +325,11 @@ void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const
       }
       task.y = tg.y + it.t0 * tg.ldy + it.r0;
       task.ldy = tg.ldy;
+      if (is_fp8_weight(tg.w.dtype)) {
+        task.fp8_scales = tg.w.fp8_scales() + it.r0;
+        mm::fp8_matmul_scalar(task);
+        continue;
+      }
       if (is_group_quant(tg.w.dtype)) {
         const GroupQuantLayout gl = tg.w.gq_layout();
         const auto* base = static_cast<const uint8_t*>(tg.w.data);
@@ -347,6 +353,11 @@ void CpuMatmul::run(const float* x, int64_t n_rows, int64_t ldx, std::span<const
 }
 
 void cpu_get_rows(const WeightMatrix& w, const int32_t* ids, int64_t n, float* out) {
+  if (is_fp8_weight(w.dtype)) {
+    for (int64_t i = 0; i < n; ++i)
+      fp8_dequantize_row(w.fp8_layout(), static_cast<const uint8_t*>(w.data), ids[i], out + i * w.cols);
+    return;
+  }
   if (is_group_quant(w.dtype)) {
     const GroupQuantLayout gl = w.gq_layout();
     for (int64_t i = 0; i < n; ++i)

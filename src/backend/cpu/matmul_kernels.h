@@ -140,6 +140,9 @@ struct MatmulTask {
   const uint8_t* gq_zeros = nullptr;
   int64_t gq_ld = 0;
   int64_t gq_group = 0;
+  // FP8W weights (w and w_stride address their codes; x is the f32 input): the f32 scales
+  // of the first weight row, one per row.
+  const float* fp8_scales = nullptr;
 };
 
 using MatmulKernel = void (*)(const MatmulTask&);
@@ -281,6 +284,9 @@ void gq_matmul_scalar_w4(const MatmulTask& t);
 void gq_matmul_scalar_w8(const MatmulTask& t);
 void gq_matmul_avx2_w4(const MatmulTask& t);  // call only when the CPU has AVX2, FMA, F16C
 void gq_matmul_avx2_w8(const MatmulTask& t);
+
+// FP8W weights (matmul_fp8.cpp), any number of weight and input rows, f32 arithmetic.
+void fp8_matmul_scalar(const MatmulTask& t);
 
 // Scalar decoding of one weight row to f32 (embedding lookup; tests of the kernels use
 // their own float64 decoders).

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_diag.h"
 #include "backend/cuda/cuda_factory.h"
 #include "backend/cuda/cuda_tuning.h"
+#include "backend/cuda/gemm_fp8.h"
 #include "backend/cuda/gemma_kernels.h"
 #include "core/error.h"
 
@@ -37,6 +38,11 @@ std::string matmul_op_name(int n_rows, std::span<const MatmulTarget> targets) {
   return std::string(n_rows <= cuda::kGemvMaxRows ? "gemv " : "gemm ") + std::string(dtype_name(targets[0].w.dtype)) +
          " [" + std::to_string(n_rows) + " x " + std::to_string(targets[0].w.cols) + "] -> " + std::to_string(rows) +
          (targets.size() > 1 ? " (" + std::to_string(targets.size()) + " targets)" : "");
+}
+
+// The bulk / warp kernels' view of a target (FP8W weights carry their per-row scales).
+cuda::GemvTarget gemv_target(const MatmulTarget& t) {
+  return {t.w.data, t.y, t.ldy, t.w.rows, is_fp8_weight(t.w.dtype) ? t.w.fp8_scales() : nullptr};
 }
 
 std::string attention_op_name(const AttentionBatch& b) {
@@ -126,6 +132,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(act16_);
   cudaFree(wdeq_);
   cudaFree(xperm_);
+  cudaFree(actq_);
   cudaFree(partials_);
   cudaStreamDestroy(stream_);
 }
@@ -245,8 +252,9 @@ int CudaBackend::coalesce(std::span<const MatmulTarget> targets, MatmulTarget* r
     if (n > 0) {
       MatmulTarget& r = runs[n - 1];
       const auto* end = static_cast<const uint8_t*>(r.w.data) + r.w.rows * r.w.row_bytes();
-      if (!is_group_quant(t.w.dtype) && t.w.dtype == r.w.dtype && t.w.cols == r.w.cols && t.w.data == end &&
-          t.ldy == r.ldy && t.y == r.y + r.w.rows) {
+      // Quantized weights are planes (codes, then scales): never concatenated.
+      if (!is_group_quant(t.w.dtype) && !is_fp8_weight(t.w.dtype) && t.w.dtype == r.w.dtype && t.w.cols == r.w.cols &&
+          t.w.data == end && t.ldy == r.ldy && t.y == r.y + r.w.rows) {
         r.w.rows += t.w.rows;
         continue;
       }
@@ -286,14 +294,19 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
       continue;
     }
     cuda::GemvTarget g[cuda::kGemvMaxTargets];
+    const int first = i;
     int n = 0;
     const DType type = runs[i].w.dtype;
     while (i < n_runs && n < cuda::kGemvMaxTargets && runs[i].w.dtype == type && !is_group_quant(type)) {
-      g[n++] = {runs[i].w.data, runs[i].y, runs[i].ldy, runs[i].w.rows};
+      g[n++] = gemv_target(runs[i]);
       ++i;
     }
     if (n_rows == 1 && cuda::launch_gemv_bulk(type, in, cols, g, n, sm_count_, stream_)) continue;
     TESSERA_CHECK(!in.up && !in.residual, "cuda gemv: a fused input needs the bulk kernel");
+    if (is_fp8_weight(type)) {  // any width, 1-8 rows (gemv_fp8.cu)
+      cuda::launch_gemv_fp8(in.x, n_rows, ldx, runs + first, n, stream_);
+      continue;
+    }
     TESSERA_CHECK(cuda::launch_gemv(type, in.x, n_rows, ldx, cols, g, n, stream_), "cuda matmul: weight type ",
                   dtype_name(type), " is not supported");
   }
@@ -318,9 +331,41 @@ void CudaBackend::gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, co
     }
     return cached;
   };
+  // FP8W: the activations quantized per row to E4M3 once per call ([n_rows][ldq] codes, then
+  // n_rows f32 scales), for cuBLASLt's FP8 GEMM with K padded to 16 (zero codes on both sides).
+  const uint8_t* xq = nullptr;
+  const float* sx = nullptr;
+  const int64_t ldq = static_cast<int64_t>(round_up(static_cast<size_t>(cols), 16));
+  auto act_fp8 = [&] {
+    if (!xq) {
+      TESSERA_CHECK(x, "cuda gemm: FP8 weights need f32 activations");
+      const size_t code_bytes = round_up(static_cast<size_t>(n_rows) * ldq, 256);
+      auto* base = static_cast<uint8_t*>(scratch(actq_, actq_cap_, code_bytes + sizeof(float) * n_rows));
+      xq = base;
+      sx = reinterpret_cast<const float*>(base + code_bytes);
+      cuda::launch_quantize_rows_e4m3(x, n_rows, ldx, cols, base, ldq, reinterpret_cast<float*>(base + code_bytes),
+                                      stream_);
+    }
+  };
   for (int i = 0; i < n_runs; ++i) {
     const MatmulTarget& t = runs[i];
     const WeightMatrix& w = t.w;
+    // cuBLASLt's FP8 kernels want output rows in multiples of 16 and a 16-byte aligned output
+    // (measured on cuBLAS 13.1: 37 rows, or an output at an 8-byte offset, find no algorithm);
+    // other shapes take the weights decoded to bf16 and the bf16 GEMM.
+    if (is_fp8_weight(w.dtype) && (w.rows % 16 != 0 || t.ldy % 4 != 0 || reinterpret_cast<uintptr_t>(t.y) % 16 != 0)) {
+      auto* wb = static_cast<uint16_t*>(scratch(wdeq_, wdeq_cap_, static_cast<size_t>(w.rows) * cols * 2));
+      cuda::launch_dequant_fp8_bf16(w, wb, stream_);
+      gemm_->run(CUDA_R_16BF, wb, cols, act(true), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
+      continue;
+    }
+    if (is_fp8_weight(w.dtype)) {
+      act_fp8();
+      TESSERA_CHECK(w.row_bytes() == ldq, "cuda gemm: FP8 weight row stride ", w.row_bytes(), " vs ", ldq);
+      gemm_->run(CUDA_R_8F_E4M3, w.data, ldq, xq, ldq, t.y, t.ldy, w.rows, n_rows, ldq, stream_);
+      cuda::launch_scale_outer(t.y, t.ldy, n_rows, w.rows, w.fp8_scales(), sx, stream_);
+      continue;
+    }
     switch (w.dtype) {
       case DType::BF16:
         gemm_->run(CUDA_R_16BF, w.data, cols, act(true), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
@@ -370,7 +415,7 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
   bool all16 = true, any_f16 = false, any_bf16 = false;
   for (const MatmulTarget& t : targets) {
     TESSERA_CHECK(t.w.cols == dim, "cuda swiglu_matmul: target width ", t.w.cols, " is not ", dim);
-    all16 = all16 && t.w.dtype != DType::F32;
+    all16 = all16 && t.w.dtype != DType::F32 && !is_fp8_weight(t.w.dtype);  // FP8: quantized from f32
     (t.w.dtype == DType::F16 ? any_f16 : any_bf16) = true;
   }
   // One row with 16-bit weights: SwiGLU computed while the bulk matrix-vector kernel loads
@@ -420,7 +465,7 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
   bool all16 = true, any_f16 = false, any_bf16 = false;
   for (const MatmulTarget& t : targets) {
     TESSERA_CHECK(t.w.cols == dim, "cuda add_rms_norm_matmul: target width ", t.w.cols, " is not ", dim);
-    all16 = all16 && t.w.dtype != DType::F32;
+    all16 = all16 && t.w.dtype != DType::F32 && !is_fp8_weight(t.w.dtype);  // FP8: quantized from f32
     (t.w.dtype == DType::F16 ? any_f16 : any_bf16) = true;
   }
   MatmulTarget runs[kMaxTargets];
@@ -469,13 +514,13 @@ void CudaBackend::add_rms_norm_swiglu_ffn(const float* x, const float* residual,
   const MatmulTarget gate_up[] = {gate, up};
   cuda::OpScope op_scope(profiler_.get(),
                          [&] { return "add_rms_norm + " + matmul_op_name(n_rows, gate_up) + " + swiglu"; });
-  const cuda::GemvTarget g[] = {{gate.w.data, gate.y, gate.ldy, gate.w.rows}, {up.w.data, up.y, up.ldy, up.w.rows}};
+  const cuda::GemvTarget g[] = {gemv_target(gate), gemv_target(up)};
   if (!cuda::launch_gemv_bulk(gate.w.dtype, in, dim, g, 2, sm_count_, stream_, h)) {
     MatmulTarget runs[2];  // the rows do not pair into chunks: the product as it is, then swiglu
     gemv(in, 1, dim, dim, runs, coalesce(gate_up, runs));
     cuda::launch_swiglu(gate.y, up.y, gate.ldy, h, 1, n_ff, stream_);
   }
-  const cuda::GemvTarget d = {down.w.data, down.y, down.ldy, down.w.rows};
+  const cuda::GemvTarget d = gemv_target(down);
   TESSERA_CHECK(cuda::launch_gemv_bulk(down.w.dtype, plain, n_ff, &d, 1, sm_count_, stream_),
                 "cuda add_rms_norm_swiglu_ffn: the down product did not launch");
 }

@@ -132,6 +132,8 @@ class CudaBackend final : public Backend {
   size_t wdeq_cap_ = 0;
   void* xperm_ = nullptr;  // decode activations gathered into an act-order weight's column order
   size_t xperm_cap_ = 0;
+  void* actq_ = nullptr;  // activations as E4M3 codes + per-row scales (the FP8 GEMM)
+  size_t actq_cap_ = 0;
   void* partials_ = nullptr;  // split-KV attention partial results
   size_t partials_cap_ = 0;
 

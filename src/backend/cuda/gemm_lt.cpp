@@ -27,7 +27,7 @@ int alignment_of(const void* p, int64_t ld, int elem) {
   return al;
 }
 
-int elem_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+int elem_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_8F_E4M3 ? 1 : 2; }
 }  // namespace
 
 struct GemmLt::Plan {

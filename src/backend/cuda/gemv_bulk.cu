@@ -1,5 +1,6 @@
-// Batch-1 matrix-vector products for 16-bit weights (bf16, f16), streamed through shared
-// memory by the bulk copy engine: y[r] = x · W[r, :].
+// Batch-1 matrix-vector products for 16-bit weights (bf16, f16) and FP8W (E4M3 codes, the
+// row's f32 scale applied to the finished sum), streamed through shared memory by the bulk
+// copy engine: y[r] = x · W[r, :].
 //
 // Why: decode at batch 1 reads every weight once per token, so the product is a pure
 // stream and its speed is bytes in flight. The warp-per-row kernel (gemv.cu) keeps each
@@ -43,6 +44,7 @@ constexpr size_t kSmemPerSm = 220 << 10;  // what the blocks of one SM may take 
 
 struct BulkTargets {
   const uint8_t* w[kGemvMaxTargets];
+  const float* scale[kGemvMaxTargets];  // FP8W: f32 per row, applied to each finished sum
   float* y[kGemvMaxTargets];
   int64_t chunk_end[kGemvMaxTargets];  // cumulative chunks: target i owns [chunk_end[i-1], chunk_end[i])
   int n;
@@ -63,7 +65,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   TESSERA_PROBE_DECL;
   TESSERA_PROBE_MARK(0);
   extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t chunk_bytes = static_cast<uint32_t>(rows_per_chunk) * cols * 2;
+  constexpr int kElem = T == DType::FP8W ? 1 : 2;  // bytes per weight
+  const uint32_t chunk_bytes = static_cast<uint32_t>(rows_per_chunk) * cols * kElem;
   const uint32_t stage_stride = (chunk_bytes + 127) / 128 * 128;
   auto* bars = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(stages) * stage_stride);
   auto* red = reinterpret_cast<float*>(bars + stages);  // [2][kWarps][kMaxRowsPerChunk]
@@ -196,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint8_t* chunk = smem + static_cast<size_t>(stage) * stage_stride;
     float* red_i = red + (i & 1) * kWarps * kMaxRowsPerChunk;
     for (int r = 0; r < rows_per_chunk; ++r) {
-      const uint8_t* row = chunk + static_cast<size_t>(r) * cols * 2;
+      const uint8_t* row = chunk + static_cast<size_t>(r) * cols * kElem;
       float acc = 0.0f;
 #pragma unroll
       for (int j = 0; j < NS; ++j) {
@@ -223,6 +226,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           u += red_i[w * kMaxRowsPerChunk + h + tid];
         }
         const int64_t row = c * h + tid;
+        if constexpr (T == DType::FP8W) {
+          g *= tg.scale[0][row];
+          u *= tg.scale[1][row];
+        }
         tg.y[0][row] = g;
         tg.y[1][row] = u;
         tg.swiglu_out[row] = silu_times(g, u);  // swiglu.cu's arithmetic
@@ -233,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int w = 0; w < kWarps; ++w) sum += red_i[w * kMaxRowsPerChunk + tid];
       int ti;
       const int64_t local = target_of(c, ti);
+      if constexpr (T == DType::FP8W) sum *= tg.scale[ti][local * rows_per_chunk + tid];
       tg.y[ti][local * rows_per_chunk + tid] = sum;
     }
   }
@@ -298,8 +306,9 @@ bool gemv_bulk_applies(DType type, int64_t cols, const GemvInput& in) {
   if (norm && (!in.residual || !in.norm_w || !in.x_out || in.up || !aligned(in.residual) || !aligned(in.norm_w) ||
                !aligned(in.x_out)))
     return false;
-  return (type == DType::BF16 || type == DType::F16) && cols % 8 == 0 && cols <= int64_t{kSweep} * kMaxSweeps &&
-         aligned(in.x) && (!in.up || aligned(in.up));
+  // FP8W rows are contiguous (no padding) when the width is a multiple of 16.
+  const bool typed = type == DType::BF16 || type == DType::F16 || (type == DType::FP8W && cols % 16 == 0);
+  return typed && cols % 8 == 0 && cols <= int64_t{kSweep} * kMaxSweeps && aligned(in.x) && (!in.up || aligned(in.up));
 }
 
 bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvTarget* targets, int n_targets,
@@ -307,10 +316,10 @@ bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvT
   if (!gemv_bulk_applies(type, cols, in) || n_targets < 1 || n_targets > kGemvMaxTargets) return false;
   const bool paired = swiglu_out != nullptr;
   if (paired && (n_targets != 2 || targets[0].rows != targets[1].rows)) return false;
-  const size_t row_bytes = static_cast<size_t>(cols) * 2;
+  const size_t row_bytes = static_cast<size_t>(cols) * (type == DType::FP8W ? 1 : 2);
   int64_t total_rows = 0;
   for (int i = 0; i < n_targets; ++i) {
-    if (!aligned(targets[i].w)) return false;
+    if (!aligned(targets[i].w) || (type == DType::FP8W && !targets[i].scale)) return false;
     total_rows += targets[i].rows;
   }
   // Blocks per SM from the shared memory one takes (stages of chunks up to the budget).
@@ -338,6 +347,7 @@ bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvT
   int64_t chunks = 0;
   for (int i = 0; i < n_targets; ++i) {
     tg.w[i] = static_cast<const uint8_t*>(targets[i].w);
+    tg.scale[i] = targets[i].scale;
     tg.y[i] = targets[i].y;
     if (!paired || i == 0) chunks += targets[i].rows / (paired ? rpc / 2 : rpc);
     tg.chunk_end[i] = chunks;
@@ -360,6 +370,8 @@ bool launch_gemv_bulk(DType type, const GemvInput& in, int64_t cols, const GemvT
   };
   if (type == DType::BF16)
     typed.template operator()<DType::BF16>();
+  else if (type == DType::FP8W)
+    typed.template operator()<DType::FP8W>();
   else
     typed.template operator()<DType::F16>();
   TESSERA_CUDA_CHECK_LAUNCH("gemv_bulk");

@@ -11,6 +11,7 @@
 // gathered into stored column order first (launch_permute_cols), once per call.
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/gemv_loads.cuh"
 
 namespace tessera::cuda {
 
@@ -28,34 +29,6 @@ struct GqTargets {
   int64_t row_end[kGemvMaxTargets];  // cumulative rows: target i owns [row_end[i-1], row_end[i])
   int n;
 };
-
-// 16 code bytes, read once: not kept in L1 (the x rows live there).
-__device__ __forceinline__ uint4 load_codes(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-// x[c..c+3] of one row; past `cols` zero (only in the last, partial step).
-template <bool kFull, bool kVecX>
-__device__ __forceinline__ float4 load_x4(const float* xr, int c, int cols) {
-  if constexpr (kFull && kVecX) {
-    return __ldg(reinterpret_cast<const float4*>(xr + c));
-  } else {
-    float4 v;
-    v.x = (kFull || c + 0 < cols) ? __ldg(xr + c + 0) : 0.0f;
-    v.y = (kFull || c + 1 < cols) ? __ldg(xr + c + 1) : 0.0f;
-    v.z = (kFull || c + 2 < cols) ? __ldg(xr + c + 2) : 0.0f;
-    v.w = (kFull || c + 3 < cols) ? __ldg(xr + c + 3) : 0.0f;
-    return v;
-  }
-}
-
-__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
-  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
-}
 
 // One step of one lane: part[t][k] += sum over the lane's columns of (code - zero) * x[t].
 // 2^23 + code is built as float bits (byte_perm puts the code byte under exponent 0x4B), so
@@ -78,19 +51,7 @@ __device__ __forceinline__ void gq_step(const float* __restrict__ x, int n_rows,
 #pragma unroll
         for (int e = 0; e < 4; ++e) v[k][e] = __uint_as_float(__byte_perm(b, 0x4B000000u, 0x7540 + e)) - zf[k];
       }
-#pragma unroll
-      for (int t = 0; t < NR; ++t) {
-        if (NR > 1 && t >= n_rows) break;
-        const float4 xv = load_x4<kFull, kVecX>(x + t * ldx, c, cols);
-#pragma unroll
-        for (int k = 0; k < kRowsPerWarp; ++k) {
-          float p = part[t][k];
-          p = fmaf(v[k][0], xv.x, p);
-          p = fmaf(v[k][1], xv.y, p);
-          p = fmaf(v[k][2], xv.z, p);
-          part[t][k] = fmaf(v[k][3], xv.w, p);
-        }
-      }
+      fma_x4<NR, kRowsPerWarp, kFull, kVecX>(x, n_rows, ldx, cols, c, v, part);
     }
 }
 

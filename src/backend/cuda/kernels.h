@@ -78,6 +78,7 @@ struct GemvTarget {
   float* y = nullptr;       // y[t * ldy + r]
   int64_t ldy = 0;
   int64_t rows = 0;
+  const float* scale = nullptr;  // FP8W: [rows] f32 per-row scales (WeightMatrix::fp8_scales)
 };
 // y_i[t, r] = x[t, :] · W_i[r, :] for t < n_rows (<= kGemvMaxRows); every target has type t
 // and `cols` columns. False when the type has no decoder.
@@ -118,6 +119,19 @@ bool launch_dequant_bf16(DType t, const void* w, int64_t rows, int64_t cols, uin
 // Group-quantized weights (W4G/W8G) as bf16, dense [rows, cols] in input-column order (the
 // act-order permutation undone): their tensor-core path past kGemvMaxRows rows (dequant_gq.cu).
 void launch_dequant_gq_bf16(const WeightMatrix& w, uint16_t* out, cudaStream_t s);
+// FP8W weights (E4M3 codes, f32 scale per row) at decode sizes (gemv_fp8.cu), any width:
+// y_i[t * ldy_i + r] = scale_i[r] * sum_k x[t, k] * e4m3(W_i[r, k]) for t < n_rows (<= kGemvMaxRows),
+// f32 arithmetic; targets share the width. Weight buffers 16-byte aligned.
+void launch_gemv_fp8(const float* x, int n_rows, int64_t ldx, const MatmulTarget* targets, int n_targets,
+                     cudaStream_t s);
+// FP8 W8A8 past kGemvMaxRows (gemm_fp8.cu): activations quantized per row to E4M3,
+// xq [n_rows][ldq] (columns past cols zero, ldq a multiple of 16) with sx[t] = amax_t / 448
+// (1 for a zero row); and the scaling epilogue y[t * ldy + r] *= sw[r] * sx[t] on cuBLASLt's
+// unscaled FP8 product.
+void launch_quantize_rows_e4m3(const float* x, int n_rows, int64_t ldx, int64_t cols, uint8_t* xq, int64_t ldq,
+                               float* sx, cudaStream_t s);
+void launch_scale_outer(float* y, int64_t ldy, int n_rows, int64_t rows, const float* sw, const float* sx,
+                        cudaStream_t s);
 // Group-quantized weights (W4G/W8G) at decode sizes, read straight from the codes
 // (gemv_gq.cu): y_i[t * ldy_i + r] = x[t, :] · W_i[r, :] for t < n_rows (<= kGemvMaxRows).
 // The targets (<= kGemvMaxTargets) share type, width and group size and carry no act-order

@@ -3,6 +3,8 @@
 // format's blocks hold a multiple of 8 elements, so such a group never straddles blocks.
 // The arithmetic follows GGML's dequantize_row_* (and tessera's quant/quant*.cpp) exactly:
 // the same products in the same order, so decoded values equal the CPU's bit for bit.
+#include <cuda_fp8.h>
+
 #include <cstdint>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -24,10 +26,26 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& d, in
   }
 }
 
-// out[0..8) = elements e .. e+7 of a row starting at `row` (e a multiple of 8).
+// Four E4M3 codes (one 32-bit word, lowest byte first) as floats: two hardware
+// cvt.f16x2.e4m3x2, exact (every E4M3 value is an f16).
+__device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float* out) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFF), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  out[0] = half_bits_to_f32(lo.x);
+  out[1] = half_bits_to_f32(lo.y);
+  out[2] = half_bits_to_f32(hi.x);
+  out[3] = half_bits_to_f32(hi.y);
+}
+
+// out[0..8) = elements e .. e+7 of a row starting at `row` (e a multiple of 8). FP8W: the
+// codes only (the caller applies the row's scale to the finished sum).
 template <DType T>
 __device__ __forceinline__ void decode8(const uint8_t* __restrict__ row, int64_t e, float* out) {
-  if constexpr (T == DType::F32) {
+  if constexpr (T == DType::FP8W) {
+    const uint2 v = *reinterpret_cast<const uint2*>(row + e);
+    e4m3x4_to_f32(v.x, out);
+    e4m3x4_to_f32(v.y, out + 4);
+  } else if constexpr (T == DType::F32) {
     const float4* p = reinterpret_cast<const float4*>(row + e * 4);
     const float4 a = p[0], b = p[1];
     out[0] = a.x;

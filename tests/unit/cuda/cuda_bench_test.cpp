@@ -5,13 +5,18 @@
 //   decode, batch 1, 128 tokens after a 512-token prompt
 //   prefill, one 512-token prompt
 //   decode, 128 sequences at once, 512-token prompts then 128 steps (context 512..640)
+// TESSERA_CUDA_BENCH_WEIGHTS picks another dummy weight type (fp8, w4g128, ...; the bytes read
+// are the matrices' own) and TESSERA_CUDA_BENCH_SEQS another number of sequences.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
 
 #include "cuda_test_util.h"
 #include "engine/model_runner.h"
 #include "model/dummy.h"
 #include "model/model.h"
+#include "model/weights.h"
 
 using namespace tessera;
 using namespace tessera::cudatest;
@@ -34,9 +39,13 @@ TEST(CudaBench, Llama31_8B_Bf16) {
               ceil.copy_bytes_per_s / 1e9, ceil.bf16_flops_per_s / 1e12);
 
   double t0 = now_s();
-  auto weights = make_dummy_weights("llama-3.1-8b:bf16", 0);
+  const char* wtype = std::getenv("TESSERA_CUDA_BENCH_WEIGHTS");
+  const char* seqs_env = std::getenv("TESSERA_CUDA_BENCH_SEQS");
+  const std::string weight_type = wtype && *wtype ? wtype : "bf16";
+  auto weights = make_dummy_weights("llama-3.1-8b:" + weight_type, 0);
   const ModelConfig& c = weights->config;
-  const int n_seqs = 128, n_prompt = 512, n_gen = 128, bs = 16;
+  const int n_seqs = seqs_env ? std::max(1, std::atoi(seqs_env)) : 128, n_prompt = 512, n_gen = 128, bs = 16;
+  std::printf("[bench] weights %s, %d sequences\n", weight_type.c_str(), n_seqs);
   auto model = create_model(weights, *gpu, n_prompt, n_seqs);
   std::printf("[bench] weights made and uploaded in %.1f s\n", now_s() - t0);
   KvCacheSpec spec;
@@ -53,9 +62,13 @@ TEST(CudaBench, Llama31_8B_Bf16) {
   const int64_t e = c.n_embd, q_dim = int64_t{c.n_head} * c.head_dim, kv_dim = int64_t{c.n_head_kv} * c.head_dim;
   const double matmul_params =
       c.n_layer * (2.0 * e * q_dim + 2.0 * e * kv_dim + 3.0 * e * c.n_ff) + double(c.n_vocab) * e;
-  const double weight_read_bytes = 2.0 * matmul_params;  // bf16; the embedding table is only gathered
+  // Every matrix as stored (codes and scales); the embedding table is only gathered.
+  double weight_read_bytes = static_cast<double>(weights->output.bytes());
+  for (const LayerWeights& l : weights->layers)
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      weight_read_bytes += static_cast<double>(m->bytes());
   const double kv_bytes_per_token = double(spec.bytes_per_token());
-  auto logits_buf = cuda_pinned_host(sizeof(float) * size_t{n_seqs} * c.n_vocab);
+  auto logits_buf = cuda_pinned_host(sizeof(float) * static_cast<size_t>(n_seqs) * c.n_vocab);
   float* logits = static_cast<float*>(logits_buf.get());
 
   std::vector<int32_t> prompt(n_prompt);
@@ -145,10 +158,10 @@ TEST(CudaBench, Llama31_8B_Bf16) {
               100 * dec1_floor / step1, dec1_bytes / step1 / 1e9);
   std::printf("| prefill 512 | %.0f | %.0f | %.0f%% | %.0f TFLOP/s |\n", n_prompt / best_prefill, n_prompt / pp_floor,
               100 * pp_floor / best_prefill, pp_flops / best_prefill / 1e12);
-  std::printf("| prefill 128 x 512 (one sequence per forward) | %.0f | | | %.0f TFLOP/s |\n",
+  std::printf("| prefill %d x 512 (one sequence per forward) | %.0f | | | %.0f TFLOP/s |\n", n_seqs,
               n_seqs * n_prompt / t_prefill_all, n_seqs * pp_flops / t_prefill_all / 1e12);
-  std::printf("| decode 128 seqs (ctx 512-640) | %.0f | %.0f | %.0f%% | %.0f GB/s, %.0f TFLOP/s |\n", n_seqs / step128,
-              n_seqs / dec128_floor, 100 * dec128_floor / step128, dec128_bytes / step128 / 1e9,
+  std::printf("| decode %d seqs (ctx 512-640) | %.0f | %.0f | %.0f%% | %.0f GB/s, %.0f TFLOP/s |\n", n_seqs,
+              n_seqs / step128, n_seqs / dec128_floor, 100 * dec128_floor / step128, dec128_bytes / step128 / 1e9,
               dec128_flops / step128 / 1e12);
   std::printf("\nceilings: copy %.0f GB/s, bf16 %.0f TFLOP/s; weights read per step %.2f GB; KV %.0f KiB/token\n",
               bw / 1e9, rate / 1e12, weight_read_bytes / 1e9, kv_bytes_per_token / 1024);
