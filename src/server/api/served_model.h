@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "server/api/tool_parser.h"
 #include "template/rendered_chat.h"
 
 namespace tessera {
@@ -35,6 +36,8 @@ struct ServedModel {
   // Structured output (response_format, guided_*): grammars compiled for this vocabulary;
   // null: such a request answers 400.
   const GrammarCompiler* grammar = nullptr;
+  // How this model writes tool calls (--tool-call-parser, or detected from its chat template).
+  ToolFormat tool_format = ToolFormat::Hermes;
   int64_t created = 0;  // unix time the server started (for /v1/models)
 };
 
