@@ -92,6 +92,11 @@ void check_model_name(const json& body, const ServedModel& model) {
 
 GenerationPlan parse_completion_request(const json& body, const ServedModel& model) {
   check_model_name(body, model);
+  // Tools belong to chat: a completion must not answer as if it had read them.
+  for (const char* field : {"tools", "tool_choice", "functions", "function_call"})
+    if (Fields(body).has(field))
+      throw ApiError(400, detail::concat("'", field, "' applies to /v1/chat/completions only"),
+                     "invalid_request_error", std::string(field), "unsupported_parameter");
   GenerationPlan plan;
   plan.endpoint = Endpoint::Completions;
   plan.prompts = parse_prompts(body, model);

@@ -177,7 +177,7 @@ void ToolCallParser::enter_calls(ToolParserOutput& out) {
   in_list_ = false;
   if (format_ == ToolFormat::Mistral && !buf_.empty() && buf_.front() == '[' && raw_.empty()) {
     // The bare list at the start: '[' opens it.
-    raw_ = "[";
+    raw_.assign(1, '[');
     buf_.erase(0, 1);
     in_list_ = true;
   }
