@@ -127,7 +127,7 @@ void serve(const ServeArgs& a) {
   const GrammarCompiler grammar(tok, model_engine.config().vocab_size);
   served.grammar = &grammar;
   served.tool_format = a.tool_call_parser == "auto" ? api::detect_tool_format(template_source)
-                                                    : *api::tool_format_from_name(a.tool_call_parser);
+                                                    : api::tool_format_from_name(a.tool_call_parser);
   served.chat = [chat_template](const nlohmann::json& messages, bool add_generation_prompt,
                                 const nlohmann::json& extra) {
     return chat_template->apply_marked(messages, add_generation_prompt, extra);

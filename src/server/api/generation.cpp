@@ -358,12 +358,7 @@ void Generation::log_access(int status) {
   hooks_.access_log(r);
 }
 
-}  // namespace tessera::api
-
-namespace tessera::api {
-
-void Generation::release_tool_text(Choice& ch, int index, const std::string& text,
-                                   std::optional<FinishReason> finish) {
+void Generation::release_tool_text(Choice& ch, int index, const std::string& text, std::optional<FinishReason> finish) {
   ToolParserOutput out = ch.tools->push(text);
   if (finish) {
     ToolParserOutput rest = ch.tools->finish();

@@ -95,8 +95,8 @@ GenerationPlan parse_completion_request(const json& body, const ServedModel& mod
   // Tools belong to chat: a completion must not answer as if it had read them.
   for (const char* field : {"tools", "tool_choice", "functions", "function_call"})
     if (Fields(body).has(field))
-      throw ApiError(400, detail::concat("'", field, "' applies to /v1/chat/completions only"),
-                     "invalid_request_error", std::string(field), "unsupported_parameter");
+      throw ApiError(400, detail::concat("'", field, "' applies to /v1/chat/completions only"), "invalid_request_error",
+                     std::string(field), "unsupported_parameter");
   GenerationPlan plan;
   plan.endpoint = Endpoint::Completions;
   plan.prompts = parse_prompts(body, model);
@@ -248,6 +248,11 @@ GenerationPlan parse_chat_request(const json& body, const ServedModel& model) {
                   "'continue_final_message' and 'add_generation_prompt' cannot both be true");
   json extra = parse_template_kwargs(f.get("chat_template_kwargs"));
   const ToolRequest tools = parse_tool_request(f);
+  // A template that never reads `tools` would drop them unseen: the model could not call one.
+  if (tools.parse_output() && !model.tool_format)
+    invalid_param("tools", "unsupported_parameter",
+                  "'tools' needs a chat template with tool support, and this model's has none; serve it with "
+                  "--chat-template naming one that renders 'tools' (or name the format with --tool-call-parser)");
   // The list as the request gives it, as transformers passes it; with tool_choice "none" too
   // (vLLM renders them then as well; only the output is not read for calls).
   if (!tools.tools.is_null()) extra["tools"] = tools.tools;
@@ -279,7 +284,7 @@ GenerationPlan parse_chat_request(const json& body, const ServedModel& model) {
       invalid_param("tool_choice", "invalid_value", "'tool_choice' ",
                     tools.choice == ToolChoice::Required ? "'required'" : "naming a function",
                     " constrains the output, as does 'response_format' / guided_*: choose one");
-    plan.options.sampling.grammar = tool_call_compiled_grammar(tools, model.tool_format, model.grammar);
+    plan.options.sampling.grammar = tool_call_compiled_grammar(tools, *model.tool_format, model.grammar);
   }
   if (tools.parse_output()) plan.tool_format = model.tool_format;
   plan.sampling.push_back(

@@ -164,17 +164,16 @@ ojson chat_choice(int index, const std::string& content, ojson logprobs, FinishR
                      std::move(stop_reason));
 }
 
-ojson chat_message_choice(int index, ojson message, ojson logprobs, std::string_view finish_reason,
-                          ojson stop_reason) {
-  ojson c = choice_json(index, "message", std::move(message), std::move(logprobs), std::nullopt, std::move(stop_reason));
+ojson chat_message_choice(int index, ojson message, ojson logprobs, std::string_view finish_reason, ojson stop_reason) {
+  ojson c =
+      choice_json(index, "message", std::move(message), std::move(logprobs), std::nullopt, std::move(stop_reason));
   c["finish_reason"] = std::string(finish_reason);
   return c;
 }
 
 ojson tool_call_json(const ToolCall& call) {
-  return ojson{{"id", call.id},
-               {"type", "function"},
-               {"function", ojson{{"name", call.name}, {"arguments", call.arguments}}}};
+  return ojson{
+      {"id", call.id}, {"type", "function"}, {"function", ojson{{"name", call.name}, {"arguments", call.arguments}}}};
 }
 
 ojson tool_call_delta_json(const ToolCallDelta& delta) {

@@ -29,9 +29,7 @@ std::string_view marker(ToolFormat f) {
 }
 
 // The character a call list may start the output with, without a marker ('\0': none).
-char bare_start(ToolFormat f) {
-  return f == ToolFormat::Llama3Json ? '{' : f == ToolFormat::Mistral ? '[' : '\0';
-}
+char bare_start(ToolFormat f) { return f == ToolFormat::Llama3Json ? '{' : f == ToolFormat::Mistral ? '[' : '\0'; }
 
 // The longest tail of `text` that is a proper prefix of `m`: it may become the marker.
 size_t partial_marker_tail(std::string_view text, std::string_view m) {
@@ -61,7 +59,8 @@ std::string_view tool_format_name(ToolFormat format) {
   return "hermes";
 }
 
-ToolFormat detect_tool_format(std::string_view source) {
+std::optional<ToolFormat> detect_tool_format(std::string_view source) {
+  if (source.find("tools") == std::string_view::npos) return std::nullopt;
   if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::Hermes;
   if (source.find(kMistralCalls) != std::string_view::npos) return ToolFormat::Mistral;
   // Llama 3.1+ templates write <|python_tag|> for built-in tools and ask for {"name": ...,
@@ -131,9 +130,13 @@ bool ToolCallParser::step_content(ToolParserOutput& out, bool final) {
     if (first == std::string::npos) {
       if (!final) return false;  // only whitespace yet: what follows decides
     } else {
+      const std::string_view rest = std::string_view(buf_).substr(first);
+      const std::string_view m = marker(format_);
+      // "[" may begin "[TOOL_CALLS]" as well as a bare list: the marker decides first.
+      if (!final && rest.size() < m.size() && m.starts_with(rest)) return false;
       at_start_ = false;
       const char bare = bare_start(format_);
-      if (bare != '\0' && buf_[first] == bare) {
+      if (bare != '\0' && rest.front() == bare && !rest.starts_with(m)) {
         buf_.erase(0, first);
         enter_calls(out);
         return true;
@@ -216,7 +219,7 @@ bool ToolCallParser::step_between(ToolParserOutput& out, bool final) {
         return true;
       }
       if (!final && kHermesClose.starts_with(buf_)) return false;  // maybe the end marker
-      end_calls();  // no end marker: what follows is content
+      end_calls();                                                 // no end marker: what follows is content
       return true;
     }
     case ToolFormat::Llama3Json: {
@@ -389,7 +392,7 @@ void ToolCallParser::finish_call(ToolParserOutput& out) {
   const json* a = j.contains("arguments") ? &j["arguments"] : j.contains("parameters") ? &j["parameters"] : nullptr;
   if (a && a->is_object()) {
     args = s.args_container && s.args_end != std::string::npos ? s.text.substr(s.args_start, s.args_end - s.args_start)
-                                                                : a->dump();
+                                                               : a->dump();
   } else if (a && a->is_string()) {  // arguments already as a JSON string
     if (!json::parse(a->get<std::string>(), nullptr, false).is_object()) return fail_call(out);
     args = a->get<std::string>();

@@ -23,8 +23,9 @@ enum class ToolFormat : uint8_t { Hermes, Llama3Json, Mistral };
 std::optional<ToolFormat> tool_format_from_name(std::string_view name);
 std::string_view tool_format_name(ToolFormat format);
 // The format a chat template prompts its model for, from the markers its text spells; Hermes
-// when it spells none (the most common, and what tessera's tool template fixture uses).
-ToolFormat detect_tool_format(std::string_view template_source);
+// when it spells none (the most common). nullopt when the template never reads `tools`: it
+// has no tool support, and its model was never told how to call one.
+std::optional<ToolFormat> detect_tool_format(std::string_view template_source);
 
 // "call_" and 24 random alphanumerics, as vLLM writes ids.
 std::string make_tool_call_id();

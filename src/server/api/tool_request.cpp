@@ -72,8 +72,7 @@ ToolChoice parse_choice(const Fields& body, const std::set<std::string>& names, 
                   json_type_name(*v));
   const Fields c(*v, "tool_choice.");
   const std::optional<std::string> type = c.string("type", 64);
-  if (type != "function")
-    invalid_param("tool_choice.type", "invalid_value", "'tool_choice.type' must be 'function'");
+  if (type != "function") invalid_param("tool_choice.type", "invalid_value", "'tool_choice.type' must be 'function'");
   const json* fn = c.get("function");
   if (!fn || !fn->is_object())
     invalid_param("tool_choice.function", fn ? "invalid_type" : "missing_required_parameter",
@@ -82,8 +81,8 @@ ToolChoice parse_choice(const Fields& body, const std::set<std::string>& names, 
   if (!name)
     invalid_param("tool_choice.function.name", "missing_required_parameter", "'tool_choice.function.name' is required");
   if (!names.contains(*name))
-    invalid_param("tool_choice.function.name", "invalid_value", "'tool_choice' names the function ",
-                  json(*name).dump(), ", which is not in 'tools'");
+    invalid_param("tool_choice.function.name", "invalid_value", "'tool_choice' names the function ", json(*name).dump(),
+                  ", which is not in 'tools'");
   named = *name;
   return ToolChoice::Named;
 }
@@ -151,10 +150,11 @@ std::optional<GrammarSpec> tool_call_grammar(const ToolRequest& request, ToolFor
     const auto [begin, end] = call_wrapper(format, name);
     // One space at most between JSON tokens: a small model at temperature 1 otherwise runs
     // into whitespace until max_tokens cuts the call short.
-    tags.push_back({{"type", "tag"},
-                    {"begin", begin},
-                    {"content", {{"type", "json_schema"}, {"json_schema", parameters_of(tool)}, {"max_whitespace_cnt", 1}}},
-                    {"end", end}});
+    tags.push_back(
+        {{"type", "tag"},
+         {"begin", begin},
+         {"content", {{"type", "json_schema"}, {"json_schema", parameters_of(tool)}, {"max_whitespace_cnt", 1}}},
+         {"end", end}});
   }
   const bool one = request.choice == ToolChoice::Named || !request.parallel;
   const char* separator = format == ToolFormat::Hermes ? "\n" : format == ToolFormat::Llama3Json ? "; " : ", ";

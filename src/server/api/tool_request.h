@@ -28,8 +28,8 @@ enum class ToolChoice : uint8_t { None, Auto, Required, Named };
 struct ToolRequest {
   json tools = nullptr;  // the request's list as given (null: no tools), for the template
   ToolChoice choice = ToolChoice::None;
-  std::string named;      // ToolChoice::Named: the function
-  bool parallel = true;   // parallel_tool_calls: more than one call may be made
+  std::string named;     // ToolChoice::Named: the function
+  bool parallel = true;  // parallel_tool_calls: more than one call may be made
   // Whether the output is read for tool calls (tools given and tool_choice not "none").
   bool parse_output() const { return !tools.is_null() && choice != ToolChoice::None; }
   // Whether generation is constrained to calls ("required" or a named function).

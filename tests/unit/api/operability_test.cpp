@@ -154,8 +154,8 @@ TEST_F(OperabilityTest, ToolsAreChatOnlyAndLegacyFunctionsRefused) {
     expect_error(*call("POST", "/v1/completions", completion), 400, "unsupported_parameter", field.c_str());
   }
   // Chat: the legacy names are refused, never ignored; tools are answered.
-  for (const auto& [field, value] : {std::pair<std::string, json>{"functions", json::array({tool["function"]})},
-                                     {"function_call", "auto"}}) {
+  for (const auto& [field, value] :
+       {std::pair<std::string, json>{"functions", json::array({tool["function"]})}, {"function_call", "auto"}}) {
     json body = base;
     body[field] = value;
     expect_error(*call("POST", "/v1/chat/completions", body), 400, "unsupported_parameter", field.c_str());

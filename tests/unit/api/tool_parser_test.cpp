@@ -125,9 +125,9 @@ TEST(ToolParser, PlainTextIsContentUnchangedButForTrailingWhitespace) {
 TEST(ToolParser, MalformedCallsFallBackToContent) {
   for (const std::string text : {
            "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": }}</tool_call>",  // bad JSON
-           "<tool_call>{\"arguments\": {}}</tool_call>",                         // no name
-           "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",       // not an object
-           "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1",              // cut short
+           "<tool_call>{\"arguments\": {}}</tool_call>",                          // no name
+           "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",        // not an object
+           "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1",               // cut short
            "<tool_call>not json</tool_call>",
            "before <tool_call>",
        }) {
@@ -147,8 +147,8 @@ TEST(ToolParser, MalformedCallBeforeItsNameStreamsAsContent) {
 TEST(ToolParser, MarkupNeverReachesStreamedContent) {
   ToolCallParser parser(ToolFormat::Hermes);
   std::string content;
-  for (const char* piece : {"Sure", ". \n", "<", "tool", "_ca", "ll>\n{\"name\": \"f\", \"arg", "uments\": {}}\n</to",
-                            "ol_call>"}) {
+  for (const char* piece :
+       {"Sure", ". \n", "<", "tool", "_ca", "ll>\n{\"name\": \"f\", \"arg", "uments\": {}}\n</to", "ol_call>"}) {
     content += parser.push(piece).content;
     EXPECT_EQ(content.find('<'), std::string::npos) << content;
   }
@@ -170,8 +170,9 @@ TEST(ToolParser, ArgumentsStreamBeforeTheCallEnds) {
 }
 
 TEST(ToolParser, Llama3JsonWithAndWithoutPythonTag) {
-  const std::string text = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}; {\"name\": "
-                           "\"get_time\", \"parameters\": {}}";
+  const std::string text =
+      "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}; {\"name\": "
+      "\"get_time\", \"parameters\": {}}";
   const ParsedToolOutput p = parse_tool_output(ToolFormat::Llama3Json, text);
   EXPECT_EQ(p.content, "");
   ASSERT_EQ(p.calls.size(), 2u);
@@ -214,5 +215,6 @@ TEST(ToolParser, FormatNamesAndDetection) {
   EXPECT_EQ(detect_tool_format("{{- '<tool_call>\\n' }}"), ToolFormat::Hermes);
   EXPECT_EQ(detect_tool_format("{{- '[TOOL_CALLS]' }}"), ToolFormat::Mistral);
   EXPECT_EQ(detect_tool_format("<|start_header_id|>ipython<|end_header_id|>"), ToolFormat::Llama3Json);
-  EXPECT_EQ(detect_tool_format("{{ message.content }}"), ToolFormat::Hermes);
+  EXPECT_EQ(detect_tool_format("{% for t in tools %}{{ t | tojson }}{% endfor %}"), ToolFormat::Hermes);
+  EXPECT_FALSE(detect_tool_format("{{ message.content }}"));  // no tool support
 }

@@ -75,6 +75,18 @@ TEST(ToolRequest, ToolChoiceIsChecked) {
   expect_bad({{"tools", tools}, {"tool_choice", "required"}}, "tool_choice", "unsupported_parameter");
 }
 
+TEST(ToolRequest, TemplateWithoutToolSupportRefusesTools) {
+  ServedModel model = api_test::served_model();
+  model.tool_format = std::nullopt;  // a template that never reads `tools`, no --tool-call-parser
+  const ApiError e = expect_api_error([&] { parse_chat_request(chat_body({{"tools", {kWeather}}}), model); });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param.value_or(""), "tools") << e.what();
+  EXPECT_NE(std::string(e.what()).find("--chat-template"), std::string::npos) << e.what();
+  // Asking for no tool use reads nothing: the request is answered.
+  const GenerationPlan plan = parse_chat_request(chat_body({{"tools", {kWeather}}, {"tool_choice", "none"}}), model);
+  EXPECT_FALSE(plan.tool_format);
+}
+
 TEST(ToolRequest, ChoicesAndDefaults) {
   const json tools_only = {{"tools", {kWeather}}};
   const Fields none_given(tools_only);
@@ -149,15 +161,17 @@ TEST_F(ToolGrammarTest, RequiredAcceptsWellFormedCallsOnly) {
   ToolRequest r = parse_tool_request(Fields(json{{"tools", {kWeather, kTime}}, {"tool_choice", "required"}}));
   const auto g = tool_call_compiled_grammar(r, ToolFormat::Hermes, compiler_.get());
   ASSERT_TRUE(g);
-  const std::string one = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 3}}"
-                          "\n</tool_call>";
+  const std::string one =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 3}}"
+      "\n</tool_call>";
   const std::string two = one + "\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
   EXPECT_TRUE(accepts(g, one));
   EXPECT_TRUE(accepts(g, two));
   EXPECT_EQ(parse_tool_output(ToolFormat::Hermes, two).calls.size(), 2u);
   EXPECT_FALSE(accepts(g, "Sure!"));
-  EXPECT_FALSE(accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 9}}"
-                          "\n</tool_call>"));  // days out of range
+  EXPECT_FALSE(accepts(g,
+                       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 9}}"
+                       "\n</tool_call>"));  // days out of range
   EXPECT_FALSE(accepts(g, "<tool_call>\n{\"name\": \"launch\", \"arguments\": {}}\n</tool_call>"));
   r.parallel = false;
   const auto single = tool_call_compiled_grammar(r, ToolFormat::Hermes, compiler_.get());
