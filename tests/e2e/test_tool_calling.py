@@ -143,31 +143,36 @@ def test_streamed_samples_all_validate(client, model):
     jsonschema.validate(json.loads(calls[0]["arguments"]), SCHEMAS["get_weather"])
 
 
-def test_multi_turn_tool_conversation(client, model):
-    """The call goes back as an assistant message with tool_calls, the result as a tool message."""
+def test_multi_turn_tool_conversation(client, model, tool_server):
+    """The call goes back as an assistant message with tool_calls (arguments as OpenAI's JSON
+    string), the result as a tool message; the template renders both, and the next turn is
+    answered plainly and streamed."""
     first = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required",
                                            parallel_tool_calls=False, temperature=0.0, max_tokens=96)
-    message = first.choices[0].message
-    [call] = message.tool_calls
+    [call] = first.choices[0].message.tool_calls
+    arguments = assert_valid_call(call)
     messages = ASK + [
         {"role": "assistant", "content": None,
          "tool_calls": [{"id": call.id, "type": "function",
                          "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"forecast": "sunny", "high_c": 24})},
     ]
-    for stream in (False, True):
-        if stream:
-            _, finishes, content = collect_stream(client.chat.completions.create(
-                model=model, messages=messages, tools=[WEATHER], tool_choice="none", temperature=0.0, max_tokens=24,
-                stream=True))
-            assert finishes == ["length"] or finishes == ["stop"]
-        else:
-            r = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER], tool_choice="none",
-                                               temperature=0.0, max_tokens=24)
-            content = r.choices[0].message.content
-            assert r.choices[0].message.tool_calls is None
-            assert r.choices[0].finish_reason in ("length", "stop")
-        assert content  # tool_choice "none": a plain answer, never read for calls
+    rendered = requests.post(tool_server.url("/tokenize"), timeout=30, json={
+        "model": model, "messages": messages, "tools": [WEATHER], "return_token_strs": True}).json()
+    text = requests.post(tool_server.url("/detokenize"), timeout=30,
+                         json={"model": model, "tokens": rendered["tokens"]}).json()["prompt"]
+    assert '"name": "get_weather"' in text and "<tools>" in text  # the tool definition
+    assert json.dumps(arguments) in text or f'"city": {json.dumps(arguments["city"])}' in text  # the call, re-rendered
+    assert "<tool_response>" in text and '"forecast": "sunny"' in text  # the result
+    kwargs = dict(model=model, messages=messages, tools=[WEATHER], tool_choice="none", temperature=0.0,
+                  max_tokens=16, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(**kwargs)
+    assert r.usage.prompt_tokens == rendered["count"]
+    assert r.choices[0].message.tool_calls is None  # tool_choice "none": never read for calls
+    assert r.choices[0].finish_reason == "length"
+    _, finishes, content = collect_stream(client.chat.completions.create(stream=True, **kwargs))
+    assert finishes == ["length"]
+    assert content == r.choices[0].message.content  # greedy: the same answer
 
 
 def test_auto_is_answered_as_content_or_calls(client, model):
@@ -180,8 +185,7 @@ def test_auto_is_answered_as_content_or_calls(client, model):
                 assert call.function.name and call.id.startswith("call_")
                 json.loads(call.function.arguments)  # a call is only reported when its JSON parses
         else:
-            assert choice.message.content is not None
-            assert "<tool_call>" not in choice.message.content or choice.finish_reason == "length"
+            assert isinstance(choice.message.content, str)
 
 
 @pytest.mark.parametrize("extra,param", [

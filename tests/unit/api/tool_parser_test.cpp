@@ -212,9 +212,9 @@ TEST(ToolParser, FormatNamesAndDetection) {
   for (const ToolFormat f : {ToolFormat::Hermes, ToolFormat::Llama3Json, ToolFormat::Mistral})
     EXPECT_EQ(tool_format_from_name(tool_format_name(f)), f);
   EXPECT_FALSE(tool_format_from_name("pythonic"));
-  EXPECT_EQ(detect_tool_format("{{- '<tool_call>\\n' }}"), ToolFormat::Hermes);
-  EXPECT_EQ(detect_tool_format("{{- '[TOOL_CALLS]' }}"), ToolFormat::Mistral);
-  EXPECT_EQ(detect_tool_format("<|start_header_id|>ipython<|end_header_id|>"), ToolFormat::Llama3Json);
+  EXPECT_EQ(detect_tool_format("{{ tools | tojson }}{{- '<tool_call>\\n' }}"), ToolFormat::Hermes);
+  EXPECT_EQ(detect_tool_format("{{ tools }}{{- '[TOOL_CALLS]' }}"), ToolFormat::Mistral);
+  EXPECT_EQ(detect_tool_format("{{ tools }}<|start_header_id|>ipython<|end_header_id|>"), ToolFormat::Llama3Json);
   EXPECT_EQ(detect_tool_format("{% for t in tools %}{{ t | tojson }}{% endfor %}"), ToolFormat::Hermes);
   EXPECT_FALSE(detect_tool_format("{{ message.content }}"));  // no tool support
 }
