@@ -39,6 +39,7 @@ struct ServeArgs {
   std::vector<std::string> api_keys;
   std::string api_key_file;
   std::string chat_template_file;
+  std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | auto (from the template)
   size_t max_request_body = 8u << 20;
   int drain_timeout_s = 30;
   int max_waiting_requests = 4096;
@@ -59,7 +60,7 @@ std::string default_model_name(const std::string& path) {
   return stem.empty() ? path : stem;
 }
 
-std::unique_ptr<ChatTemplate> load_chat_template(const ServeArgs& a, const Tokenizer& tok) {
+std::string chat_template_source(const ServeArgs& a, const Tokenizer& tok) {
   std::string source;
   if (!a.chat_template_file.empty())
     source = read_file(a.chat_template_file);
@@ -69,6 +70,10 @@ std::unique_ptr<ChatTemplate> load_chat_template(const ServeArgs& a, const Token
     std::fprintf(stderr, "tessera: the model has no chat template; using ChatML\n");
     source = ChatTemplate::chatml_source();
   }
+  return source;
+}
+
+std::unique_ptr<ChatTemplate> load_chat_template(const std::string& source, const Tokenizer& tok) {
   ChatTemplateOptions o;
   if (tok.bos_id() >= 0) o.bos_token = std::string(tok.token_text(tok.bos_id()));
   if (tok.eos_id() >= 0) o.eos_token = std::string(tok.token_text(tok.eos_id()));
@@ -110,7 +115,8 @@ void serve(const ServeArgs& a) {
   ModelEngine model_engine(mo);
   Engine engine(model_engine.config(), model_engine.executor());
   const Tokenizer& tok = model_engine.session().tokenizer();
-  const std::shared_ptr<ChatTemplate> chat_template = load_chat_template(a, tok);
+  const std::string template_source = chat_template_source(a, tok);
+  const std::shared_ptr<ChatTemplate> chat_template = load_chat_template(template_source, tok);
 
   api::ServedModel served;
   served.name =
@@ -120,6 +126,8 @@ void serve(const ServeArgs& a) {
   // The vocabulary's grammar index is built once here; requests compile against it.
   const GrammarCompiler grammar(tok, model_engine.config().vocab_size);
   served.grammar = &grammar;
+  served.tool_format = a.tool_call_parser == "auto" ? api::detect_tool_format(template_source)
+                                                    : api::tool_format_from_name(a.tool_call_parser);
   served.chat = [chat_template](const nlohmann::json& messages, bool add_generation_prompt,
                                 const nlohmann::json& extra) {
     return chat_template->apply_marked(messages, add_generation_prompt, extra);
@@ -197,6 +205,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--api-key", args->api_keys, "accept this API key (repeatable); none: no authentication");
   cmd->add_option("--api-key-file", args->api_key_file, "file of API keys, one per line");
   cmd->add_option("--chat-template", args->chat_template_file, "Jinja chat template file (default: the model's)");
+  cmd->add_option("--tool-call-parser", args->tool_call_parser,
+                  "how the model writes tool calls: hermes, llama3_json, mistral, or auto (from the chat template)")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral"}))
+      ->capture_default_str();
   cmd->add_option("--max-request-body", args->max_request_body, "largest request body in bytes (413 beyond)")
       ->capture_default_str();
   cmd->add_option("--drain-timeout", args->drain_timeout_s,

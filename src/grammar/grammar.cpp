@@ -110,6 +110,8 @@ xgrammar::CompiledGrammar compile_spec(xgrammar::GrammarCompiler& c, const Gramm
     }
     case GrammarSpec::Kind::Ebnf:
       return c.CompileGrammar(spec.text, "root");
+    case GrammarSpec::Kind::StructuralTag:
+      return c.CompileStructuralTag(spec.text);
   }
   fail("grammar: unknown kind");
 }

@@ -22,6 +22,9 @@ struct GrammarSpec {
     Regex,       // text: a regular expression the whole output matches
     Choice,      // choices: the output is exactly one of them
     Ebnf,        // text: an EBNF/GBNF grammar whose start rule is `root`
+    // text: an XGrammar structural tag, {"type": "structural_tag", "format": {...}} (tool
+    // calls: each function's parameter schema inside its format's wrapper).
+    StructuralTag,
   };
   Kind kind = Kind::JsonObject;
   std::string text;

@@ -35,12 +35,11 @@ def test_version_names_the_build(server):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    ("tool_choice", "auto"),
     ("functions", [{"name": "f", "parameters": {"type": "object"}}]),
     ("function_call", "auto"),
 ])
-def test_tool_calling_is_refused_by_name(openai_client, model_id, field, value):
+def test_legacy_function_calling_is_refused_by_name(openai_client, model_id, field, value):
+    """The deprecated functions/function_call are refused, never ignored (tools: test_tool_calling.py)."""
     with pytest.raises(openai.BadRequestError) as e:
         openai_client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}],
                                               max_tokens=2, **{field: value})

@@ -21,6 +21,7 @@ Generation::Generation(std::shared_ptr<http::Exchange> exchange, Engine& engine,
       Choice ch(ChoiceOutput(*model_.tokenizer, o.stop, o.include_stop_str_in_output, o.skip_special_tokens), p);
       if (plan_.endpoint == Endpoint::Completions && o.logprobs)
         ch.completion_logprobs.emplace(*model_.tokenizer, o.skip_special_tokens);
+      if (plan_.tool_format && o.stream) ch.tools.emplace(*plan_.tool_format);
       choices_.push_back(std::move(ch));
     }
 }
@@ -180,6 +181,7 @@ void Generation::release(Choice& ch, int index, std::string text, std::optional<
     ch.text += text;
     return;
   }
+  if (ch.tools) return release_tool_text(ch, index, text, finish);
   if (text.empty() && !finish) return;  // logprobs wait for the text they belong to
   ojson logprobs = take_logprobs(ch);
   if (plan_.endpoint == Endpoint::Chat) {
@@ -315,8 +317,11 @@ void Generation::finish_response() {
     Choice& ch = choices_[i];
     const int index = static_cast<int>(i);
     ojson lp = take_logprobs(ch);
-    choices.push_back(chat ? chat_choice(index, ch.text, std::move(lp), ch.finish, ch.stop_reason)
-                           : completion_choice(index, ch.text, std::move(lp), ch.finish, ch.stop_reason));
+    if (chat && plan_.tool_format)
+      choices.push_back(tool_choice_json(ch, index, std::move(lp)));
+    else
+      choices.push_back(chat ? chat_choice(index, ch.text, std::move(lp), ch.finish, ch.stop_reason)
+                             : completion_choice(index, ch.text, std::move(lp), ch.finish, ch.stop_reason));
   }
   const ojson body = chat ? chat_response(plan_.id, plan_.created, model_.name, std::move(choices), u)
                           : completion_response(plan_.id, plan_.created, model_.name, std::move(choices), u);
@@ -351,6 +356,46 @@ void Generation::log_access(int status) {
   for (const Choice& ch : choices_)
     if (ch.finish != FinishReason::None) r.finish_reason = finish_reason_string(ch.finish);
   hooks_.access_log(r);
+}
+
+void Generation::release_tool_text(Choice& ch, int index, const std::string& text, std::optional<FinishReason> finish) {
+  ToolParserOutput out = ch.tools->push(text);
+  if (finish) {
+    ToolParserOutput rest = ch.tools->finish();
+    out.content += rest.content;
+    for (ToolCallDelta& d : rest.calls) out.calls.push_back(std::move(d));
+  }
+  auto write = [&](ojson delta, std::optional<FinishReason> fin) {
+    ojson chunk = chat_chunk(plan_.id, plan_.created, model_.name, index, std::move(delta), take_logprobs(ch), fin,
+                             fin ? ch.stop_reason : ojson(nullptr));
+    // A choice that made calls and then stopped (EOS, a stop string) ends in "tool_calls".
+    if (fin == FinishReason::Stop && !ch.tools->calls().empty() && !ch.tools->broken())
+      chunk["choices"][0]["finish_reason"] = std::string(kToolCallsFinish);
+    exchange_->write(sse_event(chunk));
+  };
+  // Content first, then each call delta in order, as OpenAI streams them; logprobs ride on the
+  // first chunk written (or wait for the next).
+  if (!out.content.empty()) write(ojson{{"content", out.content}}, std::nullopt);
+  for (const ToolCallDelta& d : out.calls)
+    write(ojson{{"tool_calls", ojson::array({tool_call_delta_json(d)})}}, std::nullopt);
+  if (finish) write(ojson::object(), finish);
+}
+
+ojson Generation::tool_choice_json(Choice& ch, int index, ojson logprobs) const {
+  const ParsedToolOutput parsed = parse_tool_output(*plan_.tool_format, ch.text);
+  ojson message{{"role", "assistant"}};
+  if (parsed.calls.empty()) {
+    message["content"] = parsed.content;
+    return chat_message_choice(index, std::move(message), std::move(logprobs), finish_reason_string(ch.finish),
+                               ch.stop_reason);
+  }
+  message["content"] = parsed.content.empty() ? ojson(nullptr) : ojson(parsed.content);
+  ojson calls = ojson::array();
+  for (const ToolCall& call : parsed.calls) calls.push_back(tool_call_json(call));
+  message["tool_calls"] = std::move(calls);
+  const std::string finish =
+      ch.finish == FinishReason::Stop ? std::string(kToolCallsFinish) : finish_reason_string(ch.finish);
+  return chat_message_choice(index, std::move(message), std::move(logprobs), finish, ch.stop_reason);
 }
 
 }  // namespace tessera::api

@@ -53,6 +53,9 @@ struct GenerationPlan {
   bool echo = false;                     // completions: the prompt leads each choice's text
   std::string tenant;
   std::string tenant_salt;
+  // Chat with tools (tool_choice not "none"): each choice's output is read for tool calls in
+  // this format (message.tool_calls, streamed tool_calls deltas).
+  std::optional<ToolFormat> tool_format;
   std::string id;       // "cmpl-..." / "chatcmpl-..."
   int64_t created = 0;  // unix seconds
 };
@@ -85,6 +88,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     std::string text;                     // complete responses: everything released
     std::vector<Logprobs> chat_logprobs;  // not yet sent (streaming) or all (complete)
     std::optional<CompletionLogprobs> completion_logprobs;
+    std::optional<ToolCallParser> tools;  // streaming chat with tools
     std::optional<Clock::time_point> first_token, last_token;
     std::vector<double> gaps;  // seconds between consecutive tokens
   };
@@ -104,6 +108,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void handle(size_t part_index, const StreamEvent& event, Clock::time_point now);
   void begin_choice(Choice& choice, int index);
   void release(Choice& choice, int index, std::string text, std::optional<FinishReason> finish);
+  // Streaming chat with tools: text through the choice's tool-call parser, written as content
+  // and tool_calls deltas.
+  void release_tool_text(Choice& choice, int index, const std::string& text, std::optional<FinishReason> finish);
+  // The complete response's choice of a chat with tools: the text parsed for calls.
+  ojson tool_choice_json(Choice& choice, int index, ojson logprobs) const;
   void close_choice(Choice& choice, int index, FinishReason finish, std::string text);
   // The choice's logprobs not yet sent, as its endpoint writes them (null without logprobs).
   ojson take_logprobs(Choice& choice);

@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "server/api/api_error.h"
+#include "server/api/tool_request.h"
 #include "template/jinja_ast.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -91,6 +92,11 @@ void check_model_name(const json& body, const ServedModel& model) {
 
 GenerationPlan parse_completion_request(const json& body, const ServedModel& model) {
   check_model_name(body, model);
+  // Tools belong to chat: a completion must not answer as if it had read them.
+  for (const char* field : {"tools", "tool_choice", "functions", "function_call"})
+    if (Fields(body).has(field))
+      throw ApiError(400, detail::concat("'", field, "' applies to /v1/chat/completions only"), "invalid_request_error",
+                     std::string(field), "unsupported_parameter");
   GenerationPlan plan;
   plan.endpoint = Endpoint::Completions;
   plan.prompts = parse_prompts(body, model);
@@ -113,8 +119,8 @@ json normalize_messages(const json& messages) {
                   " are allowed");
   json out = json::array();
   size_t total_bytes = 0;  // all message text: bounded before the template or tokenizer runs
-  auto count = [&](const std::string& text, const std::string& param) {
-    total_bytes += text.size();
+  auto count = [&](size_t bytes, const std::string& param) {
+    total_bytes += bytes;
     if (total_bytes > kMaxPromptBytes)
       invalid_param(param, "invalid_value", "the messages hold more than ", kMaxPromptBytes, " bytes of text (at '",
                     param, "')");
@@ -136,7 +142,9 @@ json normalize_messages(const json& messages) {
                     "; it must be one of system, user, assistant, tool, developer");
     json msg = m;  // other keys (name, tool_calls, ...) pass through to the template, as data
     for (auto it = m.begin(); it != m.end(); ++it)
-      if (it.value().is_string()) count(it.value().get_ref<const std::string&>(), param + "." + it.key());
+      if (it.value().is_string()) count(it.value().get_ref<const std::string&>().size(), param + "." + it.key());
+    // tool_calls' arguments become objects, as templates read them; their text counts too.
+    count(normalize_tool_calls(msg, param), param + ".tool_calls");
     const json* content = f.get("content");
     const std::string cparam = param + ".content";
     if (!content) {
@@ -158,7 +166,7 @@ json normalize_messages(const json& messages) {
                         "' is not supported; only 'text' is");
         const std::optional<std::string> t = pf.string("text", kMaxPromptBytes);
         if (!t) invalid_param(pparam + ".text", "missing_required_parameter", "'", pparam, ".text' is required");
-        count(*t, pparam + ".text");
+        count(t->size(), pparam + ".text");
         if (!text.empty()) text += "\n";  // as vLLM joins text parts
         text += *t;
       }
@@ -238,7 +246,16 @@ GenerationPlan parse_chat_request(const json& body, const ServedModel& model) {
   if (continue_final && add_generation_prompt)
     invalid_param("continue_final_message", "invalid_value",
                   "'continue_final_message' and 'add_generation_prompt' cannot both be true");
-  const json extra = parse_template_kwargs(f.get("chat_template_kwargs"));
+  json extra = parse_template_kwargs(f.get("chat_template_kwargs"));
+  const ToolRequest tools = parse_tool_request(f);
+  // A template that never reads `tools` would drop them unseen: the model could not call one.
+  if (tools.parse_output() && !model.tool_format)
+    invalid_param("tools", "unsupported_parameter",
+                  "'tools' needs a chat template with tool support, and this model's has none; serve it with "
+                  "--chat-template naming one that renders 'tools' (or name the format with --tool-call-parser)");
+  // The list as the request gives it, as transformers passes it; with tool_choice "none" too
+  // (vLLM renders them then as well; only the output is not read for calls).
+  if (!tools.tools.is_null()) extra["tools"] = tools.tools;
   RenderedChat rendered = render_chat(model, normalized, add_generation_prompt, extra);
   if (continue_final) {
     // End the prompt right after the last message's text, so the model continues it.
@@ -262,6 +279,14 @@ GenerationPlan parse_chat_request(const json& body, const ServedModel& model) {
   if (prompt.tokens.empty()) invalid_param("messages", "invalid_value", "the messages render to an empty prompt");
   prompt.text = std::move(rendered.text);
   plan.options = parse_generation_options(body, Endpoint::Chat, model);
+  if (tools.constrained()) {
+    if (plan.options.sampling.grammar)
+      invalid_param("tool_choice", "invalid_value", "'tool_choice' ",
+                    tools.choice == ToolChoice::Required ? "'required'" : "naming a function",
+                    " constrains the output, as does 'response_format' / guided_*: choose one");
+    plan.options.sampling.grammar = tool_call_compiled_grammar(tools, *model.tool_format, model.grammar);
+  }
+  if (tools.parse_output()) plan.tool_format = model.tool_format;
   plan.sampling.push_back(
       sampling_for_prompt(plan.options, static_cast<int64_t>(prompt.tokens.size()), model, "messages"));
   plan.prompts.push_back(std::move(prompt));

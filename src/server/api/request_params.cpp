@@ -161,15 +161,6 @@ GenerationOptions parse_generation_options(const json& body, Endpoint endpoint, 
       invalid_param("stream_options", "invalid_value", "'stream_options' can only be set when 'stream' is true");
     o.include_usage = Fields(*so, "stream_options.").boolean("include_usage").value_or(false);
   }
-  // Tool calling does not exist yet: a client that sends tools must not get an answer that
-  // silently ignored them. Values that ask for no tools (null, [], "none") ignore nothing.
-  for (const char* field : {"tools", "tool_choice", "functions", "function_call"}) {
-    const json* v = f.get(field);
-    const bool asks_nothing = !v || (v->is_array() && v->empty()) || (v->is_string() && *v == "none");
-    if (!asks_nothing)
-      throw ApiError(400, detail::concat("'", field, "' is not supported: this server has no tool calling yet"),
-                     "invalid_request_error", std::string(field), "unsupported_parameter");
-  }
   // Compiled here, on a prompt worker, so the engine thread only ever matches.
   sp.grammar = structured_output_grammar(f, model.grammar);
 

@@ -164,6 +164,27 @@ ojson chat_choice(int index, const std::string& content, ojson logprobs, FinishR
                      std::move(stop_reason));
 }
 
+ojson chat_message_choice(int index, ojson message, ojson logprobs, std::string_view finish_reason, ojson stop_reason) {
+  ojson c =
+      choice_json(index, "message", std::move(message), std::move(logprobs), std::nullopt, std::move(stop_reason));
+  c["finish_reason"] = std::string(finish_reason);
+  return c;
+}
+
+ojson tool_call_json(const ToolCall& call) {
+  return ojson{
+      {"id", call.id}, {"type", "function"}, {"function", ojson{{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
+ojson tool_call_delta_json(const ToolCallDelta& delta) {
+  if (delta.first)
+    return ojson{{"index", delta.index},
+                 {"id", delta.id},
+                 {"type", "function"},
+                 {"function", ojson{{"name", delta.name}, {"arguments", ""}}}};
+  return ojson{{"index", delta.index}, {"function", ojson{{"arguments", delta.arguments}}}};
+}
+
 ojson completion_choice(int index, const std::string& text, ojson logprobs, FinishReason finish, ojson stop_reason) {
   return choice_json(index, "text", text, std::move(logprobs), finish, std::move(stop_reason));
 }

@@ -9,8 +9,9 @@
 #include <string>
 #include <string_view>
 
-#include "sample/sampler.h"
 #include "engine/request.h"  // FinishReason
+#include "sample/sampler.h"
+#include "server/api/tool_parser.h"
 
 namespace tessera {
 class Tokenizer;
@@ -89,6 +90,17 @@ ojson chat_choice(int index, const std::string& content, ojson logprobs, FinishR
                   ojson stop_reason = nullptr);
 ojson completion_choice(int index, const std::string& text, ojson logprobs, FinishReason finish,
                         ojson stop_reason = nullptr);
+// A chat choice whose message is built by the caller (tool calls); finish_reason as given.
+ojson chat_message_choice(int index, ojson message, ojson logprobs, std::string_view finish_reason,
+                          ojson stop_reason = nullptr);
+// The "tool_calls" finish reason: the choice stopped after making calls (its stop or EOS).
+inline constexpr std::string_view kToolCallsFinish = "tool_calls";
+// {"id", "type": "function", "function": {"name", "arguments"}} of a complete call, and the
+// streamed delta of one: the first with index, id, type, name and arguments "", later ones
+// index and an arguments fragment.
+ojson tool_call_json(const ToolCall& call);
+ojson tool_call_delta_json(const ToolCallDelta& delta);
+
 ojson chat_response(const std::string& id, int64_t created, const std::string& model, ojson choices,
                     const Usage& usage);
 ojson completion_response(const std::string& id, int64_t created, const std::string& model, ojson choices,

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "server/api/tool_parser.h"
 #include "template/rendered_chat.h"
 
 namespace tessera {
@@ -35,6 +36,9 @@ struct ServedModel {
   // Structured output (response_format, guided_*): grammars compiled for this vocabulary;
   // null: such a request answers 400.
   const GrammarCompiler* grammar = nullptr;
+  // How this model writes tool calls (--tool-call-parser, or detected from its chat template);
+  // nullopt: the template has no tool support and no parser was named, so `tools` is a 400.
+  std::optional<ToolFormat> tool_format;
   int64_t created = 0;  // unix time the server started (for /v1/models)
 };
 

@@ -3,6 +3,7 @@
 #include "server/api/api_server.h"
 #include "server/api/prompt_input.h"
 #include "server/api/response_json.h"
+#include "server/api/tool_request.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::api {
@@ -16,7 +17,9 @@ http::Response ApiServer::tokenize(const http::Request& request) const {
   if (const json* messages = f.get("messages")) {
     if (f.has("prompt")) invalid_request("invalid_value", "give either 'prompt' or 'messages', not both");
     const json normalized = normalize_messages(*messages);
-    const json extra = parse_template_kwargs(f.get("chat_template_kwargs"));
+    json extra = parse_template_kwargs(f.get("chat_template_kwargs"));
+    // As the chat endpoint renders them, so counts agree with its usage (vLLM takes tools too).
+    if (const ToolRequest tools = parse_tool_request(f); !tools.tools.is_null()) extra["tools"] = tools.tools;
     const RenderedChat rendered =
         render_chat(model_, normalized, f.boolean("add_generation_prompt").value_or(true), extra);
     tokens = tokenize_chat(tok, rendered, f.boolean("add_special_tokens").value_or(false));

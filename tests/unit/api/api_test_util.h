@@ -78,6 +78,7 @@ inline tessera::api::ServedModel served_model(int32_t max_model_len = 512) {
   m.max_model_len = max_model_len;
   m.max_n = 8;
   m.chat = chatml;
+  m.tool_format = tessera::api::ToolFormat::Hermes;
   m.created = 1700000000;
   return m;
 }

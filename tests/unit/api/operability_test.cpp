@@ -142,7 +142,7 @@ TEST_F(OperabilityTest, MetricsOpenByDefaultWithKeys) {
   EXPECT_EQ(call("GET", "/metrics")->response().status, 200);
 }
 
-TEST_F(OperabilityTest, ToolCallingIsRefusedByName) {
+TEST_F(OperabilityTest, ToolsAreChatOnlyAndLegacyFunctionsRefused) {
   start();
   const json tool = {{"type", "function"}, {"function", {{"name", "f"}, {"parameters", json::object()}}}};
   const json base = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}};
@@ -150,13 +150,19 @@ TEST_F(OperabilityTest, ToolCallingIsRefusedByName) {
                                      {"tool_choice", "auto"},
                                      {"functions", json::array({tool["function"]})},
                                      {"function_call", "auto"}}) {
-    json body = base;
-    body[field] = value;
-    expect_error(*call("POST", "/v1/chat/completions", body), 400, "unsupported_parameter", field.c_str());
     json completion = {{"prompt", "hi"}, {"max_tokens", 2}, {field, value}};
     expect_error(*call("POST", "/v1/completions", completion), 400, "unsupported_parameter", field.c_str());
   }
-  // Asking for no tools ignores nothing.
+  // Chat: the legacy names are refused, never ignored; tools are answered.
+  for (const auto& [field, value] :
+       {std::pair<std::string, json>{"functions", json::array({tool["function"]})}, {"function_call", "auto"}}) {
+    json body = base;
+    body[field] = value;
+    expect_error(*call("POST", "/v1/chat/completions", body), 400, "unsupported_parameter", field.c_str());
+  }
+  json with_tools = base;
+  with_tools["tools"] = json::array({tool});
+  EXPECT_EQ(call("POST", "/v1/chat/completions", with_tools)->response().status, 200);
   json none = base;
   none["tools"] = json::array();
   none["tool_choice"] = "none";
