@@ -101,9 +101,9 @@ void add_quantize(CLI::App& app) {
     TESSERA_CHECK(std::filesystem::is_directory(a->model), "quantize: '", a->model,
                   "' is not a Hugging Face directory. A GGUF model is quantized at load instead: "
                   "-m MODEL.gguf@gptq-w4g128,calib=FILE (tessera eval/serve/bench)");
-    std::printf("quantize: %s -> %s, %s %d-bit, group %lld, %s%s\n", a->model.c_str(), a->out.c_str(),
-                o.method.c_str(), o.bits, static_cast<long long>(o.group_size),
-                o.asymmetric ? "asymmetric" : "symmetric", o.act_order ? ", act-order" : "");
+    std::printf("quantize: %s -> %s, %s %d-bit, group %lld, %s%s\n", a->model.c_str(), a->out.c_str(), o.method.c_str(),
+                o.bits, static_cast<long long>(o.group_size), o.asymmetric ? "asymmetric" : "symmetric",
+                o.act_order ? ", act-order" : "");
     std::shared_ptr<ModelWeights> calibrated;
     if (o.method != "rtn") calibrated = calibrate(a->model, o, a->threads);
     const QuantizeReport r = quantize_checkpoint(
@@ -133,8 +133,8 @@ void add_quantize(CLI::App& app) {
           partial, static_cast<long long>(o.group_size));
     std::printf("\n%zu matrices quantized, mean relative weight error %.5f%s; %.1f MB -> %.1f MB in %.1f s\n",
                 r.tensors.size(), r.tensors.empty() ? 0.0 : sum / static_cast<double>(r.tensors.size()),
-                o.method == "awq" ? " (AWQ: of scaled weights, not reported)" : "", r.bytes_in / 1e6,
-                r.bytes_out / 1e6, secs());
+                o.method == "awq" ? " (AWQ: of scaled weights, not reported)" : "", r.bytes_in / 1e6, r.bytes_out / 1e6,
+                secs());
   });
 }
 

@@ -75,8 +75,11 @@ Session::Session(const SessionOptions& options) : options_(options) {
     const auto cpu = make_backend(cpu_options);
     quantize_linear_weights_calibrated(
         *weights_, quantize_at_load,
-        [&](const std::string& text) { return tokenizer_->encode(text, /*add_special=*/false, /*parse_special=*/false); },
-        *cpu, [](const CalibratedLayerReport& r) { std::fprintf(stderr, "%s\n", describe_calibrated_layer(r).c_str()); });
+        [&](const std::string& text) {
+          return tokenizer_->encode(text, /*add_special=*/false, /*parse_special=*/false);
+        },
+        *cpu,
+        [](const CalibratedLayerReport& r) { std::fprintf(stderr, "%s\n", describe_calibrated_layer(r).c_str()); });
     weights_->source += options.model.substr(options.model.rfind('@'));
   } else if (quantize) {
     quantize_linear_weights(*weights_, quantize_at_load);

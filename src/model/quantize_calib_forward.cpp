@@ -128,7 +128,8 @@ void CalibForward::stage_c(const LayerF32& l, InputStats& ffn_in) {
 
 void CalibForward::stage_d(const LayerF32& l, InputStats& down_in) {
   const int e = c_.n_embd, f = c_.n_ff;
-  const MatmulTarget gu[] = {{f32_view(l.m[4], f, e), gu_.data(), 2 * f}, {f32_view(l.m[5], f, e), gu_.data() + f, 2 * f}};
+  const MatmulTarget gu[] = {{f32_view(l.m[4], f, e), gu_.data(), 2 * f},
+                             {f32_view(l.m[5], f, e), gu_.data() + f, 2 * f}};
   for (int s = 0; s < n_windows_; ++s) {
     be_.rms_norm(xmid_.data() + s * window_ * e, l.ffn_norm, xn_.data(), window_, e, c_.rms_eps);
     be_.matmul(xn_.data(), window_, e, gu);

@@ -64,7 +64,8 @@ double output_error(Backend& be, const float* d, int64_t rows, int64_t cols, con
 
 // The report of one matrix: q (the effective weights) against w on inputs with Gram h32.
 CalibratedMatrixReport report(Backend& be, int which, const std::vector<float>& w, const std::vector<float>& q,
-                              int64_t rows, int64_t cols, const std::vector<float>& h32, const CalibratedQuantOptions& o) {
+                              int64_t rows, int64_t cols, const std::vector<float>& h32,
+                              const CalibratedQuantOptions& o) {
   CalibratedMatrixReport r;
   r.name = kDecoderLinearNames[which];
   r.rows = rows;
@@ -79,8 +80,8 @@ CalibratedMatrixReport report(Backend& be, int which, const std::vector<float>& 
   }
   r.out_err = ref > 0 ? std::sqrt(output_error(be, d.data(), rows, cols, h32) / ref) : 0.0;
   r.weight_err = ww > 0 ? std::sqrt(dw / ww) : 0.0;
-  const std::vector<float> rtn =
-      dequantized(quantize_group_rtn(w.data(), rows, cols, o.bits, o.group_size < 0 ? cols : o.group_size, o.asymmetric));
+  const std::vector<float> rtn = dequantized(
+      quantize_group_rtn(w.data(), rows, cols, o.bits, o.group_size < 0 ? cols : o.group_size, o.asymmetric));
   for (size_t i = 0; i < w.size(); ++i) d[i] = rtn[i] - w[i];
   r.rtn_out_err = ref > 0 ? std::sqrt(output_error(be, d.data(), rows, cols, h32) / ref) : 0.0;
   return r;
@@ -89,7 +90,8 @@ CalibratedMatrixReport report(Backend& be, int which, const std::vector<float>& 
 void check_options(const CalibratedQuantOptions& o) {
   TESSERA_CHECK(o.method == "gptq" || o.method == "awq", "quantize: method '", o.method,
                 "' takes no calibration (gptq or awq)");
-  TESSERA_CHECK(o.bits == 4 || o.bits == 8, "quantize: --bits ", o.bits, " (4 or 8; the group format has no 3-bit codes)");
+  TESSERA_CHECK(o.bits == 4 || o.bits == 8, "quantize: --bits ", o.bits,
+                " (4 or 8; the group format has no 3-bit codes)");
   TESSERA_CHECK(o.group_size == -1 || (o.group_size >= 32 && o.group_size % 32 == 0), "quantize: --group-size ",
                 o.group_size, " (-1, or a multiple of 32)");
   TESSERA_CHECK(o.damp > 0 && o.damp <= 1, "quantize: --damp ", o.damp, " (a fraction of the mean diagonal in (0, 1])");
@@ -97,11 +99,11 @@ void check_options(const CalibratedQuantOptions& o) {
 }
 
 struct LayerState {
-  LayerF32 f;                    // the weights the forward uses now
-  std::vector<float> orig[7];    // the layer's weights as loaded
-  GroupQuantMatrix q[7];         // the result
-  std::vector<float> eff[7];     // what each quantized matrix applies to the unscaled input
-  std::vector<float> h32[4];     // Gram matrices of the four inputs (q/k/v, o, gate/up, down)
+  LayerF32 f;                  // the weights the forward uses now
+  std::vector<float> orig[7];  // the layer's weights as loaded
+  GroupQuantMatrix q[7];       // the result
+  std::vector<float> eff[7];   // what each quantized matrix applies to the unscaled input
+  std::vector<float> h32[4];   // Gram matrices of the four inputs (q/k/v, o, gate/up, down)
 };
 
 int input_of(int which) { return which <= kV ? 0 : which == kO ? 1 : which <= kUp ? 2 : 3; }

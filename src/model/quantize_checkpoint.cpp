@@ -115,8 +115,8 @@ GroupQuantMatrix calibrated_matrix(const ModelWeights& w, int layer, int which, 
   const LayerWeights& l = w.layers[layer];
   const WeightMatrix* ms[7] = {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down};
   const WeightMatrix& m = *ms[which];
-  TESSERA_CHECK(is_group_quant(m.dtype) && m.rows == rows && m.cols == cols, "quantize: the calibrated model's '",
-                name, "' is not a group-quantized ", rows, " x ", cols, " matrix");
+  TESSERA_CHECK(is_group_quant(m.dtype) && m.rows == rows && m.cols == cols, "quantize: the calibrated model's '", name,
+                "' is not a group-quantized ", rows, " x ", cols, " matrix");
   GroupQuantMatrix g;
   g.layout = m.gq_layout();
   g.data = std::shared_ptr<uint8_t>(std::shared_ptr<void>(), static_cast<uint8_t*>(const_cast<void*>(m.data)));

@@ -63,8 +63,8 @@ bool parse_weight_quant_spec(const std::string& s, WeightQuantSpec* out) {
     auto number = [&](double lo, double hi) {
       char* end = nullptr;
       const double v = std::strtod(value.c_str(), &end);
-      TESSERA_CHECK(!value.empty() && end && *end == '\0' && v >= lo && v <= hi, "weight quantization '", s, "': ",
-                    key, "=", value, " is not a number in [", lo, ", ", hi, "]");
+      TESSERA_CHECK(!value.empty() && end && *end == '\0' && v >= lo && v <= hi, "weight quantization '", s, "': ", key,
+                    "=", value, " is not a number in [", lo, ", ", hi, "]");
       return v;
     };
     if (key == "calib" && !value.empty())
@@ -134,7 +134,8 @@ void quantize_linear_weights(ModelWeights& w, const WeightQuantSpec& spec) {
 
 void quantize_linear_weights_calibrated(ModelWeights& w, const WeightQuantSpec& spec,
                                         const std::function<std::vector<int32_t>(const std::string&)>& tokenize,
-                                        Backend& be, const std::function<void(const CalibratedLayerReport&)>& on_layer) {
+                                        Backend& be,
+                                        const std::function<void(const CalibratedLayerReport&)>& on_layer) {
   TESSERA_CHECK(spec.method == "gptq" || spec.method == "awq", "weight quantization: ", spec.method,
                 " takes no calibration");
   const MappedFile file(spec.calib_file);

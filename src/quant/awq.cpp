@@ -17,8 +17,8 @@ void check_options(const AwqOptions& o, int64_t cols) {
   TESSERA_CHECK(o.bits == 4 || o.bits == 8, "awq: bits ", o.bits, " (4 or 8)");
   TESSERA_CHECK(o.group_size == -1 || o.group_size == cols || (o.group_size >= 32 && o.group_size % 32 == 0),
                 "awq: group size ", o.group_size, " (-1, or a multiple of 32)");
-  TESSERA_CHECK(o.n_grid >= 1 && o.max_shrink >= 0 && o.max_shrink < 1, "awq: bad grid (", o.n_grid, ", ",
-                o.max_shrink, ")");
+  TESSERA_CHECK(o.n_grid >= 1 && o.max_shrink >= 0 && o.max_shrink < 1, "awq: bad grid (", o.n_grid, ", ", o.max_shrink,
+                ")");
 }
 
 int64_t group_of(const AwqOptions& o, int64_t cols) { return o.group_size <= 0 ? cols : o.group_size; }
@@ -74,8 +74,7 @@ AwqScales awq_search_scales(std::span<const AwqMatrix> mats, int64_t cols, const
   return best;
 }
 
-std::vector<uint8_t> awq_clip(float* w, int64_t rows, int64_t cols, const double* h, const AwqOptions& o,
-                              int threads) {
+std::vector<uint8_t> awq_clip(float* w, int64_t rows, int64_t cols, const double* h, const AwqOptions& o, int threads) {
   check_options(o, cols);
   const int64_t gs = group_of(o, cols), n_groups = (cols + gs - 1) / gs;
   const int n_shrink = static_cast<int>(o.max_shrink * o.n_grid);

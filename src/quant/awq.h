@@ -31,8 +31,8 @@ struct AwqMatrix {
 
 struct AwqScales {
   double alpha = 0;
-  std::vector<float> s;       // [cols] the input-channel scales, normalized by sqrt(max · min)
-  std::vector<double> loss;   // [n_grid] the summed output error at each α
+  std::vector<float> s;      // [cols] the input-channel scales, normalized by sqrt(max · min)
+  std::vector<double> loss;  // [n_grid] the summed output error at each α
 };
 
 // Round-to-nearest of W·diag(s), scaled back by diag(1/s), into out ([rows][cols]): the weights

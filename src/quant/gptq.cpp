@@ -51,8 +51,7 @@ GptqHessian gptq_prepare(const double* h_in, int64_t cols, double damp, bool act
   g.order.resize(static_cast<size_t>(n));
   std::iota(g.order.begin(), g.order.end(), 0);
   if (act_order)
-    std::stable_sort(g.order.begin(), g.order.end(),
-                     [&](int32_t a, int32_t b) { return h[a * n + a] > h[b * n + b]; });
+    std::stable_sort(g.order.begin(), g.order.end(), [&](int32_t a, int32_t b) { return h[a * n + a] > h[b * n + b]; });
   // Permuted, damped H: hp[i][j] = H[order[i]][order[j]] + λ δij.
   double mean_diag = 0;
   for (int64_t i = 0; i < n; ++i) mean_diag += h[i * n + i];
