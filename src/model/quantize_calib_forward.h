@@ -56,6 +56,8 @@ class CalibForward {
   void stage_c(const LayerF32& l, InputStats& ffn_in);
   void stage_d(const LayerF32& l, InputStats& down_in);
   void stage_e(const LayerF32& l);
+  // [n_tokens][n_embd]: the current layer's input (after stage_e, the next layer's).
+  std::span<const float> residual() const { return x_; }
 
  private:
   Backend& be_;

@@ -16,6 +16,10 @@
 #include "core/fp16.h"
 #include "format/safetensors_writer.h"
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "engine/model_runner.h"
+#include "model/model.h"
+#include "model/quantize_calib_forward.h"
 #include "model/quantize_calibrated.h"
 #include "model/quantize_checkpoint.h"
 #include "model/weights.h"
@@ -265,5 +269,57 @@ TEST(QuantizeCheckpoint, GptqAndAwqWriteTheCalibratedModel) {
   std::vector<int32_t> out_of_vocab(tokens);
   out_of_vocab[3] = kVocab;
   EXPECT_NE(error_of(co, out_of_vocab).find("outside the vocabulary"), std::string::npos);
+  fs::remove_all(in);
+}
+
+// The calibration forward is the model's forward: the float layers run stage by stage over two
+// windows, then the final norm and the head, give the logits ModelRunner gives for each window
+// (so the Gram matrices GPTQ and AWQ see are of the inputs the model really has).
+TEST(QuantizeCheckpoint, CalibrationForwardIsTheModelsForward) {
+  const std::string in = ::testing::TempDir() + "/tessera_quantize_fw_in";
+  write_f16_checkpoint(in);
+  const std::shared_ptr<const ModelWeights> w = load_safetensors_weights(in);
+  const ModelConfig& c = w->config;
+  constexpr int kWindow = 16;
+  std::mt19937 rng(5);
+  std::vector<int32_t> tokens(2 * kWindow);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % kVocab);
+  CpuBackend be(2);
+  CalibForward fw(be, *w, tokens, kWindow);
+  for (int l = 0; l < kLayers; ++l) {
+    const LayerWeights& L = w->layers[l];
+    const WeightMatrix* ms[7] = {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down};
+    LayerF32 f;
+    for (int i = 0; i < 7; ++i) {
+      ASSERT_EQ(ms[i]->dtype, DType::F16);
+      const auto* h = static_cast<const uint16_t*>(ms[i]->data);
+      for (int64_t k = 0; k < ms[i]->rows * ms[i]->cols; ++k) f.m[i].push_back(fp16_to_f32(h[k]));
+    }
+    f.attn_norm = L.attn_norm;
+    f.ffn_norm = L.ffn_norm;
+    InputStats qkv_in(kEmbd), o_in(static_cast<int64_t>(c.n_head) * c.head_dim), ffn_in(kEmbd), down_in(kFf);
+    fw.stage_a(f, qkv_in);
+    fw.stage_b(f, o_in);
+    fw.stage_c(f, ffn_in);
+    fw.stage_d(f, down_in);
+    fw.stage_e(f);
+    EXPECT_EQ(down_in.n, 2 * kWindow);
+  }
+  auto model = create_model(w, be, kWindow, kWindow);
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE("window " + std::to_string(s));
+    std::vector<float> xn(kWindow * kEmbd), got(kWindow * kVocab), want(kWindow * kVocab, NAN);
+    be.rms_norm(fw.residual().data() + s * kWindow * kEmbd, w->output_norm, xn.data(), kWindow, kEmbd, c.rms_eps);
+    const MatmulTarget head[] = {{w->output, got.data(), kVocab}};
+    be.matmul(xn.data(), kWindow, kEmbd, head);
+    KvCache kv(be, KvCacheSpec::plain(c.n_layer, c.n_head_kv, c.head_dim, 4, 8, DType::F32));
+    BlockPool pool(8);
+    SequenceBlocks seq;
+    ASSERT_TRUE(seq.reserve(pool, 4, kWindow));
+    ForwardBatch fb;
+    fb.add_sequence(seq, 4, tokens.data() + s * kWindow, kWindow, ForwardBatch::Logits::All);
+    ModelRunner(*model, kv, be).forward(fb, want.data());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3f * (1 + std::fabs(want[i]))) << i;
+  }
   fs::remove_all(in);
 }

@@ -42,7 +42,8 @@ const Layer& layer() {
     const std::vector<uint8_t> xb = read_bytes(gptq_fixture("x.f16"));
     EXPECT_EQ(static_cast<int64_t>(xb.size()), l.tokens * l.cols * 2);
     l.x.resize(static_cast<size_t>(l.tokens * l.cols));
-    for (size_t i = 0; i < l.x.size(); ++i) l.x[i] = fp16_to_f32(static_cast<uint16_t>(xb[2 * i] | (xb[2 * i + 1] << 8)));
+    for (size_t i = 0; i < l.x.size(); ++i)
+      l.x[i] = fp16_to_f32(static_cast<uint16_t>(xb[2 * i] | (xb[2 * i + 1] << 8)));
     l.w = read_f32(gptq_fixture("w.f32"));
     EXPECT_EQ(static_cast<int64_t>(l.w.size()), l.rows * l.cols);
     l.h.assign(static_cast<size_t>(l.cols * l.cols), 0.0);
@@ -74,7 +75,8 @@ double out_err_of(const Layer& l, const std::vector<float>& q) {
 
 std::vector<float> dequantize(const GroupQuantMatrix& m) {
   std::vector<float> out(static_cast<size_t>(m.layout.rows * m.layout.cols));
-  for (int64_t r = 0; r < m.layout.rows; ++r) gq_dequantize_row(m.layout, m.data.get(), r, out.data() + r * m.layout.cols);
+  for (int64_t r = 0; r < m.layout.rows; ++r)
+    gq_dequantize_row(m.layout, m.data.get(), r, out.data() + r * m.layout.cols);
   return out;
 }
 
@@ -156,8 +158,8 @@ TEST(Awq, MatchesTheNumpyReference) {
     o.group_size = c["group_size"];
     o.asymmetric = c["asymmetric"];
     const AwqMatrix m{l.w.data(), l.rows};
-    const AwqScales s = awq_search_scales({&m, 1}, l.cols, x_mean.data(),
-                                          [&](const float* d, int64_t rows) { return out_err(l, d, rows); }, o);
+    const AwqScales s = awq_search_scales(
+        {&m, 1}, l.cols, x_mean.data(), [&](const float* d, int64_t rows) { return out_err(l, d, rows); }, o);
     EXPECT_DOUBLE_EQ(s.alpha, static_cast<double>(c["alpha"]));
     ASSERT_EQ(s.loss.size(), c["losses"].size());
     for (size_t i = 0; i < s.loss.size(); ++i) EXPECT_NEAR(s.loss[i], c["losses"][i], 1e-3 * double(c["losses"][i]));
@@ -210,13 +212,14 @@ TEST(Gptq, RefusesBadOptions) {
   o.group_size = 48;
   EXPECT_NE(error_of([&] { gptq_quantize(l.w.data(), l.rows, l.cols, h, o); }).find("group size"), std::string::npos);
   o.group_size = 32;
-  EXPECT_NE(error_of([&] { gptq_quantize(l.w.data(), l.rows, l.cols - 32, h, o); }).find("Hessian"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { gptq_quantize(l.w.data(), l.rows, l.cols - 32, h, o); }).find("Hessian"), std::string::npos);
   AwqOptions a;
   a.bits = 3;
   const AwqMatrix m{l.w.data(), l.rows};
   std::vector<double> mean(static_cast<size_t>(l.cols), 1.0);
-  EXPECT_NE(error_of([&] { awq_search_scales({&m, 1}, l.cols, mean.data(), [](const float*, int64_t) { return 0.0; }, a); })
-                .find("bits"),
+  EXPECT_NE(error_of([&] {
+              awq_search_scales(
+                  {&m, 1}, l.cols, mean.data(), [](const float*, int64_t) { return 0.0; }, a);
+            }).find("bits"),
             std::string::npos);
 }
