@@ -1,18 +1,73 @@
-// tessera quantize: round-to-nearest group quantization of a 16-bit Hugging Face checkpoint,
-// written as compressed-tensors pack-quantized safetensors that tessera and vLLM load.
+// tessera quantize: group quantization of a 16-bit Hugging Face checkpoint's linear layers
+// (round-to-nearest, GPTQ or AWQ), written as compressed-tensors pack-quantized safetensors
+// that tessera and vLLM load.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "apps/commands.h"
+#include "apps/common.h"
+#include "backend/backend.h"
+#include "core/error.h"
 #include "model/quantize_checkpoint.h"
+#include "model/quantize_weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::apps {
+
+namespace {
+
+// GPTQ/AWQ: the model loaded, the calibration text tokenized, every layer quantized; prints a
+// line per layer and the mean output errors against RTN's.
+std::shared_ptr<ModelWeights> calibrate(const std::string& dir, const QuantizeOptions& o, int threads) {
+  const std::string tok_path = (std::filesystem::path(dir) / "tokenizer.json").string();
+  TESSERA_CHECK(std::filesystem::exists(tok_path), "quantize: ", dir,
+                " has no tokenizer.json (the calibration text is tokenized with it)");
+  const auto tokenizer = Tokenizer::from_hf_json(tok_path);
+  auto weights = load_safetensors_weights(dir);
+  BackendOptions bo;
+  bo.threads = threads;
+  const auto be = make_backend(bo);
+  WeightQuantSpec spec;
+  spec.method = o.method;
+  spec.bits = o.bits;
+  spec.group = o.group_size < 0 ? 0 : o.group_size;
+  spec.asymmetric = o.asymmetric;
+  spec.calib_file = o.calib_file;
+  spec.calib_tokens = o.calib_tokens;
+  spec.window = o.window;
+  spec.damp = o.damp;
+  spec.act_order = o.act_order;
+  double sum = 0, sum_rtn = 0;
+  int n = 0;
+  quantize_linear_weights_calibrated(
+      *weights, spec,
+      [&](const std::string& text) {
+        const auto t = tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/false);
+        std::printf("calibration: %zu tokens in %s, %d used (windows of %d)\n", t.size(), o.calib_file.c_str(),
+                    std::min<int>(static_cast<int>(t.size()), o.calib_tokens) / o.window * o.window, o.window);
+        return t;
+      },
+      *be,
+      [&](const CalibratedLayerReport& r) {
+        std::printf("  %s\n", describe_calibrated_layer(r).c_str());
+        std::fflush(stdout);
+        for (const auto& m : r.matrices) sum += m.out_err, sum_rtn += m.rtn_out_err, ++n;
+      });
+  std::printf("mean relative output error on the calibration inputs: %s %.5f, RTN %.5f (%d matrices)\n",
+              o.method.c_str(), n ? sum / n : 0.0, n ? sum_rtn / n : 0.0, n);
+  return weights;
+}
+
+}  // namespace
 
 void add_quantize(CLI::App& app) {
   struct Args {
     std::string model, out;
     QuantizeOptions o;
+    int threads = 0;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd =
@@ -20,25 +75,48 @@ void add_quantize(CLI::App& app) {
   cmd->add_option("-m,--model", a->model, "Hugging Face directory (config.json + F16/BF16/F32 safetensors)")
       ->required();
   cmd->add_option("-o,--out", a->out, "output directory (compressed-tensors pack-quantized)")->required();
-  cmd->add_option("--method", a->o.method, "rtn (gptq and awq are not implemented yet)")->capture_default_str();
+  cmd->add_option("--method", a->o.method, "rtn, gptq or awq")->capture_default_str();
   cmd->add_option("--bits", a->o.bits, "4 or 8")->capture_default_str();
   cmd->add_option("--group-size", a->o.group_size, "columns per scale: a multiple of 32, or -1 per output row")
       ->capture_default_str();
   cmd->add_flag("--asym", a->o.asymmetric, "zero points per group (default symmetric)");
+  cmd->add_option("--calib", a->o.calib_file, "gptq/awq: calibration text (tokenized with the model's tokenizer)");
+  cmd->add_option("--calib-tokens", a->o.calib_tokens, "gptq/awq: calibration tokens used (the text's first)")
+      ->capture_default_str();
+  cmd->add_option("--window", a->o.window, "gptq/awq: tokens per calibration sequence")->capture_default_str();
+  cmd->add_option("--damp", a->o.damp, "gptq: damping, a fraction of the mean diagonal of H")->capture_default_str();
+  cmd->add_flag("--act-order", a->o.act_order, "gptq: columns by descending diag(H), written with g_idx");
+  cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->callback([a] {
+    const QuantizeOptions& o = a->o;
     const auto t0 = std::chrono::steady_clock::now();
     auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-    std::printf("quantize: %s -> %s, %s %d-bit, group %lld, %s\n", a->model.c_str(), a->out.c_str(),
-                a->o.method.c_str(), a->o.bits, static_cast<long long>(a->o.group_size),
-                a->o.asymmetric ? "asymmetric" : "symmetric");
+    TESSERA_CHECK(o.method == "rtn" || o.method == "gptq" || o.method == "awq", "quantize: --method ", o.method,
+                  " (rtn, gptq or awq)");
+    TESSERA_CHECK(o.method == "rtn" || !o.calib_file.empty(), "quantize: --method ", o.method,
+                  " needs --calib FILE (calibration text)");
+    TESSERA_CHECK(o.method != "rtn" || (o.calib_file.empty() && !o.act_order), "quantize: --method rtn takes ",
+                  "no --calib or --act-order");
+    TESSERA_CHECK(!o.act_order || o.method == "gptq", "quantize: --act-order is a GPTQ option");
+    TESSERA_CHECK(std::filesystem::is_directory(a->model), "quantize: '", a->model,
+                  "' is not a Hugging Face directory. A GGUF model is quantized at load instead: "
+                  "-m MODEL.gguf@gptq-w4g128,calib=FILE (tessera eval/serve/bench)");
+    std::printf("quantize: %s -> %s, %s %d-bit, group %lld, %s%s\n", a->model.c_str(), a->out.c_str(), o.method.c_str(),
+                o.bits, static_cast<long long>(o.group_size), o.asymmetric ? "asymmetric" : "symmetric",
+                o.act_order ? ", act-order" : "");
+    std::shared_ptr<ModelWeights> calibrated;
+    if (o.method != "rtn") calibrated = calibrate(a->model, o, a->threads);
     const QuantizeReport r = quantize_checkpoint(
-        a->model, a->out, a->o, [&](int layer, int n_layers, const std::vector<QuantizedTensorReport>& ts) {
+        a->model, a->out, o,
+        [&](int layer, int n_layers, const std::vector<QuantizedTensorReport>& ts) {
+          if (calibrated) return;  // calibrate printed its own lines
           double worst = 0;
           for (const auto& t : ts) worst = std::max(worst, t.rel_error);
           std::printf("  layer %d/%d: %zu matrices, worst relative error %.4f (%.1f s)\n", layer + 1, n_layers,
                       ts.size(), worst, secs());
           std::fflush(stdout);
-        });
+        },
+        calibrated.get());
     std::printf("\n%-56s %8s %8s %10s\n", "tensor", "rows", "cols", "rel error");
     double sum = 0;
     for (const auto& t : r.tensors) {
@@ -47,15 +125,16 @@ void add_quantize(CLI::App& app) {
       sum += t.rel_error;
     }
     int partial = 0;
-    for (const auto& t : r.tensors) partial += a->o.group_size > 0 && t.cols % a->o.group_size != 0;
+    for (const auto& t : r.tensors) partial += o.group_size > 0 && t.cols % o.group_size != 0;
     if (partial)
       std::printf(
           "\nnote: %d matrices have a partial last group (width not a multiple of %lld): tessera loads them, "
           "vLLM may not\n",
-          partial, static_cast<long long>(a->o.group_size));
-    std::printf("\n%zu matrices quantized, mean relative error %.5f; %.1f MB -> %.1f MB in %.1f s\n", r.tensors.size(),
-                r.tensors.empty() ? 0.0 : sum / static_cast<double>(r.tensors.size()), r.bytes_in / 1e6,
-                r.bytes_out / 1e6, secs());
+          partial, static_cast<long long>(o.group_size));
+    std::printf("\n%zu matrices quantized, mean relative weight error %.5f%s; %.1f MB -> %.1f MB in %.1f s\n",
+                r.tensors.size(), r.tensors.empty() ? 0.0 : sum / static_cast<double>(r.tensors.size()),
+                o.method == "awq" ? " (AWQ: of scaled weights, not reported)" : "", r.bytes_in / 1e6, r.bytes_out / 1e6,
+                secs());
   });
 }
 

@@ -1,5 +1,6 @@
 #include "engine/session.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -66,7 +67,21 @@ Session::Session(const SessionOptions& options) : options_(options) {
     weights_ = load_gguf_weights(gguf_);
     tokenizer_ = Tokenizer::from_gguf(*gguf_);
   }
-  if (quantize) {
+  if (quantize && quantize_at_load.method != "rtn") {
+    // GPTQ/AWQ: calibration text through the model's tokenizer, on the CPU backend.
+    TESSERA_CHECK(tokenizer_ != nullptr, "model '", options.model, "': calibration needs the model's tokenizer");
+    BackendOptions cpu_options;
+    cpu_options.threads = options.backend.threads;
+    const auto cpu = make_backend(cpu_options);
+    quantize_linear_weights_calibrated(
+        *weights_, quantize_at_load,
+        [&](const std::string& text) {
+          return tokenizer_->encode(text, /*add_special=*/false, /*parse_special=*/false);
+        },
+        *cpu,
+        [](const CalibratedLayerReport& r) { std::fprintf(stderr, "%s\n", describe_calibrated_layer(r).c_str()); });
+    weights_->source += options.model.substr(options.model.rfind('@'));
+  } else if (quantize) {
     quantize_linear_weights(*weights_, quantize_at_load);
     weights_->source += options.model.substr(options.model.rfind('@'));
   }

@@ -162,6 +162,13 @@ ModelConfig dummy_preset(const std::string& name) {
 
 namespace {
 
+WeightQuantSpec not_grouped() {
+  WeightQuantSpec s;
+  s.bits = 0;
+  s.group = 0;
+  return s;
+}
+
 DType parse_dtype(const std::string& s) {
   static const std::pair<const char*, DType> kNames[] = {
       {"f32", DType::F32},   {"f16", DType::F16},   {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
@@ -213,7 +220,7 @@ struct DummyBuilder {
   ModelWeights& w;
   uint64_t seed;
   DType dtype;
-  WeightQuantSpec group{0, 0, false, false};  // bits 0: not group-quantized
+  WeightQuantSpec group = not_grouped();  // bits 0: not group-quantized
   uint64_t next_tensor = 1;
 
   // Random codes (uniform over the levels, zero 2^(bits-1)) and one scale that spans the same
@@ -293,17 +300,18 @@ std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64
   const auto colon = spec.find(':');
   const std::string preset = spec.substr(0, colon);
   const std::string type = colon == std::string::npos ? "f16" : spec.substr(colon + 1);
-  WeightQuantSpec group{0, 0, false, false};
+  WeightQuantSpec group = not_grouped();
   // Group-quantized dummies keep the embedding and output head in F16, as GPTQ/AWQ checkpoints
   // do; FP8 ones in BF16, as vLLM's --quantization fp8 leaves them.
   const bool grouped = parse_weight_quant_spec(type, &group);
+  TESSERA_CHECK(!grouped || group.method == "rtn", "dummy weights '", spec, "': random codes have no ", group.method);
   const DType dtype = grouped ? (group.fp8 ? DType::BF16 : DType::F16) : parse_dtype(type);
   auto w = std::make_shared<ModelWeights>();
   w->config = dummy_preset(preset);
   w->config.validate();
   w->source = "dummy:" + spec;
   const ModelConfig& c = w->config;
-  DummyBuilder b{*w, seed, dtype, {0, 0, false, false}};
+  DummyBuilder b{*w, seed, dtype, not_grouped()};
   const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim,
                 kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
   w->tok_embd = b.matrix(c.n_vocab, c.n_embd);

@@ -1,12 +1,14 @@
-// `tessera quantize`: round-to-nearest group quantization of a Hugging Face checkpoint into
-// compressed-tensors pack-quantized safetensors (docs/design/weight-quant.md). The codes come
+// `tessera quantize`: group quantization of a Hugging Face checkpoint (round-to-nearest here,
+// or GPTQ/AWQ's matrices handed in) into compressed-tensors pack-quantized safetensors
+// (docs/design/weight-quant.md). The codes come
 // from quant/'s quantizer in tessera's native layout and are repacked as compressed-tensors
 // writes them: weight_packed int32 [N, ceil(K/pf)] along the input (value + 2^(bits-1)),
 // weight_scale f16 [N, G], weight_zero_point int32 [ceil(N/pf), G] along the output,
-// weight_shape int64 [2].
+// weight_shape int64 [2], and with act-order weight_g_idx int32 [K].
 #include "model/quantize_checkpoint.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -30,13 +32,16 @@ constexpr const char* kLinearSuffixes[] = {
     ".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight", ".self_attn.o_proj.weight",
     ".mlp.gate_proj.weight",    ".mlp.up_proj.weight",      ".mlp.down_proj.weight"};
 
-// The decoder layer of a linear weight to quantize ("model.layers.<i>.<linear>.weight"), or -1.
-int linear_layer(const std::string& name) {
+// The decoder layer of a linear weight to quantize ("model.layers.<i>.<linear>.weight"), or -1;
+// *which: its index in kLinearSuffixes.
+int linear_layer(const std::string& name, int* which = nullptr) {
   constexpr std::string_view kPrefix = "model.layers.";
   if (!name.starts_with(kPrefix)) return -1;
-  bool linear = false;
-  for (const char* s : kLinearSuffixes) linear = linear || name.ends_with(s);
-  if (!linear) return -1;
+  int found = -1;
+  for (int i = 0; i < 7; ++i)
+    if (name.ends_with(kLinearSuffixes[i])) found = i;
+  if (found < 0) return -1;
+  if (which) *which = found;
   size_t pos = kPrefix.size();
   int layer = 0;
   while (pos < name.size() && std::isdigit(static_cast<unsigned char>(name[pos])))
@@ -46,7 +51,7 @@ int linear_layer(const std::string& name) {
 
 // The output tensors of one quantized matrix, owning their bytes.
 struct PackedLinear {
-  std::vector<int32_t> packed, zero_point;
+  std::vector<int32_t> packed, zero_point, g_idx;
   std::vector<uint16_t> scale;
   int64_t shape[2] = {0, 0};
   int64_t words = 0, groups = 0;
@@ -62,10 +67,18 @@ PackedLinear pack_compressed_tensors(const GroupQuantMatrix& m) {
   p.words = (l.cols + pf - 1) / pf;
   p.groups = l.n_groups;
   p.packed.assign(static_cast<size_t>(l.rows * p.words), 0);
+  // Stored column j holds input column perm[j]; the checkpoint is in input order with g_idx.
+  const int32_t* perm = gq_perm(l, buf);
   for (int64_t r = 0; r < l.rows; ++r)
-    for (int64_t k = 0; k < l.cols; ++k)
+    for (int64_t j = 0; j < l.cols; ++j) {
+      const int64_t k = perm ? perm[j] : j;
       p.packed[r * p.words + k / pf] |=
-          static_cast<int32_t>(static_cast<uint32_t>(gq_code(l, buf, r, k)) << (l.bits * (k % pf)));
+          static_cast<int32_t>(static_cast<uint32_t>(gq_code(l, buf, r, j)) << (l.bits * (k % pf)));
+    }
+  if (perm) {
+    p.g_idx.resize(static_cast<size_t>(l.cols));
+    for (int64_t j = 0; j < l.cols; ++j) p.g_idx[perm[j]] = static_cast<int32_t>(j / l.group_size);
+  }
   p.scale.resize(static_cast<size_t>(l.rows * l.n_groups));
   for (int64_t r = 0; r < l.rows; ++r)
     for (int64_t g = 0; g < l.n_groups; ++g) p.scale[r * l.n_groups + g] = gq_scale_f16(l, buf, r, g);
@@ -80,6 +93,36 @@ PackedLinear pack_compressed_tensors(const GroupQuantMatrix& m) {
   return p;
 }
 
+// The calibrated model's norm or v_proj bias of a tensor name, or nullptr for other tensors.
+const float* calibrated_vector(const ModelWeights& w, const std::string& name) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (!name.starts_with(kPrefix)) return nullptr;
+  const size_t dot = name.find('.', kPrefix.size());
+  if (dot == std::string::npos) return nullptr;
+  const int layer = std::atoi(name.substr(kPrefix.size(), dot - kPrefix.size()).c_str());
+  if (layer < 0 || layer >= static_cast<int>(w.layers.size())) return nullptr;
+  const std::string rest = name.substr(dot + 1);
+  const LayerWeights& l = w.layers[layer];
+  if (rest == "input_layernorm.weight") return l.attn_norm;
+  if (rest == "post_attention_layernorm.weight") return l.ffn_norm;
+  if (rest == "self_attn.v_proj.bias") return l.bv;
+  return nullptr;
+}
+
+// The calibrated model's matrix `which` (kLinearSuffixes order) of a layer, as a view.
+GroupQuantMatrix calibrated_matrix(const ModelWeights& w, int layer, int which, int64_t rows, int64_t cols,
+                                   const std::string& name) {
+  const LayerWeights& l = w.layers[layer];
+  const WeightMatrix* ms[7] = {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down};
+  const WeightMatrix& m = *ms[which];
+  TESSERA_CHECK(is_group_quant(m.dtype) && m.rows == rows && m.cols == cols, "quantize: the calibrated model's '", name,
+                "' is not a group-quantized ", rows, " x ", cols, " matrix");
+  GroupQuantMatrix g;
+  g.layout = m.gq_layout();
+  g.data = std::shared_ptr<uint8_t>(std::shared_ptr<void>(), static_cast<uint8_t*>(const_cast<void*>(m.data)));
+  return g;
+}
+
 nlohmann::ordered_json quantization_config(const QuantizeOptions& o) {
   nlohmann::ordered_json weights = {{"num_bits", o.bits},
                                     {"type", "int"},
@@ -87,7 +130,7 @@ nlohmann::ordered_json quantization_config(const QuantizeOptions& o) {
                                     {"dynamic", false},
                                     {"strategy", o.group_size < 0 ? "channel" : "group"},
                                     {"observer", "minmax"},
-                                    {"actorder", nullptr}};
+                                    {"actorder", o.act_order ? nlohmann::ordered_json("group") : nullptr}};
   if (o.group_size > 0) weights["group_size"] = o.group_size;
   return {{"quant_method", "compressed-tensors"},
           {"format", "pack-quantized"},
@@ -105,9 +148,13 @@ nlohmann::ordered_json quantization_config(const QuantizeOptions& o) {
 
 QuantizeReport quantize_checkpoint(
     const std::string& in_dir, const std::string& out_dir, const QuantizeOptions& o,
-    const std::function<void(int, int, const std::vector<QuantizedTensorReport>&)>& on_layer) {
-  TESSERA_CHECK(o.method == "rtn", "quantize: method '", o.method,
-                "' is not implemented (rtn only; gptq and awq are planned)");
+    const std::function<void(int, int, const std::vector<QuantizedTensorReport>&)>& on_layer,
+    const ModelWeights* calibrated) {
+  TESSERA_CHECK(o.method == "rtn" || o.method == "gptq" || o.method == "awq", "quantize: method '", o.method,
+                "' (rtn, gptq or awq)");
+  TESSERA_CHECK((o.method == "rtn") == (calibrated == nullptr), "quantize: ", o.method,
+                o.method == "rtn" ? " takes no calibrated weights" : " needs the calibrated model");
+  TESSERA_CHECK(!o.act_order || o.method == "gptq", "quantize: --act-order is a GPTQ option");
   TESSERA_CHECK(o.bits == 4 || o.bits == 8, "quantize: --bits ", o.bits, " (4 or 8)");
   TESSERA_CHECK(o.group_size == -1 || (o.group_size >= 32 && o.group_size % 32 == 0), "quantize: --group-size ",
                 o.group_size, " (-1, or a multiple of 32)");
@@ -126,6 +173,9 @@ QuantizeReport quantize_checkpoint(
 
   int n_layers = 0;
   for (const auto& [name, t] : st->tensors()) n_layers = std::max(n_layers, linear_layer(name) + 1);
+  if (calibrated)
+    TESSERA_CHECK(static_cast<int>(calibrated->layers.size()) == n_layers, "quantize: the calibrated model has ",
+                  calibrated->layers.size(), " layers, the checkpoint ", n_layers);
   // Tensor outputs in name order; the packed ones own their bytes here.
   std::vector<SafetensorsOutTensor> out;
   std::vector<std::unique_ptr<PackedLinear>> packed;
@@ -137,8 +187,14 @@ QuantizeReport quantize_checkpoint(
   std::vector<float> w;
   for (const auto& [name, t] : st->tensors()) {
     report.bytes_in += static_cast<int64_t>(t->n_bytes);
-    const int layer = linear_layer(name);
+    int which = 0;
+    const int layer = linear_layer(name, &which);
     if (layer < 0) {
+      if (const float* v = calibrated ? calibrated_vector(*calibrated, name) : nullptr) {
+        // AWQ folds its scales into these: the calibrated model's values, as F32.
+        out.push_back({name, SafetensorsDType::F32, t->shape, v, static_cast<size_t>(t->shape[0]) * 4});
+        continue;
+      }
       out.push_back({name, t->stored, t->shape, t->data, t->n_bytes});
       continue;
     }
@@ -149,7 +205,8 @@ QuantizeReport quantize_checkpoint(
     w.resize(static_cast<size_t>(rows * cols));
     dequantize_row(t->dtype, t->data, w.data(), rows * cols);
     const int64_t group = o.group_size < 0 ? cols : o.group_size;
-    const GroupQuantMatrix m = quantize_group_rtn(w.data(), rows, cols, o.bits, group, o.asymmetric);
+    const GroupQuantMatrix m = calibrated ? calibrated_matrix(*calibrated, layer, which, rows, cols, name)
+                                          : quantize_group_rtn(w.data(), rows, cols, o.bits, group, o.asymmetric);
     double err = 0, ref = 0;
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = 0; r < rows; ++r) {
@@ -160,7 +217,8 @@ QuantizeReport quantize_checkpoint(
         ref += double(w[r * cols + k]) * w[r * cols + k];
       }
     }
-    const QuantizedTensorReport tr{name, rows, cols, ref > 0 ? std::sqrt(err / ref) : 0.0};
+    const double rel = o.method == "awq" ? NAN : ref > 0 ? std::sqrt(err / ref) : 0.0;
+    const QuantizedTensorReport tr{name, rows, cols, rel};
     report.tensors.push_back(tr);
     per_layer[layer].push_back(tr);
     packed.push_back(std::make_unique<PackedLinear>(pack_compressed_tensors(m)));
@@ -177,6 +235,8 @@ QuantizeReport quantize_checkpoint(
                      {(rows + 32 / o.bits - 1) / (32 / o.bits), p.groups},
                      p.zero_point.data(),
                      p.zero_point.size() * 4});
+    if (!p.g_idx.empty())
+      out.push_back({base + ".weight_g_idx", SafetensorsDType::I32, {cols}, p.g_idx.data(), p.g_idx.size() * 4});
     if (--left[layer] == 0 && on_layer) on_layer(layer, n_layers, per_layer[layer]);
   }
 

@@ -3,46 +3,103 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "quant/fp8_weight.h"
+#include "core/mapped_file.h"
 #include "quant/group_quant.h"
 #include "quant/quant.h"
 
 namespace tessera {
 
-bool parse_weight_quant_spec(const std::string& s, WeightQuantSpec* out) {
-  if (s == "fp8") {
-    *out = WeightQuantSpec{8, 0, false, true};
-    return true;
-  }
+namespace {
+
+bool parse_grid_name(const std::string& s, WeightQuantSpec* spec) {
   if (s.size() < 3 || s[0] != 'w' || (s[1] != '4' && s[1] != '8')) return false;
-  WeightQuantSpec spec;
-  spec.bits = s[1] - '0';
+  spec->bits = s[1] - '0';
   std::string rest = s.substr(2);
   if (!rest.empty() && rest.back() == 'a') {
-    spec.asymmetric = true;
+    spec->asymmetric = true;
     rest.pop_back();
   }
   if (rest == "c") {
-    spec.group = 0;
-  } else {
-    if (rest.size() < 2 || rest[0] != 'g') return false;
-    int64_t n = 0;
-    for (size_t i = 1; i < rest.size(); ++i) {
-      if (!std::isdigit(static_cast<unsigned char>(rest[i])) || n > (1 << 20)) return false;
-      n = n * 10 + (rest[i] - '0');
-    }
-    if (n < 32 || n % 32 != 0) fail("weight quantization '", s, "': the group size must be a multiple of 32");
-    spec.group = n;
+    spec->group = 0;
+    return true;
   }
+  if (rest.size() < 2 || rest[0] != 'g') return false;
+  int64_t n = 0;
+  for (size_t i = 1; i < rest.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(rest[i])) || n > (1 << 20)) return false;
+    n = n * 10 + (rest[i] - '0');
+  }
+  if (n < 32 || n % 32 != 0) fail("weight quantization '", s, "': the group size must be a multiple of 32");
+  spec->group = n;
+  return true;
+}
+
+}  // namespace
+
+bool parse_weight_quant_spec(const std::string& s, WeightQuantSpec* out) {
+  if (s == "fp8") {
+    *out = WeightQuantSpec{};
+    out->bits = 8;
+    out->group = 0;
+    out->fp8 = true;
+    return true;
+  }
+  WeightQuantSpec spec;
+  const size_t comma = s.find(',');
+  std::string name = s.substr(0, comma);
+  for (const char* m : {"rtn", "gptq", "awq"})
+    if (name.rfind(std::string(m) + "-", 0) == 0) {
+      spec.method = m;
+      name = name.substr(spec.method.size() + 1);
+    }
+  if (!parse_grid_name(name, &spec)) return false;
+  std::string rest = comma == std::string::npos ? "" : s.substr(comma + 1);
+  while (!rest.empty()) {
+    const size_t next = rest.find(',');
+    const std::string item = rest.substr(0, next);
+    rest = next == std::string::npos ? "" : rest.substr(next + 1);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    auto number = [&](double lo, double hi) {
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      TESSERA_CHECK(!value.empty() && end && *end == '\0' && v >= lo && v <= hi, "weight quantization '", s, "': ", key,
+                    "=", value, " is not a number in [", lo, ", ", hi, "]");
+      return v;
+    };
+    if (key == "calib" && !value.empty())
+      spec.calib_file = value;
+    else if (key == "tokens")
+      spec.calib_tokens = static_cast<int>(number(16, 1 << 24));
+    else if (key == "window")
+      spec.window = static_cast<int>(number(16, 8192));
+    else if (key == "damp")
+      spec.damp = number(1e-6, 1);
+    else if (item == "act-order")
+      spec.act_order = true;
+    else
+      fail("weight quantization '", s, "': unknown setting '", item,
+           "' (calib=FILE, tokens=N, window=N, damp=X, act-order)");
+  }
+  TESSERA_CHECK(spec.method == "rtn" || !spec.calib_file.empty(), "weight quantization '", s, "': ", spec.method,
+                " needs calibration text: add ,calib=FILE");
+  TESSERA_CHECK(spec.method != "rtn" || (spec.calib_file.empty() && !spec.act_order), "weight quantization '", s,
+                "': round-to-nearest takes no calibration settings");
+  TESSERA_CHECK(!spec.act_order || spec.method == "gptq", "weight quantization '", s, "': act-order is a GPTQ setting");
   *out = spec;
   return true;
 }
 
 void quantize_linear_weights(ModelWeights& w, const WeightQuantSpec& spec) {
+  TESSERA_CHECK(spec.method == "rtn", "weight quantization: ", spec.method, " needs calibration tokens");
   std::vector<WeightMatrix*> todo;
   for (LayerWeights& l : w.layers)
     for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
@@ -94,6 +151,50 @@ void quantize_linear_weights(ModelWeights& w, const WeightQuantSpec& spec) {
     q.gq_perm = l.has_perm;
     m = q;
   }
+}
+
+void quantize_linear_weights_calibrated(ModelWeights& w, const WeightQuantSpec& spec,
+                                        const std::function<std::vector<int32_t>(const std::string&)>& tokenize,
+                                        Backend& be,
+                                        const std::function<void(const CalibratedLayerReport&)>& on_layer) {
+  TESSERA_CHECK(spec.method == "gptq" || spec.method == "awq", "weight quantization: ", spec.method,
+                " takes no calibration");
+  const MappedFile file(spec.calib_file);
+  std::string text(reinterpret_cast<const char*>(file.data()), file.size());
+  std::vector<int32_t> tokens = tokenize(text);
+  if (static_cast<int64_t>(tokens.size()) > spec.calib_tokens) tokens.resize(static_cast<size_t>(spec.calib_tokens));
+  TESSERA_CHECK(static_cast<int64_t>(tokens.size()) >= spec.window, spec.calib_file, ": ", tokens.size(),
+                " calibration tokens, fewer than one window of ", spec.window);
+  CalibratedQuantOptions o;
+  o.method = spec.method;
+  o.bits = spec.bits;
+  o.group_size = spec.group == 0 ? -1 : spec.group;
+  o.asymmetric = spec.asymmetric;
+  o.damp = spec.damp;
+  o.act_order = spec.act_order;
+  o.window = spec.window;
+  quantize_calibrated(w, be, tokens, o, on_layer);
+}
+
+std::string describe_calibrated_layer(const CalibratedLayerReport& r) {
+  std::string s;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "layer %d/%d (%.1f s): output error vs RTN", r.layer + 1, r.n_layers, r.seconds);
+  s += buf;
+  for (const CalibratedMatrixReport& m : r.matrices) {
+    std::snprintf(buf, sizeof buf, "  %s %.4f/%.4f", m.name.c_str(), m.out_err, m.rtn_out_err);
+    s += buf;
+  }
+  if (!r.awq_alpha.empty()) {
+    s += "  alpha";
+    for (double a : r.awq_alpha) {
+      if (std::isnan(a))
+        s += " -";
+      else
+        std::snprintf(buf, sizeof buf, " %.2f", a), s += buf;
+    }
+  }
+  return s;
 }
 
 }  // namespace tessera

@@ -125,37 +125,42 @@ GroupQuantMatrix build_group_quant(const GroupQuantSource& src, const std::strin
   return m;
 }
 
+int GroupGrid::code(float x) const {
+  return std::clamp(static_cast<int>(std::nearbyint(x / scale)) + zero, 0, max_code);
+}
+
+GroupGrid group_grid(float lo, float hi, int bits, bool asymmetric) {
+  lo = std::min(lo, 0.0f);
+  hi = std::max(hi, 0.0f);
+  GroupGrid g;
+  g.max_code = (1 << bits) - 1;
+  g.zero = 1 << (bits - 1);
+  const float scale = asymmetric ? (hi - lo) / static_cast<float>(g.max_code)
+                                 : std::max(-lo, hi) / (static_cast<float>(g.max_code) / 2.0f);
+  g.scale_f16 = f32_to_fp16(scale);
+  g.scale = fp16_to_f32(g.scale_f16);
+  if (!(g.scale > 0)) g.scale_f16 = f32_to_fp16(1.0f), g.scale = 1.0f;  // an all-zero group: any scale decodes to 0
+  if (asymmetric) g.zero = std::clamp(static_cast<int>(std::nearbyint(-lo / g.scale)), 0, g.max_code);
+  return g;
+}
+
 GroupQuantMatrix quantize_group_rtn(const float* w, int64_t rows, int64_t cols, int bits, int64_t group_size,
                                     bool asymmetric) {
   const GroupQuantLayout probe = GroupQuantLayout::make(bits, rows, cols, group_size, false, false);
   if (const char* why = probe.valid_reason()) fail("quantize: ", why);
   const int64_t n_groups = probe.n_groups;
-  const int max_code = (1 << bits) - 1;
   std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
   std::vector<uint16_t> scales(static_cast<size_t>(n_groups * rows));
   std::vector<uint8_t> zeros(asymmetric ? static_cast<size_t>(n_groups * rows) : 0);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t k0 = g * group_size, k1 = std::min(cols, k0 + group_size);
-      float lo = 0, hi = 0;  // the range always includes 0
+      float lo = 0, hi = 0;
       for (int64_t k = k0; k < k1; ++k) lo = std::min(lo, w[r * cols + k]), hi = std::max(hi, w[r * cols + k]);
-      int zero = 1 << (bits - 1);
-      float scale;
-      if (asymmetric) {
-        scale = (hi - lo) / static_cast<float>(max_code);
-      } else {
-        scale = std::max(-lo, hi) / (static_cast<float>(max_code) / 2.0f);
-      }
-      uint16_t h = f32_to_fp16(scale);
-      float s = fp16_to_f32(h);
-      if (!(s > 0)) h = f32_to_fp16(1.0f), s = 1.0f;  // an all-zero group: any scale decodes to 0
-      if (asymmetric) zero = std::clamp(static_cast<int>(std::nearbyint(-lo / s)), 0, max_code);
-      scales[g * rows + r] = h;
-      if (asymmetric) zeros[g * rows + r] = static_cast<uint8_t>(zero);
-      for (int64_t k = k0; k < k1; ++k) {
-        const int q = static_cast<int>(std::nearbyint(w[r * cols + k] / s)) + zero;
-        codes[r * cols + k] = static_cast<uint8_t>(std::clamp(q, 0, max_code));
-      }
+      const GroupGrid grid = group_grid(lo, hi, bits, asymmetric);
+      scales[g * rows + r] = grid.scale_f16;
+      if (asymmetric) zeros[g * rows + r] = static_cast<uint8_t>(grid.zero);
+      for (int64_t k = k0; k < k1; ++k) codes[r * cols + k] = static_cast<uint8_t>(grid.code(w[r * cols + k]));
     }
   GroupQuantSource src;
   src.bits = bits;

@@ -44,6 +44,21 @@ const int32_t* gq_perm(const GroupQuantLayout& l, const uint8_t* buf);  // nullp
 // product of the f32 integer difference and the f32 scale, one rounding.
 void gq_dequantize_row(const GroupQuantLayout& l, const uint8_t* buf, int64_t r, float* out);
 
+// The grid of one group: an f16 scale and a zero point for the values in [lo, hi], the range
+// stretched to include 0 (as GPTQ's quantizer does). Symmetric: scale = max(-lo, hi) /
+// ((2^bits - 1) / 2), zero 2^(bits-1); asymmetric: scale = (hi - lo) / (2^bits - 1), zero =
+// round(-lo / scale). The scale is rounded to f16 first and the zero and codes follow the
+// rounded one; an all-zero range gets scale 1. RTN, GPTQ and AWQ share it, so the methods
+// differ only in what they feed it.
+struct GroupGrid {
+  uint16_t scale_f16 = 0;
+  float scale = 1;
+  int zero = 0, max_code = 15;
+  int code(float x) const;  // clamp(round(x / scale) + zero, 0, max_code)
+  float value(int q) const { return static_cast<float>(q - zero) * scale; }
+};
+GroupGrid group_grid(float lo, float hi, int bits, bool asymmetric);
+
 // Round-to-nearest quantization of a [rows][cols] f32 matrix. Symmetric: scale =
 // amax / ((2^bits - 1) / 2), zero 2^(bits-1); asymmetric: scale = (max - min) / (2^bits - 1)
 // over a range that includes 0, zero = round(-min / scale). Scales are rounded to f16 first and

@@ -175,6 +175,31 @@ TEST(WeightQuantLoader, QuantizeAtLoad) {
   EXPECT_TRUE(spec.bits == 8 && spec.group == 0 && !spec.asymmetric);
   EXPECT_FALSE(parse_weight_quant_spec("q4_0", &spec));
   EXPECT_THROW(parse_weight_quant_spec("w4g20", &spec), Error);
+  // GPTQ/AWQ names carry their calibration settings.
+  ASSERT_TRUE(parse_weight_quant_spec("gptq-w4g32a,calib=/c.txt,tokens=4096,window=256,damp=0.05,act-order", &spec));
+  EXPECT_TRUE(spec.method == "gptq" && spec.bits == 4 && spec.group == 32 && spec.asymmetric &&
+              spec.calib_file == "/c.txt" && spec.calib_tokens == 4096 && spec.window == 256 && spec.damp == 0.05 &&
+              spec.act_order);
+  ASSERT_TRUE(parse_weight_quant_spec("awq-w4g128,calib=c.txt", &spec));
+  EXPECT_TRUE(spec.method == "awq" && spec.group == 128 && !spec.asymmetric);
+  auto spec_error = [&](const std::string& s) {
+    try {
+      parse_weight_quant_spec(s, &spec);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(spec_error("gptq-w4g128").find("needs calibration text"), std::string::npos);
+  EXPECT_NE(spec_error("awq-w4g128,calib=c.txt,act-order").find("GPTQ setting"), std::string::npos);
+  EXPECT_NE(spec_error("gptq-w4g128,calib=c.txt,bogus=1").find("unknown setting 'bogus=1'"), std::string::npos);
+  EXPECT_NE(spec_error("gptq-w4g128,calib=c.txt,damp=2").find("damp=2"), std::string::npos);
+  EXPECT_NE(spec_error("w4g128,calib=c.txt").find("no calibration settings"), std::string::npos);
+  EXPECT_THROW(make_dummy_weights("llama3-tiny:gptq-w4g128,calib=c.txt", 7), Error);
+  WeightQuantSpec gptq_spec;
+  ASSERT_TRUE(parse_weight_quant_spec("gptq-w4g128,calib=c.txt", &gptq_spec));
+  auto dummy = make_dummy_weights("llama3-tiny:q8_0", 3);
+  EXPECT_THROW(quantize_linear_weights(*dummy, gptq_spec), Error);  // needs calibration tokens
   const std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   for (const char* s : {"w4g64a", "w8g128", "fp8"}) {
     ASSERT_TRUE(parse_weight_quant_spec(s, &spec));
