@@ -1,5 +1,6 @@
 #pragma once
 // What the model code needs to know about a checkpoint, from GGUF metadata or config.json.
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -51,6 +52,13 @@ struct ModelConfig {
   void validate() const;
   int64_t n_params() const;  // weights of the transformer, embeddings included once
 };
+
+// YaRN's default attention magnitude, 0.1 ln(factor) + 1, and LongRoPE's,
+// sqrt(1 + ln(ctx / original) / ln(original)): the GGUF and config.json loaders both use them.
+inline double yarn_attn_factor(double factor) { return 0.1 * std::log(factor > 1 ? factor : 1.0) + 1; }
+inline double longrope_attn_factor(double ctx, double original) {
+  return std::sqrt(1 + std::log(ctx / original) / std::log(original));
+}
 
 // Hard limits on what a model file may ask for, so a bad file cannot make us allocate
 // absurd amounts before failing.

@@ -35,7 +35,7 @@ void read_yarn(const GGUFFile& f, const std::string& a, ModelConfig& c) {
   if (auto v = f.get_float(a + "rope.scaling.yarn_beta_fast")) c.rope_yarn_beta_fast = static_cast<float>(*v);
   if (auto v = f.get_float(a + "rope.scaling.yarn_beta_slow")) c.rope_yarn_beta_slow = static_cast<float>(*v);
   const double attn = f.get_float(a + "rope.scaling.attn_factor").value_or(1.0);
-  c.rope_attn_factor = static_cast<float>(attn * (0.1 * std::log(std::max(1.0f, c.rope_scaling_factor)) + 1));
+  c.rope_attn_factor = static_cast<float>(attn * yarn_attn_factor(c.rope_scaling_factor));
 }
 
 // Phi-3: a sliding window on every layer (mini-4k: 2047) and, for the 128k models, LongRoPE:
@@ -51,8 +51,7 @@ void read_phi3(const GGUFFile& f, const std::string& a, ModelConfig& c) {
   if (!f.has(a + "rope.scaling.original_context_length")) return;
   c.rope_original_ctx = get_required_int(f, a + "rope.scaling.original_context_length");
   if (c.n_ctx_train <= c.rope_original_ctx) return;
-  const double scale = static_cast<double>(c.n_ctx_train) / c.rope_original_ctx;
-  const double computed = std::sqrt(1 + std::log(scale) / std::log(static_cast<double>(c.rope_original_ctx)));
+  const double computed = longrope_attn_factor(c.n_ctx_train, c.rope_original_ctx);
   c.rope_attn_factor = static_cast<float>(f.get_float(a + "rope.scaling.attn_factor").value_or(computed));
 }
 

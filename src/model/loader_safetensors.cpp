@@ -102,11 +102,8 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
         fail(dir, "/config.json: rope_scaling has ", factors.size(), " factors, expected one per rotated pair (",
              c.rope_dim / 2, ")");
       if (c.n_ctx_train > c.rope_original_ctx) {
-        const double scale = static_cast<double>(c.n_ctx_train) / c.rope_original_ctx;
         c.rope_attn_factor = static_cast<float>(
-            s.attention_factor > 0
-                ? s.attention_factor
-                : std::sqrt(1 + std::log(scale) / std::log(static_cast<double>(c.rope_original_ctx))));
+            s.attention_factor > 0 ? s.attention_factor : longrope_attn_factor(c.n_ctx_train, c.rope_original_ctx));
       }
     } else if (s.type != "default") {
       fail(dir, "/config.json: rope_scaling type '", s.type,
