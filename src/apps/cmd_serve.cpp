@@ -126,8 +126,9 @@ void serve(const ServeArgs& a) {
   // The vocabulary's grammar index is built once here; requests compile against it.
   const GrammarCompiler grammar(tok, model_engine.config().vocab_size);
   served.grammar = &grammar;
-  served.tool_format = a.tool_call_parser == "auto" ? api::detect_tool_format(template_source)
-                                                    : api::tool_format_from_name(a.tool_call_parser);
+  served.tool_format = a.tool_call_parser == "auto"
+                           ? api::detect_tool_format(template_source, chat_template->renders_tools())
+                           : api::tool_format_from_name(a.tool_call_parser);
   served.chat = [chat_template](const nlohmann::json& messages, bool add_generation_prompt,
                                 const nlohmann::json& extra) {
     return chat_template->apply_marked(messages, add_generation_prompt, extra);

@@ -73,6 +73,20 @@ std::string ChatTemplate::apply(const nlohmann::ordered_json& messages, bool add
   return apply_impl(messages, add_generation_prompt, extra).text;
 }
 
+bool ChatTemplate::renders_tools() const {
+  static constexpr const char* kProbe = "tessera_probe_function_5c1e";
+  const nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "Hello"}}});
+  nlohmann::json function = {{"name", kProbe},
+                             {"description", "Probe."},
+                             {"parameters", {{"type", "object"}, {"properties", nlohmann::json::object()}}}};
+  const nlohmann::json extra = {{"tools", nlohmann::json::array({{{"type", "function"}, {"function", function}}})}};
+  try {
+    return apply(messages, true, extra).find(kProbe) != std::string::npos;
+  } catch (const Error&) {
+    return false;  // a template that raises on this chat cannot be probed: treated as no tool support
+  }
+}
+
 bool ChatTemplate::is_reserved_variable(std::string_view name) {
   static const char* const kNames[] = {
       "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",

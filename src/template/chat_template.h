@@ -47,6 +47,9 @@ class ChatTemplate {
   // sets itself (messages, tools, documents, add_generation_prompt), special tokens (any name
   // ending in _token or _tokens) and the globals (raise_exception, namespace, range, ...).
   static bool is_reserved_variable(std::string_view name);
+  // Whether the template shows the model the tools it is given: a one-message chat rendered
+  // with a probe function contains the probe's name. False when that render fails.
+  bool renders_tools() const;
   // ChatML, for models that ship no template (what llama.cpp falls back to).
   static const std::string& chatml_source();
 

@@ -59,8 +59,8 @@ std::string_view tool_format_name(ToolFormat format) {
   return "hermes";
 }
 
-std::optional<ToolFormat> detect_tool_format(std::string_view source) {
-  if (source.find("tools") == std::string_view::npos) return std::nullopt;
+std::optional<ToolFormat> detect_tool_format(std::string_view source, bool renders_tools) {
+  if (!renders_tools) return std::nullopt;
   if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::Hermes;
   if (source.find(kMistralCalls) != std::string_view::npos) return ToolFormat::Mistral;
   // Llama 3.1+ templates write <|python_tag|> for built-in tools and ask for {"name": ...,

@@ -23,9 +23,10 @@ enum class ToolFormat : uint8_t { Hermes, Llama3Json, Mistral };
 std::optional<ToolFormat> tool_format_from_name(std::string_view name);
 std::string_view tool_format_name(ToolFormat format);
 // The format a chat template prompts its model for, from the markers its text spells; Hermes
-// when it spells none (the most common). nullopt when the template never reads `tools`: it
-// has no tool support, and its model was never told how to call one.
-std::optional<ToolFormat> detect_tool_format(std::string_view template_source);
+// when it spells none (the most common). nullopt when the template does not render the tools
+// it is given (renders_tools: ChatTemplate::renders_tools): it has no tool support, and its
+// model was never told how to call one.
+std::optional<ToolFormat> detect_tool_format(std::string_view template_source, bool renders_tools);
 
 // "call_" and 24 random alphanumerics, as vLLM writes ids.
 std::string make_tool_call_id();

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api/tool_parser.h"
+#include "template/chat_template.h"
 
 using namespace tessera::api;
 using nlohmann::json;
@@ -212,9 +213,15 @@ TEST(ToolParser, FormatNamesAndDetection) {
   for (const ToolFormat f : {ToolFormat::Hermes, ToolFormat::Llama3Json, ToolFormat::Mistral})
     EXPECT_EQ(tool_format_from_name(tool_format_name(f)), f);
   EXPECT_FALSE(tool_format_from_name("pythonic"));
-  EXPECT_EQ(detect_tool_format("{{ tools | tojson }}{{- '<tool_call>\\n' }}"), ToolFormat::Hermes);
-  EXPECT_EQ(detect_tool_format("{{ tools }}{{- '[TOOL_CALLS]' }}"), ToolFormat::Mistral);
-  EXPECT_EQ(detect_tool_format("{{ tools }}<|start_header_id|>ipython<|end_header_id|>"), ToolFormat::Llama3Json);
-  EXPECT_EQ(detect_tool_format("{% for t in tools %}{{ t | tojson }}{% endfor %}"), ToolFormat::Hermes);
-  EXPECT_FALSE(detect_tool_format("{{ message.content }}"));  // no tool support
+  auto detect = [](std::string_view source) {
+    return detect_tool_format(source, tessera::ChatTemplate(source).renders_tools());
+  };
+  EXPECT_EQ(detect("{{ tools | tojson }}{{- '<tool_call>\\n' }}"), ToolFormat::Hermes);
+  EXPECT_EQ(detect("{{ tools | tojson }}{{- '[TOOL_CALLS]' }}"), ToolFormat::Mistral);
+  EXPECT_EQ(detect("{{ tools | tojson }}<|start_header_id|>ipython<|end_header_id|>"), ToolFormat::Llama3Json);
+  EXPECT_EQ(detect("{% for t in tools %}{{ t.function.name }}{% endfor %}"), ToolFormat::Hermes);
+  // No tool support: tools never read, named only in a comment, or a template that raises.
+  EXPECT_FALSE(detect("{{ messages[0].content }}"));
+  EXPECT_FALSE(detect("{# tools: not supported #}{% for m in messages %}{{ m.content }}{% endfor %}"));
+  EXPECT_FALSE(detect("{{ raise_exception('no chat here') }}"));
 }
