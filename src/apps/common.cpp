@@ -31,7 +31,8 @@ void ModelArgs::add_to(CLI::App& cmd) {
                  "static KV constants (JSON from tessera calibrate-kv): fp8 :tensor/:head scales, turbo key means");
   cmd.add_option("--quantization,-q", quantization,
                  "quantize the model's linear layers at load, round-to-nearest: fp8 (E4M3, a scale per output "
-                 "channel) or w4a16 (4-bit groups of 128, = MODEL@w4g128); docs/design/weight-quant.md");
+                 "channel), int8 (8-bit integers, a scale per output channel, = MODEL@w8c) or w4a16 (4-bit groups "
+                 "of 128, = MODEL@w4g128); docs/design/weight-quant.md");
   cmd.add_flag("--no-cuda-graphs", no_cuda_graphs, "CUDA: launch every op instead of replaying decode graphs");
 }
 
@@ -46,9 +47,9 @@ SessionOptions ModelArgs::session_options() const {
     else if (quantization == "w4a16")
       spec = "w4g128";
     else if (quantization == "int8")
-      fail("--quantization int8: INT8 W8A8 weights are not implemented (fp8 and w4a16 are)");
+      spec = "w8c";  // the CPU multiplies it with 8-bit activations (W8A8); CUDA with 16/32-bit ones
     else
-      fail("--quantization '", quantization, "': expected fp8 or w4a16");
+      fail("--quantization '", quantization, "': expected fp8, int8 or w4a16");
     TESSERA_CHECK(model.find('@') == std::string::npos, "--quantization ", quantization, " with model '", model,
                   "', which names a quantization after '@' already");
     o.model += "@" + spec;
