@@ -79,8 +79,7 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
                                 : c.n_ctx_train;
       c.rope_yarn_beta_fast = static_cast<float>(s.beta_fast);
       c.rope_yarn_beta_slow = static_cast<float>(s.beta_slow);
-      c.rope_attn_factor =
-          static_cast<float>(s.attention_factor > 0 ? s.attention_factor : 0.1 * std::log(std::max(1.0, s.factor)) + 1);
+      c.rope_attn_factor = static_cast<float>(s.attention_factor > 0 ? s.attention_factor : yarn_attn_factor(s.factor));
       const double extended = static_cast<double>(c.rope_original_ctx) * std::max(1.0, s.factor);
       c.n_ctx_train = static_cast<int>(std::min(extended, static_cast<double>(int64_t{1} << 30)));
     } else if (s.type == "dynamic") {
