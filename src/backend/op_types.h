@@ -9,6 +9,15 @@
 
 namespace tessera {
 
+// A mixture-of-experts SwiGLU FFN (Backend::moe_ffn): the router and every expert's matrices.
+struct MoeFfnWeights {
+  WeightMatrix router;                 // [n_expert, dim]
+  const WeightMatrix* gate = nullptr;  // n_expert x [n_ff, dim]
+  const WeightMatrix* up = nullptr;    // n_expert x [n_ff, dim]
+  const WeightMatrix* down = nullptr;  // n_expert x [dim, n_ff]
+  int n_expert = 0, n_used = 0, n_ff = 0;
+};
+
 struct RopeConfig {
   int head_dim = 0;  // elements per head
   int rot_dim = 0;   // leading elements of each head that rotate (= head_dim usually)

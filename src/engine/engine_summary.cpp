@@ -43,6 +43,9 @@ EngineSummary describe_engine(ModelEngine& engine, const std::string& model_arg)
   s.model = model_arg;
   s.name = mc.name;
   s.architecture = mc.arch;
+  if (mc.n_expert > 0)  // "qwen3moe, 128 experts, 8 per token"
+    s.architecture +=
+        ", " + std::to_string(mc.n_expert) + " experts, " + std::to_string(mc.n_expert_used) + " per token";
   s.n_params = mc.n_params();
   s.trained_context = mc.n_ctx_train;
   s.max_model_len = ec.scheduler.max_model_len;

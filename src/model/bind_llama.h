@@ -21,6 +21,8 @@ struct LlamaTensorNames {
   const char *q_norm = nullptr, *k_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
   // Phi-3's fused projections: Q|K|V rows in one matrix, gate|up rows in another.
   const char *wqkv = nullptr, *w_gate_up = nullptr;
+  // Mixture of experts: the router and the experts' matrices, each stored as one 3-D tensor.
+  const char *router = nullptr, *gate_exps = nullptr, *up_exps = nullptr, *down_exps = nullptr;
 };
 
 // Rows [row0, row0 + rows) of a stored matrix, in place (rows are contiguous in every
@@ -54,7 +56,11 @@ inline constexpr LlamaTensorNames kGgufLlamaNames = {"token_embd.weight",
                                                      "post_attention_norm.weight",
                                                      "post_ffw_norm.weight",
                                                      "attn_qkv.weight",
-                                                     "ffn_up.weight"};
+                                                     "ffn_up.weight",
+                                                     "ffn_gate_inp.weight",
+                                                     "ffn_gate_exps.weight",
+                                                     "ffn_up_exps.weight",
+                                                     "ffn_down_exps.weight"};
 
 inline constexpr LlamaTensorNames kHfLlamaNames = {"model.embed_tokens.weight",
                                                    "lm_head.weight",
@@ -108,7 +114,16 @@ void bind_llama_tensors(Binder& bind, ModelWeights& w, const LlamaTensorNames& n
     l.bk = bind.vector(p + n.bk, kv_dim, !c.qkv_bias);
     l.bv = bind.vector(p + n.bv, kv_dim, !c.qkv_bias);
     l.ffn_norm = bind.vector(p + n.ffn_norm, c.n_embd, false);
-    if (c.arch == "phi3") {
+    if (c.n_expert > 0) {
+      if constexpr (requires { bind.experts(std::string(), int64_t{}, int64_t{}, int64_t{}); }) {
+        l.router = bind.matrix(p + n.router, c.n_expert, c.n_embd);
+        l.gate_exps = bind.experts(p + n.gate_exps, c.n_expert, c.n_ff, c.n_embd);
+        l.up_exps = bind.experts(p + n.up_exps, c.n_expert, c.n_ff, c.n_embd);
+        l.down_exps = bind.experts(p + n.down_exps, c.n_expert, c.n_embd, c.n_ff);
+      } else {
+        fail(c.arch, ": mixture-of-experts checkpoints load from GGUF only");
+      }
+    } else if (c.arch == "phi3") {
       const WeightMatrix gate_up = bind.matrix(p + n.w_gate_up, 2 * static_cast<int64_t>(c.n_ff), c.n_embd);
       l.w_gate = weight_rows(gate_up, 0, c.n_ff, p + n.w_gate_up);
       l.w_up = weight_rows(gate_up, c.n_ff, c.n_ff, p + n.w_gate_up);
@@ -116,7 +131,7 @@ void bind_llama_tensors(Binder& bind, ModelWeights& w, const LlamaTensorNames& n
       l.w_gate = bind.matrix(p + n.w_gate, c.n_ff, c.n_embd);
       l.w_up = bind.matrix(p + n.w_up, c.n_ff, c.n_embd);
     }
-    l.w_down = bind.matrix(p + n.w_down, c.n_embd, c.n_ff);
+    if (c.n_expert == 0) l.w_down = bind.matrix(p + n.w_down, c.n_embd, c.n_ff);
     if (c.qk_norm) {
       l.q_norm = bind.vector(p + n.q_norm, c.head_dim, false);
       l.k_norm = bind.vector(p + n.k_norm, c.head_dim, false);

@@ -44,6 +44,9 @@ void ModelConfig::validate() const {
   // It is folded into the attention scale, exact only when every element of a head rotates.
   TESSERA_CHECK(rope_attn_factor == 1.0f || rope_dim == head_dim, "model config: a RoPE attention factor with ",
                 "partial rotary (", rope_dim, " of ", head_dim, ") is not supported");
+  TESSERA_CHECK(in(n_expert, 0, kMaxExperts) && (n_expert == 0 ? n_expert_used == 0 : in(n_expert_used, 1, n_expert)),
+                "model config: ", n_expert_used, " experts used of ", n_expert,
+                " (need 1 <= used <= count <= ", kMaxExperts, ", or both 0)");
   if (arch == "gemma3") {
     TESSERA_CHECK(sliding_window >= 1 && sliding_window_pattern >= 1, "model config: gemma3 needs a sliding window (",
                   sliding_window, ") and a layer pattern (", sliding_window_pattern, ")");
@@ -62,7 +65,9 @@ int64_t ModelConfig::n_params() const {
                 kv = static_cast<int64_t>(n_head_kv) * head_dim;
   // Gemma 3 adds two norms of the residual width; Gemma 3 and Qwen 3 the per-head Q and K norms.
   const int64_t extra_norms = (arch == "gemma3" ? 2 * e : 0) + (qk_norm ? 2 * head_dim : 0);
-  const int64_t per_layer = e * q + 2 * e * kv + q * e + 3 * e * n_ff + 2 * e + extra_norms;
+  // A MoE layer holds n_expert FFNs and the router's [n_expert, e] matrix.
+  const int64_t ffn = n_expert > 0 ? n_expert * (3 * e * n_ff + e) : 3 * e * n_ff;
+  const int64_t per_layer = e * q + 2 * e * kv + q * e + ffn + 2 * e + extra_norms;
   return n_layer * per_layer + static_cast<int64_t>(n_vocab) * e * (tied_embeddings ? 1 : 2) + e;
 }
 

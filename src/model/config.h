@@ -7,7 +7,8 @@
 namespace tessera {
 
 struct ModelConfig {
-  std::string arch;  // "llama" (Llama 2/3, Mistral, SmolLM2), "mistral", "qwen2", "qwen3" or "gemma3"
+  std::string arch;  // "llama" (Llama 2/3, Mistral, Mixtral, SmolLM2), "mistral", "qwen2", "qwen3", "qwen3moe",
+                     // "phi3" or "gemma3"
   std::string name;  // general.name or the checkpoint's directory name
   int n_vocab = 0;
   int n_embd = 0;  // model width
@@ -42,6 +43,11 @@ struct ModelConfig {
   int sliding_window_pattern = 0;
   float rope_freq_base_local = 10000.0f;
   float attn_scale = 0.0f;  // query scale (query_pre_attn_scalar^-1/2); 0 = 1/sqrt(head_dim)
+  // Mixture of experts (Mixtral, Qwen3-MoE): every layer's FFN is n_expert SwiGLU experts of
+  // width n_ff, n_expert_used of them per token (top-k of the router's softmax, weights
+  // renormalized over the chosen ones). 0 = a dense FFN.
+  int n_expert = 0;
+  int n_expert_used = 0;
 
   bool is_local_layer(int il) const {
     if (sliding_window <= 0) return false;
@@ -66,5 +72,6 @@ constexpr int kMaxLayers = 1024;
 constexpr int kMaxWidth = 1 << 17;
 constexpr int kMaxVocab = 1 << 22;
 constexpr int kMaxHeads = 1024;
+constexpr int kMaxExperts = 1024;
 
 }  // namespace tessera

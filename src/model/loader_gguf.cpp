@@ -62,10 +62,10 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
   auto arch = f.get_string("general.architecture");
   if (!arch) fail(f.name(), ": missing metadata key 'general.architecture'");
   c.arch = std::string(*arch);
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "mistral" && c.arch != "gemma3" &&
-      c.arch != "phi3")
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" && c.arch != "mistral" &&
+      c.arch != "gemma3" && c.arch != "phi3")
     fail(f.name(), ": architecture '", c.arch,
-         "' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3, phi3)");
+         "' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma3, phi3)");
   const std::string a = c.arch + ".";
   if (auto name = f.get_string("general.name")) c.name = std::string(*name);
   c.n_layer = get_required_int(f, a + "block_count");
@@ -106,11 +106,20 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
     c.attn_scale = pre_attn > 0 ? 1.0f / std::sqrt(pre_attn) : 0.0f;
   }
   if (c.arch == "phi3") read_phi3(f, a, c);
+  // Mixture of experts: Mixtral is arch "llama" with an expert count; Qwen3-MoE gives the
+  // experts' width apart from the (unused) dense one.
+  if (f.has(a + "expert_count")) {
+    c.n_expert = get_required_int(f, a + "expert_count");
+    c.n_expert_used = get_required_int(f, a + "expert_used_count");
+    if (f.has(a + "expert_feed_forward_length")) c.n_ff = get_required_int(f, a + "expert_feed_forward_length");
+  }
+  if (c.arch == "qwen3moe" && c.n_expert == 0) fail(f.name(), ": qwen3moe without '", a, "expert_count'");
   // GGUF's converter permutes Llama's Q/K rows so RoPE rotates adjacent pairs; Qwen, Gemma and
   // Phi-3 keep halves.
-  c.rope_neox = c.arch == "qwen2" || c.arch == "qwen3" || c.arch == "gemma3" || c.arch == "phi3";
+  c.rope_neox =
+      c.arch == "qwen2" || c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "gemma3" || c.arch == "phi3";
   c.qkv_bias = c.arch == "qwen2";
-  c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
+  c.qk_norm = c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "gemma3";
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.validate();
   return c;
@@ -154,6 +163,22 @@ struct TensorBinder {
       fail(f.name(), ": tensor '", name, "' has type ", dtype_name(t->dtype), ", expected F32, F16 or BF16");
     float* out = w.make_f32(n);
     dequantize_row(t->dtype, t->data, out, n);
+    return out;
+  }
+
+  // n matrices of [rows, cols] stored as one tensor (GGUF shape [cols, rows, n]): the experts
+  // of a MoE layer, each a view of its contiguous rows.
+  std::vector<WeightMatrix> experts(const std::string& name, int64_t n, int64_t rows, int64_t cols) {
+    const GGUFTensorInfo& t = find(name);
+    if (t.shape.size() != 3 || t.shape[0] != cols || t.shape[1] != rows || t.shape[2] != n)
+      fail(f.name(), ": tensor '", name, "' has shape ", shape_str(t), ", expected [", cols, ", ", rows, ", ", n, "]");
+    if (!dtype_traits(t.dtype).supported)
+      fail(f.name(), ": tensor '", name, "' has unsupported type ", dtype_name(t.dtype));
+    w.weight_bytes += static_cast<int64_t>(t.n_bytes);
+    std::vector<WeightMatrix> out;
+    const size_t expert_bytes = static_cast<size_t>(rows) * dtype_row_bytes(t.dtype, cols);
+    for (int64_t e = 0; e < n; ++e)
+      out.push_back(WeightMatrix{static_cast<const uint8_t*>(t.data) + e * expert_bytes, t.dtype, rows, cols});
     return out;
   }
 

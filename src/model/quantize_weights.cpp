@@ -101,14 +101,20 @@ bool parse_weight_quant_spec(const std::string& s, WeightQuantSpec* out) {
 void quantize_linear_weights(ModelWeights& w, const WeightQuantSpec& spec) {
   TESSERA_CHECK(spec.method == "rtn", "weight quantization: ", spec.method, " needs calibration tokens");
   std::vector<WeightMatrix*> todo;
-  for (LayerWeights& l : w.layers)
-    for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+  for (LayerWeights& l : w.layers) {
+    // A MoE layer's FFN is its experts (the small router matrix stays as stored).
+    std::vector<WeightMatrix*> linear = {&l.wq, &l.wk, &l.wv, &l.wo};
+    if (l.gate_exps.empty()) linear.insert(linear.end(), {&l.w_gate, &l.w_up, &l.w_down});
+    for (auto* group : {&l.gate_exps, &l.up_exps, &l.down_exps})
+      for (WeightMatrix& m : *group) linear.push_back(&m);
+    for (WeightMatrix* m : linear) {
       TESSERA_CHECK(!is_group_quant(m->dtype) && !is_fp8_weight(m->dtype), w.source, ": weights are ",
                     dtype_name(m->dtype), " (quantized) already");
       TESSERA_CHECK(m->cols % dtype_traits(m->dtype).block_elems == 0, w.source, ": a ", dtype_name(m->dtype),
                     " matrix of width ", m->cols, " cannot be decoded");
       todo.push_back(m);
     }
+  }
   std::vector<GroupQuantMatrix> built(todo.size());
   std::vector<Fp8Matrix> built_fp8(todo.size());
   std::atomic<size_t> next{0};

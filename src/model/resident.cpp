@@ -86,6 +86,10 @@ std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWei
     l.ffn_norm = vec(h.ffn_norm, c.n_embd);
     matrices({{&h.w_gate, &l.w_gate}, {&h.w_up, &l.w_up}});
     l.w_down = matrix(h.w_down);
+    l.router = matrix(h.router);
+    for (const WeightMatrix& m : h.gate_exps) l.gate_exps.push_back(matrix(m));
+    for (const WeightMatrix& m : h.up_exps) l.up_exps.push_back(matrix(m));
+    for (const WeightMatrix& m : h.down_exps) l.down_exps.push_back(matrix(m));
     l.q_norm = vec(h.q_norm, c.head_dim);
     l.k_norm = vec(h.k_norm, c.head_dim);
     l.post_attn_norm = vec(h.post_attn_norm, c.n_embd);

@@ -19,7 +19,10 @@ struct LayerWeights {
   const float* bk = nullptr;          // [n_kv*hd]
   const float* bv = nullptr;          // [n_kv*hd]
   const float* ffn_norm = nullptr;    // [n_embd]
-  WeightMatrix w_gate, w_up, w_down;  // [n_ff, n_embd] x2, [n_embd, n_ff]
+  WeightMatrix w_gate, w_up, w_down;  // [n_ff, n_embd] x2, [n_embd, n_ff]; unset in MoE layers
+  // Mixture of experts (config.n_expert > 0): the router and each expert's SwiGLU matrices.
+  WeightMatrix router;                                      // [n_expert, n_embd]
+  std::vector<WeightMatrix> gate_exps, up_exps, down_exps;  // n_expert x [n_ff, n_embd] x2, [n_embd, n_ff]
   // Gemma 3 only (else nullptr): per-head Q and K norms, and the norms of the attention's and
   // the FFN's outputs before they join the residual stream.
   const float* q_norm = nullptr;          // [head_dim]

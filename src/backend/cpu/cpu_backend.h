@@ -47,6 +47,7 @@ class CpuBackend final : public Backend {
   void scale(float* x, float s, int64_t n) override;
   void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) override;
   void copy_to_host(void* host, const void* device, size_t bytes) override;
+  void moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeights& moe, float* out) override;
   std::shared_ptr<const void> upload(const void* host, size_t bytes) override;
   void copy_to_device(void* device, const void* host, size_t bytes) override;
   bool supports_kv_format(const KvFormat&) const override { return true; }
@@ -72,6 +73,11 @@ class CpuBackend final : public Backend {
     int token, block, offset, n;  // batch rows [token, token + n) go to block, from offset
   };
   std::vector<StoreRun> store_runs_;
+  struct MoeScratch {  // moe_ffn's buffers, grown on demand (cpu_moe.cpp)
+    std::vector<float> probs, xg, gate_up, h, y;
+    std::vector<int32_t> rows, slot_of;
+    std::vector<float> weight_of;
+  } moe_;
 };
 
 }  // namespace tessera

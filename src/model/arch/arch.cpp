@@ -70,7 +70,8 @@ RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* f
 std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
                                     int max_logits) {
   const std::string& arch = weights->config.arch;
-  if (arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3" || arch == "phi3")
+  if (arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" ||
+      arch == "phi3")
     return make_llama_model(std::move(weights), backend, max_batch_tokens, max_logits);
   if (arch == "gemma3") return make_gemma3_model(std::move(weights), backend, max_batch_tokens, max_logits);
   fail("no model runner for architecture '", arch, "'");

@@ -1,10 +1,11 @@
-// Llama-family decoder (Llama 2/3, Mistral, SmolLM2, Qwen2 with QKV bias, Qwen3 with QK-norm):
-// pre-norm blocks of RMSNorm → GQA attention with RoPE → residual → RMSNorm → SwiGLU FFN →
-// residual. Mistral v0.1's and Phi-3's sliding windows apply to every layer; Phi-3's fused
+// Llama-family decoder (Llama 2/3, Mistral, SmolLM2, Qwen2 with QKV bias, Qwen3 with QK-norm,
+// Mixtral and Qwen3-MoE with mixture-of-experts FFNs): pre-norm blocks of RMSNorm → GQA
+// attention with RoPE → residual → RMSNorm → SwiGLU FFN (or its experts) → residual. Mistral v0.1's and Phi-3's sliding windows apply to every layer; Phi-3's fused
 // QKV and gate|up matrices are bound as row ranges (bind_llama.h), so its block is this one.
 #include <cmath>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "model/arch/arch.h"
@@ -26,6 +27,15 @@ class LlamaModel final : public Model {
     if (c_.qk_norm)
       for (const LayerWeights& L : w_->layers)
         TESSERA_CHECK(L.q_norm && L.k_norm, c_.arch, ": a layer lacks its Q or K norm");
+    if (c_.n_expert > 0)
+      for (const LayerWeights& L : w_->layers) {
+        TESSERA_CHECK(L.gate_exps.size() == static_cast<size_t>(c_.n_expert) &&
+                          L.up_exps.size() == L.gate_exps.size() && L.down_exps.size() == L.gate_exps.size() &&
+                          L.router.data,
+                      c_.arch, ": a layer lacks its router or experts");
+        moe_.push_back(MoeFfnWeights{L.router, L.gate_exps.data(), L.up_exps.data(), L.down_exps.data(), c_.n_expert,
+                                     c_.n_expert_used, c_.n_ff});
+      }
   }
 
   const ModelConfig& config() const override { return c_; }
@@ -76,6 +86,12 @@ class LlamaModel final : public Model {
                                   c_.is_local_layer(il) ? local : ab, rope_, scale, a_.att, a_.q_dim);
       const MatmulTarget o[] = {{L.wo, a_.tmp, e}};
       be_.matmul(a_.att, n, a_.q_dim, o);  // tmp: [n, e]
+      if (!moe_.empty()) {
+        // x += tmp; tmp = the experts' weighted sum on norm(x): [n, e]
+        be_.add_rms_norm(x, a_.tmp, L.ffn_norm, a_.xn, n, e, c_.rms_eps);
+        be_.moe_ffn(a_.xn, n, e, moe_[il], a_.tmp);
+        continue;
+      }
       // gate, up = W_gate|up · norm(x + tmp): [n, n_ff | n_ff]; then tmp = W_down · silu(gate)·up: [n, e]
       be_.add_rms_norm_swiglu_ffn(x, a_.tmp, L.ffn_norm, x_next, a_.xn, n, e, c_.rms_eps,
                                   {L.w_gate, a_.gate, 2 * c_.n_ff}, {L.w_up, a_.up, 2 * c_.n_ff}, a_.h,
@@ -92,6 +108,7 @@ class LlamaModel final : public Model {
   const ModelConfig& c_;
   int max_tokens_, max_logits_;
   RopeConfig rope_;
+  std::vector<MoeFfnWeights> moe_;  // per layer, for a mixture-of-experts model
 };
 
 }  // namespace

@@ -95,6 +95,7 @@ TEST_P(ArchParity, LogitsMatchLlamaCpp) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ArchParity, ::testing::Values("qwen3", "phi3", "phi3_longrope"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, ArchParity,
+                         ::testing::Values("qwen3", "phi3", "phi3_longrope", "mixtral", "qwen3moe"));
 
 }  // namespace
