@@ -150,7 +150,7 @@ class Backend {
 
   // ---- Mixture of experts (Mixtral, Qwen3-MoE) ----
   // Per row of x: p = softmax(router · x) over the experts, the n_used largest (ties: lower
-  // index first) with weights w = p / (sum of the chosen p), then
+  // index first) with weights w = p / (sum of the chosen p) (w = p without moe.renormalize), then
   // out = sum over the chosen k of w_k · down_k(silu(gate_k · x) ⊙ up_k · x).  x, out: [n_rows, dim]
   virtual void moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeights& moe, float* out) {
     fail("backend ", name(), ": mixture-of-experts layers are not implemented here (run the model on the CPU)");

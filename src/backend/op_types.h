@@ -16,6 +16,7 @@ struct MoeFfnWeights {
   const WeightMatrix* up = nullptr;    // n_expert x [n_ff, dim]
   const WeightMatrix* down = nullptr;  // n_expert x [dim, n_ff]
   int n_expert = 0, n_used = 0, n_ff = 0;
+  bool renormalize = true;  // the chosen experts' weights divided by their sum
 };
 
 struct RopeConfig {

@@ -85,6 +85,17 @@ inline constexpr LlamaTensorNames kHfLlamaNames = {"model.embed_tokens.weight",
                                                    "self_attn.qkv_proj.weight",
                                                    "mlp.gate_up_proj.weight"};
 
+// A Hugging Face MoE layer's tensor names: Mixtral's block_sparse_moe (w1 gate, w3 up, w2
+// down) or Qwen3-MoE's mlp.
+struct HfMoeNames {
+  const char *router, *experts, *gate, *up, *down;
+};
+inline HfMoeNames hf_moe_names(const std::string& arch) {
+  if (arch == "qwen3moe")
+    return {"mlp.gate.weight", "mlp.experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+  return {"block_sparse_moe.gate.weight", "block_sparse_moe.experts.", "w1.weight", "w3.weight", "w2.weight"};
+}
+
 // Fills w's matrices and vectors from w.config (already read and validated).
 template <typename Binder>
 void bind_llama_tensors(Binder& bind, ModelWeights& w, const LlamaTensorNames& n) {
@@ -114,14 +125,23 @@ void bind_llama_tensors(Binder& bind, ModelWeights& w, const LlamaTensorNames& n
     l.bk = bind.vector(p + n.bk, kv_dim, !c.qkv_bias);
     l.bv = bind.vector(p + n.bv, kv_dim, !c.qkv_bias);
     l.ffn_norm = bind.vector(p + n.ffn_norm, c.n_embd, false);
-    if (c.n_expert > 0) {
+    if (c.n_expert > 0 && n.gate_exps) {  // GGUF: each kind of expert matrix stacked in one tensor
       if constexpr (requires { bind.experts(std::string(), int64_t{}, int64_t{}, int64_t{}); }) {
         l.router = bind.matrix(p + n.router, c.n_expert, c.n_embd);
         l.gate_exps = bind.experts(p + n.gate_exps, c.n_expert, c.n_ff, c.n_embd);
         l.up_exps = bind.experts(p + n.up_exps, c.n_expert, c.n_ff, c.n_embd);
         l.down_exps = bind.experts(p + n.down_exps, c.n_expert, c.n_embd, c.n_ff);
       } else {
-        fail(c.arch, ": mixture-of-experts checkpoints load from GGUF only");
+        fail(c.arch, ": this checkpoint format has no stacked expert tensors");
+      }
+    } else if (c.n_expert > 0) {  // Hugging Face: a tensor per expert, named per family
+      const HfMoeNames m = hf_moe_names(c.arch);
+      l.router = bind.matrix(p + m.router, c.n_expert, c.n_embd);
+      for (int e = 0; e < c.n_expert; ++e) {
+        const std::string x = p + m.experts + std::to_string(e) + ".";
+        l.gate_exps.push_back(bind.matrix(x + m.gate, c.n_ff, c.n_embd));
+        l.up_exps.push_back(bind.matrix(x + m.up, c.n_ff, c.n_embd));
+        l.down_exps.push_back(bind.matrix(x + m.down, c.n_embd, c.n_ff));
       }
     } else if (c.arch == "phi3") {
       const WeightMatrix gate_up = bind.matrix(p + n.w_gate_up, 2 * static_cast<int64_t>(c.n_ff), c.n_embd);

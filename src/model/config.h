@@ -45,9 +45,10 @@ struct ModelConfig {
   float attn_scale = 0.0f;  // query scale (query_pre_attn_scalar^-1/2); 0 = 1/sqrt(head_dim)
   // Mixture of experts (Mixtral, Qwen3-MoE): every layer's FFN is n_expert SwiGLU experts of
   // width n_ff, n_expert_used of them per token (top-k of the router's softmax, weights
-  // renormalized over the chosen ones). 0 = a dense FFN.
+  // renormalized over the chosen ones unless moe_renormalize is off). 0 = a dense FFN.
   int n_expert = 0;
   int n_expert_used = 0;
+  bool moe_renormalize = true;  // false: the chosen experts keep their softmax weights (HF norm_topk_prob)
 
   bool is_local_layer(int il) const {
     if (sliding_window <= 0) return false;

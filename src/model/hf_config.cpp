@@ -197,6 +197,19 @@ HFConfig parse_hf_config(std::string_view json_text, std::string_view name) {
   else
     c.torch_dtype = f.string("dtype").value_or("");
 
+  c.num_experts = f.positive("num_local_experts").value_or(f.positive("num_experts").value_or(0));
+  c.num_experts_per_tok = f.positive("num_experts_per_tok").value_or(0);
+  c.moe_intermediate_size = f.positive("moe_intermediate_size").value_or(0);
+  c.norm_topk_prob = f.boolean("norm_topk_prob").value_or(true);
+  c.decoder_sparse_step = f.positive("decoder_sparse_step").value_or(1);
+  if (const json* dense = f.get("mlp_only_layers"); dense && !dense->is_null()) {
+    if (!dense->is_array()) f.wrong("mlp_only_layers", *dense, "a list of layer indices");
+    c.has_mlp_only_layers = !dense->empty();
+  }
+  c.shared_expert_intermediate_size = f.positive("shared_expert_intermediate_size").value_or(0);
+  if (c.num_experts > 0 && (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts))
+    fail(name, ": field 'num_experts_per_tok' (", c.num_experts_per_tok, ") must be in [1, ", c.num_experts, "]");
+
   // Newer transformers nest rope_theta and the scaling in "rope_parameters".
   const json* rope_params = f.get("rope_parameters");
   if (rope_params && !rope_params->is_object()) f.wrong("rope_parameters", *rope_params, "an object");

@@ -48,6 +48,14 @@ struct HFConfig {
   bool attention_bias = false;                // biases on q, k, v and o projections
   bool qkv_bias = false;                      // biases on q, k and v: attention_bias, or always for Qwen2
   std::string torch_dtype;                    // "bfloat16", "float16", "float32" (or "dtype"); empty when absent
+  // Mixture of experts (Mixtral: num_local_experts; Qwen3-MoE: num_experts, moe_intermediate_size).
+  int64_t num_experts = 0;  // 0: a dense model
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;            // 0 when absent: intermediate_size
+  bool norm_topk_prob = true;                   // renormalize the chosen experts' weights (Mixtral always does)
+  int64_t decoder_sparse_step = 1;              // Qwen-MoE: every step-th layer is sparse
+  bool has_mlp_only_layers = false;             // Qwen-MoE: a non-empty list of layers kept dense
+  int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE's shared expert (not supported)
 };
 
 // Parses config.json text; `name` starts every error message.

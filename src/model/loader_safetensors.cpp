@@ -27,10 +27,15 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
     c.qk_norm = true;
   } else if (h.architecture == "Phi3ForCausalLM") {
     c.arch = "phi3";
+  } else if (h.architecture == "MixtralForCausalLM") {
+    c.arch = "llama";
+  } else if (h.architecture == "Qwen3MoeForCausalLM") {
+    c.arch = "qwen3moe";
+    c.qk_norm = true;
   } else {
     fail(dir, ": architecture '", h.architecture,
-         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-         "Phi3ForCausalLM)");
+         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
+         "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM)");
   }
   c.name = std::filesystem::path(dir).filename().string();
   auto narrow = [&](int64_t v, const char* field) {
@@ -44,6 +49,16 @@ ModelConfig config_from_hf(const HFConfig& h, const std::string& dir) {
   c.n_head_kv = narrow(h.num_key_value_heads, "num_key_value_heads");
   c.head_dim = narrow(h.head_dim, "head_dim");
   c.n_ff = narrow(h.intermediate_size, "intermediate_size");
+  if (h.architecture == "MixtralForCausalLM" || h.architecture == "Qwen3MoeForCausalLM") {
+    if (h.num_experts <= 0) fail(dir, "/config.json: ", h.architecture, " without 'num_local_experts'/'num_experts'");
+    if (h.decoder_sparse_step != 1 || h.has_mlp_only_layers || h.shared_expert_intermediate_size > 0)
+      fail(dir, "/config.json: dense layers among the experts ('decoder_sparse_step', 'mlp_only_layers') or a shared ",
+           "expert are not supported");
+    c.n_expert = narrow(h.num_experts, "num_experts");
+    c.n_expert_used = narrow(h.num_experts_per_tok, "num_experts_per_tok");
+    if (h.moe_intermediate_size > 0) c.n_ff = narrow(h.moe_intermediate_size, "moe_intermediate_size");
+    c.moe_renormalize = h.architecture == "MixtralForCausalLM" || h.norm_topk_prob;
+  }
   c.n_ctx_train = narrow(h.max_position_embeddings, "max_position_embeddings");
   c.rms_eps = static_cast<float>(h.rms_norm_eps);
   c.rope_freq_base = static_cast<float>(h.rope_theta);

@@ -12,8 +12,8 @@ namespace tessera {
 
 void CpuBackend::moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeights& moe, float* out) {
   const int n_exp = moe.n_expert, k = moe.n_used, ff = moe.n_ff;
-  TESSERA_CHECK(n_exp >= 1 && k >= 1 && k <= n_exp && ff >= 1 && moe.gate && moe.up && moe.down,
-                "moe_ffn: ", k, " of ", n_exp, " experts of width ", ff);
+  TESSERA_CHECK(n_exp >= 1 && k >= 1 && k <= n_exp && ff >= 1 && moe.gate && moe.up && moe.down, "moe_ffn: ", k, " of ",
+                n_exp, " experts of width ", ff);
   TESSERA_CHECK(moe.router.rows == n_exp && moe.router.cols == dim, "moe_ffn: router is ", moe.router.rows, "x",
                 moe.router.cols, ", expected ", n_exp, "x", dim);
   if (n_rows == 0) return;
@@ -38,6 +38,7 @@ void CpuBackend::moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeight
                       [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
     double chosen = 0;
     for (int j = 0; j < k; ++j) chosen += p[order[j]];
+    if (!moe.renormalize) chosen = 1;
     for (int j = 0; j < k; ++j) {
       choice[static_cast<size_t>(r) * k + j] = order[j];
       s.weight_of[static_cast<size_t>(r) * k + j] = static_cast<float>(p[order[j]] / chosen);

@@ -34,7 +34,7 @@ class LlamaModel final : public Model {
                           L.router.data,
                       c_.arch, ": a layer lacks its router or experts");
         moe_.push_back(MoeFfnWeights{L.router, L.gate_exps.data(), L.up_exps.data(), L.down_exps.data(), c_.n_expert,
-                                     c_.n_expert_used, c_.n_ff});
+                                     c_.n_expert_used, c_.n_ff, c_.moe_renormalize});
       }
   }
 

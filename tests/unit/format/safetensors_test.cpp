@@ -436,6 +436,25 @@ TEST(HFConfig, DefaultsAndNewerLayouts) {
   EXPECT_EQ(c.rope_scaling->type, "dynamic");
 }
 
+TEST(HFConfig, ReadsMixtureOfExpertsFields) {
+  HFConfig c = parse_hf_config(minimal_config(R"("num_local_experts":8,"num_experts_per_tok":2)"));
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_TRUE(c.norm_topk_prob);
+  c = parse_hf_config(
+      minimal_config(R"("num_experts":128,"num_experts_per_tok":8,"moe_intermediate_size":768,"norm_topk_prob":false,)"
+                     R"("decoder_sparse_step":1,"mlp_only_layers":[])"));
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.moe_intermediate_size, 768);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_FALSE(c.has_mlp_only_layers);
+  EXPECT_TRUE(parse_hf_config(minimal_config(R"("mlp_only_layers":[0,3])")).has_mlp_only_layers);
+  expect_config_error(minimal_config(R"("num_experts":8,"num_experts_per_tok":9)"),
+                      "'num_experts_per_tok' (9) must be in [1, 8]");
+  expect_config_error(minimal_config(R"("num_experts":8)"), "'num_experts_per_tok' (0) must be in [1, 8]");
+  expect_config_error(minimal_config(R"("mlp_only_layers":3)"), "field 'mlp_only_layers' is number");
+}
+
 TEST(HFConfig, RejectsWrongTypesAndMissingFields) {
   expect_config_error(R"({"architectures":["X"]})", "missing required field 'hidden_size'");
   expect_config_error(R"({"hidden_size":64})", "missing required field 'architectures'");

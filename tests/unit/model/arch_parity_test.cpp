@@ -43,8 +43,10 @@ Fixture read_fixture(const std::string& path) {
 }
 
 // tessera's logits for every position, the sequence run as chunks of `chunk` tokens.
-std::vector<float> run(const std::string& gguf, const std::vector<int32_t>& toks, int chunk) {
-  auto weights = load_gguf_weights(std::shared_ptr<GGUFFile>(GGUFFile::open(gguf)));
+// `path`: a .gguf file or a Hugging Face directory.
+std::vector<float> run(const std::string& path, const std::vector<int32_t>& toks, int chunk) {
+  auto weights = path.ends_with(".gguf") ? load_gguf_weights(std::shared_ptr<GGUFFile>(GGUFFile::open(path)))
+                                         : load_safetensors_weights(path);
   const ModelConfig& c = weights->config;
   CpuBackend be(2);
   auto model = create_model(weights, be, 16, 16);
@@ -65,13 +67,17 @@ std::vector<float> run(const std::string& gguf, const std::vector<int32_t>& toks
   return out;
 }
 
+// "name": name.gguf; "name_hf": the same weights as a Hugging Face checkpoint (written from the
+// GGUF by the fixture script), checked against llama.cpp's logits on the GGUF.
 class ArchParity : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ArchParity, LogitsMatchLlamaCpp) {
-  const std::string base = std::string(TESSERA_FIXTURES_DIR) + "/arch/" + GetParam();
+  const std::string name = GetParam(), dir = std::string(TESSERA_FIXTURES_DIR) + "/arch/";
+  const bool hf = name.ends_with("_hf");
+  const std::string base = dir + (hf ? name.substr(0, name.size() - 3) : name);
   const Fixture fx = read_fixture(base + ".logits.bin");
   for (int chunk : {14, 5, 1}) {  // one prefill, chunked prefill, one token per step
-    const std::vector<float> got = run(base + ".gguf", fx.tokens, chunk);
+    const std::vector<float> got = run(hf ? dir + name : base + ".gguf", fx.tokens, chunk);
     ASSERT_EQ(got.size(), fx.logits.size());
     double num = 0, den = 0, worst = 0;
     size_t argmax_equal = 0;
@@ -96,6 +102,7 @@ TEST_P(ArchParity, LogitsMatchLlamaCpp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ArchParity,
-                         ::testing::Values("qwen3", "phi3", "phi3_longrope", "mixtral", "qwen3moe"));
+                         ::testing::Values("qwen3", "phi3", "phi3_longrope", "mixtral", "qwen3moe", "mixtral_hf",
+                                           "qwen3moe_hf"));
 
 }  // namespace
