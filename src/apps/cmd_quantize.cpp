@@ -1,6 +1,7 @@
 // tessera quantize: group quantization of a 16-bit Hugging Face checkpoint's linear layers
 // (round-to-nearest, GPTQ or AWQ), written as compressed-tensors pack-quantized safetensors
-// that tessera and vLLM load.
+// that tessera and vLLM load; or a GGUF file's matrices requantized to one GGML block type
+// (--type), written as GGUF (llama-quantize's job).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "model/quantize_checkpoint.h"
+#include "model/quantize_gguf.h"
 #include "model/quantize_weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -61,20 +63,49 @@ std::shared_ptr<ModelWeights> calibrate(const std::string& dir, const QuantizeOp
   return weights;
 }
 
+// GGUF in, GGUF out: a line per requantized tensor, then the totals.
+void quantize_gguf_file(const std::string& in, const std::string& out, const std::string& type) {
+  const DType to = gguf_quant_type(type);
+  TESSERA_CHECK(to != DType::Unknown, "quantize: --type '", type,
+                "' (a GGUF target: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::printf("quantize: %s -> %s, every matrix to %s\n", in.c_str(), out.c_str(), std::string(dtype_name(to)).c_str());
+  int requantized = 0;
+  const GgufQuantizeReport r = quantize_gguf(in, out, to, [&](const GgufTensorReport& t, size_t i, size_t n) {
+    if (t.to == t.from) return;
+    const bool was_quantized = t.from != DType::F32 && t.from != DType::F16 && t.from != DType::BF16;
+    std::printf("  [%zu/%zu] %-40s %5s -> %-5s rel error %.5f%s (%.1f s)\n", i + 1, n, t.name.c_str(),
+                std::string(dtype_name(t.from)).c_str(), std::string(dtype_name(t.to)).c_str(), t.rel_error,
+                was_quantized ? " (requantized from a quantized source)" : "", secs());
+    std::fflush(stdout);
+    ++requantized;
+  });
+  std::printf(
+      "\n%d of %zu tensors requantized (the rest kept: norms, routers, vectors, rows not a multiple of the "
+      "block); %.1f MB -> %.1f MB in %.1f s\n",
+      requantized, r.tensors.size(), r.bytes_in / 1e6, r.bytes_out / 1e6, secs());
+}
+
 }  // namespace
 
 void add_quantize(CLI::App& app) {
   struct Args {
-    std::string model, out;
+    std::string model, out, type;
     QuantizeOptions o;
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* cmd =
-      app.add_subcommand("quantize", "Quantize a Hugging Face checkpoint's linear layers to 4/8-bit groups");
-  cmd->add_option("-m,--model", a->model, "Hugging Face directory (config.json + F16/BF16/F32 safetensors)")
+  CLI::App* cmd = app.add_subcommand("quantize",
+                                     "Quantize a Hugging Face checkpoint's linear layers to 4/8-bit groups, or a "
+                                     "GGUF file's matrices to a GGML block type");
+  cmd->add_option("-m,--model", a->model,
+                  "Hugging Face directory (config.json + F16/BF16/F32 safetensors), or a .gguf file (with --type)")
       ->required();
-  cmd->add_option("-o,--out", a->out, "output directory (compressed-tensors pack-quantized)")->required();
+  cmd->add_option("-o,--out", a->out,
+                  "output directory (compressed-tensors pack-quantized), or the .gguf file to write")
+      ->required();
+  cmd->add_option("--type", a->type, "GGUF input: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k");
   cmd->add_option("--method", a->o.method, "rtn, gptq or awq")->capture_default_str();
   cmd->add_option("--bits", a->o.bits, "4 or 8")->capture_default_str();
   cmd->add_option("--group-size", a->o.group_size, "columns per scale: a multiple of 32, or -1 per output row")
@@ -89,6 +120,14 @@ void add_quantize(CLI::App& app) {
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->callback([a] {
     const QuantizeOptions& o = a->o;
+    if (!std::filesystem::is_directory(a->model) && a->model.ends_with(".gguf")) {
+      TESSERA_CHECK(!a->type.empty(), "quantize: a GGUF input needs --type (q4_0, q8_0, q4_k, ...)");
+      TESSERA_CHECK(o.method == "rtn" && o.calib_file.empty(), "quantize: GGUF input is requantized round-to-",
+                    "nearest; --method gptq/awq take a Hugging Face directory");
+      return quantize_gguf_file(a->model, a->out, a->type);
+    }
+    TESSERA_CHECK(a->type.empty(), "quantize: --type is for GGUF input; a Hugging Face directory takes --bits and ",
+                  "--group-size");
     const auto t0 = std::chrono::steady_clock::now();
     auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
     TESSERA_CHECK(o.method == "rtn" || o.method == "gptq" || o.method == "awq", "quantize: --method ", o.method,
@@ -99,8 +138,8 @@ void add_quantize(CLI::App& app) {
                   "no --calib or --act-order");
     TESSERA_CHECK(!o.act_order || o.method == "gptq", "quantize: --act-order is a GPTQ option");
     TESSERA_CHECK(std::filesystem::is_directory(a->model), "quantize: '", a->model,
-                  "' is not a Hugging Face directory. A GGUF model is quantized at load instead: "
-                  "-m MODEL.gguf@gptq-w4g128,calib=FILE (tessera eval/serve/bench)");
+                  "' is not a Hugging Face directory (nor a .gguf file, which takes --type). GPTQ/AWQ on a GGUF "
+                  "model run at load instead: -m MODEL.gguf@gptq-w4g128,calib=FILE (tessera eval/serve/bench)");
     std::printf("quantize: %s -> %s, %s %d-bit, group %lld, %s%s\n", a->model.c_str(), a->out.c_str(), o.method.c_str(),
                 o.bits, static_cast<long long>(o.group_size), o.asymmetric ? "asymmetric" : "symmetric",
                 o.act_order ? ", act-order" : "");
