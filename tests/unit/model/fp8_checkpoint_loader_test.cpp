@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +48,22 @@ std::string config_error(const std::string& qcfg) {
 
 // A copy of a fixture with its config.json's quantization_config and/or model.safetensors
 // bytes edited; returns the error loading it gives ("" when it loads).
+// Renames tensors in a safetensors image (the header rewritten, the data as it was).
+void rename_tensors(std::string& bytes, const std::map<std::string, std::string>& names) {
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  for (const auto& [from, to] : names) {
+    ASSERT_TRUE(header.contains(from)) << from;
+    header[to] = header[from];
+    header.erase(from);
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t m = text.size();
+  bytes = std::string(reinterpret_cast<const char*>(&m), 8) + text + bytes.substr(8 + n);
+}
+
 std::string load_error_of_edited(const std::string& variant, const std::function<void(nlohmann::json&)>& edit_config,
                                  const std::function<void(std::string&)>& edit_bytes = nullptr) {
   const std::string src = wquant_fixture(variant);
@@ -126,7 +143,7 @@ TEST(Fp8CheckpointLoader, TinyModelLogitsMatchTheDequantizedModel) {
   }
 }
 
-// The per-layer k_scale / v_scale of the static variants (AutoFP8's names; compressed-tensors
+// The per-layer k_scale / v_scale of the static variants (vLLM's names; compressed-tensors
 // with a kv_cache_scheme) are read for an fp8 :tensor KV cache.
 TEST(Fp8CheckpointLoader, KvScalesAreRead) {
   for (const char* variant : {"fp8_tensor_static", "ct_fp8_tensor_static"}) {
@@ -135,6 +152,22 @@ TEST(Fp8CheckpointLoader, KvScalesAreRead) {
     EXPECT_EQ(w->v_scale, std::vector<float>{0.03f}) << variant;
   }
   EXPECT_TRUE(load_safetensors_weights(wquant_fixture("fp8_channel_dynamic"))->k_scale.empty());
+  // The other names vLLM reads: the deprecated single kv_scale (older AutoFP8) for K and V,
+  // ModelOpt's v_proj.output_scale.
+  const std::string src = wquant_fixture("fp8_tensor_static");
+  const std::string dir = ::testing::TempDir() + "/tessera_fp8_kv_names";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(src + "/config.json", dir + "/config.json");
+  std::ifstream in(src + "/model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  rename_tensors(bytes, {{"model.layers.0.self_attn.k_scale", "model.layers.0.self_attn.kv_scale"},
+                         {"model.layers.0.self_attn.v_scale", "model.layers.0.self_attn.v_proj.output_scale"}});
+  std::ofstream(dir + "/model.safetensors", std::ios::binary) << bytes;
+  auto w = load_safetensors_weights(dir);
+  EXPECT_EQ(w->k_scale, std::vector<float>{0.05f});
+  EXPECT_EQ(w->v_scale, std::vector<float>{0.03f});
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Fp8CheckpointLoader, ConfigsReadAsWritten) {
@@ -172,16 +205,16 @@ TEST(Fp8CheckpointLoader, UnsupportedConfigsNameTheField) {
   EXPECT_TRUE(has(ct(R"({"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]})"),
                   "weights.strategy"));
   EXPECT_TRUE(has(ct(R"({"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128})"), "strategy"));
-  EXPECT_TRUE(has(ct(R"({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16})"),
-                  "num_bits"));
+  EXPECT_TRUE(has(ct(R"({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16})"), "num_bits"));
   EXPECT_TRUE(has(ct(R"({"num_bits": 8, "type": "int", "strategy": "channel"})"), "weights.type"));
   EXPECT_TRUE(has(ct(R"({"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": false})"), "symmetric"));
   EXPECT_TRUE(has(ct(channel, R"({"num_bits": 8, "type": "int", "strategy": "token", "dynamic": true})"),
                   "input_activations.type"));
   EXPECT_TRUE(has(ct(channel, R"({"num_bits": 8, "type": "float", "strategy": "token", "dynamic": false})"),
                   "input_activations.strategy"));
-  EXPECT_TRUE(has(ct(channel, "null", R"("kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "attn_head"}, )"),
-                  "kv_cache_scheme.strategy"));
+  EXPECT_TRUE(
+      has(ct(channel, "null", R"("kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "attn_head"}, )"),
+          "kv_cache_scheme.strategy"));
   // Integer packing with float weights, and two groups in different formats.
   EXPECT_TRUE(has(config_error(R"({"quant_method": "compressed-tensors", "format": "pack-quantized",
       "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
@@ -204,19 +237,19 @@ TEST(Fp8CheckpointLoader, BadTensorsAreRefusedNamingThem) {
   };
   EXPECT_TRUE(has(load_error_of_edited("fp8_channel_dynamic", keep, e5m2), "F8_E5M2"));
   // A static activation scheme needs every layer's input_scale.
-  EXPECT_TRUE(has(load_error_of_edited(
-                      "fp8_channel_dynamic",
-                      [](nlohmann::json& c) { c["quantization_config"]["activation_scheme"] = "static"; }),
-                  "input_scale"));
+  EXPECT_TRUE(
+      has(load_error_of_edited("fp8_channel_dynamic",
+                               [](nlohmann::json& c) { c["quantization_config"]["activation_scheme"] = "static"; }),
+          "input_scale"));
   // compressed-tensors says per channel, the checkpoint holds one scale per tensor.
   const std::string err = load_error_of_edited("ct_fp8_tensor_static", [](nlohmann::json& c) {
     c["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "channel";
   });
   EXPECT_TRUE(has(err, "weight_scale") && has(err, "shape [1]"));
   // FP8 weights without a quantization_config.
-  EXPECT_TRUE(has(load_error_of_edited("ct_fp8_channel_dynamic",
-                                       [](nlohmann::json& c) { c.erase("quantization_config"); }),
-                  "no quantization_config"));
+  EXPECT_TRUE(
+      has(load_error_of_edited("ct_fp8_channel_dynamic", [](nlohmann::json& c) { c.erase("quantization_config"); }),
+          "no quantization_config"));
   // A NaN code (0x7F) in the first byte of q_proj's weight.
   auto nan_code = [](std::string& b) {
     uint64_t n;
