@@ -142,7 +142,8 @@ void parse_ct_fp8(const QFields& w, const json* inputs, const std::string& input
           "per output row)");
   if (const json* b = w.get("block_structure")) w.bad("block_structure", *b, "block-wise scales are not supported");
   if (!inputs) return;  // weight-only FP8
-  if (!inputs->is_object()) fail(w.file, ": field '", inputs_where, "' is not an object");
+  if (!inputs->is_object())
+    fail(w.file, ": field '", inputs_where.substr(0, inputs_where.size() - 1), "' is not an object");
   const QFields a{*inputs, w.file, inputs_where};
   const std::string atype = a.string("type", "float");
   if (atype != "float") a.bad("type", json(atype), "FP8 weights are loaded with float activations only");
@@ -161,7 +162,7 @@ void parse_ct_fp8(const QFields& w, const json* inputs, const std::string& input
 // The KV-cache scheme compressed-tensors records beside the weights: the per-layer scalar
 // k_scale / v_scale that load_safetensors_weights reads (used by an fp8 :tensor KV cache).
 void check_kv_cache_scheme(const QFields& k) {
-  if (!k.obj.is_object()) fail(k.file, ": field '", k.where, "' is not an object");
+  if (!k.obj.is_object()) fail(k.file, ": field '", k.where.substr(0, k.where.size() - 1), "' is not an object");
   const std::string type = k.string("type", "float");
   if (type != "float") k.bad("type", json(type), "only an FP8 KV cache scheme is supported");
   if (const int64_t bits = k.integer("num_bits", 8); bits != 8) k.bad("num_bits", json(bits), "expected 8");
@@ -210,7 +211,7 @@ WeightQuantConfig parse_compressed_tensors(const QFields& f) {
     if (!w || !w->is_object()) fail(f.file, ": field '", where, "weights' is missing");
     if (first_weights &&
         (*w != *first_weights || (inputs ? *inputs : json()) != (first_inputs ? *first_inputs : json())))
-      fail(f.file, ": '", where,
+      fail(f.file, ": '", where.substr(0, where.size() - 1),
            "' differs from the first config group; groups with different weight or activation "
            "schemes are not supported");
     first_weights = w;
