@@ -9,6 +9,9 @@
 //    LSB first, codes stored as signed value + 2^(bits-1); weight_scale [N, G]; asymmetric
 //    weight_zero_point int32 [ceil(N/pack), G] packed along the output (older files: int8
 //    [N, G], signed); weight_shape [2] = [N, K]; weight_g_idx [K] with group act-order.
+// FP8 checkpoints (quant_method "fp8" as vLLM / AutoFP8 write them, compressed-tensors
+// float-quantized) are rebuilt as DType::FP8W: weight F8_E4M3 [N, K] as is, weight_scale one
+// value ([] or [1]) or one per output row ([N] or [N, 1]), input_scale checked only.
 #include "model/loader_quantized.h"
 
 #include <cmath>
@@ -17,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/fp16.h"
+#include "quant/fp8_weight.h"
 #include "quant/group_quant.h"
 
 namespace tessera {
@@ -223,11 +227,88 @@ GroupQuantMatrix load_compressed_tensors(const Reader& rd, const WeightQuantConf
   return build_group_quant(src, rd.what());
 }
 
+bool is_fp8_stored(const SafetensorsTensor* t) {
+  return t && (t->stored == SafetensorsDType::F8_E4M3 || t->stored == SafetensorsDType::F8_E5M2);
+}
+
+// One scale of an FP8 checkpoint as f32 (F32, F16 and BF16 are all exact in f32).
+float scale_at(const SafetensorsTensor& t, int64_t i) {
+  if (t.stored == SafetensorsDType::F32) {
+    float v;
+    std::memcpy(&v, t.data + 4 * i, 4);
+    return v;
+  }
+  uint16_t b;
+  std::memcpy(&b, t.data + 2 * i, 2);
+  return t.stored == SafetensorsDType::F16 ? fp16_to_f32(b) : f32_from_bits(static_cast<uint32_t>(b) << 16);
+}
+
+Fp8Matrix load_fp8(const Reader& rd, const WeightQuantConfig& cfg, int64_t n, int64_t k) {
+  const SafetensorsTensor* raw = rd.find("weight");
+  if (raw->stored == SafetensorsDType::F8_E5M2)
+    fail(rd.st.name(), ": tensor '", raw->name,
+         "' has type F8_E5M2: only E4M3 (F8_E4M3) weights are supported, as vLLM loads them");
+  const auto& wt = rd.need("weight", {SafetensorsDType::F8_E4M3}, {n, k});
+  const SafetensorsTensor* sc = rd.find("weight_scale");
+  if (!sc && rd.find("weight_scale_inv"))
+    fail(rd.what(), ": has weight_scale_inv (block-wise FP8 scales, DeepSeek-V3 style), which are not supported");
+  if (!sc) fail(rd.st.name(), ": missing tensor '", rd.prefix, ".weight_scale'");
+  const auto float_types = {SafetensorsDType::F32, SafetensorsDType::F16, SafetensorsDType::BF16};
+  // Per tensor: [], [1] or [1, 1]; per output row: [N] or [N, 1].
+  const bool per_tensor = sc->n_elements() == 1 && sc->shape.size() <= 2;
+  const bool per_row = sc->shape == std::vector<int64_t>{n} || sc->shape == std::vector<int64_t>{n, 1};
+  const bool shape_ok = cfg.fp8_scales == Fp8ScaleStrategy::Tensor    ? per_tensor
+                        : cfg.fp8_scales == Fp8ScaleStrategy::Channel ? per_row
+                                                                      : per_tensor || per_row;
+  if (!shape_ok)
+    fail(rd.st.name(), ": tensor '", sc->name, "' has shape ", shape_of(*sc), ", expected ",
+         cfg.fp8_scales == Fp8ScaleStrategy::Channel ? "" : "one scale ([] or [1])",
+         cfg.fp8_scales == Fp8ScaleStrategy::Any ? " or " : "",
+         cfg.fp8_scales == Fp8ScaleStrategy::Tensor
+             ? ""
+             : "one per output row ([" + std::to_string(n) + "] or [" + std::to_string(n) + ", 1])");
+  rd.need("weight_scale", float_types, sc->shape);  // the element type
+  Fp8Matrix m = make_fp8_matrix(n, k);
+  const Fp8WeightLayout& l = m.layout;
+  auto* scales = reinterpret_cast<float*>(m.data.get() + l.off_scales);
+  for (int64_t r = 0; r < n; ++r) {
+    scales[r] = scale_at(*sc, per_tensor ? 0 : r);
+    if (!std::isfinite(scales[r]) || scales[r] < 0)
+      fail(rd.what(), ": weight_scale ", scales[r], " (row ", r, ") is not a finite, non-negative number");
+    uint8_t* row = m.data.get() + r * l.row_bytes;
+    std::memcpy(row, wt.data + r * k, static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j)
+      if ((row[j] & 0x7F) == 0x7F)
+        fail(rd.what(), ": weight holds an E4M3 NaN (code ", int(row[j]), ") at [", r, ", ", j, "]");
+  }
+  // A static activation scheme's input_scale: checked, not used (FP8W quantizes each token's
+  // activations with its own scale at run time; docs/design/weight-quant.md says why).
+  if (cfg.static_input_scale || rd.find("input_scale")) {
+    if (!rd.find("input_scale"))
+      fail(rd.st.name(), ": missing tensor '", rd.prefix, ".input_scale' (the activation scheme is static)");
+    const SafetensorsTensor& in = *rd.find("input_scale");
+    if (in.n_elements() != 1 || in.shape.size() > 1)
+      fail(rd.st.name(), ": tensor '", in.name, "' has shape ", shape_of(in), ", expected one scale ([] or [1])");
+    rd.need("input_scale", float_types, in.shape);
+    const float v = scale_at(in, 0);
+    if (!std::isfinite(v) || v <= 0) fail(rd.what(), ": input_scale ", v, " is not a finite, positive number");
+  }
+  return m;
+}
+
 }  // namespace
 
 bool load_quantized_linear(const SafetensorsModel& st, const WeightQuantConfig& cfg, const std::string& prefix,
                            int64_t rows, int64_t cols, ModelWeights& w, WeightMatrix* out) {
   const Reader rd{st, prefix};
+  if (cfg.fp8) {
+    if (!is_fp8_stored(rd.find("weight"))) return false;  // kept in 16 bits (ignored_layers / ignore)
+    const Fp8Matrix m = load_fp8(rd, cfg, rows, cols);
+    w.owners.push_back(m.data);
+    w.weight_bytes += m.layout.total_bytes;
+    *out = WeightMatrix{m.data.get(), DType::FP8W, rows, cols};
+    return true;
+  }
   GroupQuantMatrix m;
   switch (cfg.method) {
     case WeightQuantMethod::Gptq:
@@ -243,7 +324,7 @@ bool load_quantized_linear(const SafetensorsModel& st, const WeightQuantConfig& 
       m = load_compressed_tensors(rd, cfg, rows, cols);
       break;
     default:
-      if (rd.find("qweight") || rd.find("weight_packed"))
+      if (rd.find("qweight") || rd.find("weight_packed") || is_fp8_stored(rd.find("weight")))
         fail(st.name(), ": '", prefix, "' is stored quantized but config.json has no quantization_config");
       return false;
   }

@@ -174,17 +174,26 @@ struct HFBinder {
   }
 };
 
-// The per-layer KV-cache scales of fp8 checkpoints (vLLM's and LLM Compressor's names):
-// all layers or none, each a scalar ([] or [1]) that is finite and positive.
+// The per-layer KV-cache scales of fp8 checkpoints: all layers or none, each a scalar ([] or
+// [1]) that is finite and positive. Names as vLLM reads them: self_attn.k_scale / v_scale
+// (vLLM, LLM Compressor), else ModelOpt's k_proj / v_proj.output_scale, else the deprecated
+// single self_attn.kv_scale (older AutoFP8) for both K and V.
 void bind_kv_scales(const SafetensorsModel& st, ModelWeights& w) {
   const int n_layer = w.config.n_layer;
-  for (const char* which : {"k_scale", "v_scale"}) {
+  for (const char* which : {"k", "v"}) {
     std::vector<float>& out = which[0] == 'k' ? w.k_scale : w.v_scale;
     for (int l = 0; l < n_layer; ++l) {
-      const std::string name = "model.layers." + std::to_string(l) + ".self_attn." + which;
-      const SafetensorsTensor* t = st.find_tensor(name);
+      const std::string attn = "model.layers." + std::to_string(l) + ".self_attn.";
+      const SafetensorsTensor* t = nullptr;
+      std::string name;
+      for (const std::string& candidate :
+           {attn + which + "_scale", attn + which + "_proj.output_scale", attn + "kv_scale"}) {
+        t = st.find_tensor(candidate);
+        name = candidate;
+        if (t) break;
+      }
       if (!t) {
-        TESSERA_CHECK(out.empty(), st.name(), ": '", name, "' is missing while layer 0 has one");
+        TESSERA_CHECK(out.empty(), st.name(), ": '", attn, which, "_scale' is missing while layer 0 has one");
         break;
       }
       TESSERA_CHECK(t->n_elements() == 1 && t->shape.size() <= 1, st.name(), ": '", name, "' is not a scalar");

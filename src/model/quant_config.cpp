@@ -91,6 +91,87 @@ WeightQuantConfig parse_awq(const QFields& f) {
   return c;
 }
 
+// FP8 checkpoints as vLLM's Fp8Config reads them (AutoFP8, transformers' FP8 configs).
+WeightQuantConfig parse_fp8(const QFields& f) {
+  WeightQuantConfig c;
+  c.method = WeightQuantMethod::Fp8;
+  c.bits = 8;
+  c.group_size = -1;
+  c.fp8 = true;
+  const std::string scheme = f.string("activation_scheme", "dynamic");
+  if (scheme == "static")
+    c.static_input_scale = true;
+  else if (scheme != "dynamic")
+    f.bad("activation_scheme", json(scheme), "supported: \"static\" and \"dynamic\"");
+  if (const json* b = f.get("weight_block_size"))
+    f.bad("weight_block_size", *b,
+          "block-wise FP8 scales (one per tile, DeepSeek-V3 / Qwen3-FP8 style) are not supported: tessera's "
+          "FP8 weights keep one scale per output row, which cannot hold them without re-quantizing the weights");
+  const std::string fmt = f.string("fmt", "e4m3");
+  if (fmt != "e4m3") f.bad("fmt", json(fmt), "only E4M3 weights are supported");
+  for (const char* key : {"ignored_layers", "modules_to_not_convert"}) {
+    const json* l = f.get(key);
+    if (!l) continue;
+    bool ok = l->is_array();
+    for (const json& e : ok ? *l : json::array()) ok = ok && e.is_string();
+    if (!ok) f.bad(key, *l, "expected a list of layer names");
+  }
+  return c;
+}
+
+// compressed-tensors float-quantized: FP8 E4M3 weights with a scale per tensor or per output
+// row; activations dynamic (any strategy: FP8W quantizes per token) or static per tensor.
+void parse_ct_fp8(const QFields& w, const json* inputs, const std::string& inputs_where, WeightQuantConfig& c) {
+  c.bits = 8;
+  c.group_size = -1;
+  c.fp8 = true;
+  const std::string type = w.string("type", "float");
+  if (type != "float") w.bad("type", json(type), "float-quantized holds float weights");
+  if (const int64_t bits = w.integer("num_bits", 8); bits != 8)
+    w.bad("num_bits", json(bits), "only 8-bit (E4M3) float weights are supported (FP4 is not)");
+  if (!w.boolean("symmetric", true)) w.bad("symmetric", json(false), "FP8 weights are symmetric");
+  if (w.boolean("dynamic", false)) w.bad("dynamic", json(true), "dynamic weight quantization is not supported");
+  const std::string strategy = w.string("strategy", "");
+  if (strategy == "tensor")
+    c.fp8_scales = Fp8ScaleStrategy::Tensor;
+  else if (strategy == "channel")
+    c.fp8_scales = Fp8ScaleStrategy::Channel;
+  else
+    w.bad("strategy", json(strategy),
+          "supported for FP8: \"tensor\" and \"channel\" (block and group scales cannot be held by one scale "
+          "per output row)");
+  if (const json* b = w.get("block_structure")) w.bad("block_structure", *b, "block-wise scales are not supported");
+  if (!inputs) return;  // weight-only FP8
+  if (!inputs->is_object())
+    fail(w.file, ": field '", inputs_where.substr(0, inputs_where.size() - 1), "' is not an object");
+  const QFields a{*inputs, w.file, inputs_where};
+  const std::string atype = a.string("type", "float");
+  if (atype != "float") a.bad("type", json(atype), "FP8 weights are loaded with float activations only");
+  if (const int64_t bits = a.integer("num_bits", 8); bits != 8) a.bad("num_bits", json(bits), "expected 8");
+  const std::string astrategy = a.string("strategy", "");
+  if (a.boolean("dynamic", false)) {
+    if (astrategy != "token" && astrategy != "tensor")
+      a.bad("strategy", json(astrategy), "supported for dynamic FP8 activations: \"token\" and \"tensor\"");
+  } else {
+    if (astrategy != "tensor")
+      a.bad("strategy", json(astrategy), "supported for static FP8 activations: \"tensor\" (one input_scale)");
+    c.static_input_scale = true;
+  }
+}
+
+// The KV-cache scheme compressed-tensors records beside the weights: the per-layer scalar
+// k_scale / v_scale that load_safetensors_weights reads (used by an fp8 :tensor KV cache).
+void check_kv_cache_scheme(const QFields& k) {
+  if (!k.obj.is_object()) fail(k.file, ": field '", k.where.substr(0, k.where.size() - 1), "' is not an object");
+  const std::string type = k.string("type", "float");
+  if (type != "float") k.bad("type", json(type), "only an FP8 KV cache scheme is supported");
+  if (const int64_t bits = k.integer("num_bits", 8); bits != 8) k.bad("num_bits", json(bits), "expected 8");
+  const std::string strategy = k.string("strategy", "tensor");
+  if (strategy != "tensor")
+    k.bad("strategy", json(strategy), "only \"tensor\" (one k_scale / v_scale per layer) is supported");
+  if (k.boolean("dynamic", false)) k.bad("dynamic", json(true), "only static KV scales are supported");
+}
+
 WeightQuantConfig parse_compressed_tensors(const QFields& f) {
   WeightQuantConfig c;
   c.method = WeightQuantMethod::CompressedTensors;
@@ -104,31 +185,45 @@ WeightQuantConfig parse_compressed_tensors(const QFields& f) {
   const json* groups = f.get("config_groups");
   if (!groups || !groups->is_object() || groups->empty())
     fail(f.file, ": field '", f.where, "config_groups' is missing or empty");
+  if (const json* kv = f.get("kv_cache_scheme"))
+    check_kv_cache_scheme(QFields{*kv, f.file, f.where + "kv_cache_scheme."});
   const json* first_weights = nullptr;
+  const json* first_inputs = nullptr;
+  std::string format;  // the same in every group
   for (const auto& [name, g] : groups->items()) {
     const std::string where = f.where + "config_groups." + name + ".";
     if (!g.is_object()) fail(f.file, ": field '", where, "' is not an object");
     const QFields gf{g, f.file, where};
-    const std::string format = gf.string("format", global_format);
-    if (format != "pack-quantized")
-      gf.bad("format", json(format),
-             "only \"pack-quantized\" is supported (float-quantized / FP8, naive-quantized, int-quantized, "
-             "marlin-24 and others are not)");
-    if (const json* a = gf.get("input_activations"))
-      gf.bad("input_activations", *a, "activation quantization is not supported (weight-only schemes are)");
+    const std::string group_format = gf.string("format", global_format);
+    if (group_format != "pack-quantized" && group_format != "float-quantized")
+      gf.bad("format", json(group_format),
+             "supported: \"pack-quantized\" (integer) and \"float-quantized\" (FP8); naive-quantized, "
+             "int-quantized, nvfp4-pack-quantized, marlin-24 and others are not");
+    if (!format.empty() && group_format != format)
+      gf.bad("format", json(group_format), "config groups with different formats are not supported");
+    format = group_format;
+    const json* inputs = gf.get("input_activations");
+    if (inputs && format == "pack-quantized")
+      gf.bad("input_activations", *inputs, "activation quantization is not supported with integer weights");
     if (const json* a = gf.get("output_activations"))
       gf.bad("output_activations", *a, "output quantization is not supported");
     const json* w = gf.get("weights");
     if (!w || !w->is_object()) fail(f.file, ": field '", where, "weights' is missing");
-    if (first_weights && *w != *first_weights)
-      fail(f.file, ": '", where,
-           "weights' differs from the first config group; groups with different weight "
+    if (first_weights &&
+        (*w != *first_weights || (inputs ? *inputs : json()) != (first_inputs ? *first_inputs : json())))
+      fail(f.file, ": '", where.substr(0, where.size() - 1),
+           "' differs from the first config group; groups with different weight or activation "
            "schemes are not supported");
     first_weights = w;
+    first_inputs = inputs;
   }
   const QFields w{*first_weights, f.file, f.where + "config_groups.<group>.weights."};
+  if (format == "float-quantized") {
+    parse_ct_fp8(w, first_inputs, f.where + "config_groups.<group>.input_activations.", c);
+    return c;
+  }
   const std::string type = w.string("type", "int");
-  if (type != "int") w.bad("type", json(type), "only integer weights are supported (FP8 is not implemented)");
+  if (type != "int") w.bad("type", json(type), "pack-quantized holds integer weights (FP8 is format float-quantized)");
   c.bits = static_cast<int>(w.integer("num_bits", 4));
   check_bits(w, "num_bits", c.bits);
   c.symmetric = w.boolean("symmetric", true);
@@ -161,6 +256,8 @@ const char* weight_quant_method_name(WeightQuantMethod m) {
       return "awq";
     case WeightQuantMethod::CompressedTensors:
       return "compressed-tensors";
+    case WeightQuantMethod::Fp8:
+      return "fp8";
     default:
       return "none";
   }
@@ -179,7 +276,8 @@ WeightQuantConfig parse_weight_quant_config(std::string_view config_json, std::s
   if (method == "gptq") return parse_gptq(f);
   if (method == "awq") return parse_awq(f);
   if (method == "compressed-tensors") return parse_compressed_tensors(f);
-  f.bad("quant_method", *m, "supported: \"gptq\", \"awq\", \"compressed-tensors\"");
+  if (method == "fp8") return parse_fp8(f);
+  f.bad("quant_method", *m, "supported: \"gptq\", \"awq\", \"compressed-tensors\", \"fp8\"");
 }
 
 WeightQuantConfig load_weight_quant_config(const std::string& dir) {

@@ -1,7 +1,8 @@
 #pragma once
-// The `quantization_config` of a Hugging Face config.json, for the integer weight formats
-// tessera loads (docs/design/weight-quant.md): GPTQ, AWQ (GEMM packing) and compressed-tensors
-// pack-quantized. Anything else that would change what the weights mean is an error naming the
+// The `quantization_config` of a Hugging Face config.json, for the weight formats tessera loads
+// (docs/design/weight-quant.md): GPTQ, AWQ (GEMM packing), compressed-tensors pack-quantized
+// (integer) and float-quantized (FP8), and FP8 checkpoints (quant_method "fp8", vLLM /
+// AutoFP8). Anything else that would change what the weights mean is an error naming the
 // field and its value, never silently ignored.
 #include <cstdint>
 #include <string>
@@ -9,7 +10,11 @@
 
 namespace tessera {
 
-enum class WeightQuantMethod { None, Gptq, Awq, CompressedTensors };
+enum class WeightQuantMethod { None, Gptq, Awq, CompressedTensors, Fp8 };
+
+// Where an FP8 checkpoint's weight_scale lives. quant_method "fp8" does not say (scalar or one
+// per output row are both read); compressed-tensors' strategy does.
+enum class Fp8ScaleStrategy { Any, Tensor, Channel };
 
 struct WeightQuantConfig {
   WeightQuantMethod method = WeightQuantMethod::None;
@@ -18,6 +23,13 @@ struct WeightQuantConfig {
   bool symmetric = true;   // no zero points stored (GPTQ sym, AWQ without zero_point, CT symmetric)
   bool gptq_v2 = false;    // GPTQ checkpoint_format "gptq_v2": qzeros stored as is, not minus one
   bool act_order = false;  // GPTQ desc_act / CT actorder: g_idx tensors may permute the groups
+  // FP8 (quant_method "fp8", CT float-quantized): `weight` F8_E4M3 [N, K] + `weight_scale`,
+  // loaded into DType::FP8W. bits is 8, group_size -1.
+  bool fp8 = false;
+  Fp8ScaleStrategy fp8_scales = Fp8ScaleStrategy::Any;
+  // Static activation scheme: every quantized layer must carry a valid `input_scale` (checked,
+  // then unused: FP8W quantizes activations per token at run time, see the design doc).
+  bool static_input_scale = false;
 };
 
 const char* weight_quant_method_name(WeightQuantMethod m);

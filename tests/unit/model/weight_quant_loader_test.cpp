@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "dequantized_weights.h"
+#include "quantized_model_util.h"
 #include "engine/model_runner.h"
 #include "format/safetensors.h"
 #include "model/dummy.h"
@@ -26,53 +27,14 @@
 #include "quant/group_quant.h"
 
 using namespace tessera;
-using tessera::testing_util::dequantized_copy;
+using namespace tessera::testing_util;
 
 namespace {
 
 const char* const kVariants[] = {"gptq_w4_g64_sym",    "gptq_w4_g32_asym_actorder", "gptq_w8_channel_v2", "awq_w4_g32",
                                  "ct_w4_g64_sym_bf16", "ct_w4_g32_asym_actorder",   "ct_w8_channel"};
 
-std::string fixture(const std::string& name) { return std::string(TESSERA_FIXTURES_DIR) + "/wquant/" + name; }
-
-std::map<std::string, WeightMatrix> linears(const ModelWeights& w) {
-  std::map<std::string, WeightMatrix> out;
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const LayerWeights& L = w.layers[l];
-    out[p + "self_attn.q_proj"] = L.wq;
-    out[p + "self_attn.k_proj"] = L.wk;
-    out[p + "self_attn.v_proj"] = L.wv;
-    out[p + "self_attn.o_proj"] = L.wo;
-    out[p + "mlp.gate_proj"] = L.w_gate;
-    out[p + "mlp.up_proj"] = L.w_up;
-    out[p + "mlp.down_proj"] = L.w_down;
-  }
-  return out;
-}
-
-template <typename T>
-T at(const SafetensorsTensor& t, int64_t i) {
-  T v;
-  std::memcpy(&v, t.data + sizeof(T) * i, sizeof(T));
-  return v;
-}
-
-// The same weights with every group-quantized matrix decoded to f32 (tessera's reference decoder).
-std::vector<float> run_logits(std::shared_ptr<const ModelWeights> w, const std::vector<int32_t>& toks) {
-  const ModelConfig& c = w->config;
-  CpuBackend be(2);
-  auto model = create_model(w, be, 16, 16);
-  KvCache kv(be, KvCacheSpec::plain(c.n_layer, c.n_head_kv, c.head_dim, 4, 8, DType::F32));
-  BlockPool pool(8);
-  SequenceBlocks seq;
-  EXPECT_TRUE(seq.reserve(pool, 4, static_cast<int>(toks.size())));
-  ForwardBatch fb;
-  fb.add_sequence(seq, 4, toks.data(), static_cast<int>(toks.size()), ForwardBatch::Logits::All);
-  std::vector<float> logits(toks.size() * c.n_vocab, NAN);
-  ModelRunner(*model, kv, be).forward(fb, logits.data());
-  return logits;
-}
+std::string fixture(const std::string& name) { return wquant_fixture(name); }
 
 }  // namespace
 
@@ -85,7 +47,7 @@ TEST(WeightQuantLoader, CheckpointsDecodeToTheWritersIntendedValues) {
     auto expected = SafetensorsFile::open(fixture(variant) + "/expected.safetensors");
     const bool eight = std::string(variant).find("w8") != std::string::npos;
     const bool act_order = std::string(variant).find("actorder") != std::string::npos;
-    for (const auto& [prefix, m] : linears(*w)) {
+    for (const auto& [prefix, m] : hf_linears(*w)) {
       SCOPED_TRACE(prefix);
       ASSERT_EQ(m.dtype, eight ? DType::W8G : DType::W4G);
       EXPECT_EQ(m.gq_perm, act_order);
@@ -102,13 +64,13 @@ TEST(WeightQuantLoader, CheckpointsDecodeToTheWritersIntendedValues) {
         gq_dequantize_row(l, buf, r, row.data());
         for (int64_t j = 0; j < m.cols; ++j) {
           const int64_t k = perm ? perm[j] : j, g = j / l.group_size;
-          ASSERT_EQ(g, at<int32_t>(g_idx, k)) << "column " << k;
-          ASSERT_EQ(gq_code(l, buf, r, j), at<uint8_t>(codes, r * m.cols + k)) << r << "," << k;
-          ASSERT_EQ(gq_zero(l, buf, r, g), at<uint8_t>(zeros, g * m.rows + r)) << r << "," << g;
-          ASSERT_EQ(gq_scale_f16(l, buf, r, g), at<uint16_t>(scales, g * m.rows + r)) << r << "," << g;
-          const float want =
-              static_cast<float>(int(at<uint8_t>(codes, r * m.cols + k)) - int(at<uint8_t>(zeros, g * m.rows + r))) *
-              fp16_to_f32(at<uint16_t>(scales, g * m.rows + r));
+          ASSERT_EQ(g, tensor_at<int32_t>(g_idx, k)) << "column " << k;
+          ASSERT_EQ(gq_code(l, buf, r, j), tensor_at<uint8_t>(codes, r * m.cols + k)) << r << "," << k;
+          ASSERT_EQ(gq_zero(l, buf, r, g), tensor_at<uint8_t>(zeros, g * m.rows + r)) << r << "," << g;
+          ASSERT_EQ(gq_scale_f16(l, buf, r, g), tensor_at<uint16_t>(scales, g * m.rows + r)) << r << "," << g;
+          const float want = static_cast<float>(int(tensor_at<uint8_t>(codes, r * m.cols + k)) -
+                                                int(tensor_at<uint8_t>(zeros, g * m.rows + r))) *
+                             fp16_to_f32(tensor_at<uint16_t>(scales, g * m.rows + r));
           ASSERT_EQ(row[k], want) << r << "," << k;
         }
       }
@@ -246,8 +208,8 @@ TEST(WeightQuantLoader, UnsupportedConfigsNameTheField) {
   EXPECT_TRUE(has(quant_error(R"({"quant_method": "gptq", "bits": 4, "dynamic": {"-:.*mlp": {}}})"), "dynamic"));
   EXPECT_TRUE(has(quant_error(R"({"quant_method": "awq", "bits": 4, "version": "gemv"})"), "version"));
   EXPECT_TRUE(has(quant_error(R"({"quant_method": "exl2", "bits": 4})"), "quant_method"));
-  EXPECT_TRUE(has(quant_error(R"({"quant_method": "compressed-tensors", "format": "float-quantized",
-      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+  EXPECT_TRUE(has(quant_error(R"({"quant_method": "compressed-tensors", "format": "naive-quantized",
+      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int",
       "strategy": "channel"}}}})"),
                   "format"));
   EXPECT_TRUE(has(quant_error(R"({"quant_method": "compressed-tensors", "format": "pack-quantized",
