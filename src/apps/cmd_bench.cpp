@@ -198,23 +198,33 @@ void run_bench(const BenchArgs& a) {
   } else if (with_peer) {
     std::printf("| peer | | | llama.cpp | failed (see stderr) | |\n");
   }
-  // Floors: decode reads every weight once per token; prefill does 2 FLOPs per weight per token.
+  // Floors: decode reads every weight once per token (of a MoE layer's experts, the n_used a token
+  // is routed to); prefill does 2 FLOPs per active weight per token.
+  double token_bytes = static_cast<double>(session.weights().weight_bytes);
+  if (c.n_expert > 0) {
+    double experts = 0;
+    for (const LayerWeights& l : session.weights().layers)
+      for (const auto* group : {&l.gate_exps, &l.up_exps, &l.down_exps})
+        for (const WeightMatrix& m : *group) experts += static_cast<double>(m.bytes());
+    token_bytes -= experts * (1.0 - static_cast<double>(c.n_expert_used) / c.n_expert);
+  }
+  const double active = static_cast<double>(c.n_active_params());
   if (session.backend().name() == "cuda") {
     // The device's own ceilings (copy bandwidth, bf16 tensor-core rate), measured now.
     const DeviceCeilings dc = measure_cuda_ceilings(session.backend());
     std::printf(
         "\nfloor: device copy bandwidth %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured) -> decode <= %.1f tok/s "
         "reading %.1f MB per token, prefill <= %.0f tok/s (matrices only)\n",
-        dc.copy_bytes_per_s / 1e9, dc.bf16_flops_per_s / 1e12, dc.copy_bytes_per_s / session.weights().weight_bytes,
-        session.weights().weight_bytes / 1e6, dc.bf16_flops_per_s / (2.0 * c.n_params()));
+        dc.copy_bytes_per_s / 1e9, dc.bf16_flops_per_s / 1e12, dc.copy_bytes_per_s / token_bytes, token_bytes / 1e6,
+        dc.bf16_flops_per_s / (2.0 * active));
   } else {
     std::printf(
         "\nfloor: memory read bandwidth %.1f GB/s (measured) -> decode <= %.1f tok/s reading %.1f MB per token\n",
-        bw / 1e9, bw / session.weights().weight_bytes, session.weights().weight_bytes / 1e6);
+        bw / 1e9, bw / token_bytes, token_bytes / 1e6);
   }
   if (!pp.empty())
-    std::printf("prefill: %.2f GFLOP per token -> %.1f GFLOP/s achieved\n", 2.0 * c.n_params() / 1e9,
-                stat_of(pp).mean * 2.0 * c.n_params() / 1e9);
+    std::printf("prefill: %.2f GFLOP per token -> %.1f GFLOP/s achieved\n", 2.0 * active / 1e9,
+                stat_of(pp).mean * 2.0 * active / 1e9);
 }
 
 }  // namespace

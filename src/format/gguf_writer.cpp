@@ -133,10 +133,10 @@ void GGUFWriter::set_u32(const std::string& key, uint32_t value) {
 void GGUFWriter::add_tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* data,
                             uint64_t n_bytes) {
   const DTypeTraits& tr = dtype_traits(dtype);
-  TESSERA_CHECK(static_cast<uint32_t>(dtype) < 0x100 && tr.block_elems > 0, "gguf writer: tensor '", name,
-                "': type ", dtype_name(dtype), " has no GGML id");
-  TESSERA_CHECK(!shape.empty() && shape.size() <= 4 && shape[0] % tr.block_elems == 0, "gguf writer: tensor '",
-                name, "': bad shape for ", dtype_name(dtype));
+  TESSERA_CHECK(static_cast<uint32_t>(dtype) < 0x100 && tr.block_elems > 0, "gguf writer: tensor '", name, "': type ",
+                dtype_name(dtype), " has no GGML id");
+  TESSERA_CHECK(!shape.empty() && shape.size() <= 4 && shape[0] % tr.block_elems == 0, "gguf writer: tensor '", name,
+                "': bad shape for ", dtype_name(dtype));
   uint64_t expect = static_cast<uint64_t>(shape[0] / tr.block_elems * tr.block_bytes);
   for (size_t d = 1; d < shape.size(); ++d) expect *= static_cast<uint64_t>(shape[d]);
   TESSERA_CHECK(expect == n_bytes, "gguf writer: tensor '", name, "': ", n_bytes, " bytes, its shape needs ", expect);

@@ -58,6 +58,10 @@ struct ModelConfig {
   // Throws tessera::Error naming the first field that is out of range or inconsistent.
   void validate() const;
   int64_t n_params() const;  // weights of the transformer, embeddings included once
+  // Those a token computes with: of a MoE layer's experts only the n_expert_used it is routed to.
+  int64_t n_active_params() const {
+    return n_params() - static_cast<int64_t>(n_layer) * (n_expert - n_expert_used) * 3 * n_embd * n_ff;
+  }
 };
 
 // YaRN's default attention magnitude, 0.1 ln(factor) + 1, and LongRoPE's,

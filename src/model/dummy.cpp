@@ -18,8 +18,7 @@ namespace tessera {
 
 const char* dummy_presets() {
   return "smollm2-135m, llama-3.2-1b, llama-3.1-8b, llama3-tiny, qwen2.5-0.5b, qwen3-0.6b, qwen3-tiny, phi3-mini, "
-         "phi3-tiny, "
-         "gemma3-270m, gemma3-tiny";
+         "phi3-tiny, gemma3-270m, gemma3-tiny, qwen3-30b-a3b, qwen3moe-tiny, mixtral-8x7b";
 }
 
 ModelConfig dummy_preset(const std::string& name) {
@@ -152,6 +151,39 @@ ModelConfig dummy_preset(const std::string& name) {
     c.sliding_window_pattern = 6;
     c.rope_freq_base_local = 10000;
     c.attn_scale = 1.0f / 16.0f;  // 1/sqrt(head_dim)
+  } else if (name == "qwen3-30b-a3b" || name == "qwen3moe-tiny") {
+    // Qwen3-30B-A3B's shape: 128 experts of width 768, 8 per token, QK-norm, head_dim 128 (3.3B
+    // of the 30.5B parameters active per token); the tiny one keeps the routing (16 experts, 4
+    // per token) at a size tests afford.
+    const bool tiny = name == "qwen3moe-tiny";
+    c.arch = "qwen3moe";
+    c.n_vocab = tiny ? 4096 : 151936;
+    c.n_embd = tiny ? 256 : 2048;
+    c.n_layer = tiny ? 4 : 48;
+    c.n_head = tiny ? 4 : 32;
+    c.n_head_kv = tiny ? 2 : 4;
+    c.head_dim = 128;
+    c.n_ff = tiny ? 128 : 768;
+    c.n_expert = tiny ? 16 : 128;
+    c.n_expert_used = tiny ? 4 : 8;
+    c.n_ctx_train = 40960;
+    c.rope_freq_base = 1000000;
+    c.rms_eps = 1e-6f;
+    c.rope_neox = true;
+    c.qk_norm = true;
+  } else if (name == "mixtral-8x7b") {
+    // Mixtral-8x7B's shape: Mistral 7B's attention, 8 experts of width 14336, 2 per token.
+    c.n_vocab = 32000;
+    c.n_embd = 4096;
+    c.n_layer = 32;
+    c.n_head = 32;
+    c.n_head_kv = 8;
+    c.head_dim = 128;
+    c.n_ff = 14336;
+    c.n_expert = 8;
+    c.n_expert_used = 2;
+    c.n_ctx_train = 32768;
+    c.rope_freq_base = 1000000;
   } else {
     fail("unknown dummy preset '", name, "' (known: ", dummy_presets(), ")");
   }
@@ -331,9 +363,18 @@ std::shared_ptr<ModelWeights> make_dummy_weights(const std::string& spec, uint64
       l.bv = b.vector(kv_dim, 0.0f, 0.1f);
     }
     l.ffn_norm = b.vector(c.n_embd, 1.0f, 0.1f);
-    l.w_gate = b.matrix(c.n_ff, c.n_embd);
-    l.w_up = b.matrix(c.n_ff, c.n_embd);
-    l.w_down = b.matrix(c.n_embd, c.n_ff);
+    if (c.n_expert > 0) {  // the router in the dummy's type too (llama-quantize keeps it as stored)
+      l.router = b.matrix(c.n_expert, c.n_embd);
+      for (int e = 0; e < c.n_expert; ++e) {
+        l.gate_exps.push_back(b.matrix(c.n_ff, c.n_embd));
+        l.up_exps.push_back(b.matrix(c.n_ff, c.n_embd));
+        l.down_exps.push_back(b.matrix(c.n_embd, c.n_ff));
+      }
+    } else {
+      l.w_gate = b.matrix(c.n_ff, c.n_embd);
+      l.w_up = b.matrix(c.n_ff, c.n_embd);
+      l.w_down = b.matrix(c.n_embd, c.n_ff);
+    }
     if (c.qk_norm) {
       l.q_norm = b.vector(c.head_dim, 1.0f, 0.1f);
       l.k_norm = b.vector(c.head_dim, 1.0f, 0.1f);

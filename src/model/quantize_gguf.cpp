@@ -45,10 +45,9 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 }  // namespace
 
 DType gguf_quant_type(const std::string& name) {
-  static const std::pair<const char*, DType> kTypes[] = {{"q4_0", DType::Q4_0}, {"q4_1", DType::Q4_1},
-                                                         {"q5_0", DType::Q5_0}, {"q5_1", DType::Q5_1},
-                                                         {"q8_0", DType::Q8_0}, {"q4_k", DType::Q4_K},
-                                                         {"q5_k", DType::Q5_K}, {"q6_k", DType::Q6_K}};
+  static const std::pair<const char*, DType> kTypes[] = {
+      {"q4_0", DType::Q4_0}, {"q4_1", DType::Q4_1}, {"q5_0", DType::Q5_0}, {"q5_1", DType::Q5_1},
+      {"q8_0", DType::Q8_0}, {"q4_k", DType::Q4_K}, {"q5_k", DType::Q5_K}, {"q6_k", DType::Q6_K}};
   for (const auto& [n, t] : kTypes)
     if (name == n) return t;
   return DType::Unknown;
@@ -73,8 +72,8 @@ GgufQuantizeReport quantize_gguf(const std::string& in, const std::string& out, 
     GgufTensorReport r{t.name, t.dtype, t.dtype, t.n_elements(), 0};
     report.bytes_in += t.n_bytes;
     const bool matrix = t.shape.size() >= 2 && ends_with(t.name, ".weight") && t.shape[0] % block == 0 &&
-                        t.name.find("ffn_gate_inp") == std::string::npos &&
-                        t.name.find("_norm") == std::string::npos && t.dtype != to;
+                        t.name.find("ffn_gate_inp") == std::string::npos && t.name.find("_norm") == std::string::npos &&
+                        t.dtype != to;
     if (!matrix) {
       w.add_tensor(t.name, t.dtype, t.shape, t.data, t.n_bytes);
       report.bytes_out += t.n_bytes;
