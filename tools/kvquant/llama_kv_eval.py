@@ -137,7 +137,10 @@ def main() -> None:
         text = text[:-1]  # as llama-perplexity -f and tessera eval read the file
     raw = text.encode("utf-8")
     buf = (llama_cpp.llama_token * (len(raw) + 16))()
-    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(raw) + 16, True, False)
+    # No BOS in the token stream (tessera eval's rule): each window's first token becomes BOS
+    # below, so with a BOS here every window of a BOS model (Gemma) would be one token off
+    # tessera's. Models without BOS (SmolLM2) tokenize the same either way.
+    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(raw) + 16, False, False)
     tokens = list(buf[:n])
     add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
     w = args.window
