@@ -2,7 +2,7 @@
 // runs over windows of the text with an exact f32 cache; what each layer and KV head stores
 // becomes a JSON file that `--kv-scales` loads: for fp8 :tensor / :head the largest |K| and
 // |V| as scales (amax / the format's largest code), for TurboQuant the per-channel mean key
-// and value (k_mean, v_mean), which the store subtracts (attention adds v_mean back).
+// (k_mean), which the store subtracts.
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -29,7 +29,7 @@ void add_calibrate_kv(CLI::App& app) {
   cmd->add_option("-o,--out", a->out, "file to write (for --kv-scales)")->capture_default_str();
   cmd->add_option("--format", a->format,
                   "the format the constants are for: fp8_e4m3|fp8_e5m2 with :tensor or :head (scales), or "
-                  "turbo2.5|3|3.5|4 (key and value means)")
+                  "turbo2.5|3|3.5|4 (key means)")
       ->capture_default_str();
   cmd->add_option("--window", a->window, "tokens per calibration window")->capture_default_str();
   cmd->add_option("--chunks", a->max_chunks, "windows to run at most (0 = the whole text)")->capture_default_str();
@@ -43,7 +43,6 @@ void add_calibrate_kv(CLI::App& app) {
     so.k_scales.clear();
     so.v_scales.clear();
     so.k_mean.clear();
-    so.v_mean.clear();
     so.ctx = std::max(so.ctx, a->window);
     so.kv_tokens = a->window;
     Session session(so);
@@ -62,7 +61,7 @@ void add_calibrate_kv(CLI::App& app) {
       for (float x : r) vmax = std::max(vmax, x);
     std::printf("calibrate-kv: %lld tokens, %zu layers x %d KV heads; max |K| %.3g, max |V| %.3g; %s %s -> %s\n",
                 static_cast<long long>(stats.tokens), stats.k.size(), session.config().n_head_kv, kmax, vmax,
-                a->format.c_str(), k.centers_keys() ? "key and value means" : "scales", a->out.c_str());
+                a->format.c_str(), k.centers_keys() ? "key means" : "scales", a->out.c_str());
   });
 }
 

@@ -27,7 +27,7 @@ constexpr const char* kDefaultKvFormats =
     "turbo2.5";
 
 // "NAME" (K and V) or "KNAME/VNAME" (one each) over the base options; the --kv-scales file's
-// static scales and key / value means go to the formats that take them.
+// static scales and key means go to the formats that take them.
 KvEvalCase kv_case(const SessionOptions& base, const KvScales& file, const std::string& label) {
   auto o = std::make_shared<SessionOptions>(base);
   const size_t slash = label.find('/');
@@ -37,7 +37,6 @@ KvEvalCase kv_case(const SessionOptions& base, const KvScales& file, const std::
   if (o->k_format.static_scale()) o->k_scales = file.k;
   if (o->v_format.static_scale()) o->v_scales = file.v;
   if (o->k_format.centers_keys()) o->k_mean = file.k_mean;
-  if (o->v_format.centers_keys()) o->v_mean = file.v_mean;
   return KvEvalCase{label, std::move(o)};
 }
 

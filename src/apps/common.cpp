@@ -65,11 +65,9 @@ SessionOptions ModelArgs::session_options() const {
     const KvScales s = read_kv_scales(kv_scales);
     const bool scales = o.k_format.static_scale() || o.v_format.static_scale();
     const bool mean = o.k_format.centers_keys() && !s.k_mean.empty();
-    const bool v_mean = o.v_format.centers_keys() && !s.v_mean.empty();
-    TESSERA_CHECK(scales || mean || v_mean, "--kv-scales ", kv_scales, ": the KV format ",
-                  kv_format_name(o.k_format, true), "/", kv_format_name(o.v_format),
-                  " takes nothing from it (fp8 :tensor or :head takes scales, turbo keys and values the means "
-                  "\"k_mean\" and \"v_mean\")");
+    TESSERA_CHECK(scales || mean, "--kv-scales ", kv_scales, ": the KV format ", kv_format_name(o.k_format, true), "/",
+                  kv_format_name(o.v_format),
+                  " takes nothing from it (fp8 :tensor or :head takes scales, turbo keys the key means \"k_mean\")");
     TESSERA_CHECK(!o.k_format.static_scale() || !s.k.empty(), "--kv-scales ", kv_scales, ": no K scales for ",
                   kv_format_name(o.k_format, true));
     TESSERA_CHECK(!o.v_format.static_scale() || !s.v.empty(), "--kv-scales ", kv_scales, ": no V scales for ",
@@ -77,7 +75,6 @@ SessionOptions ModelArgs::session_options() const {
     if (o.k_format.static_scale()) o.k_scales = s.k;
     if (o.v_format.static_scale()) o.v_scales = s.v;
     if (mean) o.k_mean = s.k_mean;
-    if (v_mean) o.v_mean = s.v_mean;
   }
   if (o.k_format.centers_keys() && o.k_mean.empty())
     std::fprintf(stderr,

@@ -167,13 +167,12 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
     out[l.scales + h] = s;
   }
   if (!mean.empty()) {
-    const char* what = is_key ? "key" : "value";
-    TESSERA_CHECK(f.centers_keys(), "KV ", what, " means given for ", is_key ? "K" : "V", " in ", kv_format_name(f),
-                  ", which does not center ", is_key ? "its keys" : "its values");
-    TESSERA_CHECK(mean.size() == static_cast<size_t>(n_kv_heads) * head_dim, "KV ", what, " means of layer ", layer,
-                  ": ", mean.size(), " values for ", n_kv_heads, " KV heads x head_dim ", head_dim);
+    TESSERA_CHECK(f.centers_keys() && is_key, "KV key means given for ", is_key ? "K" : "V", " in ", kv_format_name(f),
+                  ", which does not center ", is_key ? "its keys" : "values");
+    TESSERA_CHECK(mean.size() == static_cast<size_t>(n_kv_heads) * head_dim, "KV key means of layer ", layer, ": ",
+                  mean.size(), " values for ", n_kv_heads, " KV heads x head_dim ", head_dim);
     for (size_t i = 0; i < mean.size(); ++i) {
-      TESSERA_CHECK(std::isfinite(mean[i]), "KV ", what, " mean of layer ", layer, " head ", i / head_dim, " channel ",
+      TESSERA_CHECK(std::isfinite(mean[i]), "KV key mean of layer ", layer, " head ", i / head_dim, " channel ",
                     i % head_dim, " is ", mean[i], " (not finite)");
       out[l.mean + i] = mean[i];
     }

@@ -21,10 +21,9 @@ namespace tessera {
 // scales: the static fp8 scale of each head (1 when the format has none); code_*: turbo
 // codebook centroids (unit-variance coordinates), signs: turbo's random ±1 diagonal D, qjl:
 // the QJL projection S (row-major [hd out][hd in], N(0, 1) entries); mean (formats that
-// center, KvFormat::centers_keys, i.e. TurboQuant K and V): the calibrated mean key (value) μ
-// the store subtracts (zeros without calibration); for V, attention adds μ back to its output
-// (the softmax weights sum to 1, so Σ p (v − μ) + μ = Σ p v). Absent parts have size 0; mean
-// comes last so the other offsets do not depend on it.
+// center keys, KvFormat::centers_keys): the calibrated mean key μ the store subtracts (zeros
+// for V and without calibration). Absent parts have size 0; mean comes last so the other
+// offsets do not depend on it.
 struct KvConstantsLayout {
   int64_t scales = 0, code_hi = 0, code_lo = 0, signs = 0, qjl = 0, mean = 0, total = 0;
 };
@@ -33,7 +32,7 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
 // generator seeded by (seed, layer, is_key), so they are the same on every run and backend.
 // static_scales: empty (1.0), one (per tensor) or n_kv_heads values (fp8 :tensor / :head).
 // mean: empty (zeros) or n_kv_heads * head_dim values (head-major), for a format that
-// centers (keys or values); throws naming what is wrong otherwise.
+// centers keys; throws naming what is wrong otherwise.
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
                                      uint64_t seed, std::span<const float> static_scales,
                                      std::span<const float> mean = {});
@@ -48,7 +47,7 @@ struct KvHeadConstants {
   const float* code_lo = nullptr;
   const float* signs = nullptr;  // [hd]
   const float* qjl = nullptr;    // [hd, hd]
-  const float* mean = nullptr;   // [hd] subtracted before encoding (formats that center; V: added to the output)
+  const float* mean = nullptr;   // [hd] subtracted before encoding (formats that center keys)
 };
 inline KvHeadConstants kv_head_constants(const KvFormat& f, const float* layer, int n_kv_heads, int hd, int head) {
   KvHeadConstants c;

@@ -51,7 +51,6 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   spec.k_scales = o.session.k_scales;
   spec.v_scales = o.session.v_scales;
   spec.k_mean = o.session.k_mean;
-  spec.v_mean = o.session.v_mean;
   apply_checkpoint_kv_scales(session_->weights(), spec);
   Backend& backend = session_->backend();
   // The largest step the engine will run, once, so a budget that cannot hold its

@@ -14,9 +14,9 @@ namespace tessera {
 
 namespace {
 
-// Max |x| over a page's first n tokens (plain f16 / f32 rows of head_dim); with sum, also adds
-// each channel's values; with sq / within (keys), their squares and squared deviations from
-// the page's own channel mean; with first (a window's first page), token 0's values and squares.
+// Max |x| over a page's first n tokens (plain f16 / f32 rows of head_dim); with sum / sq /
+// within (keys), also adds each channel's values, squares and squared deviations from the
+// page's own channel mean; with first (a window's first page), token 0's values and squares.
 float page_stats(const uint8_t* page, DType dtype, int n, int head_dim, double* sum, double* sq, double* within,
                  double* first_sum, double* first_sq) {
   float m = 0;
@@ -43,7 +43,6 @@ float page_stats(const uint8_t* page, DType dtype, int n, int head_dim, double* 
   }
   for (size_t c = 0; c < ps.size(); ++c) {
     sum[c] += ps[c];
-    if (!sq) continue;
     sq[c] += pq[c];
     within[c] += pq[c] - ps[c] * ps[c] / n;
   }
@@ -91,7 +90,6 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
   r.k_within = r.k_sum;
   r.k_first_sum = r.k_sum;
   r.k_first_sq = r.k_sum;
-  r.v_sum = r.k_sum;
   std::vector<int32_t> chunk(window);
   std::vector<uint8_t> host;
   std::vector<float> no_logits;  // feed() wants a buffer; Logits::None fills nothing
@@ -115,7 +113,7 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
           session.backend().copy_to_host(host.data(), base + seq.blocks[b] * page_bytes * spec.n_kv_heads, host.size());
           for (int h = 0; h < spec.n_kv_heads; ++h) {
             const int64_t c0 = static_cast<int64_t>(h) * spec.head_dim;
-            double* sum = (part == 0 ? r.k_sum[l] : r.v_sum[l]).data() + c0;
+            double* sum = part == 0 ? r.k_sum[l].data() + c0 : nullptr;
             double* sq = part == 0 ? r.k_sq[l].data() + c0 : nullptr;
             double* within = part == 0 ? r.k_within[l].data() + c0 : nullptr;
             const bool first = part == 0 && b == 0;
@@ -138,17 +136,12 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
   KvScales s;
   s.k = rows_for(stats.k, k_format);
   s.v = rows_for(stats.v, v_format);
-  const auto means = [&](const std::vector<std::vector<double>>& sums) {
-    std::vector<std::vector<float>> rows;
-    for (const auto& sum : sums) {
+  if (k_format.centers_keys() && stats.tokens > 0)
+    for (const auto& sum : stats.k_sum) {
       std::vector<float> mean(sum.size());
       for (size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / static_cast<double>(stats.tokens));
-      rows.push_back(std::move(mean));
+      s.k_mean.push_back(std::move(mean));
     }
-    return rows;
-  };
-  if (k_format.centers_keys() && stats.tokens > 0) s.k_mean = means(stats.k_sum);
-  if (v_format.centers_keys() && stats.tokens > 0) s.v_mean = means(stats.v_sum);
   return s;
 }
 

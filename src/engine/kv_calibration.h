@@ -3,9 +3,7 @@
 // text with an exact (f32/f16) cache and read back what each layer and KV head stores:
 // the largest |K| and |V| become the fp8 scales --kv-scales loads (scale = amax / largest
 // code); the per-channel mean of K becomes the key centering μ (TurboQuant keys store k − μ;
-// every score of a query shifts by the same q·μ, so the softmax is unchanged), and that of V
-// the value centering μ_v (TurboQuant values store v − μ_v; attention adds μ_v to its output,
-// exact because the softmax weights sum to 1).
+// every score of a query shifts by the same q·μ, so the softmax is unchanged).
 #include <cstdint>
 #include <span>
 #include <string>
@@ -23,7 +21,6 @@ struct KvStats {
   // [layer][head * head_dim + channel]: sums of K and K² over the stored tokens, and of the
   // squared deviations of K from its page's mean (what per-page schemes like KIVI see)
   std::vector<std::vector<double>> k_sum, k_sq, k_within;
-  std::vector<std::vector<double>> v_sum;  // [layer][head * head_dim + channel]: sums of V
   // [layer][head * head_dim + channel]: sums of each window's first key and its squares
   std::vector<std::vector<double>> k_first_sum, k_first_sq;
   int head_dim = 0;
@@ -38,8 +35,7 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
 
 // Scales for formats with static scales: one per layer (:tensor) or per KV head (:head);
 // other formats get no rows (their scales are per token). A zero amax gives scale 1.
-// Key means (k_mean) for key formats that center (KvFormat::centers_keys), else none; value
-// means (v_mean) likewise for value formats.
+// Key means (k_mean) for key formats that center (kv_centers_keys), else none.
 KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, const KvFormat& v_format);
 
 // One line per layer on the keys (means over its heads): energy per token E|k|², the share

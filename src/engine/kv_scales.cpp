@@ -50,25 +50,18 @@ KvScales read_kv_scales(const std::string& path) {
   s.k = read_rows(j, "k_scales", path, true);
   s.v = read_rows(j, "v_scales", path, true);
   if (j.contains("k_mean")) s.k_mean = read_rows(j, "k_mean", path, false);
-  if (j.contains("v_mean")) s.v_mean = read_rows(j, "v_mean", path, false);
   TESSERA_CHECK(s.k.size() == s.v.size(), "KV scales ", path, ": ", s.k.size(), " K rows and ", s.v.size(),
                 " V rows (one per layer each)");
-  TESSERA_CHECK(!s.k.empty() || !s.k_mean.empty() || !s.v_mean.empty(), "KV scales ", path,
-                ": no scales and no \"k_mean\" or \"v_mean\"");
-  const size_t n_layers = !s.k.empty() ? s.k.size() : !s.k_mean.empty() ? s.k_mean.size() : s.v_mean.size();
-  for (const auto* rows : {&s.k_mean, &s.v_mean}) {
-    if (rows->empty()) continue;
-    const char* key = rows == &s.k_mean ? "k_mean" : "v_mean";
-    TESSERA_CHECK(rows->size() == n_layers, "KV scales ", path, ": ", n_layers,
-                  !s.k.empty() ? " scale rows and " : " \"k_mean\" rows and ", rows->size(), " \"", key,
-                  "\" rows (one per layer each)");
-    if (j.contains("n_kv_heads") && j.contains("head_dim")) {
-      TESSERA_CHECK(j["n_kv_heads"].is_number_integer() && j["head_dim"].is_number_integer(), "KV scales ", path,
-                    ": \"n_kv_heads\" and \"head_dim\" are not integers");
-      const int64_t want = j["n_kv_heads"].get<int64_t>() * j["head_dim"].get<int64_t>();
-      TESSERA_CHECK(static_cast<int64_t>(rows->front().size()) == want, "KV scales ", path, ": \"", key, "\" rows of ",
-                    rows->front().size(), " values, n_kv_heads x head_dim is ", want);
-    }
+  TESSERA_CHECK(!s.k.empty() || !s.k_mean.empty(), "KV scales ", path, ": no scales and no \"k_mean\"");
+  if (!s.k.empty() && !s.k_mean.empty())
+    TESSERA_CHECK(s.k.size() == s.k_mean.size(), "KV scales ", path, ": ", s.k.size(), " scale rows and ",
+                  s.k_mean.size(), " \"k_mean\" rows (one per layer each)");
+  if (!s.k_mean.empty() && j.contains("n_kv_heads") && j.contains("head_dim")) {
+    TESSERA_CHECK(j["n_kv_heads"].is_number_integer() && j["head_dim"].is_number_integer(), "KV scales ", path,
+                  ": \"n_kv_heads\" and \"head_dim\" are not integers");
+    const int64_t want = j["n_kv_heads"].get<int64_t>() * j["head_dim"].get<int64_t>();
+    TESSERA_CHECK(static_cast<int64_t>(s.k_mean.front().size()) == want, "KV scales ", path, ": \"k_mean\" rows of ",
+                  s.k_mean.front().size(), " values, n_kv_heads x head_dim is ", want);
   }
   return s;
 }
@@ -79,13 +72,12 @@ void write_kv_scales(const std::string& path, const KvScales& scales, const std:
   j["model"] = scales.model;
   j["k_format"] = k_format;
   j["v_format"] = v_format;
-  j["n_layers"] = std::max({scales.k.size(), scales.k_mean.size(), scales.v_mean.size()});
+  j["n_layers"] = std::max(scales.k.size(), scales.k_mean.size());
   j["n_kv_heads"] = n_kv_heads;
   j["head_dim"] = head_dim;
   j["k_scales"] = scales.k.empty() ? nlohmann::json::array() : nlohmann::json(scales.k);
   j["v_scales"] = scales.v.empty() ? nlohmann::json::array() : nlohmann::json(scales.v);
   if (!scales.k_mean.empty()) j["k_mean"] = scales.k_mean;
-  if (!scales.v_mean.empty()) j["v_mean"] = scales.v_mean;
   std::ofstream out(path);
   TESSERA_CHECK(out.good(), "KV scales: cannot write ", path);
   out << j.dump(1) << '\n';

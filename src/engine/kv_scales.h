@@ -2,12 +2,11 @@
 // Static KV-cache constants, as `tessera calibrate-kv` writes them and --kv-scales reads them:
 //   {"model": "...", "k_format": "fp8_e4m3:head", "v_format": "...", "n_layers": L,
 //    "n_kv_heads": H, "head_dim": D, "k_scales": [[s_0, ..., s_H-1], ...L rows], "v_scales": [...],
-//    "k_mean": [[μ_0, ..., μ_{H·D-1}], ...L rows], "v_mean": [...]}
+//    "k_mean": [[μ_0, ..., μ_{H·D-1}], ...L rows]}
 // Scales (fp8 :tensor and :head): a row holds one value (per tensor) or one per KV head; a
 // scale maps stored codes back to values (x = code * scale), so it is amax / the format's
 // largest value; [] when the file has none. k_mean (optional; TurboQuant keys): per layer,
-// the mean key of each KV head and channel (head-major), which the store subtracts; v_mean
-// (optional; TurboQuant values): the same for values, which attention adds back.
+// the mean key of each KV head and channel (head-major), which the store subtracts.
 #include <string>
 #include <vector>
 
@@ -18,8 +17,8 @@ namespace tessera {
 
 struct KvScales {
   std::string model;
-  std::vector<std::vector<float>> k, v;            // [n_layers][1 or n_kv_heads], or empty
-  std::vector<std::vector<float>> k_mean, v_mean;  // [n_layers][n_kv_heads * head_dim], or empty
+  std::vector<std::vector<float>> k, v;    // [n_layers][1 or n_kv_heads], or empty
+  std::vector<std::vector<float>> k_mean;  // [n_layers][n_kv_heads * head_dim], or empty
 };
 
 // Throws naming the file and what is wrong (not JSON, rows of the wrong length, a scale

@@ -112,7 +112,6 @@ void Session::make_kv(int tokens) {
   spec.k_scales = options_.k_scales;
   spec.v_scales = options_.v_scales;
   spec.k_mean = options_.k_mean;
-  spec.v_mean = options_.v_mean;
   apply_checkpoint_kv_scales(*weights_, spec);
   kv_.reset();  // free the old cache before allocating the new one
   kv_ = std::make_unique<KvCache>(*backend_, spec);

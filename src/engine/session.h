@@ -34,8 +34,8 @@ struct SessionOptions {
   KvFormat k_format = kv_format_of(DType::F16);
   KvFormat v_format = kv_format_of(DType::F16);
   std::vector<std::vector<float>> k_scales, v_scales;
-  std::vector<std::vector<float>> k_mean, v_mean;  // calibrated centering (KvCacheSpec::k_mean, v_mean)
-  uint64_t dummy_seed = 0;                         // for dummy weights
+  std::vector<std::vector<float>> k_mean;  // calibrated key centering (KvCacheSpec::k_mean)
+  uint64_t dummy_seed = 0;                 // for dummy weights
 };
 
 // Resolves a model argument to a file path: an existing path is returned as is; an alias

@@ -28,14 +28,12 @@ void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat
                   " computes its scales per token");
   const std::span<const float> s = scales.empty() ? std::span<const float>() : std::span<const float>(scales[layer]);
   std::span<const float> mean;
-  const auto& means = is_key ? spec.k_mean : spec.v_mean;
-  const char* what = is_key ? "key" : "value";
-  if (!means.empty()) {
-    TESSERA_CHECK(f.centers_keys(), "KV cache: ", what, " means given, but ", kv_format_name(f, is_key),
-                  " does not center its ", what, "s (TurboQuant does)");
-    TESSERA_CHECK(means.size() == static_cast<size_t>(spec.n_layers), "KV cache: ", what, " means for ", means.size(),
-                  " layers, the model has ", spec.n_layers);
-    mean = means[layer];
+  if (is_key && !spec.k_mean.empty()) {
+    TESSERA_CHECK(f.centers_keys(), "KV cache: key means given, but ", kv_format_name(f, true),
+                  " does not center its keys (TurboQuant keys do)");
+    TESSERA_CHECK(spec.k_mean.size() == static_cast<size_t>(spec.n_layers), "KV cache: key means for ",
+                  spec.k_mean.size(), " layers, the model has ", spec.n_layers);
+    mean = spec.k_mean[layer];
   }
   const std::vector<float> host =
       make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s, mean);

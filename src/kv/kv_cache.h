@@ -28,9 +28,8 @@ struct KvCacheSpec {
   // 1.0 everywhere (vLLM's default without a checkpoint scale).
   std::vector<std::vector<float>> k_scales, v_scales;
   // Calibrated mean key per layer ([n_kv_heads * head_dim], head-major) for a key format that
-  // centers keys (KvFormat::centers_keys); empty = no centering (μ = 0). v_mean: the same
-  // for values (TurboQuant V stores v − μ_v and attention adds μ_v back to its output).
-  std::vector<std::vector<float>> k_mean, v_mean;
+  // centers keys (KvFormat::centers_keys); empty = no centering (μ = 0).
+  std::vector<std::vector<float>> k_mean;
 
   // A cache with K and V both in `plain` (F16 or F32).
   static KvCacheSpec plain(int n_layers, int n_kv_heads, int head_dim, int block_size, int n_blocks, DType plain) {

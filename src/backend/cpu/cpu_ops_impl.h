@@ -163,8 +163,7 @@ static inline void decode_page(const tessera::KvFormat& f, const tessera::KvPage
 // blocks in order keeping a running max m, sum l and unnormalized output O per query vector.
 // Each page is decoded into an L1-sized tile right before use (no dequantized cache). Turbo
 // keys: queries are rotated once (q' = R q, and S q' for the QJL term); turbo values: O is
-// accumulated in V's rotated basis and rotated back once at the end, then the values' mean
-// μ_v (the store coded v − μ_v) is added: the weights sum to 1, so Σ p (v − μ_v) + μ_v = Σ p v.
+// accumulated in V's rotated basis and rotated back once at the end.
 static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerView& kv,
                            const tessera::AttentionBatch& b, int n_heads, float scale, float* out, int64_t ldo,
                            const tessera::cpu::AttentionTask& task, float* scratch) {
@@ -285,10 +284,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     float* orow = o + r * hd;
     if (kv.v_fmt.codec == KvCodec::Turbo) tessera::turbo_unrotate(orow, vc.signs, hd);
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-    if (vc.mean && l[r] > 0)
-      for (int d = 0; d < hd; ++d) dst[d] = orow[d] * inv + vc.mean[d];
-    else
-      for (int d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
+    for (int d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
   }
 }
 

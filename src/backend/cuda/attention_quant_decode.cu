@@ -178,15 +178,13 @@ __global__ void __launch_bounds__(kThreads)
   merge_groups_and_store<G, HD>(m, l, acc, lg, li, nq, dst0, static_cast<int64_t>(max_splits) * (HD + 2));
 }
 
-// Merges the splits of one (sequence, head); turbo values (signs != null) are rotated back
-// and their mean μ_v added (the store coded v − μ_v; the weights sum to 1).
+// Merges the splits of one (sequence, head); turbo values (signs != null) are rotated back.
 // The splits' weights exp(m_i - max) go through shared memory a chunk at a time, so each
 // thread's sum over the splits has its loads in flight together (a loop of dependent global
 // loads per split measured 20-60 us at 33-64 splits).
 __global__ void attention_quant_decode_merge(const float* __restrict__ partials, DeviceBatch b, int n_heads, int group,
                                              int head_dim, int split_len, int max_splits,
-                                             const float* __restrict__ signs, const float* __restrict__ v_mean,
-                                             float* __restrict__ out, int64_t ldo) {
+                                             const float* __restrict__ signs, float* __restrict__ out, int64_t ldo) {
   constexpr int kChunk = 256;
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
@@ -239,10 +237,8 @@ __global__ void attention_quant_decode_merge(const float* __restrict__ partials,
   if (signs) {
     block_fwht(o_s, head_dim, 1, head_dim);
     const float* sg = signs + static_cast<int64_t>(head / group) * head_dim;
-    const float* mu = v_mean && sum > 0.0f ? v_mean + static_cast<int64_t>(head / group) * head_dim : nullptr;
     const float inv_sqrt = 1.0f / sqrtf(static_cast<float>(head_dim));
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-      dst[d] = mu ? o_s[d] * inv_sqrt * sg[d] + mu[d] : o_s[d] * inv_sqrt * sg[d];
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) dst[d] = o_s[d] * inv_sqrt * sg[d];
     return;
   }
   __syncthreads();
@@ -319,8 +315,7 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
   }
   const KvSide vs = kv_side(kv, false);
   launch_pdl(attention_quant_decode_merge, dim3(b.n_seqs, n_heads), dim3(128), 0, s, partials, b, n_heads, group,
-             kv.head_dim, split_len, max_splits, vs.f.codec == KvCodec::Turbo ? vs.signs : nullptr,
-             vs.f.codec == KvCodec::Turbo ? vs.mean : nullptr, out, ldo);
+             kv.head_dim, split_len, max_splits, vs.f.codec == KvCodec::Turbo ? vs.signs : nullptr, out, ldo);
   TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_merge");
 }
 

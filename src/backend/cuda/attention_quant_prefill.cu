@@ -175,10 +175,8 @@ __global__ void __launch_bounds__(kThreads)
     const int qi = i / HD, d = i % HD, row = qi / gc, g = qi % gc;
     if (r0 + row >= r1 || g >= ng) continue;
     const float sg = turbo_v ? vs.signs[static_cast<int64_t>(kvh) * HD + d] : 1.0f;
-    // Turbo values were stored as v − μ_v: the weights sum to 1, so μ_v is added back once.
-    const float mu = turbo_v && vs.mean && row_l[qi] > 0.0f ? vs.mean[static_cast<int64_t>(kvh) * HD + d] : 0.0f;
     out[static_cast<int64_t>(r0 + row) * ldo + static_cast<int64_t>(kvh * group + g0 + g) * HD + d] =
-        Qs[qi * (kw + 1) + d] * mul * sg + mu;
+        Qs[qi * (kw + 1) + d] * mul * sg;
   }
 }
 

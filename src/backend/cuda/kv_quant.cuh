@@ -23,7 +23,6 @@ struct KvSide {
   const float* code_lo = nullptr;
   const float* signs = nullptr;  // turbo ±1 diagonal, [n_kv_heads, hd]
   const float* qjl = nullptr;    // turbo keys: S, [n_kv_heads, hd, hd]
-  const float* mean = nullptr;   // turbo: centering μ the store subtracted, [n_kv_heads, hd] (V: added to the output)
 };
 
 inline KvSide kv_side(const KvLayerView& kv, bool is_key) {
@@ -46,7 +45,6 @@ inline KvSide kv_side(const KvLayerView& kv, bool is_key) {
       s.signs = c + cl.signs;
       if (s.f.qjl) s.qjl = c + cl.qjl;
     }
-    if (s.f.centers_keys()) s.mean = c + cl.mean;
   }
   return s;
 }

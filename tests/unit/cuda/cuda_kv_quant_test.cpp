@@ -59,11 +59,6 @@ KvCacheSpec spec_of(const Case& c, int n_blocks) {
     for (size_t i = 0; i < mean.size(); ++i) mean[i] = 0.75f * static_cast<float>(static_cast<int>(i * 7 % 13) - 6);
     spec.k_mean = {mean};
   }
-  if (spec.v_format.centers_keys()) {  // value means: the store subtracts, attention adds them back
-    std::vector<float> mean(static_cast<size_t>(c.n_kv_heads) * c.head_dim);
-    for (size_t i = 0; i < mean.size(); ++i) mean[i] = 0.5f * static_cast<float>(static_cast<int>(i * 5 % 11) - 5);
-    spec.v_mean = {mean};
-  }
   return spec;
 }
 

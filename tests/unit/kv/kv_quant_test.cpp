@@ -322,8 +322,6 @@ struct QuantAttnCase {
   double max_err_vs_exact;                // relative RMS against attention over the unquantized K/V
   float key_offset = 0;                   // keys get a fixed per-channel offset of this scale ...
   bool center = false;                    // ... which the cache's calibrated key means remove
-  float value_offset = 0;                 // values likewise ...
-  bool center_values = false;             // ... removed by the value means (attention adds them back)
 };
 
 // Stores K/V through the backend in two batches (the past, then this step), runs attention,
@@ -349,9 +347,6 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
   const std::vector<float> offset =
       tc.key_offset > 0 ? randn(size_t(kvd), rng, tc.key_offset) : std::vector<float>(size_t(kvd), 0.0f);
   if (tc.center) spec.k_mean = {offset};
-  const std::vector<float> v_offset =
-      tc.value_offset > 0 ? randn(size_t(kvd), rng, tc.value_offset) : std::vector<float>(size_t(kvd), 0.0f);
-  if (tc.center_values) spec.v_mean = {v_offset};
   KvCache kv(be, spec);
   const KvLayerView layer = kv.layer(0);
   std::vector<std::vector<float>> K(tc.seqs.size()), V(tc.seqs.size());
@@ -362,7 +357,6 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
     K[s] = outlier_rows(n * tc.n_kv_heads, hd, rng);
     for (size_t i = 0; i < K[s].size(); ++i) K[s][i] += offset[i % kvd];
     V[s] = randn(size_t(n) * kvd, rng);
-    for (size_t i = 0; i < V[s].size(); ++i) V[s][i] += v_offset[i % kvd];
     for (int b = 0; b < (n + bs - 1) / bs; ++b) seqs[s].blocks.push_back(ids[next_id++]);
   }
   auto store = [&](bool past) {
@@ -460,15 +454,13 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
               o[i] += sc[j] * vd[size_t(j) * hd + i];
               oe[i] += se[j] * V[s][size_t(j) * kvd + kh * hd + i];
             }
-          std::vector<double> v_mean(hd, 0.0);          // centered values: the weights sum to 1
           if (spec.v_format.codec == KvCodec::Turbo) {  // back from V's rotated basis
             std::vector<float> of(o.begin(), o.end());
             turbo_unrotate(of.data(), vc.signs, hd);
             o.assign(of.begin(), of.end());
-            v_mean.assign(vc.mean, vc.mean + hd);
           }
           for (int i = 0; i < hd; ++i) {
-            ref_pages.push_back(o[i] / sum + v_mean[i]);
+            ref_pages.push_back(o[i] / sum);
             ref_exact.push_back(float(oe[i] / sume));
             got.push_back(out[t * ldo + h * hd + i]);
           }
@@ -527,30 +519,6 @@ TEST(CpuQuantAttention, CenteredTurboKeysLeaveTheSoftmaxUnchanged) {
     const double e_plain = check_quant_attention(plain, 300, false);
     const double e_centered = check_quant_attention(centered, 300, false);
     EXPECT_LT(e_centered, 1.3 * e_plain) << e_plain;
-  }
-}
-
-TEST(CpuQuantAttention, CenteredTurboValuesAddTheirMeanBack) {
-  // Values with a large per-channel mean (scale 4 against a spread of 1), stored as v − μ_v
-  // (the cache's value means); attention adds μ_v to its output, exact because the softmax
-  // weights sum to 1. Against float64 attention over the original values the centered cache
-  // is far closer than the same values stored uncentered (the codes then spend their
-  // precision on μ_v), and the fused kernel matches its own pages plus μ_v (checked inside).
-  for (const char* name : {"turbo3.5", "turbo2.5", "turbo4"}) {
-    SCOPED_TRACE(name);
-    QuantAttnCase uncentered{"f16", name, 16, 4, 2, 64, {{0, 37}, {19, 6}, {40, 1}}, 1.0};
-    uncentered.value_offset = 4.0f;
-    QuantAttnCase centered = uncentered;
-    centered.center_values = true;
-    const double e_uncentered = check_quant_attention(uncentered, 400, false);
-    const double e_centered = check_quant_attention(centered, 400, false);
-    EXPECT_LT(e_centered, 0.5 * e_uncentered);
-    // Keys and values both centered, with GQA, decode steps and copied blocks.
-    QuantAttnCase both = centered;
-    both.k_format = name;
-    both.key_offset = 4.0f;
-    both.center = true;
-    check_quant_attention(both, 401, true);
   }
 }
 
@@ -614,9 +582,8 @@ TEST(KvCodec, TurboKeysAreStoredCentered) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  EXPECT_EQ(make_kv_constants(t, 2, hd, 0, false, 7, {}, ok)[kv_constants_layout(t, 2, hd).mean + 3], 0.5f);
-  expect_error(i8, false, ok, "value means given for V in int8, which does not center its values");
-  expect_error(i8, true, ok, "int8, which does not center its keys");
+  expect_error(t, false, ok, "means given for V");
+  expect_error(i8, true, ok, "int8, which does not center");
   expect_error(t, true, short_row, "64 values for 2 KV heads x head_dim 64");
   expect_error(t, true, nan_row, "layer 3 head 1 channel 6 is nan");
 }
@@ -664,13 +631,7 @@ TEST(KvCache, QuantizedBlocksAreSmallerAndStaticScalesAreChecked) {
   KvCache centered(be, spec);
   const KvConstantsLayout cl = kv_constants_layout(spec.k_format, 2, 64);
   EXPECT_EQ(centered.layer(1).k_consts[cl.mean + 5], -1.0f);
-  EXPECT_EQ(centered.layer(1).v_consts[cl.mean + 5], 0.0f);  // values without value means: μ_v = 0
-  spec.v_mean = {std::vector<float>(2 * 64, 2.0f), std::vector<float>(2 * 64, 3.0f)};
-  KvCache both(be, spec);
-  EXPECT_EQ(both.layer(1).v_consts[cl.mean + 5], 3.0f);
-  spec.v_mean.pop_back();
-  EXPECT_THROW(KvCache(be, spec), Error);  // one row for two layers
-  spec.v_mean.clear();
+  EXPECT_EQ(centered.layer(1).v_consts[cl.mean + 5], 0.0f);  // values are not centered
   spec.k_mean.pop_back();
   EXPECT_THROW(KvCache(be, spec), Error);  // one row for two layers
 }
