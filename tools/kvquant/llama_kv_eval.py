@@ -118,11 +118,17 @@ def main() -> None:
     ap.add_argument("--types", default="q8_0,q4_0")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-extra-bufts", action="store_true",
+                    help="no repacked CPU weight layouts (AMX, ...): a VM that advertises AMX without granting "
+                         "it faults with SIGILL in ggml_backend_amx_mul_mat")
     args = ap.parse_args()
 
     quiet_logs()
     llama_cpp.llama_backend_init()
-    model = llama_cpp.llama_model_load_from_file(str(args.model).encode(), llama_cpp.llama_model_default_params())
+    mp = llama_cpp.llama_model_default_params()
+    if args.no_extra_bufts:
+        mp.use_extra_bufts = False
+    model = llama_cpp.llama_model_load_from_file(str(args.model).encode(), mp)
     if not model:
         raise SystemExit(f"cannot load {args.model}")
     vocab = llama_cpp.llama_model_get_vocab(model)
@@ -131,7 +137,10 @@ def main() -> None:
         text = text[:-1]  # as llama-perplexity -f and tessera eval read the file
     raw = text.encode("utf-8")
     buf = (llama_cpp.llama_token * (len(raw) + 16))()
-    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(raw) + 16, True, False)
+    # No BOS in the token stream (tessera eval's rule): each window's first token becomes BOS
+    # below, so with a BOS here every window of a BOS model (Gemma) would be one token off
+    # tessera's. Models without BOS (SmolLM2) tokenize the same either way.
+    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(raw) + 16, False, False)
     tokens = list(buf[:n])
     add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
     w = args.window
