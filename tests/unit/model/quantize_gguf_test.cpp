@@ -84,7 +84,7 @@ TEST(GgufWriter, WritesWhatTheReaderReadsBack) {
   w.add_tensor("a.weight", DType::F32, {32, 3}, a.data(), a.size() * 4);
   w.add_tensor("b.weight", DType::Q8_0, {64, 3}, q.data(), q.size());
   EXPECT_THROW(w.add_tensor("c", DType::Q8_0, {48}, q.data(), 34), Error);  // not whole blocks
-  EXPECT_THROW(w.add_tensor("d", DType::F32, {4}, a.data(), 12), Error);   // wrong byte count
+  EXPECT_THROW(w.add_tensor("d", DType::F32, {4}, a.data(), 12), Error);    // wrong byte count
   const std::string path = temp_path("writer.gguf");
   w.write(path);
   {
