@@ -173,7 +173,13 @@ def load_model(path: Path):
     """Initialises llama.cpp (log capture, backend) and loads the GGUF: (model, n_vocab)."""
     llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+    params = llama_cpp.llama_model_default_params()
+    # LLAMA_NO_EXTRA_BUFTS=1: no repacked (AMX/...) weight layouts. Some VMs advertise AMX and
+    # fault on it (SIGILL in ggml_backend_amx_mul_mat); `tessera bench model --peer`
+    # passes the environment through.
+    if os.environ.get("LLAMA_NO_EXTRA_BUFTS") == "1":
+        params.use_extra_bufts = False
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         raise SystemExit(f"cannot load {path}")
     return model, llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
