@@ -65,12 +65,12 @@ std::shared_ptr<ModelWeights> calibrate(const std::string& dir, const QuantizeOp
 
 // GGUF in, GGUF out: a line per requantized tensor, then the totals.
 void quantize_gguf_file(const std::string& in, const std::string& out, const std::string& type) {
-  const DType to = gguf_quant_type(type);
-  TESSERA_CHECK(to != DType::Unknown, "quantize: --type '", type,
-                "' (a GGUF target: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)");
+  const GgufQuantTarget to = gguf_quant_target(type);
   const auto t0 = std::chrono::steady_clock::now();
   auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  std::printf("quantize: %s -> %s, every matrix to %s\n", in.c_str(), out.c_str(), std::string(dtype_name(to)).c_str());
+  std::printf("quantize: %s -> %s, matrices to %s%s\n", in.c_str(), out.c_str(),
+              std::string(dtype_name(to.base)).c_str(),
+              to.mix ? " (Q6_K for the output, and attn_v / ffn_down in llama.cpp's use_more_bits layers)" : "");
   int requantized = 0;
   const GgufQuantizeReport r = quantize_gguf(in, out, to, [&](const GgufTensorReport& t, size_t i, size_t n) {
     if (t.to == t.from) return;
@@ -105,7 +105,7 @@ void add_quantize(CLI::App& app) {
   cmd->add_option("-o,--out", a->out,
                   "output directory (compressed-tensors pack-quantized), or the .gguf file to write")
       ->required();
-  cmd->add_option("--type", a->type, "GGUF input: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k");
+  cmd->add_option("--type", a->type, "GGUF input: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q4_k_m, q5_k, q5_k_m or q6_k");
   cmd->add_option("--method", a->o.method, "rtn, gptq or awq")->capture_default_str();
   cmd->add_option("--bits", a->o.bits, "4 or 8")->capture_default_str();
   cmd->add_option("--group-size", a->o.group_size, "columns per scale: a multiple of 32, or -1 per output row")

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "format/gguf.h"
@@ -13,54 +14,70 @@ namespace tessera {
 
 namespace {
 
-// llama.cpp's llama_ftype for a file whose matrices are mostly of this type (the _S variant
-// of the K-quants: one type throughout).
-uint32_t llama_ftype(DType t) {
-  switch (t) {
-    case DType::Q4_0:
-      return 2;
-    case DType::Q4_1:
-      return 3;
-    case DType::Q8_0:
-      return 7;
-    case DType::Q5_0:
-      return 8;
-    case DType::Q5_1:
-      return 9;
-    case DType::Q4_K:
-      return 14;
-    case DType::Q5_K:
-      return 16;
-    case DType::Q6_K:
-      return 18;
-    default:
-      fail("quantize: ", dtype_name(t), " is not a GGUF target type");
-  }
-}
-
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-}  // namespace
+// llama-quantize's use_more_bits: the first and last eighth of the layers, and every third between.
+bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
-DType gguf_quant_type(const std::string& name) {
-  static const std::pair<const char*, DType> kTypes[] = {
-      {"q4_0", DType::Q4_0}, {"q4_1", DType::Q4_1}, {"q5_0", DType::Q5_0}, {"q5_1", DType::Q5_1},
-      {"q8_0", DType::Q8_0}, {"q4_k", DType::Q4_K}, {"q5_k", DType::Q5_K}, {"q6_k", DType::Q6_K}};
-  for (const auto& [n, t] : kTypes)
-    if (name == n) return t;
-  return DType::Unknown;
+// The layer index of "blk.N.…", or -1.
+int layer_of(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  try {
+    return std::stoi(name.substr(4));
+  } catch (const std::exception&) {
+    return -1;
+  }
 }
 
-GgufQuantizeReport quantize_gguf(const std::string& in, const std::string& out, DType to,
+}  // namespace
+
+GgufQuantTarget gguf_quant_target(const std::string& name) {
+  // llama.cpp's llama_ftype ids (the _S variant where a K type is used throughout).
+  static const GgufQuantTarget kTargets[] = {{"q4_0", DType::Q4_0, false, 2},   {"q4_1", DType::Q4_1, false, 3},
+                                             {"q8_0", DType::Q8_0, false, 7},   {"q5_0", DType::Q5_0, false, 8},
+                                             {"q5_1", DType::Q5_1, false, 9},   {"q4_k", DType::Q4_K, false, 14},
+                                             {"q4_k_m", DType::Q4_K, true, 15}, {"q5_k", DType::Q5_K, false, 16},
+                                             {"q5_k_m", DType::Q5_K, true, 17}, {"q6_k", DType::Q6_K, false, 18}};
+  for (const GgufQuantTarget& t : kTargets)
+    if (name == t.name) return t;
+  fail("quantize: --type '", name, "' (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q4_k_m, q5_k, q5_k_m, q6_k)");
+}
+
+DType gguf_tensor_target(const GgufQuantTarget& t, const std::string& name, const std::vector<int64_t>& shape,
+                         DType stored, int n_layer, bool has_output) {
+  if (shape.size() < 2 || !ends_with(name, ".weight") || name.find("ffn_gate_inp") != std::string::npos ||
+      name.find("_norm") != std::string::npos)
+    return stored;
+  DType to = t.base;
+  if (t.mix) {
+    // The output matrix (the embeddings when the head is tied to them), and attn_v / ffn_down in
+    // the layers use_more_bits picks, get Q6_K.
+    const bool output = name == "output.weight" || (!has_output && name == "token_embd.weight");
+    const int layer = layer_of(name);
+    const bool more = layer >= 0 &&
+                      (name.find(".attn_v.") != std::string::npos || name.find(".ffn_down") != std::string::npos) &&
+                      use_more_bits(layer, n_layer);
+    if (output || more) to = DType::Q6_K;
+  }
+  if (shape[0] % dtype_traits(to).block_elems != 0) {  // llama.cpp's fallbacks for partial 256-blocks
+    to = to == DType::Q4_K ? DType::Q5_0 : to == DType::Q5_K ? DType::Q5_1 : to == DType::Q6_K ? DType::Q8_0 : to;
+    if (shape[0] % dtype_traits(to).block_elems != 0) return stored;
+  }
+  return to;
+}
+
+GgufQuantizeReport quantize_gguf(const std::string& in, const std::string& out, const GgufQuantTarget& target,
                                  const std::function<void(const GgufTensorReport&, size_t, size_t)>& progress) {
   const auto file = GGUFFile::open(in);
-  const uint32_t ftype = llama_ftype(to);
-  const int64_t block = dtype_traits(to).block_elems;
+  const auto arch = file->get_string("general.architecture");
+  const auto n_layer = arch ? file->get_int(std::string(*arch) + ".block_count") : std::nullopt;
+  TESSERA_CHECK(!target.mix || n_layer, "quantize: ", in, " has no <arch>.block_count, which ", target.name, " needs");
+  const bool has_output = file->find_tensor("output.weight") != nullptr;
   GGUFWriter w;
   for (const auto& [key, value] : file->metadata()) w.set(key, value);
-  w.set_u32("general.file_type", ftype);
+  w.set_u32("general.file_type", target.llama_ftype);
   w.set_string("general.quantized_by", "tessera quantize");
 
   GgufQuantizeReport report;
@@ -71,10 +88,9 @@ GgufQuantizeReport quantize_gguf(const std::string& in, const std::string& out, 
     const GGUFTensorInfo& t = file->tensors()[ti];
     GgufTensorReport r{t.name, t.dtype, t.dtype, t.n_elements(), 0};
     report.bytes_in += t.n_bytes;
-    const bool matrix = t.shape.size() >= 2 && ends_with(t.name, ".weight") && t.shape[0] % block == 0 &&
-                        t.name.find("ffn_gate_inp") == std::string::npos && t.name.find("_norm") == std::string::npos &&
-                        t.dtype != to;
-    if (!matrix) {
+    const DType to =
+        gguf_tensor_target(target, t.name, t.shape, t.dtype, n_layer ? static_cast<int>(*n_layer) : 0, has_output);
+    if (to == t.dtype) {
       w.add_tensor(t.name, t.dtype, t.shape, t.data, t.n_bytes);
       report.bytes_out += t.n_bytes;
       report.tensors.push_back(r);

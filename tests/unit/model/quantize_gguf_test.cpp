@@ -114,7 +114,7 @@ TEST(GgufWriter, WritesWhatTheReaderReadsBack) {
 TEST(QuantizeGguf, RequantizesMatricesAndKeepsTheRest) {
   const std::string in = std::string(TESSERA_FIXTURES_DIR) + "/arch/qwen3moe.gguf";
   const std::string out = temp_path("q8.gguf");
-  const GgufQuantizeReport r = quantize_gguf(in, out, DType::Q8_0, nullptr);
+  const GgufQuantizeReport r = quantize_gguf(in, out, gguf_quant_target("q8_0"), nullptr);
   const auto src = GGUFFile::open(in);
   const auto dst = GGUFFile::open(out);
   EXPECT_EQ(*dst->get_int("general.file_type"), 7);  // LLAMA_FTYPE_MOSTLY_Q8_0
@@ -153,5 +153,32 @@ TEST(QuantizeGguf, RequantizesMatricesAndKeepsTheRest) {
   std::printf("[quantize] qwen3moe q8_0 logits rel err %.4f against f32\n", std::sqrt(num / den));
   EXPECT_LT(std::sqrt(num / den), 0.05);
   std::filesystem::remove(out);
-  EXPECT_THROW(quantize_gguf(in, out, DType::F16, nullptr), Error);  // not a GGUF target type
+  EXPECT_THROW(gguf_quant_target("f16"), Error);  // not a GGUF target type
+}
+
+// The _M mix against a real file: gemma-3-270m-q4_k_m.gguf (18 layers, width 640 = 2.5 blocks of
+// 256) as llama-quantize wrote it has ffn_down in Q6_K at layers 0, 1, 4, 7, 10, 13, 15, 16, 17
+// and Q4_K elsewhere; attn_v (640 wide) Q8_0 at the same layers and Q5_0 elsewhere (the K types'
+// fallbacks); token_embd (tied: the output) Q8_0; attn_q/k, ffn_gate/up Q5_0; attn_output Q4_K.
+TEST(QuantizeGguf, KMixPicksTheTypesLlamaQuantizeDid) {
+  const GgufQuantTarget m = gguf_quant_target("q4_k_m");
+  const std::vector<int64_t> wide = {2048, 640}, narrow = {640, 1024};
+  auto type = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    return gguf_tensor_target(m, name, shape, DType::F16, 18, /*has_output=*/false);
+  };
+  for (int i = 0; i < 18; ++i) {
+    const bool more = i == 0 || i == 1 || i == 4 || i == 7 || i == 10 || i == 13 || i >= 15;
+    const std::string p = "blk." + std::to_string(i) + ".";
+    EXPECT_EQ(type(p + "ffn_down.weight", wide), more ? DType::Q6_K : DType::Q4_K) << i;
+    EXPECT_EQ(type(p + "attn_v.weight", narrow), more ? DType::Q8_0 : DType::Q5_0) << i;
+    EXPECT_EQ(type(p + "attn_q.weight", narrow), DType::Q5_0) << i;
+    EXPECT_EQ(type(p + "attn_output.weight", {1024, 640}), DType::Q4_K) << i;
+    EXPECT_EQ(type(p + "attn_norm.weight", {640}), DType::F16) << i;
+  }
+  EXPECT_EQ(type("token_embd.weight", {640, 262144}), DType::Q8_0);  // tied: treated as the output
+  EXPECT_EQ(gguf_tensor_target(m, "token_embd.weight", {2048, 1000}, DType::F16, 18, true), DType::Q4_K);
+  EXPECT_EQ(gguf_tensor_target(m, "output.weight", {2048, 1000}, DType::F16, 18, true), DType::Q6_K);
+  EXPECT_EQ(gguf_tensor_target(m, "blk.3.ffn_gate_inp.weight", {2048, 8}, DType::F32, 18, true), DType::F32);
+  EXPECT_EQ(gguf_quant_target("q4_k_m").llama_ftype, 15u);
+  EXPECT_THROW(gguf_quant_target("q3_k_m"), Error);
 }
