@@ -16,6 +16,7 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "model/weights.h"
+#include "quantized_model_util.h"
 
 using namespace tessera;
 
@@ -47,24 +48,7 @@ Fixture read_fixture(const std::string& path) {
 std::vector<float> run(const std::string& path, const std::vector<int32_t>& toks, int chunk) {
   auto weights = path.ends_with(".gguf") ? load_gguf_weights(std::shared_ptr<GGUFFile>(GGUFFile::open(path)))
                                          : load_safetensors_weights(path);
-  const ModelConfig& c = weights->config;
-  CpuBackend be(2);
-  auto model = create_model(weights, be, 16, 16);
-  KvCache kv(be, KvCacheSpec::plain(c.n_layer, c.n_head_kv, c.head_dim, 4, 8, DType::F32));
-  BlockPool pool(8);
-  SequenceBlocks seq;
-  std::vector<float> out(toks.size() * c.n_vocab, NAN);
-  for (size_t done = 0; done < toks.size();) {
-    const int n = static_cast<int>(std::min<size_t>(chunk, toks.size() - done));
-    EXPECT_TRUE(seq.reserve(pool, 4, n));
-    ForwardBatch fb;
-    fb.add_sequence(seq, 4, toks.data() + done, n, ForwardBatch::Logits::All);
-    ModelRunner(*model, kv, be).forward(fb, out.data() + done * c.n_vocab);
-    seq.n_tokens += n;
-    done += n;
-  }
-  seq.release_all(pool);
-  return out;
+  return testing_util::run_logits(weights, toks, chunk);
 }
 
 // "name": name.gguf; "name_hf": the same weights as a Hugging Face checkpoint (written from the

@@ -18,6 +18,7 @@
 #include "model/quantize_gguf.h"
 #include "model/weights.h"
 #include "quant/quant.h"
+#include "quantized_model_util.h"
 
 using namespace tessera;
 
@@ -28,20 +29,7 @@ std::string temp_path(const std::string& name) {
 }
 
 std::vector<float> logits_of(const std::string& path, const std::vector<int32_t>& toks) {
-  auto weights = load_gguf_weights(std::shared_ptr<GGUFFile>(GGUFFile::open(path)));
-  const ModelConfig& c = weights->config;
-  CpuBackend be(2);
-  auto model = create_model(weights, be, 16, 16);
-  KvCache kv(be, KvCacheSpec::plain(c.n_layer, c.n_head_kv, c.head_dim, 4, 8, DType::F32));
-  BlockPool pool(8);
-  SequenceBlocks seq;
-  EXPECT_TRUE(seq.reserve(pool, 4, static_cast<int>(toks.size())));
-  ForwardBatch fb;
-  fb.add_sequence(seq, 4, toks.data(), static_cast<int>(toks.size()), ForwardBatch::Logits::All);
-  std::vector<float> out(toks.size() * c.n_vocab);
-  ModelRunner(*model, kv, be).forward(fb, out.data());
-  seq.release_all(pool);
-  return out;
+  return testing_util::run_logits(load_gguf_weights(std::shared_ptr<GGUFFile>(GGUFFile::open(path))), toks);
 }
 
 }  // namespace

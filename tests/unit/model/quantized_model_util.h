@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -46,19 +47,27 @@ T tensor_at(const SafetensorsTensor& t, int64_t i) {
   return v;
 }
 
-// All positions' logits [toks.size()][n_vocab] of one sequence, CPU backend, f32 KV cache.
-inline std::vector<float> run_logits(std::shared_ptr<const ModelWeights> w, const std::vector<int32_t>& toks) {
+// All positions' logits [toks.size()][n_vocab] of one sequence (at most 16 tokens), CPU backend,
+// f32 KV cache; run as forwards of `chunk` tokens (0: one forward).
+inline std::vector<float> run_logits(std::shared_ptr<const ModelWeights> w, const std::vector<int32_t>& toks,
+                                     int chunk = 0) {
   const ModelConfig& c = w->config;
   CpuBackend be(2);
   auto model = create_model(w, be, 16, 16);
   KvCache kv(be, KvCacheSpec::plain(c.n_layer, c.n_head_kv, c.head_dim, 4, 8, DType::F32));
   BlockPool pool(8);
   SequenceBlocks seq;
-  EXPECT_TRUE(seq.reserve(pool, 4, static_cast<int>(toks.size())));
-  ForwardBatch fb;
-  fb.add_sequence(seq, 4, toks.data(), static_cast<int>(toks.size()), ForwardBatch::Logits::All);
   std::vector<float> logits(toks.size() * c.n_vocab, NAN);
-  ModelRunner(*model, kv, be).forward(fb, logits.data());
+  for (size_t done = 0; done < toks.size();) {
+    const int n = static_cast<int>(chunk > 0 ? std::min<size_t>(chunk, toks.size() - done) : toks.size());
+    EXPECT_TRUE(seq.reserve(pool, 4, n));
+    ForwardBatch fb;
+    fb.add_sequence(seq, 4, toks.data() + done, n, ForwardBatch::Logits::All);
+    ModelRunner(*model, kv, be).forward(fb, logits.data() + done * c.n_vocab);
+    seq.n_tokens += n;
+    done += n;
+  }
+  seq.release_all(pool);
   return logits;
 }
 
