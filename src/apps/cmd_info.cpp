@@ -1,5 +1,6 @@
 // tessera info: what a model file holds and what it needs.
 #include <cstdio>
+#include <filesystem>
 #include <map>
 
 #include "apps/commands.h"
@@ -26,7 +27,10 @@ void print_config(const ModelConfig& c) {
               c.rope_neox ? "neox" : "interleaved", c.rope_scaling.empty() ? "" : ", scaling ", c.rope_scaling.c_str());
   std::printf("rms eps           %g\n", c.rms_eps);
   std::printf("tied embeddings   %s\n", c.tied_embeddings ? "yes" : "no");
-  std::printf("parameters        %.1f M\n", c.n_params() / 1e6);
+  if (c.n_expert > 0)
+    std::printf("experts           %d, %d per token (%s)\n", c.n_expert, c.n_expert_used,
+                c.moe_renormalize ? "weights renormalized" : "softmax weights as they are");
+  std::printf("parameters        %.1f M (%.1f M active per token)\n", c.n_params() / 1e6, c.n_active_params() / 1e6);
   const double kv_f16 = 2.0 * c.n_layer * c.n_head_kv * c.head_dim * 2;
   std::printf("KV per token      %.0f bytes (f16), %.1f MiB per 1k tokens\n", kv_f16, kv_f16 * 1024 / (1 << 20));
 }
@@ -36,11 +40,20 @@ void print_config(const ModelConfig& c) {
 void add_info(CLI::App& app) {
   auto model = std::make_shared<std::string>("smollm2-135m");
   CLI::App* cmd = app.add_subcommand("info", "describe a model: architecture, tensors by type, memory");
-  cmd->add_option("-m,--model", *model, "GGUF path, alias or dummy:<preset>")->capture_default_str();
+  cmd->add_option("-m,--model", *model, "GGUF path, alias, Hugging Face directory or dummy:<preset>")
+      ->capture_default_str();
   cmd->callback([model] {
     if (model->rfind("dummy:", 0) == 0) {
       const ModelConfig c = dummy_preset(model->substr(6, model->find(':', 6) - 6));
       print_config(c);
+      return;
+    }
+    if (std::filesystem::is_directory(*model)) {  // a Hugging Face checkpoint
+      auto weights = load_safetensors_weights(*model);
+      std::printf("directory         %s (Hugging Face: config.json + safetensors)\n", model->c_str());
+      print_config(weights->config);
+      std::printf("weight memory     %.2f MiB (memory-mapped where stored in a computable type)\n",
+                  weights->weight_bytes / 1048576.0);
       return;
     }
     const std::string path = resolve_model_path(*model);
