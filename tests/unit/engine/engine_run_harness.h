@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "engine/engine_core.h"
@@ -63,6 +64,39 @@ inline RunResult run_engine(ModelEngine& model, const std::vector<Request>& requ
   EXPECT_EQ(core.kv().n_free(), core.kv().n_blocks());
   EXPECT_EQ(core.kv().n_host_free(), core.kv().n_host_blocks());
   return result;
+}
+
+// Speculation under churn: adds n_requests drawn from `pool` at random steps (a third of
+// them sampled at temperature 0.8, top-p 0.9, seeded, the rest as given, max_tokens 8..31),
+// aborts a random live request now and then, and steps until nothing is left. Returns the
+// number of aborts; every step must succeed.
+inline int run_with_random_aborts(EngineCore& core, const std::vector<Request>& pool, int n_requests, uint32_t seed) {
+  std::mt19937 rng(seed);
+  RequestId next = 1;
+  int aborted = 0;
+  while (next <= static_cast<RequestId>(n_requests) || core.has_work()) {
+    if (next <= static_cast<RequestId>(n_requests) && rng() % 2 == 0) {
+      Request r = pool[rng() % pool.size()];
+      r.sampling.max_tokens = 8 + static_cast<int>(rng() % 24);
+      if (rng() % 3 == 0) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.top_p = 0.9f;
+        r.sampling.seed = rng();
+      }
+      core.add(next++, r);
+    }
+    if (rng() % 6 == 0) {
+      const auto ids = core.scheduler().request_ids();
+      if (!ids.empty()) {
+        core.abort(ids[rng() % ids.size()]);
+        ++aborted;
+      }
+    }
+    const StepResult s = core.step();
+    EXPECT_EQ(s.error, "");
+    if (!s.error.empty()) break;
+  }
+  return aborted;
 }
 
 }  // namespace tessera::test

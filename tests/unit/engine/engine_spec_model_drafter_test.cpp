@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <random>
 
 #include "core/error.h"
 #include "engine/engine_core.h"
@@ -185,31 +184,7 @@ TEST_F(EngineSpecModelDrafter, ManyStepsWithRejectionsAndAbortsLeakNoBlocksInEit
   c.drafter = d;
   {
     EngineCore core(c, model_->executor());
-    std::mt19937 rng(5);
-    const std::vector<Request> reqs = greedy_requests();
-    RequestId next = 1;
-    int aborted = 0;
-    while (next <= 30 || core.has_work()) {
-      if (next <= 30 && rng() % 2 == 0) {
-        Request r = reqs[rng() % reqs.size()];
-        r.sampling.max_tokens = 8 + static_cast<int>(rng() % 24);
-        if (rng() % 3 == 0) {  // sampled: the drafter returns q
-          r.sampling.temperature = 0.8f;
-          r.sampling.top_p = 0.9f;
-          r.sampling.seed = rng();
-        }
-        core.add(next++, r);
-      }
-      if (rng() % 6 == 0) {
-        const auto ids = core.scheduler().request_ids();
-        if (!ids.empty()) {
-          core.abort(ids[rng() % ids.size()]);
-          ++aborted;
-        }
-      }
-      const StepResult s = core.step();
-      ASSERT_EQ(s.error, "");
-    }
+    const int aborted = test::run_with_random_aborts(core, greedy_requests(), 30, 5);
     EXPECT_GT(aborted, 3);
     EXPECT_GT(core.stats().spec.drafts, 30);
     EXPECT_LT(core.stats().spec.accepted_tokens, core.stats().spec.draft_tokens);

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <random>
 
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"
@@ -198,31 +197,7 @@ TEST_F(EngineSpecRealModel, ManySpeculativeStepsWithAbortsLeakNoBlocks) {
   c.n_blocks = 40;  // tight: preemption too
   c.speculative = ngram_config(4);
   EngineCore core(c, model_->executor());
-  std::mt19937 rng(3);
-  const std::vector<Request> reqs = greedy_requests();
-  RequestId next = 1;
-  int aborted = 0;
-  while (next <= 40 || core.has_work()) {
-    if (next <= 40 && rng() % 2 == 0) {
-      Request r = reqs[rng() % reqs.size()];
-      r.sampling.max_tokens = 8 + static_cast<int>(rng() % 24);
-      if (rng() % 3 == 0) {
-        r.sampling.temperature = 0.8f;
-        r.sampling.top_p = 0.9f;
-        r.sampling.seed = rng();
-      }
-      core.add(next++, r);
-    }
-    if (rng() % 6 == 0) {
-      const auto ids = core.scheduler().request_ids();
-      if (!ids.empty()) {
-        core.abort(ids[rng() % ids.size()]);
-        ++aborted;
-      }
-    }
-    const StepResult s = core.step();
-    ASSERT_EQ(s.error, "");
-  }
+  const int aborted = test::run_with_random_aborts(core, greedy_requests(), 40, 3);
   EXPECT_GT(aborted, 5);
   EXPECT_GT(core.stats().spec.drafts, 50);
   EXPECT_LT(core.stats().spec.accepted_tokens, core.stats().spec.draft_tokens);
