@@ -4,6 +4,7 @@
 // free at the end. Shared by the real-model engine tests.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -97,6 +98,40 @@ inline int run_with_random_aborts(EngineCore& core, const std::vector<Request>& 
     if (!s.error.empty()) break;
   }
   return aborted;
+}
+
+// Wilson-Hilferty: the chi-square quantile at significance 0.001 (z = 3.0902), within 1%
+// for the degrees of freedom used here.
+inline double chi_square_critical_0001(int df) {
+  const double a = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - a + 3.0902 * std::sqrt(a), 3.0);
+}
+
+// Two-sample chi-square of equal-size samples of tokens; cells with fewer than 10
+// observations in both samples together are pooled into one.
+struct TwoSample {
+  double stat = 0;
+  int df = 0;
+};
+inline TwoSample two_sample(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
+  std::map<int32_t, std::pair<int, int>> cells;
+  for (const auto& [t, n] : a) cells[t].first += n;
+  for (const auto& [t, n] : b) cells[t].second += n;
+  std::vector<std::pair<int, int>> kept;
+  std::pair<int, int> pooled{0, 0};
+  for (const auto& [t, c] : cells) {
+    if (c.first + c.second >= 10) {
+      kept.push_back(c);
+    } else {
+      pooled.first += c.first;
+      pooled.second += c.second;
+    }
+  }
+  if (pooled.first + pooled.second > 0) kept.push_back(pooled);
+  TwoSample r;
+  for (const auto& [x, y] : kept) r.stat += static_cast<double>(x - y) * (x - y) / (x + y);
+  r.df = static_cast<int>(kept.size()) - 1;
+  return r;
 }
 
 }  // namespace tessera::test

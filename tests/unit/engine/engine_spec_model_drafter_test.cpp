@@ -3,11 +3,13 @@
 // "early_exit" (the target's own first layers). Greedy outputs token for token equal to the
 // non-speculative engine's, with batching, forks (n > 1), stop tokens and max_tokens cuts;
 // no KV block leaks, the draft's included, after many steps with rejections and aborts;
-// config errors named. Skipped when the model is not in the cache.
+// sampled continuations distributed as without speculation (q is the draft's processed
+// distribution); config errors named. Skipped when the model is not in the cache.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include "core/error.h"
 #include "engine/engine_core.h"
@@ -207,6 +209,41 @@ TEST_F(EngineSpecModelDrafter, SeededSampledRequestsAreReproducible) {
   const RunResult b = run({r}, c, d);
   EXPECT_EQ(a.out.at(1).tokens, b.out.at(1).tokens);
   EXPECT_GT(a.stats.spec.drafts, 0);
+}
+
+// Temperature 0.8, top-p 0.9: the drafter draws from its own processed distribution and
+// returns it as q; the second and third tokens after a fixed context are distributed as
+// without speculation (two-sample chi-square at 0.001 over 1024 continuations each).
+TEST_F(EngineSpecModelDrafter, SampledContinuationsMatchNonSpeculativeSampling) {
+  constexpr int kRequests = 64;
+  const SpeculativeConfig c = early_exit_config(20);
+  const auto d = drafter(c);
+  const auto sample = [&](bool spec, uint64_t seed_base) {
+    std::vector<Request> reqs;
+    for (int i = 0; i < kRequests; ++i) {
+      Request r = greedy("Once upon a time, in a small village by the sea, there lived a", 3);
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_p = 0.9f;
+      r.sampling.seed = seed_base + static_cast<uint64_t>(i) * 16;
+      r.n = 16;
+      reqs.push_back(r);
+    }
+    return run(reqs, c, spec ? d : nullptr);
+  };
+  const RunResult plain = sample(false, 1000000);
+  const RunResult spec = sample(true, 2000000);
+  EXPECT_GT(spec.stats.spec.accepted_tokens, 0);
+  EXPECT_LT(spec.stats.spec.accepted_tokens, spec.stats.spec.draft_tokens);
+  for (size_t pos : {1u, 2u}) {
+    std::map<int32_t, int> a, b;
+    for (const auto& [id, o] : plain.out)
+      for (const auto& t : o.tokens) ++a[t.at(pos)];
+    for (const auto& [id, o] : spec.out)
+      for (const auto& t : o.tokens) ++b[t.at(pos)];
+    const test::TwoSample t = test::two_sample(a, b);
+    ASSERT_GE(t.df, 1) << "position " << pos;
+    EXPECT_LT(t.stat, test::chi_square_critical_0001(t.df)) << "position " << pos << " df " << t.df;
+  }
 }
 
 TEST_F(EngineSpecModelDrafter, ConfigErrorsNameWhatIsWrong) {

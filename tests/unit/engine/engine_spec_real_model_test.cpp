@@ -5,7 +5,6 @@
 // requests reproducible. Skipped when the model is not in the cache.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -91,40 +90,6 @@ class EngineSpecRealModel : public ::testing::Test {
 };
 
 ModelEngine* EngineSpecRealModel::model_ = nullptr;
-
-// Wilson-Hilferty: the chi-square quantile at significance 0.001 (z = 3.0902), within 1%
-// for the degrees of freedom used here.
-double chi_square_critical_0001(int df) {
-  const double a = 2.0 / (9.0 * df);
-  return df * std::pow(1.0 - a + 3.0902 * std::sqrt(a), 3.0);
-}
-
-// Two-sample chi-square of equal-size samples of tokens; cells with fewer than 10
-// observations in both samples together are pooled into one.
-struct TwoSample {
-  double stat = 0;
-  int df = 0;
-};
-TwoSample two_sample(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
-  std::map<int32_t, std::pair<int, int>> cells;
-  for (const auto& [t, n] : a) cells[t].first += n;
-  for (const auto& [t, n] : b) cells[t].second += n;
-  std::vector<std::pair<int, int>> kept;
-  std::pair<int, int> pooled{0, 0};
-  for (const auto& [t, c] : cells) {
-    if (c.first + c.second >= 10) {
-      kept.push_back(c);
-    } else {
-      pooled.first += c.first;
-      pooled.second += c.second;
-    }
-  }
-  if (pooled.first + pooled.second > 0) kept.push_back(pooled);
-  TwoSample r;
-  for (const auto& [x, y] : kept) r.stat += static_cast<double>(x - y) * (x - y) / (x + y);
-  r.df = static_cast<int>(kept.size()) - 1;
-  return r;
-}
 
 }  // namespace
 
@@ -271,8 +236,8 @@ TEST_F(EngineSpecRealModel, SampledContinuationsMatchNonSpeculativeSampling) {
       for (const auto& t : o.tokens) ++a[t.at(pos)];
     for (const auto& [id, o] : spec.out)
       for (const auto& t : o.tokens) ++b[t.at(pos)];
-    const TwoSample t = two_sample(a, b);
+    const test::TwoSample t = test::two_sample(a, b);
     ASSERT_GE(t.df, 1) << "position " << pos << ": a single token, nothing to compare";
-    EXPECT_LT(t.stat, chi_square_critical_0001(t.df)) << "position " << pos << " df " << t.df;
+    EXPECT_LT(t.stat, test::chi_square_critical_0001(t.df)) << "position " << pos << " df " << t.df;
   }
 }
