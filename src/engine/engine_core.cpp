@@ -38,7 +38,8 @@ EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
                 " blocks but the executor has ", executor.n_host_blocks());
   TESSERA_CHECK(config.scheduler.preemption_mode != PreemptionMode::Swap || config.n_host_blocks > 0,
                 "engine: swap preemption needs a host KV tier (swap space), which is empty");
-  if (config.speculative.enabled()) drafter_ = config.drafter ? config.drafter : make_drafter(config.speculative);
+  if (config.speculative.enabled())
+    drafter_ = config.speculative.uses_model() && config.drafter ? config.drafter : make_drafter(config.speculative);
   if (drafter_) counters_.spec.accepted_per_pos.assign(config.speculative.num_speculative_tokens, 0);
 }
 

@@ -38,7 +38,8 @@ struct EngineConfig {
   SpeculativeConfig speculative;
   // The drafter of a model method (draft_model, early_exit), built with the target by
   // ModelEngine (engine/model_drafter.h); other methods' drafters come from make_drafter.
-  // Used only while `speculative` is enabled. One EngineCore at a time may use it.
+  // Used only while `speculative` is enabled and names a model method (an n-gram config
+  // ignores it). One EngineCore at a time may use it.
   std::shared_ptr<Drafter> drafter;
 };
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <random>
@@ -132,6 +133,22 @@ inline TwoSample two_sample(const std::map<int32_t, int>& a, const std::map<int3
   for (const auto& [x, y] : kept) r.stat += static_cast<double>(x - y) * (x - y) / (x + y);
   r.df = static_cast<int>(kept.size()) - 1;
   return r;
+}
+
+// The tokens at each of `positions` of every choice, in `a` and in `b`, distributed alike:
+// the two-sample chi-square stays under its 0.001 critical value.
+inline void expect_same_token_distributions(const RunResult& a, const RunResult& b,
+                                            std::initializer_list<size_t> positions) {
+  for (size_t pos : positions) {
+    std::map<int32_t, int> ca, cb;
+    for (const auto& [id, o] : a.out)
+      for (const auto& t : o.tokens) ++ca[t.at(pos)];
+    for (const auto& [id, o] : b.out)
+      for (const auto& t : o.tokens) ++cb[t.at(pos)];
+    const TwoSample t = two_sample(ca, cb);
+    ASSERT_GE(t.df, 1) << "position " << pos << ": a single token, nothing to compare";
+    EXPECT_LT(t.stat, chi_square_critical_0001(t.df)) << "position " << pos << " df " << t.df;
+  }
 }
 
 }  // namespace tessera::test
