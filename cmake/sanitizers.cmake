@@ -7,7 +7,7 @@ if(TESSERA_BUILD_TESTS)
   # speculative runs on the real model): minutes each at -O1 under a sanitizer; `make test`
   # runs them, and the simulator tests drive the same engine-thread paths.
   set(TESSERA_REAL_MODEL_ENGINE_TESTS
-    "/engine/(engine_grammar_real_model|engine_quant_kv|engine_real_model|engine_spec_real_model|kv_calibration|model_runner)_test\\.cpp$")
+    "/engine/(engine_grammar_real_model|engine_quant_kv|engine_real_model|engine_spec_real_model|engine_spec_model_drafter|kv_calibration|model_runner)_test\\.cpp$")
   # The layers the sanitizer binaries need: everything but the benchmark tools and eval.
   set(TESSERA_SANITIZED_LAYERS tessera_core tessera_format tessera_quant tessera_backend tessera_backend_cpu
     tessera_backend_cuda tessera_backend_registry tessera_kv tessera_model tessera_sample tessera_sched

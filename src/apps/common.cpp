@@ -112,7 +112,9 @@ void EngineArgs::add_to(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--speculative-config", speculative_config,
                  "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
-                 "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (docs/design/spec-decode.md)");
+                 "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}'; methods ngram, draft_model (\"model\": a model "
+                 "spec as -m takes it, optional \"draft_layers\") and early_exit (\"draft_layers\": L) "
+                 "(docs/design/spec-decode.md)");
   cmd.add_option("--max-tokens-per-tenant", max_tokens_per_tenant,
                  "tokens in flight per tenant, prompt + max_tokens x n of each request (0 = no limit)")
       ->check(CLI::NonNegativeNumber)

@@ -38,7 +38,8 @@ EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
                 " blocks but the executor has ", executor.n_host_blocks());
   TESSERA_CHECK(config.scheduler.preemption_mode != PreemptionMode::Swap || config.n_host_blocks > 0,
                 "engine: swap preemption needs a host KV tier (swap space), which is empty");
-  drafter_ = make_drafter(config.speculative);
+  if (config.speculative.enabled())
+    drafter_ = config.speculative.uses_model() && config.drafter ? config.drafter : make_drafter(config.speculative);
   if (drafter_) counters_.spec.accepted_per_pos.assign(config.speculative.num_speculative_tokens, 0);
 }
 
@@ -110,6 +111,7 @@ void EngineCore::add(RequestId id, const Request& r) {
   for (int c = 0; c < r.n; ++c) {
     SamplingParams p = r.sampling;
     if (p.seed) p.seed = *p.seed + static_cast<uint64_t>(c);
+    if (speculating_.count(id)) draft_sampling_[first + c] = p;
     executor_.add_sequence(first + c, p, r.prompt);
   }
 }
@@ -129,6 +131,7 @@ void EngineCore::forget_finished(const std::vector<SeqEvent>& events) {
         drafter_->remove(e.seq);
         draft_length_.erase(e.seq);
         drafts_.erase(e.seq);
+        draft_sampling_.erase(e.seq);
       }
     }
     if (e.request_done) {
@@ -312,7 +315,9 @@ void EngineCore::propose_drafts() {
     const Sequence& s = scheduler_.sequence(h);
     if (on && speculating_.count(s.request)) {
       handles.push_back(h);
-      queries.push_back({s.id, s.tokens, draft_length_[s.id].next(sc.num_speculative_tokens, sc.adaptive)});
+      const auto params = draft_sampling_.find(s.id);
+      queries.push_back({s.id, s.tokens, draft_length_[s.id].next(sc.num_speculative_tokens, sc.adaptive),
+                         params != draft_sampling_.end() ? &params->second : nullptr, s.n_prompt});
     } else if (!s.draft.empty()) {
       scheduler_.set_draft(h, {});  // a draft left from a step that did not schedule it
     }
@@ -388,11 +393,13 @@ void EngineCore::check_invariants() const {
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: speculation state left for ended request ", id);
   TESSERA_CHECK(draft_length_.size() <= scheduler_.n_live_choices(), "engine invariant: draft length state for ",
                 draft_length_.size(), " sequences but ", scheduler_.n_live_choices(), " live choices");
+  TESSERA_CHECK(draft_sampling_.size() <= scheduler_.n_live_choices(), "engine invariant: draft sampling state for ",
+                draft_sampling_.size(), " sequences but ", scheduler_.n_live_choices(), " live choices");
 }
 
 bool EngineCore::is_idle() const {
   return scheduler_.is_idle() && executor_.n_sequences() == 0 && extras_.empty() && awaiting_first_token_.empty() &&
-         speculating_.empty() && draft_length_.empty();
+         speculating_.empty() && draft_length_.empty() && draft_sampling_.empty();
 }
 
 }  // namespace tessera

@@ -36,6 +36,11 @@ struct EngineConfig {
   // Speculative decoding (docs/design/spec-decode.md); off by default. Draft tokens take
   // logits rows: scheduler.max_logits_rows must leave room (ModelEngine adds it).
   SpeculativeConfig speculative;
+  // The drafter of a model method (draft_model, early_exit), built with the target by
+  // ModelEngine (engine/model_drafter.h); other methods' drafters come from make_drafter.
+  // Used only while `speculative` is enabled and names a model method (an n-gram config
+  // ignores it). One EngineCore at a time may use it.
+  std::shared_ptr<Drafter> drafter;
 };
 
 // vLLM's spec_decode counters: verifications with at least one draft token, draft tokens
@@ -162,8 +167,9 @@ class EngineCore {
   // Speculative decoding state: the drafter, the requests that speculate, each sequence's
   // draft length policy, and the drafts (with their q, when the drafter has one) proposed
   // for the coming step.
-  std::unique_ptr<Drafter> drafter_;
+  std::shared_ptr<Drafter> drafter_;
   std::unordered_set<RequestId> speculating_;
+  std::unordered_map<SeqId, SamplingParams> draft_sampling_;  // each speculating choice's (seed per choice)
   std::unordered_map<SeqId, DraftLength> draft_length_;
   std::unordered_map<SeqId, Draft> drafts_;
   std::vector<int32_t> chunk_;  // a speculative sequence's step tokens: last token + draft

@@ -44,9 +44,10 @@ std::string resolve_model_path(const std::string& model) {
   fail("model '", model, "' is neither a file nor a known alias (smollm2-135m, gemma3-270m, dummy:<preset>)");
 }
 
-Session::Session(const SessionOptions& options) : options_(options) {
+LoadedModel load_model(const std::string& model_spec, int cpu_threads, uint64_t dummy_seed) {
+  LoadedModel m;
   // "MODEL@w4g128": the model's linear layers quantized at load (round-to-nearest).
-  std::string model = options.model;
+  std::string model = model_spec;
   WeightQuantSpec quantize_at_load;
   bool quantize = false;
   if (const auto at = model.rfind('@'); at != std::string::npos && at > 0) {
@@ -56,38 +57,46 @@ Session::Session(const SessionOptions& options) : options_(options) {
     model = model.substr(0, at);
   }
   if (model.rfind("dummy:", 0) == 0) {
-    weights_ = make_dummy_weights(model.substr(6), options.dummy_seed);
+    m.weights = make_dummy_weights(model.substr(6), dummy_seed);
   } else if (const std::string path = resolve_model_path(model); std::filesystem::is_directory(path)) {
     // A Hugging Face checkpoint: config.json, safetensors, tokenizer.json.
-    weights_ = load_safetensors_weights(path);
+    m.weights = load_safetensors_weights(path);
     if (std::filesystem::exists(path + "/tokenizer.json"))
-      tokenizer_ = Tokenizer::from_hf_json(path + "/tokenizer.json");
+      m.tokenizer = Tokenizer::from_hf_json(path + "/tokenizer.json");
   } else {
-    gguf_ = GGUFFile::open(path);
-    weights_ = load_gguf_weights(gguf_);
-    tokenizer_ = Tokenizer::from_gguf(*gguf_);
+    m.gguf = GGUFFile::open(path);
+    m.weights = load_gguf_weights(m.gguf);
+    m.tokenizer = Tokenizer::from_gguf(*m.gguf);
   }
   if (quantize && quantize_at_load.method != "rtn") {
     // GPTQ/AWQ: calibration text through the model's tokenizer, on the CPU backend.
-    TESSERA_CHECK(tokenizer_ != nullptr, "model '", options.model, "': calibration needs the model's tokenizer");
+    TESSERA_CHECK(m.tokenizer != nullptr, "model '", model_spec, "': calibration needs the model's tokenizer");
     BackendOptions cpu_options;
-    cpu_options.threads = options.backend.threads;
+    cpu_options.threads = cpu_threads;
     const auto cpu = make_backend(cpu_options);
     quantize_linear_weights_calibrated(
-        *weights_, quantize_at_load,
+        *m.weights, quantize_at_load,
         [&](const std::string& text) {
-          return tokenizer_->encode(text, /*add_special=*/false, /*parse_special=*/false);
+          return m.tokenizer->encode(text, /*add_special=*/false, /*parse_special=*/false);
         },
         *cpu,
         [](const CalibratedLayerReport& r) { std::fprintf(stderr, "%s\n", describe_calibrated_layer(r).c_str()); });
-    weights_->source += options.model.substr(options.model.rfind('@'));
+    m.weights->source += model_spec.substr(model_spec.rfind('@'));
   } else if (quantize) {
-    quantize_linear_weights(*weights_, quantize_at_load);
-    weights_->source += options.model.substr(options.model.rfind('@'));
+    quantize_linear_weights(*m.weights, quantize_at_load);
+    m.weights->source += model_spec.substr(model_spec.rfind('@'));
   }
-  if (tokenizer_)
-    TESSERA_CHECK(tokenizer_->vocab_size() <= weights_->config.n_vocab, weights_->source, ": tokenizer has ",
-                  tokenizer_->vocab_size(), " tokens but the model's vocabulary is ", weights_->config.n_vocab);
+  if (m.tokenizer)
+    TESSERA_CHECK(m.tokenizer->vocab_size() <= m.weights->config.n_vocab, m.weights->source, ": tokenizer has ",
+                  m.tokenizer->vocab_size(), " tokens but the model's vocabulary is ", m.weights->config.n_vocab);
+  return m;
+}
+
+Session::Session(const SessionOptions& options) : options_(options) {
+  LoadedModel loaded = load_model(options.model, options.backend.threads, options.dummy_seed);
+  gguf_ = std::move(loaded.gguf);
+  weights_ = std::move(loaded.weights);
+  tokenizer_ = std::move(loaded.tokenizer);
   const ModelConfig& c = weights_->config;
   backend_ = make_backend(options.backend);
   TESSERA_CHECK(options.max_batch_tokens >= 1 && options.max_batch_tokens <= 65536, "max batch tokens ",

@@ -43,6 +43,17 @@ struct SessionOptions {
 // alias and the expected file when it is missing.
 std::string resolve_model_path(const std::string& model);
 
+// A model's files loaded: weights (quantized at load for "MODEL@w4g128"), tokenizer (when
+// the model has one) and the GGUF file (GGUF models only). What Session loads; a draft model
+// (engine/model_drafter.h) loads through it too, to run on the target's backend.
+struct LoadedModel {
+  std::shared_ptr<GGUFFile> gguf;
+  std::shared_ptr<ModelWeights> weights;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+// model_spec: as SessionOptions::model. cpu_threads: for GPTQ/AWQ calibration at load.
+LoadedModel load_model(const std::string& model_spec, int cpu_threads, uint64_t dummy_seed = 0);
+
 class Session {
  public:
   explicit Session(const SessionOptions& options);
@@ -50,6 +61,7 @@ class Session {
 
   const ModelConfig& config() const { return weights_->config; }
   const ModelWeights& weights() const { return *weights_; }
+  std::shared_ptr<const ModelWeights> shared_weights() const { return weights_; }
   const GGUFFile* gguf() const { return gguf_.get(); }  // nullptr for non-GGUF models
   Tokenizer& tokenizer();                               // throws when the model has none
   bool has_tokenizer() const { return tokenizer_ != nullptr; }

@@ -60,6 +60,10 @@ std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir);
 // The same weights as `backend` reads them: uploaded once for a device backend (the result
 // owns the device copies and keeps `host` alive), the host pointers themselves on the CPU.
 std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWeights> host, Backend& backend);
+// The model's first n_layers layers with its embedding, final norm and head (a layer-truncated
+// copy for early-exit drafting): views of `w`'s tensors, keeping `w` alive; no data is copied.
+// Throws unless 1 <= n_layers <= w's layer count.
+std::shared_ptr<const ModelWeights> first_layers(std::shared_ptr<const ModelWeights> w, int n_layers);
 // Reads the model config from GGUF metadata (general.architecture and its keys).
 ModelConfig config_from_gguf(const GGUFFile& file);
 

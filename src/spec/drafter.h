@@ -1,8 +1,8 @@
 #pragma once
 // Drafters propose the tokens a speculative step verifies. One interface for every kind:
-// prompt lookup (ngram_drafter.h, no model), and later a draft model with its own paged KV,
-// early-exit self-speculation over the target's first layers, and learned heads
-// (Medusa/EAGLE). Contract: docs/design/spec-decode.md.
+// prompt lookup (ngram_drafter.h, no model), a draft model with its own paged KV and
+// early-exit self-speculation over the target's first layers (engine/model_drafter.h), and
+// later learned heads (Medusa/EAGLE). Contract: docs/design/spec-decode.md.
 //
 // The engine calls propose() once per step for every running sequence in decode state that
 // speculates, all of them in one call (a model drafter runs them as one batch). The tokens
@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "sample/sampling_params.h"
 #include "spec/verify.h"  // SparseDistribution
 
 namespace tessera {
@@ -23,6 +24,12 @@ struct DraftQuery {
   DraftSeqId seq = 0;
   std::span<const int32_t> tokens;  // prompt + output so far; the last one is not yet in the target's KV
   int max_tokens = 0;               // propose at most this many (k for this sequence, this step)
+  // The sequence's sampling (its seed already per choice) and prompt length: a sampling
+  // drafter draws from its distribution after the same processing (bias, penalties over the
+  // output tokens[n_prompt..], temperature, top-k/p, min-p), so drafts are kept more often.
+  // nullptr: draft greedily.
+  const SamplingParams* sampling = nullptr;
+  int n_prompt = 0;
 };
 
 struct Draft {

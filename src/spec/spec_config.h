@@ -1,6 +1,8 @@
 #pragma once
 // --speculative-config: what to speculate with and how far, as vLLM spells it, e.g.
 //   {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+//   {"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 4, "draft_layers": 6}
+//   {"method": "early_exit", "num_speculative_tokens": 4, "draft_layers": 10}
 // Contract: docs/design/spec-decode.md.
 #include <cstdint>
 #include <memory>
@@ -11,14 +13,20 @@
 
 namespace tessera {
 
-enum class SpecMethod : uint8_t { None, Ngram };
-std::string_view spec_method_name(SpecMethod m);  // "none", "ngram"
+// DraftModel: another model (same vocabulary) with its own paged KV; EarlyExit: the target's
+// own first draft_layers layers + final norm + head (engine/model_drafter.h builds both).
+enum class SpecMethod : uint8_t { None, Ngram, DraftModel, EarlyExit };
+std::string_view spec_method_name(SpecMethod m);  // "none", "ngram", "draft_model", "early_exit"
 
 struct SpeculativeConfig {
   SpecMethod method = SpecMethod::None;
   int num_speculative_tokens = 0;  // k: the most draft tokens one sequence verifies per step
   int prompt_lookup_max = 4;       // ngram: longest suffix matched
   int prompt_lookup_min = 2;       // ngram: shortest suffix matched
+  std::string draft_model;         // draft_model: the model spec, as -m takes it
+  // draft_model: run only the first L layers of the draft (0 = all); early_exit: L, required.
+  // Checked against the model's layer count when the drafter is built.
+  int draft_layers = 0;
   // No speculation in a step whose running sequences exceed this (0 = never off). Where
   // verification starts to cost more than it saves depends on the device and the model:
   // measure it (docs/benchmarks/spec-decode.md), do not guess it.
@@ -27,6 +35,8 @@ struct SpeculativeConfig {
   bool adaptive = true;
 
   bool enabled() const { return method != SpecMethod::None && num_speculative_tokens > 0; }
+  // The drafter runs a model: built by the engine (engine/model_drafter.h), not make_drafter.
+  bool uses_model() const { return method == SpecMethod::DraftModel || method == SpecMethod::EarlyExit; }
   // Throws tessera::Error naming the field out of range.
   void validate() const;
 };
@@ -37,7 +47,8 @@ SpeculativeConfig parse_speculative_config(std::string_view json);
 // One line for start-up summaries: "ngram k=4 lookup 2..4", or "off".
 std::string describe_speculative_config(const SpeculativeConfig& c);
 
-// The drafter the config names (nullptr when speculation is off).
+// The drafter the config names (nullptr when speculation is off). Model drafters need the
+// target and are built by the engine: asking for one here is an error.
 std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& c);
 
 }  // namespace tessera

@@ -4,9 +4,12 @@
 // free at the end. Shared by the real-model engine tests.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "engine/engine_core.h"
@@ -63,6 +66,89 @@ inline RunResult run_engine(ModelEngine& model, const std::vector<Request>& requ
   EXPECT_EQ(core.kv().n_free(), core.kv().n_blocks());
   EXPECT_EQ(core.kv().n_host_free(), core.kv().n_host_blocks());
   return result;
+}
+
+// Speculation under churn: adds n_requests drawn from `pool` at random steps (a third of
+// them sampled at temperature 0.8, top-p 0.9, seeded, the rest as given, max_tokens 8..31),
+// aborts a random live request now and then, and steps until nothing is left. Returns the
+// number of aborts; every step must succeed.
+inline int run_with_random_aborts(EngineCore& core, const std::vector<Request>& pool, int n_requests, uint32_t seed) {
+  std::mt19937 rng(seed);
+  RequestId next = 1;
+  int aborted = 0;
+  while (next <= static_cast<RequestId>(n_requests) || core.has_work()) {
+    if (next <= static_cast<RequestId>(n_requests) && rng() % 2 == 0) {
+      Request r = pool[rng() % pool.size()];
+      r.sampling.max_tokens = 8 + static_cast<int>(rng() % 24);
+      if (rng() % 3 == 0) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.top_p = 0.9f;
+        r.sampling.seed = rng();
+      }
+      core.add(next++, r);
+    }
+    if (rng() % 6 == 0) {
+      const auto ids = core.scheduler().request_ids();
+      if (!ids.empty()) {
+        core.abort(ids[rng() % ids.size()]);
+        ++aborted;
+      }
+    }
+    const StepResult s = core.step();
+    EXPECT_EQ(s.error, "");
+    if (!s.error.empty()) break;
+  }
+  return aborted;
+}
+
+// Wilson-Hilferty: the chi-square quantile at significance 0.001 (z = 3.0902), within 1%
+// for the degrees of freedom used here.
+inline double chi_square_critical_0001(int df) {
+  const double a = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - a + 3.0902 * std::sqrt(a), 3.0);
+}
+
+// Two-sample chi-square of equal-size samples of tokens; cells with fewer than 10
+// observations in both samples together are pooled into one.
+struct TwoSample {
+  double stat = 0;
+  int df = 0;
+};
+inline TwoSample two_sample(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
+  std::map<int32_t, std::pair<int, int>> cells;
+  for (const auto& [t, n] : a) cells[t].first += n;
+  for (const auto& [t, n] : b) cells[t].second += n;
+  std::vector<std::pair<int, int>> kept;
+  std::pair<int, int> pooled{0, 0};
+  for (const auto& [t, c] : cells) {
+    if (c.first + c.second >= 10) {
+      kept.push_back(c);
+    } else {
+      pooled.first += c.first;
+      pooled.second += c.second;
+    }
+  }
+  if (pooled.first + pooled.second > 0) kept.push_back(pooled);
+  TwoSample r;
+  for (const auto& [x, y] : kept) r.stat += static_cast<double>(x - y) * (x - y) / (x + y);
+  r.df = static_cast<int>(kept.size()) - 1;
+  return r;
+}
+
+// The tokens at each of `positions` of every choice, in `a` and in `b`, distributed alike:
+// the two-sample chi-square stays under its 0.001 critical value.
+inline void expect_same_token_distributions(const RunResult& a, const RunResult& b,
+                                            std::initializer_list<size_t> positions) {
+  for (size_t pos : positions) {
+    std::map<int32_t, int> ca, cb;
+    for (const auto& [id, o] : a.out)
+      for (const auto& t : o.tokens) ++ca[t.at(pos)];
+    for (const auto& [id, o] : b.out)
+      for (const auto& t : o.tokens) ++cb[t.at(pos)];
+    const TwoSample t = two_sample(ca, cb);
+    ASSERT_GE(t.df, 1) << "position " << pos << ": a single token, nothing to compare";
+    EXPECT_LT(t.stat, chi_square_critical_0001(t.df)) << "position " << pos << " df " << t.df;
+  }
 }
 
 }  // namespace tessera::test

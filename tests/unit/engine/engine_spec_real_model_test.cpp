@@ -5,10 +5,8 @@
 // requests reproducible. Skipped when the model is not in the cache.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <map>
-#include <random>
 
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"
@@ -93,40 +91,6 @@ class EngineSpecRealModel : public ::testing::Test {
 
 ModelEngine* EngineSpecRealModel::model_ = nullptr;
 
-// Wilson-Hilferty: the chi-square quantile at significance 0.001 (z = 3.0902), within 1%
-// for the degrees of freedom used here.
-double chi_square_critical_0001(int df) {
-  const double a = 2.0 / (9.0 * df);
-  return df * std::pow(1.0 - a + 3.0902 * std::sqrt(a), 3.0);
-}
-
-// Two-sample chi-square of equal-size samples of tokens; cells with fewer than 10
-// observations in both samples together are pooled into one.
-struct TwoSample {
-  double stat = 0;
-  int df = 0;
-};
-TwoSample two_sample(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
-  std::map<int32_t, std::pair<int, int>> cells;
-  for (const auto& [t, n] : a) cells[t].first += n;
-  for (const auto& [t, n] : b) cells[t].second += n;
-  std::vector<std::pair<int, int>> kept;
-  std::pair<int, int> pooled{0, 0};
-  for (const auto& [t, c] : cells) {
-    if (c.first + c.second >= 10) {
-      kept.push_back(c);
-    } else {
-      pooled.first += c.first;
-      pooled.second += c.second;
-    }
-  }
-  if (pooled.first + pooled.second > 0) kept.push_back(pooled);
-  TwoSample r;
-  for (const auto& [x, y] : kept) r.stat += static_cast<double>(x - y) * (x - y) / (x + y);
-  r.df = static_cast<int>(kept.size()) - 1;
-  return r;
-}
-
 }  // namespace
 
 TEST_F(EngineSpecRealModel, GreedyOutputsEqualNonSpeculativeOnesBatchedAndAlone) {
@@ -198,31 +162,7 @@ TEST_F(EngineSpecRealModel, ManySpeculativeStepsWithAbortsLeakNoBlocks) {
   c.n_blocks = 40;  // tight: preemption too
   c.speculative = ngram_config(4);
   EngineCore core(c, model_->executor());
-  std::mt19937 rng(3);
-  const std::vector<Request> reqs = greedy_requests();
-  RequestId next = 1;
-  int aborted = 0;
-  while (next <= 40 || core.has_work()) {
-    if (next <= 40 && rng() % 2 == 0) {
-      Request r = reqs[rng() % reqs.size()];
-      r.sampling.max_tokens = 8 + static_cast<int>(rng() % 24);
-      if (rng() % 3 == 0) {
-        r.sampling.temperature = 0.8f;
-        r.sampling.top_p = 0.9f;
-        r.sampling.seed = rng();
-      }
-      core.add(next++, r);
-    }
-    if (rng() % 6 == 0) {
-      const auto ids = core.scheduler().request_ids();
-      if (!ids.empty()) {
-        core.abort(ids[rng() % ids.size()]);
-        ++aborted;
-      }
-    }
-    const StepResult s = core.step();
-    ASSERT_EQ(s.error, "");
-  }
+  const int aborted = test::run_with_random_aborts(core, greedy_requests(), 40, 3);
   EXPECT_GT(aborted, 5);
   EXPECT_GT(core.stats().spec.drafts, 50);
   EXPECT_LT(core.stats().spec.accepted_tokens, core.stats().spec.draft_tokens);
@@ -290,14 +230,5 @@ TEST_F(EngineSpecRealModel, SampledContinuationsMatchNonSpeculativeSampling) {
   const RunResult spec = sample(true, 2000000);
   EXPECT_GT(spec.stats.spec.accepted_tokens, 0);
   EXPECT_LT(spec.stats.spec.accepted_tokens, spec.stats.spec.draft_tokens);
-  for (size_t pos : {1u, 2u}) {
-    std::map<int32_t, int> a, b;
-    for (const auto& [id, o] : plain.out)
-      for (const auto& t : o.tokens) ++a[t.at(pos)];
-    for (const auto& [id, o] : spec.out)
-      for (const auto& t : o.tokens) ++b[t.at(pos)];
-    const TwoSample t = two_sample(a, b);
-    ASSERT_GE(t.df, 1) << "position " << pos << ": a single token, nothing to compare";
-    EXPECT_LT(t.stat, chi_square_critical_0001(t.df)) << "position " << pos << " df " << t.df;
-  }
+  test::expect_same_token_distributions(plain, spec, {1, 2});
 }

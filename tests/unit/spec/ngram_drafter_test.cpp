@@ -88,7 +88,19 @@ TEST(SpeculativeConfig, MalformedConfigsNameWhatIsWrong) {
   EXPECT_NE(message(R"({"method": "ngram"})").find("num_speculative_tokens"), std::string::npos);
   EXPECT_NE(message(R"({"method": "foo", "num_speculative_tokens": 4})").find("unknown method \"foo\""),
             std::string::npos);
-  EXPECT_NE(message(R"({"method": "draft_model", "num_speculative_tokens": 4})").find("not built yet"),
+  EXPECT_NE(message(R"({"method": "medusa", "num_speculative_tokens": 4})").find("not built yet"), std::string::npos);
+  EXPECT_NE(message(R"({"method": "draft_model", "num_speculative_tokens": 4})").find("needs \"model\""),
+            std::string::npos);
+  EXPECT_NE(message(R"({"method": "draft_model", "model": 3, "num_speculative_tokens": 4})").find("model spec string"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"method": "early_exit", "num_speculative_tokens": 4})").find("needs \"draft_layers\""),
+            std::string::npos);
+  EXPECT_NE(message(R"({"method": "early_exit", "num_speculative_tokens": 4, "draft_layers": -2})").find("negative"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"method": "early_exit", "model": "m", "num_speculative_tokens": 4, "draft_layers": 2})")
+                .find("only for method \"draft_model\""),
+            std::string::npos);
+  EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": 4, "draft_layers": 2})").find("draft_layers"),
             std::string::npos);
   EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": "4"})").find("must be an integer"),
             std::string::npos);
@@ -98,6 +110,22 @@ TEST(SpeculativeConfig, MalformedConfigsNameWhatIsWrong) {
       std::string::npos);
   EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": 4, "lookahead": 2})").find("unknown key"),
             std::string::npos);
+}
+
+TEST(SpeculativeConfig, ParsesModelDrafterConfigs) {
+  const SpeculativeConfig d = parse_speculative_config(
+      R"({"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 3, "draft_layers": 6})");
+  EXPECT_EQ(d.method, SpecMethod::DraftModel);
+  EXPECT_EQ(d.draft_model, "smollm2-135m");
+  EXPECT_EQ(d.draft_layers, 6);
+  EXPECT_TRUE(d.uses_model());
+  EXPECT_EQ(describe_speculative_config(d), "draft_model smollm2-135m layers 6 k=3 adaptive");
+  const SpeculativeConfig e =
+      parse_speculative_config(R"({"method": "early_exit", "num_speculative_tokens": 4, "draft_layers": 10})");
+  EXPECT_EQ(e.method, SpecMethod::EarlyExit);
+  EXPECT_EQ(e.draft_layers, 10);
+  // The engine builds model drafters (they need the target); make_drafter says so.
+  EXPECT_THROW(make_drafter(e), Error);
 }
 
 TEST(DraftLength, FollowsTheRunningAcceptance) {
