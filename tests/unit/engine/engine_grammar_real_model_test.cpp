@@ -16,6 +16,7 @@
 
 using namespace tessera;
 using tessera::test::RunResult;
+using tessera::test::small_engine_options;
 
 namespace {
 
@@ -25,17 +26,8 @@ class EngineGrammarRealModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(model_path())) return;
-    ModelEngineOptions o;
-    o.session.model = model_path();
-    o.session.backend.threads = 1;
-    o.session.block_size = 4;
-    o.scheduler.max_num_batched_tokens = 64;
-    o.scheduler.max_num_seqs = 16;
-    o.scheduler.max_model_len = 256;
-    o.max_kv_blocks = 256;
-    o.kv_cache_bytes = 64ll << 20;
+    ModelEngineOptions o = small_engine_options(model_path(), 64, 16, 256);
     o.max_n = 8;
-    o.warmup = false;
     o.speculative.method = SpecMethod::Ngram;
     o.speculative.num_speculative_tokens = 4;
     o.speculative.prompt_lookup_min = 1;

@@ -18,22 +18,15 @@
 using namespace tessera;
 using tessera::test::run_engine;
 using tessera::test::RunResult;
+using tessera::test::small_engine_options;
 
 namespace {
 
 std::unique_ptr<ModelEngine> engine_for(const std::string& format) {
-  ModelEngineOptions o;
-  o.session.model = test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
-  o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
-  o.session.block_size = 4;       // forks share partial blocks, a tight pool preempts
+  ModelEngineOptions o =
+      small_engine_options(test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"), 32, 8, 128, 16ll << 20);
   o.session.k_format = parse_kv_format(format, true);
   o.session.v_format = parse_kv_format(format, false);
-  o.scheduler.max_num_batched_tokens = 32;
-  o.scheduler.max_num_seqs = 8;
-  o.scheduler.max_model_len = 256;
-  o.max_kv_blocks = 128;
-  o.kv_cache_bytes = 16ll << 20;
-  o.warmup = false;
   o.swap_space_bytes = 4ll << 20;
   return std::make_unique<ModelEngine>(o);
 }

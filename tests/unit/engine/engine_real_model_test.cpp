@@ -20,6 +20,7 @@
 
 using namespace tessera;
 using tessera::test::RunResult;
+using tessera::test::small_engine_options;
 
 namespace {
 
@@ -29,16 +30,7 @@ class EngineRealModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(model_path())) return;
-    ModelEngineOptions o;
-    o.session.model = model_path();
-    o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
-    o.session.block_size = 4;       // small blocks: forks share partial blocks, a tight pool preempts
-    o.scheduler.max_num_batched_tokens = 32;
-    o.scheduler.max_num_seqs = 8;
-    o.scheduler.max_model_len = 256;
-    o.max_kv_blocks = 128;
-    o.kv_cache_bytes = 64ll << 20;
-    o.warmup = false;
+    ModelEngineOptions o = small_engine_options(model_path(), 32, 8, 128);
     o.swap_space_bytes = 8ll << 20;  // ~90 blocks of 4 tokens
     model_ = new ModelEngine(o);
     // The reference: one sequence at a time, fed in one chunk, every row's logits on demand.

@@ -10,12 +10,32 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"
 
 namespace tessera::test {
+
+// The small engine the real-model tests share: one CPU thread (ctest runs suites side by side on
+// 2 cores), blocks of 4 tokens (forks share partial blocks, drafts cross block edges, a tight
+// pool preempts), a 256-token context, `max_seqs` sequences and `batched` tokens a step, n_blocks
+// KV blocks in kv_bytes, no warm-up.
+inline ModelEngineOptions small_engine_options(const std::string& model, int batched, int max_seqs, int n_blocks,
+                                               int64_t kv_bytes = 64ll << 20) {
+  ModelEngineOptions o;
+  o.session.model = model;
+  o.session.backend.threads = 1;
+  o.session.block_size = 4;
+  o.scheduler.max_num_batched_tokens = batched;
+  o.scheduler.max_num_seqs = max_seqs;
+  o.scheduler.max_model_len = 256;
+  o.max_kv_blocks = n_blocks;
+  o.kv_cache_bytes = kv_bytes;
+  o.warmup = false;
+  return o;
+}
 
 struct RunResult {
   std::map<RequestId, RequestOutput> out;

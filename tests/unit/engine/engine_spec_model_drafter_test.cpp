@@ -20,6 +20,7 @@
 
 using namespace tessera;
 using tessera::test::RunResult;
+using tessera::test::small_engine_options;
 
 namespace {
 
@@ -52,16 +53,7 @@ class EngineSpecModelDrafter : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(model_path())) return;
-    ModelEngineOptions o;
-    o.session.model = model_path();
-    o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
-    o.session.block_size = 4;       // small blocks: drafts cross block edges, forks share partial blocks
-    o.scheduler.max_num_batched_tokens = 64;
-    o.scheduler.max_num_seqs = 16;
-    o.scheduler.max_model_len = 256;
-    o.max_kv_blocks = 256;
-    o.kv_cache_bytes = 64ll << 20;
-    o.warmup = false;
+    ModelEngineOptions o = small_engine_options(model_path(), 64, 16, 256);
     o.speculative = early_exit_config(6);  // provisions the draft rows and builds one drafter
     model_ = new ModelEngine(o);
   }

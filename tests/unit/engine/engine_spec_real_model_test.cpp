@@ -16,6 +16,7 @@
 
 using namespace tessera;
 using tessera::test::RunResult;
+using tessera::test::small_engine_options;
 
 namespace {
 
@@ -39,17 +40,8 @@ class EngineSpecRealModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(model_path())) return;
-    ModelEngineOptions o;
-    o.session.model = model_path();
-    o.session.backend.threads = 1;  // ctest runs suites side by side on 2 cores
-    o.session.block_size = 4;       // small blocks: drafts cross block edges, forks share partial blocks
-    o.scheduler.max_num_batched_tokens = 64;
-    o.scheduler.max_num_seqs = 16;
-    o.scheduler.max_model_len = 256;
-    o.max_kv_blocks = 256;
-    o.kv_cache_bytes = 64ll << 20;
+    ModelEngineOptions o = small_engine_options(model_path(), 64, 16, 256);
     o.max_n = 16;
-    o.warmup = false;
     o.swap_space_bytes = 8ll << 20;
     o.speculative = ngram_config(4);  // provisions the draft rows; each run chooses on or off
     model_ = new ModelEngine(o);
