@@ -293,39 +293,47 @@ struct PQ8_0 {
   static __m256i quants(const Block& b) { return load256(b.qs); }
 };
 
-// acc = fma(d_w * d_x, isum, acc), then Q4_1/Q5_1 acc = fma(m_w, s_x, acc), for block b.
-template <typename Block, bool kHasMin>
-inline __m256 scale_block(const RowGroup& g, const ActRow& a, int64_t b, __m256i isum, __m256 acc) {
-  static_assert(offsetof(Block, d) == 0);
-  __m256 dw, mw;
-  rows_two_halves(g, b * static_cast<int64_t>(sizeof(Block)), &dw, &mw);
-  acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d32[b])), _mm256_cvtepi32_ps(isum), acc);
-  if constexpr (kHasMin) acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s32[b]), acc);
-  return acc;
-}
-
 template <typename P>
 struct Q32Rows {
-  static void run(const MatmulTask& t, int64_t r0, int nr) {
+  // XR input rows per pass over the weights, as Q4Rows: each block's quants (and, for signed
+  // weights, their magnitudes) and scales once for all of them; the per-output arithmetic is
+  // the one-row order.
+  template <int XR>
+  static void pass(const MatmulTask& t, const RowGroup& g, const RowPrefetch& pf, int64_t r0, int nr, int64_t j0) {
     using Block = typename P::Block;
     const int64_t nb = t.cols / 32;
-    const RowPrefetch pf(t, r0, 8, nb);
-    const RowGroup g(t, r0, nr);
-    for (int64_t j = 0; j < t.n_x; ++j) {
-      const ActRow a = act_row(t.act, *t.act_layout, j);
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        pf.at(b);
-        const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qs + b * 32));
-        __m256i part[8];
-        for (int i = 0; i < 8; ++i) {
-          const __m256i q = P::quants(g.block<Block>(i, b));
-          part[i] = P::kSigned ? dot_s8s8_i32(q, xq) : dot_u8s8_i32(q, xq);
-        }
-        acc = scale_block<Block, P::kHasMin>(g, a, b, hsum8x8_i32(part), acc);
+    ActRow a[XR];
+    __m256 acc[XR];
+    for (int x = 0; x < XR; ++x) a[x] = act_row(t.act, *t.act_layout, j0 + x), acc[x] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      pf.at(b);
+      __m256i q[8], u[8];  // the rows' quants; u: what maddubs takes (|q| for signed weights)
+      for (int i = 0; i < 8; ++i) {
+        q[i] = P::quants(g.block<Block>(i, b));
+        u[i] = P::kSigned ? _mm256_sign_epi8(q[i], q[i]) : q[i];
       }
-      store_lanes(t.y + j * t.ldy + r0, acc, nr);
+      __m256 dw, mw;
+      rows_two_halves(g, b * static_cast<int64_t>(sizeof(Block)), &dw, &mw);
+      for (int x = 0; x < XR; ++x) {
+        const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(a[x].qs + b * 32));
+        __m256i part[8];
+        for (int i = 0; i < 8; ++i) part[i] = dot_u8s8_i32(u[i], P::kSigned ? _mm256_sign_epi8(xq, q[i]) : xq);
+        // acc = fma(d_w * d_x, isum, acc), then Q4_1/Q5_1 acc = fma(m_w, s_x, acc): the canonical order.
+        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a[x].d32[b])), _mm256_cvtepi32_ps(hsum8x8_i32(part)),
+                                 acc[x]);
+        if constexpr (P::kHasMin) acc[x] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a[x].s32[b]), acc[x]);
+      }
     }
+    for (int x = 0; x < XR; ++x) store_lanes(t.y + (j0 + x) * t.ldy + r0, acc[x], nr);
+  }
+
+  static void run(const MatmulTask& t, int64_t r0, int nr) {
+    const RowPrefetch pf(t, r0, 8, t.cols / 32);
+    const RowGroup g(t, r0, nr);
+    int64_t j = 0;
+    for (; j + 4 <= t.n_x; j += 4) pass<4>(t, g, pf, r0, nr, j);
+    for (; j + 2 <= t.n_x; j += 2) pass<2>(t, g, pf, r0, nr, j);
+    if (j < t.n_x) pass<1>(t, g, pf, r0, nr, j);
   }
 };
 
@@ -336,38 +344,57 @@ struct Q32Rows {
 // Q4_0's offset of 8 comes out exactly in i32 through the activation's block sum.
 template <bool kHasMin>
 struct Q4Rows {
-  static void run(const MatmulTask& t, int64_t r0, int nr) {
+  // XR input rows per pass over the weights: each block's nibbles and scales are unpacked once
+  // for all of them (a verification step or a small batch is compute-bound here, not
+  // bandwidth-bound). Every output's arithmetic is the one-row order, so the bits do not move.
+  template <int XR>
+  static void pass(const MatmulTask& t, const RowGroup& g, const RowPrefetch& pf, int64_t r0, int nr, int64_t j0) {
     using Block = std::conditional_t<kHasMin, BlockQ4_1, BlockQ4_0>;
     const int64_t nb = t.cols / 32;
-    const RowPrefetch pf(t, r0, 8, nb);
-    const RowGroup g(t, r0, nr);
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const __m256i row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int64_t j = 0; j < t.n_x; ++j) {
-      const ActRow a = act_row(t.act, *t.act_layout, j);
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        pf.at(b);
-        const __m128i* xb = reinterpret_cast<const __m128i*>(a.qs + b * 32);
+    ActRow a[XR];
+    __m256 acc[XR];
+    for (int x = 0; x < XR; ++x) a[x] = act_row(t.act, *t.act_layout, j0 + x), acc[x] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      pf.at(b);
+      __m256i lo[4], hi[4];  // [row 2p: 16 quants | row 2p+1: 16], low then high nibbles
+      for (int p = 0; p < 4; ++p) {
+        const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.block<Block>(2 * p, b).qs));
+        const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.block<Block>(2 * p + 1, b).qs));
+        const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+        lo[p] = _mm256_and_si256(q, m4);
+        hi[p] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      }
+      __m256 dw, mw;
+      rows_two_halves(g, b * static_cast<int64_t>(sizeof(Block)), &dw, &mw);
+      for (int x = 0; x < XR; ++x) {
+        const __m128i* xb = reinterpret_cast<const __m128i*>(a[x].qs + b * 32);
         const __m256i xlo = _mm256_broadcastsi128_si256(_mm_load_si128(xb));
         const __m256i xhi = _mm256_broadcastsi128_si256(_mm_load_si128(xb + 1));
-        __m256i part[4];  // [row 2p: 4 partial sums | row 2p+1: 4]
-        for (int p = 0; p < 4; ++p) {
-          const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.block<Block>(2 * p, b).qs));
-          const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.block<Block>(2 * p + 1, b).qs));
-          const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
-          const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-          part[p] =
-              _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), ones);
-        }
+        __m256i part[4];
+        for (int p = 0; p < 4; ++p)
+          part[p] = _mm256_madd_epi16(
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xlo), _mm256_maddubs_epi16(hi[p], xhi)), ones);
         // Lanes r0 r2 r4 r6 | r1 r3 r5 r7, then rows in order.
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(part[0], part[1]), _mm256_hadd_epi32(part[2], part[3]));
         __m256i isum = _mm256_permutevar8x32_epi32(h, row_order);
-        if constexpr (!kHasMin) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum32[b]));
-        acc = scale_block<Block, kHasMin>(g, a, b, isum, acc);
+        if constexpr (!kHasMin) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a[x].sum32[b]));
+        // acc = fma(d_w * d_x, isum, acc), then Q4_1/Q5_1 acc = fma(m_w, s_x, acc): the canonical order.
+        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a[x].d32[b])), _mm256_cvtepi32_ps(isum), acc[x]);
+        if constexpr (kHasMin) acc[x] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a[x].s32[b]), acc[x]);
       }
-      store_lanes(t.y + j * t.ldy + r0, acc, nr);
     }
+    for (int x = 0; x < XR; ++x) store_lanes(t.y + (j0 + x) * t.ldy + r0, acc[x], nr);
+  }
+
+  static void run(const MatmulTask& t, int64_t r0, int nr) {
+    const RowPrefetch pf(t, r0, 8, t.cols / 32);
+    const RowGroup g(t, r0, nr);
+    int64_t j = 0;
+    for (; j + 4 <= t.n_x; j += 4) pass<4>(t, g, pf, r0, nr, j);
+    for (; j + 2 <= t.n_x; j += 2) pass<2>(t, g, pf, r0, nr, j);
+    if (j < t.n_x) pass<1>(t, g, pf, r0, nr, j);
   }
 };
 
