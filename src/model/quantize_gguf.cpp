@@ -14,10 +14,6 @@ namespace tessera {
 
 namespace {
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // llama-quantize's use_more_bits: the first and last eighth of the layers, and every third between.
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
@@ -47,7 +43,7 @@ GgufQuantTarget gguf_quant_target(const std::string& name) {
 
 DType gguf_tensor_target(const GgufQuantTarget& t, const std::string& name, const std::vector<int64_t>& shape,
                          DType stored, int n_layer, bool has_output) {
-  if (shape.size() < 2 || !ends_with(name, ".weight") || name.find("ffn_gate_inp") != std::string::npos ||
+  if (shape.size() < 2 || !name.ends_with(".weight") || name.find("ffn_gate_inp") != std::string::npos ||
       name.find("_norm") != std::string::npos)
     return stored;
   DType to = t.base;

@@ -74,9 +74,8 @@ class CpuBackend final : public Backend {
   };
   std::vector<StoreRun> store_runs_;
   struct MoeScratch {  // moe_ffn's buffers, grown on demand (cpu_moe.cpp)
-    std::vector<float> probs, xg, gate_up, h, y;
-    std::vector<int32_t> rows, slot_of;
-    std::vector<float> weight_of;
+    std::vector<float> probs, xg, gate_up, h, y, weight_of;
+    std::vector<int32_t> choice, order, start, fill, rows, slot_of;
   } moe_;
 };
 

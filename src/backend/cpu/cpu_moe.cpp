@@ -24,9 +24,11 @@ void CpuBackend::moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeight
   matmul(x, n_rows, dim, route);  // probs: [n_rows, n_expert] router logits, then probabilities
 
   // Routing. choice[r * k + j] = the row's j-th expert; weights renormalized over the k.
-  std::vector<int32_t> choice(slots);
+  std::vector<int32_t>& choice = s.choice;
+  std::vector<int32_t>& order = s.order;
+  choice.resize(slots);
+  order.resize(n_exp);
   s.weight_of.resize(slots);
-  std::vector<int32_t> order(n_exp);
   for (int r = 0; r < n_rows; ++r) {
     float* p = s.probs.data() + static_cast<size_t>(r) * n_exp;
     const float mx = *std::max_element(p, p + n_exp);
@@ -46,13 +48,15 @@ void CpuBackend::moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeight
   }
   // Rows grouped by expert (stable: row order within an expert). rows[i] = the input row of
   // grouped slot i; slot_of[r * k + j] = where row r's j-th choice landed.
-  std::vector<int32_t> count(n_exp + 1, 0);
-  for (const int32_t e : choice) ++count[e + 1];
-  std::vector<int32_t> start(count);
+  // start[e]: first grouped slot of expert e (a counting sort; no allocation once warm).
+  std::vector<int32_t>& start = s.start;
+  start.assign(n_exp + 1, 0);
+  for (const int32_t e : choice) ++start[e + 1];
   for (int e = 0; e < n_exp; ++e) start[e + 1] += start[e];
   s.rows.resize(slots);
   s.slot_of.resize(slots);
-  std::vector<int32_t> fill(start.begin(), start.end() - 1);
+  std::vector<int32_t>& fill = s.fill;
+  fill.assign(start.begin(), start.end() - 1);
   for (size_t i = 0; i < slots; ++i) {
     const int32_t at = fill[choice[i]]++;
     s.rows[at] = static_cast<int32_t>(i / k);

@@ -293,6 +293,18 @@ struct PQ8_0 {
   static __m256i quants(const Block& b) { return load256(b.qs); }
 };
 
+// Blocks of 32: the input rows in passes of 4, then 2, then 1 over the weights of one row
+// group (K::pass<XR> unpacks each block once for its XR input rows).
+template <typename K>
+void in_row_passes(const MatmulTask& t, int64_t r0, int nr) {
+  const RowPrefetch pf(t, r0, 8, t.cols / 32);
+  const RowGroup g(t, r0, nr);
+  int64_t j = 0;
+  for (; j + 4 <= t.n_x; j += 4) K::template pass<4>(t, g, pf, r0, nr, j);
+  for (; j + 2 <= t.n_x; j += 2) K::template pass<2>(t, g, pf, r0, nr, j);
+  if (j < t.n_x) K::template pass<1>(t, g, pf, r0, nr, j);
+}
+
 template <typename P>
 struct Q32Rows {
   // XR input rows per pass over the weights, as Q4Rows: each block's quants (and, for signed
@@ -327,14 +339,7 @@ struct Q32Rows {
     for (int x = 0; x < XR; ++x) store_lanes(t.y + (j0 + x) * t.ldy + r0, acc[x], nr);
   }
 
-  static void run(const MatmulTask& t, int64_t r0, int nr) {
-    const RowPrefetch pf(t, r0, 8, t.cols / 32);
-    const RowGroup g(t, r0, nr);
-    int64_t j = 0;
-    for (; j + 4 <= t.n_x; j += 4) pass<4>(t, g, pf, r0, nr, j);
-    for (; j + 2 <= t.n_x; j += 2) pass<2>(t, g, pf, r0, nr, j);
-    if (j < t.n_x) pass<1>(t, g, pf, r0, nr, j);
-  }
+  static void run(const MatmulTask& t, int64_t r0, int nr) { in_row_passes<Q32Rows>(t, r0, nr); }
 };
 
 // Q4_0 / Q4_1, two rows per register: the 16 quant bytes of row 2p fill the low lane and
@@ -388,14 +393,7 @@ struct Q4Rows {
     for (int x = 0; x < XR; ++x) store_lanes(t.y + (j0 + x) * t.ldy + r0, acc[x], nr);
   }
 
-  static void run(const MatmulTask& t, int64_t r0, int nr) {
-    const RowPrefetch pf(t, r0, 8, t.cols / 32);
-    const RowGroup g(t, r0, nr);
-    int64_t j = 0;
-    for (; j + 4 <= t.n_x; j += 4) pass<4>(t, g, pf, r0, nr, j);
-    for (; j + 2 <= t.n_x; j += 2) pass<2>(t, g, pf, r0, nr, j);
-    if (j < t.n_x) pass<1>(t, g, pf, r0, nr, j);
-  }
+  static void run(const MatmulTask& t, int64_t r0, int nr) { in_row_passes<Q4Rows>(t, r0, nr); }
 };
 
 // Q4_K / Q5_K: sub-block scales multiply the pair sums inside _mm256_madd_epi16; the mins
