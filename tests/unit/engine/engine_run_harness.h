@@ -15,6 +15,7 @@
 
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::test {
 
@@ -35,6 +36,27 @@ inline ModelEngineOptions small_engine_options(const std::string& model, int bat
   o.kv_cache_bytes = kv_bytes;
   o.warmup = false;
   return o;
+}
+
+// A greedy request that runs its max_tokens (the end token ignored), prompt with BOS.
+inline Request greedy_request(ModelEngine& model, const std::string& text, int max_tokens) {
+  Request r;
+  r.prompt = model.session().tokenizer().encode(text, true, false);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+// The speculation tests' greedy mix: a copy-heavy prompt (drafts get accepted), code, and a
+// sentence that repeats itself.
+inline constexpr const char* kSpecCopyPrompt =
+    "Repeat the list exactly.\nList: apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum.\n"
+    "Repeat: apple, banana, cherry,";
+inline std::vector<Request> spec_greedy_requests(ModelEngine& model) {
+  return {greedy_request(model, kSpecCopyPrompt, 24),
+          greedy_request(model, "def fibonacci(n):\n    if n < 2:\n        return n\n    return", 16),
+          greedy_request(model, "The three primary colors are red, blue and yellow. The three primary colors are", 16)};
 }
 
 struct RunResult {

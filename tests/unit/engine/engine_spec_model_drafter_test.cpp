@@ -45,10 +45,6 @@ SpeculativeConfig early_exit_config(int layers) {
   return c;
 }
 
-constexpr const char* kCopyPrompt =
-    "Repeat the list exactly.\nList: apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum.\n"
-    "Repeat: apple, banana, cherry,";
-
 class EngineSpecModelDrafter : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -72,17 +68,9 @@ class EngineSpecModelDrafter : public ::testing::Test {
     return make_model_drafter(c, model_->session(), limits());
   }
   static Request greedy(const std::string& text, int max_tokens) {
-    Request r;
-    r.prompt = model_->session().tokenizer().encode(text, true, false);
-    r.sampling.temperature = 0;
-    r.sampling.max_tokens = max_tokens;
-    r.sampling.ignore_eos = true;
-    return r;
+    return tessera::test::greedy_request(*model_, text, max_tokens);
   }
-  static std::vector<Request> greedy_requests() {
-    return {greedy(kCopyPrompt, 24), greedy("def fibonacci(n):\n    if n < 2:\n        return n\n    return", 16),
-            greedy("The three primary colors are red, blue and yellow. The three primary colors are", 16)};
-  }
+  static std::vector<Request> greedy_requests() { return tessera::test::spec_greedy_requests(*model_); }
   // Without speculation when d is null.
   static RunResult run(const std::vector<Request>& requests, const SpeculativeConfig& c,
                        const std::shared_ptr<ModelDrafter>& d, bool alone = false) {
@@ -140,14 +128,14 @@ TEST_F(EngineSpecModelDrafter, TheFullDraftModelIsTheTargetAndAlwaysAccepted) {
   const SpeculativeConfig c = draft_model_config(0);
   const auto d = drafter(c);
   EXPECT_EQ(d->n_layers(), 30);
-  const RunResult r = run({greedy(kCopyPrompt, 20)}, c, d);
-  EXPECT_EQ(r.out.at(1).tokens[0], run({greedy(kCopyPrompt, 20)}, {}, nullptr).out.at(1).tokens[0]);
+  const RunResult r = run({greedy(tessera::test::kSpecCopyPrompt, 20)}, c, d);
+  EXPECT_EQ(r.out.at(1).tokens[0], run({greedy(tessera::test::kSpecCopyPrompt, 20)}, {}, nullptr).out.at(1).tokens[0]);
   EXPECT_GT(r.stats.spec.draft_tokens, 10);
   EXPECT_EQ(r.stats.spec.accepted_tokens, r.stats.spec.draft_tokens);
 }
 
 TEST_F(EngineSpecModelDrafter, StopTokensAndMaxTokensCutAtTheSamePlace) {
-  const Request base = greedy(kCopyPrompt, 24);
+  const Request base = greedy(tessera::test::kSpecCopyPrompt, 24);
   const RunResult plain = run({base}, {}, nullptr);
   const std::vector<int32_t>& full = plain.out.at(1).tokens[0];
   ASSERT_GE(full.size(), 10u);
@@ -189,7 +177,7 @@ TEST_F(EngineSpecModelDrafter, ManyStepsWithRejectionsAndAbortsLeakNoBlocksInEit
 }
 
 TEST_F(EngineSpecModelDrafter, SeededSampledRequestsAreReproducible) {
-  Request r = greedy(kCopyPrompt, 12);
+  Request r = greedy(tessera::test::kSpecCopyPrompt, 12);
   r.sampling.temperature = 0.8f;
   r.sampling.top_p = 0.9f;
   r.sampling.seed = 77;

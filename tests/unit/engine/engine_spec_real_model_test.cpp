@@ -31,11 +31,6 @@ SpeculativeConfig ngram_config(int k) {
   return c;
 }
 
-// Copy-heavy: the continuation repeats text from the prompt, so drafts get accepted.
-constexpr const char* kCopyPrompt =
-    "Repeat the list exactly.\nList: apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum.\n"
-    "Repeat: apple, banana, cherry,";
-
 class EngineSpecRealModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -58,12 +53,7 @@ class EngineSpecRealModel : public ::testing::Test {
     return model_->session().tokenizer().encode(text, true, false);
   }
   static Request greedy(const std::string& text, int max_tokens) {
-    Request r;
-    r.prompt = encode(text);
-    r.sampling.temperature = 0;
-    r.sampling.max_tokens = max_tokens;
-    r.sampling.ignore_eos = true;
-    return r;
+    return tessera::test::greedy_request(*model_, text, max_tokens);
   }
   // spec: speculation on (k = 4) or off; tweak adjusts the rest.
   static RunResult run(const std::vector<Request>& requests, bool spec, bool alone = false, int n_blocks = 0,
@@ -73,10 +63,7 @@ class EngineSpecRealModel : public ::testing::Test {
       if (tweak) tweak(c);
     });
   }
-  static std::vector<Request> greedy_requests() {
-    return {greedy(kCopyPrompt, 24), greedy("def fibonacci(n):\n    if n < 2:\n        return n\n    return", 16),
-            greedy("The three primary colors are red, blue and yellow. The three primary colors are", 16)};
-  }
+  static std::vector<Request> greedy_requests() { return tessera::test::spec_greedy_requests(*model_); }
 
   static ModelEngine* model_;
 };
@@ -128,7 +115,7 @@ TEST_F(EngineSpecRealModel, ForksPreemptionChunkingAndPrefixHitsChangeNothing) {
 }
 
 TEST_F(EngineSpecRealModel, StopTokensEndAtTheSameTokenInsideAcceptedDrafts) {
-  const Request base = greedy(kCopyPrompt, 24);
+  const Request base = greedy(tessera::test::kSpecCopyPrompt, 24);
   const RunResult plain = run({base}, false);
   const std::vector<int32_t>& full = plain.out.at(1).tokens[0];
   ASSERT_GE(full.size(), 10u);
@@ -187,7 +174,7 @@ TEST_F(EngineSpecRealModel, LogprobsEqualThoseOfANonSpeculativeRun) {
 }
 
 TEST_F(EngineSpecRealModel, SeededSamplingIsReproducible) {
-  Request r = greedy(kCopyPrompt, 16);
+  Request r = greedy(tessera::test::kSpecCopyPrompt, 16);
   r.sampling.temperature = 0.8f;
   r.sampling.top_p = 0.9f;
   r.sampling.seed = 1234;

@@ -27,7 +27,8 @@ namespace {
 // out = sum over the top-k experts of w_k * down_k(silu(gate_k x) * up_k x), in float64.
 std::vector<double> moe_reference(const std::vector<float>& x, int dim, int ff, int n_exp, int k, bool renorm,
                                   const std::vector<float>& router, const std::vector<std::vector<float>>& gate,
-                                  const std::vector<std::vector<float>>& up, const std::vector<std::vector<float>>& down) {
+                                  const std::vector<std::vector<float>>& up,
+                                  const std::vector<std::vector<float>>& down) {
   std::vector<double> logits(n_exp), out(dim, 0.0);
   for (int e = 0; e < n_exp; ++e)
     for (int c = 0; c < dim; ++c) logits[e] += double(router[e * dim + c]) * x[c];
@@ -84,8 +85,8 @@ TEST(MoeFfn, CpuMatchesFloat64WithAndWithoutRenormalisation) {
   }
   CpuBackend be(2);
   for (const bool renorm : {true, false}) {
-    const MoeFfnWeights moe{WeightMatrix{router.data(), DType::F32, kExp, kDim}, g.data(), u.data(), d.data(), kExp,
-                            kUsed, kFf, renorm};
+    const MoeFfnWeights moe{
+        WeightMatrix{router.data(), DType::F32, kExp, kDim}, g.data(), u.data(), d.data(), kExp, kUsed, kFf, renorm};
     std::vector<float> out(kRows * kDim, NAN);
     be.moe_ffn(x.data(), kRows, kDim, moe, out.data());
     double num = 0, den = 0;
@@ -100,8 +101,8 @@ TEST(MoeFfn, CpuMatchesFloat64WithAndWithoutRenormalisation) {
     EXPECT_LT(std::sqrt(num / den), 1e-5) << "renormalize " << renorm;
   }
   // A router of the wrong shape is refused, naming it.
-  const MoeFfnWeights bad{WeightMatrix{router.data(), DType::F32, kExp - 1, kDim}, g.data(), u.data(), d.data(),
-                          kExp, kUsed, kFf, true};
+  const MoeFfnWeights bad{
+      WeightMatrix{router.data(), DType::F32, kExp - 1, kDim}, g.data(), u.data(), d.data(), kExp, kUsed, kFf, true};
   std::vector<float> out(kDim);
   try {
     be.moe_ffn(x.data(), 1, kDim, bad, out.data());
