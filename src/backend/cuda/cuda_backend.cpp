@@ -131,7 +131,7 @@ CudaBackend::~CudaBackend() {
   for (auto& t : rope_tables_) cudaFree(t.inv_freq);
   cudaFree(act16_);
   cudaFree(wdeq_);
-  cudaFree(xperm_);
+  cudaFree(xq8_);
   cudaFree(actq_);
   cudaFree(partials_);
   cudaStreamDestroy(stream_);
@@ -267,30 +267,40 @@ int CudaBackend::coalesce(std::span<const MatmulTarget> targets, MatmulTarget* r
 void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs,
                        int n_runs) {
   // Decode: straight from the stored format, targets of one type grouped into one launch.
+  // Integer kernels read x quantized per 32 columns (quantize_q8.cu), once per call: the first
+  // half of the scratch; the second holds x quantized through an act-order permutation.
+  const size_t q8_bytes = round_up(cuda::q8_rows_bytes(n_rows, cols), 256);
+  bool x_quantized = false;
+  auto quantized_x = [&] {
+    auto* base = static_cast<uint8_t*>(scratch(xq8_, xq8_cap_, 2 * q8_bytes));
+    const cuda::Q8Rows xq = cuda::q8_rows_view(base, n_rows, cols);
+    if (!x_quantized) cuda::launch_quantize_q8_rows(in.x, n_rows, ldx, cols, nullptr, xq, stream_);
+    x_quantized = true;
+    return xq;
+  };
   int i = 0;
   while (i < n_runs) {
     if (is_group_quant(runs[i].w.dtype)) {
       // Straight from the codes (gemv_gq.cu): weights of one type and group size without a
-      // permutation in one launch; an act-order weight alone, on x gathered into its order.
+      // permutation in one launch; an act-order weight alone, on x quantized through its permutation.
       TESSERA_CHECK(!in.up && !in.residual, "cuda gemv: a fused input needs the bulk kernel");
       const WeightMatrix& w0 = runs[i].w;
       if (w0.gq_perm) {
-        const auto ldp = static_cast<int64_t>(round_up(static_cast<size_t>(cols), 4));
-        auto* xp = static_cast<float*>(scratch(xperm_, xperm_cap_, sizeof(float) * n_rows * ldp));
+        auto* base = static_cast<uint8_t*>(scratch(xq8_, xq8_cap_, 2 * q8_bytes));
+        const cuda::Q8Rows xp = cuda::q8_rows_view(base + q8_bytes, n_rows, cols);
         const auto* perm =
             reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(w0.data) + w0.gq_layout().off_perm);
-        cuda::launch_permute_cols(in.x, n_rows, ldx, perm, cols, xp, ldp, stream_);
-        MatmulTarget t = runs[i++];
-        t.w.gq_perm = false;  // the kernel reads codes, scales and zeros; x is already in stored order
-        cuda::launch_gemv_gq(xp, n_rows, ldp, &t, 1, stream_);
+        cuda::launch_quantize_q8_rows(in.x, n_rows, ldx, cols, perm, xp, stream_);
+        cuda::launch_gemv_gq(xp, n_rows, &runs[i++], 1, stream_);
         continue;
       }
+      const cuda::Q8Rows xq = quantized_x();
       MatmulTarget g[cuda::kGemvMaxTargets];
       int n = 0;
       while (i < n_runs && n < cuda::kGemvMaxTargets && runs[i].w.dtype == w0.dtype && !runs[i].w.gq_perm &&
              runs[i].w.group_size == w0.group_size)
         g[n++] = runs[i++];
-      cuda::launch_gemv_gq(in.x, n_rows, ldx, g, n, stream_);
+      cuda::launch_gemv_gq(xq, n_rows, g, n, stream_);
       continue;
     }
     cuda::GemvTarget g[cuda::kGemvMaxTargets];
@@ -303,6 +313,10 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
     }
     if (n_rows == 1 && cuda::launch_gemv_bulk(type, in, cols, g, n, sm_count_, stream_)) continue;
     TESSERA_CHECK(!in.up && !in.residual, "cuda gemv: a fused input needs the bulk kernel");
+    if (cuda::gemv_blocks_q8_applies(type, cols)) {  // GGUF Q4_0/Q4_1/Q8_0/Q4_K (gemv_blocks_q8.cu)
+      cuda::launch_gemv_blocks_q8(type, quantized_x(), n_rows, cols, g, n, stream_);
+      continue;
+    }
     if (is_fp8_weight(type)) {  // any width, 1-8 rows (gemv_fp8.cu)
       cuda::launch_gemv_fp8(in.x, n_rows, ldx, runs + first, n, stream_);
       continue;

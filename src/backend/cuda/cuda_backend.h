@@ -130,8 +130,8 @@ class CudaBackend final : public Backend {
   size_t act16_cap_ = 0;
   void* wdeq_ = nullptr;  // a quantized weight decoded to bf16
   size_t wdeq_cap_ = 0;
-  void* xperm_ = nullptr;  // decode activations gathered into an act-order weight's column order
-  size_t xperm_cap_ = 0;
+  void* xq8_ = nullptr;  // decode activations quantized per 32 columns (two: as given, in an act-order order)
+  size_t xq8_cap_ = 0;
   void* actq_ = nullptr;  // activations as E4M3 codes + per-row scales (the FP8 GEMM)
   size_t actq_cap_ = 0;
   void* partials_ = nullptr;  // split-KV attention partial results

@@ -132,16 +132,31 @@ void launch_quantize_rows_e4m3(const float* x, int n_rows, int64_t ldx, int64_t 
                                float* sx, cudaStream_t s);
 void launch_scale_outer(float* y, int64_t ldy, int n_rows, int64_t rows, const float* sw, const float* sx,
                         cudaStream_t s);
-// Group-quantized weights (W4G/W8G) at decode sizes, read straight from the codes
-// (gemv_gq.cu): y_i[t * ldy_i + r] = x[t, :] · W_i[r, :] for t < n_rows (<= kGemvMaxRows).
-// The targets (<= kGemvMaxTargets) share type, width and group size and carry no act-order
-// permutation: such a weight takes x gathered into its stored column order
-// (launch_permute_cols) and runs alone.
-void launch_gemv_gq(const float* x, int n_rows, int64_t ldx, const MatmulTarget* targets, int n_targets,
-                    cudaStream_t s);
-// xp[t * ldxp + j] = x[t * ldx + perm[j]] for t < n_rows, j < cols.
-void launch_permute_cols(const float* x, int n_rows, int64_t ldx, const int32_t* perm, int64_t cols, float* xp,
-                         int64_t ldxp, cudaStream_t s);
+// Activations quantized per 32 columns for the integer decode kernels (quantize_q8.cu), the
+// CPU backend's Q8 numerics: q [n_rows][ld] int8 (ld = cols rounded up to 32, zeros past cols),
+// meta [n_rows][ld / 32] = {bits of d = fp16(amax / 127) as f32, sum of the block's q}.
+struct Q8Rows {
+  int8_t* q = nullptr;
+  int2* meta = nullptr;
+  int64_t ld = 0;
+};
+size_t q8_rows_bytes(int n_rows, int64_t cols);
+Q8Rows q8_rows_view(void* buf, int n_rows, int64_t cols);  // buf: q8_rows_bytes, 256-byte aligned
+// out row t = Q8(x[t, perm[j]] for j < cols) (perm nullptr: x[t, j]).
+void launch_quantize_q8_rows(const float* x, int n_rows, int64_t ldx, int64_t cols, const int32_t* perm, Q8Rows out,
+                             cudaStream_t s);
+// Group-quantized weights (W4G/W8G) at decode sizes, read straight from the codes with integer
+// dot products on Q8 activations (gemv_gq.cu): y_i[t * ldy_i + r] = sum over 32-column blocks b
+// of scale_i[r, g(b)] * d[t, b] * sum_j (code - zero) * q[t, j], for t < n_rows (<= kGemvMaxRows),
+// the CPU backend's arithmetic. The targets (<= kGemvMaxTargets) share type, width and group
+// size; x is in their stored column order (an act-order weight runs alone, on x quantized
+// through its permutation).
+void launch_gemv_gq(const Q8Rows& x, int n_rows, const MatmulTarget* targets, int n_targets, cudaStream_t s);
+// GGUF Q4_0, Q4_1, Q8_0 (widths of 32k) and Q4_K (256k) at decode sizes, integer dot products on
+// Q8 activations (gemv_blocks_q8.cu): y_i[t * ldy_i + r] = x[t, :] · W_i[r, :] for t < n_rows.
+bool gemv_blocks_q8_applies(DType type, int64_t cols);
+void launch_gemv_blocks_q8(DType type, const Q8Rows& x, int n_rows, int64_t cols, const GemvTarget* targets,
+                           int n_targets, cudaStream_t s);
 // out[r, c] = x[r * ldx + c] as bf16 (to_bf16) or f16, dense [n_rows, cols].
 void launch_convert_rows(const float* x, int n_rows, int64_t ldx, int64_t cols, uint16_t* out, bool to_bf16,
                          cudaStream_t s);

@@ -85,6 +85,11 @@ TEST(CudaOps, MatmulEveryFormatSmallAndLargeBatchesMatchFloat64) {
       const int64_t ldx = cols + 5;  // rows of x not packed
       auto x = randn(n * ldx, rng);
       DeviceVec<float> dx(*gpu, x);
+      // Up to 8 rows Q4_0/Q4_1/Q8_0/Q4_K take integer dot products on x quantized per 32
+      // columns (gemv_blocks_q8.cu): the reference takes the same rounding of x.
+      const bool int_dot =
+          n <= 8 && (type == DType::Q4_0 || type == DType::Q4_1 || type == DType::Q8_0 || type == DType::Q4_K);
+      const std::vector<float> xr = int_dot ? q8_round_trip(x, n, ldx, cols) : x;
       std::vector<std::unique_ptr<DeviceVec<float>>> ys;
       std::vector<MatmulTarget> targets;
       for (int t = 0; t < 3; ++t) {
@@ -103,11 +108,11 @@ TEST(CudaOps, MatmulEveryFormatSmallAndLargeBatchesMatchFloat64) {
         for (int i = 0; i < n; ++i)
           for (int64_t r = 0; r < rows[t]; ++r) {
             double acc = 0;
-            for (int64_t k = 0; k < cols; ++k) acc += double(x[i * ldx + k]) * ws[t].decoded[r * cols + k];
+            for (int64_t k = 0; k < cols; ++k) acc += double(xr[i * ldx + k]) * ws[t].decoded[r * cols + k];
             ref.push_back(acc);
             got.push_back(y[i * ldy + r]);
           }
-        // Up to 8 rows: f32 products on the stored weights. Beyond: tensor cores with the
+        // Up to 8 rows: f32 products on the stored weights (integer ones on quantized x). Beyond: tensor cores with the
         // activations (and decoded quantized weights) rounded to bf16 (f16 for f16 weights;
         // f32 weights stay f32).
         const bool small = n <= 8;

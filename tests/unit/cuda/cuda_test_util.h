@@ -3,6 +3,7 @@
 // (and skip) in a build without CUDA.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/fp16.h"
 #include "backend/cuda/cuda_factory.h"
 
 namespace tessera::cudatest {
@@ -100,6 +102,28 @@ struct HostBatch {
   }
   mutable std::vector<std::shared_ptr<DeviceVec<int32_t>>> uploads;
 };
+
+// x as the integer decode kernels see it (quantize_q8.cu; the CPU backend's Q8 numerics): per
+// row, columns taken in the order perm gives (stored column j reads input column perm[j];
+// nullptr: in order), quantized per 32 of them with d = fp16(amax / 127) and
+// q = nearbyint(x * 127 / amax), then q * d put back where each came from. Exact in f32.
+inline std::vector<float> q8_round_trip(const std::vector<float>& x, int n, int64_t ldx, int64_t cols,
+                                        const int32_t* perm = nullptr) {
+  std::vector<float> out(x);
+  for (int i = 0; i < n; ++i)
+    for (int64_t b = 0; b < cols; b += 32) {
+      const int64_t e = std::min<int64_t>(b + 32, cols);
+      float amax = 0.0f;
+      for (int64_t j = b; j < e; ++j) amax = std::fmax(amax, std::fabs(x[i * ldx + (perm ? perm[j] : j)]));
+      const float d = fp16_to_f32(f32_to_fp16(amax / 127.0f));
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      for (int64_t j = b; j < e; ++j) {
+        const int64_t k = i * ldx + (perm ? perm[j] : j);
+        out[k] = static_cast<float>(std::nearbyint(x[k] * id) * double(d));
+      }
+    }
+  return out;
+}
 
 inline std::unique_ptr<Backend> make_cuda() { return make_backend(BackendOptions{"cuda", 0}); }
 inline std::unique_ptr<Backend> make_cpu() { return make_backend(BackendOptions{"cpu", 2}); }

@@ -66,6 +66,13 @@ std::vector<double> reference(const GqWeight& w, const std::vector<float>& x, in
   return ref;
 }
 
+// x as the decode kernel sees it: in the weight's stored column order, quantized per 32 columns.
+std::vector<float> q8_round_trip(const GqWeight& w, const std::vector<float>& x, int n, int64_t ldx) {
+  const GroupQuantLayout& l = w.m.layout;
+  return cudatest::q8_round_trip(x, n, ldx, w.host.cols,
+                                 l.has_perm ? reinterpret_cast<const int32_t*>(w.m.data.get() + l.off_perm) : nullptr);
+}
+
 }  // namespace
 
 // The decode kernel at every row count it takes (1-8), with x rows 16-byte aligned and not
@@ -102,12 +109,12 @@ TEST(CudaWeightQuant, DecodeKernelMatchesFloat64OnAwkwardShapes) {
         const MatmulTarget tg{wm, dy.get(), ldy};
         gpu->matmul(dx.get(), n, ldx, std::span(&tg, 1));
         const auto y = dy.read();
-        const std::vector<double> ref = reference(w, x, n, ldx);
+        // Up to 8 rows: activations quantized per 32 columns, the rest exact or f32 (float32
+        // rounding only). Past 8: weights and activations rounded to bf16 for the tensor cores.
+        const std::vector<double> ref = reference(w, n <= 8 ? q8_round_trip(w, x, n, ldx) : x, n, ldx);
         std::vector<float> got;
         for (int i = 0; i < n; ++i)
           for (int64_t r = 0; r < c.rows; ++r) got.push_back(y[i * ldy + r]);
-        // Up to 8 rows: f32 codes, scales and activations (float32 rounding only). Past 8:
-        // weights and activations rounded to bf16 for the tensor cores.
         if (n <= 8) worst_decode = std::max(worst_decode, rel_err(got, ref));
         EXPECT_LT(rel_err(got, ref), n <= 8 ? 1e-5 : 1e-2) << "W" << c.bits << " " << c.rows << "x" << c.cols << " g"
                                                            << c.group << " n=" << n << " aligned=" << aligned;
@@ -153,7 +160,7 @@ TEST(CudaWeightQuant, DecodeRunsSeveralTargetsInOneCall) {
     gpu->matmul(dx.get(), n, cols, tgs);
     const auto y = dy.read();
     for (size_t t = 0; t < ws.size(); ++t) {
-      const std::vector<double> ref = reference(ws[t], x, n, cols);
+      const std::vector<double> ref = reference(ws[t], q8_round_trip(ws[t], x, n, cols), n, cols);
       std::vector<float> got;
       const int64_t rows = ws[t].host.rows;
       for (int i = 0; i < n; ++i) {
@@ -292,16 +299,16 @@ TEST(CudaWeightQuant, MatmulMatchesFloat64AtDecodeAndPrefillRows) {
       const MatmulTarget tg{wm, dy.get(), ldy};
       gpu->matmul(dx.get(), n, ldx, std::span(&tg, 1));
       const auto y = dy.read();
+      // Up to 8 rows activations quantized per 32 columns (the reference takes the same
+      // rounding); past 8 decoded weights and activations rounded to bf16 for the tensor cores.
+      const std::vector<double> all = reference(w, n <= 8 ? q8_round_trip(w, x, n, ldx) : x, n, ldx);
       std::vector<double> ref;
       std::vector<float> got;
       for (int i = 0; i < n; ++i)
         for (int64_t r = 0; r < c.rows; ++r) {
-          double acc = 0;
-          for (int64_t k = 0; k < c.cols; ++k) acc += double(x[i * ldx + k]) * w.decoded[r * c.cols + k];
-          ref.push_back(acc);
+          ref.push_back(all[i * c.rows + r]);
           got.push_back(y[i * ldy + r]);
         }
-      // Past 8 rows decoded weights and activations rounded to bf16 for the tensor cores.
       EXPECT_LT(rel_err(got, ref), n <= 8 ? 1e-5 : 1e-2) << "W" << c.bits << " g" << c.group << " n=" << n;
       for (int i = 0; i < n; ++i)
         for (int64_t r = c.rows; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r]));
