@@ -316,6 +316,7 @@ void add_bench(CLI::App& app) {
   add_bench_serve(*bench);
   add_bench_compare(*bench);
   add_bench_grammar(*bench);
+  add_bench_verify(*bench);
 }
 
 }  // namespace tessera::apps

@@ -18,5 +18,6 @@ void add_quantize(CLI::App& app);
 void add_bench_serve(CLI::App& bench);
 void add_bench_compare(CLI::App& bench);
 void add_bench_grammar(CLI::App& bench);
+void add_bench_verify(CLI::App& bench);
 
 }  // namespace tessera::apps

@@ -115,7 +115,8 @@ __device__ __forceinline__ float chunk_dot(const Chunk<T>& k, const Q8Rows& x, i
   const int2 m0 = __ldg(x.meta + t * n_blocks + b);
   const float dx = __int_as_float(m0.x);
   if constexpr (T == DType::Q4_K) {
-    const uint4 xc = __ldg(reinterpret_cast<const uint4*>(xr + 32)), xd = __ldg(reinterpret_cast<const uint4*>(xr + 48));
+    const uint4 xc = __ldg(reinterpret_cast<const uint4*>(xr + 32)),
+                xd = __ldg(reinterpret_cast<const uint4*>(xr + 48));
     const int2 m1 = __ldg(x.meta + t * n_blocks + b + 1);
     int lo = 0, hi = 0;  // sub-block 2j meets block b, 2j+1 block b+1
 #pragma unroll
@@ -129,7 +130,8 @@ __device__ __forceinline__ float chunk_dot(const Chunk<T>& k, const Q8Rows& x, i
   } else if constexpr (T == DType::Q8_0) {
     int dot = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) dot = __dp4a(static_cast<int>(k.w[i]), static_cast<int>(word_of(i < 4 ? xa : xb, i & 3)), dot);
+    for (int i = 0; i < 8; ++i)
+      dot = __dp4a(static_cast<int>(k.w[i]), static_cast<int>(word_of(i < 4 ? xa : xb, i & 3)), dot);
     return k.d * dx * static_cast<float>(dot);
   } else {
     int dot = T == DType::Q4_0 ? -8 * m0.y : 0;
