@@ -64,7 +64,8 @@ void run_verify_bench(const VerifyArgs& a) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, c.n_vocab - 1);
 
-  std::printf("\n| batch | k | rows | ms/step | x decode step | break-even accepted/step |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| batch | k | rows | ms/step | x decode step | break-even accepted/step |\n|---|---|---|---|---|---|\n");
   ForwardBatch batch;
   std::vector<float> logits;
   std::vector<uint8_t> argmax_only;

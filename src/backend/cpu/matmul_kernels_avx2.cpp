@@ -293,11 +293,11 @@ struct PQ8_0 {
   static __m256i quants(const Block& b) { return load256(b.qs); }
 };
 
-// Blocks of 32: the input rows in passes of 4, then 2, then 1 over the weights of one row
-// group (K::pass<XR> unpacks each block once for its XR input rows).
-template <typename K>
+// The input rows in passes of 4, then 2, then 1 over the weights of one row group
+// (K::pass<XR> unpacks each block once for its XR input rows); blocks of kBlockCols columns.
+template <typename K, int kBlockCols = 32>
 void in_row_passes(const MatmulTask& t, int64_t r0, int nr) {
-  const RowPrefetch pf(t, r0, 8, t.cols / 32);
+  const RowPrefetch pf(t, r0, 8, t.cols / kBlockCols);
   const RowGroup g(t, r0, nr);
   int64_t j = 0;
   for (; j + 4 <= t.n_x; j += 4) K::template pass<4>(t, g, pf, r0, nr, j);
@@ -397,92 +397,104 @@ struct Q4Rows {
 };
 
 // Q4_K / Q5_K: sub-block scales multiply the pair sums inside _mm256_madd_epi16; the mins
-// meet the activation's sums of 32.
+// meet the activation's sums of 32. XR input rows per pass, as Q4Rows: a weight row's
+// super-block (its 256 quants as 8 registers, its scales) is unpacked once for all of them;
+// every output keeps the one-row arithmetic.
 template <bool kFive>
 struct QK45Rows {
-  static void run(const MatmulTask& t, int64_t r0, int nr) {
+  template <int XR>
+  static void pass(const MatmulTask& t, const RowGroup& g, const RowPrefetch& pf, int64_t r0, int nr, int64_t j0) {
     using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
     const int64_t nb = t.cols / 256;
-    const RowPrefetch pf(t, r0, 8, nb);
-    const RowGroup g(t, r0, nr);
-    for (int64_t j = 0; j < t.n_x; ++j) {
-      const ActRow a = act_row(t.act, *t.act_layout, j);
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        pf.at(b);
-        const int8_t* xq = a.qs + b * 256;
-        __m256i part[8];
-        alignas(32) int32_t msum[8];
-        for (int i = 0; i < 8; ++i) {
-          const Block& blk = g.block<Block>(i, b);
-          uint8_t sm[16];
-          unpack_k4_scales(blk.scales, sm);
+    ActRow a[XR];
+    __m256 acc[XR];
+    for (int x = 0; x < XR; ++x) a[x] = act_row(t.act, *t.act_layout, j0 + x), acc[x] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      pf.at(b);
+      __m256i part[XR][8];
+      alignas(32) int32_t msum[XR][8];
+      for (int i = 0; i < 8; ++i) {
+        const Block& blk = g.block<Block>(i, b);
+        uint8_t sm[16];
+        unpack_k4_scales(blk.scales, sm);
+        __m256i hbits = _mm256_setzero_si256();
+        if constexpr (kFive) hbits = load256(blk.qh);
+        __m256i lo[4], hi[4];  // the row's 256 quants, in the activation's order
+        for (int c = 0; c < 4; ++c) qk45_quants<kFive>(blk.qs, hbits, c, &lo[c], &hi[c]);
+        for (int x = 0; x < XR; ++x) {
           int summ = 0;
-          for (int s = 0; s < 8; ++s) summ += sm[8 + s] * a.sum32[b * 8 + s];
-          msum[i] = summ;
-          __m256i hbits = _mm256_setzero_si256();
-          if constexpr (kFive) hbits = load256(blk.qh);
+          for (int s = 0; s < 8; ++s) summ += sm[8 + s] * a[x].sum32[b * 8 + s];
+          msum[x][i] = summ;
+          const int8_t* xq = a[x].qs + b * 256;
           __m256i sumi = _mm256_setzero_si256();
           for (int c = 0; c < 4; ++c) {
-            __m256i lo, hi;
-            qk45_quants<kFive>(blk.qs, hbits, c, &lo, &hi);
-            const __m256i plo = _mm256_maddubs_epi16(lo, load256(xq + 64 * c));
-            const __m256i phi = _mm256_maddubs_epi16(hi, load256(xq + 64 * c + 32));
+            const __m256i plo = _mm256_maddubs_epi16(lo[c], load256(xq + 64 * c));
+            const __m256i phi = _mm256_maddubs_epi16(hi[c], load256(xq + 64 * c + 32));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sm[2 * c])));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sm[2 * c + 1])));
           }
-          part[i] = sumi;
+          part[x][i] = sumi;
         }
-        __m256 dw, dmin;
-        rows_two_halves(g, b * static_cast<int64_t>(sizeof(Block)), &dw, &dmin);
-        const __m256 dx = _mm256_set1_ps(a.d32[b * 8]);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(hsum8x8_i32(part)), acc);
-        acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx),
-                               _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(msum))), acc);
       }
-      store_lanes(t.y + j * t.ldy + r0, acc, nr);
+      __m256 dw, dmin;
+      rows_two_halves(g, b * static_cast<int64_t>(sizeof(Block)), &dw, &dmin);
+      for (int x = 0; x < XR; ++x) {
+        const __m256 dx = _mm256_set1_ps(a[x].d32[b * 8]);
+        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(hsum8x8_i32(part[x])), acc[x]);
+        acc[x] =
+            _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx),
+                             _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(msum[x]))), acc[x]);
+      }
     }
+    for (int x = 0; x < XR; ++x) store_lanes(t.y + (j0 + x) * t.ldy + r0, acc[x], nr);
   }
+
+  static void run(const MatmulTask& t, int64_t r0, int nr) { in_row_passes<QK45Rows, 256>(t, r0, nr); }
 };
 
 // Q6_K: unsigned 6-bit quants; the -32 offset is folded in exactly through the activation's
-// sums of 16.
+// sums of 16. XR input rows per pass, as QK45Rows (one half super-block's quants at a time).
 struct Q6KRows {
-  static void run(const MatmulTask& t, int64_t r0, int nr) {
+  template <int XR>
+  static void pass(const MatmulTask& t, const RowGroup& g, const RowPrefetch& pf, int64_t r0, int nr, int64_t j0) {
     const int64_t nb = t.cols / 256;
-    const RowPrefetch pf(t, r0, 8, nb);
-    const RowGroup g(t, r0, nr);
-    for (int64_t j = 0; j < t.n_x; ++j) {
-      const ActRow a = act_row(t.act, *t.act_layout, j);
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        pf.at(b);
-        __m256i part[8];
-        for (int i = 0; i < 8; ++i) {
-          const BlockQ6_K& blk = g.block<BlockQ6_K>(i, b);
+    ActRow a[XR];
+    __m256 acc[XR];
+    for (int x = 0; x < XR; ++x) a[x] = act_row(t.act, *t.act_layout, j0 + x), acc[x] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      pf.at(b);
+      __m256i part[XR][8];
+      for (int i = 0; i < 8; ++i) {
+        const BlockQ6_K& blk = g.block<BlockQ6_K>(i, b);
+        __m256i sumi[XR];
+        for (int x = 0; x < XR; ++x) {
           int corr = 0;
-          for (int s = 0; s < 16; ++s) corr += blk.scales[s] * a.sum16[b * 16 + s];
-          __m256i sumi = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-32 * corr));
-          for (int half = 0; half < 2; ++half) {
-            const int8_t* sc = blk.scales + 8 * half;
-            const int8_t* xq = a.qs + b * 256 + 128 * half;
-            __m256i q[4];
-            q6k_quants(blk, half, q);
-            for (int k = 0; k < 4; ++k) {
-              const __m256i p = _mm256_maddubs_epi16(q[k], load256(xq + 32 * k));
-              const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-              sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scv));
+          for (int s = 0; s < 16; ++s) corr += blk.scales[s] * a[x].sum16[b * 16 + s];
+          sumi[x] = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-32 * corr));
+        }
+        for (int half = 0; half < 2; ++half) {
+          const int8_t* sc = blk.scales + 8 * half;
+          __m256i q[4];
+          q6k_quants(blk, half, q);
+          for (int k = 0; k < 4; ++k) {
+            const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+            for (int x = 0; x < XR; ++x) {
+              const __m256i p = _mm256_maddubs_epi16(q[k], load256(a[x].qs + b * 256 + 128 * half + 32 * k));
+              sumi[x] = _mm256_add_epi32(sumi[x], _mm256_madd_epi16(p, scv));
             }
           }
-          part[i] = sumi;
         }
-        const __m256 dw = rows_half(g, b * static_cast<int64_t>(sizeof(BlockQ6_K)) + offsetof(BlockQ6_K, d));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d32[b * 8])), _mm256_cvtepi32_ps(hsum8x8_i32(part)),
-                              acc);
+        for (int x = 0; x < XR; ++x) part[x][i] = sumi[x];
       }
-      store_lanes(t.y + j * t.ldy + r0, acc, nr);
+      const __m256 dw = rows_half(g, b * static_cast<int64_t>(sizeof(BlockQ6_K)) + offsetof(BlockQ6_K, d));
+      for (int x = 0; x < XR; ++x)
+        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a[x].d32[b * 8])),
+                                 _mm256_cvtepi32_ps(hsum8x8_i32(part[x])), acc[x]);
     }
+    for (int x = 0; x < XR; ++x) store_lanes(t.y + (j0 + x) * t.ldy + r0, acc[x], nr);
   }
+
+  static void run(const MatmulTask& t, int64_t r0, int nr) { in_row_passes<Q6KRows, 256>(t, r0, nr); }
 };
 
 template <int NR>
