@@ -1,6 +1,7 @@
 #include "engine/engine_core.h"
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
 
 #include "core/error.h"
@@ -285,7 +286,10 @@ StepResult EngineCore::step() {
     executor_.swap_out(out.swap_out);
     executor_.swap_in(out.swap_in);
     output_.counts.clear();  // an executor that knows no drafts leaves it empty: one token each
+    const auto t0 = std::chrono::steady_clock::now();
     executor_.execute(StepInput{batch_, out.copies, samples_, prompt_targets_}, output_);
+    step_cost_.observe(batch_.n_tokens(),
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     gather_prompt_logprobs(out, result);
     count_verifications(out);
     result.events = scheduler_.update(out, output_.tokens, output_.counts);
@@ -305,26 +309,53 @@ void EngineCore::propose_drafts() {
   drafts_.clear();
   if (!drafter_) return;
   const SpeculativeConfig& sc = config_.speculative;
-  // The off switch: a large batch gains less from fewer serial steps than it pays for the
-  // extra rows (the threshold is measured per device: docs/benchmarks/spec-decode.md).
+  // The manual off switch; the measured one is the plan below.
   const bool on = !speculating_.empty() && (sc.disable_by_batch_size == 0 ||
                                             static_cast<int>(scheduler_.n_running()) <= sc.disable_by_batch_size);
+  const std::vector<SeqHandle> decoding = scheduler_.decoding_sequences();
+  std::vector<SeqHandle> candidates;
+  for (const SeqHandle h : decoding)
+    if (on && speculating_.count(scheduler_.sequence(h).request)) candidates.push_back(h);
+  // Draft lengths: k_max each, or (adaptive) what maximises the expected tokens per second of
+  // the step under this engine's measured cost per row count, zero where nothing pays. A batch
+  // size whose plain step was never timed runs one plain step first, so the plan compares
+  // measured times.
+  std::vector<int> k(candidates.size(), sc.num_speculative_tokens);
+  if (sc.adaptive) {
+    const int base_rows = static_cast<int>(decoding.size());
+    if (!step_cost_.observed(base_rows)) {
+      std::fill(k.begin(), k.end(), 0);
+    } else {
+      std::vector<DraftCandidate> cand(candidates.size());
+      for (size_t i = 0; i < candidates.size(); ++i)
+        cand[i] = {draft_length_[scheduler_.sequence(candidates[i]).id].rate(), sc.num_speculative_tokens};
+      plan_draft_lengths(step_cost_, base_rows, base_rows, draft_seconds_per_pos_, cand, k);
+      for (size_t i = 0; i < candidates.size(); ++i)
+        if (k[i] == 0) draft_length_[scheduler_.sequence(candidates[i]).id].idle();
+    }
+  }
   std::vector<SeqHandle> handles;
   std::vector<DraftQuery> queries;
-  for (const SeqHandle h : scheduler_.decoding_sequences()) {
+  for (const SeqHandle h : decoding) {
     const Sequence& s = scheduler_.sequence(h);
-    if (on && speculating_.count(s.request)) {
+    const auto it = std::find(candidates.begin(), candidates.end(), h);
+    const int ki = it == candidates.end() ? 0 : k[it - candidates.begin()];
+    if (ki > 0) {
       handles.push_back(h);
       const auto params = draft_sampling_.find(s.id);
-      queries.push_back({s.id, s.tokens, draft_length_[s.id].next(sc.num_speculative_tokens, sc.adaptive),
-                         params != draft_sampling_.end() ? &params->second : nullptr, s.n_prompt});
+      queries.push_back({s.id, s.tokens, ki, params != draft_sampling_.end() ? &params->second : nullptr, s.n_prompt});
     } else if (!s.draft.empty()) {
       scheduler_.set_draft(h, {});  // a draft left from a step that did not schedule it
     }
   }
   if (queries.empty()) return;
   std::vector<Draft> drafts(queries.size());
+  const auto t0 = std::chrono::steady_clock::now();
   drafter_->propose(queries, drafts);
+  int longest = 0;
+  for (const DraftQuery& q : queries) longest = std::max(longest, q.max_tokens);
+  const double per_pos = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / longest;
+  draft_seconds_per_pos_ = (1 - StepCostModel::kWeight) * draft_seconds_per_pos_ + StepCostModel::kWeight * per_pos;
   for (size_t i = 0; i < queries.size(); ++i) {
     Draft& d = drafts[i];
     TESSERA_CHECK(static_cast<int>(d.tokens.size()) <= queries[i].max_tokens &&

@@ -17,6 +17,7 @@
 #include "sched/scheduler.h"
 #include "spec/draft_length.h"
 #include "spec/drafter.h"
+#include "spec/step_cost.h"
 #include "spec/spec_config.h"
 
 namespace tessera {
@@ -172,6 +173,10 @@ class EngineCore {
   std::unordered_map<SeqId, SamplingParams> draft_sampling_;  // each speculating choice's (seed per choice)
   std::unordered_map<SeqId, DraftLength> draft_length_;
   std::unordered_map<SeqId, Draft> drafts_;
+  // Adaptive draft lengths: this engine's forward time per row count, and the drafter's time
+  // per draft position (exponentially weighted), measured on its own steps.
+  StepCostModel step_cost_;
+  double draft_seconds_per_pos_ = 0;
   std::vector<int32_t> chunk_;  // a speculative sequence's step tokens: last token + draft
 };
 

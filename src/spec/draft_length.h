@@ -1,12 +1,7 @@
 #pragma once
-// How many draft tokens a sequence verifies next (adaptive k). Verifying a token that is
-// then rejected costs a query row (and, on a busy device, time); proposing too few wastes
-// acceptances. Each sequence keeps an exponentially weighted per-token acceptance rate a
-// (prior kPrior, weight kWeight per verified step) and proposes
-//     k = clamp(ceil(a / (1 - a)), 1, k_max),
-// the expected run of consecutive acceptances of a geometric model with rate a: a = 0.5
-// gives 1, 0.8 gives 4, 0.9 gives 9. A heuristic, not a measured optimum: the cost side is
-// the device's (docs/benchmarks/spec-decode.md).
+// A sequence's running acceptance: an exponentially weighted per-token acceptance rate a
+// (prior kPrior, weight kWeight per verified step). The adaptive draft lengths
+// (spec/step_cost.h) weigh a draft token j as kept with probability a^j.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,19 +12,20 @@ class DraftLength {
  public:
   static constexpr double kPrior = 0.8;
   static constexpr double kWeight = 0.3;
+  static constexpr double kRecovery = 0.05;  // per idle step
 
-  // The draft length to ask for, in [1, k_max] (k_max without adaptation).
-  int next(int k_max, bool adaptive) const {
-    if (!adaptive) return k_max;
-    const double a = std::min(rate_, 0.999);
-    const double run = std::ceil(a / (1.0 - a));
-    return static_cast<int>(std::clamp(run, 1.0, static_cast<double>(k_max)));
-  }
-  // After a verification of n_draft > 0 tokens of which n_accepted were kept.
+  // After a verification of n_draft > 0 tokens of which the first n_accepted were kept. A
+  // token is tried only when all before it were kept, so the step tried n_accepted + 1 tokens
+  // (n_accepted when all were kept): its estimate of the per-token rate is kept / tried.
   void observe(int n_draft, int n_accepted) {
     if (n_draft <= 0) return;
-    rate_ = (1.0 - kWeight) * rate_ + kWeight * static_cast<double>(n_accepted) / n_draft;
+    const int tried = n_accepted + (n_accepted < n_draft ? 1 : 0);
+    rate_ = (1.0 - kWeight) * rate_ + kWeight * static_cast<double>(n_accepted) / tried;
   }
+  // A step in which the sequence could have speculated but its plan gave it no draft: the
+  // estimate drifts back toward the prior, so a sequence whose text turned predictable is
+  // tried again (otherwise a rate near 0 would never be re-measured).
+  void idle() { rate_ += kRecovery * (kPrior - rate_); }
   double rate() const { return rate_; }
 
  private:

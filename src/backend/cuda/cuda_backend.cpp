@@ -31,11 +31,26 @@ namespace {
 
 using cuda::round_up;
 
+// Whether a product of n_rows rows runs on the matrix-vector kernels rather than a GEMM:
+// one row always; 2..kGemvMaxRows rows unless every weight is plain f16/bf16. The multi-row
+// GEMV decodes each weight once but loads x per element and row from L1, which for 16-bit
+// weights made it slower than reading the weights once per row (Llama-3.1-8B bf16 on an
+// H100, docs/benchmarks/gpu.md: 8 rows 65 ms a forward, 2 rows 19 ms, against 5.2 ms for 1
+// row and 8.5 ms for 16 rows through cuBLASLt). Quantized weights keep the GEMV there: their
+// GEMM path decodes the whole matrix to bf16 first.
+bool gemv_rows(int n_rows, std::span<const MatmulTarget> targets) {
+  if (n_rows == 1) return true;
+  if (n_rows > cuda::kGemvMaxRows) return false;
+  for (const MatmulTarget& t : targets)
+    if (t.w.dtype != DType::F16 && t.w.dtype != DType::BF16) return true;
+  return false;
+}
+
 // Profile names: the path taken and the shape, e.g. "gemv bf16 [1 x 4096] -> 6144 (3 targets)".
 std::string matmul_op_name(int n_rows, std::span<const MatmulTarget> targets) {
   int64_t rows = 0;
   for (const MatmulTarget& t : targets) rows += t.w.rows;
-  return std::string(n_rows <= cuda::kGemvMaxRows ? "gemv " : "gemm ") + std::string(dtype_name(targets[0].w.dtype)) +
+  return std::string(gemv_rows(n_rows, targets) ? "gemv " : "gemm ") + std::string(dtype_name(targets[0].w.dtype)) +
          " [" + std::to_string(n_rows) + " x " + std::to_string(targets[0].w.cols) + "] -> " + std::to_string(rows) +
          (targets.size() > 1 ? " (" + std::to_string(targets.size()) + " targets)" : "");
 }
@@ -291,7 +306,9 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
         const auto* perm =
             reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(w0.data) + w0.gq_layout().off_perm);
         cuda::launch_quantize_q8_rows(in.x, n_rows, ldx, cols, perm, xp, stream_);
-        cuda::launch_gemv_gq(xp, n_rows, &runs[i++], 1, stream_);
+        MatmulTarget t = runs[i++];
+        t.w.gq_perm = false;  // the kernel reads codes, scales and zeros; x is already in stored order
+        cuda::launch_gemv_gq(xp, n_rows, &t, 1, stream_);
         continue;
       }
       const cuda::Q8Rows xq = quantized_x();
@@ -414,7 +431,7 @@ void CudaBackend::matmul(const float* x, int n_rows, int64_t ldx, std::span<cons
     TESSERA_CHECK(t.w.cols == cols, "cuda matmul: targets of different widths (", t.w.cols, " vs ", cols, ")");
   MatmulTarget runs[kMaxTargets];
   const int n_runs = coalesce(targets, runs);
-  if (n_rows <= cuda::kGemvMaxRows) {
+  if (gemv_rows(n_rows, targets)) {
     cuda::GemvInput in;
     in.x = x;
     gemv(in, n_rows, ldx, cols, runs, n_runs);
@@ -448,7 +465,7 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
   }
   // Batches of 16-bit (or quantized, decoded to bf16) weights: the activation goes straight
   // into the GEMM's 16-bit input. Elsewhere the two ops run as they are.
-  if (n_rows <= cuda::kGemvMaxRows || !all16 || (any_f16 && any_bf16)) {
+  if (gemv_rows(n_rows, targets) || !all16 || (any_f16 && any_bf16)) {
     Backend::swiglu_matmul(gate, up, ld_in, h, n_rows, dim, targets);
     return;
   }
@@ -495,7 +512,7 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
     return;
   }
   // Batches of 16-bit (or quantized) weights: the norm straight into the GEMM's 16-bit input.
-  const bool gemm16 = n_rows > cuda::kGemvMaxRows && all16 && !(any_f16 && any_bf16);
+  const bool gemm16 = !gemv_rows(n_rows, targets) && all16 && !(any_f16 && any_bf16);
   if (gemm16) {
     auto* x16 = static_cast<uint16_t*>(scratch(act16_, act16_cap_, static_cast<size_t>(n_rows) * dim * 2));
     cuda::launch_add_rms_norm_into(x, residual, w, x_out, nullptr, x16, any_bf16, n_rows, dim, eps, stream_);
@@ -505,7 +522,7 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
   cuda::launch_add_rms_norm_into(x, residual, w, x_out, xn, nullptr, false, n_rows, dim, eps, stream_);
   cuda::GemvInput plain;
   plain.x = xn;
-  if (n_rows <= cuda::kGemvMaxRows)
+  if (gemv_rows(n_rows, targets))
     gemv(plain, n_rows, dim, dim, runs, n_runs);
   else
     gemm(xn, n_rows, dim, dim, runs, n_runs, nullptr, false);

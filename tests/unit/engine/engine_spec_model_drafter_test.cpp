@@ -34,6 +34,9 @@ SpeculativeConfig draft_model_config(int layers) {
   c.draft_model = model_path();
   c.draft_layers = layers;
   c.num_speculative_tokens = kK;
+  // Fixed k: these tests exercise verification, rollback and the KV bookkeeping; whether a
+  // draft pays on this machine (the adaptive plan) is timing, tested in spec/step_cost_test.cpp.
+  c.adaptive = false;
   return c;
 }
 
@@ -42,6 +45,9 @@ SpeculativeConfig early_exit_config(int layers) {
   c.method = SpecMethod::EarlyExit;
   c.draft_layers = layers;
   c.num_speculative_tokens = kK;
+  // Fixed k: these tests exercise verification, rollback and the KV bookkeeping; whether a
+  // draft pays on this machine (the adaptive plan) is timing, tested in spec/step_cost_test.cpp.
+  c.adaptive = false;
   return c;
 }
 

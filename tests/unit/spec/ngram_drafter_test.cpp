@@ -128,14 +128,20 @@ TEST(SpeculativeConfig, ParsesModelDrafterConfigs) {
   EXPECT_THROW(make_drafter(e), Error);
 }
 
-TEST(DraftLength, FollowsTheRunningAcceptance) {
+TEST(DraftLength, EstimatesThePerTokenAcceptance) {
   DraftLength d;
-  EXPECT_EQ(d.next(4, true), 4);  // the prior: 0.8 -> 4
-  EXPECT_EQ(d.next(8, false), 8);
-  for (int i = 0; i < 20; ++i) d.observe(4, 0);
-  EXPECT_EQ(d.next(4, true), 1);  // never below one
-  for (int i = 0; i < 20; ++i) d.observe(4, 4);
-  EXPECT_EQ(d.next(4, true), 4);
+  EXPECT_DOUBLE_EQ(d.rate(), DraftLength::kPrior);
+  for (int i = 0; i < 40; ++i) d.observe(4, 0);
+  EXPECT_LT(d.rate(), 1e-4);
+  // Two of four kept, then a rejection: 3 tokens tried, 2 kept.
+  for (int i = 0; i < 60; ++i) d.observe(4, 2);
+  EXPECT_NEAR(d.rate(), 2.0 / 3.0, 1e-6);
+  for (int i = 0; i < 60; ++i) d.observe(4, 4);  // all kept: nothing was rejected
+  EXPECT_NEAR(d.rate(), 1.0, 1e-6);
+  const double before = d.rate();
   d.observe(0, 0);  // nothing verified: no change
-  EXPECT_EQ(d.next(4, true), 4);
+  EXPECT_EQ(d.rate(), before);
+  for (int i = 0; i < 40; ++i) d.observe(4, 0);
+  for (int i = 0; i < 100; ++i) d.idle();  // not tried for long: back near the prior
+  EXPECT_NEAR(d.rate(), DraftLength::kPrior, 0.01);
 }

@@ -1,0 +1,102 @@
+#include "spec/step_cost.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace tessera {
+
+namespace {
+constexpr int kExact = 32;      // rows 1..32 have a bucket each
+constexpr int kPerOctave = 4;   // past that, buckets a quarter octave wide
+constexpr int kMaxBuckets = kExact + kPerOctave * 20;  // up to 32 · 2^20 rows
+}  // namespace
+
+int StepCostModel::bucket_of(int rows) {
+  if (rows <= kExact) return rows - 1;
+  const double octaves = std::log2(static_cast<double>(rows) / kExact);
+  return std::min(kMaxBuckets - 1, kExact + static_cast<int>(std::lround(octaves * kPerOctave)));
+}
+
+int StepCostModel::rows_of_bucket(int b) {
+  if (b < kExact) return b + 1;
+  return static_cast<int>(std::lround(kExact * std::exp2(static_cast<double>(b - kExact) / kPerOctave)));
+}
+
+void StepCostModel::observe(int rows, double seconds) {
+  TESSERA_CHECK(rows >= 1 && seconds >= 0 && std::isfinite(seconds), "step cost: bad observation of ", rows,
+                " rows in ", seconds, " s");
+  const int b = bucket_of(rows);
+  if (static_cast<int>(mean_.size()) <= b) mean_.resize(b + 1, -1.0);
+  if (mean_[b] < 0) {
+    mean_[b] = seconds;
+    ++n_known_;
+  } else {
+    mean_[b] = (1.0 - kWeight) * mean_[b] + kWeight * seconds;
+  }
+}
+
+bool StepCostModel::observed(int rows) const {
+  const int b = bucket_of(std::max(rows, 1));
+  return b < static_cast<int>(mean_.size()) && mean_[b] >= 0;
+}
+
+double StepCostModel::seconds(int rows) const {
+  if (n_known_ == 0) return 0;
+  rows = std::max(rows, 1);
+  // The observed buckets as points (representative rows, mean seconds): the nearest at or
+  // below `rows` and the nearest above it.
+  int lo = -1, hi = -1;
+  for (int b = 0; b < static_cast<int>(mean_.size()); ++b) {
+    if (mean_[b] < 0) continue;
+    if (rows_of_bucket(b) <= rows) {
+      lo = b;
+    } else {
+      hi = b;
+      break;
+    }
+  }
+  if (lo < 0) return mean_[hi];  // below every observation: the smallest one's time
+  const double r_lo = rows_of_bucket(lo);
+  if (hi < 0) return mean_[lo] * static_cast<double>(rows) / r_lo;  // past them: proportional
+  const double r_hi = rows_of_bucket(hi);
+  return mean_[lo] + (mean_[hi] - mean_[lo]) * (static_cast<double>(rows) - r_lo) / (r_hi - r_lo);
+}
+
+void plan_draft_lengths(const StepCostModel& cost, int base_rows, int base_tokens, double draft_seconds_per_pos,
+                        std::span<const DraftCandidate> candidates, std::span<int> k) {
+  TESSERA_CHECK(k.size() == candidates.size(), "plan_draft_lengths: ", k.size(), " outputs for ", candidates.size(),
+                " candidates");
+  std::fill(k.begin(), k.end(), 0);
+  if (cost.empty() || candidates.empty()) return;
+  struct Gain {
+    double p;  // probability that this draft token is kept
+    int seq;
+  };
+  std::vector<Gain> gains;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const double a = std::clamp(candidates[i].acceptance, 0.0, 1.0);
+    double p = 1;
+    for (int j = 0; j < candidates[i].k_max; ++j) gains.push_back({p *= a, static_cast<int>(i)});
+  }
+  // Per sequence a^1 > a^2 > ..., so this order takes each sequence's tokens in order.
+  std::stable_sort(gains.begin(), gains.end(), [](const Gain& x, const Gain& y) { return x.p > y.p; });
+  const double t0 = cost.seconds(base_rows);
+  if (!(t0 > 0)) return;
+  double best = base_tokens / t0;
+  size_t best_n = 0;
+  double expected = base_tokens;
+  int max_k = 0;
+  std::vector<int> count(candidates.size(), 0);
+  for (size_t n = 1; n <= gains.size(); ++n) {
+    expected += gains[n - 1].p;
+    max_k = std::max(max_k, ++count[gains[n - 1].seq]);
+    const double rate =
+        expected / (cost.seconds(base_rows + static_cast<int>(n)) + draft_seconds_per_pos * max_k);
+    if (rate > best * (1 + 1e-9)) best = rate, best_n = n;
+  }
+  for (size_t n = 0; n < best_n; ++n) ++k[gains[n].seq];
+}
+
+}  // namespace tessera
