@@ -3,7 +3,7 @@
 // two must pick the same 64 tokens and agree on logits to float precision; with bf16 and
 // the quantized formats they are compared teacher-forced (both fed the CPU's tokens), with
 // logits within the format's tolerance and the same argmax wherever the CPU's top-2 margin
-// exceeds that tolerance.
+// exceeds that tolerance. Mixture-of-experts layers (qwen3moe-tiny) take the same checks.
 #include <algorithm>
 
 #include "cuda_test_util.h"
@@ -145,4 +145,14 @@ TEST(CudaModel, Gemma3WindowQkNormGegluOnGpu) {
   // The real 270M shape (262144-entry vocabulary, head_dim 256), in f32 and Q4_K.
   parity("dummy:gemma3-270m:f32", 5e-4, true);
   parity("dummy:gemma3-270m:q4_k", 5e-2, false);
+}
+
+TEST(CudaModel, Qwen3MoeRoutingAndExpertsOnGpu) {
+  TESSERA_REQUIRE_CUDA();
+  // qwen3moe-tiny: 16 experts of 128, 4 per token, on every layer. The 21-token prompt takes
+  // the grouped kernels (up to 128 rows), decoding runs them inside captured graphs; f32 must
+  // pick the CPU's tokens, bf16 and Q8_0 stay within their formats' tolerance.
+  parity("dummy:qwen3moe-tiny:f32", 5e-4, true);
+  parity("dummy:qwen3moe-tiny:bf16", 2e-2, false);
+  parity("dummy:qwen3moe-tiny:q8_0", 5e-2, false);
 }
