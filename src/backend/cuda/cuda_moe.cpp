@@ -76,31 +76,23 @@ const cuda::MoeExpert* CudaBackend::moe_expert_table(const MoeFfnWeights& moe) {
     if (std::equal(t.host.begin(), t.host.end(), want.begin(), want.end(), same)) return t.dev;
   // A graph holds the table's address: tables are made by the eager forward before a capture
   // and kept as long as the backend.
-  TESSERA_CHECK(!capturing_, "cuda moe_ffn: an expert table is made inside a graph capture (run the forward eagerly "
-                             "first)");
+  TESSERA_CHECK(!capturing_,
+                "cuda moe_ffn: an expert table is made inside a graph capture (run the forward eagerly "
+                "first)");
   MoeTable t;
   t.host = want;
   const size_t bytes = sizeof(cuda::MoeExpert) * want.size();
   t.dev = static_cast<cuda::MoeExpert*>(alloc(bytes));
-  TESSERA_CUDA_CHECK(cudaMemcpy(t.dev, want.data(), bytes, cudaMemcpyHostToDevice));
+  copy_to_device(t.dev, want.data(), bytes);  // ordered on the stream, before the kernels that read it
   moe_tables_.push_back(std::move(t));
   return moe_tables_.back().dev;
 }
 
 void CudaBackend::moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeights& moe, float* out) {
+  check_moe_ffn(moe, dim);
   const int n_exp = moe.n_expert, k = moe.n_used, ff = moe.n_ff;
-  TESSERA_CHECK(n_exp >= 1 && k >= 1 && k <= n_exp && ff >= 1 && moe.gate && moe.up && moe.down, "moe_ffn: ", k, " of ",
-                n_exp, " experts of width ", ff);
-  TESSERA_CHECK(moe.router.rows == n_exp && moe.router.cols == dim, "moe_ffn: router is ", moe.router.rows, "x",
-                moe.router.cols, ", expected ", n_exp, "x", dim);
   TESSERA_CHECK(n_exp <= cuda::kMoeMaxExperts, "cuda moe_ffn: ", n_exp, " experts (the routing kernel takes at most ",
                 cuda::kMoeMaxExperts, ")");
-  for (int e = 0; e < n_exp; ++e)
-    TESSERA_CHECK(moe.gate[e].rows == ff && moe.gate[e].cols == dim && moe.up[e].rows == ff && moe.up[e].cols == dim &&
-                      moe.down[e].rows == dim && moe.down[e].cols == ff,
-                  "moe_ffn: expert ", e, " has gate ", moe.gate[e].rows, "x", moe.gate[e].cols, ", up ", moe.up[e].rows,
-                  "x", moe.up[e].cols, ", down ", moe.down[e].rows, "x", moe.down[e].cols, " for width ", dim,
-                  " and ", ff, " features");
   if (n_rows <= 0) return;
   cuda::OpScope op_scope(profiler_.get(), [&] {
     return "moe_ffn " + std::string(dtype_name(moe.gate[0].dtype)) + " [" + std::to_string(n_rows) + " x " +

@@ -24,8 +24,8 @@ __device__ __forceinline__ void decode_row8(const uint8_t* __restrict__ base, co
     // core/group_quant.h: 8 columns never straddle a group (groups are multiples of 32 or the row).
     const int64_t grp = e / g.group_size;
     const float s = half_bits_to_f32(load_u16(base + g.off_scales + 2 * (grp * g.rows + r)));
-    const float z = g.off_zeros >= 0 ? static_cast<float>(base[g.off_zeros + grp * g.rows + r])
-                                     : (T == DType::W8G ? 128.0f : 8.0f);
+    const float z =
+        g.off_zeros >= 0 ? static_cast<float>(base[g.off_zeros + grp * g.rows + r]) : (T == DType::W8G ? 128.0f : 8.0f);
     const uint8_t* codes = base + r * g.row_bytes;
     uint2 v;
     int shift = 0;
@@ -75,6 +75,29 @@ __device__ __forceinline__ void dot_rows(const uint8_t* __restrict__ base, const
   }
 }
 
+// y[i * ldy + r] = W[r, :] · in[i, :] for input rows i in [begin, end) (in: dense, g.cols
+// wide), 8 rows per pass over the weight row; the warp's lane 0 writes.
+template <DType T>
+__device__ __forceinline__ void product_rows(const uint8_t* __restrict__ base, const MoeMatrixGeometry& g, int64_t r,
+                                             const float* __restrict__ in, int begin, int end, float* __restrict__ y,
+                                             int64_t ldy) {
+  const int lane = threadIdx.x & 31;
+  for (int i0 = begin; i0 < end; i0 += kChunk) {
+    const int n = min(kChunk, end - i0);
+    const float* xr[kChunk];
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) xr[t] = in + static_cast<int64_t>(i0 + min(t, n - 1)) * g.cols;
+    float acc[kChunk] = {};
+    dot_rows<T>(base, g, r, xr, n, acc);
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+      if (t >= n) break;
+      const float v = row_scaled<T>(base, g, r, warp_sum(acc[t]));
+      if (lane == 0) y[static_cast<int64_t>(i0 + t) * ldy + r] = v;
+    }
+  }
+}
+
 // ---- Router ----
 
 // Block (feature tile, chunk of 8 rows); a warp per expert.
@@ -82,22 +105,10 @@ template <DType T>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_router_kernel(const float* __restrict__ x, int n_rows, const uint8_t* __restrict__ w, MoeMatrixGeometry g,
                       float* __restrict__ logits) {
-  const int lane = threadIdx.x & 31;
   const int64_t f = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int r0 = blockIdx.y * kChunk;
   if (f >= g.rows || r0 >= n_rows) return;
-  const int n = min(kChunk, n_rows - r0);
-  const float* xr[kChunk];
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) xr[t] = x + static_cast<int64_t>(r0 + min(t, n - 1)) * g.cols;
-  float acc[kChunk] = {};
-  dot_rows<T>(w, g, f, xr, n, acc);
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) {
-    if (t >= n) break;
-    const float v = warp_sum(acc[t]);
-    if (lane == 0) logits[static_cast<int64_t>(r0 + t) * g.rows + f] = row_scaled<T>(w, g, f, v);
-  }
+  product_rows<T>(w, g, f, x, r0, min(r0 + kChunk, n_rows), logits, g.rows);
 }
 
 // ---- Routing ----
@@ -238,27 +249,11 @@ template <DType T>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_down_kernel(const float* __restrict__ h, int dim, const MoeExpert* __restrict__ experts, MoeMatrixGeometry dg,
                     const int32_t* __restrict__ offsets, const int32_t* __restrict__ active, float* __restrict__ y) {
-  const int lane = threadIdx.x & 31;
   const int a = blockIdx.y;
   const int c = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (a >= active[0] || c >= dim) return;
   const int e = active[1 + a];
-  const uint8_t* w = experts[e].down;
-  const int begin = offsets[e], end = offsets[e + 1];
-  for (int g0 = begin; g0 < end; g0 += kChunk) {
-    const int n = min(kChunk, end - g0);
-    const float* hr[kChunk];
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) hr[t] = h + static_cast<int64_t>(g0 + min(t, n - 1)) * dg.cols;
-    float acc[kChunk] = {};
-    dot_rows<T>(w, dg, c, hr, n, acc);
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      if (t >= n) break;
-      const float v = row_scaled<T>(w, dg, c, warp_sum(acc[t]));
-      if (lane == 0) y[static_cast<int64_t>(g0 + t) * dim + c] = v;
-    }
-  }
+  product_rows<T>(experts[e].down, dg, c, h, offsets[e], offsets[e + 1], y, dim);
 }
 
 __global__ void moe_combine_kernel(const float* __restrict__ y, int dim, int n_used, const float* __restrict__ weight,

@@ -101,8 +101,8 @@ void awkward_shapes(Backend& be) {
 MoeFfnWeights layer_moe(const ModelWeights& w, bool renorm) {
   const LayerWeights& l = w.layers[0];
   const ModelConfig& c = w.config;
-  return MoeFfnWeights{l.router, l.gate_exps.data(), l.up_exps.data(), l.down_exps.data(), c.n_expert,
-                       c.n_expert_used, c.n_ff, renorm};
+  return MoeFfnWeights{l.router,   l.gate_exps.data(), l.up_exps.data(), l.down_exps.data(),
+                       c.n_expert, c.n_expert_used,    c.n_ff,           renorm};
 }
 
 HostMoe host_moe(const ModelWeights& w) {
@@ -147,8 +147,9 @@ void expert_formats(Backend& be) {
       for (const int n_rows : {1, 5, 17, 300}) {
         int skipped = 0;
         const double err = moe_error(be, layer_moe(*dev, renorm), h, n_rows, 200 + n_rows, min_margin, &skipped);
-        std::printf("[moe] %s %s: %s, %d rows: rel err %.3g (%d near-tie rows left out)\n", std::string(be.name()).c_str(),
-                    fmt, renorm ? "renormalized" : "softmax weights", n_rows, err, skipped);
+        std::printf("[moe] %s %s: %s, %d rows: rel err %.3g (%d near-tie rows left out)\n",
+                    std::string(be.name()).c_str(), fmt, renorm ? "renormalized" : "softmax weights", n_rows, err,
+                    skipped);
         EXPECT_LT(err, tol) << fmt << ", " << n_rows << " rows";
         EXPECT_LE(skipped, n_rows / 10) << fmt << ", " << n_rows << " rows";
       }
