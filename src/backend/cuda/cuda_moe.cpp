@@ -22,6 +22,7 @@ using cuda::round_up;
 // those must take the grouped kernels. Not tuned: where the per-expert GEMMs overtake the
 // grouped matrix-vector kernels has not been measured.
 constexpr int kMoeGroupedMaxRows = 128;
+constexpr int kGatherRowsPerLaunch = 32768;
 
 // The grouped kernels' view of one kind of matrix (gate, up or down) of every expert: the
 // geometry of expert 0, when every expert has the same type and shape. False otherwise, or
@@ -146,7 +147,9 @@ void CudaBackend::moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeigh
         scratch(moe_gather_, moe_gather_cap_, xg_bytes + sizeof(float) * static_cast<size_t>(slots) * 2 * ff));
     auto* xg = reinterpret_cast<float*>(big);
     auto* gu = reinterpret_cast<float*>(big + xg_bytes);
-    gather_rows(x, dim, rows, slots, dim, xg);
+    // gather_rows takes a grid row per output row: at most 65,535 per launch.
+    for (int i = 0; i < slots; i += kGatherRowsPerLaunch)
+      gather_rows(x, dim, rows + i, std::min(kGatherRowsPerLaunch, slots - i), dim, xg + static_cast<size_t>(i) * dim);
     for (int e = 0; e < n_exp; ++e) {
       const int m = start[e + 1] - start[e];
       TESSERA_CHECK(m >= 0 && start[e + 1] <= slots, "cuda moe_ffn: bad routing counts read back");
