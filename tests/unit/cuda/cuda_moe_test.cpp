@@ -124,8 +124,9 @@ HostMoe host_moe(const ModelWeights& w) {
 // against float64 on its decoded weights. q4_k: gate/up Q4_K, down F16 (its 128 columns are
 // not a Q4_K block): two types in one layer. Tolerances: the CPU quantizes activations for the
 // integer formats (its W8A8 paths: 1.0-1.4e-2 measured); the GPU's grouped kernels keep them
-// f32, its per-expert GEMMs (300 rows) round them to bf16, or to E4M3 for FP8 weights (as the
-// FP8 model parity, 1e-1). The GPU routes on an f32 router product from the exactly decoded
+// f32 (so up to 128 rows the GPU is held to 2e-5), its per-expert GEMMs (300 rows) round them
+// to bf16, or to E4M3 for FP8 weights (~6% estimated, not measured: 3.6% rms per rounding, through gate/up
+// and down). The GPU routes on an f32 router product from the exactly decoded
 // router, so only rows within 1e-5 of a tie are left out there; the CPU's quantized
 // activations move its router logits enough to flip choices ~1e-4 from a tie (Q8_0, Q4_K),
 // and past 1e-3 with group-quantized routers: those two run on the GPU only.
@@ -135,7 +136,7 @@ void expert_formats(Backend& be) {
     double tol, cpu_margin;  // cpu_margin 0: not on the CPU
   };
   const Format formats[] = {{"f16", 1e-2, 1e-5}, {"bf16", 1e-2, 1e-5}, {"q8_0", 2e-2, 3e-4}, {"q4_k", 2e-2, 3e-4},
-                            {"w4g32", 2e-2, 0},  {"w8g64a", 2e-2, 0},  {"fp8", 1e-1, 1e-5}};
+                            {"w4g32", 2e-2, 0},  {"w8g64a", 2e-2, 0},  {"fp8", 1.5e-1, 1e-5}};
   const bool cpu = be.name() == "cpu";
   for (const auto& [fmt, tol, cpu_margin] : formats) {
     if (cpu && cpu_margin == 0) continue;
@@ -150,7 +151,8 @@ void expert_formats(Backend& be) {
         std::printf("[moe] %s %s: %s, %d rows: rel err %.3g (%d near-tie rows left out)\n",
                     std::string(be.name()).c_str(), fmt, renorm ? "renormalized" : "softmax weights", n_rows, err,
                     skipped);
-        EXPECT_LT(err, tol) << fmt << ", " << n_rows << " rows";
+        // Up to 128 rows the GPU's grouped kernels decode exactly and keep f32: f32 tolerance.
+        EXPECT_LT(err, !cpu && n_rows <= 128 ? 2e-5 : tol) << fmt << ", " << n_rows << " rows";
         EXPECT_LE(skipped, n_rows / 10) << fmt << ", " << n_rows << " rows";
       }
   }
