@@ -14,6 +14,9 @@ namespace {
 
 constexpr int kWarps = 8;  // warps per block (one output feature, or one routed row, each)
 constexpr int kChunk = 8;  // input rows a warp takes through a weight row at once
+// The weight-streaming kernels: at least 2 blocks (16 warps) per SM in flight (ptxas gave the
+// router and down kernels ~200 registers without it: one block per SM). Not measured.
+constexpr int kProductBlocksPerSm = 2;
 
 // out[0..8) = elements e..e+7 (e a multiple of 8, below cols) of row r of a matrix of type T
 // whose buffer starts at base. Unscaled FP8W codes (the caller scales the finished sum).
@@ -102,7 +105,7 @@ __device__ __forceinline__ void product_rows(const uint8_t* __restrict__ base, c
 
 // Block (feature tile, chunk of 8 rows); a warp per expert.
 template <DType T>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kProductBlocksPerSm)
     moe_router_kernel(const float* __restrict__ x, int n_rows, const uint8_t* __restrict__ w, MoeMatrixGeometry g,
                       float* __restrict__ logits) {
   const int64_t f = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -180,9 +183,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // One block: counts per expert in shared memory, their prefix sums (one thread: a few hundred
 // experts), then every slot placed after its expert's earlier ones.
-__global__ void moe_group_kernel(const int32_t* __restrict__ choice, int slots, int n_used, int n_expert,
-                                 int32_t* __restrict__ offsets, int32_t* __restrict__ active,
-                                 int32_t* __restrict__ rows, int32_t* __restrict__ slot_of) {
+constexpr int kGroupThreads = 1024;
+
+__global__ void __launch_bounds__(kGroupThreads)
+    moe_group_kernel(const int32_t* __restrict__ choice, int slots, int n_used, int n_expert,
+                     int32_t* __restrict__ offsets, int32_t* __restrict__ active, int32_t* __restrict__ rows,
+                     int32_t* __restrict__ slot_of) {
   extern __shared__ int32_t sm[];
   int32_t* count = sm;             // [n_expert]
   int32_t* start = sm + n_expert;  // [n_expert]
@@ -216,7 +222,7 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ choice, int slots, 
 // Block (tile of kWarps gate/up rows, active expert a); every warp loops over the expert's
 // rows a chunk at a time.
 template <DType T>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kProductBlocksPerSm)
     moe_gate_up_kernel(const float* __restrict__ x, int n_ff, const MoeExpert* __restrict__ experts,
                        MoeMatrixGeometry gg, MoeMatrixGeometry ug, const int32_t* __restrict__ offsets,
                        const int32_t* __restrict__ active, const int32_t* __restrict__ rows, float* __restrict__ h) {
@@ -246,7 +252,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <DType T>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kProductBlocksPerSm)
     moe_down_kernel(const float* __restrict__ h, int dim, const MoeExpert* __restrict__ experts, MoeMatrixGeometry dg,
                     const int32_t* __restrict__ offsets, const int32_t* __restrict__ active, float* __restrict__ y) {
   const int a = blockIdx.y;
@@ -340,7 +346,7 @@ void launch_moe_group(const int32_t* choice, int n_rows, int n_used, int n_exper
   TESSERA_CHECK(n_expert >= 1 && n_expert <= kMoeMaxExperts, "cuda moe grouping: ", n_expert, " experts");
   const int slots = n_rows * n_used;
   const size_t smem = sizeof(int32_t) * 2 * static_cast<size_t>(n_expert);
-  moe_group_kernel<<<1, 1024, smem, s>>>(choice, slots, n_used, n_expert, offsets, active, rows, slot_of);
+  moe_group_kernel<<<1, kGroupThreads, smem, s>>>(choice, slots, n_used, n_expert, offsets, active, rows, slot_of);
   TESSERA_CUDA_CHECK_LAUNCH("moe_group");
 }
 
