@@ -236,6 +236,20 @@ class Backend {
                   "add_rms_norm_swiglu_ffn: gate (", gate.w.rows, " rows), up (", up.w.rows, " rows, ldy ", up.ldy,
                   " vs ", gate.ldy, ") and down (", down.w.cols, " columns) do not match");
   }
+  // moe_ffn's weights against the width of x, checked by every implementation.
+  static void check_moe_ffn(const MoeFfnWeights& moe, int dim) {
+    const int n_exp = moe.n_expert, k = moe.n_used, ff = moe.n_ff;
+    TESSERA_CHECK(n_exp >= 1 && k >= 1 && k <= n_exp && ff >= 1 && moe.gate && moe.up && moe.down, "moe_ffn: ", k,
+                  " of ", n_exp, " experts of width ", ff);
+    TESSERA_CHECK(moe.router.rows == n_exp && moe.router.cols == dim, "moe_ffn: router is ", moe.router.rows, "x",
+                  moe.router.cols, ", expected ", n_exp, "x", dim);
+    for (int e = 0; e < n_exp; ++e) {
+      const WeightMatrix &g = moe.gate[e], &u = moe.up[e], &d = moe.down[e];
+      TESSERA_CHECK(g.rows == ff && g.cols == dim && u.rows == ff && u.cols == dim && d.rows == dim && d.cols == ff,
+                    "moe_ffn: expert ", e, " has gate ", g.rows, "x", g.cols, ", up ", u.rows, "x", u.cols, ", down ",
+                    d.rows, "x", d.cols, "; expected ", ff, "x", dim, " and ", dim, "x", ff);
+    }
+  }
   // add_rms_norm_matmul's contract, checked by every implementation: x_out is a buffer of its
   // own (a device backend reads x and residual in every block while one block writes x_out).
   static void check_add_rms_norm_matmul_buffers(const float* x, const float* residual, const float* x_out) {

@@ -11,11 +11,8 @@
 namespace tessera {
 
 void CpuBackend::moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeights& moe, float* out) {
+  check_moe_ffn(moe, dim);
   const int n_exp = moe.n_expert, k = moe.n_used, ff = moe.n_ff;
-  TESSERA_CHECK(n_exp >= 1 && k >= 1 && k <= n_exp && ff >= 1 && moe.gate && moe.up && moe.down, "moe_ffn: ", k, " of ",
-                n_exp, " experts of width ", ff);
-  TESSERA_CHECK(moe.router.rows == n_exp && moe.router.cols == dim, "moe_ffn: router is ", moe.router.rows, "x",
-                moe.router.cols, ", expected ", n_exp, "x", dim);
   if (n_rows == 0) return;
   MoeScratch& s = moe_;
   const size_t slots = static_cast<size_t>(n_rows) * k;

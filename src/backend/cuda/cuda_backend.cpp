@@ -149,6 +149,9 @@ CudaBackend::~CudaBackend() {
   cudaFree(xq8_);
   cudaFree(actq_);
   cudaFree(partials_);
+  cudaFree(moe_buf_);
+  cudaFree(moe_gather_);
+  for (auto& t : moe_tables_) cudaFree(t.dev);
   cudaStreamDestroy(stream_);
 }
 

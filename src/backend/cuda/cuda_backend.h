@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_profile.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/moe_kernels.h"
 
 namespace tessera {
 
@@ -69,6 +70,8 @@ class CudaBackend final : public Backend {
   void scale(float* x, float s, int64_t n) override;
   void gather_rows(const float* src, int64_t ld, const int32_t* rows, int n, int dim, float* dst) override;
   void copy_to_host(void* host, const void* device, size_t bytes) override;
+  // Routing, grouping and expert products on the device (cuda_moe.cpp, moe.cu).
+  void moe_ffn(const float* x, int n_rows, int dim, const MoeFfnWeights& moe, float* out) override;
 
   std::shared_ptr<const void> upload(const void* host, size_t bytes) override;
   void copy_to_device(void* device, const void* host, size_t bytes) override;
@@ -136,6 +139,21 @@ class CudaBackend final : public Backend {
   size_t actq_cap_ = 0;
   void* partials_ = nullptr;  // split-KV attention partial results
   size_t partials_cap_ = 0;
+
+  // moe_ffn (cuda_moe.cpp): its buffers, the per-expert path's gathered rows, and each
+  // layer's expert pointer table on the device (kept as long as the backend: graphs hold them).
+  const cuda::MoeExpert* moe_expert_table(const MoeFfnWeights& moe);
+  void* moe_buf_ = nullptr;
+  size_t moe_buf_cap_ = 0;
+  void* moe_gather_ = nullptr;
+  size_t moe_gather_cap_ = 0;
+  struct MoeTable {
+    std::vector<cuda::MoeExpert> host;
+    cuda::MoeExpert* dev = nullptr;
+  };
+  std::vector<MoeTable> moe_tables_;
+  std::vector<cuda::MoeExpert> moe_want_;  // the table a call asks for (no allocation per call)
+  std::vector<int32_t> moe_start_;         // per-expert path: offsets read back
 
   struct RopeTable {
     RopeConfig cfg;

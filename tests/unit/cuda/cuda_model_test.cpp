@@ -3,7 +3,7 @@
 // two must pick the same 64 tokens and agree on logits to float precision; with bf16 and
 // the quantized formats they are compared teacher-forced (both fed the CPU's tokens), with
 // logits within the format's tolerance and the same argmax wherever the CPU's top-2 margin
-// exceeds that tolerance.
+// exceeds that tolerance. Mixture-of-experts layers (qwen3moe-tiny) take the same checks.
 #include <algorithm>
 
 #include "cuda_test_util.h"
@@ -56,7 +56,10 @@ double margin(const std::vector<float>& l) {
   return v[0] - v[1];
 }
 
-void parity(const std::string& model, double logit_tol, bool exact_tokens) {
+// routing_flips: steps allowed past logit_tol (mixture-of-experts models: a row whose top-k
+// experts are within the logits' error of a tie may take the other expert on one backend,
+// which moves that step's logits by more than the format's error; see CudaModel.Qwen3Moe...).
+void parity(const std::string& model, double logit_tol, bool exact_tokens, int routing_flips = 0) {
   Session cpu(options(model, "cpu"));
   Session gpu(options(model, "cuda"));
   std::vector<int32_t> prompt;
@@ -65,9 +68,14 @@ void parity(const std::string& model, double logit_tol, bool exact_tokens) {
   const Run c = run(cpu, prompt, steps, nullptr);
   const Run g = run(gpu, prompt, steps, exact_tokens ? nullptr : &c.tokens);
   double worst = 0;
-  int near_ties = 0;
+  int near_ties = 0, over = 0;
   for (int i = 0; i < steps; ++i) {
     const double e = rel_err(g.logits[i], c.logits[i]);
+    if (e >= logit_tol && over < routing_flips) {  // one of the flips allowed: not the worst
+      ++over;
+      std::printf("[parity] %s step %d: logits rel err %.3g (a routing flip allowed)\n", model.c_str(), i, e);
+      continue;
+    }
     worst = std::max(worst, e);
     if (exact_tokens) {
       ASSERT_EQ(g.tokens[i], c.tokens[i]) << model << " step " << i;
@@ -145,4 +153,19 @@ TEST(CudaModel, Gemma3WindowQkNormGegluOnGpu) {
   // The real 270M shape (262144-entry vocabulary, head_dim 256), in f32 and Q4_K.
   parity("dummy:gemma3-270m:f32", 5e-4, true);
   parity("dummy:gemma3-270m:q4_k", 5e-2, false);
+}
+
+TEST(CudaModel, Qwen3MoeRoutingAndExpertsOnGpu) {
+  TESSERA_REQUIRE_CUDA();
+  // qwen3moe-tiny: 16 experts of 128, 4 per token, on every layer. The 21-token prompt takes
+  // the grouped kernels (up to 128 rows), decoding runs them inside captured graphs; f32 must
+  // pick the CPU's tokens, bf16 and Q8_0 stay within their formats' tolerance.
+  parity("dummy:qwen3moe-tiny:f32", 5e-4, true);
+  // bf16: the prefill GEMMs round activations to bf16; Q8_0: the CPU quantizes activations to
+  // 8 bits while the GPU's router and experts keep them f32. Router logits then differ by
+  // ~1e-3 (bf16) to ~1e-2 (Q8_0) relative, enough to flip a choice within ~1e-4 of a tie
+  // (measured on the CPU side: CpuMoe.ExpertFormatsMatchFloat64): a few steps may exceed the
+  // tolerance, every other stays within it.
+  parity("dummy:qwen3moe-tiny:bf16", 2e-2, false, 3);
+  parity("dummy:qwen3moe-tiny:q8_0", 5e-2, false, 6);
 }

@@ -19,47 +19,11 @@
 #include "model/dummy.h"
 #include "model/quantize_weights.h"
 #include "model/weights.h"
+#include "unit/model/moe_reference.h"
 
 using namespace tessera;
 
-namespace {
-
-// out = sum over the top-k experts of w_k * down_k(silu(gate_k x) * up_k x), in float64.
-std::vector<double> moe_reference(const std::vector<float>& x, int dim, int ff, int n_exp, int k, bool renorm,
-                                  const std::vector<float>& router, const std::vector<std::vector<float>>& gate,
-                                  const std::vector<std::vector<float>>& up,
-                                  const std::vector<std::vector<float>>& down) {
-  std::vector<double> logits(n_exp), out(dim, 0.0);
-  for (int e = 0; e < n_exp; ++e)
-    for (int c = 0; c < dim; ++c) logits[e] += double(router[e * dim + c]) * x[c];
-  const double mx = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (double& l : logits) sum += l = std::exp(l - mx);
-  for (double& l : logits) l /= sum;
-  std::vector<int> order(n_exp);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
-  double chosen = 0;
-  for (int j = 0; j < k; ++j) chosen += logits[order[j]];
-  for (int j = 0; j < k; ++j) {
-    const int e = order[j];
-    const double w = logits[e] / (renorm ? chosen : 1.0);
-    std::vector<double> h(ff);
-    for (int f = 0; f < ff; ++f) {
-      double g = 0, u = 0;
-      for (int c = 0; c < dim; ++c) g += double(gate[e][f * dim + c]) * x[c], u += double(up[e][f * dim + c]) * x[c];
-      h[f] = g / (1 + std::exp(-g)) * u;
-    }
-    for (int c = 0; c < dim; ++c) {
-      double y = 0;
-      for (int f = 0; f < ff; ++f) y += double(down[e][c * ff + f]) * h[f];
-      out[c] += w * y;
-    }
-  }
-  return out;
-}
-
-}  // namespace
+using testing_util::moe_reference;
 
 TEST(MoeFfn, CpuMatchesFloat64WithAndWithoutRenormalisation) {
   constexpr int kDim = 48, kFf = 40, kExp = 6, kUsed = 2, kRows = 7;
