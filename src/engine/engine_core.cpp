@@ -288,8 +288,7 @@ StepResult EngineCore::step() {
     output_.counts.clear();  // an executor that knows no drafts leaves it empty: one token each
     const auto t0 = std::chrono::steady_clock::now();
     executor_.execute(StepInput{batch_, out.copies, samples_, prompt_targets_}, output_);
-    step_cost_.observe(batch_.n_tokens(),
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    step_cost_.observe(batch_.n_tokens(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     gather_prompt_logprobs(out, result);
     count_verifications(out);
     result.events = scheduler_.update(out, output_.tokens, output_.counts);

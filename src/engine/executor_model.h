@@ -60,6 +60,7 @@ class ModelExecutor final : public Executor {
   // Fills the masks of every constrained target, taking each draft token into the matcher as
   // far as the grammar allows (so later rows get their masks); runs beside the forward.
   void prepare_masks(std::span<const SampleTarget> samples);
+  void fill_masks(const SampleTarget& t, Constrained& c);  // one target's masks (prepare_masks' unit)
   // Masks rows t.row .. t.row + n_masks - 1 of a constrained target (nothing for a free one).
   void mask_rows(const SampleTarget& t, FunctionRef<std::span<float>(int32_t)> row_of);
   // After the step's tokens for a constrained target: drops the rejected draft tokens from the
@@ -77,6 +78,7 @@ class ModelExecutor final : public Executor {
   std::unordered_map<SeqId, Sampler> samplers_;
   std::unordered_map<SeqId, Constrained> constrained_;
   int32_t mask_words_;
+  int mask_threads_ = 1;                // threads filling a step's masks
   std::vector<float> logits_;           // [rows, n_vocab]
   std::vector<float> row_;              // [n_vocab] a row sampled by several sequences
   std::vector<TokenProb> target_dist_;  // verification: p_j of the position being checked

@@ -8,8 +8,8 @@
 namespace tessera {
 
 namespace {
-constexpr int kExact = 32;      // rows 1..32 have a bucket each
-constexpr int kPerOctave = 4;   // past that, buckets a quarter octave wide
+constexpr int kExact = 32;                             // rows 1..32 have a bucket each
+constexpr int kPerOctave = 4;                          // past that, buckets a quarter octave wide
 constexpr int kMaxBuckets = kExact + kPerOctave * 20;  // up to 32 · 2^20 rows
 }  // namespace
 
@@ -92,8 +92,7 @@ void plan_draft_lengths(const StepCostModel& cost, int base_rows, int base_token
   for (size_t n = 1; n <= gains.size(); ++n) {
     expected += gains[n - 1].p;
     max_k = std::max(max_k, ++count[gains[n - 1].seq]);
-    const double rate =
-        expected / (cost.seconds(base_rows + static_cast<int>(n)) + draft_seconds_per_pos * max_k);
+    const double rate = expected / (cost.seconds(base_rows + static_cast<int>(n)) + draft_seconds_per_pos * max_k);
     if (rate > best * (1 + 1e-9)) best = rate, best_n = n;
   }
   for (size_t n = 0; n < best_n; ++n) ++k[gains[n].seq];

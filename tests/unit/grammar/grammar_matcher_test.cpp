@@ -3,6 +3,8 @@
 // its state, and what cannot be compiled is an Error naming the problem.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -160,6 +162,30 @@ TEST_F(GrammarMatcherTest, ApplyingTheMaskLeavesOnlyAllowedLogits) {
   apply_token_bitmask(logits, mask);
   for (int32_t t = 0; t < tok_->vocab_size(); ++t)
     EXPECT_EQ(std::isfinite(logits[static_cast<size_t>(t)]), bitmask_allows(mask, t)) << t;
+}
+
+// Masks of every shape — runs of empty words, full words, mixed words, a vocabulary that ends
+// inside a word — against the bit-by-bit definition.
+TEST(ApplyTokenBitmask, ClearsExactlyTheForbiddenTokens) {
+  std::mt19937 rng(11);
+  for (const size_t n : {size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{1000}, size_t{128256}}) {
+    const size_t words = (n + 31) / 32 + 1;  // a mask may be longer than the row
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<int32_t> mask(words);
+      for (auto& m : mask) {
+        const uint32_t kind = rng() % 4;
+        m = static_cast<int32_t>(kind == 0 ? 0u : kind == 1 ? 0xffffffffu : static_cast<uint32_t>(rng()));
+        if (kind == 0 && rng() % 2) m = 0;  // longer runs of empty words
+      }
+      std::vector<float> logits(n, 2.0f);
+      apply_token_bitmask(logits, mask);
+      for (size_t t = 0; t < n; ++t)
+        ASSERT_EQ(std::isfinite(logits[t]), bitmask_allows(mask, static_cast<int32_t>(t))) << n << " " << t;
+    }
+  }
+  std::vector<float> row(65, 0.0f);
+  std::vector<int32_t> short_mask(2);
+  EXPECT_THROW(apply_token_bitmask(row, short_mask), Error);
 }
 
 TEST_F(GrammarMatcherTest, WhatCannotBeCompiledIsAnErrorNamingIt) {

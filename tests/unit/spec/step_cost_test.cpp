@@ -85,8 +85,7 @@ TEST(PlanDraftLengths, MatchesBruteForceOverEveryAssignment) {
     for (int i = 0; i < n; ++i) ASSERT_LE(k[i], c[i].k_max);
     // The plan takes each total's most likely tokens, which is optimal per total when the
     // drafter cost is per position (max k) only up to ties; allow a hair.
-    EXPECT_GE(rate_of(m, n, draft_s, c, k), best * (1 - 1e-9) - (draft_s > 0 ? best * 0.05 : 0.0))
-        << "trial " << trial;
+    EXPECT_GE(rate_of(m, n, draft_s, c, k), best * (1 - 1e-9) - (draft_s > 0 ? best * 0.05 : 0.0)) << "trial " << trial;
     if (draft_s == 0) {
       EXPECT_NEAR(rate_of(m, n, draft_s, c, k), best, best * 1e-9) << "trial " << trial;
     }
