@@ -43,6 +43,7 @@ void add_calibrate_kv(CLI::App& app) {
     so.k_scales.clear();
     so.v_scales.clear();
     so.k_mean.clear();
+    so.k_equal.clear();
     so.ctx = std::max(so.ctx, a->window);
     so.kv_tokens = a->window;
     Session session(so);
