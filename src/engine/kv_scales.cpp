@@ -52,7 +52,8 @@ KvScales read_kv_scales(const std::string& path) {
   if (j.contains("k_mean")) s.k_mean = read_rows(j, "k_mean", path, false);
   if (j.contains("k_equal")) {
     s.k_equal = read_rows(j, "k_equal", path, true);
-    TESSERA_CHECK(!s.k_mean.empty(), "KV scales ", path, ": \"k_equal\" without \"k_mean\" (the equalization "
+    TESSERA_CHECK(!s.k_mean.empty(), "KV scales ", path,
+                  ": \"k_equal\" without \"k_mean\" (the equalization "
                   "applies to centered keys)");
     TESSERA_CHECK(s.k_equal.size() == s.k_mean.size(), "KV scales ", path, ": ", s.k_equal.size(),
                   " \"k_equal\" rows and ", s.k_mean.size(), " \"k_mean\" rows (one per layer each)");

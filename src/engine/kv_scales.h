@@ -19,7 +19,7 @@ namespace tessera {
 
 struct KvScales {
   std::string model;
-  std::vector<std::vector<float>> k, v;    // [n_layers][1 or n_kv_heads], or empty
+  std::vector<std::vector<float>> k, v;     // [n_layers][1 or n_kv_heads], or empty
   std::vector<std::vector<float>> k_mean;   // [n_layers][n_kv_heads * head_dim], or empty
   std::vector<std::vector<float>> k_equal;  // [n_layers][n_kv_heads * head_dim], or empty
 };

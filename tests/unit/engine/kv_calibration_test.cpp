@@ -232,7 +232,8 @@ TEST(KvCalibration, BadScaleFilesSayWhatIsWrong) {
                "\"k_equal\" row 0 has scale 0");
   expect_error(R"({"k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0]], "k_equal": [[1.0, 2.0], [1.0, 2.0]]})",
                "2 \"k_equal\" rows and 1 \"k_mean\" rows");
-  expect_error(R"({"k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0], [3.0, 4.0]], "k_equal": [[1.0, 2.0], [1.0]]})",
-               "\"k_equal\" row 1 has 1 values, \"k_mean\" row 2");
+  expect_error(
+      R"({"k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0], [3.0, 4.0]], "k_equal": [[1.0, 2.0], [1.0]]})",
+      "\"k_equal\" row 1 has 1 values, \"k_mean\" row 2");
   std::remove(path.c_str());
 }

@@ -443,8 +443,7 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
         for (int j = 0; j < n_tok; ++j) {
           const std::vector<double> x = unrotate_f64(kd.data() + size_t(j) * hd, d, hd);
           for (int i = 0; i < hd; ++i)
-            khat[size_t(j) * hd + i] =
-                x[i] * equal[kh * hd + i] + (tc.center ? double(offset[kh * hd + i]) : 0.0);
+            khat[size_t(j) * hd + i] = x[i] * equal[kh * hd + i] + (tc.center ? double(offset[kh * hd + i]) : 0.0);
         }
       }
       for (int t = fb.q_start[s]; t < fb.q_start[s + 1]; ++t) {
@@ -527,8 +526,8 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
       num += (got[i] - ref_model[i]) * (got[i] - ref_model[i]);
       den += ref_model[i] * ref_model[i];
     }
-    EXPECT_LT(std::sqrt(num / den), 2e-5) << tc.k_format << "/" << tc.v_format
-                                          << ": fused kernel vs keys decoded to the model's basis";
+    EXPECT_LT(std::sqrt(num / den), 2e-5)
+        << tc.k_format << "/" << tc.v_format << ": fused kernel vs keys decoded to the model's basis";
   }
   const double err = rel_rms(got, ref_exact);
   EXPECT_LT(err, tc.max_err_vs_exact) << tc.k_format << "/" << tc.v_format << ": vs exact K/V";
@@ -734,4 +733,25 @@ TEST(KvCache, QuantizedBlocksAreSmallerAndStaticScalesAreChecked) {
   spec.k_equal = {std::vector<float>(2 * 64, 2.0f), std::vector<float>(2 * 64, 0.5f)};
   spec.k_mean.clear();
   EXPECT_THROW(KvCache(be, spec), Error);  // equalization without centering
+}
+
+TEST(KvCache, ConstantsDigestFollowsEveryStaticConstant) {
+  // Part of the prefix-cache fingerprint: caches whose stores differ never share blocks.
+  KvCacheSpec a = KvCacheSpec::plain(2, 2, 64, 16, 4, DType::F16);
+  a.k_format = parse_kv_format("turbo3.5", true);
+  a.v_format = parse_kv_format("turbo3.5", false);
+  a.k_mean = {std::vector<float>(2 * 64, 1.0f), std::vector<float>(2 * 64, -1.0f)};
+  KvCacheSpec b = a;
+  EXPECT_EQ(a.constants_digest(), b.constants_digest());
+  b.k_equal = {std::vector<float>(2 * 64, 1.0f), std::vector<float>(2 * 64, 1.0f)};
+  EXPECT_NE(a.constants_digest(), b.constants_digest());
+  KvCacheSpec c = b;
+  c.k_equal[1][5] = 1.5f;
+  EXPECT_NE(b.constants_digest(), c.constants_digest());
+  c = a;
+  c.k_mean[0][0] = 1.25f;
+  EXPECT_NE(a.constants_digest(), c.constants_digest());
+  c = a;
+  c.v_scales = {{1.0f}, {1.0f}};
+  EXPECT_NE(a.constants_digest(), c.constants_digest());
 }
