@@ -579,8 +579,9 @@ TEST(CpuQuantAttention, CenteredTurboKeysLeaveTheSoftmaxUnchanged) {
 
 TEST(CpuQuantAttention, EqualizedTurboKeysAreExactUpToTheCodesAndCutTheError) {
   // Keys whose channels c % 17 == 0 have 12x the spread, centered and equalized by
-  // s_c = sqrt(σ_c): the fused attention equals float64 attention over the decoded keys
-  // mapped back (s∘k̃ + μ; checked inside, also with the 80-spike tokens), and without the
+  // s_c = sqrt(σ_c) (the optimum for these isotropic random queries): the fused attention
+  // equals float64 attention over the decoded keys mapped back (s∘k̃ + μ; checked inside,
+  // also with the 80-spike tokens), and without the
   // spikes the error against the exact keys drops, as the estimate hd·Σσ²/(Σσ)² (3.5x in
   // score MSE here) says it should. (A spike token's deviation sits in a quiet channel,
   // where equalization raises its error by |q∘s|²/|q|²: it pays only where the variance
