@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -326,17 +327,14 @@ struct QuantAttnCase {
   bool key_spikes = true;                 // outlier_rows' occasional token with one channel at 80
 };
 
-// Double-precision inverse rotation x = D·H·y / sqrt(n) (D = ±1).
+// Double-precision inverse rotation x = D·Hᵀ·y / sqrt(n) (D = ±1), with the Walsh–Hadamard
+// matrix written out (H_ij = (−1)^popcount(i & j)), independent of the codec's fwht.
 std::vector<double> unrotate_f64(const float* y, const std::vector<double>& d, int n) {
-  std::vector<double> x(y, y + n);
-  for (int h = 1; h < n; h *= 2)
-    for (int i = 0; i < n; i += 2 * h)
-      for (int j = i; j < i + h; ++j) {
-        const double a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
-  for (int i = 0; i < n; ++i) x[i] *= d[i] / std::sqrt(double(n));
+  std::vector<double> x(n, 0.0);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) x[i] += (std::popcount(unsigned(i & j)) % 2 ? -1.0 : 1.0) * y[j];
+    x[i] *= d[i] / std::sqrt(double(n));
+  }
   return x;
 }
 
