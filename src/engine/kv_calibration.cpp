@@ -144,10 +144,11 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
     std::vector<float> mean(sum.size()), equal(sum.size());
     for (size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / n);
     // Equalization s_c = σ_c^(1/4), σ_c the channel's standard deviation around μ: the
-    // minimiser of the score error when the queries' per-channel RMS follows the keys' σ
-    // (isotropic queries would give sqrt(σ_c), which did worse than σ^(1/4) on both models;
-    // docs/design/kv-quant.md), per head scaled to mean(s²) = 1. σ is floored at 1e-3 of the
-    // head's mean σ so that a dead channel is not divided by ~0.
+    // minimiser of the score error (s_c² ∝ σ_c/ρ_c, ρ_c the query's RMS in the channel) for
+    // queries with ρ_c ∝ sqrt(σ_c), between isotropic queries (sqrt(σ_c): better on Gemma 3,
+    // worse than none on SmolLM2) and queries aligned with the keys (ρ ∝ σ: s = 1); chosen by
+    // measurement, docs/design/kv-quant.md. Per head scaled to mean(s²) = 1; σ is floored at
+    // 1e-3 of the head's mean σ so that a dead channel is not divided by ~0.
     for (size_t h = 0; h < sum.size() / hd; ++h) {
       std::vector<double> sd(hd);
       double mean_sd = 0;
