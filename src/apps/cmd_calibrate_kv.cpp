@@ -2,7 +2,8 @@
 // runs over windows of the text with an exact f32 cache; what each layer and KV head stores
 // becomes a JSON file that `--kv-scales` loads: for fp8 :tensor / :head the largest |K| and
 // |V| as scales (amax / the format's largest code), for TurboQuant the per-channel mean key
-// (k_mean), which the store subtracts.
+// (k_mean), which the store subtracts, and the per-channel key equalization (k_equal), which
+// the store divides by and the query multiplies by.
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -23,13 +24,14 @@ void add_calibrate_kv(CLI::App& app) {
     bool stats = false;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("calibrate-kv", "static KV-cache constants (fp8 scales, turbo key means)");
+  CLI::App* cmd =
+      app.add_subcommand("calibrate-kv", "static KV-cache constants (fp8 scales, turbo key means and equalization)");
   a->model.add_to(*cmd);
   cmd->add_option("-f,--file", a->file, "calibration text")->required();
   cmd->add_option("-o,--out", a->out, "file to write (for --kv-scales)")->capture_default_str();
   cmd->add_option("--format", a->format,
                   "the format the constants are for: fp8_e4m3|fp8_e5m2 with :tensor or :head (scales), or "
-                  "turbo2.5|3|3.5|4 (key means)")
+                  "turbo2.5|3|3.5|4 (key means and equalization)")
       ->capture_default_str();
   cmd->add_option("--window", a->window, "tokens per calibration window")->capture_default_str();
   cmd->add_option("--chunks", a->max_chunks, "windows to run at most (0 = the whole text)")->capture_default_str();
@@ -43,6 +45,7 @@ void add_calibrate_kv(CLI::App& app) {
     so.k_scales.clear();
     so.v_scales.clear();
     so.k_mean.clear();
+    so.k_equal.clear();
     so.ctx = std::max(so.ctx, a->window);
     so.kv_tokens = a->window;
     Session session(so);
@@ -61,7 +64,7 @@ void add_calibrate_kv(CLI::App& app) {
       for (float x : r) vmax = std::max(vmax, x);
     std::printf("calibrate-kv: %lld tokens, %zu layers x %d KV heads; max |K| %.3g, max |V| %.3g; %s %s -> %s\n",
                 static_cast<long long>(stats.tokens), stats.k.size(), session.config().n_head_kv, kmax, vmax,
-                a->format.c_str(), k.centers_keys() ? "key means" : "scales", a->out.c_str());
+                a->format.c_str(), k.centers_keys() ? "key means and equalization" : "scales", a->out.c_str());
   });
 }
 

@@ -36,7 +36,10 @@ KvEvalCase kv_case(const SessionOptions& base, const KvScales& file, const std::
   o->v_format = parse_kv_format(v, false);
   if (o->k_format.static_scale()) o->k_scales = file.k;
   if (o->v_format.static_scale()) o->v_scales = file.v;
-  if (o->k_format.centers_keys()) o->k_mean = file.k_mean;
+  if (o->k_format.centers_keys()) {
+    o->k_mean = file.k_mean;
+    o->k_equal = file.k_equal;
+  }
   return KvEvalCase{label, std::move(o)};
 }
 

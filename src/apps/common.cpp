@@ -75,7 +75,10 @@ SessionOptions ModelArgs::session_options() const {
                   kv_format_name(o.v_format));
     if (o.k_format.static_scale()) o.k_scales = s.k;
     if (o.v_format.static_scale()) o.v_scales = s.v;
-    if (mean) o.k_mean = s.k_mean;
+    if (mean) {
+      o.k_mean = s.k_mean;
+      o.k_equal = s.k_equal;
+    }
   }
   if (o.k_format.centers_keys() && o.k_mean.empty())
     std::fprintf(stderr,

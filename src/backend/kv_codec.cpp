@@ -148,14 +148,16 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
   }
   if (f.centers_keys()) {
     l.mean = at;
-    at += static_cast<int64_t>(n_kv_heads) * head_dim;
+    l.store_signs = at + static_cast<int64_t>(n_kv_heads) * head_dim;
+    at = l.store_signs + static_cast<int64_t>(n_kv_heads) * head_dim;
   }
   l.total = at;
   return l;
 }
 
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
-                                     uint64_t seed, std::span<const float> static_scales, std::span<const float> mean) {
+                                     uint64_t seed, std::span<const float> static_scales, std::span<const float> mean,
+                                     std::span<const float> equal) {
   const KvConstantsLayout l = kv_constants_layout(f, n_kv_heads, head_dim);
   std::vector<float> out(l.total, 0.0f);
   TESSERA_CHECK(
@@ -177,6 +179,15 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
       out[l.mean + i] = mean[i];
     }
   }
+  if (!equal.empty()) {
+    TESSERA_CHECK(f.centers_keys() && is_key, "KV key equalization given for ", is_key ? "K" : "V", " in ",
+                  kv_format_name(f), ", which does not center ", is_key ? "its keys" : "values");
+    TESSERA_CHECK(equal.size() == static_cast<size_t>(n_kv_heads) * head_dim, "KV key equalization of layer ", layer,
+                  ": ", equal.size(), " values for ", n_kv_heads, " KV heads x head_dim ", head_dim);
+    for (size_t i = 0; i < equal.size(); ++i)
+      TESSERA_CHECK(std::isfinite(equal[i]) && equal[i] > 0, "KV key equalization of layer ", layer, " head ",
+                    i / head_dim, " channel ", i % head_dim, " is ", equal[i], " (finite, > 0)");
+  }
   if (f.codec != KvCodec::Turbo) return out;
   for (int half = 0; half < 2; ++half) {
     const std::vector<double> c = turbo_codebook(half == 0 ? f.bits_hi : f.bits_lo, head_dim);
@@ -186,6 +197,13 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
       seed ^ (0x7475726230ull + (static_cast<uint64_t>(layer) << 1) + (is_key ? 1 : 0)) * 0x9E3779B97F4A7C15ull;
   for (int64_t i = 0; i < static_cast<int64_t>(n_kv_heads) * head_dim; ++i)
     out[l.signs + i] = (splitmix64(s) >> 63) ? 1.0f : -1.0f;
+  // Equalized keys: the query rotates with D∘s, the store with D/s (layout comment in kv_codec.h).
+  if (f.centers_keys())
+    for (int64_t i = 0; i < static_cast<int64_t>(n_kv_heads) * head_dim; ++i) {
+      const float d = out[l.signs + i];
+      out[l.store_signs + i] = equal.empty() ? d : d / equal[i];
+      if (!equal.empty()) out[l.signs + i] = d * equal[i];
+    }
   if (f.qjl)
     for (int64_t i = 0; i < static_cast<int64_t>(n_kv_heads) * head_dim * head_dim; ++i)
       out[l.qjl + i] = static_cast<float>(gaussian(s));
@@ -236,7 +254,7 @@ void encode_turbo_row(const KvFormat& f, const KvPageLayout& l, int hd, const Kv
   float* r = y + hd;   // [hd] residual
   float* xc = r + hd;  // [hd] centered: x − μ
   for (int d = 0; d < hd; ++d) xc[d] = c.mean ? x[d] - c.mean[d] : x[d];
-  turbo_rotate(xc, c.signs, hd, y);
+  turbo_rotate(xc, c.store_signs, hd, y);
   double ss = 0;
   for (int d = 0; d < hd; ++d) ss += static_cast<double>(y[d]) * y[d];
   const float norm = f16_round(static_cast<float>(std::sqrt(ss)));

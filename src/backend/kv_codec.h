@@ -17,25 +17,31 @@ namespace tessera {
 
 // ---- Layer constants: one float array per layer and K/V, in the backend's memory ----
 // [scales: n_kv_heads] [code_hi: 16] [code_lo: 16] [signs: n_kv_heads * hd] [qjl: n_kv_heads * hd * hd]
-// [mean: n_kv_heads * hd]
+// [mean: n_kv_heads * hd] [store_signs: n_kv_heads * hd]
 // scales: the static fp8 scale of each head (1 when the format has none); code_*: turbo
-// codebook centroids (unit-variance coordinates), signs: turbo's random ±1 diagonal D, qjl:
-// the QJL projection S (row-major [hd out][hd in], N(0, 1) entries); mean (formats that
-// center keys, KvFormat::centers_keys): the calibrated mean key μ the store subtracts (zeros
-// for V and without calibration). Absent parts have size 0; mean comes last so the other
-// offsets do not depend on it.
+// codebook centroids (unit-variance coordinates), signs: the diagonal the *query* side
+// rotates with: turbo's random ±1 diagonal D, times the per-channel key equalization s for
+// equalized keys (D∘s: q' = R (q∘s) costs nothing more than q' = R q); qjl: the QJL
+// projection S (row-major [hd out][hd in], N(0, 1) entries); mean (formats that center
+// keys, KvFormat::centers_keys): the calibrated mean key μ the store subtracts (zeros for V
+// and without calibration); store_signs (same formats): the diagonal the store rotates
+// with, D/s (D for V and without equalization), so keys are stored as R ((k − μ)/s) and
+// (q∘s)·((k − μ)/s) = q·(k − μ). Absent parts have size 0; the centering parts come last so
+// the other offsets do not depend on them.
 struct KvConstantsLayout {
-  int64_t scales = 0, code_hi = 0, code_lo = 0, signs = 0, qjl = 0, mean = 0, total = 0;
+  int64_t scales = 0, code_hi = 0, code_lo = 0, signs = 0, qjl = 0, mean = 0, store_signs = 0, total = 0;
 };
 KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int head_dim);
 // Builds the constants of one layer's K (is_key) or V. Turbo's signs and S are drawn from a
 // generator seeded by (seed, layer, is_key), so they are the same on every run and backend.
 // static_scales: empty (1.0), one (per tensor) or n_kv_heads values (fp8 :tensor / :head).
 // mean: empty (zeros) or n_kv_heads * head_dim values (head-major), for a format that
-// centers keys; throws naming what is wrong otherwise.
+// centers keys; equal: empty (s = 1) or n_kv_heads * head_dim finite positive key
+// equalization scales s (head-major; keys of a centering format only). Throws naming what is
+// wrong otherwise.
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
                                      uint64_t seed, std::span<const float> static_scales,
-                                     std::span<const float> mean = {});
+                                     std::span<const float> mean = {}, std::span<const float> equal = {});
 // Lloyd–Max centroids (ascending, 2^bits of them) for one coordinate of a uniformly random
 // unit vector in `dim` dimensions scaled by sqrt(dim): density ∝ (1 - t²/dim)^((dim-3)/2).
 std::vector<double> turbo_codebook(int bits, int dim);
@@ -45,9 +51,10 @@ struct KvHeadConstants {
   float scale = 1.0f;
   const float* code_hi = nullptr;
   const float* code_lo = nullptr;
-  const float* signs = nullptr;  // [hd]
-  const float* qjl = nullptr;    // [hd, hd]
-  const float* mean = nullptr;   // [hd] subtracted before encoding (formats that center keys)
+  const float* signs = nullptr;        // [hd] the query side's diagonal (D, or D∘s for equalized keys)
+  const float* store_signs = nullptr;  // [hd] the store's diagonal (D/s; = signs where there is no s)
+  const float* qjl = nullptr;          // [hd, hd]
+  const float* mean = nullptr;         // [hd] subtracted before encoding (formats that center keys)
 };
 inline KvHeadConstants kv_head_constants(const KvFormat& f, const float* layer, int n_kv_heads, int hd, int head) {
   KvHeadConstants c;
@@ -57,10 +64,13 @@ inline KvHeadConstants kv_head_constants(const KvFormat& f, const float* layer, 
   if (f.codec == KvCodec::Turbo) {
     c.code_hi = layer + l.code_hi;
     c.code_lo = layer + l.code_lo;
-    c.signs = layer + l.signs + static_cast<int64_t>(head) * hd;
+    c.signs = c.store_signs = layer + l.signs + static_cast<int64_t>(head) * hd;
     if (f.qjl) c.qjl = layer + l.qjl + static_cast<int64_t>(head) * hd * hd;
   }
-  if (f.centers_keys()) c.mean = layer + l.mean + static_cast<int64_t>(head) * hd;
+  if (f.centers_keys()) {
+    c.mean = layer + l.mean + static_cast<int64_t>(head) * hd;
+    c.store_signs = layer + l.store_signs + static_cast<int64_t>(head) * hd;
+  }
   return c;
 }
 

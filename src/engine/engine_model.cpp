@@ -52,6 +52,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   spec.k_scales = o.session.k_scales;
   spec.v_scales = o.session.v_scales;
   spec.k_mean = o.session.k_mean;
+  spec.k_equal = o.session.k_equal;
   apply_checkpoint_kv_scales(session_->weights(), spec);
   Backend& backend = session_->backend();
   // The largest step the engine will run, once, so a budget that cannot hold its
@@ -134,7 +135,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   config_.prefix_caching = o.prefix_caching;
   std::ostringstream fp;
   fp << session_->weights().source << '|' << mc.n_vocab << '|' << mc.n_layer << '|' << session_->weights().weight_bytes
-     << '|' << spec.format_name();
+     << '|' << spec.format_name() << '|' << std::hex << spec.constants_digest();
   config_.model_fingerprint = fp.str();
   config_.vocab_size = mc.n_vocab;
   config_.admission = o.admission;

@@ -136,12 +136,38 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
   KvScales s;
   s.k = rows_for(stats.k, k_format);
   s.v = rows_for(stats.v, v_format);
-  if (k_format.centers_keys() && stats.tokens > 0)
-    for (const auto& sum : stats.k_sum) {
-      std::vector<float> mean(sum.size());
-      for (size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / static_cast<double>(stats.tokens));
-      s.k_mean.push_back(std::move(mean));
+  if (!k_format.centers_keys() || stats.tokens <= 0) return s;
+  const double n = static_cast<double>(stats.tokens);
+  const int hd = stats.head_dim;
+  for (size_t l = 0; l < stats.k_sum.size(); ++l) {
+    const auto& sum = stats.k_sum[l];
+    std::vector<float> mean(sum.size()), equal(sum.size());
+    for (size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / n);
+    // Equalization s_c = σ_c^(1/4), σ_c the channel's standard deviation around μ: the
+    // minimiser of the score error (s_c² ∝ σ_c/ρ_c, ρ_c the query's RMS in the channel) for
+    // queries with ρ_c ∝ sqrt(σ_c), between isotropic queries (sqrt(σ_c): better on Gemma 3,
+    // worse than none on SmolLM2) and queries aligned with the keys (ρ ∝ σ: s = 1); chosen by
+    // measurement, docs/design/kv-quant.md. Per head scaled to mean(s²) = 1; σ is floored at
+    // 1e-3 of the head's mean σ so that a dead channel is not divided by ~0.
+    for (size_t h = 0; h < sum.size() / hd; ++h) {
+      std::vector<double> sd(hd);
+      double mean_sd = 0;
+      for (int c = 0; c < hd; ++c) {
+        const size_t i = h * hd + c;
+        const double m = sum[i] / n;
+        sd[c] = std::sqrt(std::max(stats.k_sq[l][i] / n - m * m, 0.0));
+        mean_sd += sd[c] / hd;
+      }
+      double ms = 0;
+      for (int c = 0; c < hd; ++c) {
+        sd[c] = mean_sd > 0 ? std::sqrt(std::sqrt(std::max(sd[c], 1e-3 * mean_sd))) : 1.0;
+        ms += sd[c] * sd[c] / hd;
+      }
+      for (int c = 0; c < hd; ++c) equal[h * hd + c] = static_cast<float>(sd[c] / std::sqrt(ms));
     }
+    s.k_mean.push_back(std::move(mean));
+    s.k_equal.push_back(std::move(equal));
+  }
   return s;
 }
 

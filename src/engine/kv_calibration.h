@@ -35,7 +35,9 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
 
 // Scales for formats with static scales: one per layer (:tensor) or per KV head (:head);
 // other formats get no rows (their scales are per token). A zero amax gives scale 1.
-// Key means (k_mean) for key formats that center (kv_centers_keys), else none.
+// Key means (k_mean) and the per-channel key equalization (k_equal: s_c ∝ σ_c^(1/4), σ_c
+// the channel's deviation around μ, mean(s²) = 1 per head) for key formats that center
+// (KvFormat::centers_keys), else none.
 KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, const KvFormat& v_format);
 
 // One line per layer on the keys (means over its heads): energy per token E|k|², the share

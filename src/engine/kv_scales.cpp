@@ -50,6 +50,17 @@ KvScales read_kv_scales(const std::string& path) {
   s.k = read_rows(j, "k_scales", path, true);
   s.v = read_rows(j, "v_scales", path, true);
   if (j.contains("k_mean")) s.k_mean = read_rows(j, "k_mean", path, false);
+  if (j.contains("k_equal")) {
+    s.k_equal = read_rows(j, "k_equal", path, true);
+    TESSERA_CHECK(!s.k_mean.empty(), "KV scales ", path,
+                  ": \"k_equal\" without \"k_mean\" (the equalization "
+                  "applies to centered keys)");
+    TESSERA_CHECK(s.k_equal.size() == s.k_mean.size(), "KV scales ", path, ": ", s.k_equal.size(),
+                  " \"k_equal\" rows and ", s.k_mean.size(), " \"k_mean\" rows (one per layer each)");
+    for (size_t l = 0; l < s.k_equal.size(); ++l)
+      TESSERA_CHECK(s.k_equal[l].size() == s.k_mean[l].size(), "KV scales ", path, ": \"k_equal\" row ", l, " has ",
+                    s.k_equal[l].size(), " values, \"k_mean\" row ", s.k_mean[l].size());
+  }
   TESSERA_CHECK(s.k.size() == s.v.size(), "KV scales ", path, ": ", s.k.size(), " K rows and ", s.v.size(),
                 " V rows (one per layer each)");
   TESSERA_CHECK(!s.k.empty() || !s.k_mean.empty(), "KV scales ", path, ": no scales and no \"k_mean\"");
@@ -78,6 +89,7 @@ void write_kv_scales(const std::string& path, const KvScales& scales, const std:
   j["k_scales"] = scales.k.empty() ? nlohmann::json::array() : nlohmann::json(scales.k);
   j["v_scales"] = scales.v.empty() ? nlohmann::json::array() : nlohmann::json(scales.v);
   if (!scales.k_mean.empty()) j["k_mean"] = scales.k_mean;
+  if (!scales.k_equal.empty()) j["k_equal"] = scales.k_equal;
   std::ofstream out(path);
   TESSERA_CHECK(out.good(), "KV scales: cannot write ", path);
   out << j.dump(1) << '\n';

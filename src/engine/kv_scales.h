@@ -2,11 +2,13 @@
 // Static KV-cache constants, as `tessera calibrate-kv` writes them and --kv-scales reads them:
 //   {"model": "...", "k_format": "fp8_e4m3:head", "v_format": "...", "n_layers": L,
 //    "n_kv_heads": H, "head_dim": D, "k_scales": [[s_0, ..., s_H-1], ...L rows], "v_scales": [...],
-//    "k_mean": [[μ_0, ..., μ_{H·D-1}], ...L rows]}
+//    "k_mean": [[μ_0, ..., μ_{H·D-1}], ...L rows], "k_equal": [[s_0, ..., s_{H·D-1}], ...L rows]}
 // Scales (fp8 :tensor and :head): a row holds one value (per tensor) or one per KV head; a
 // scale maps stored codes back to values (x = code * scale), so it is amax / the format's
 // largest value; [] when the file has none. k_mean (optional; TurboQuant keys): per layer,
 // the mean key of each KV head and channel (head-major), which the store subtracts.
+// k_equal (optional, only beside k_mean): per layer, the per-channel key equalization s
+// (head-major, finite and > 0): keys are stored as R ((k − μ)/s), queries scaled by s.
 #include <string>
 #include <vector>
 
@@ -17,12 +19,14 @@ namespace tessera {
 
 struct KvScales {
   std::string model;
-  std::vector<std::vector<float>> k, v;    // [n_layers][1 or n_kv_heads], or empty
-  std::vector<std::vector<float>> k_mean;  // [n_layers][n_kv_heads * head_dim], or empty
+  std::vector<std::vector<float>> k, v;     // [n_layers][1 or n_kv_heads], or empty
+  std::vector<std::vector<float>> k_mean;   // [n_layers][n_kv_heads * head_dim], or empty
+  std::vector<std::vector<float>> k_equal;  // [n_layers][n_kv_heads * head_dim], or empty
 };
 
 // Throws naming the file and what is wrong (not JSON, rows of the wrong length, a scale
-// that is not finite and positive, a mean that is not finite, layer counts that differ).
+// that is not finite and positive, a mean that is not finite, an equalization that is not
+// finite and positive or comes without means or of another shape, layer counts that differ).
 KvScales read_kv_scales(const std::string& path);
 void write_kv_scales(const std::string& path, const KvScales& scales, const std::string& k_format,
                      const std::string& v_format, int n_kv_heads, int head_dim);

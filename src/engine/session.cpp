@@ -121,6 +121,7 @@ void Session::make_kv(int tokens) {
   spec.k_scales = options_.k_scales;
   spec.v_scales = options_.v_scales;
   spec.k_mean = options_.k_mean;
+  spec.k_equal = options_.k_equal;
   apply_checkpoint_kv_scales(*weights_, spec);
   kv_.reset();  // free the old cache before allocating the new one
   kv_ = std::make_unique<KvCache>(*backend_, spec);

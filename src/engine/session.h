@@ -34,8 +34,9 @@ struct SessionOptions {
   KvFormat k_format = kv_format_of(DType::F16);
   KvFormat v_format = kv_format_of(DType::F16);
   std::vector<std::vector<float>> k_scales, v_scales;
-  std::vector<std::vector<float>> k_mean;  // calibrated key centering (KvCacheSpec::k_mean)
-  uint64_t dummy_seed = 0;                 // for dummy weights
+  std::vector<std::vector<float>> k_mean;   // calibrated key centering (KvCacheSpec::k_mean)
+  std::vector<std::vector<float>> k_equal;  // calibrated key equalization (KvCacheSpec::k_equal)
+  uint64_t dummy_seed = 0;                  // for dummy weights
 };
 
 // Resolves a model argument to a file path: an existing path is returned as is; an alias

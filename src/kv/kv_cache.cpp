@@ -16,6 +16,23 @@ std::string KvCacheSpec::format_name() const {
   return "k=" + k + " v=" + v;
 }
 
+uint64_t KvCacheSpec::constants_digest() const {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the rows' lengths and bytes
+  const auto add = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
+  };
+  for (const auto* rows : {&k_scales, &v_scales, &k_mean, &k_equal}) {
+    const uint64_t n = rows->size();
+    add(&n, sizeof n);
+    for (const auto& r : *rows) {
+      const uint64_t m = r.size();
+      add(&m, sizeof m);
+      add(r.data(), sizeof(float) * r.size());
+    }
+  }
+  return h;
+}
+
 namespace {
 // The layer's constants in backend memory, or null when the format has none.
 void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat& f, int layer, bool is_key) {
@@ -35,8 +52,15 @@ void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat
                   spec.k_mean.size(), " layers, the model has ", spec.n_layers);
     mean = spec.k_mean[layer];
   }
+  std::span<const float> equal;
+  if (is_key && !spec.k_equal.empty()) {
+    TESSERA_CHECK(!spec.k_mean.empty(), "KV cache: key equalization given without key means");
+    TESSERA_CHECK(spec.k_equal.size() == static_cast<size_t>(spec.n_layers), "KV cache: key equalization for ",
+                  spec.k_equal.size(), " layers, the model has ", spec.n_layers);
+    equal = spec.k_equal[layer];
+  }
   const std::vector<float> host =
-      make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s, mean);
+      make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s, mean, equal);
   void* dev = backend.alloc(sizeof(float) * host.size());
   backend.copy_to_device(dev, host.data(), sizeof(float) * host.size());
   return dev;

@@ -30,6 +30,9 @@ struct KvCacheSpec {
   // Calibrated mean key per layer ([n_kv_heads * head_dim], head-major) for a key format that
   // centers keys (KvFormat::centers_keys); empty = no centering (μ = 0).
   std::vector<std::vector<float>> k_mean;
+  // Per-channel key equalization s per layer ([n_kv_heads * head_dim], head-major; needs
+  // k_mean): keys are stored as R ((k − μ)/s) and queries meet them as R (q∘s); empty = 1.
+  std::vector<std::vector<float>> k_equal;
 
   // A cache with K and V both in `plain` (F16 or F32).
   static KvCacheSpec plain(int n_layers, int n_kv_heads, int head_dim, int block_size, int n_blocks, DType plain) {
@@ -56,6 +59,10 @@ struct KvCacheSpec {
   int64_t total_bytes() const { return block_bytes() * n_blocks; }
   // "f16", or "k=int4:channel v=int4:g32" when K and V differ.
   std::string format_name() const;
+  // A digest of the static constants the stored bytes depend on (k/v scales, key means,
+  // key equalization): part of the prefix-cache fingerprint beside format_name(), so blocks
+  // are never shared between caches whose stores differ.
+  uint64_t constants_digest() const;
 };
 
 class KvCache {

@@ -21,7 +21,7 @@ struct KvSide {
   const float* scales = nullptr;   // [n_kv_heads] static fp8 scales (consts), or null
   const float* code_hi = nullptr;  // turbo codebooks (unit-variance centroids)
   const float* code_lo = nullptr;
-  const float* signs = nullptr;  // turbo ±1 diagonal, [n_kv_heads, hd]
+  const float* signs = nullptr;  // turbo: the query side's diagonal, [n_kv_heads, hd] (D; D∘s for equalized keys)
   const float* qjl = nullptr;    // turbo keys: S, [n_kv_heads, hd, hd]
 };
 
@@ -261,7 +261,7 @@ __device__ __forceinline__ void kv_decode_tile(const KvSide& ks, const KvSide& v
 }
 
 // Query rows in K's basis, in shared memory: Qs[r * ldq + c] holds the scaled query; turbo
-// keys rotate it (q' = R q) and, with QJL, put S q' at c in [hd, 2 hd) (rows from live_rows
+// keys rotate it (q' = R q; equalized keys R (q∘s), s folded into the signs) and, with QJL, put S q' at c in [hd, 2 hd) (rows from live_rows
 // on are zero queries: their S q' is set to zero, not computed). All threads call it (a
 // multiple of 32); it ends with a barrier.
 __device__ __forceinline__ void kv_prepare_queries(const KvSide& ks, int kvh, int hd, float* Qs, int ldq, int rows,

@@ -86,11 +86,14 @@ __device__ void store_int4_channel(const KvSide& s, uint8_t* page, int offset, i
 }
 
 // k_mean / v_mean: the side's centering μ ([n_kv_heads, hd], layer constants) when its format
-// centers keys (zeros unless calibrated), else null.
+// centers keys (zeros unless calibrated), else null; k_diag / v_diag: the diagonal the store
+// rotates with ([n_kv_heads, hd]: D/s for equalized keys, else D; kv_codec.h), null beside a
+// null mean.
 __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restrict__ k, int64_t ldk,
                                       const float* __restrict__ v, int64_t ldv, const int32_t* __restrict__ slots,
                                       int n_tokens, int n_kv_heads, int block_size, int hd,
-                                      const float* __restrict__ k_mean, const float* __restrict__ v_mean) {
+                                      const float* __restrict__ k_mean, const float* __restrict__ v_mean,
+                                      const float* __restrict__ k_diag, const float* __restrict__ v_diag) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   __shared__ float xs[kMaxHd];       // the token's channels (turbo: rotated)
@@ -182,11 +185,12 @@ __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restr
     case KvCodec::Turbo:
       break;
   }
-  // Turbo: y = H·D·(x − μ) / sqrt(hd); coordinates scaled by sqrt(hd)/|y| (|y| in f16) coded
+  // Turbo: y = H·D·(x − μ) / sqrt(hd) (equalized keys: D/s in place of D); coordinates scaled by sqrt(hd)/|y| (|y| in f16) coded
   // with the nearest centroid (bit planes); the f16 scale that makes <ŷ, y> = |y|² (QJL keys:
   // |y|); keys with QJL: the signs of S·(y - ŷ) and |y - ŷ|.
   const float* mean = is_key ? k_mean : v_mean;
-  if (d < hd) xs[d] = __fmul_rn(mean ? __fsub_rn(xv, mean[h * hd + d]) : xv, s.signs[h * hd + d]);
+  const float* diag = mean ? (is_key ? k_diag : v_diag) : s.signs;
+  if (d < hd) xs[d] = __fmul_rn(mean ? __fsub_rn(xv, mean[h * hd + d]) : xv, diag[h * hd + d]);
   block_fwht(xs, hd, 1, hd);
   const float inv_sqrt = 1.0f / sqrtf(static_cast<float>(hd));
   float y = 0.0f;
@@ -276,14 +280,16 @@ void launch_kv_store_quant(const KvLayerView& kv, const float* k, int64_t ldk, c
   TESSERA_CHECK(kv.head_dim <= kMaxHd && kv.head_dim % 8 == 0, "cuda kv_store: head_dim ", kv.head_dim,
                 " (a multiple of 8, at most ", kMaxHd, ", for quantized KV)");
   const int threads = static_cast<int>(round_up(kv.head_dim, 32));
-  // The centering means are the last part of the layer constants (kv_codec.h).
-  const auto mean_of = [&](const KvFormat& f, const float* consts) -> const float* {
+  // The centering means and the store's diagonal are the last parts of the layer constants (kv_codec.h).
+  const auto part_of = [&](const KvFormat& f, const float* consts, bool diag) -> const float* {
     if (!consts || !f.centers_keys()) return nullptr;
-    return consts + kv_constants_layout(f, kv.n_kv_heads, kv.head_dim).mean;
+    const KvConstantsLayout l = kv_constants_layout(f, kv.n_kv_heads, kv.head_dim);
+    return consts + (diag ? l.store_signs : l.mean);
   };
   launch_pdl(kv_store_quant_kernel, dim3(n_tokens, kv.n_kv_heads, 2), dim3(threads), 0, st, kv_side(kv, true),
              kv_side(kv, false), k, ldk, v, ldv, slots, n_tokens, kv.n_kv_heads, kv.block_size, kv.head_dim,
-             mean_of(kv.k_fmt, kv.k_consts), mean_of(kv.v_fmt, kv.v_consts));
+             part_of(kv.k_fmt, kv.k_consts, false), part_of(kv.v_fmt, kv.v_consts, false),
+             part_of(kv.k_fmt, kv.k_consts, true), part_of(kv.v_fmt, kv.v_consts, true));
   TESSERA_CUDA_CHECK_LAUNCH("kv_store_quant");
 }
 

@@ -54,10 +54,14 @@ KvCacheSpec spec_of(const Case& c, int n_blocks) {
   spec.v_format = parse_kv_format(c.v_fmt, false);
   if (spec.k_format.static_scale()) spec.k_scales = {std::vector<float>(c.n_kv_heads, 0.05f)};
   if (spec.v_format.static_scale()) spec.v_scales = {std::vector<float>(c.n_kv_heads, 0.01f)};
-  if (spec.k_format.centers_keys()) {  // calibrated key means: the store subtracts them
-    std::vector<float> mean(static_cast<size_t>(c.n_kv_heads) * c.head_dim);
-    for (size_t i = 0; i < mean.size(); ++i) mean[i] = 0.75f * static_cast<float>(static_cast<int>(i * 7 % 13) - 6);
+  if (spec.k_format.centers_keys()) {  // calibrated key means and equalization: (k − μ)/s stored, q∘s read
+    std::vector<float> mean(static_cast<size_t>(c.n_kv_heads) * c.head_dim), equal(mean.size(), 1.0f);
+    for (size_t i = 0; i < mean.size(); ++i) {
+      mean[i] = 0.75f * static_cast<float>(static_cast<int>(i * 7 % 13) - 6);
+      if ((i % c.head_dim) % 17 == 0) equal[i] = std::sqrt(12.0f);  // outlier_rows' wide channels
+    }
     spec.k_mean = {mean};
+    spec.k_equal = {equal};
   }
   return spec;
 }

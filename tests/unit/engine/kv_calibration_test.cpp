@@ -124,6 +124,23 @@ TEST(KvCalibration, KeyMeansAreWrittenReadAndCenterTurboKeys) {
     }
     EXPECT_GT(spread, 0);
   }
+  // Equalization: s_c = σ_c^(1/4) (σ_c the channel's deviation around μ), mean(s²) = 1 per head.
+  ASSERT_EQ(means.k_equal.size(), size_t(c.n_layer));
+  for (int l = 0; l < c.n_layer; ++l) {
+    ASSERT_EQ(means.k_equal[l].size(), row);
+    for (int h = 0; h < c.n_head_kv; ++h) {
+      std::vector<double> want(c.head_dim);
+      double ms = 0;
+      for (int d = 0; d < c.head_dim; ++d) {
+        const size_t i = size_t(h) * c.head_dim + d;
+        const double m = stats.k_sum[l][i] / 128;
+        want[d] = std::pow(stats.k_sq[l][i] / 128 - m * m, 0.125);  // (σ²)^(1/8)
+        ms += want[d] * want[d] / c.head_dim;
+      }
+      for (int d = 0; d < c.head_dim; ++d)
+        EXPECT_NEAR(means.k_equal[l][size_t(h) * c.head_dim + d], want[d] / std::sqrt(ms), 1e-5);
+    }
+  }
   // fp8 takes scales, no means; the stats table has a line per layer.
   EXPECT_TRUE(kv_scales_from_stats(stats, parse_kv_format("fp8_e4m3:head", true), turbo_v).k_mean.empty());
   const std::string table = kv_key_stats_table(stats);
@@ -133,12 +150,15 @@ TEST(KvCalibration, KeyMeansAreWrittenReadAndCenterTurboKeys) {
   write_kv_scales(path, means, "turbo3.5", "turbo3.5", c.n_head_kv, c.head_dim);
   KvScales back = read_kv_scales(path);
   EXPECT_EQ(back.k_mean, means.k_mean);
+  EXPECT_EQ(back.k_equal, means.k_equal);
   EXPECT_TRUE(back.k.empty() && back.v.empty());
   std::remove(path.c_str());
 
-  // A turbo cache with key means stores k − μ: layer 0's keys (the same in every cache: no
-  // earlier layer reads it) decode to about the exact keys minus μ. μ is shifted by 5 so the
-  // check does not depend on how large this random model's key means are.
+  // A turbo cache with key means stores k − μ (with equalization (k − μ)/s): layer 0's keys
+  // (the same in every cache: no earlier layer reads it), rotated back with the query side's
+  // diagonal (D, or D∘s, which also undoes the 1/s), decode to about the exact keys minus μ.
+  // μ is shifted by 5 so the check does not depend on how large this random model's key
+  // means are.
   for (auto& r : back.k_mean)
     for (float& m : r) m += 5.0f;
   const auto layer0_keys = [&](Session& sess, const KvFormat& f, bool rotate_back) {
@@ -166,19 +186,22 @@ TEST(KvCalibration, KeyMeansAreWrittenReadAndCenterTurboKeys) {
     return keys;
   };
   const std::vector<float> k0 = layer0_keys(exact, kv_format_of(DType::F32), false);
-  SessionOptions o = tiny(turbo_k);
-  o.v_format = turbo_v;
-  o.k_mean = back.k_mean;
-  Session q(o);
-  const std::vector<float> kq = layer0_keys(q, turbo_k, true);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < k0.size(); ++i) {
-    const int h = int(i / (32 * c.head_dim)), d = int(i % c.head_dim);
-    const double want = double(k0[i]) - back.k_mean[0][h * c.head_dim + d];
-    num += (kq[i] - want) * (kq[i] - want);
-    den += want * want;
+  for (bool equalize : {false, true}) {
+    SessionOptions o = tiny(turbo_k);
+    o.v_format = turbo_v;
+    o.k_mean = back.k_mean;
+    if (equalize) o.k_equal = back.k_equal;
+    Session q(o);
+    const std::vector<float> kq = layer0_keys(q, turbo_k, true);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < k0.size(); ++i) {
+      const int h = int(i / (32 * c.head_dim)), d = int(i % c.head_dim);
+      const double want = double(k0[i]) - back.k_mean[0][h * c.head_dim + d];
+      num += (kq[i] - want) * (kq[i] - want);
+      den += want * want;
+    }
+    EXPECT_LT(std::sqrt(num / den), 0.25) << "equalized " << equalize;
   }
-  EXPECT_LT(std::sqrt(num / den), 0.25);
 }
 
 TEST(KvCalibration, BadScaleFilesSayWhatIsWrong) {
@@ -204,5 +227,13 @@ TEST(KvCalibration, BadScaleFilesSayWhatIsWrong) {
   expect_error(R"({"k_scales": [[1.0]], "v_scales": [[1.0]], "k_mean": [[1.0], [1.0]]})", "1 scale rows and 2");
   expect_error(R"({"n_kv_heads": 2, "head_dim": 4, "k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0]]})",
                "rows of 2 values, n_kv_heads x head_dim is 8");
+  expect_error(R"({"k_scales": [[1.0]], "v_scales": [[1.0]], "k_equal": [[1.0]]})", "\"k_equal\" without \"k_mean\"");
+  expect_error(R"({"k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0]], "k_equal": [[1.0, 0.0]]})",
+               "\"k_equal\" row 0 has scale 0");
+  expect_error(R"({"k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0]], "k_equal": [[1.0, 2.0], [1.0, 2.0]]})",
+               "2 \"k_equal\" rows and 1 \"k_mean\" rows");
+  expect_error(
+      R"({"k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0], [3.0, 4.0]], "k_equal": [[1.0, 2.0], [1.0]]})",
+      "\"k_equal\" row 1 has 1 values, \"k_mean\" row 2");
   std::remove(path.c_str());
 }
