@@ -101,7 +101,7 @@ std::string format_engine_summary(const EngineSummary& s) {
   if (s.window > 0) {
     std::snprintf(buf, sizeof buf,
                   "%d of %d layers keep a %d-token window in a pool of %d blocks; without it the same memory "
-                  "holds %lld tokens (%.2fx fewer)",
+                  "holds %lld tokens (the windows hold %.2fx as many)",
                   s.n_local_layers, s.n_layers, s.window, s.n_local_blocks, static_cast<long long>(s.unwindowed_tokens),
                   s.unwindowed_tokens > 0 ? static_cast<double>(s.kv_tokens()) / s.unwindowed_tokens : 0.0);
     line("KV windows", buf);

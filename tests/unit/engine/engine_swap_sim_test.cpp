@@ -167,6 +167,7 @@ TEST(EngineSimSwap, SlidingWindowPoolSwapsOnlyTheWindow) {
   e.expect_whole();
 
   // One sequence of 8 + 300 tokens (77 full blocks) never holds more than 3 local blocks.
+  s.n_blocks = 80;
   SimEngine one(s);
   const Request r = greedy_request({1, 2, 3, 4, 5, 6, 7, 8}, 300);
   const RequestId id = one.add(r);

@@ -63,7 +63,7 @@ TEST(EngineWindowModel, WindowsBuyCapacityAndTheSummarySaysSo) {
   const std::string text = format_engine_summary(describe_engine(m, "dummy:gemma3-tiny:f32"));
   EXPECT_NE(text.find("568 blocks of 4 tokens = 2272 tokens (3.00 MiB)"), std::string::npos) << text;
   EXPECT_NE(text.find("KV windows  5 of 6 layers keep a 16-token window in a pool of 40 blocks; without it the same "
-                      "memory holds 512 tokens (4.44x fewer)"),
+                      "memory holds 512 tokens (the windows hold 4.44x as many)"),
             std::string::npos)
       << text;
 }
@@ -77,7 +77,7 @@ TEST(EngineWindowModel, LocalLayersHoldOnlyTheWindowAndOutputsEqualTheUnfreedRef
   const auto tail = random_prompt(rng, 8);
   shared.insert(shared.end(), tail.begin(), tail.end());
   reqs.push_back(request(shared, 100));  // a prefix hit on the first's blocks
-  Request sampled = request(random_prompt(rng, 30), 120);
+  Request sampled = request(random_prompt(rng, 30), 200);
   sampled.n = 2;  // a fork: copy-on-write of the shared partial block in both pools
   sampled.sampling.temperature = 1.0f;
   sampled.sampling.seed = 5;
@@ -91,7 +91,7 @@ TEST(EngineWindowModel, LocalLayersHoldOnlyTheWindowAndOutputsEqualTheUnfreedRef
     ModelEngine m(o);
     EngineConfig c = m.config();
     c.check_invariants = true;
-    c.n_blocks = 190;  // the 512-token sequence takes 128: the others get preempted
+    c.n_blocks = 128;  // the 512-token sequence takes them all: the others get preempted
     EngineCore core(c, m.executor());
     std::map<RequestId, std::vector<std::vector<Logprobs>>> out;
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -125,7 +125,7 @@ TEST(EngineWindowModel, LocalLayersHoldOnlyTheWindowAndOutputsEqualTheUnfreedRef
   }
   EXPECT_GT(st_windowed.prefix.hit_tokens, 0);
   EXPECT_GT(st_windowed.forks, 0);
-  EXPECT_GT(st_windowed.swaps_out, 0);
+  EXPECT_GT(st_windowed.swaps_out, 0) << st_windowed.preemptions << " preemptions, " << st_windowed.swap_fallbacks << " fallbacks";
   // The 512-token sequence alone: after its prefill its local layers hold one window (16
   // tokens: 4 blocks, 5 where it straddles a block edge) while its global layer grows to 128.
   const auto alone = run(true, {reqs[0]}, most, st_windowed);
