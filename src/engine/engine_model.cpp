@@ -108,8 +108,8 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
       static_cast<int64_t>(sc.max_num_seqs) * ((sc.max_model_len + spec.block_size - 1) / spec.block_size);
   const int64_t cap = std::min<int64_t>(std::max<int64_t>(useful, 1), o.max_kv_blocks > 0 ? o.max_kv_blocks : useful);
   if (local_group) {
-    const KvPoolSizes sizes = kv_pools_for_budget(spec, budget, mc.sliding_window, sc.max_num_seqs,
-                                                  sc.max_num_batched_tokens, cap);
+    const KvPoolSizes sizes =
+        kv_pools_for_budget(spec, budget, mc.sliding_window, sc.max_num_seqs, sc.max_num_batched_tokens, cap);
     spec.n_blocks = sizes.n_blocks;
     spec.n_local_blocks = sizes.n_local_blocks;
   } else {

@@ -31,7 +31,7 @@ struct EngineSummary {
   int n_layers = 0;
   int n_local_blocks = 0;
   int64_t unwindowed_tokens = 0;
-  std::string device;     // the backend's own description (device or threads and ISA)
+  std::string device;  // the backend's own description (device or threads and ISA)
   int max_num_seqs = 0;
   int max_num_batched_tokens = 0;
   int max_partial_prefills = 0;

@@ -76,9 +76,9 @@ void ModelRunner::check(const ForwardBatch& b) const {
                     (!b.has_local || (b.local_slot_mapping.size() == static_cast<size_t>(n) &&
                                       b.local_block_tables.size() == b.block_tables.size())),
                 "forward: the batch's arrays disagree on its size (", n, " tokens, ", n_seqs, " sequences)");
-  TESSERA_CHECK(b.has_local == (kv_.spec().n_local_blocks > 0), "forward: a batch ",
-                b.has_local ? "with" : "without", " local-layer tables for a KV cache ",
-                kv_.spec().n_local_blocks > 0 ? "with" : "without", " a local group");
+  TESSERA_CHECK(b.has_local == (kv_.spec().n_local_blocks > 0), "forward: a batch ", b.has_local ? "with" : "without",
+                " local-layer tables for a KV cache ", kv_.spec().n_local_blocks > 0 ? "with" : "without",
+                " a local group");
   for (int32_t id : b.tokens)
     TESSERA_CHECK(id >= 0 && id < n_vocab_, "forward: token id ", id, " is outside the vocabulary [0, ", n_vocab_, ")");
   for (int32_t p : b.positions) TESSERA_CHECK(p >= 0, "forward: negative position ", p);

@@ -35,8 +35,8 @@ SimulatedExecutor::SimulatedExecutor(const SimulatorConfig& config) : config_(co
   const size_t slots = static_cast<size_t>(config.n_blocks) * config.block_size;
   kv_.assign(slots, 0);
   written_.assign(slots, 0);
-  TESSERA_CHECK(config.window >= 0 && (config.window > 0) == (config.n_local_blocks > 0),
-                "simulator: window ", config.window, " with a local pool of ", config.n_local_blocks, " blocks");
+  TESSERA_CHECK(config.window >= 0 && (config.window > 0) == (config.n_local_blocks > 0), "simulator: window ",
+                config.window, " with a local pool of ", config.n_local_blocks, " blocks");
   local_kv_.assign(static_cast<size_t>(config.n_local_blocks) * config.block_size, 0);
   local_written_.assign(local_kv_.size(), 0);
   TESSERA_CHECK(config.n_host_blocks >= 0, "simulator: host tier of ", config.n_host_blocks, " blocks");
@@ -51,8 +51,8 @@ void SimulatedExecutor::add_sequence(SeqId seq, const SamplingParams& params, st
 
 void SimulatedExecutor::check_swap(const BlockSwap& s) const {
   const int n = s.local ? config_.n_local_blocks : config_.n_blocks;
-  TESSERA_CHECK(s.device >= 0 && s.device < n && s.host >= 0 && s.host < config_.n_host_blocks, "simulator: bad swap of ",
-                s.local ? "local " : "", "block ", s.device, " <-> host slot ", s.host);
+  TESSERA_CHECK(s.device >= 0 && s.device < n && s.host >= 0 && s.host < config_.n_host_blocks,
+                "simulator: bad swap of ", s.local ? "local " : "", "block ", s.device, " <-> host slot ", s.host);
 }
 
 void SimulatedExecutor::swap_out(std::span<const BlockSwap> swaps) {
@@ -148,7 +148,8 @@ void SimulatedExecutor::execute(const StepInput& in, StepOutput& out) {
       TESSERA_CHECK(block >= 0 && block < config_.n_blocks, "simulator: block ", block, " out of range");
       return block * bs + pos % bs;
     };
-    const int32_t* local_table = b.has_local ? b.local_block_tables.data() + static_cast<size_t>(s) * b.max_blocks : nullptr;
+    const int32_t* local_table =
+        b.has_local ? b.local_block_tables.data() + static_cast<size_t>(s) * b.max_blocks : nullptr;
     const auto local_slot = [&](int32_t pos) {
       const int32_t block = local_table[pos / bs];
       TESSERA_CHECK(block >= 0 && block < config_.n_local_blocks, "simulator: local block ", block, " (position ", pos,
@@ -174,8 +175,9 @@ void SimulatedExecutor::execute(const StepInput& in, StepOutput& out) {
       for (const int32_t key : {std::max(0, pos - config_.window + 1), pos - 1}) {
         if (key < 0 || key >= pos) continue;
         const int32_t ls = local_slot(key);
-        TESSERA_CHECK(local_written_[ls] && local_kv_[ls] == kv_[slot(key)], "simulator: the local table reads position ",
-                      key, " (slot ", ls, ") as something else than the full table");
+        TESSERA_CHECK(local_written_[ls] && local_kv_[ls] == kv_[slot(key)],
+                      "simulator: the local table reads position ", key, " (slot ", ls,
+                      ") as something else than the full table");
       }
       TESSERA_CHECK(b.local_slot_mapping[r] == local_slot(pos), "simulator: row ", r, " writes local slot ",
                     b.local_slot_mapping[r], " but its local table says ", local_slot(pos));

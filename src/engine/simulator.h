@@ -39,8 +39,8 @@ struct SimulatorConfig {
   int32_t vocab_size = 32000;
   int n_blocks = 0;  // the KV layout the engine uses
   int block_size = 16;
-  int n_host_blocks = 0;   // host tier for swap preemption
-  int window = 0;          // the local pool's window and blocks (EngineConfig's); 0 = none
+  int n_host_blocks = 0;  // host tier for swap preemption
+  int window = 0;         // the local pool's window and blocks (EngineConfig's); 0 = none
   int n_local_blocks = 0;
   int32_t eos_token = -1;  // when >= 0 and eos_one_in > 0: emitted about once in eos_one_in tokens
   int eos_one_in = 0;
@@ -89,8 +89,8 @@ class SimulatedExecutor final : public Executor {
   std::vector<uint8_t>& written(bool local) { return local ? local_written_ : written_; }
 
   SimulatorConfig config_;
-  std::vector<uint64_t> kv_;       // [n_blocks * block_size]
-  std::vector<uint8_t> written_;   // slot written at least once
+  std::vector<uint64_t> kv_;        // [n_blocks * block_size]
+  std::vector<uint8_t> written_;    // slot written at least once
   std::vector<uint64_t> local_kv_;  // [n_local_blocks * block_size]
   std::vector<uint8_t> local_written_;
   std::vector<uint64_t> host_kv_;  // [n_host_blocks * block_size]

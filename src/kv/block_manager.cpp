@@ -345,12 +345,13 @@ void KvBlockManager::check_local_table(const SeqKv& kv) const {
   }
   const auto& local = kv.local.blocks;
   const int n = static_cast<int>(local.size());
-  TESSERA_CHECK(kv.local.n_tokens == kv.table.n_tokens, "KV invariant: local table counts ", kv.local.n_tokens, " tokens, the full one ", kv.table.n_tokens);
+  TESSERA_CHECK(kv.local.n_tokens == kv.table.n_tokens, "KV invariant: local table counts ", kv.local.n_tokens,
+                " tokens, the full one ", kv.table.n_tokens);
   if (kv.swapped()) {
-    TESSERA_CHECK(n == 0 && kv.local_dropped + static_cast<int>(kv.local_host_blocks.size()) ==
-                                blocks_for(kv.table.n_tokens),
-                  "KV invariant: swapped sequence keeps ", kv.local_host_blocks.size(), " local blocks from ",
-                  kv.local_dropped, " for ", kv.table.n_tokens, " tokens");
+    TESSERA_CHECK(
+        n == 0 && kv.local_dropped + static_cast<int>(kv.local_host_blocks.size()) == blocks_for(kv.table.n_tokens),
+        "KV invariant: swapped sequence keeps ", kv.local_host_blocks.size(), " local blocks from ", kv.local_dropped,
+        " for ", kv.table.n_tokens, " tokens");
     return;
   }
   TESSERA_CHECK(n == kv.n_blocks(), "KV invariant: local table of ", n, " blocks, full table of ", kv.n_blocks());

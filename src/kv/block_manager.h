@@ -62,7 +62,9 @@ struct SeqKv {
   int n_blocks() const { return static_cast<int>(table.blocks.size()); }
   bool swapped() const { return !host_blocks.empty(); }
   // Local-pool blocks it holds (entries not dropped).
-  int n_local_live() const { return static_cast<int>(local.blocks.size()) - std::min(local_dropped, static_cast<int>(local.blocks.size())); }
+  int n_local_live() const {
+    return static_cast<int>(local.blocks.size()) - std::min(local_dropped, static_cast<int>(local.blocks.size()));
+  }
 };
 
 // A dropped local table entry: never read (attention skips blocks before the window).
@@ -225,7 +227,7 @@ class KvBlockManager {
   int window_ = 0;
   KvPool full_;
   std::optional<KvPool> local_;
-  PrefixCacheStats stats_;  // evictions are the pools'
+  PrefixCacheStats stats_;          // evictions are the pools'
   std::vector<uint8_t> host_used_;  // [n_host_blocks]
   std::vector<int32_t> host_free_;  // free host slots, a stack
   KvSwapStats swap_stats_;
@@ -239,10 +241,7 @@ class KvBlockManager {
 class KvPlan {
  public:
   explicit KvPlan(const KvBlockManager& manager)
-      : m_(manager),
-        free_(manager.n_free()),
-        local_free_(manager.n_local_free()),
-        host_free_(manager.n_host_free()) {}
+      : m_(manager), free_(manager.n_free()), local_free_(manager.n_local_free()), host_free_(manager.n_host_free()) {}
 
   int n_free() const { return free_; }
   int n_local_free() const { return local_free_; }

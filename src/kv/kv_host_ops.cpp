@@ -15,8 +15,8 @@ namespace {
 void check_copies(const KvCacheSpec& spec, std::span<const BlockCopy> copies) {
   for (const BlockCopy& c : copies) {
     const int n = c.local ? spec.n_local_blocks : spec.n_blocks;
-    TESSERA_CHECK(c.src >= 0 && c.src < n && c.dst >= 0 && c.dst < n && c.src != c.dst, "KV copy: ",
-                  c.local ? "local " : "", "block ", c.src, " -> ", c.dst, " outside [0, ", n, ")");
+    TESSERA_CHECK(c.src >= 0 && c.src < n && c.dst >= 0 && c.dst < n && c.src != c.dst,
+                  "KV copy: ", c.local ? "local " : "", "block ", c.src, " -> ", c.dst, " outside [0, ", n, ")");
   }
 }
 
@@ -56,9 +56,9 @@ void check_swaps(const KvCacheSpec& spec, const HostKvTier& host, std::span<cons
                 " bytes for blocks of ", kv_block_bytes(spec));
   for (const BlockSwap& s : swaps) {
     const int n = s.local ? spec.n_local_blocks : spec.n_blocks;
-    TESSERA_CHECK(s.device >= 0 && s.device < n && s.host >= 0 && s.host < host.n_slots(), "KV swap: ",
-                  s.local ? "local " : "", "block ", s.device, " <-> host slot ", s.host, " outside [0, ", n,
-                  ") x [0, ", host.n_slots(), ")");
+    TESSERA_CHECK(s.device >= 0 && s.device < n && s.host >= 0 && s.host < host.n_slots(),
+                  "KV swap: ", s.local ? "local " : "", "block ", s.device, " <-> host slot ", s.host, " outside [0, ",
+                  n, ") x [0, ", host.n_slots(), ")");
   }
 }
 
@@ -147,9 +147,9 @@ int kv_blocks_for_budget(const KvCacheSpec& spec, int64_t budget_bytes) {
 
 KvPoolSizes kv_pools_for_budget(const KvCacheSpec& spec, int64_t budget_bytes, int window, int max_num_seqs,
                                 int max_batched_tokens, int64_t max_blocks) {
-  TESSERA_CHECK(window >= 1 && max_num_seqs >= 1 && max_batched_tokens >= 1 && max_blocks >= 1,
-                "KV sizing: window ", window, ", ", max_num_seqs, " sequences, ", max_batched_tokens,
-                " tokens a step, at most ", max_blocks, " blocks");
+  TESSERA_CHECK(window >= 1 && max_num_seqs >= 1 && max_batched_tokens >= 1 && max_blocks >= 1, "KV sizing: window ",
+                window, ", ", max_num_seqs, " sequences, ", max_batched_tokens, " tokens a step, at most ", max_blocks,
+                " blocks");
   KvCacheSpec with_group = spec;
   with_group.n_local_blocks = std::max(with_group.n_local_blocks, 1);  // makes the group count
   const int bs = spec.block_size;

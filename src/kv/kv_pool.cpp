@@ -34,7 +34,7 @@ int32_t KvPool::find(const BlockHash& key, std::span<const int32_t> tokens) cons
 }
 
 bool KvPool::enter(int32_t b, const BlockHash& key, std::span<const int32_t> tokens) {
-  if (cached_[b]) return false;                   // shared with the sequence that registered it
+  if (cached_[b]) return false;                      // shared with the sequence that registered it
   if (!index_.emplace(key, b).second) return false;  // same data already cached in another block
   cached_[b] = 1;
   key_[b] = key;

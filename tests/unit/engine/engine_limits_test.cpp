@@ -154,8 +154,9 @@ TEST(EngineSummary, FormatsOneLinePerTopic) {
   s.n_layers = 6;
   s.n_local_blocks = 2000;
   s.unwindowed_tokens = 20000;
-  EXPECT_NE(format_engine_summary(s).find("tessera: KV windows  5 of 6 layers keep a 512-token window in a pool of "
-                                          "2000 blocks; without it the same memory holds 20000 tokens (the windows hold 3.28x as many)"),
+  EXPECT_NE(format_engine_summary(s).find(
+                "tessera: KV windows  5 of 6 layers keep a 512-token window in a pool of "
+                "2000 blocks; without it the same memory holds 20000 tokens (the windows hold 3.28x as many)"),
             std::string::npos)
       << format_engine_summary(s);
 }

@@ -120,12 +120,14 @@ TEST(EngineWindowModel, LocalLayersHoldOnlyTheWindowAndOutputsEqualTheUnfreedRef
       ASSERT_EQ(choices[c].size(), static_cast<size_t>(reqs[id - 1].sampling.max_tokens)) << id;
       ASSERT_EQ(windowed.at(id)[c].size(), choices[c].size()) << id;
       for (size_t t = 0; t < choices[c].size(); ++t)
-        expect_same(windowed.at(id)[c][t], choices[c][t], "request " + std::to_string(id) + " token " + std::to_string(t));
+        expect_same(windowed.at(id)[c][t], choices[c][t],
+                    "request " + std::to_string(id) + " token " + std::to_string(t));
     }
   }
   EXPECT_GT(st_windowed.prefix.hit_tokens, 0);
   EXPECT_GT(st_windowed.forks, 0);
-  EXPECT_GT(st_windowed.swaps_out, 0) << st_windowed.preemptions << " preemptions, " << st_windowed.swap_fallbacks << " fallbacks";
+  EXPECT_GT(st_windowed.swaps_out, 0) << st_windowed.preemptions << " preemptions, " << st_windowed.swap_fallbacks
+                                      << " fallbacks";
   // The 512-token sequence alone: after its prefill its local layers hold one window (16
   // tokens: 4 blocks, 5 where it straddles a block edge) while its global layer grows to 128.
   const auto alone = run(true, {reqs[0]}, most, st_windowed);

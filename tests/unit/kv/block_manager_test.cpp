@@ -12,7 +12,6 @@
 using namespace tessera;
 using namespace tessera::test;
 
-
 TEST(BlockHash, ChainsOverParentTokensAndExtraKeys) {
   const auto t = iota_tokens(4);
   const BlockHash r = root_for("tenant-a");

@@ -232,8 +232,7 @@ TEST(KvWindow, RandomOperationsKeepBothPoolsExact) {
     ok = ok && m.allocate_slots(s.kv, n_new, copies);
     EXPECT_EQ(ok, plan_ok);
     if (!ok) return;
-    for (const auto& c : copies)
-      EXPECT_GT(c.local ? m.local_ref_count(c.src) : m.ref_count(c.src), 0);
+    for (const auto& c : copies) EXPECT_GT(c.local ? m.local_ref_count(c.src) : m.ref_count(c.src), 0);
     for (int i = 0; i < n_new; ++i) s.tokens.push_back(rng() % 3);
     s.kv.add_computed(n_new);
     m.truncate(s.kv, s.kv.n_computed() - n_new + keep);
