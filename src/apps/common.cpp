@@ -98,6 +98,9 @@ void EngineArgs::add_to(CLI::App& cmd) {
                  "KV cache budget in bytes (suffix K, M, G); "
                  "default 40% of available memory");
   cmd.add_flag("--no-prefix-cache", no_prefix_cache, "disable prefix caching");
+  cmd.add_flag("--disable-hybrid-kv-cache-manager", disable_hybrid_kv,
+               "sliding-window layers keep the whole sequence's KV, like every other layer (default: a pool of "
+               "their own that frees the blocks behind the window)");
   cmd.add_option("--scheduling-policy", scheduling_policy,
                  "fcfs (arrival order) or priority (the request's priority, lower first; preempts lower ones)")
       ->check(CLI::IsMember({"fcfs", "priority"}))
@@ -157,6 +160,7 @@ ModelEngineOptions EngineArgs::engine_options(const ModelArgs& model) const {
   o.scheduler.policy = parse_scheduling_policy(scheduling_policy);
   if (!kv_cache_memory.empty()) o.kv_cache_bytes = parse_bytes(kv_cache_memory);
   o.prefix_caching = !no_prefix_cache;
+  o.hybrid_kv_cache = !disable_hybrid_kv;
   if (preemption_mode == "swap") {
     o.scheduler.preemption_mode = PreemptionMode::Swap;
     o.swap_space_bytes = static_cast<int64_t>(swap_space_gib.value_or(4.0) * 1024.0 * 1024.0 * 1024.0);

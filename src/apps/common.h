@@ -34,6 +34,7 @@ struct EngineArgs {
   int max_num_batched_tokens = 512;
   std::string kv_cache_memory;  // bytes, with K/M/G suffix; empty = a fraction of free memory
   bool no_prefix_cache = false;
+  bool disable_hybrid_kv = false;             // --disable-hybrid-kv-cache-manager
   std::string scheduling_policy = "fcfs";     // or "priority"
   std::string preemption_mode = "recompute";  // or "swap"
   std::optional<double> swap_space_gib;       // host KV tier for swap mode; unset = 4 GiB

@@ -1,5 +1,6 @@
 #include "benchharness/kv_plan.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +36,12 @@ ModelConfig config_from_hf_fields(const HFConfig& h, const std::string& dir) {
   c.n_ctx_train = static_cast<int>(h.max_position_embeddings);
   c.tied_embeddings = h.tie_word_embeddings;
   return c;
+}
+
+int n_local_layers(const ModelConfig& c) {
+  int n = 0;
+  for (int il = 0; il < c.n_layer; ++il) n += c.is_local_layer(il);
+  return n;
 }
 
 std::string human_bytes(double b) {
@@ -178,6 +185,16 @@ std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& o)
         r.kv_budget_bytes = budget;
         r.total_blocks = budget > 0 ? static_cast<int64_t>(std::floor(budget / r.block_bytes)) : 0;
         r.max_concurrency = r.total_blocks / r.blocks_per_seq;
+        // Sliding windows: the full layers keep every block, the local ones about a window
+        // (the engine's pool: the window before the next token and the block it writes).
+        const int n_local = n_local_layers(c);
+        const double layer_block_bytes = r.block_bytes / c.n_layer;
+        r.local_blocks_per_seq =
+            n_local > 0 ? std::min<int64_t>(r.blocks_per_seq, (c.sliding_window - 1) / bs + 2) : r.blocks_per_seq;
+        r.windowed_seq_bytes = layer_block_bytes * (static_cast<double>(r.blocks_per_seq) * (c.n_layer - n_local) +
+                                                    static_cast<double>(r.local_blocks_per_seq) * n_local);
+        r.windowed_max_concurrency =
+            budget > 0 ? static_cast<int64_t>(std::floor(static_cast<double>(budget) / r.windowed_seq_bytes)) : 0;
         rows.push_back(r);
       }
   return rows;
@@ -197,17 +214,29 @@ std::string format_kv_plan(const KvModelInfo& m, const KvPlanOptions& o, const s
      << "\n\n";
   os << "KV bytes per token = 2 x " << c.n_layer << " layers x " << c.n_head_kv << " KV heads x " << c.head_dim
      << " head dim x bits per element / 8 (scales included)\n\n";
+  const int n_local = n_local_layers(c);
+  if (n_local > 0)
+    os << "sliding window " << c.sliding_window << " on " << n_local << " of " << c.n_layer
+       << " layers: in their own pool they keep one window per sequence (the last two columns; "
+          "--disable-hybrid-kv-cache-manager keeps every layer's whole context)\n\n";
   os << "| KV format | fits | bits/elem | bytes/token | block | ctx | blocks/seq | KV per seq | expected waste/seq "
-        "| waste % | blocks in budget | max concurrency "
-        "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "| waste % | blocks in budget | max concurrency |"
+     << (n_local > 0 ? " KV per seq, windowed | max concurrency, windowed |" : "")
+     << "\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" << (n_local > 0 ? "---:|---:|" : "") << "\n";
   for (const auto& r : rows) {
     char buf[512];
-    std::snprintf(buf, sizeof buf, "| %s | %s | %.2f | %.0f | %d | %lld | %lld | %s | %s | %.2f | %lld | %lld |\n",
+    std::snprintf(buf, sizeof buf, "| %s | %s | %.2f | %.0f | %d | %lld | %lld | %s | %s | %.2f | %lld | %lld |",
                   r.dtype.c_str(), r.supported ? "yes" : "no", r.bits_per_elem, r.bytes_per_token, r.block_size,
                   static_cast<long long>(r.ctx), static_cast<long long>(r.blocks_per_seq),
                   human_bytes(r.seq_bytes).c_str(), human_bytes(r.expected_waste_bytes).c_str(), r.waste_fraction * 100,
                   static_cast<long long>(r.total_blocks), static_cast<long long>(r.max_concurrency));
     os << buf;
+    if (n_local > 0) {
+      std::snprintf(buf, sizeof buf, " %s | %lld |", human_bytes(r.windowed_seq_bytes).c_str(),
+                    static_cast<long long>(r.windowed_max_concurrency));
+      os << buf;
+    }
+    os << "\n";
   }
   os << "\nmax concurrency = floor(blocks in budget / ceil(ctx / block)): sequences that can each hold the full "
         "context at once.\nexpected waste: a sequence's last block is on average half empty. Formats: "
@@ -236,7 +265,10 @@ nlohmann::json kv_plan_json(const KvModelInfo& m, const KvPlanOptions& o, const 
                   {"waste_fraction", r.waste_fraction},
                   {"kv_budget_bytes", r.kv_budget_bytes},
                   {"total_blocks", r.total_blocks},
-                  {"max_concurrency", r.max_concurrency}});
+                  {"max_concurrency", r.max_concurrency},
+                  {"local_blocks_per_seq", r.local_blocks_per_seq},
+                  {"windowed_seq_bytes", r.windowed_seq_bytes},
+                  {"windowed_max_concurrency", r.windowed_max_concurrency}});
   const ModelConfig& c = m.config;
   return {{"model",
            {{"source", m.source},
@@ -245,6 +277,8 @@ nlohmann::json kv_plan_json(const KvModelInfo& m, const KvPlanOptions& o, const 
             {"n_head_kv", c.n_head_kv},
             {"head_dim", c.head_dim},
             {"n_ctx_train", c.n_ctx_train},
+            {"sliding_window", c.sliding_window},
+            {"n_local_layers", n_local_layers(c)},
             {"weight_bytes", m.weight_bytes},
             {"weight_bytes_estimated", m.weight_bytes_estimated}}},
           {"memory_bytes", o.memory_bytes},

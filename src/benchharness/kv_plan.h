@@ -1,7 +1,9 @@
 #pragma once
 // KV-cache capacity planning (`tessera kv-plan`): bytes per token for each KV-cache format
 // (backend/kv_format.h; scales included, as the cache allocates them), block overhead, and
-// how many sequences of a given context fit in a memory budget next to the weights. Works from a GGUF file, a Hugging Face config.json directory or a dummy: preset.
+// how many sequences of a given context fit in a memory budget next to the weights, with and
+// without the sliding-window layers' own pool (docs/design/kv-manager.md). Works from a GGUF
+// file, a Hugging Face config.json directory or a dummy: preset.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,6 +47,12 @@ struct KvPlanRow {
   int64_t kv_budget_bytes = 0;      // budget − weights − reserve (may be ≤ 0)
   int64_t total_blocks = 0;         // floor(kv budget / block_bytes)
   int64_t max_concurrency = 0;      // floor(total_blocks / blocks_per_seq): sequences at full ctx
+  // Models with sliding-window layers (their own KV pool, blocks behind the window dropped):
+  // the local layers' blocks one sequence holds at most, its KV then, and the sequences at
+  // full ctx the budget holds so. Without local layers: the plain figures.
+  int64_t local_blocks_per_seq = 0;  // min(blocks_per_seq, (window - 1) / block + 2)
+  double windowed_seq_bytes = 0;
+  int64_t windowed_max_concurrency = 0;
 };
 
 struct KvPlanOptions {

@@ -24,7 +24,9 @@ EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
       kv_({.n_blocks = config.n_blocks,
            .block_size = config.block_size,
            .prefix_caching = config.prefix_caching,
-           .n_host_blocks = config.n_host_blocks}),
+           .n_host_blocks = config.n_host_blocks,
+           .window = config.window,
+           .n_local_blocks = config.n_local_blocks}),
       scheduler_(config.scheduler, kv_) {
   TESSERA_CHECK(config.vocab_size >= 1, "engine: vocabulary size ", config.vocab_size);
   TESSERA_CHECK(config.max_n >= 1, "engine: max_n ", config.max_n, " must be at least 1");
@@ -35,6 +37,12 @@ EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
                 "engine: ", config.scheduler.logits_rows(), " logits rows a step (max_num_seqs ",
                 config.scheduler.max_num_seqs, ", max_logits_rows ", config.scheduler.max_logits_rows,
                 ") exceed the executor's ", executor.max_logits_rows());
+  // A local pool must hold one sequence's largest step: its window before the step's first
+  // token and the step's tokens (the blocks behind the window are dropped first).
+  const int local_step_blocks = (config.window - 1 + config.scheduler.max_num_batched_tokens) / config.block_size + 2;
+  TESSERA_CHECK(config.window == 0 || config.n_local_blocks >= local_step_blocks, "engine: a local KV pool of ",
+                config.n_local_blocks, " blocks cannot hold one step of ", config.scheduler.max_num_batched_tokens,
+                " tokens after a window of ", config.window, " (", local_step_blocks, " blocks)");
   TESSERA_CHECK(config.n_host_blocks <= executor.n_host_blocks(), "engine: a host KV tier of ", config.n_host_blocks,
                 " blocks but the executor has ", executor.n_host_blocks());
   TESSERA_CHECK(config.scheduler.preemption_mode != PreemptionMode::Swap || config.n_host_blocks > 0,
@@ -175,7 +183,8 @@ void EngineCore::build_batch(const SchedulerOutput& out) {
       // token, and the last row's give the bonus token.
       chunk_.assign(1, s.tokens[sc.n_computed]);
       chunk_.insert(chunk_.end(), s.draft.begin(), s.draft.begin() + sc.n_draft);
-      batch_.add_sequence(s.kv.table, config_.block_size, chunk_.data(), sc.n_new, ForwardBatch::Logits::None);
+      batch_.add_sequence(s.kv.table, config_.block_size, chunk_.data(), sc.n_new, ForwardBatch::Logits::None,
+                          local_table(s.kv));
       const auto row = static_cast<int32_t>(batch_.logits_rows.size());
       for (int j = 0; j <= sc.n_draft; ++j) batch_.logits_rows.push_back(first_row + j);
       const auto d = drafts_.find(sc.seq);
@@ -187,7 +196,7 @@ void EngineCore::build_batch(const SchedulerOutput& out) {
       continue;
     }
     batch_.add_sequence(s.kv.table, config_.block_size, s.tokens.data() + sc.n_computed, sc.n_new,
-                        ForwardBatch::Logits::None);
+                        ForwardBatch::Logits::None, local_table(s.kv));
     const auto extras = extras_.find(sc.request);
     if (sc.n_prompt_rows() > 0) {
       // Row of position p -> logprob of prompt token p + 1.

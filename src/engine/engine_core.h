@@ -28,6 +28,10 @@ struct EngineConfig {
   int block_size = 16;
   int n_host_blocks = 0;       // host tier for swap preemption (at most the executor's)
   int64_t kv_block_bytes = 0;  // bytes of one block (all layers, K and V): for the swap byte counters
+  // The local (sliding-window) layers' own pool (KvBlockManager::Config::window and
+  // n_local_blocks; the executor's cache has the same local group), or 0 and 0: none.
+  int window = 0;
+  int n_local_blocks = 0;
   bool prefix_caching = true;
   std::string model_fingerprint;  // part of every prefix key
   int32_t vocab_size = 0;
@@ -137,6 +141,8 @@ class EngineCore {
   bool is_idle() const;
 
  private:
+  // The sequence's local-layer table for the forward batch, or null without a local pool.
+  const SequenceBlocks* local_table(const SeqKv& kv) const { return kv_.windowed() ? &kv.local : nullptr; }
   // What a request asked for besides tokens (only requests that asked have an entry).
   struct Extras {
     bool logprobs = false;

@@ -54,6 +54,13 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   spec.k_mean = o.session.k_mean;
   spec.k_equal = o.session.k_equal;
   apply_checkpoint_kv_scales(session_->weights(), spec);
+  const bool local_group = o.hybrid_kv_cache && mc.sliding_window > 0;
+  if (local_group) {
+    spec.local_layers.resize(mc.n_layer);
+    for (int il = 0; il < mc.n_layer; ++il) spec.local_layers[il] = mc.is_local_layer(il) ? 1 : 0;
+    // Sized below; until then (warm-up) as many blocks as the full pool.
+    spec.n_local_blocks = 1;
+  }
   Backend& backend = session_->backend();
   // The largest step the engine will run, once, so a budget that cannot hold its
   // activations fails here and not under load. Its KV lands in the first blocks of `kv`.
@@ -64,7 +71,9 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     std::iota(seq.blocks.begin(), seq.blocks.end(), 0);
     std::vector<int32_t> tokens(n, 0);
     ForwardBatch batch;
-    batch.add_sequence(seq, spec.block_size, tokens.data(), n, ForwardBatch::Logits::Last);
+    // The local pool holds at least one step (kv_local_blocks_for): the same block ids.
+    batch.add_sequence(seq, spec.block_size, tokens.data(), n, ForwardBatch::Logits::Last,
+                       kv.spec().n_local_blocks > 0 ? &seq : nullptr);
     std::vector<float> logits(mc.n_vocab);
     ModelRunner(session_->model(), kv, backend).forward(batch, logits.data());
   };
@@ -80,6 +89,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
       KvCacheSpec tmp = spec;
       tmp.n_blocks = (std::max(1, std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)) + spec.block_size - 1) /
                      spec.block_size;
+      if (local_group) tmp.n_local_blocks = tmp.n_blocks;
       KvCache warm_kv(backend, tmp);
       warm_up(warm_kv);
       warmed_up = true;
@@ -94,12 +104,18 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
                   " is outside (0, 0.95]");
     budget = static_cast<int64_t>(o.kv_memory_fraction * static_cast<double>(host_available_memory_bytes()));
   }
-  spec.n_blocks = kv_blocks_for_budget(spec, budget);
   // More than every sequence at full length is waste.
   const int64_t useful =
       static_cast<int64_t>(sc.max_num_seqs) * ((sc.max_model_len + spec.block_size - 1) / spec.block_size);
-  spec.n_blocks = static_cast<int>(std::min<int64_t>(spec.n_blocks, std::max<int64_t>(useful, 1)));
-  if (o.max_kv_blocks > 0) spec.n_blocks = std::min(spec.n_blocks, o.max_kv_blocks);
+  const int64_t cap = std::min<int64_t>(std::max<int64_t>(useful, 1), o.max_kv_blocks > 0 ? o.max_kv_blocks : useful);
+  if (local_group) {
+    const KvPoolSizes sizes =
+        kv_pools_for_budget(spec, budget, mc.sliding_window, sc.max_num_seqs, sc.max_num_batched_tokens, cap);
+    spec.n_blocks = sizes.n_blocks;
+    spec.n_local_blocks = sizes.n_local_blocks;
+  } else {
+    spec.n_blocks = static_cast<int>(std::min<int64_t>(kv_blocks_for_budget(spec, budget), cap));
+  }
   // One sequence of max_model_len tokens must fit (vLLM refuses to start otherwise): never
   // clamp the context silently. Its last sampled token is not stored, hence - 1.
   const int64_t kv_tokens = static_cast<int64_t>(spec.n_blocks) * spec.block_size;
@@ -113,6 +129,10 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   }
   config_.block_size = spec.block_size;
   config_.n_blocks = spec.n_blocks;
+  if (local_group) {
+    config_.window = mc.sliding_window;
+    config_.n_local_blocks = spec.n_local_blocks;
+  }
   config_.kv_block_bytes = kv_block_bytes(spec);
   TESSERA_CHECK(o.swap_space_bytes >= 0, "swap space of ", o.swap_space_bytes, " bytes is negative");
   config_.n_host_blocks = static_cast<int>(std::min<int64_t>(o.swap_space_bytes / config_.kv_block_bytes, 1 << 30));
@@ -121,16 +141,20 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
                   config_.kv_block_bytes, " bytes (got ", o.swap_space_bytes, ")");
   // On a backend that records graphs the pool has one block more than the engine hands out:
   // the padding sequences of decode steps the runner pads to a graph size write there.
-  int pad_block = -1;
+  int pad_block = -1, pad_local_block = -1;
   KvCacheSpec pool = spec;
   if (backend.supports_graphs()) {
     pad_block = spec.n_blocks;
     pool.n_blocks = spec.n_blocks + 1;
+    if (local_group) {
+      pad_local_block = spec.n_local_blocks;
+      pool.n_local_blocks = spec.n_local_blocks + 1;
+    }
   }
   kv_ = std::make_unique<KvCache>(backend, pool);
 
   executor_ = std::make_unique<ModelExecutor>(session_->model(), *kv_, backend, sc.max_num_batched_tokens,
-                                              sc.max_logits_rows, config_.n_host_blocks, pad_block);
+                                              sc.max_logits_rows, config_.n_host_blocks, pad_block, pad_local_block);
   config_.scheduler = sc;
   config_.prefix_caching = o.prefix_caching;
   std::ostringstream fp;

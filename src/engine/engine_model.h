@@ -24,6 +24,10 @@ struct ModelEngineOptions {
   int64_t device_reserve_bytes = int64_t{1} << 30;
   int max_kv_blocks = 0;  // cap on the pool (tests); 0 = none
   bool prefix_caching = true;
+  // Sliding-window layers (Gemma 3's local layers, Mistral's) keep their KV in a pool of
+  // their own that drops blocks behind the window (vLLM's hybrid KV cache manager); false =
+  // every layer keeps the whole sequence (--disable-hybrid-kv-cache-manager).
+  bool hybrid_kv_cache = true;
   AdmissionLimits admission;
   int max_n = 16;
   bool warmup = true;  // one forward of max_num_batched_tokens tokens before serving

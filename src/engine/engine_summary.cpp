@@ -56,6 +56,14 @@ EngineSummary describe_engine(ModelEngine& engine, const std::string& model_arg)
   s.n_blocks = ec.n_blocks;
   s.kv_block_bytes = ec.kv_block_bytes;
   s.n_host_blocks = ec.n_host_blocks;
+  s.kv_bytes = kv.full_block_bytes() * ec.n_blocks + kv.local_block_bytes() * ec.n_local_blocks;
+  if (ec.n_local_blocks > 0) {
+    s.window = ec.window;
+    s.n_local_layers = kv.n_group_layers(true);
+    s.n_layers = kv.n_layers;
+    s.n_local_blocks = ec.n_local_blocks;
+    s.unwindowed_tokens = s.kv_bytes / kv.block_bytes() * kv.block_size;
+  }
   s.device = engine.session().backend().describe();
   s.max_num_seqs = ec.scheduler.max_num_seqs;
   s.max_num_batched_tokens = ec.scheduler.max_num_batched_tokens;
@@ -88,8 +96,16 @@ std::string format_engine_summary(const EngineSummary& s) {
       buf, sizeof buf,
       "%s (%.2f bits/element), %d blocks of %d tokens = %lld tokens (%s); %.2f sequences of %d tokens at once",
       s.kv_dtype.c_str(), s.kv_bits_per_element, s.n_blocks, s.block_size, static_cast<long long>(s.kv_tokens()),
-      human_bytes_binary(s.kv_block_bytes * s.n_blocks).c_str(), s.max_concurrency(), s.max_model_len);
+      human_bytes_binary(s.kv_bytes).c_str(), s.max_concurrency(), s.max_model_len);
   line("KV cache", buf);
+  if (s.window > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "%d of %d layers keep a %d-token window in a pool of %d blocks; without it the same memory "
+                  "holds %lld tokens (the windows hold %.2fx as many)",
+                  s.n_local_layers, s.n_layers, s.window, s.n_local_blocks, static_cast<long long>(s.unwindowed_tokens),
+                  s.unwindowed_tokens > 0 ? static_cast<double>(s.kv_tokens()) / s.unwindowed_tokens : 0.0);
+    line("KV windows", buf);
+  }
   if (s.n_host_blocks > 0) {
     std::snprintf(buf, sizeof buf, "%d host blocks (%s) for swapped-out sequences", s.n_host_blocks,
                   human_bytes_binary(s.kv_block_bytes * s.n_host_blocks).c_str());

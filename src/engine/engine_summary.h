@@ -21,8 +21,17 @@ struct EngineSummary {
   int block_size = 0;
   int n_blocks = 0;
   int64_t kv_block_bytes = 0;
+  int64_t kv_bytes = 0;   // both pools
   int n_host_blocks = 0;  // swap tier
-  std::string device;     // the backend's own description (device or threads and ISA)
+  // Sliding-window layers with a pool of their own (0 = none): their window, how many of
+  // the n_layers they are, their pool's blocks, and the tokens the same KV memory would hold
+  // if every layer kept the whole sequence.
+  int window = 0;
+  int n_local_layers = 0;
+  int n_layers = 0;
+  int n_local_blocks = 0;
+  int64_t unwindowed_tokens = 0;
+  std::string device;  // the backend's own description (device or threads and ISA)
   int max_num_seqs = 0;
   int max_num_batched_tokens = 0;
   int max_partial_prefills = 0;

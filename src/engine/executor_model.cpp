@@ -12,9 +12,9 @@
 namespace tessera {
 
 ModelExecutor::ModelExecutor(Model& model, KvCache& kv, Backend& backend, int max_batch_tokens, int max_logits_rows,
-                             int n_host_blocks, int pad_block)
+                             int n_host_blocks, int pad_block, int pad_local_block)
     : kv_(kv),
-      runner_(model, kv, backend, pad_block),
+      runner_(model, kv, backend, pad_block, pad_local_block),
       n_vocab_(model.config().n_vocab),
       max_batch_tokens_(std::min(max_batch_tokens, model.max_batch_tokens())),
       max_logits_rows_(max_logits_rows) {

@@ -27,9 +27,10 @@ class ModelExecutor final : public Executor {
   // forward (create_model's arguments). kv is the cache the engine's block ids index (on
   // `backend`). n_host_blocks: slots of the host tier for swap preemption (0 = none).
   // pad_block: a KV block the engine never hands out, written by the padding sequences of
-  // decode steps the runner pads to a graph size (-1 = never pad).
+  // decode steps the runner pads to a graph size (-1 = never pad); pad_local_block: the same
+  // in the local layers' pool of a cache with a local group.
   ModelExecutor(Model& model, KvCache& kv, Backend& backend, int max_batch_tokens, int max_logits_rows,
-                int n_host_blocks = 0, int pad_block = -1);
+                int n_host_blocks = 0, int pad_block = -1, int pad_local_block = -1);
 
   void add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) override;
   void remove_sequence(SeqId seq) override;

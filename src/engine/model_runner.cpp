@@ -29,11 +29,18 @@ bool graph_shaped(const ForwardBatch& b) {
 
 }  // namespace
 
-ModelRunner::ModelRunner(Model& model, KvCache& kv, Backend& backend, int pad_block)
-    : model_(model), kv_(kv), backend_(backend), pad_block_(pad_block), n_vocab_(model.config().n_vocab) {
+ModelRunner::ModelRunner(Model& model, KvCache& kv, Backend& backend, int pad_block, int pad_local_block)
+    : model_(model),
+      kv_(kv),
+      backend_(backend),
+      pad_block_(pad_block),
+      pad_local_block_(pad_local_block),
+      n_vocab_(model.config().n_vocab) {
   TESSERA_CHECK(&kv.backend() == &backend, "model runner: the KV cache lives on another backend");
   TESSERA_CHECK(pad_block < kv.spec().n_blocks, "model runner: padding block ", pad_block, " outside the KV pool of ",
                 kv.spec().n_blocks);
+  TESSERA_CHECK(pad_local_block < kv.spec().n_local_blocks, "model runner: local padding block ", pad_local_block,
+                " outside the local pool of ", kv.spec().n_local_blocks);
 }
 
 ModelRunner::~ModelRunner() {
@@ -52,7 +59,7 @@ int ModelRunner::graph_batch(int n_seqs) const {
   if (!backend_.supports_graphs() || n_seqs < 1 || n_seqs > kMaxGraphBatch) return 0;
   const int target = next_pow2(n_seqs);
   if (target > model_.max_batch_tokens() || target > model_.max_logits_rows()) return 0;
-  if (target != n_seqs && pad_block_ < 0) return 0;
+  if (target != n_seqs && (pad_block_ < 0 || (kv_.spec().n_local_blocks > 0 && pad_local_block_ < 0))) return 0;
   return target;
 }
 
@@ -65,8 +72,13 @@ void ModelRunner::check(const ForwardBatch& b) const {
                 " logits rows, limit ", model_.max_logits_rows());
   TESSERA_CHECK(b.positions.size() == static_cast<size_t>(n) && b.slot_mapping.size() == static_cast<size_t>(n) &&
                     b.q_start.size() == static_cast<size_t>(n_seqs) + 1 && b.q_start.back() == n &&
-                    b.block_tables.size() == static_cast<size_t>(n_seqs) * b.max_blocks,
+                    b.block_tables.size() == static_cast<size_t>(n_seqs) * b.max_blocks &&
+                    (!b.has_local || (b.local_slot_mapping.size() == static_cast<size_t>(n) &&
+                                      b.local_block_tables.size() == b.block_tables.size())),
                 "forward: the batch's arrays disagree on its size (", n, " tokens, ", n_seqs, " sequences)");
+  TESSERA_CHECK(b.has_local == (kv_.spec().n_local_blocks > 0), "forward: a batch ", b.has_local ? "with" : "without",
+                " local-layer tables for a KV cache ", kv_.spec().n_local_blocks > 0 ? "with" : "without",
+                " a local group");
   for (int32_t id : b.tokens)
     TESSERA_CHECK(id >= 0 && id < n_vocab_, "forward: token id ", id, " is outside the vocabulary [0, ", n_vocab_, ")");
   for (int32_t p : b.positions) TESSERA_CHECK(p >= 0, "forward: negative position ", p);
@@ -82,11 +94,13 @@ const ForwardBatch& ModelRunner::padded(const ForwardBatch& b) {
   padded_ = b;
   // Padding sequences: one token at position 0 in the reserved block, each with its own
   // logits row (never read back); they read and write nothing any real sequence owns.
-  SequenceBlocks pad;
+  SequenceBlocks pad, pad_local;
   pad.blocks.push_back(pad_block_);
+  pad_local.blocks.push_back(pad_local_block_);
   const int32_t token = 0;
   for (int i = n; i < target; ++i)
-    padded_.add_sequence(pad, kv_.spec().block_size, &token, 1, ForwardBatch::Logits::Last);
+    padded_.add_sequence(pad, kv_.spec().block_size, &token, 1, ForwardBatch::Logits::Last,
+                         b.has_local ? &pad_local : nullptr);
   return padded_;
 }
 
@@ -104,6 +118,10 @@ ModelRunner::Layout ModelRunner::layout(const ForwardBatch& b, int table_width) 
   seg(l.kv_len, b.kv_len.size());
   seg(l.tables, static_cast<size_t>(b.n_seqs()) * table_width);
   seg(l.rows, b.logits_rows.size());
+  if (b.has_local) {
+    seg(l.local_slots, b.local_slot_mapping.size());
+    seg(l.local_tables, static_cast<size_t>(b.n_seqs()) * table_width);
+  }
   l.total = std::max<size_t>(off, 32);
   return l;
 }
@@ -128,6 +146,12 @@ void ModelRunner::stage(const ForwardBatch& b, const Layout& l, int table_width,
     std::copy_n(b.block_tables.begin() + static_cast<size_t>(s) * b.max_blocks, b.max_blocks,
                 h + l.tables + static_cast<size_t>(s) * table_width);
   std::copy(b.logits_rows.begin(), b.logits_rows.end(), h + l.rows);
+  if (b.has_local) {
+    std::copy(b.local_slot_mapping.begin(), b.local_slot_mapping.end(), h + l.local_slots);
+    for (int s = 0; s < b.n_seqs(); ++s)
+      std::copy_n(b.local_block_tables.begin() + static_cast<size_t>(s) * b.max_blocks, b.max_blocks,
+                  h + l.local_tables + static_cast<size_t>(s) * table_width);
+  }
   // One asynchronous transfer, ordered on the backend's stream before the forward's ops.
   backend_.copy_to_device_async(device, h, l.total * sizeof(int32_t));
   copy_in_flight_ = true;
@@ -148,6 +172,10 @@ ForwardInputs ModelRunner::inputs(const ForwardBatch& b, const Layout& l, int ta
   in.tokens = device + l.tokens;
   in.logits_rows = device + l.rows;
   in.n_logits = static_cast<int>(b.logits_rows.size());
+  if (b.has_local) {
+    in.local_slot_mapping = device + l.local_slots;
+    in.local_block_tables = device + l.local_tables;
+  }
   return in;
 }
 

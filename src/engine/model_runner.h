@@ -24,8 +24,10 @@ class ModelRunner {
 
   // pad_block: a KV block nobody else uses, written by the padding sequences that bring a
   // decode batch up to its graph size (-1: no padding; only batches of a graph size already
-  // run as graphs). The runner keeps references to model, kv and backend.
-  ModelRunner(Model& model, KvCache& kv, Backend& backend, int pad_block = -1);
+  // run as graphs). pad_local_block: the same in the local layers' pool of a cache with a
+  // local group (needed there for padding). The runner keeps references to model, kv and
+  // backend.
+  ModelRunner(Model& model, KvCache& kv, Backend& backend, int pad_block = -1, int pad_local_block = -1);
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
@@ -60,6 +62,7 @@ class ModelRunner {
   // The packed layout of one forward's index arrays (ints, 32-aligned segments).
   struct Layout {
     size_t tokens = 0, positions = 0, slots = 0, q_start = 0, kv_len = 0, tables = 0, rows = 0, total = 0;
+    size_t local_slots = 0, local_tables = 0;  // has_local only
   };
 
   void check(const ForwardBatch& b) const;
@@ -76,6 +79,7 @@ class ModelRunner {
   KvCache& kv_;
   Backend& backend_;
   int pad_block_;
+  int pad_local_block_;
   int n_vocab_;
   ForwardBatch padded_;
   std::shared_ptr<void> packed_;                      // host side of the staging copy (page-locked on a device)

@@ -35,6 +35,10 @@ SimulatedExecutor::SimulatedExecutor(const SimulatorConfig& config) : config_(co
   const size_t slots = static_cast<size_t>(config.n_blocks) * config.block_size;
   kv_.assign(slots, 0);
   written_.assign(slots, 0);
+  TESSERA_CHECK(config.window >= 0 && (config.window > 0) == (config.n_local_blocks > 0), "simulator: window ",
+                config.window, " with a local pool of ", config.n_local_blocks, " blocks");
+  local_kv_.assign(static_cast<size_t>(config.n_local_blocks) * config.block_size, 0);
+  local_written_.assign(local_kv_.size(), 0);
   TESSERA_CHECK(config.n_host_blocks >= 0, "simulator: host tier of ", config.n_host_blocks, " blocks");
   host_kv_.assign(static_cast<size_t>(config.n_host_blocks) * config.block_size, 0);
   host_written_.assign(host_kv_.size(), 0);
@@ -46,8 +50,9 @@ void SimulatedExecutor::add_sequence(SeqId seq, const SamplingParams& params, st
 }
 
 void SimulatedExecutor::check_swap(const BlockSwap& s) const {
-  TESSERA_CHECK(s.device >= 0 && s.device < config_.n_blocks && s.host >= 0 && s.host < config_.n_host_blocks,
-                "simulator: bad swap of block ", s.device, " <-> host slot ", s.host);
+  const int n = s.local ? config_.n_local_blocks : config_.n_blocks;
+  TESSERA_CHECK(s.device >= 0 && s.device < n && s.host >= 0 && s.host < config_.n_host_blocks,
+                "simulator: bad swap of ", s.local ? "local " : "", "block ", s.device, " <-> host slot ", s.host);
 }
 
 void SimulatedExecutor::swap_out(std::span<const BlockSwap> swaps) {
@@ -55,8 +60,8 @@ void SimulatedExecutor::swap_out(std::span<const BlockSwap> swaps) {
   for (const BlockSwap& s : swaps) {
     check_swap(s);
     for (int i = 0; i < bs; ++i) {
-      host_kv_[s.host * bs + i] = kv_[s.device * bs + i];
-      host_written_[s.host * bs + i] = written_[s.device * bs + i];
+      host_kv_[s.host * bs + i] = values(s.local)[s.device * bs + i];
+      host_written_[s.host * bs + i] = written(s.local)[s.device * bs + i];
     }
   }
   n_swapped_out_ += static_cast<int64_t>(swaps.size());
@@ -67,8 +72,8 @@ void SimulatedExecutor::swap_in(std::span<const BlockSwap> swaps) {
   for (const BlockSwap& s : swaps) {
     check_swap(s);
     for (int i = 0; i < bs; ++i) {
-      kv_[s.device * bs + i] = host_kv_[s.host * bs + i];
-      written_[s.device * bs + i] = host_written_[s.host * bs + i];
+      values(s.local)[s.device * bs + i] = host_kv_[s.host * bs + i];
+      written(s.local)[s.device * bs + i] = host_written_[s.host * bs + i];
       host_written_[s.host * bs + i] = 0;  // a slot read before it is written again is an error
     }
   }
@@ -118,13 +123,18 @@ void SimulatedExecutor::execute(const StepInput& in, StepOutput& out) {
   TESSERA_CHECK(b.n_tokens() <= config_.max_batch_tokens, "simulator: batch of ", b.n_tokens(), " tokens over ",
                 config_.max_batch_tokens);
   for (const BlockCopy& c : in.copies) {
-    TESSERA_CHECK(c.src >= 0 && c.src < config_.n_blocks && c.dst >= 0 && c.dst < config_.n_blocks && c.src != c.dst,
-                  "simulator: bad block copy ", c.src, " -> ", c.dst);
+    const int n = c.local ? config_.n_local_blocks : config_.n_blocks;
+    TESSERA_CHECK(c.src >= 0 && c.src < n && c.dst >= 0 && c.dst < n && c.src != c.dst, "simulator: bad ",
+                  c.local ? "local " : "", "block copy ", c.src, " -> ", c.dst);
+    auto& v = values(c.local);
+    auto& w = written(c.local);
     for (int i = 0; i < bs; ++i) {
-      kv_[c.dst * bs + i] = kv_[c.src * bs + i];
-      written_[c.dst * bs + i] = written_[c.src * bs + i];
+      v[c.dst * bs + i] = v[c.src * bs + i];
+      w[c.dst * bs + i] = w[c.src * bs + i];
     }
   }
+  TESSERA_CHECK(b.has_local == (config_.window > 0), "simulator: a batch ", b.has_local ? "with" : "without",
+                " local tables for a KV layout ", config_.window > 0 ? "with" : "without", " a local pool");
   TESSERA_CHECK(static_cast<int>(b.q_start.size()) == b.n_seqs() + 1 && b.q_start.front() == 0 &&
                     b.q_start.back() == b.n_tokens(),
                 "simulator: query ranges do not cover the batch");
@@ -136,6 +146,14 @@ void SimulatedExecutor::execute(const StepInput& in, StepOutput& out) {
     const auto slot = [&](int32_t pos) {
       const int32_t block = table[pos / bs];
       TESSERA_CHECK(block >= 0 && block < config_.n_blocks, "simulator: block ", block, " out of range");
+      return block * bs + pos % bs;
+    };
+    const int32_t* local_table =
+        b.has_local ? b.local_block_tables.data() + static_cast<size_t>(s) * b.max_blocks : nullptr;
+    const auto local_slot = [&](int32_t pos) {
+      const int32_t block = local_table[pos / bs];
+      TESSERA_CHECK(block >= 0 && block < config_.n_local_blocks, "simulator: local block ", block, " (position ", pos,
+                    ") out of range or dropped");
       return block * bs + pos % bs;
     };
     for (int r = b.q_start[s]; r < b.q_start[s + 1]; ++r) {
@@ -151,6 +169,20 @@ void SimulatedExecutor::execute(const StepInput& in, StepOutput& out) {
       }
       kv_[b.slot_mapping[r]] = chain(prev, b.tokens[r], pos);
       written_[b.slot_mapping[r]] = 1;
+      if (!b.has_local) continue;
+      // The local layers read their window's oldest key and the previous position through
+      // their own table: the values must be the full table's.
+      for (const int32_t key : {std::max(0, pos - config_.window + 1), pos - 1}) {
+        if (key < 0 || key >= pos) continue;
+        const int32_t ls = local_slot(key);
+        TESSERA_CHECK(local_written_[ls] && local_kv_[ls] == kv_[slot(key)],
+                      "simulator: the local table reads position ", key, " (slot ", ls,
+                      ") as something else than the full table");
+      }
+      TESSERA_CHECK(b.local_slot_mapping[r] == local_slot(pos), "simulator: row ", r, " writes local slot ",
+                    b.local_slot_mapping[r], " but its local table says ", local_slot(pos));
+      local_kv_[b.local_slot_mapping[r]] = kv_[b.slot_mapping[r]];
+      local_written_[b.local_slot_mapping[r]] = 1;
     }
   }
   TESSERA_CHECK(static_cast<int>(b.logits_rows.size()) <= config_.max_logits_rows, "simulator: ", b.logits_rows.size(),

@@ -13,6 +13,10 @@
 // their seed in. The batch's structure (positions, slots, KV lengths) is checked too.
 // Log-probabilities are stand-ins derived the same way (fake_logprobs), and swaps move the
 // values to a host tier of its own and back, so a lost or misplaced swap changes outputs.
+// With a local pool (window > 0: the engine's sliding-window group) every row also writes its
+// value through the local table, and reads back through it the oldest key of its window and
+// the previous position: a local block dropped too early, or a wrong local copy or swap,
+// throws.
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -35,7 +39,9 @@ struct SimulatorConfig {
   int32_t vocab_size = 32000;
   int n_blocks = 0;  // the KV layout the engine uses
   int block_size = 16;
-  int n_host_blocks = 0;   // host tier for swap preemption
+  int n_host_blocks = 0;  // host tier for swap preemption
+  int window = 0;         // the local pool's window and blocks (EngineConfig's); 0 = none
+  int n_local_blocks = 0;
   int32_t eos_token = -1;  // when >= 0 and eos_one_in > 0: emitted about once in eos_one_in tokens
   int eos_one_in = 0;
   CostModel cost;
@@ -78,10 +84,15 @@ class SimulatedExecutor final : public Executor {
     int32_t n_logprobs = 0;
   };
   void check_swap(const BlockSwap& s) const;
+  // The device slots of a block: the full pool's or the local pool's.
+  std::vector<uint64_t>& values(bool local) { return local ? local_kv_ : kv_; }
+  std::vector<uint8_t>& written(bool local) { return local ? local_written_ : written_; }
 
   SimulatorConfig config_;
-  std::vector<uint64_t> kv_;       // [n_blocks * block_size]
-  std::vector<uint8_t> written_;   // slot written at least once
+  std::vector<uint64_t> kv_;        // [n_blocks * block_size]
+  std::vector<uint8_t> written_;    // slot written at least once
+  std::vector<uint64_t> local_kv_;  // [n_local_blocks * block_size]
+  std::vector<uint8_t> local_written_;
   std::vector<uint64_t> host_kv_;  // [n_host_blocks * block_size]
   std::vector<uint8_t> host_written_;
   int64_t n_swapped_out_ = 0, n_swapped_in_ = 0;

@@ -7,28 +7,20 @@
 namespace tessera {
 
 KvBlockManager::KvBlockManager(const Config& config)
-    : block_size_(config.block_size), prefix_caching_(config.prefix_caching) {
-  TESSERA_CHECK(config.n_blocks >= 1, "KV block manager: needs at least one block (got ", config.n_blocks, ")");
-  TESSERA_CHECK(config.block_size >= 1 && config.block_size <= 1024, "KV block manager: block size ", config.block_size,
-                " is outside [1, 1024]");
-  const int n = config.n_blocks;
-  ref_.assign(n, 0);
-  cached_.assign(n, 0);
-  lru_prev_.assign(n, kNone);
-  lru_next_.assign(n, kNone);
-  if (prefix_caching_) {
-    key_.resize(n);
-    tokens_.assign(static_cast<size_t>(n) * block_size_, 0);
+    : block_size_(config.block_size),
+      prefix_caching_(config.prefix_caching),
+      full_(config.n_blocks, config.block_size, config.prefix_caching) {
+  TESSERA_CHECK(config.window >= 0 && config.n_local_blocks >= 0, "KV block manager: negative window ", config.window,
+                " or local pool of ", config.n_local_blocks, " blocks");
+  TESSERA_CHECK((config.window > 0) == (config.n_local_blocks > 0), "KV block manager: a window (", config.window,
+                ") and a local pool (", config.n_local_blocks, " blocks) go together");
+  if (config.window > 0) {
+    window_ = config.window;
+    local_.emplace(config.n_local_blocks, config.block_size, config.prefix_caching);
   }
-  free_stack_.reserve(n);
-  for (int32_t b = n - 1; b >= 0; --b) free_stack_.push_back(b);  // block 0 is handed out first
   TESSERA_CHECK(config.n_host_blocks >= 0, "KV block manager: negative host tier of ", config.n_host_blocks, " blocks");
   host_used_.assign(config.n_host_blocks, 0);
   for (int32_t h = config.n_host_blocks - 1; h >= 0; --h) host_free_.push_back(h);
-}
-
-std::span<const int32_t> KvBlockManager::stored_tokens(int32_t block) const {
-  return {tokens_.data() + static_cast<size_t>(block) * block_size_, static_cast<size_t>(block_size_)};
 }
 
 std::vector<int32_t> KvBlockManager::find_prefix(const BlockHash& root, std::span<const int32_t> tokens,
@@ -36,19 +28,48 @@ std::vector<int32_t> KvBlockManager::find_prefix(const BlockHash& root, std::spa
   std::vector<int32_t> hits;
   if (!prefix_caching_) return hits;
   const int n_full = std::min(max_blocks, static_cast<int>(tokens.size()) / block_size_);
+  std::vector<uint8_t> local_ok;  // [hits] the local pool holds block i too
   BlockHash parent = root;
   for (int i = 0; i < n_full; ++i) {
     const auto block_tokens = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
     const BlockHash key = block_hash(parent, block_tokens);
-    const auto it = index_.find(key);
-    if (it == index_.end()) break;
-    // The key is collision resistant, but a hit must still be the same tokens.
-    const auto stored = stored_tokens(it->second);
-    if (!std::equal(stored.begin(), stored.end(), block_tokens.begin())) break;
-    hits.push_back(it->second);
+    const int32_t b = full_.find(key, block_tokens);
+    if (b < 0) break;
+    hits.push_back(b);
+    if (local_) local_ok.push_back(local_->find(key, block_tokens) >= 0);
     parent = key;
   }
+  if (local_) {
+    // The longest hit whose window (the blocks a query at the hit point still sees) is in
+    // the local pool: a missing block i cuts the hit to i, whose window lies before i.
+    int h = static_cast<int>(hits.size());
+    while (h > 0) {
+      int miss = -1;
+      for (int i = h - 1; i >= local_first_live(h * block_size_); --i)
+        if (!local_ok[i]) {
+          miss = i;
+          break;
+        }
+      if (miss < 0) break;
+      h = miss;
+    }
+    hits.resize(h);
+  }
   return hits;
+}
+
+std::vector<int32_t> KvBlockManager::local_hits(std::span<const int32_t> hits) const {
+  std::vector<int32_t> out;
+  const int h = static_cast<int>(hits.size());
+  for (int i = local_first_live(h * block_size_); i < h; ++i)
+    out.push_back(local_->find(full_.key(hits[i]), full_.tokens_of(hits[i])));
+  return out;
+}
+
+PrefixCacheStats KvBlockManager::stats() const {
+  PrefixCacheStats s = stats_;
+  s.evictions = full_.evictions() + (local_ ? local_->evictions() : 0);
+  return s;
 }
 
 void KvBlockManager::record_lookup(int n_query_tokens, int n_hit_tokens) {
@@ -60,14 +81,25 @@ void KvBlockManager::record_lookup(int n_query_tokens, int n_hit_tokens) {
 void KvBlockManager::adopt_prefix(SeqKv& kv, std::span<const int32_t> blocks) {
   TESSERA_CHECK(kv.table.blocks.empty() && kv.table.n_tokens == 0, "KV: prefix adopted by a sequence that has KV");
   for (int32_t b : blocks) {
-    TESSERA_CHECK(b >= 0 && b < n_blocks() && cached_[b], "KV: adopted block ", b, " is not cached");
-    retain(b);
+    TESSERA_CHECK(b >= 0 && b < n_blocks() && full_.is_cached(b), "KV: adopted block ", b, " is not cached");
+    full_.retain(b);
     kv.table.blocks.push_back(b);
   }
   kv.table.n_tokens = static_cast<int>(blocks.size()) * block_size_;
   kv.hashes.clear();
-  for (int32_t b : blocks) kv.hashes.push_back(key_[b]);
+  for (int32_t b : blocks) kv.hashes.push_back(full_.key(b));
   kv.n_registered = static_cast<int>(blocks.size());
+  if (!local_) return;
+  const int first = local_first_live(kv.table.n_tokens);
+  kv.local.blocks.assign(first, kDropped);
+  for (int32_t b : local_hits(blocks)) {
+    TESSERA_CHECK(b >= 0, "KV: a prefix hit's window is missing from the local pool");
+    local_->retain(b);
+    kv.local.blocks.push_back(b);
+  }
+  kv.local.n_tokens = kv.table.n_tokens;
+  kv.local_dropped = first;
+  kv.local_registered = kv.n_registered;
 }
 
 int KvBlockManager::blocks_needed(const SeqKv& kv, int n_new) const {
@@ -77,27 +109,68 @@ int KvBlockManager::blocks_needed(const SeqKv& kv, int n_new) const {
   int fresh = std::max(0, need - have);
   if (n_new > 0)
     for (int i = n_tok / block_size_; i < std::min(have, need); ++i)
-      if (ref_[kv.table.blocks[i]] > 1) ++fresh;  // copy-on-write
+      if (full_.ref_count(kv.table.blocks[i]) > 1) ++fresh;  // copy-on-write
   return fresh;
+}
+
+int KvBlockManager::local_blocks_needed(const SeqKv& kv, int n_new) const {
+  const int n_tok = kv.table.n_tokens;
+  const auto& blocks = kv.local.blocks;
+  const int have = static_cast<int>(blocks.size());
+  const int need = blocks_for(n_tok + n_new);
+  const int first = local_first_live(n_tok);
+  int freed = 0;  // drops this sequence alone holds
+  for (int i = kv.local_dropped; i < std::min(first, have); ++i)
+    if (local_->ref_count(blocks[i]) == 1) ++freed;
+  int fresh = std::max(0, need - have);
+  if (n_new > 0)
+    for (int i = std::max(n_tok / block_size_, first); i < std::min(have, need); ++i)
+      if (local_->ref_count(blocks[i]) > 1) ++fresh;  // copy-on-write
+  return fresh - freed;
+}
+
+void KvBlockManager::drop_outside_window(SeqKv& kv) {
+  const int first = std::min(local_first_live(kv.table.n_tokens), static_cast<int>(kv.local.blocks.size()));
+  for (int i = kv.local_dropped; i < first; ++i) {
+    local_->release(kv.local.blocks[i]);
+    kv.local.blocks[i] = kDropped;
+  }
+  kv.local_dropped = std::max(kv.local_dropped, first);
 }
 
 bool KvBlockManager::allocate_slots(SeqKv& kv, int n_new, std::vector<BlockCopy>& copies) {
   TESSERA_CHECK(n_new >= 0, "KV: negative token count ", n_new);
   if (blocks_needed(kv, n_new) > n_free()) return false;
+  if (local_ && local_blocks_needed(kv, n_new) > local_->n_free()) return false;
   const int n_tok = kv.table.n_tokens;
   const int need = blocks_for(n_tok + n_new);
   auto& blocks = kv.table.blocks;
   if (n_new > 0) {
     for (int i = n_tok / block_size_; i < std::min(kv.n_blocks(), need); ++i) {
       const int32_t src = blocks[i];
-      if (ref_[src] <= 1) continue;
-      const int32_t dst = take_block();
+      if (full_.ref_count(src) <= 1) continue;
+      const int32_t dst = full_.take();
       copies.push_back({src, dst});
       blocks[i] = dst;
-      release(src);  // still held by the other owners
+      full_.release(src);  // still held by the other owners
     }
   }
-  while (kv.n_blocks() < need) blocks.push_back(take_block());
+  while (kv.n_blocks() < need) blocks.push_back(full_.take());
+  if (!local_) return true;
+  drop_outside_window(kv);  // first: what it frees may be taken below
+  auto& local = kv.local.blocks;
+  if (n_new > 0) {
+    for (int i = n_tok / block_size_; i < std::min(static_cast<int>(local.size()), need); ++i) {
+      const int32_t src = local[i];
+      if (local_->ref_count(src) <= 1) continue;
+      const int32_t dst = local_->take();
+      copies.push_back({src, dst, /*local=*/true});
+      local[i] = dst;
+      local_->release(src);
+    }
+  }
+  while (static_cast<int>(local.size()) < need) local.push_back(local_->take());
+  kv.local.n_tokens = n_tok;
   return true;
 }
 
@@ -106,20 +179,17 @@ void KvBlockManager::cache_full_blocks(SeqKv& kv, std::span<const int32_t> token
   TESSERA_CHECK(static_cast<int>(tokens.size()) >= kv.table.n_tokens, "KV: sequence has ", tokens.size(),
                 " tokens but ", kv.table.n_tokens, " computed");
   const int n_full = kv.table.n_tokens / block_size_;
+  const auto block_tokens = [&](int i) { return tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_); };
   for (int i = kv.n_registered; i < n_full; ++i) {
-    const auto block_tokens = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
     if (static_cast<int>(kv.hashes.size()) <= i)
-      kv.hashes.push_back(block_hash(i == 0 ? kv.root : kv.hashes[i - 1], block_tokens));
-    const int32_t b = kv.table.blocks[i];
-    if (cached_[b]) continue;  // shared with the sequence that registered it
-    const BlockHash& key = kv.hashes[i];
-    if (!index_.emplace(key, b).second) continue;  // same data already cached in another block
-    cached_[b] = 1;
-    key_[b] = key;
-    std::copy(block_tokens.begin(), block_tokens.end(), tokens_.begin() + static_cast<size_t>(b) * block_size_);
-    ++stats_.registered;
+      kv.hashes.push_back(block_hash(i == 0 ? kv.root : kv.hashes[i - 1], block_tokens(i)));
+    if (full_.enter(kv.table.blocks[i], kv.hashes[i], block_tokens(i))) ++stats_.registered;
   }
   kv.n_registered = std::max(kv.n_registered, n_full);
+  if (!local_) return;
+  for (int i = std::max(kv.local_registered, kv.local_dropped); i < n_full; ++i)
+    if (local_->enter(kv.local.blocks[i], kv.hashes[i], block_tokens(i))) ++stats_.registered;
+  kv.local_registered = std::max(kv.local_registered, n_full);
 }
 
 void KvBlockManager::truncate(SeqKv& kv, int n_tokens) {
@@ -127,51 +197,94 @@ void KvBlockManager::truncate(SeqKv& kv, int n_tokens) {
                 kv.table.n_tokens, " tokens to ", n_tokens);
   TESSERA_CHECK(kv.n_registered <= n_tokens / block_size_, "KV: truncate to ", n_tokens,
                 " tokens would cut into blocks offered to the prefix index");
-  auto& blocks = kv.table.blocks;
+  TESSERA_CHECK(kv.local_dropped <= local_first_live(n_tokens), "KV: truncate to ", n_tokens,
+                " tokens would need local blocks already dropped");
   const int keep = blocks_for(n_tokens);
+  auto& blocks = kv.table.blocks;
   while (static_cast<int>(blocks.size()) > keep) {
-    release(blocks.back());
+    full_.release(blocks.back());
     blocks.pop_back();
   }
+  auto& local = kv.local.blocks;
+  while (static_cast<int>(local.size()) > keep) {
+    local_->release(local.back());
+    local.pop_back();
+  }
   if (static_cast<int>(kv.hashes.size()) > n_tokens / block_size_) kv.hashes.resize(n_tokens / block_size_);
+  kv.local_registered = std::min(kv.local_registered, n_tokens / block_size_);
   kv.table.n_tokens = n_tokens;
+  kv.local.n_tokens = n_tokens;
 }
 
 void KvBlockManager::fork(const SeqKv& parent, SeqKv& child) {
   TESSERA_CHECK(child.table.blocks.empty(), "KV: fork into a sequence that has KV");
-  for (int32_t b : parent.table.blocks) retain(b);
+  TESSERA_CHECK(!parent.swapped(), "KV: fork of a swapped-out sequence");
+  for (int32_t b : parent.table.blocks) full_.retain(b);
+  for (int i = parent.local_dropped; i < static_cast<int>(parent.local.blocks.size()); ++i)
+    local_->retain(parent.local.blocks[i]);
   child = parent;
 }
 
 void KvBlockManager::free(SeqKv& kv) {
-  for (auto it = kv.table.blocks.rbegin(); it != kv.table.blocks.rend(); ++it) release(*it);
-  for (int32_t h : kv.host_blocks) {
-    TESSERA_CHECK(h >= 0 && h < n_host_blocks() && host_used_[h], "KV: free of unused host slot ", h);
-    host_used_[h] = 0;
-    host_free_.push_back(h);
-  }
+  for (auto it = kv.table.blocks.rbegin(); it != kv.table.blocks.rend(); ++it) full_.release(*it);
+  for (int i = static_cast<int>(kv.local.blocks.size()) - 1; i >= kv.local_dropped; --i)
+    local_->release(kv.local.blocks[i]);
+  for (const auto* slots : {&kv.host_blocks, &kv.local_host_blocks})
+    for (int32_t h : *slots) {
+      TESSERA_CHECK(h >= 0 && h < n_host_blocks() && host_used_[h], "KV: free of unused host slot ", h);
+      host_used_[h] = 0;
+      host_free_.push_back(h);
+    }
   kv.host_blocks.clear();
+  kv.local_host_blocks.clear();
   kv.table.blocks.clear();
   kv.table.n_tokens = 0;
+  kv.local.blocks.clear();
+  kv.local.n_tokens = 0;
+  kv.local_dropped = 0;
+  kv.local_registered = 0;
   kv.hashes.clear();
   kv.n_registered = 0;
+}
+
+int KvBlockManager::host_slots_needed(const SeqKv& kv) const {
+  const int n_local = static_cast<int>(kv.local.blocks.size());
+  return kv.n_blocks() + std::max(0, n_local - std::max(kv.local_dropped, local_first_live(kv.table.n_tokens)));
+}
+
+int KvBlockManager::take_host_slot() {
+  const int32_t h = host_free_.back();
+  host_free_.pop_back();
+  host_used_[h] = 1;
+  return h;
 }
 
 bool KvBlockManager::swap_out(SeqKv& kv, std::vector<BlockSwap>& swaps) {
   TESSERA_CHECK(!kv.swapped(), "KV: swap-out of a sequence already swapped out");
   const int n = kv.n_blocks();
-  if (n == 0 || n > n_host_free()) return false;
+  if (n == 0 || host_slots_needed(kv) > n_host_free()) return false;
   for (int32_t b : kv.table.blocks) {
-    const int32_t h = host_free_.back();
-    host_free_.pop_back();
-    host_used_[h] = 1;
+    const int32_t h = take_host_slot();
     kv.host_blocks.push_back(h);
     swaps.push_back({b, h});
   }
-  for (auto it = kv.table.blocks.rbegin(); it != kv.table.blocks.rend(); ++it) release(*it);
+  for (auto it = kv.table.blocks.rbegin(); it != kv.table.blocks.rend(); ++it) full_.release(*it);
   kv.table.blocks.clear();  // n_tokens, hashes stay: the KV still exists, on the host
+  int n_moved = n;
+  if (local_) {
+    drop_outside_window(kv);
+    auto& local = kv.local.blocks;
+    for (int i = kv.local_dropped; i < static_cast<int>(local.size()); ++i) {
+      const int32_t h = take_host_slot();
+      kv.local_host_blocks.push_back(h);
+      swaps.push_back({local[i], h, /*local=*/true});
+    }
+    for (int i = static_cast<int>(local.size()) - 1; i >= kv.local_dropped; --i) local_->release(local[i]);
+    n_moved += static_cast<int>(kv.local_host_blocks.size());
+    local.clear();
+  }
   ++swap_stats_.swap_outs;
-  swap_stats_.blocks_out += n;
+  swap_stats_.blocks_out += n_moved;
   return true;
 }
 
@@ -180,106 +293,39 @@ bool KvBlockManager::swap_in(SeqKv& kv, std::vector<BlockSwap>& swaps) {
   TESSERA_CHECK(static_cast<int>(kv.host_blocks.size()) == blocks_for(kv.table.n_tokens), "KV: swapped sequence has ",
                 kv.host_blocks.size(), " host blocks for ", kv.table.n_tokens, " tokens");
   const int n = static_cast<int>(kv.host_blocks.size());
-  if (n > n_free()) return false;
-  for (int32_t h : kv.host_blocks) {
-    const int32_t b = take_block();
-    kv.table.blocks.push_back(b);
-    swaps.push_back({b, h});
+  const int n_local = static_cast<int>(kv.local_host_blocks.size());
+  if (n > n_free() || n_local > n_local_free()) return false;
+  const auto give_back = [&](int32_t h) {
     host_used_[h] = 0;
     host_free_.push_back(h);
+  };
+  for (int32_t h : kv.host_blocks) {
+    const int32_t b = full_.take();
+    kv.table.blocks.push_back(b);
+    swaps.push_back({b, h});
+    give_back(h);
+  }
+  if (local_) {
+    kv.local.blocks.assign(kv.local_dropped, kDropped);
+    for (int32_t h : kv.local_host_blocks) {
+      const int32_t b = local_->take();
+      kv.local.blocks.push_back(b);
+      swaps.push_back({b, h, /*local=*/true});
+      give_back(h);
+    }
   }
   kv.host_blocks.clear();
+  kv.local_host_blocks.clear();
   kv.n_registered = 0;  // fresh blocks: offer them to the index again
+  kv.local_registered = 0;
   ++swap_stats_.swap_ins;
-  swap_stats_.blocks_in += n;
+  swap_stats_.blocks_in += n + n_local;
   return true;
 }
 
-int32_t KvBlockManager::take_block() {
-  int32_t b;
-  if (!free_stack_.empty()) {
-    b = free_stack_.back();
-    free_stack_.pop_back();
-  } else {
-    TESSERA_CHECK(lru_head_ != kNone, "KV: no free block (allocation not checked)");
-    b = lru_head_;
-    lru_unlink(b);
-    index_.erase(key_[b]);
-    cached_[b] = 0;
-    ++stats_.evictions;
-  }
-  ref_[b] = 1;
-  return b;
-}
-
-void KvBlockManager::retain(int32_t b) {
-  if (ref_[b] == 0) {
-    TESSERA_CHECK(cached_[b], "KV: retain of free uncached block ", b);
-    lru_unlink(b);
-  }
-  ++ref_[b];
-}
-
-void KvBlockManager::release(int32_t b) {
-  TESSERA_CHECK(b >= 0 && b < n_blocks() && ref_[b] > 0, "KV: release of free block ", b);
-  if (--ref_[b] > 0) return;
-  if (cached_[b])
-    lru_push_back(b);
-  else
-    free_stack_.push_back(b);
-}
-
-void KvBlockManager::lru_push_back(int32_t b) {
-  lru_prev_[b] = lru_tail_;
-  lru_next_[b] = kNone;
-  if (lru_tail_ != kNone)
-    lru_next_[lru_tail_] = b;
-  else
-    lru_head_ = b;
-  lru_tail_ = b;
-  ++lru_size_;
-}
-
-void KvBlockManager::lru_unlink(int32_t b) {
-  const int32_t p = lru_prev_[b], n = lru_next_[b];
-  (p != kNone ? lru_next_[p] : lru_head_) = n;
-  (n != kNone ? lru_prev_[n] : lru_tail_) = p;
-  lru_prev_[b] = lru_next_[b] = kNone;
-  --lru_size_;
-}
-
 void KvBlockManager::check_invariants() const {
-  const int n = n_blocks();
-  std::vector<uint8_t> seen(n, 0);
-  for (int32_t b : free_stack_) {
-    TESSERA_CHECK(b >= 0 && b < n && !seen[b], "KV invariant: block ", b, " twice in the free stack");
-    TESSERA_CHECK(ref_[b] == 0 && !cached_[b], "KV invariant: free-stack block ", b, " has ref ", ref_[b],
-                  " or is cached");
-    seen[b] = 1;
-  }
-  int lru_count = 0;
-  int32_t prev = kNone;
-  for (int32_t b = lru_head_; b != kNone; b = lru_next_[b]) {
-    TESSERA_CHECK(b >= 0 && b < n && !seen[b], "KV invariant: block ", b, " twice among free blocks");
-    TESSERA_CHECK(ref_[b] == 0 && cached_[b], "KV invariant: LRU block ", b, " has ref ", ref_[b], " or is uncached");
-    TESSERA_CHECK(lru_prev_[b] == prev, "KV invariant: LRU links broken at block ", b);
-    seen[b] = 1;
-    prev = b;
-    ++lru_count;
-  }
-  TESSERA_CHECK(prev == lru_tail_ && lru_count == lru_size_, "KV invariant: LRU size ", lru_size_, " but ", lru_count,
-                " linked");
-  for (int32_t b = 0; b < n; ++b) {
-    TESSERA_CHECK(ref_[b] >= 0, "KV invariant: block ", b, " has negative ref ", ref_[b]);
-    TESSERA_CHECK((ref_[b] == 0) == (seen[b] != 0), "KV invariant: block ", b, " with ref ", ref_[b],
-                  seen[b] ? " is listed free" : " is lost (neither used nor free)");
-    if (cached_[b]) {
-      const auto it = index_.find(key_[b]);
-      TESSERA_CHECK(it != index_.end() && it->second == b, "KV invariant: cached block ", b, " not indexed");
-    }
-  }
-  for (const auto& [key, b] : index_)
-    TESSERA_CHECK(cached_[b] && key_[b] == key, "KV invariant: index entry for block ", b, " is stale");
+  full_.check_invariants("full");
+  if (local_) local_->check_invariants("local");
   std::vector<uint8_t> host_seen(n_host_blocks(), 0);
   for (int32_t h : host_free_) {
     TESSERA_CHECK(h >= 0 && h < n_host_blocks() && !host_seen[h] && !host_used_[h], "KV invariant: host slot ", h,
@@ -291,14 +337,46 @@ void KvBlockManager::check_invariants() const {
                 n_host_free(), " free != ", n_host_blocks());
 }
 
+void KvBlockManager::check_local_table(const SeqKv& kv) const {
+  if (!local_) {
+    TESSERA_CHECK(kv.local.blocks.empty() && kv.local_host_blocks.empty() && kv.local_dropped == 0,
+                  "KV invariant: a local table without a local pool");
+    return;
+  }
+  const auto& local = kv.local.blocks;
+  const int n = static_cast<int>(local.size());
+  TESSERA_CHECK(kv.local.n_tokens == kv.table.n_tokens, "KV invariant: local table counts ", kv.local.n_tokens,
+                " tokens, the full one ", kv.table.n_tokens);
+  if (kv.swapped()) {
+    TESSERA_CHECK(
+        n == 0 && kv.local_dropped + static_cast<int>(kv.local_host_blocks.size()) == blocks_for(kv.table.n_tokens),
+        "KV invariant: swapped sequence keeps ", kv.local_host_blocks.size(), " local blocks from ", kv.local_dropped,
+        " for ", kv.table.n_tokens, " tokens");
+    return;
+  }
+  TESSERA_CHECK(n == kv.n_blocks(), "KV invariant: local table of ", n, " blocks, full table of ", kv.n_blocks());
+  TESSERA_CHECK(kv.local_dropped <= local_first_live(kv.table.n_tokens) || n == 0,
+                "KV invariant: local blocks dropped up to ", kv.local_dropped, " but the window of token ",
+                kv.table.n_tokens, " starts in block ", local_first_live(kv.table.n_tokens));
+  for (int i = 0; i < n; ++i) {
+    const bool dropped = i < kv.local_dropped;
+    TESSERA_CHECK(dropped ? local[i] == kDropped : local[i] >= 0 && local[i] < n_local_blocks(),
+                  "KV invariant: local table entry ", i, " is ", local[i], dropped ? " but dropped" : "");
+  }
+}
+
 bool KvBlockManager::is_whole() const {
-  return n_free() == n_blocks() && std::all_of(ref_.begin(), ref_.end(), [](int32_t r) { return r == 0; }) &&
-         n_host_free() == n_host_blocks();
+  return full_.is_whole() && (!local_ || local_->is_whole()) && n_host_free() == n_host_blocks();
 }
 
 int KvPlan::ref(int32_t b) const {
   const auto it = delta_.find(b);
   return m_.ref_count(b) + (it == delta_.end() ? 0 : it->second);
+}
+
+int KvPlan::local_ref(int32_t b) const {
+  const auto it = local_delta_.find(b);
+  return m_.local_ref_count(b) + (it == local_delta_.end() ? 0 : it->second);
 }
 
 bool KvPlan::reserve(const SeqKv& kv, std::span<const int32_t> hits, int n_new) {
@@ -320,15 +398,53 @@ bool KvPlan::reserve(const SeqKv& kv, std::span<const int32_t> hits, int n_new) 
         copied.push_back(kv.table.blocks[i]);
       }
   if (revived + fresh > free_) return false;
+  if (m_.windowed() && !reserve_local(kv, hits, n_new)) return false;
   free_ -= revived + fresh;
   for (int32_t b : hits) ++delta_[b];
   for (int32_t b : copied) --delta_[b];  // not credited to free_: see the class comment
   return true;
 }
 
+bool KvPlan::reserve_local(const SeqKv& kv, std::span<const int32_t> hits, int n_new) {
+  const int bs = m_.block_size();
+  const int n_tok = hits.empty() ? kv.table.n_tokens : static_cast<int>(hits.size()) * bs;
+  const int need = m_.blocks_for(n_tok + n_new);
+  const int first = m_.local_first_live(n_tok);
+  std::vector<int32_t> adopted, dropped, copied;
+  int revived = 0, freed = 0, fresh = 0;
+  if (!hits.empty()) {
+    adopted = m_.local_hits(hits);
+    for (int32_t b : adopted)
+      if (local_ref(b) == 0) ++revived;
+    fresh = std::max(0, need - static_cast<int>(hits.size()));
+  } else if (kv.swapped()) {
+    fresh = need - kv.local_dropped;  // swap-in, then the new blocks; its drops were done at swap-out
+  } else {
+    const auto& local = kv.local.blocks;
+    const int have = static_cast<int>(local.size());
+    for (int i = kv.local_dropped; i < std::min(first, have); ++i) {
+      dropped.push_back(local[i]);
+      if (local_ref(local[i]) == 1) ++freed;
+    }
+    fresh = std::max(0, need - have);
+    if (n_new > 0)
+      for (int i = std::max(n_tok / bs, first); i < std::min(have, need); ++i)
+        if (local_ref(local[i]) > 1) {
+          ++fresh;
+          copied.push_back(local[i]);
+        }
+  }
+  if (revived + fresh > local_free_ + freed) return false;
+  local_free_ += freed - revived - fresh;
+  for (int32_t b : adopted) ++local_delta_[b];
+  for (int32_t b : dropped) --local_delta_[b];
+  for (int32_t b : copied) --local_delta_[b];
+  return true;
+}
+
 bool KvPlan::swap_out(const SeqKv& kv) {
-  const int n = kv.n_blocks();
-  if (n == 0 || n > host_free_) return false;
+  const int n = m_.host_slots_needed(kv);
+  if (kv.n_blocks() == 0 || n > host_free_) return false;
   host_free_ -= n;
   release(kv);
   return true;
@@ -340,6 +456,13 @@ void KvPlan::release(const SeqKv& kv) {
     TESSERA_CHECK(r > 0, "KV plan: release of free block ", b);
     --delta_[b];
     if (r == 1) ++free_;
+  }
+  for (int i = kv.local_dropped; i < static_cast<int>(kv.local.blocks.size()); ++i) {
+    const int32_t b = kv.local.blocks[i];
+    const int r = local_ref(b);
+    TESSERA_CHECK(r > 0, "KV plan: release of free local block ", b);
+    --local_delta_[b];
+    if (r == 1) ++local_free_;
   }
 }
 

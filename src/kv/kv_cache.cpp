@@ -33,6 +33,12 @@ uint64_t KvCacheSpec::constants_digest() const {
   return h;
 }
 
+int KvCacheSpec::n_group_layers(bool local) const {
+  int n = 0;
+  for (int il = 0; il < n_layers; ++il) n += in_local_group(il) == local;
+  return n;
+}
+
 namespace {
 // The layer's constants in backend memory, or null when the format has none.
 void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat& f, int layer, bool is_key) {
@@ -71,6 +77,10 @@ KvCache::KvCache(Backend& backend, const KvCacheSpec& spec) : backend_(backend),
   TESSERA_CHECK(spec.block_size >= 1 && spec.block_size <= 1024, "KV cache: block size ", spec.block_size,
                 " is outside [1, 1024]");
   TESSERA_CHECK(spec.n_blocks >= 1, "KV cache: needs at least one block");
+  TESSERA_CHECK(spec.n_local_blocks >= 0 &&
+                    (spec.n_local_blocks == 0 || spec.local_layers.size() == static_cast<size_t>(spec.n_layers)),
+                "KV cache: a local pool of ", spec.n_local_blocks, " blocks needs a local flag for each of the ",
+                spec.n_layers, " layers (got ", spec.local_layers.size(), ")");
   for (const KvFormat& f : {spec.k_format, spec.v_format}) {
     check_kv_format(f, spec.head_dim, spec.block_size);
     TESSERA_CHECK(backend.supports_kv_format(f), "KV cache: the ", backend.name(), " backend does not store KV as ",
@@ -82,8 +92,8 @@ KvCache::KvCache(Backend& backend, const KvCacheSpec& spec) : backend_(backend),
   v_consts_.resize(spec.n_layers, nullptr);
   try {
     for (int i = 0; i < spec.n_layers; ++i) {
-      k_[i] = backend_.alloc(static_cast<size_t>(spec.k_layer_block_bytes()) * spec.n_blocks);
-      v_[i] = backend_.alloc(static_cast<size_t>(spec.v_layer_block_bytes()) * spec.n_blocks);
+      k_[i] = backend_.alloc(static_cast<size_t>(spec.k_layer_block_bytes()) * spec.layer_blocks(i));
+      v_[i] = backend_.alloc(static_cast<size_t>(spec.v_layer_block_bytes()) * spec.layer_blocks(i));
       k_consts_[i] = upload_constants(backend_, spec, spec.k_format, i, true);
       v_consts_[i] = upload_constants(backend_, spec, spec.v_format, i, false);
     }
@@ -109,7 +119,7 @@ KvLayerView KvCache::layer(int i) const {
   view.v = v_[i];
   view.k_fmt = spec_.k_format;
   view.v_fmt = spec_.v_format;
-  view.n_blocks = spec_.n_blocks;
+  view.n_blocks = spec_.layer_blocks(i);
   view.block_size = spec_.block_size;
   view.n_kv_heads = spec_.n_kv_heads;
   view.head_dim = spec_.head_dim;

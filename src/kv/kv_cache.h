@@ -33,6 +33,11 @@ struct KvCacheSpec {
   // Per-channel key equalization s per layer ([n_kv_heads * head_dim], head-major; needs
   // k_mean): keys are stored as R ((k − μ)/s) and queries meet them as R (q∘s); empty = 1.
   std::vector<std::vector<float>> k_equal;
+  // Layer groups: the sliding-window layers marked in local_layers ([n_layers], 1 = local)
+  // keep their K/V in a pool of their own, n_local_blocks blocks (the block manager drops
+  // blocks behind the window from it). 0 = one group: every layer has n_blocks blocks.
+  std::vector<uint8_t> local_layers;
+  int n_local_blocks = 0;
 
   // A cache with K and V both in `plain` (F16 or F32).
   static KvCacheSpec plain(int n_layers, int n_kv_heads, int head_dim, int block_size, int n_blocks, DType plain) {
@@ -52,11 +57,22 @@ struct KvCacheSpec {
   // Bytes of one layer's K (or V) part of a block: n_kv_heads pages.
   int64_t k_layer_block_bytes() const { return k_page_bytes() * n_kv_heads; }
   int64_t v_layer_block_bytes() const { return v_page_bytes() * n_kv_heads; }
-  // Bytes of one block across all layers, K and V, scales included.
+  // Bytes of one block across all layers, K and V, scales included (a host swap slot).
   int64_t block_bytes() const { return (k_layer_block_bytes() + v_layer_block_bytes()) * n_layers; }
   // Mean bytes per token (block_bytes / block_size), for reports.
   double bytes_per_token() const { return static_cast<double>(block_bytes()) / block_size; }
-  int64_t total_bytes() const { return block_bytes() * n_blocks; }
+  // Whether layer il is in the local group (its blocks are the local pool's).
+  bool in_local_group(int il) const {
+    return n_local_blocks > 0 && static_cast<size_t>(il) < local_layers.size() && local_layers[il] != 0;
+  }
+  int n_group_layers(bool local) const;
+  // Blocks of layer il's K and V arrays.
+  int layer_blocks(int il) const { return in_local_group(il) ? n_local_blocks : n_blocks; }
+  // Bytes of one block of the full group's layers (all layers without a local group) and of
+  // one block of the local group's layers.
+  int64_t full_block_bytes() const { return (k_layer_block_bytes() + v_layer_block_bytes()) * n_group_layers(false); }
+  int64_t local_block_bytes() const { return (k_layer_block_bytes() + v_layer_block_bytes()) * n_group_layers(true); }
+  int64_t total_bytes() const { return full_block_bytes() * n_blocks + local_block_bytes() * n_local_blocks; }
   // "f16", or "k=int4:channel v=int4:g32" when K and V differ.
   std::string format_name() const;
   // A digest of the static constants the stored bytes depend on (k/v scales, key means,

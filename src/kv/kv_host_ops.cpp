@@ -1,5 +1,6 @@
 #include "kv/kv_host_ops.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -9,37 +10,43 @@
 
 namespace tessera {
 
-void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies) {
+namespace {
+
+void check_copies(const KvCacheSpec& spec, std::span<const BlockCopy> copies) {
+  for (const BlockCopy& c : copies) {
+    const int n = c.local ? spec.n_local_blocks : spec.n_blocks;
+    TESSERA_CHECK(c.src >= 0 && c.src < n && c.dst >= 0 && c.dst < n && c.src != c.dst,
+                  "KV copy: ", c.local ? "local " : "", "block ", c.src, " -> ", c.dst, " outside [0, ", n, ")");
+  }
+}
+
+// Calls copy(dst bytes, src bytes, n) for K and V of every layer of each copy's group.
+template <typename Copy>
+void for_each_copy_part(const KvCache& kv, std::span<const BlockCopy> copies, Copy copy) {
   const KvCacheSpec& spec = kv.spec();
-  for (const BlockCopy& c : copies)
-    TESSERA_CHECK(c.src >= 0 && c.src < spec.n_blocks && c.dst >= 0 && c.dst < spec.n_blocks && c.src != c.dst,
-                  "KV copy: block ", c.src, " -> ", c.dst, " outside [0, ", spec.n_blocks, ")");
   for (int l = 0; l < spec.n_layers; ++l) {
     const KvLayerView view = kv.layer(l);
+    const bool local = spec.in_local_group(l);
     for (int part = 0; part < 2; ++part) {
       auto* bytes = static_cast<uint8_t*>(part == 0 ? view.k : view.v);
       const size_t block_bytes = part == 0 ? spec.k_layer_block_bytes() : spec.v_layer_block_bytes();
       for (const BlockCopy& c : copies)
-        std::memcpy(bytes + c.dst * block_bytes, bytes + c.src * block_bytes, block_bytes);
+        if (c.local == local) copy(bytes + c.dst * block_bytes, bytes + c.src * block_bytes, block_bytes);
     }
   }
 }
 
+}  // namespace
+
+void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies) {
+  check_copies(kv.spec(), copies);
+  for_each_copy_part(kv, copies, [](uint8_t* dst, const uint8_t* src, size_t n) { std::memcpy(dst, src, n); });
+}
+
 void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies) {
-  const KvCacheSpec& spec = kv.spec();
-  for (const BlockCopy& c : copies)
-    TESSERA_CHECK(c.src >= 0 && c.src < spec.n_blocks && c.dst >= 0 && c.dst < spec.n_blocks && c.src != c.dst,
-                  "KV copy: block ", c.src, " -> ", c.dst, " outside [0, ", spec.n_blocks, ")");
+  check_copies(kv.spec(), copies);
   Backend& be = kv.backend();
-  for (int l = 0; l < spec.n_layers; ++l) {
-    const KvLayerView view = kv.layer(l);
-    for (int part = 0; part < 2; ++part) {
-      auto* bytes = static_cast<uint8_t*>(part == 0 ? view.k : view.v);
-      const size_t block_bytes = part == 0 ? spec.k_layer_block_bytes() : spec.v_layer_block_bytes();
-      for (const BlockCopy& c : copies)
-        be.copy_device(bytes + c.dst * block_bytes, bytes + c.src * block_bytes, block_bytes);
-    }
-  }
+  for_each_copy_part(kv, copies, [&](uint8_t* dst, const uint8_t* src, size_t n) { be.copy_device(dst, src, n); });
 }
 
 namespace {
@@ -47,13 +54,16 @@ namespace {
 void check_swaps(const KvCacheSpec& spec, const HostKvTier& host, std::span<const BlockSwap> swaps) {
   TESSERA_CHECK(host.slot_bytes() == kv_block_bytes(spec), "KV swap: host slots of ", host.slot_bytes(),
                 " bytes for blocks of ", kv_block_bytes(spec));
-  for (const BlockSwap& s : swaps)
-    TESSERA_CHECK(s.device >= 0 && s.device < spec.n_blocks && s.host >= 0 && s.host < host.n_slots(),
-                  "KV swap: block ", s.device, " <-> host slot ", s.host, " outside [0, ", spec.n_blocks, ") x [0, ",
-                  host.n_slots(), ")");
+  for (const BlockSwap& s : swaps) {
+    const int n = s.local ? spec.n_local_blocks : spec.n_blocks;
+    TESSERA_CHECK(s.device >= 0 && s.device < n && s.host >= 0 && s.host < host.n_slots(),
+                  "KV swap: ", s.local ? "local " : "", "block ", s.device, " <-> host slot ", s.host, " outside [0, ",
+                  n, ") x [0, ", host.n_slots(), ")");
+  }
 }
 
-// Calls copy(device bytes, host bytes, n) for every layer's K and V of every swap.
+// Calls copy(device bytes, host bytes, n) for K and V of every layer of each swap's group
+// (a slot is laid out for all layers; a block of one group fills that group's layers).
 template <typename Copy>
 void for_each_swap_part(const KvCache& kv, uint8_t* host_base, int64_t slot_bytes, std::span<const BlockSwap> swaps,
                         Copy copy) {
@@ -62,6 +72,7 @@ void for_each_swap_part(const KvCache& kv, uint8_t* host_base, int64_t slot_byte
   for (const BlockSwap& s : swaps) {
     uint8_t* slot = host_base + static_cast<size_t>(s.host) * slot_bytes;
     for (int l = 0; l < spec.n_layers; ++l) {
+      if (spec.in_local_group(l) != s.local) continue;
       const KvLayerView view = kv.layer(l);
       copy(static_cast<uint8_t*>(view.k) + s.device * kb, slot + l * (kb + vb), kb);
       copy(static_cast<uint8_t*>(view.v) + s.device * vb, slot + l * (kb + vb) + kb, vb);
@@ -132,6 +143,34 @@ int kv_blocks_for_budget(const KvCacheSpec& spec, int64_t budget_bytes) {
   const int64_t n = budget_bytes / per_block;
   TESSERA_CHECK(n >= 1, "KV sizing: a budget of ", budget_bytes, " bytes holds no block of ", per_block, " bytes");
   return static_cast<int>(std::min<int64_t>(n, std::numeric_limits<int32_t>::max() / spec.block_size));
+}
+
+KvPoolSizes kv_pools_for_budget(const KvCacheSpec& spec, int64_t budget_bytes, int window, int max_num_seqs,
+                                int max_batched_tokens, int64_t max_blocks) {
+  TESSERA_CHECK(window >= 1 && max_num_seqs >= 1 && max_batched_tokens >= 1 && max_blocks >= 1, "KV sizing: window ",
+                window, ", ", max_num_seqs, " sequences, ", max_batched_tokens, " tokens a step, at most ", max_blocks,
+                " blocks");
+  KvCacheSpec with_group = spec;
+  with_group.n_local_blocks = std::max(with_group.n_local_blocks, 1);  // makes the group count
+  const int bs = spec.block_size;
+  const int64_t full = with_group.full_block_bytes(), local = with_group.local_block_bytes();
+  const int64_t limit = std::min<int64_t>(max_blocks, std::numeric_limits<int32_t>::max() / bs);
+  // One sequence's step: its window before the first new token, the new tokens, and the
+  // partial blocks at both ends; every sequence at once: one window each plus one step.
+  const int64_t step = (window - 1 + max_batched_tokens) / bs + 2;
+  const int64_t all_windows = static_cast<int64_t>(max_num_seqs) * ((window - 1) / bs + 3) + max_batched_tokens / bs;
+  const int64_t one_pool = budget_bytes / (full + local);
+  KvPoolSizes sizes;
+  if (all_windows >= one_pool) {
+    TESSERA_CHECK(one_pool >= 1, "KV sizing: a budget of ", budget_bytes, " bytes holds no block of ", full + local,
+                  " bytes");
+    sizes.n_blocks = sizes.n_local_blocks = static_cast<int>(std::min(one_pool, limit));
+    return sizes;
+  }
+  const int64_t n_full = full > 0 ? (budget_bytes - local * all_windows) / full : limit;
+  sizes.n_blocks = static_cast<int>(std::min(n_full, limit));
+  sizes.n_local_blocks = static_cast<int>(std::max(step, std::min<int64_t>(all_windows, sizes.n_blocks)));
+  return sizes;
 }
 
 int64_t host_available_memory_bytes() {

@@ -52,6 +52,18 @@ void swap_in_kv_blocks(const KvCache& kv, const HostKvTier& host, std::span<cons
 int64_t kv_block_bytes(const KvCacheSpec& spec);
 // Blocks that fit in budget_bytes (spec.n_blocks is ignored). Throws when not even one fits.
 int kv_blocks_for_budget(const KvCacheSpec& spec, int64_t budget_bytes);
+// The pools of a cache with a local group (spec.local_layers): the local pool holds what
+// max_num_seqs sequences' windows and one step of max_batched_tokens can need at once, so it
+// never binds before the full pool (and never more blocks than the full pool: a sequence
+// holds no more local blocks than full ones); the full pool takes the rest of the budget, at
+// most max_blocks. When the windows would not save anything, both pools get the blocks one
+// pool of every layer would. Throws when the budget holds no block.
+struct KvPoolSizes {
+  int n_blocks = 0;
+  int n_local_blocks = 0;
+};
+KvPoolSizes kv_pools_for_budget(const KvCacheSpec& spec, int64_t budget_bytes, int window, int max_num_seqs,
+                                int max_batched_tokens, int64_t max_blocks);
 // MemAvailable from /proc/meminfo, in bytes (0 when it cannot be read).
 int64_t host_available_memory_bytes();
 

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "core/error.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
@@ -14,16 +15,39 @@ void ForwardBatch::clear() {
   block_tables.clear();
   logits_rows.clear();
   max_blocks = 0;
+  has_local = false;
+  local_slot_mapping.clear();
+  local_block_tables.clear();
 }
 
+namespace {
+
+// Widens a [n_rows, width] matrix to new_width columns (zeros past each old row).
+void widen(std::vector<int32_t>& m, int n_rows, int width, int new_width) {
+  std::vector<int32_t> wider(static_cast<size_t>(n_rows) * new_width, 0);
+  for (int s = 0; s < n_rows; ++s)
+    std::copy_n(m.begin() + static_cast<size_t>(s) * width, width, wider.begin() + static_cast<size_t>(s) * new_width);
+  m.swap(wider);
+}
+
+}  // namespace
+
 void ForwardBatch::add_sequence(const SequenceBlocks& seq, int block_size, const int32_t* new_tokens, int n_new,
-                                Logits want_logits) {
-  if (q_start.empty()) q_start.push_back(0);
+                                Logits want_logits, const SequenceBlocks* local) {
+  if (q_start.empty()) {
+    q_start.push_back(0);
+    has_local = local != nullptr;
+  }
+  TESSERA_CHECK(has_local == (local != nullptr), "forward batch: a sequence ", local ? "with" : "without",
+                " a local-layer table in a batch of sequences ", has_local ? "with" : "without");
+  TESSERA_CHECK(!local || local->blocks.size() == seq.blocks.size(), "forward batch: a local table of ",
+                local ? local->blocks.size() : 0, " blocks for a full table of ", seq.blocks.size());
   const int first_row = static_cast<int>(tokens.size());
   for (int i = 0; i < n_new; ++i) {
     tokens.push_back(new_tokens[i]);
     positions.push_back(seq.n_tokens + i);
     slot_mapping.push_back(seq.slot(seq.n_tokens + i, block_size));
+    if (local) local_slot_mapping.push_back(local->slot(seq.n_tokens + i, block_size));
   }
   q_start.push_back(static_cast<int32_t>(tokens.size()));
   kv_len.push_back(seq.n_tokens + n_new);
@@ -31,15 +55,17 @@ void ForwardBatch::add_sequence(const SequenceBlocks& seq, int block_size, const
   const int blocks = static_cast<int>(seq.blocks.size());
   const int n_prev = n_seqs() - 1;
   if (blocks > max_blocks) {
-    std::vector<int32_t> wider(static_cast<size_t>(n_prev) * blocks, 0);
-    for (int s = 0; s < n_prev; ++s)
-      std::copy_n(block_tables.begin() + static_cast<size_t>(s) * max_blocks, max_blocks,
-                  wider.begin() + static_cast<size_t>(s) * blocks);
-    block_tables.swap(wider);
+    widen(block_tables, n_prev, max_blocks, blocks);
+    if (has_local) widen(local_block_tables, n_prev, max_blocks, blocks);
     max_blocks = blocks;
   }
   block_tables.resize(static_cast<size_t>(n_prev + 1) * max_blocks, 0);
   std::copy(seq.blocks.begin(), seq.blocks.end(), block_tables.begin() + static_cast<size_t>(n_prev) * max_blocks);
+  if (local) {
+    local_block_tables.resize(static_cast<size_t>(n_prev + 1) * max_blocks, 0);
+    std::copy(local->blocks.begin(), local->blocks.end(),
+              local_block_tables.begin() + static_cast<size_t>(n_prev) * max_blocks);
+  }
   if (want_logits == Logits::Last && n_new > 0) logits_rows.push_back(first_row + n_new - 1);
   if (want_logits == Logits::All)
     for (int i = 0; i < n_new; ++i) logits_rows.push_back(first_row + i);

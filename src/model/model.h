@@ -23,16 +23,23 @@ struct ForwardBatch {
   std::vector<int32_t> block_tables;  // [n_seqs, max_blocks]
   int max_blocks = 0;
   std::vector<int32_t> logits_rows;  // rows whose logits are returned, in this order
+  // The local (sliding-window) layers' own tables when the KV cache has a local group
+  // (KvCacheSpec::n_local_blocks), else empty: slots and tables in the same shapes as the
+  // full ones; kDropped (-1) entries are blocks behind the window, never read.
+  bool has_local = false;
+  std::vector<int32_t> local_slot_mapping;  // [n_tokens]
+  std::vector<int32_t> local_block_tables;  // [n_seqs, max_blocks]
 
   int n_tokens() const { return static_cast<int>(tokens.size()); }
   int n_seqs() const { return static_cast<int>(kv_len.size()); }
   void clear();
   // Appends a sequence whose KV holds seq.n_tokens tokens *before* these new ones; the new
   // tokens take positions n_tokens.. and the slots after them. want_logits: which of the new
-  // tokens get logits (none, last, all).
+  // tokens get logits (none, last, all). `local`: the sequence's local-layer table (the same
+  // logical blocks, its own block ids); every sequence of a batch has one or none has.
   enum class Logits { None, Last, All };
   void add_sequence(const struct SequenceBlocks& seq, int block_size, const int32_t* new_tokens, int n_new,
-                    Logits want_logits);
+                    Logits want_logits, const struct SequenceBlocks* local = nullptr);
   // Whether every sequence has exactly one new token (a decode batch).
   bool one_row_each() const;
   // The batch over these host arrays (the CPU backend's memory is the host's).
@@ -45,6 +52,20 @@ struct ForwardInputs {
   const int32_t* tokens = nullptr;       // [batch.n_tokens]
   const int32_t* logits_rows = nullptr;  // [n_logits] rows whose logits are computed, in this order
   int n_logits = 0;
+  // The local layers' slots and tables (ForwardBatch::has_local), or null: they use batch's.
+  const int32_t* local_slot_mapping = nullptr;
+  const int32_t* local_block_tables = nullptr;
+
+  // The batch a sliding-window layer attends with: `window`, and its own tables if any.
+  AttentionBatch local_batch(int window) const {
+    AttentionBatch b = batch;
+    b.window = window;
+    if (local_block_tables) {
+      b.slot_mapping = local_slot_mapping;
+      b.block_tables = local_block_tables;
+    }
+    return b;
+  }
 };
 
 class Model {

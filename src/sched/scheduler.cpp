@@ -278,7 +278,7 @@ std::vector<SeqEvent> Scheduler::update(const SchedulerOutput& out, std::span<co
       continue;
     }
     s.draft.clear();
-    s.kv.table.n_tokens += sc.n_new;
+    s.kv.add_computed(sc.n_new);
     kv_.cache_full_blocks(s.kv, s.tokens);
     if (sc.prompt_rows_end > sc.prompt_rows_begin) {
       RequestState& r = requests_.at(s.request);
@@ -308,7 +308,7 @@ void Scheduler::update_speculative(Sequence& s, const ScheduledSeq& sc, std::spa
   for (int j = 0; j < n_accepted; ++j)
     TESSERA_CHECK(tokens[j] == s.draft[j], "scheduler: accepted token ", j, " of sequence ", s.id,
                   " is not its draft token");
-  s.kv.table.n_tokens += sc.n_new;
+  s.kv.add_computed(sc.n_new);
   kv_.truncate(s.kv, sc.n_computed + 1 + n_accepted);
   // The prefix index sees the accepted tokens in place (verified: they are output now).
   const size_t n_before = s.tokens.size();
@@ -470,6 +470,7 @@ std::vector<SeqEvent> Scheduler::fail(const SchedulerOutput& out) {
 void Scheduler::check_invariants() const {
   kv_.check_invariants();
   std::vector<int32_t> refs(kv_.n_blocks(), 0);
+  std::vector<int32_t> local_refs(kv_.n_local_blocks(), 0);
   std::vector<int32_t> host_refs(kv_.n_host_blocks(), 0);
   size_t n_live_seqs = 0;
   for (const auto& [id, r] : requests_) {
@@ -509,8 +510,12 @@ void Scheduler::check_invariants() const {
                       "scheduler invariant: sequence ", s.id, " holds ", s.kv.n_blocks(), " blocks for ",
                       s.n_computed(), " tokens");
       }
+      kv_.check_local_table(s.kv);
       for (int32_t b : s.kv.table.blocks) ++refs[b];
+      for (int32_t b : s.kv.local.blocks)
+        if (b != kDropped) ++local_refs[b];
       for (int32_t hb : s.kv.host_blocks) ++host_refs[hb];
+      for (int32_t hb : s.kv.local_host_blocks) ++host_refs[hb];
     }
     TESSERA_CHECK(live == r.n_live && live > 0, "scheduler invariant: request ", id, " counts ", r.n_live,
                   " live choices, found ", live);
@@ -521,6 +526,9 @@ void Scheduler::check_invariants() const {
   for (int32_t b = 0; b < kv_.n_blocks(); ++b)
     TESSERA_CHECK(refs[b] == kv_.ref_count(b), "scheduler invariant: block ", b, " has ref ", kv_.ref_count(b), " but ",
                   refs[b], " sequences hold it");
+  for (int32_t b = 0; b < kv_.n_local_blocks(); ++b)
+    TESSERA_CHECK(local_refs[b] == kv_.local_ref_count(b), "scheduler invariant: local block ", b, " has ref ",
+                  kv_.local_ref_count(b), " but ", local_refs[b], " sequences hold it");
   for (int32_t hb = 0; hb < kv_.n_host_blocks(); ++hb)
     TESSERA_CHECK(host_refs[hb] == (kv_.host_used(hb) ? 1 : 0), "scheduler invariant: host slot ", hb,
                   kv_.host_used(hb) ? " is used" : " is free", " but ", host_refs[hb], " sequences hold it");

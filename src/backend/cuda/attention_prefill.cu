@@ -105,10 +105,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = threadIdx.x; i < kK * HD; i += kThreads) {
       const int j = i / HD, d = i % HD, key = base + j;
       float kv_k = 0.0f, kv_v = 0.0f;
-      if (key < kv_end) {
-        const int64_t off =
-            ((static_cast<int64_t>(table[key / block_size]) * n_kv_heads + kvh) * block_size + key % block_size) * HD +
-            d;
+      // A block dropped behind a sliding window (kDropped, -1) is never read (zeros, masked).
+      const int32_t blk = key < kv_end ? table[key / block_size] : -1;
+      if (blk >= 0) {
+        const int64_t off = ((static_cast<int64_t>(blk) * n_kv_heads + kvh) * block_size + key % block_size) * HD + d;
         if constexpr (sizeof(KT) == 2) {
           kv_k = __half2float(kc[off]);
           kv_v = __half2float(vc[off]);

@@ -122,10 +122,12 @@ __global__ void __launch_bounds__(kThreads)
     __half* Vb = Vs0 + buf * KT * LD;
     for (int i = threadIdx.x; i < KT * (HD / 8); i += kThreads) {
       const int j = i / (HD / 8), piece = (i % (HD / 8)) * 8, key = tile * KT + j;
-      if (key < kv_end) {
+      // A block dropped behind a sliding window (kDropped, -1) is never read: its keys are
+      // before every query's window, masked like those past the end.
+      const int32_t blk = key < kv_end ? table[key / block_size] : -1;
+      if (blk >= 0) {
         const int64_t off =
-            ((static_cast<int64_t>(table[key / block_size]) * n_kv_heads + kvh) * block_size + key % block_size) * HD +
-            piece;
+            ((static_cast<int64_t>(blk) * n_kv_heads + kvh) * block_size + key % block_size) * HD + piece;
         cp_async16(Kb + j * LD + piece, kc + off);
         cp_async16(Vb + j * LD + piece, vc + off);
       } else {

@@ -44,8 +44,8 @@ class Gemma3Model final : public Model {
     TESSERA_CHECK(n >= 1 && n <= max_tokens_, "forward: batch of ", n, " tokens, limit ", max_tokens_);
     TESSERA_CHECK(n_out >= 0 && n_out <= max_logits_, "forward: ", n_out, " logits rows, limit ", max_logits_);
     const int e = c_.n_embd;
-    AttentionBatch local = ab;  // the local layers' batch: the same rows, a sliding window
-    local.window = c_.sliding_window;
+    // the local layers' batch: the same rows, a sliding window, their own tables if any
+    const AttentionBatch local = in.local_batch(c_.sliding_window);
     AttentionBatch global = ab;
     global.window = 0;
 

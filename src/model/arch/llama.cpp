@@ -52,8 +52,8 @@ class LlamaModel final : public Model {
     const int e = c_.n_embd;
     // YaRN's attention magnitude scales q and k; folded in here (its square on the logits)
     const float scale = c_.rope_attn_factor * c_.rope_attn_factor / std::sqrt(static_cast<float>(c_.head_dim));
-    AttentionBatch local = ab;  // the batch of the sliding-window layers (Mistral v0.1)
-    local.window = c_.sliding_window;
+    // the batch of the sliding-window layers (Mistral v0.1), on their own tables if any
+    const AttentionBatch local = in.local_batch(c_.sliding_window);
 
     float* x = a_.x;        // the residual stream: [n, e]
     float* x_next = a_.x2;  // where the next pre-norm writes x + residual

@@ -104,6 +104,38 @@ TEST(BenchKvPlan, HuggingFaceConfigDirectory) {
   std::filesystem::remove_all(dir);
 }
 
+// Gemma 3 270M's shape: 18 layers of one KV head x 256, window 512 on 15 of them. At 16k
+// tokens a sequence's global layers keep 1024 blocks of 16, its local ones 33 (511 / 16 + 2).
+TEST(BenchKvPlan, SlidingWindowLayersKeepOneWindowPerSequence) {
+  const KvModelInfo m = load_kv_model_info("dummy:gemma3-270m");
+  KvPlanOptions o;
+  o.memory_bytes = int64_t{8} << 30;
+  o.ctx = {16384, 256};
+  o.formats = {"f16"};
+  const auto rows = kv_plan(m, o);
+  const KvPlanRow& r = row(rows, "f16", 16, 16384);
+  const double layer_block = 16 * 2.0 * 256 * 2;  // one layer's K and V of a block: 16 KiB
+  EXPECT_EQ(r.block_bytes, 18 * layer_block);
+  EXPECT_EQ(r.local_blocks_per_seq, 33);
+  EXPECT_EQ(r.windowed_seq_bytes, layer_block * (1024 * 3 + 33 * 15));
+  const int64_t budget = (int64_t{8} << 30) - m.weight_bytes;
+  EXPECT_EQ(r.max_concurrency, budget / static_cast<int64_t>(18 * layer_block) / 1024);
+  EXPECT_EQ(r.windowed_max_concurrency, static_cast<int64_t>(budget / r.windowed_seq_bytes));
+  EXPECT_GT(r.windowed_max_concurrency, 4 * r.max_concurrency);
+  // A context shorter than the window saves nothing.
+  const KvPlanRow& short_ctx = row(rows, "f16", 16, 256);
+  EXPECT_EQ(short_ctx.local_blocks_per_seq, 16);
+  EXPECT_EQ(short_ctx.windowed_seq_bytes, short_ctx.seq_bytes);
+  const std::string text = format_kv_plan(m, o, rows);
+  EXPECT_NE(text.find("sliding window 512 on 15 of 18 layers"), std::string::npos) << text;
+  EXPECT_NE(text.find("max concurrency, windowed |"), std::string::npos) << text;
+  // A model without local layers: the same figures, no extra columns.
+  const KvModelInfo llama = load_kv_model_info("dummy:llama-3.1-8b");
+  const auto plain = kv_plan(llama, o);
+  EXPECT_EQ(row(plain, "f16", 16, 16384).windowed_max_concurrency, row(plain, "f16", 16, 16384).max_concurrency);
+  EXPECT_EQ(format_kv_plan(llama, o, plain).find("windowed"), std::string::npos);
+}
+
 TEST(BenchKvPlan, MemorySizesAndBudgetsTooSmall) {
   EXPECT_EQ(parse_memory_size("16GiB"), int64_t{16} << 30);
   EXPECT_EQ(parse_memory_size("16G"), int64_t{16} << 30);

@@ -126,6 +126,7 @@ TEST(EngineSummary, FormatsOneLinePerTopic) {
   s.block_size = 16;
   s.n_blocks = 4096;
   s.kv_block_bytes = 2 << 20;  // 128 KiB per token
+  s.kv_bytes = s.kv_block_bytes * s.n_blocks;
   s.device = "cuda: NVIDIA H200";
   s.max_num_seqs = 32;
   s.max_num_batched_tokens = 512;
@@ -147,6 +148,17 @@ TEST(EngineSummary, FormatsOneLinePerTopic) {
   EXPECT_EQ(text.find("swap space"), std::string::npos) << text;  // no host tier
   s.n_host_blocks = 2048;
   EXPECT_NE(format_engine_summary(s).find("tessera: swap space  2048 host blocks (4.00 GiB)"), std::string::npos);
+  EXPECT_EQ(text.find("KV windows"), std::string::npos) << text;  // no local pool
+  s.window = 512;
+  s.n_local_layers = 5;
+  s.n_layers = 6;
+  s.n_local_blocks = 2000;
+  s.unwindowed_tokens = 20000;
+  EXPECT_NE(format_engine_summary(s).find(
+                "tessera: KV windows  5 of 6 layers keep a 512-token window in a pool of "
+                "2000 blocks; without it the same memory holds 20000 tokens (the windows hold 3.28x as many)"),
+            std::string::npos)
+      << format_engine_summary(s);
 }
 
 TEST(EngineSummary, HumanUnits) {

@@ -101,6 +101,22 @@ SimSetup spec_setup() {
 
 }  // namespace
 
+// The same workload with a sliding-window pool (window 9, 24 local blocks for sequences of
+// up to 32 blocks): local blocks behind the window are dropped as sequences grow, drafts
+// roll back, forks share and prefix hits adopt windows; the simulator reads every window's
+// oldest key through the local table, so a block dropped too early throws.
+TEST(EngineSpecSim, SlidingWindowPoolKeepsOutputsExact) {
+  SimSetup s = spec_setup();
+  s.window = 9;
+  s.n_local_blocks = 24;
+  const EngineStats st = run_workload(s, 7, 300);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_GT(st.spec.accepted_tokens, 50);
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GT(st.prefix.hit_tokens, 0);
+  EXPECT_GT(st.forks, 5);
+}
+
 TEST(EngineSpecSim, OutputsEqualRunsAloneWithRollbackPreemptionAndForks) {
   const EngineStats st = run_workload(spec_setup(), 5, 300);
   ASSERT_FALSE(::testing::Test::HasFailure());

@@ -132,6 +132,55 @@ TEST(EngineSimSwap, RandomWorkloadWithAbortsStaysExactAndLeakFree) {
   e.expect_whole();
 }
 
+// Swap with a sliding-window pool: only the live window of the local layers goes to the
+// host and comes back (the simulator checks each window's oldest key through the local
+// table); a long decode holds a few local blocks however long it grows.
+TEST(EngineSimSwap, SlidingWindowPoolSwapsOnlyTheWindow) {
+  SimSetup s = swap_setup(48, 40);
+  s.max_num_batched_tokens = 24;
+  s.max_num_seqs = 8;
+  s.window = 9;
+  s.n_local_blocks = 16;  // (9 - 1 + 24) / 4 + 2 = 10 for a step, a few windows more
+  SimEngine e(s);
+  std::mt19937 rng(17);
+  std::vector<std::pair<RequestId, Request>> reqs;
+  for (int i = 0; i < 60; ++i) {
+    Request r = greedy_request(random_tokens(rng, 1 + rng() % 40, 6), 20 + rng() % 60);
+    if (rng() % 4 == 0) {
+      r.n = 2;
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = rng();
+    }
+    reqs.emplace_back(e.add(r), r);
+  }
+  int max_local_used = 0;
+  while (e.core().has_work()) {
+    e.step();
+    ASSERT_FALSE(HasFatalFailure());
+    max_local_used = std::max(max_local_used, e.core().kv().n_local_blocks() - e.core().kv().n_local_free());
+  }
+  expect_exact_or_prefix(e, reqs, {});
+  const EngineStats st = e.core().stats();
+  EXPECT_GT(st.swaps_out, 5);
+  EXPECT_EQ(st.swaps_in, st.swaps_out);
+  EXPECT_LE(max_local_used, 16);
+  e.expect_whole();
+
+  // One sequence of 8 + 300 tokens (77 full blocks) never holds more than 3 local blocks.
+  s.n_blocks = 80;
+  SimEngine one(s);
+  const Request r = greedy_request({1, 2, 3, 4, 5, 6, 7, 8}, 300);
+  const RequestId id = one.add(r);
+  int most = 0;
+  while (one.core().has_work()) {
+    one.step();
+    most = std::max(most, one.core().kv().n_local_blocks() - one.core().kv().n_local_free());
+  }
+  EXPECT_EQ(one.out(id).tokens[0], one.reference(r));
+  EXPECT_LE(most, 4);  // the 8-token prompt's 2, then window 9 + the written block: at most 4
+  one.expect_whole();
+}
+
 namespace {
 // Fails the first swap-out, otherwise delegates to the simulator.
 class SwapFailingExecutor : public Executor {

@@ -36,6 +36,8 @@ struct SimSetup {
   int n_host_blocks = 0;               // host tier (swap)
   int max_logits_rows = 0;             // 0 = max_num_seqs
   SpeculativeConfig speculative = {};  // off unless a test sets it (needs max_logits_rows room)
+  int window = 0;                      // a local (sliding-window) pool: its window and blocks
+  int n_local_blocks = 0;
 };
 
 struct Collected {
@@ -69,6 +71,8 @@ class SimEngine {
     sc.block_size = s.block_size;
     sc.eos_token = s.eos;
     sc.eos_one_in = s.eos_one_in;
+    sc.window = s.window;
+    sc.n_local_blocks = s.n_local_blocks;
     sim_ = std::make_unique<SimulatedExecutor>(sc);
     EngineConfig ec;
     ec.scheduler.max_num_batched_tokens = s.max_num_batched_tokens;
@@ -89,6 +93,8 @@ class SimEngine {
     ec.n_host_blocks = s.n_host_blocks;
     ec.kv_block_bytes = 100;  // any: the byte counters are blocks x this
     ec.speculative = s.speculative;
+    ec.window = s.window;
+    ec.n_local_blocks = s.n_local_blocks;
     core_ = std::make_unique<EngineCore>(ec, *sim_);
   }
 

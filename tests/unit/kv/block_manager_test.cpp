@@ -1,4 +1,5 @@
 #include "kv/block_manager.h"
+#include "unit/kv/kv_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -9,27 +10,7 @@
 #include "core/error.h"
 
 using namespace tessera;
-
-namespace {
-
-std::vector<int32_t> iota_tokens(int n, int start = 100) {
-  std::vector<int32_t> t(n);
-  std::iota(t.begin(), t.end(), start);
-  return t;
-}
-
-BlockHash root_for(std::string_view salt) { return prefix_root_hash({"model-a", "", salt}); }
-
-// Runs a sequence through allocation and "compute" of all its tokens, then registers them.
-void compute(KvBlockManager& m, SeqKv& kv, const std::vector<int32_t>& tokens) {
-  std::vector<BlockCopy> copies;
-  const int n_new = static_cast<int>(tokens.size()) - kv.n_computed();
-  ASSERT_TRUE(m.allocate_slots(kv, n_new, copies));
-  kv.table.n_tokens += n_new;
-  m.cache_full_blocks(kv, tokens);
-}
-
-}  // namespace
+using namespace tessera::test;
 
 TEST(BlockHash, ChainsOverParentTokensAndExtraKeys) {
   const auto t = iota_tokens(4);

@@ -1,0 +1,137 @@
+// Sliding-window KV pool end to end on Gemma 3's block (dummy gemma3-tiny: five local layers
+// with a 16-token window per global one, blocks of 4 tokens): the acceptance test at
+// 1/32 scale (a 512-token sequence is 32 windows, as 16k tokens are for Gemma 3's 512): the
+// local layers hold only the window's blocks while outputs and log-probabilities equal the
+// unfreed reference (every layer keeping the whole sequence), with a prefix hit, a fork, and
+// swap preemption in the same run. And the capacity the windows buy in a fixed budget.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/error.h"
+#include "engine/engine_core.h"
+#include "engine/engine_model.h"
+#include "engine/engine_summary.h"
+#include "unit/engine/engine_run_harness.h"
+
+using namespace tessera;
+
+namespace {
+
+ModelEngineOptions gemma_tiny(int64_t kv_bytes, bool windows) {
+  ModelEngineOptions o = test::small_engine_options("dummy:gemma3-tiny:f32", 64, 4, 0, kv_bytes);
+  o.scheduler.max_model_len = 1024;
+  o.hybrid_kv_cache = windows;
+  return o;
+}
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int n) {
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(2 + rng() % 4000);
+  return t;
+}
+
+void expect_same(const Logprobs& got, const Logprobs& want, const std::string& where) {
+  EXPECT_EQ(got.chosen.token, want.chosen.token) << where;
+  EXPECT_EQ(got.chosen.logprob, want.chosen.logprob) << where;  // the same KV, read in the same order
+  ASSERT_EQ(got.top.size(), want.top.size()) << where;
+}
+
+Request request(std::vector<int32_t> prompt, int max_tokens) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  r.logprobs = true;
+  return r;
+}
+
+}  // namespace
+
+// gemma3-tiny's KV: 4 KiB a layer a block (one KV head x 4 tokens x 256 x K,V x f16); the
+// global layer 4 KiB a block, the five local ones 20 KiB. 3 MiB hold 128 blocks of every
+// layer (512 tokens: a 1024-token context does not fit), or 40 local blocks (4 sequences'
+// windows and a 64-token step) and 568 global ones (2272 tokens).
+TEST(EngineWindowModel, WindowsBuyCapacityAndTheSummarySaysSo) {
+  EXPECT_THROW(ModelEngine(gemma_tiny(3 << 20, false)), Error);
+  ModelEngine m(gemma_tiny(3 << 20, true));
+  EXPECT_EQ(m.config().window, 16);
+  EXPECT_EQ(m.config().n_local_blocks, 40);
+  EXPECT_EQ(m.config().n_blocks, 568);
+  EXPECT_EQ(m.kv().spec().n_group_layers(true), 5);
+  const std::string text = format_engine_summary(describe_engine(m, "dummy:gemma3-tiny:f32"));
+  EXPECT_NE(text.find("568 blocks of 4 tokens = 2272 tokens (3.00 MiB)"), std::string::npos) << text;
+  EXPECT_NE(text.find("KV windows  5 of 6 layers keep a 16-token window in a pool of 40 blocks; without it the same "
+                      "memory holds 512 tokens (the windows hold 4.44x as many)"),
+            std::string::npos)
+      << text;
+}
+
+TEST(EngineWindowModel, LocalLayersHoldOnlyTheWindowAndOutputsEqualTheUnfreedReference) {
+  std::mt19937 rng(3);
+  const auto prompt = random_prompt(rng, 64);
+  std::vector<Request> reqs;
+  reqs.push_back(request(prompt, 448));  // 512 tokens: 32 windows
+  auto shared = std::vector<int32_t>(prompt.begin(), prompt.begin() + 48);
+  const auto tail = random_prompt(rng, 8);
+  shared.insert(shared.end(), tail.begin(), tail.end());
+  reqs.push_back(request(shared, 100));  // a prefix hit on the first's blocks
+  Request sampled = request(random_prompt(rng, 30), 200);
+  sampled.n = 2;  // a fork: copy-on-write of the shared partial block in both pools
+  sampled.sampling.temperature = 1.0f;
+  sampled.sampling.seed = 5;
+  reqs.push_back(sampled);
+
+  // Local blocks in use after the first step (the prompt's prefill) in the windowed run.
+  const auto run = [&](bool windows, const std::vector<Request>& reqs, int& most_local, EngineStats& stats) {
+    ModelEngineOptions o = gemma_tiny(6 << 20, windows);
+    o.swap_space_bytes = 8 << 20;
+    o.scheduler.preemption_mode = PreemptionMode::Swap;
+    ModelEngine m(o);
+    EngineConfig c = m.config();
+    c.check_invariants = true;
+    c.n_blocks = 128;  // the 512-token sequence takes them all: the others get preempted
+    EngineCore core(c, m.executor());
+    std::map<RequestId, std::vector<std::vector<Logprobs>>> out;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      core.add(i + 1, reqs[i]);
+      out[i + 1].resize(reqs[i].n);
+    }
+    most_local = 0;
+    for (int step = 0; core.has_work(); ++step) {
+      const StepResult s = core.step();
+      EXPECT_EQ(s.error, "");
+      for (const SeqEvent& e : s.events)
+        if (e.logprobs) out[e.request][e.choice].push_back(*e.logprobs);
+      if (step > 0) most_local = std::max(most_local, core.kv().n_local_blocks() - core.kv().n_local_free());
+    }
+    EXPECT_TRUE(core.is_idle());
+    stats = core.stats();
+    return out;
+  };
+  int most = 0, unused = 0;
+  EngineStats st_windowed, st_full;
+  const auto windowed = run(true, reqs, unused, st_windowed);
+  const auto full = run(false, reqs, unused, st_full);
+  for (const auto& [id, choices] : full) {
+    ASSERT_EQ(windowed.at(id).size(), choices.size());
+    for (size_t c = 0; c < choices.size(); ++c) {
+      ASSERT_EQ(choices[c].size(), static_cast<size_t>(reqs[id - 1].sampling.max_tokens)) << id;
+      ASSERT_EQ(windowed.at(id)[c].size(), choices[c].size()) << id;
+      for (size_t t = 0; t < choices[c].size(); ++t)
+        expect_same(windowed.at(id)[c][t], choices[c][t],
+                    "request " + std::to_string(id) + " token " + std::to_string(t));
+    }
+  }
+  EXPECT_GT(st_windowed.prefix.hit_tokens, 0);
+  EXPECT_GT(st_windowed.forks, 0);
+  EXPECT_GT(st_windowed.swaps_out, 0) << st_windowed.preemptions << " preemptions, " << st_windowed.swap_fallbacks
+                                      << " fallbacks";
+  // The 512-token sequence alone: after its prefill its local layers hold one window (16
+  // tokens: 4 blocks, 5 where it straddles a block edge) while its global layer grows to 128.
+  const auto alone = run(true, {reqs[0]}, most, st_windowed);
+  EXPECT_LE(most, 5);
+  EXPECT_GE(most, 4);
+  for (size_t t = 0; t < full.at(1)[0].size(); ++t) expect_same(alone.at(1)[0][t], full.at(1)[0][t], "alone");
+}
