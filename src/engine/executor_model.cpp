@@ -1,9 +1,7 @@
 #include "engine/executor_model.h"
 
 #include <algorithm>
-#include <atomic>
 #include <future>
-#include <thread>
 
 #include "core/error.h"
 #include "kv/kv_host_ops.h"
@@ -19,10 +17,6 @@ ModelExecutor::ModelExecutor(Model& model, KvCache& kv, Backend& backend, int ma
       max_batch_tokens_(std::min(max_batch_tokens, model.max_batch_tokens())),
       max_logits_rows_(max_logits_rows) {
   mask_words_ = bitmask_words(n_vocab_);
-  // Masks are filled beside the forward. On the CPU backend the forward has every core, so
-  // one thread; beside a GPU the host's cores are idle, so up to 4 share a step's masks.
-  mask_threads_ =
-      backend.name() == "cpu" ? 1 : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u));
   TESSERA_CHECK(max_logits_rows >= 1, "executor: max_logits_rows ", max_logits_rows);
   if (n_host_blocks > 0) host_ = std::make_unique<HostKvTier>(kv.spec(), n_host_blocks, backend);
 }
@@ -73,20 +67,8 @@ void ModelExecutor::fill_masks(const SampleTarget& t, Constrained& c) {
 }
 
 void ModelExecutor::prepare_masks(std::span<const SampleTarget> samples) {
-  std::vector<std::pair<const SampleTarget*, Constrained*>> jobs;
   for (const SampleTarget& t : samples)
-    if (const auto it = constrained_.find(t.seq); it != constrained_.end()) jobs.emplace_back(&t, &it->second);
-  // Each sequence has its own matcher, so the masks of a step are independent: up to
-  // mask_threads_ threads take them one at a time (a grammar's masks vary by 100x in cost).
-  std::atomic<size_t> next{0};
-  const auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < jobs.size();) fill_masks(*jobs[i].first, *jobs[i].second);
-  };
-  const size_t n_helpers = std::min(jobs.size(), static_cast<size_t>(mask_threads_)) - 1;
-  std::vector<std::future<void>> helpers;
-  for (size_t h = 0; h < n_helpers; ++h) helpers.push_back(std::async(std::launch::async, work));
-  work();
-  for (auto& h : helpers) h.get();
+    if (const auto it = constrained_.find(t.seq); it != constrained_.end()) fill_masks(t, it->second);
 }
 
 void ModelExecutor::mask_rows(const SampleTarget& t, FunctionRef<std::span<float>(int32_t)> row_of) {

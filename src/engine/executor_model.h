@@ -79,7 +79,6 @@ class ModelExecutor final : public Executor {
   std::unordered_map<SeqId, Sampler> samplers_;
   std::unordered_map<SeqId, Constrained> constrained_;
   int32_t mask_words_;
-  int mask_threads_ = 1;                // threads filling a step's masks
   std::vector<float> logits_;           // [rows, n_vocab]
   std::vector<float> row_;              // [n_vocab] a row sampled by several sequences
   std::vector<TokenProb> target_dist_;  // verification: p_j of the position being checked
