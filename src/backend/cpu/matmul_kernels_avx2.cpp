@@ -419,6 +419,25 @@ struct QK45Rows {
         unpack_k4_scales(blk.scales, sm);
         __m256i hbits = _mm256_setzero_si256();
         if constexpr (kFive) hbits = load256(blk.qh);
+        if constexpr (XR == 1) {
+          // One input row (decode): unpack and dot chunk by chunk, 2 registers of quants live
+          // instead of 8 (holding all 8 measured 4% slower at 1 row on Llama-3.2-1B Q4_K).
+          int summ = 0;
+          for (int s = 0; s < 8; ++s) summ += sm[8 + s] * a[0].sum32[b * 8 + s];
+          msum[0][i] = summ;
+          const int8_t* xq = a[0].qs + b * 256;
+          __m256i sumi = _mm256_setzero_si256();
+          for (int c = 0; c < 4; ++c) {
+            __m256i lo, hi;
+            qk45_quants<kFive>(blk.qs, hbits, c, &lo, &hi);
+            const __m256i plo = _mm256_maddubs_epi16(lo, load256(xq + 64 * c));
+            const __m256i phi = _mm256_maddubs_epi16(hi, load256(xq + 64 * c + 32));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sm[2 * c])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sm[2 * c + 1])));
+          }
+          part[0][i] = sumi;
+          continue;
+        }
         __m256i lo[4], hi[4];  // the row's 256 quants, in the activation's order
         for (int c = 0; c < 4; ++c) qk45_quants<kFive>(blk.qs, hbits, c, &lo[c], &hi[c]);
         for (int x = 0; x < XR; ++x) {
