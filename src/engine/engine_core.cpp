@@ -340,6 +340,19 @@ void EngineCore::propose_drafts() {
       plan_draft_lengths(step_cost_, base_rows, base_rows, draft_seconds_per_pos_, cand, k);
       for (size_t i = 0; i < candidates.size(); ++i)
         if (k[i] == 0) draft_length_[scheduler_.sequence(candidates[i]).id].idle();
+      // While the plan says "off", the costs of longer steps are no longer observed, so one
+      // slow measurement could keep speculation off for good: every kExploreEvery-th step
+      // without drafts, the most predictable sequence drafts k_max anyway, refreshing them.
+      const bool none = std::all_of(k.begin(), k.end(), [](int x) { return x == 0; });
+      if (!none || candidates.empty()) {
+        plain_steps_ = 0;
+      } else if (++plain_steps_ >= kExploreEvery) {
+        plain_steps_ = 0;
+        size_t best = 0;
+        for (size_t i = 1; i < cand.size(); ++i)
+          if (cand[i].acceptance > cand[best].acceptance) best = i;
+        k[best] = sc.num_speculative_tokens;
+      }
     }
   }
   std::vector<SeqHandle> handles;

@@ -183,7 +183,9 @@ class EngineCore {
   // per draft position (exponentially weighted), measured on its own steps.
   StepCostModel step_cost_;
   double draft_seconds_per_pos_ = 0;
-  std::vector<int32_t> chunk_;  // a speculative sequence's step tokens: last token + draft
+  static constexpr int kExploreEvery = 16;  // plain steps before a probing draft (engine_core.cpp)
+  int plain_steps_ = 0;                     // consecutive steps the plan gave no draft
+  std::vector<int32_t> chunk_;              // a speculative sequence's step tokens: last token + draft
 };
 
 }  // namespace tessera

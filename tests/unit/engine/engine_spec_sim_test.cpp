@@ -159,6 +159,23 @@ TEST(EngineSpecSim, TheOffSwitchStopsDraftingInLargeBatches) {
   e.expect_whole();
 }
 
+// Adaptive draft lengths follow measured step times, which a test cannot fix; what it can fix:
+// outputs equal the run alone whatever the plan, and a sequence that keeps matching is never
+// left without drafts for good (a probing draft at least every 16 plain steps).
+TEST(EngineSpecSim, AdaptiveDraftsKeepOutputsAndNeverStopForGood) {
+  SimSetup s = spec_setup();
+  s.speculative.adaptive = true;
+  SimEngine e(s);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back(2 + i % 3);
+  const Request r = greedy_request(prompt, 100);
+  const RequestId id = e.add(r);
+  e.run();
+  EXPECT_EQ(e.out(id).tokens[0], e.reference(r));
+  EXPECT_GE(e.core().stats().spec.drafts, 2);  // 100 tokens: at least the probes
+  e.expect_whole();
+}
+
 TEST(EngineSpecSim, DraftsNeverRunPastMaxTokens) {
   SimSetup s = spec_setup();
   SimEngine e(s);
