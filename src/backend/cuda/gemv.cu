@@ -14,14 +14,7 @@ namespace {
 
 constexpr int kWarps = 8;
 
-struct Targets {
-  const uint8_t* w[kGemvMaxTargets];
-  float* y[kGemvMaxTargets];
-  int64_t ldy[kGemvMaxTargets];
-  int64_t row_end[kGemvMaxTargets];  // cumulative rows: target i owns [row_end[i-1], row_end[i])
-  int64_t row_bytes;
-  int n;
-};
+using Targets = GemvRowTargets;
 
 // NR: rows of x computed at once (1, or up to kGemvMaxRows with n_rows guarding the rest).
 template <DType T, int NR>

@@ -22,14 +22,7 @@ namespace {
 constexpr int kWarps = 4;        // per block: 16 rows
 constexpr int kRowsPerWarp = 4;  // rows sharing each activation load
 
-struct BlockTargets {
-  const uint8_t* w[kGemvMaxTargets];
-  float* y[kGemvMaxTargets];
-  int64_t ldy[kGemvMaxTargets];
-  int64_t row_end[kGemvMaxTargets];  // cumulative rows: target i owns [row_end[i-1], row_end[i])
-  int64_t row_bytes;
-  int n;
-};
+using BlockTargets = GemvRowTargets;
 
 template <DType T>
 constexpr int kChunkCols = T == DType::Q4_K ? 64 : 32;

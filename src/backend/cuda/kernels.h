@@ -73,6 +73,16 @@ void launch_attention_quant_prefill(const float* q, int64_t ldq, const KvLayerVi
 // Matrix-vector / small-batch products straight from the stored weight format.
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvMaxTargets = 3;
+// The targets of one matrix-vector launch over row-major weights of one type (gemv.cu,
+// gemv_blocks_q8.cu), passed by value to the kernel.
+struct GemvRowTargets {
+  const uint8_t* w[kGemvMaxTargets];
+  float* y[kGemvMaxTargets];
+  int64_t ldy[kGemvMaxTargets];
+  int64_t row_end[kGemvMaxTargets];  // cumulative rows: target i owns [row_end[i-1], row_end[i])
+  int64_t row_bytes;
+  int n;
+};
 struct GemvTarget {
   const void* w = nullptr;  // [rows, cols] in the weight's format
   float* y = nullptr;       // y[t * ldy + r]
