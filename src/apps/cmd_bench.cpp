@@ -279,17 +279,7 @@ void add_bench(CLI::App& app) {
   offline->add_option("--out", o->out,
                       "write the JSON report (bench serve's schema, so `bench compare` reads it beside a serve run)");
   offline->callback([o] {
-    o->bench.concurrency.clear();
-    std::stringstream ss(o->concurrency);
-    for (std::string item; std::getline(ss, item, ',');) {
-      try {
-        o->bench.concurrency.push_back(std::stoi(item));
-      } catch (const std::exception&) {
-        fail("--concurrency '", o->concurrency, "' is not a comma-separated list of integers");
-      }
-      TESSERA_CHECK(o->bench.concurrency.back() >= 1, "--concurrency values must be positive");
-    }
-    TESSERA_CHECK(!o->bench.concurrency.empty(), "--concurrency is empty");
+    o->bench.concurrency = parse_int_list(o->concurrency, "--concurrency", 1);
     EngineArgs ea = o->engine;
     ea.max_num_seqs = *std::max_element(o->bench.concurrency.begin(), o->bench.concurrency.end());
     ModelEngine engine(ea.engine_options(o->model));

@@ -206,17 +206,8 @@ void add_bench_grammar(CLI::App& bench) {
                   "GGUF file whose tokenizer to use (e.g. llama.cpp's vocabulary-only ggml-vocab-llama-bpe.gguf "
                   "beside -m dummy:llama-3.1-8b)");
   cmd->callback([a] {
-    std::vector<int> batches;
-    std::stringstream ss(a->batches);
-    for (std::string item; std::getline(ss, item, ',');) {
-      try {
-        batches.push_back(std::stoi(item));
-      } catch (const std::exception&) {
-        fail("--batches '", a->batches, "' is not a comma-separated list of integers");
-      }
-      TESSERA_CHECK(batches.back() >= 1, "--batches values must be positive");
-    }
-    TESSERA_CHECK(!batches.empty() && a->n_gen >= 1 && a->walks >= 1, "bench grammar: bad counts");
+    const std::vector<int> batches = parse_int_list(a->batches, "--batches", 1);
+    TESSERA_CHECK(a->n_gen >= 1 && a->walks >= 1, "bench grammar: bad counts");
     run_grammar_bench(*a, batches);
   });
 }

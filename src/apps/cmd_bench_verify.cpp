@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <sstream>
 
 #include "apps/commands.h"
 #include "apps/common.h"
@@ -29,24 +28,9 @@ struct VerifyArgs {
   int reps = 5;
 };
 
-std::vector<int> parse_list(const std::string& text, const char* what, int lo) {
-  std::vector<int> v;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    try {
-      v.push_back(std::stoi(item));
-    } catch (const std::exception&) {
-      fail(what, " '", text, "' is not a comma-separated list of integers");
-    }
-    TESSERA_CHECK(v.back() >= lo, what, " values must be >= ", lo, " (got ", v.back(), ")");
-  }
-  TESSERA_CHECK(!v.empty(), what, " is empty");
-  return v;
-}
-
 void run_verify_bench(const VerifyArgs& a) {
-  const std::vector<int> batches = parse_list(a.batches, "--batches", 1);
-  std::vector<int> ks = parse_list(a.ks, "--ks", 0);
+  const std::vector<int> batches = parse_int_list(a.batches, "--batches", 1);
+  std::vector<int> ks = parse_int_list(a.ks, "--ks", 0);
   if (std::find(ks.begin(), ks.end(), 0) == ks.end()) ks.insert(ks.begin(), 0);  // the baseline
   std::sort(ks.begin(), ks.end());
   const int max_b = *std::max_element(batches.begin(), batches.end());

@@ -190,4 +190,19 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+std::vector<int> parse_int_list(const std::string& text, const std::string& option, int min_value) {
+  std::vector<int> v;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      v.push_back(std::stoi(item));
+    } catch (const std::exception&) {
+      fail(option, " '", text, "' is not a comma-separated list of integers");
+    }
+    TESSERA_CHECK(v.back() >= min_value, option, " values must be at least ", min_value, " (got ", v.back(), ")");
+  }
+  TESSERA_CHECK(!v.empty(), option, " is empty");
+  return v;
+}
+
 }  // namespace tessera::apps

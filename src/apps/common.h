@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/engine_model.h"
 #include "engine/session.h"
@@ -52,5 +53,9 @@ void print_engine_summary(ModelEngine& engine, const ModelArgs& model);
 
 // Reads a whole file; throws naming the path.
 std::string read_file(const std::string& path);
+
+// A comma-separated list of integers (an option like --batches 1,8,32), each >= min_value;
+// throws naming the option when an item is not an integer, too small, or the list is empty.
+std::vector<int> parse_int_list(const std::string& text, const std::string& option, int min_value);
 
 }  // namespace tessera::apps

@@ -297,7 +297,9 @@ StepResult EngineCore::step() {
     output_.counts.clear();  // an executor that knows no drafts leaves it empty: one token each
     const auto t0 = std::chrono::steady_clock::now();
     executor_.execute(StepInput{batch_, out.copies, samples_, prompt_targets_}, output_);
-    step_cost_.observe(batch_.n_tokens(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (drafter_)  // the cost per row count is what the draft plan reads
+      step_cost_.observe(batch_.n_tokens(),
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     gather_prompt_logprobs(out, result);
     count_verifications(out);
     result.events = scheduler_.update(out, output_.tokens, output_.counts);
@@ -313,6 +315,37 @@ StepResult EngineCore::step() {
   return result;
 }
 
+void EngineCore::plan_adaptive_drafts(const std::vector<SeqHandle>& decoding, const std::vector<size_t>& cand,
+                                      std::vector<int>& k) {
+  const int base_rows = static_cast<int>(decoding.size());
+  if (!step_cost_.observed(base_rows)) {
+    std::fill(k.begin(), k.end(), 0);
+    return;
+  }
+  const int k_max = config_.speculative.num_speculative_tokens;
+  std::vector<DraftCandidate> dc(cand.size());
+  std::vector<DraftLength*> rate(cand.size());
+  for (size_t c = 0; c < cand.size(); ++c) {
+    rate[c] = &draft_length_[scheduler_.sequence(decoding[cand[c]]).id];
+    dc[c] = {rate[c]->rate(), k_max};
+  }
+  plan_draft_lengths(step_cost_, base_rows, base_rows, draft_seconds_per_pos_, dc, k);
+  for (size_t c = 0; c < cand.size(); ++c)
+    if (k[c] == 0) rate[c]->idle();
+  // While the plan says "off", the costs of longer steps are no longer observed, so one slow
+  // measurement could keep speculation off for good: every kExploreEvery-th step without
+  // drafts, the most predictable sequence drafts k_max anyway, refreshing them.
+  if (std::any_of(k.begin(), k.end(), [](int x) { return x > 0; })) {
+    plain_steps_ = 0;
+  } else if (++plain_steps_ >= kExploreEvery) {
+    plain_steps_ = 0;
+    const auto best = std::max_element(dc.begin(), dc.end(), [](const DraftCandidate& a, const DraftCandidate& b) {
+      return a.acceptance < b.acceptance;
+    });
+    k[best - dc.begin()] = k_max;
+  }
+}
+
 void EngineCore::propose_drafts() {
   drafts_.clear();
   if (!drafter_) return;
@@ -321,50 +354,27 @@ void EngineCore::propose_drafts() {
   const bool on = !speculating_.empty() && (sc.disable_by_batch_size == 0 ||
                                             static_cast<int>(scheduler_.n_running()) <= sc.disable_by_batch_size);
   const std::vector<SeqHandle> decoding = scheduler_.decoding_sequences();
-  std::vector<SeqHandle> candidates;
-  for (const SeqHandle h : decoding)
-    if (on && speculating_.count(scheduler_.sequence(h).request)) candidates.push_back(h);
-  // Draft lengths: k_max each, or (adaptive) what maximises the expected tokens per second of
-  // the step under this engine's measured cost per row count, zero where nothing pays. A batch
-  // size whose plain step was never timed runs one plain step first, so the plan compares
-  // measured times.
-  std::vector<int> k(candidates.size(), sc.num_speculative_tokens);
-  if (sc.adaptive) {
-    const int base_rows = static_cast<int>(decoding.size());
-    if (!step_cost_.observed(base_rows)) {
-      std::fill(k.begin(), k.end(), 0);
-    } else {
-      std::vector<DraftCandidate> cand(candidates.size());
-      for (size_t i = 0; i < candidates.size(); ++i)
-        cand[i] = {draft_length_[scheduler_.sequence(candidates[i]).id].rate(), sc.num_speculative_tokens};
-      plan_draft_lengths(step_cost_, base_rows, base_rows, draft_seconds_per_pos_, cand, k);
-      for (size_t i = 0; i < candidates.size(); ++i)
-        if (k[i] == 0) draft_length_[scheduler_.sequence(candidates[i]).id].idle();
-      // While the plan says "off", the costs of longer steps are no longer observed, so one
-      // slow measurement could keep speculation off for good: every kExploreEvery-th step
-      // without drafts, the most predictable sequence drafts k_max anyway, refreshing them.
-      const bool none = std::all_of(k.begin(), k.end(), [](int x) { return x == 0; });
-      if (!none || candidates.empty()) {
-        plain_steps_ = 0;
-      } else if (++plain_steps_ >= kExploreEvery) {
-        plain_steps_ = 0;
-        size_t best = 0;
-        for (size_t i = 1; i < cand.size(); ++i)
-          if (cand[i].acceptance > cand[best].acceptance) best = i;
-        k[best] = sc.num_speculative_tokens;
-      }
-    }
-  }
+  std::vector<size_t> cand;  // indices into decoding of the sequences that may draft
+  for (size_t i = 0; i < decoding.size(); ++i)
+    if (on && speculating_.count(scheduler_.sequence(decoding[i]).request)) cand.push_back(i);
+  // Draft lengths, aligned with cand: k_max each, or (adaptive) what maximises the expected
+  // tokens per second of the step under this engine's measured cost per row count, zero where
+  // nothing pays. A batch size whose plain step was never timed runs one plain step first, so
+  // the plan compares measured times.
+  std::vector<int> k(cand.size(), sc.num_speculative_tokens);
+  if (sc.adaptive && !cand.empty()) plan_adaptive_drafts(decoding, cand, k);
+  std::vector<int> k_of(decoding.size(), 0);
+  for (size_t c = 0; c < cand.size(); ++c) k_of[cand[c]] = k[c];
   std::vector<SeqHandle> handles;
   std::vector<DraftQuery> queries;
-  for (const SeqHandle h : decoding) {
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    const SeqHandle h = decoding[i];
     const Sequence& s = scheduler_.sequence(h);
-    const auto it = std::find(candidates.begin(), candidates.end(), h);
-    const int ki = it == candidates.end() ? 0 : k[it - candidates.begin()];
-    if (ki > 0) {
+    if (k_of[i] > 0) {
       handles.push_back(h);
       const auto params = draft_sampling_.find(s.id);
-      queries.push_back({s.id, s.tokens, ki, params != draft_sampling_.end() ? &params->second : nullptr, s.n_prompt});
+      queries.push_back(
+          {s.id, s.tokens, k_of[i], params != draft_sampling_.end() ? &params->second : nullptr, s.n_prompt});
     } else if (!s.draft.empty()) {
       scheduler_.set_draft(h, {});  // a draft left from a step that did not schedule it
     }

@@ -153,6 +153,10 @@ class EngineCore {
   };
   // Speculative decoding: a draft for every decoding sequence that speculates this step.
   void propose_drafts();
+  // Adaptive draft lengths k (aligned with cand, indices into decoding) from the measured step
+  // cost and each sequence's acceptance (spec/step_cost.h), with a probe while they are all 0.
+  void plan_adaptive_drafts(const std::vector<SeqHandle>& decoding, const std::vector<size_t>& cand,
+                            std::vector<int>& k);
   void count_verifications(const SchedulerOutput& out);
   void build_batch(const SchedulerOutput& out);
   void attach_logprobs(std::vector<SeqEvent>& events) const;
