@@ -52,13 +52,15 @@ JoinedWeights make_joined(Backend& gpu, DType type, const std::vector<int64_t>& 
   return j;
 }
 
-// Tolerance by path: f32 sums on the stored weights up to 8 rows, tensor cores beyond.
-// One row, and up to 8 rows of the non-16-bit formats: f32 products on the matrix-vector
-// kernels. 16-bit weights take the GEMM (activations rounded to their type) from 2 rows.
+// Tolerance by path. One row of 16-bit weights: f32 products on the matrix-vector kernel;
+// from 2 rows the GEMM (activations rounded to their type). Block-quantized weights (Q4_0,
+// Q8_0) up to 8 rows: the integer kernels round x to int8 per 32 columns (dp4a), ~5e-3
+// (CudaWeightQuant checks them exactly against float64 on that rounding); past 8 rows the
+// weights are decoded to bf16 for the GEMM.
 double tolerance(DType type, int n) {
   const bool plain16 = type == DType::F16 || type == DType::BF16;
-  if (n == 1 || (n <= 8 && !plain16)) return 2e-5;
-  return type == DType::F16 ? 2e-3 : 1e-2;
+  if (plain16) return n == 1 ? 2e-5 : type == DType::F16 ? 2e-3 : 1e-2;
+  return 1.5e-2;
 }
 
 }  // namespace

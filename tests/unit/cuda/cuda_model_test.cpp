@@ -90,7 +90,7 @@ void parity(const std::string& model, double logit_tol, bool exact_tokens, int r
   std::printf("[parity] %s: worst logits rel err %.3g over %d steps, %d near-tie picks differ\n", model.c_str(), worst,
               steps, near_ties);
   EXPECT_LT(worst, logit_tol) << model;
-  EXPECT_LE(near_ties, 3) << model;
+  EXPECT_LE(near_ties, 3 + routing_flips) << model;  // a flipped expert can also move a near tie
 }
 
 }  // namespace
