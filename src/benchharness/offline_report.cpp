@@ -42,6 +42,8 @@ nlohmann::json offline_report_json(const std::vector<OfflineBenchRow>& rows, nlo
            {"prefix_cache", r.prefix_cache},
            {"prefix_hit_tokens", r.prefix_hit_tokens},
            {"preemptions", r.preemptions},
+           {"steps", r.steps},
+           {"spec_decode_num_drafts", r.spec.drafts},
            {"spec_decode_draft_tokens", r.spec.draft_tokens},
            {"spec_decode_accepted_tokens", r.spec.accepted_tokens}}}});
   }
@@ -52,19 +54,20 @@ nlohmann::json offline_report_json(const std::vector<OfflineBenchRow>& rows, nlo
 std::string format_offline_table(const std::vector<OfflineBenchRow>& rows) {
   std::string s =
       "| seqs | prefix cache | requests | time (s) | req/s | output tok/s | computed tok/s | TTFT mean (s) | TTFT p50 "
-      "(s) | TTFT p99 (s) | ITL mean (ms) | ITL p50 (ms) | ITL p99 (ms) | hit tokens | preemptions | draft tokens | "
-      "accepted |\n"
-      "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+      "(s) | TTFT p99 (s) | ITL mean (ms) | ITL p50 (ms) | ITL p99 (ms) | hit tokens | preemptions | steps | "
+      "drafts | draft tokens | accepted |\n"
+      "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   char buf[512];
   for (const OfflineBenchRow& r : rows) {
     const Summary ttft = summarize(r.ttft_s), itl = summarize_ms(r.itl_s);
     std::snprintf(
         buf, sizeof buf,
         "| %d | %s | %d | %.2f | %.2f | %.1f | %.1f | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %lld | %lld | %lld | "
-        "%.1f%% |\n",
+        "%lld | %lld | %.1f%% |\n",
         r.concurrency, r.prefix_cache ? "on" : "off", r.n_requests, r.seconds, r.requests_per_s, r.output_tokens_per_s,
         r.total_tokens_per_s, ttft.mean, ttft.p50, ttft.p99, itl.mean, itl.p50, itl.p99,
         static_cast<long long>(r.prefix_hit_tokens), static_cast<long long>(r.preemptions),
+        static_cast<long long>(r.steps), static_cast<long long>(r.spec.drafts),
         static_cast<long long>(r.spec.draft_tokens), 100.0 * r.spec.acceptance_rate());
     s += buf;
   }

@@ -386,7 +386,8 @@ void EngineCore::propose_drafts() {
   int longest = 0;
   for (const DraftQuery& q : queries) longest = std::max(longest, q.max_tokens);
   const double per_pos = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / longest;
-  draft_seconds_per_pos_ = (1 - StepCostModel::kWeight) * draft_seconds_per_pos_ + StepCostModel::kWeight * per_pos;
+  constexpr double kWeight = 0.25;  // of a new measurement in the running mean
+  draft_seconds_per_pos_ = (1 - kWeight) * draft_seconds_per_pos_ + kWeight * per_pos;
   for (size_t i = 0; i < queries.size(); ++i) {
     Draft& d = drafts[i];
     TESSERA_CHECK(static_cast<int>(d.tokens.size()) <= queries[i].max_tokens &&

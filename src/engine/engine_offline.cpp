@@ -252,6 +252,7 @@ std::vector<OfflineBenchRow> bench_offline(ModelEngine& engine, const OfflineBen
       row.itl_s = itl;
       row.prefix_hit_tokens = st.prefix.hit_tokens;
       row.preemptions = st.preemptions;
+      row.steps = st.steps;
       row.spec = st.spec;
       rows.push_back(row);
       if (on_row) on_row(row);

@@ -59,6 +59,7 @@ struct OfflineBenchRow {
   std::vector<double> ttft_s, e2e_s, tpot_s, itl_s;
   int64_t prefix_hit_tokens = 0;
   int64_t preemptions = 0;
+  int64_t steps = 0;     // engine steps (forwards) of the run
   SpecDecodeStats spec;  // speculative decoding: drafts, draft and accepted tokens
 };
 

@@ -28,40 +28,70 @@ void StepCostModel::observe(int rows, double seconds) {
   TESSERA_CHECK(rows >= 1 && seconds >= 0 && std::isfinite(seconds), "step cost: bad observation of ", rows,
                 " rows in ", seconds, " s");
   const int b = bucket_of(rows);
-  if (static_cast<int>(mean_.size()) <= b) mean_.resize(b + 1, -1.0);
-  if (mean_[b] < 0) {
-    mean_[b] = seconds;
-    ++n_known_;
-  } else {
-    mean_[b] = (1.0 - kWeight) * mean_[b] + kWeight * seconds;
-  }
+  if (static_cast<int>(buckets_.size()) <= b) buckets_.resize(b + 1);
+  Bucket& k = buckets_[b];
+  if (k.n == 0) ++n_known_;
+  k.last[k.next] = seconds;
+  k.next = (k.next + 1) % kWindow;
+  k.n = std::min(k.n + 1, kWindow);
+  dirty_ = true;
 }
 
 bool StepCostModel::observed(int rows) const {
   const int b = bucket_of(std::max(rows, 1));
-  return b < static_cast<int>(mean_.size()) && mean_[b] >= 0;
+  return b < static_cast<int>(buckets_.size()) && buckets_[b].n > 0;
+}
+
+// Pool-adjacent-violators over the buckets' medians, each weighted by its observations: the
+// non-decreasing curve closest to them in weighted least squares.
+void StepCostModel::fit() const {
+  struct Block {
+    double sum_wy, sum_w;
+    int n_points;
+  };
+  std::vector<Block> blocks;
+  std::vector<int> rows;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    const Bucket& k = buckets_[b];
+    if (k.n == 0) continue;
+    double v[kWindow];
+    for (int i = 0; i < k.n; ++i) {  // insertion sort of at most kWindow values
+      int j = i;
+      for (; j > 0 && v[j - 1] > k.last[i]; --j) v[j] = v[j - 1];
+      v[j] = k.last[i];
+    }
+    const double median = k.n % 2 ? v[k.n / 2] : 0.5 * (v[k.n / 2 - 1] + v[k.n / 2]);
+    rows.push_back(rows_of_bucket(b));
+    blocks.push_back({median * k.n, static_cast<double>(k.n), 1});
+    while (blocks.size() > 1) {
+      const Block& hi = blocks.back();
+      const Block& lo = blocks[blocks.size() - 2];
+      if (lo.sum_wy / lo.sum_w <= hi.sum_wy / hi.sum_w) break;
+      const Block merged{lo.sum_wy + hi.sum_wy, lo.sum_w + hi.sum_w, lo.n_points + hi.n_points};
+      blocks.pop_back();
+      blocks.back() = merged;
+    }
+  }
+  curve_.clear();
+  size_t i = 0;
+  for (const Block& bl : blocks)
+    for (int j = 0; j < bl.n_points; ++j) curve_.emplace_back(rows[i++], bl.sum_wy / bl.sum_w);
+  dirty_ = false;
 }
 
 double StepCostModel::seconds(int rows) const {
   if (n_known_ == 0) return 0;
+  if (dirty_) fit();
   rows = std::max(rows, 1);
-  // The observed buckets as points (representative rows, mean seconds): the nearest at or
-  // below `rows` and the nearest above it.
-  int lo = -1, hi = -1;
-  for (int b = 0; b < static_cast<int>(mean_.size()); ++b) {
-    if (mean_[b] < 0) continue;
-    if (rows_of_bucket(b) <= rows) {
-      lo = b;
-    } else {
-      hi = b;
-      break;
-    }
-  }
-  if (lo < 0) return mean_[hi];  // below every observation: the smallest one's time
-  const double r_lo = rows_of_bucket(lo);
-  if (hi < 0) return mean_[lo] * static_cast<double>(rows) / r_lo;  // past them: proportional
-  const double r_hi = rows_of_bucket(hi);
-  return mean_[lo] + (mean_[hi] - mean_[lo]) * (static_cast<double>(rows) - r_lo) / (r_hi - r_lo);
+  // The nearest fitted point at or below `rows` and the nearest above it.
+  const auto hi = std::upper_bound(curve_.begin(), curve_.end(), rows,
+                                   [](int r, const std::pair<int, double>& p) { return r < p.first; });
+  if (hi == curve_.begin()) return hi->second;  // below every observation: the smallest one's time
+  const auto lo = hi - 1;
+  const double r_lo = lo->first;
+  if (hi == curve_.end()) return lo->second * static_cast<double>(rows) / r_lo;  // past them: proportional
+  const double r_hi = hi->first;
+  return lo->second + (hi->second - lo->second) * (static_cast<double>(rows) - r_lo) / (r_hi - r_lo);
 }
 
 void plan_draft_lengths(const StepCostModel& cost, int base_rows, int base_tokens, double draft_seconds_per_pos,

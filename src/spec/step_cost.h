@@ -10,31 +10,45 @@
 // nothing pays (the off switch at large batch sizes).
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace tessera {
 
 class StepCostModel {
  public:
-  // A forward of `rows` query rows took `seconds` (an exponentially weighted mean per bucket:
-  // rows 1..32 each, then buckets a quarter octave wide).
+  // A forward of `rows` query rows took `seconds` (kept per bucket: rows 1..32 each, then
+  // buckets a quarter octave wide; the last kWindow observations of each).
   void observe(int rows, double seconds);
-  // The expected seconds of a forward of `rows` rows: interpolated linearly between the
-  // nearest observed buckets; past the largest observed one, proportional to rows (the
-  // pessimistic, compute-bound guess); below the smallest, that bucket's time. 0 when
-  // nothing was observed.
+  // The expected seconds of a forward of `rows` rows, from a non-decreasing fit of the buckets'
+  // medians (more rows never cost less: an outlier — a first step at a new row count that
+  // captured a graph or picked a GEMM algorithm, a step slowed by something else on the
+  // machine — is pooled with its neighbours instead of making one row count look dear, which
+  // the plan would then avoid and so never re-measure). Interpolated linearly between fitted
+  // buckets; past the largest observed one, proportional to rows (the pessimistic,
+  // compute-bound guess); below the smallest, that bucket's time. 0 when nothing was observed.
   double seconds(int rows) const;
   bool empty() const { return n_known_ == 0; }
   // Whether the bucket of `rows` has an observation.
   bool observed(int rows) const;
 
-  static constexpr double kWeight = 0.25;  // weight of a new observation
+  static constexpr int kWindow = 5;  // observations kept per bucket (their median counts)
 
  private:
+  struct Bucket {
+    double last[kWindow] = {};  // ring of the latest observations
+    int n = 0;                  // observations held (<= kWindow)
+    int next = 0;               // ring position of the next one
+  };
   static int bucket_of(int rows);
   static int rows_of_bucket(int b);
-  std::vector<double> mean_;  // [bucket] seconds, < 0 = not observed
+  void fit() const;
+  std::vector<Bucket> buckets_;
   int n_known_ = 0;
+  // The fitted curve, rebuilt on the first query after an observation: (representative rows,
+  // seconds) of the observed buckets, rows ascending, seconds non-decreasing.
+  mutable std::vector<std::pair<int, double>> curve_;
+  mutable bool dirty_ = false;
 };
 
 // One speculating sequence's inputs to the plan.

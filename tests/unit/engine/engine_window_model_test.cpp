@@ -140,7 +140,8 @@ static void local_layers_hold_only_the_window(const std::string& device, float t
   const auto alone = run(true, {reqs[0]}, most, st_windowed);
   EXPECT_LE(most, 5);
   EXPECT_GE(most, 4);
-  for (size_t t = 0; t < full.at(1)[0].size(); ++t) expect_same(alone.at(1)[0][t], full.at(1)[0][t], device + " alone", tol);
+  for (size_t t = 0; t < full.at(1)[0].size(); ++t)
+    expect_same(alone.at(1)[0][t], full.at(1)[0][t], device + " alone", tol);
 }
 
 TEST(EngineWindowModel, LocalLayersHoldOnlyTheWindowAndOutputsEqualTheUnfreedReference) {

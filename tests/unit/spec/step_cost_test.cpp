@@ -32,9 +32,13 @@ TEST(StepCostModel, InterpolatesBetweenObservationsAndIsPessimisticPastThem) {
   EXPECT_DOUBLE_EQ(m.seconds(1), 1.0);   // below: the smallest observation
   EXPECT_DOUBLE_EQ(m.seconds(6), 2.0);   // between: linear in rows
   EXPECT_DOUBLE_EQ(m.seconds(20), 6.0);  // past: proportional to rows
-  // A new observation moves the bucket's mean by kWeight.
+  // A bucket's time is the median of its latest observations: one outlier does not move it.
   m.observe(10, 7.0);
-  EXPECT_DOUBLE_EQ(m.seconds(10), 3.0 + StepCostModel::kWeight * 4.0);
+  EXPECT_DOUBLE_EQ(m.seconds(10), 5.0);  // two observations: their mean
+  m.observe(10, 3.0);
+  EXPECT_DOUBLE_EQ(m.seconds(10), 3.0);
+  for (int i = 0; i < StepCostModel::kWindow; ++i) m.observe(10, 4.0);  // the old ones leave the window
+  EXPECT_DOUBLE_EQ(m.seconds(10), 4.0);
   // Past 32 rows, buckets a quarter octave wide: 100 and 104 share one.
   m.observe(100, 5.0);
   EXPECT_TRUE(m.observed(104));
@@ -42,6 +46,30 @@ TEST(StepCostModel, InterpolatesBetweenObservationsAndIsPessimisticPastThem) {
   EXPECT_THROW(m.observe(0, 1.0), Error);
   EXPECT_THROW(m.observe(3, -1.0), Error);
   EXPECT_THROW(m.observe(3, NAN), Error);
+}
+
+// More rows never cost less: a dear outlier at one row count (a first step that captured a
+// graph) is pooled with the cheaper, better-measured buckets above it instead of making the
+// plan avoid that row count for good.
+TEST(StepCostModel, FitIsNonDecreasingAndPoolsOutliers) {
+  StepCostModel m;
+  m.observe(8, 7.3e-3);
+  for (int i = 0; i < 4; ++i) m.observe(8, 7.3e-3);
+  m.observe(12, 40e-3);  // one slow first step at 12 rows
+  for (int i = 0; i < 4; ++i) m.observe(16, 8.7e-3);
+  for (int i = 0; i < 4; ++i) m.observe(38, 8.7e-3);  // 38: a bucket's representative row count
+  // 12 and 16 pooled ((40 + 4 · 8.7) / 5 = 14.96 ms), which is above 38 rows' 8.7 ms, so all
+  // three are: (40 + 8 · 8.7) / 9 = 12.18 ms — no longer a 40 ms step at 12 rows.
+  const double pooled = (40e-3 + 8 * 8.7e-3) / 9;
+  EXPECT_NEAR(m.seconds(12), pooled, 1e-12);
+  EXPECT_NEAR(m.seconds(38), pooled, 1e-12);
+  EXPECT_LE(m.seconds(12), m.seconds(16));
+  EXPECT_LE(m.seconds(16), m.seconds(38));
+  for (int r = 1; r < 64; ++r) EXPECT_LE(m.seconds(r), m.seconds(r + 1)) << r;
+  // More observations at 12 rows replace the outlier (median of the window).
+  for (int i = 0; i < 3; ++i) m.observe(12, 8.6e-3);
+  EXPECT_NEAR(m.seconds(12), 8.6e-3, 1e-12);
+  EXPECT_NEAR(m.seconds(16), 8.7e-3, 1e-12);
 }
 
 // Expected tokens per second of an assignment, as the plan defines it.
