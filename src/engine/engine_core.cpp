@@ -441,6 +441,8 @@ EngineStats EngineCore::stats() const {
   s.swapped = scheduler_.n_swapped();
   s.kv_free_blocks = kv_.n_free();
   s.kv_total_blocks = kv_.n_blocks();
+  s.kv_window_free_blocks = kv_.n_local_free();
+  s.kv_window_total_blocks = kv_.n_local_blocks();
   return s;
 }
 

@@ -86,6 +86,9 @@ struct EngineStats {
   size_t swapped = 0;
   int kv_free_blocks = 0;
   int kv_total_blocks = 0;
+  // The sliding-window layers' own pool (0 blocks when the model has none or it is disabled).
+  int kv_window_free_blocks = 0;
+  int kv_window_total_blocks = 0;
   int host_free_blocks = 0;
   int host_total_blocks = 0;
 };

@@ -22,12 +22,18 @@ std::string format_stats_line(const EngineStats& before, const EngineStats& afte
   const double hit_rate = queried > 0 ? percent(static_cast<double>(after.prefix.hit_tokens - before.prefix.hit_tokens),
                                                 static_cast<double>(queried))
                                       : 100.0 * after.prefix.hit_ratio();
-  char buf[384];
+  char window[96] = "";
+  if (after.kv_window_total_blocks > 0) {
+    const int w_used = after.kv_window_total_blocks - after.kv_window_free_blocks;
+    std::snprintf(window, sizeof window, ", window pool %.1f%% (%d of %d blocks)",
+                  percent(w_used, after.kv_window_total_blocks), w_used, after.kv_window_total_blocks);
+  }
+  char buf[512];
   std::snprintf(buf, sizeof buf,
                 "prompt throughput %.1f tokens/s, generation throughput %.1f tokens/s, running %zu, waiting %zu, "
-                "swapped %zu sequences, KV cache usage %.1f%% (%d of %d blocks), prefix cache hit rate %.1f%%",
+                "swapped %zu sequences, KV cache usage %.1f%% (%d of %d blocks)%s, prefix cache hit rate %.1f%%",
                 prompt_tps, gen_tps, after.running, after.waiting - after.swapped, after.swapped,
-                percent(used, after.kv_total_blocks), used, after.kv_total_blocks, hit_rate);
+                percent(used, after.kv_total_blocks), used, after.kv_total_blocks, window, hit_rate);
   return buf;
 }
 

@@ -255,13 +255,20 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
           static_cast<double>(engine.running));
   w.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
           static_cast<double>(engine.waiting));
-  double kv_usage = 0;
-  if (engine.kv_total_blocks > 0) {
-    // Cached blocks nobody references count as free, as in vLLM: an idle server reads 0.
-    kv_usage = 1.0 - static_cast<double>(engine.kv_free_blocks) / engine.kv_total_blocks;
-    kv_usage = std::clamp(kv_usage, 0.0, 1.0);
+  // Cached blocks nobody references count as free, as in vLLM: an idle server reads 0.
+  const auto usage = [](int free, int total) {
+    return total > 0 ? std::clamp(1.0 - static_cast<double>(free) / total, 0.0, 1.0) : 0.0;
+  };
+  w.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+          usage(engine.kv_free_blocks, engine.kv_total_blocks));
+  if (engine.kv_window_total_blocks > 0) {
+    // The sliding-window layers' pool (docs/design/kv-manager.md): admission needs room in both.
+    w.gauge("tessera:kv_window_cache_usage_perc",
+            "Usage of the sliding-window layers' KV pool (blocks behind the window are freed). 1 means 100 percent.",
+            usage(engine.kv_window_free_blocks, engine.kv_window_total_blocks));
+    w.gauge("tessera:kv_window_cache_blocks", "Blocks of the sliding-window layers' KV pool.",
+            static_cast<double>(engine.kv_window_total_blocks));
   }
-  w.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage);
   w.counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
             static_cast<double>(engine.prefix.queried_tokens));
   w.counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",

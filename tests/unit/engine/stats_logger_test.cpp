@@ -39,6 +39,11 @@ TEST(StatsLogger, LineHasRatesQueuesUsageAndHitRate) {
   EXPECT_EQ(format_stats_line(before, after, 10.0),
             "prompt throughput 200.0 tokens/s, generation throughput 50.0 tokens/s, running 3, waiting 3, "
             "swapped 2 sequences, KV cache usage 25.0% (50 of 200 blocks), prefix cache hit rate 75.0%");
+  after.kv_window_total_blocks = 40;  // a sliding-window pool: its usage follows the main one's
+  after.kv_window_free_blocks = 10;
+  EXPECT_NE(format_stats_line(before, after, 10.0)
+                .find("KV cache usage 25.0% (50 of 200 blocks), window pool 75.0% (30 of 40 blocks), prefix"),
+            std::string::npos);
 }
 
 TEST(StatsLogger, WithoutLookupsTheHitRateIsSinceStart) {

@@ -279,9 +279,18 @@ TEST(ServerMetrics, EngineGaugesAndCountersComeFromTheSnapshot) {
   EXPECT_EQ(value_of(f, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits_total"), 320);
   EXPECT_EQ(value_of(f, "vllm:num_preemptions_total", "vllm:num_preemptions_total"), 4);
 
+  EXPECT_EQ(metrics.render(engine).find("kv_window_cache"), std::string::npos);  // no window pool, no gauge
+
   engine.kv_free_blocks = 100;  // idle: cached but unreferenced blocks count as free
   const auto idle = parse_prometheus_text(metrics.render(engine));
   EXPECT_EQ(value_of(idle, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc"), 0.0);
+
+  engine.kv_window_total_blocks = 40;  // a sliding-window pool: its own usage beside the main one
+  engine.kv_window_free_blocks = 30;
+  const auto windowed = parse_prometheus_text(metrics.render(engine));
+  EXPECT_DOUBLE_EQ(value_of(windowed, "tessera:kv_window_cache_usage_perc", "tessera:kv_window_cache_usage_perc"),
+                   0.25);
+  EXPECT_EQ(value_of(windowed, "tessera:kv_window_cache_blocks", "tessera:kv_window_cache_blocks"), 40);
 }
 
 TEST(ServerMetrics, CacheConfigShowsTheKvFormatAndCapacity) {
