@@ -441,3 +441,56 @@ TEST(CudaFused, AddRmsNormSwigluFfnMatchesFloat64) {
       }
     }
 }
+
+// 2–8 rows of 16-bit weights take the streaming tensor-core kernel (gemv_tc16.cu): the input
+// rounded once to the weights' type, f32 accumulation. Against float64 on that rounding, at
+// widths that end inside a 1,024-column tile (576, 1,056, 4,128), targets whose rows end
+// inside a 16-row chunk (40, 24, 1,000 + 7), several targets in one launch writing side by
+// side with a gap, every row count 2..8. Outputs are poisoned first: the gap stays NaN.
+TEST(CudaFused, SmallBatch16BitProductsMatchFloat64OnTheRoundedInput) {
+  TESSERA_REQUIRE_CUDA();
+  auto gpu = make_cuda();
+  std::mt19937 rng(44);
+  for (DType type : {DType::BF16, DType::F16}) {
+    const auto round16 = [&](float v) {
+      return type == DType::BF16 ? bf16_to_f32(f32_to_bf16(v)) : fp16_to_f32(f32_to_fp16(v));
+    };
+    for (int64_t cols : {576, 1056, 4128}) {
+      for (const std::vector<int64_t>& rows : {std::vector<int64_t>{40, 24, 24}, std::vector<int64_t>{1007}}) {
+        JoinedWeights w = make_joined(*gpu, type, rows, cols, rng);
+        int64_t total = 0;
+        for (int64_t r : rows) total += r;
+        const int64_t ldy = total + 3;
+        for (int n = 2; n <= 8; ++n) {
+          auto x = randn(n * cols, rng);
+          DeviceVec<float> dx(*gpu, x), dy(*gpu, std::vector<float>(n * ldy, NAN));
+          std::vector<MatmulTarget> targets;
+          int64_t off = 0;
+          for (size_t t = 0; t < rows.size(); ++t) {
+            targets.push_back({w.parts[t], dy.get() + off, ldy});
+            off += rows[t];
+          }
+          gpu->matmul(dx.get(), n, cols, targets);
+          const auto y = dy.read();
+          std::vector<double> ref;
+          std::vector<float> got;
+          for (int i = 0; i < n; ++i) {
+            off = 0;
+            for (size_t t = 0; t < rows.size(); ++t) {
+              for (int64_t r = 0; r < rows[t]; ++r) {
+                double acc = 0;
+                for (int64_t k = 0; k < cols; ++k) acc += double(round16(x[i * cols + k])) * w.decoded[t][r * cols + k];
+                ref.push_back(acc);
+                got.push_back(y[i * ldy + off + r]);
+              }
+              off += rows[t];
+            }
+            for (int64_t r = off; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r])) << "gap written";
+          }
+          EXPECT_LT(rel_err(got, ref), 2e-5)
+              << dtype_name(type) << " cols=" << cols << " rows=" << rows.size() << " n=" << n;
+        }
+      }
+    }
+  }
+}
