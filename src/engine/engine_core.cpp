@@ -318,10 +318,6 @@ StepResult EngineCore::step() {
 void EngineCore::plan_adaptive_drafts(const std::vector<SeqHandle>& decoding, const std::vector<size_t>& cand,
                                       std::vector<int>& k) {
   const int base_rows = static_cast<int>(decoding.size());
-  if (!step_cost_.observed(base_rows)) {
-    std::fill(k.begin(), k.end(), 0);
-    return;
-  }
   const int k_max = config_.speculative.num_speculative_tokens;
   std::vector<DraftCandidate> dc(cand.size());
   std::vector<DraftLength*> rate(cand.size());
@@ -359,8 +355,7 @@ void EngineCore::propose_drafts() {
     if (on && speculating_.count(scheduler_.sequence(decoding[i]).request)) cand.push_back(i);
   // Draft lengths, aligned with cand: k_max each, or (adaptive) what maximises the expected
   // tokens per second of the step under this engine's measured cost per row count, zero where
-  // nothing pays. A batch size whose plain step was never timed runs one plain step first, so
-  // the plan compares measured times.
+  // nothing pays (nothing measured yet: no drafts).
   std::vector<int> k(cand.size(), sc.num_speculative_tokens);
   if (sc.adaptive && !cand.empty()) plan_adaptive_drafts(decoding, cand, k);
   std::vector<int> k_of(decoding.size(), 0);

@@ -8,19 +8,22 @@
 //
 // Layout: the weight rows of every target, concatenated, are cut into chunks of 16 rows (one
 // m16 tile; the last chunk of a target may be shorter). A persistent grid (one block per SM)
-// walks contiguous runs of chunks; each chunk is read in tiles of kTileCols columns, each
-// tile (16 × kTileCols weights and the n × kTileCols input columns) copied to shared memory
-// with cp.async, kStages tiles in flight. Inside a tile the 8 warps split the columns (128
-// each: 8 k16 steps), so each input and weight byte is read from shared memory once; each
-// warp keeps one 16 × 8 f32 accumulator tile across the chunk's tiles, and at the chunk's end
-// the 8 partial tiles are summed in warp order through shared memory — a fixed order, so
-// graph and eager runs give the same bits. Input rows n .. 7 of the tile are whatever the
-// buffer held: they only feed accumulator columns that are never written.
+// walks contiguous runs of chunks; each chunk is read in tiles of kTileCols columns: the
+// tile's 16 weight row segments and n input row segments are copied to shared memory by the
+// bulk copy engine (one cp.async.bulk per row segment, issued by the lanes of warp 0,
+// completing on the stage's mbarrier), as many stages in flight as shared memory holds
+// (7–11: ~130–180 KB per SM; the LSU's cp.async with 3 tiles in flight reached only ~55 % of
+// the copy rate). Inside a tile the 8 warps split the columns (64 each: 4 k16 steps), so each
+// input and weight byte is read from shared memory once; each warp keeps one 16 × 8 f32
+// accumulator tile across the chunk's tiles, and at the chunk's end the 8 partial tiles are
+// summed in warp order through shared memory — a fixed order, so graph and eager runs give
+// the same bits. Input rows n .. 7 of the tile are whatever the buffer held: they only feed
+// accumulator columns that are never written.
 //
 // Rows are padded by 16 bytes in shared memory so that the 8 rows of each ldmatrix fall in
 // distinct banks. Weight copies carry an L2 evict-first policy (read once a step).
-// Programmatic dependent launch: the first tiles' weight copies go out before pdl_wait(), the
-// input (the previous kernel's output) after it.
+// Programmatic dependent launch: the first stages' weight copies go out before pdl_wait(),
+// the input (the previous kernel's output) after it.
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/gemv_tc16.h"
 #include "backend/cuda/mma_common.cuh"
@@ -31,15 +34,23 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kChunkRows = 16;                      // weight rows per chunk: one m16 tile
-constexpr int kTileCols = 1024;                     // columns per pipeline tile
-constexpr int kWarpCols = kTileCols / kWarps;       // 128: 8 k16 steps per warp and tile
-constexpr int kLd = kTileCols + 8;                  // shared row stride in halves (16-byte pad)
-constexpr int kWTileBytes = kChunkRows * kLd * 2;   // 33,024
-constexpr int kXTileBytes = kGemvTc16MaxRows * kLd * 2;  // 16,512
-constexpr int kStageBytes = kWTileBytes + kXTileBytes;
-constexpr int kStages = 4;
-constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + size_t{kWarps} * kChunkRows * 8 * sizeof(float);
+constexpr int kChunkRows = 16;                 // weight rows per chunk: one m16 tile
+constexpr int kTileCols = 512;                 // columns per pipeline stage
+constexpr int kWarpCols = kTileCols / kWarps;  // 64: 4 k16 steps per warp and tile
+constexpr int kLd = kTileCols + 8;             // shared row stride in halves (16-byte pad)
+constexpr int kWTileBytes = kChunkRows * kLd * 2;
+constexpr int kMaxStages = 12;
+constexpr size_t kRedBytes = size_t{kWarps} * kChunkRows * 8 * sizeof(float);
+constexpr size_t kSmemLimit = 227 << 10;  // dynamic shared memory one block may take on sm_90
+
+// Shared memory of a stage with n input rows (128-byte aligned stages).
+__host__ __device__ constexpr size_t stage_bytes(int n_rows) {
+  return (size_t{kWTileBytes} + static_cast<size_t>(n_rows) * kLd * 2 + 127) / 128 * 128;
+}
+int stages_for(int n_rows) {
+  return static_cast<int>(
+      std::min<size_t>(kMaxStages, (kSmemLimit - kRedBytes - kMaxStages * 8) / stage_bytes(n_rows)));
+}
 
 struct Tc16Targets {
   const uint16_t* w[kGemvMaxTargets];
@@ -50,14 +61,13 @@ struct Tc16Targets {
   int n;
 };
 
-__device__ __forceinline__ void cp_async16_hint(void* smem, const void* gmem, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "l"(policy));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+// Global → shared by the copy engine, completing on `bar`, without a cache hint (the input
+// rows are read by every block: they should stay in L2).
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
 }
 
 // d += a · b, m16n8k16, f32 accumulators; BF16 picks the operand type.
@@ -77,16 +87,17 @@ __device__ __forceinline__ void mma16(float* d, const uint32_t* a, uint32_t b0, 
 // x16 [n_rows, cols] dense; every target `cols` wide; cols a multiple of 32.
 template <bool BF16>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemv_tc16_kernel(const uint16_t* __restrict__ x16, int n_rows, int cols, int64_t n_chunks,
+    gemv_tc16_kernel(const uint16_t* __restrict__ x16, int n_rows, int cols, int64_t n_chunks, int stages,
                      const __grid_constant__ Tc16Targets tg) {
   extern __shared__ __align__(128) uint8_t smem[];
-  auto* red = reinterpret_cast<float*>(smem + size_t{kStages} * kStageBytes);  // [kWarps][16][8]
+  const size_t sbytes = stage_bytes(n_rows);
+  auto* bars = reinterpret_cast<uint64_t*>(smem + stages * sbytes);
+  auto* red = reinterpret_cast<float*>(bars + kMaxStages);  // [kWarps][16][8]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n_kt = (cols + kTileCols - 1) / kTileCols;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * n_chunks / gridDim.x;
   const int64_t c1 = static_cast<int64_t>(blockIdx.x + 1) * n_chunks / gridDim.x;
   const int64_t n_tiles = (c1 - c0) * n_kt;
-  const uint64_t policy = l2_policy_evict_first();
 
   // Target, first row and rows of a chunk.
   auto locate = [&](int64_t chunk, int& ti, int64_t& row0, int& nrows) {
@@ -96,58 +107,48 @@ __global__ void __launch_bounds__(kThreads, 1)
     nrows = static_cast<int>(min(int64_t{kChunkRows}, tg.rows[ti] - row0));
   };
   auto tile_width = [&](int kt) { return min(kTileCols, cols - kt * kTileCols); };
+  auto stage_w = [&](int stage) { return reinterpret_cast<uint16_t*>(smem + stage * sbytes); };
+  // Warp 0 only. Weights (and the expected bytes of the whole stage) of tile t into `stage`.
   auto issue_w = [&](int64_t t, int stage) {
     int ti, nrows;
     int64_t row0;
     locate(c0 + t / n_kt, ti, row0, nrows);
-    const int kt = static_cast<int>(t % n_kt), k0 = kt * kTileCols, per_row = tile_width(kt) / 8;
-    auto* dst = reinterpret_cast<uint16_t*>(smem + static_cast<size_t>(stage) * kStageBytes);
-    const uint16_t* src = tg.w[ti] + row0 * cols + k0;
-    for (int i = tid; i < nrows * per_row; i += kThreads) {
-      const int r = i / per_row, p = i - r * per_row;
-      cp_async16_hint(dst + r * kLd + p * 8, src + static_cast<int64_t>(r) * cols + p * 8, policy);
-    }
+    const int kt = static_cast<int>(t % n_kt), k0 = kt * kTileCols;
+    const uint32_t seg = static_cast<uint32_t>(tile_width(kt)) * 2;
+    if (lane == 0) mbar_expect_tx(&bars[stage], seg * static_cast<uint32_t>(nrows + n_rows));
+    __syncwarp();
+    if (lane < nrows)
+      bulk_copy_hint(stage_w(stage) + lane * kLd, tg.w[ti] + (row0 + lane) * cols + k0, seg, &bars[stage],
+                     l2_policy_evict_first());
   };
   auto issue_x = [&](int64_t t, int stage) {
-    const int kt = static_cast<int>(t % n_kt), k0 = kt * kTileCols, per_row = tile_width(kt) / 8;
-    auto* dst = reinterpret_cast<uint16_t*>(smem + static_cast<size_t>(stage) * kStageBytes + kWTileBytes);
-    for (int i = tid; i < n_rows * per_row; i += kThreads) {
-      const int r = i / per_row, p = i - r * per_row;
-      cp_async16(dst + r * kLd + p * 8, x16 + static_cast<int64_t>(r) * cols + k0 + p * 8);
-    }
+    const int kt = static_cast<int>(t % n_kt), k0 = kt * kTileCols;
+    const uint32_t seg = static_cast<uint32_t>(tile_width(kt)) * 2;
+    if (lane < n_rows)
+      bulk_copy(stage_w(stage) + kWTileBytes / 2 + lane * kLd, x16 + static_cast<int64_t>(lane) * cols + k0, seg,
+                &bars[stage]);
   };
 
-  // Prologue: the weights of the first kStages - 1 tiles (one group each) before the wait,
-  // their input columns (one group) after it.
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (st < n_tiles) issue_w(st, st);
-    cp_async_commit();
+  if (tid == 0) {
+    for (int st = 0; st < stages; ++st) mbar_init(&bars[st], 1);
+    mbar_fence_init();
   }
+  __syncthreads();
+  // Prologue: every stage's weights before the wait, their input rows after it.
+  const int first = static_cast<int>(min(int64_t{stages}, n_tiles));
+  if (warp == 0)
+    for (int st = 0; st < first; ++st) issue_w(st, st);
   pdl_wait();  // x16 is the previous kernel's output
   pdl_trigger();
-  for (int st = 0; st < kStages - 1; ++st)
-    if (st < n_tiles) issue_x(st, st);
-  cp_async_commit();
+  if (warp == 0)
+    for (int st = 0; st < first; ++st) issue_x(st, st);
 
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g, g (n 2t, 2t+1), then rows g + 8
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g, g (n 2q, 2q+1), then rows g + 8
   for (int64_t t = 0; t < n_tiles; ++t) {
-    // Tile t has landed: the prologue all at once, later tiles with kStages - 2 newer groups
-    // still in flight.
-    if (t == 0)
-      cp_async_wait<0>();
-    else
-      cp_async_wait<kStages - 2>();
-    __syncthreads();  // every thread's copies of tile t are visible; tile t - 1's stage is free
-    const int64_t next = t + kStages - 1;
-    if (next < n_tiles) {
-      issue_w(next, static_cast<int>(next % kStages));
-      issue_x(next, static_cast<int>(next % kStages));
-    }
-    cp_async_commit();  // possibly empty: keeps one group per tile
-
+    const int stage = static_cast<int>(t % stages);
+    mbar_wait(&bars[stage], static_cast<uint32_t>((t / stages) & 1));
     const int kt = static_cast<int>(t % n_kt);
-    const int stage = static_cast<int>(t % kStages);
-    const uint16_t* ws = reinterpret_cast<const uint16_t*>(smem + static_cast<size_t>(stage) * kStageBytes);
+    const uint16_t* ws = stage_w(stage);
     const uint16_t* xs = ws + kWTileBytes / 2;
     const int w_begin = warp * kWarpCols, w_end = min(w_begin + kWarpCols, tile_width(kt));
     // 32 columns per pass: B (input) of two k16 steps by one ldmatrix.x4, A (weights) per step.
@@ -184,10 +185,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           tg.y[ti][n * tg.ldy[ti] + row0 + row] = sum;
         }
       }
-      // The next write of red comes after the next iteration's __syncthreads.
+    }
+    __syncthreads();  // every warp is done with the stage (and with red)
+    if (warp == 0 && t + stages < n_tiles) {
+      issue_w(t + stages, stage);
+      issue_x(t + stages, stage);
     }
   }
-  cp_async_wait<0>();  // no copy may outlive the block
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -195,13 +199,15 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <bool BF16>
 void launch_typed(unsigned grid, cudaStream_t s, const uint16_t* x16, int n_rows, int cols, int64_t chunks,
                   const Tc16Targets& tg) {
-  static bool configured = false;  // the attribute is per function: once per instantiation
-  if (!configured) {
+  const int stages = stages_for(n_rows);
+  const size_t smem = stages * stage_bytes(n_rows) + kMaxStages * sizeof(uint64_t) + kRedBytes;
+  static size_t configured = 0;  // the attribute is per function: once per instantiation, raised as needed
+  if (smem > configured) {
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc16_kernel<BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kSmemBytes)));
-    configured = true;
+                                            static_cast<int>(smem)));
+    configured = smem;
   }
-  launch_pdl(gemv_tc16_kernel<BF16>, dim3(grid), dim3(kThreads), kSmemBytes, s, x16, n_rows, cols, chunks, tg);
+  launch_pdl(gemv_tc16_kernel<BF16>, dim3(grid), dim3(kThreads), smem, s, x16, n_rows, cols, chunks, stages, tg);
 }
 
 }  // namespace
