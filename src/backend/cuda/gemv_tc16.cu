@@ -17,8 +17,8 @@
 // input and weight byte is read from shared memory once; each warp keeps one 16 × 8 f32
 // accumulator tile across the chunk's tiles, and at the chunk's end the 8 partial tiles are
 // summed in warp order through shared memory — a fixed order, so graph and eager runs give
-// the same bits. Input rows n .. 7 of the tile are whatever the buffer held: they only feed
-// accumulator columns that are never written.
+// the same bits. B's columns n .. 7 repeat input row n - 1: they only feed accumulator
+// columns that are never written.
 //
 // Rows are padded by 16 bytes in shared memory so that the 8 rows of each ldmatrix fall in
 // distinct banks. Weight copies carry an L2 evict-first policy (read once a step).
@@ -152,9 +152,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint16_t* xs = ws + kWTileBytes / 2;
     const int w_begin = warp * kWarpCols, w_end = min(w_begin + kWarpCols, tile_width(kt));
     // 32 columns per pass: B (input) of two k16 steps by one ldmatrix.x4, A (weights) per step.
+    // The stage holds n_rows input rows: B's columns n_rows .. 7 repeat the last one (their
+    // sums are never written; pointing past the rows would leave the last stage's space).
+    const uint16_t* xrow = xs + min(lane & 7, n_rows - 1) * kLd;
     for (int k = w_begin; k < w_end; k += 32) {
       uint32_t b[4];
-      ldmatrix_x4(smem_addr(xs + (lane & 7) * kLd + k + (lane >> 3) * 8), b[0], b[1], b[2], b[3]);
+      ldmatrix_x4(smem_addr(xrow + k + (lane >> 3) * 8), b[0], b[1], b[2], b[3]);
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         uint32_t a[4];

@@ -444,7 +444,8 @@ TEST(CudaFused, AddRmsNormSwigluFfnMatchesFloat64) {
 
 // 2–8 rows of 16-bit weights take the streaming tensor-core kernel (gemv_tc16.cu): the input
 // rounded once to the weights' type, f32 accumulation. Against float64 on that rounding, at
-// widths that end inside a 1,024-column tile (576, 1,056, 4,128), targets whose rows end
+// widths that end inside a 512-column tile (576, 1,056, 4,128; 8,224: 17 tiles per chunk,
+// more than the kernel's stages, so every stage and the last one's bounds are used), targets whose rows end
 // inside a 16-row chunk (40, 24, 1,000 + 7), several targets in one launch writing side by
 // side with a gap, every row count 2..8. Outputs are poisoned first: the gap stays NaN.
 TEST(CudaFused, SmallBatch16BitProductsMatchFloat64OnTheRoundedInput) {
@@ -455,7 +456,7 @@ TEST(CudaFused, SmallBatch16BitProductsMatchFloat64OnTheRoundedInput) {
     const auto round16 = [&](float v) {
       return type == DType::BF16 ? bf16_to_f32(f32_to_bf16(v)) : fp16_to_f32(f32_to_fp16(v));
     };
-    for (int64_t cols : {576, 1056, 4128}) {
+    for (int64_t cols : {576, 1056, 4128, 8224}) {
       for (const std::vector<int64_t>& rows : {std::vector<int64_t>{40, 24, 24}, std::vector<int64_t>{1007}}) {
         JoinedWeights w = make_joined(*gpu, type, rows, cols, rng);
         int64_t total = 0;
