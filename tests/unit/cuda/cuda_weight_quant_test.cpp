@@ -141,8 +141,10 @@ TEST(CudaWeightQuant, DecodeRunsSeveralTargetsInOneCall) {
   std::mt19937 rng(11);
   const int64_t cols = 256;
   std::vector<GqWeight> ws;
-  ws.push_back(make_gq(4, 48, cols, 32, false, false, rng));
-  ws.push_back(make_gq(4, 17, cols, 32, true, false, rng));
+  // Enough rows in the shared launch for 8 (4) rows per block on GPUs up to 132 SMs, each
+  // target's last block partial.
+  ws.push_back(make_gq(4, 1501, cols, 32, false, false, rng));
+  ws.push_back(make_gq(4, 703, cols, 32, true, false, rng));
   ws.push_back(make_gq(4, 16, cols, 64, true, true, rng));
   ws.push_back(make_gq(8, 9, cols, 128, false, false, rng));
   std::vector<std::shared_ptr<const void>> devs;
