@@ -215,9 +215,11 @@ void launch_shape(const GqLaunch& a, const GqTargets& tg, int sm_count, cudaStre
 
 }  // namespace
 
-void launch_gemv_gq(const Q8Rows& x, int n_rows, const MatmulTarget* targets, int n_targets, cudaStream_t s) {
-  TESSERA_CHECK(n_rows >= 1 && n_rows <= kGemvMaxRows && n_targets >= 1 && n_targets <= kGemvMaxTargets,
-                "cuda gemv_gq: ", n_rows, " rows / ", n_targets, " targets out of range");
+void launch_gemv_gq(const Q8Rows& x, int n_rows, const MatmulTarget* targets, int n_targets, int sm_count,
+                    cudaStream_t s) {
+  TESSERA_CHECK(
+      n_rows >= 1 && n_rows <= kGemvMaxRows && n_targets >= 1 && n_targets <= kGemvMaxTargets && sm_count >= 1,
+      "cuda gemv_gq: ", n_rows, " rows / ", n_targets, " targets / ", sm_count, " SMs out of range");
   const WeightMatrix& w0 = targets[0].w;
   TESSERA_CHECK(x.q && x.meta && x.ld == (w0.cols + 31) / 32 * 32, "cuda gemv_gq: activations not quantized for width ",
                 w0.cols);
@@ -251,10 +253,6 @@ void launch_gemv_gq(const Q8Rows& x, int n_rows, const MatmulTarget* targets, in
   // spread evenly (4096 columns: 128 chunks, 4 warps, one each; 14336: 448, 7 warps, two each).
   const int passes = (a.n_blocks + 32 * kMaxWarps - 1) / (32 * kMaxWarps);
   a.warps = (a.n_blocks + 32 * passes - 1) / (32 * passes);
-  // The SM count picks the rows per block (a device attribute: no synchronization).
-  int device = 0, sm_count = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   const bool w8 = w0.dtype == DType::W8G;
   if (n_rows == 1)
     w8 ? launch_shape<8, 1>(a, tg, sm_count, s) : launch_shape<4, 1>(a, tg, sm_count, s);
