@@ -312,7 +312,7 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
         cuda::launch_quantize_q8_rows(in.x, n_rows, ldx, cols, perm, xp, stream_);
         MatmulTarget t = runs[i++];
         t.w.gq_perm = false;  // the kernel reads codes, scales and zeros; x is already in stored order
-        cuda::launch_gemv_gq(xp, n_rows, &t, 1, stream_);
+        cuda::launch_gemv_gq(xp, n_rows, &t, 1, sm_count_, stream_);
         continue;
       }
       const cuda::Q8Rows xq = quantized_x();
@@ -321,7 +321,7 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
       while (i < n_runs && n < cuda::kGemvMaxTargets && runs[i].w.dtype == w0.dtype && !runs[i].w.gq_perm &&
              runs[i].w.group_size == w0.group_size)
         g[n++] = runs[i++];
-      cuda::launch_gemv_gq(xq, n_rows, g, n, stream_);
+      cuda::launch_gemv_gq(xq, n_rows, g, n, sm_count_, stream_);
       continue;
     }
     cuda::GemvTarget g[cuda::kGemvMaxTargets];

@@ -4,9 +4,9 @@
 // multiplies the finished sum. Batch 1 at widths that are multiples of 16 normally takes the
 // bulk kernel (gemv_bulk.cu) instead.
 //
-// Shape (gemv_gq.cu's): 4 warps per block, 4 weight rows per warp so one x load (through L1)
-// feeds four rows; a lane's step is one 16-byte load of a row's codes (16 columns), a warp's
-// 32 lanes read 512 consecutive bytes. Rows are padded to 16 bytes with zero codes; x past
+// Shape (gemv_gq.cu's before it split the width over a block's warps): 4 warps per block, 4
+// weight rows per warp so one x load (through L1) feeds four rows; a lane's step is one 16-byte
+// load of a row's codes (16 columns), a warp's 32 lanes read 512 consecutive bytes. Rows are padded to 16 bytes with zero codes; x past
 // the width reads as 0.
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"

@@ -160,8 +160,10 @@ void launch_quantize_q8_rows(const float* x, int n_rows, int64_t ldx, int64_t co
 // of scale_i[r, g(b)] * d[t, b] * sum_j (code - zero) * q[t, j], for t < n_rows (<= kGemvMaxRows),
 // the CPU backend's arithmetic. The targets (<= kGemvMaxTargets) share type, width and group
 // size; x is in their stored column order (an act-order weight runs alone, on x quantized
-// through its permutation).
-void launch_gemv_gq(const Q8Rows& x, int n_rows, const MatmulTarget* targets, int n_targets, cudaStream_t s);
+// through its permutation). sm_count (the device's) picks the rows per block. A programmatic
+// dependent launch: the weights are read before the previous kernel completes.
+void launch_gemv_gq(const Q8Rows& x, int n_rows, const MatmulTarget* targets, int n_targets, int sm_count,
+                    cudaStream_t s);
 // GGUF Q4_0, Q4_1, Q8_0 (widths of 32k) and Q4_K (256k) at decode sizes, integer dot products on
 // Q8 activations (gemv_blocks_q8.cu): y_i[t * ldy_i + r] = x[t, :] · W_i[r, :] for t < n_rows.
 bool gemv_blocks_q8_applies(DType type, int64_t cols);

@@ -77,7 +77,8 @@ std::vector<float> q8_round_trip(const GqWeight& w, const std::vector<float>& x,
 
 // The decode kernel at every row count it takes (1-8), with x rows 16-byte aligned and not
 // (ldx odd: the scalar loads), widths that leave a partial group and a partial 32-column
-// chunk, act-order, zero points, per-channel scales; then the GEMM path at 9 and 33 rows.
+// chunk, act-order, zero points, per-channel scales, one and several warps and passes over a
+// row, both rows-per-block choices; then the GEMM path at 9 and 33 rows.
 // Nothing past each output row is written (NaN sentinels in the stride's gap).
 TEST(CudaWeightQuant, DecodeKernelMatchesFloat64OnAwkwardShapes) {
   TESSERA_REQUIRE_CUDA();
@@ -92,7 +93,12 @@ TEST(CudaWeightQuant, DecodeKernelMatchesFloat64OnAwkwardShapes) {
   for (const Case& c :
        {Case{4, 37, 96, 32, false, false}, Case{4, 131, 200, 64, true, true}, Case{4, 45, 77, 32, true, false},
         Case{4, 19, 333, 333, false, true}, Case{4, 66, 1056, 96, true, false}, Case{8, 40, 320, 128, true, false},
-        Case{8, 9, 200, 200, false, true}, Case{8, 23, 161, 32, true, false}, Case{8, 5, 2080, 64, false, true}}) {
+        Case{8, 9, 200, 200, false, true}, Case{8, 23, 161, 32, true, false}, Case{8, 5, 2080, 64, false, true},
+        // Past 256 chunks a row: two passes per thread (5 warps of 32 over 260 chunks).
+        Case{4, 21, 8300, 128, true, true}, Case{8, 6, 8224, 8224, false, false},
+        // Enough rows for the 8 (1 row of x) and 4 (2-8) rows per block on GPUs up to 132 SMs,
+        // the width over 3 warps, the last one partial; a partial last block.
+        Case{4, 2125, 2080, 64, true, false}, Case{8, 2119, 1056, 96, false, true}}) {
     GqWeight w = make_gq(c.bits, c.rows, c.cols, c.group, c.asym, c.act_order, rng);
     auto dev = gpu->upload(w.m.data.get(), static_cast<size_t>(w.host.bytes()));
     WeightMatrix wm = w.host;
@@ -135,8 +141,10 @@ TEST(CudaWeightQuant, DecodeRunsSeveralTargetsInOneCall) {
   std::mt19937 rng(11);
   const int64_t cols = 256;
   std::vector<GqWeight> ws;
-  ws.push_back(make_gq(4, 48, cols, 32, false, false, rng));
-  ws.push_back(make_gq(4, 17, cols, 32, true, false, rng));
+  // Enough rows in the shared launch for 8 (4) rows per block on GPUs up to 132 SMs, each
+  // target's last block partial.
+  ws.push_back(make_gq(4, 1501, cols, 32, false, false, rng));
+  ws.push_back(make_gq(4, 703, cols, 32, true, false, rng));
   ws.push_back(make_gq(4, 16, cols, 64, true, true, rng));
   ws.push_back(make_gq(8, 9, cols, 128, false, false, rng));
   std::vector<std::shared_ptr<const void>> devs;
