@@ -63,6 +63,44 @@ double tolerance(DType type, int n) {
   return 1.5e-2;
 }
 
+// Runs the joined targets' product on n rows of x (outputs side by side in rows of width
+// ldy = their rows + 3, poisoned with NaN) and returns the relative error against float64
+// over input values passed through `input` (the rounding the path applies, or none); checks
+// that the gap past the outputs is never written.
+template <typename Input>
+double joined_product_error(Backend& gpu, const JoinedWeights& w, const std::vector<int64_t>& rows, int64_t cols, int n,
+                            std::mt19937& rng, Input input) {
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  const int64_t ldy = total + 3;
+  auto x = randn(n * cols, rng);
+  DeviceVec<float> dx(gpu, x), dy(gpu, std::vector<float>(n * ldy, NAN));
+  std::vector<MatmulTarget> targets;
+  int64_t off = 0;
+  for (size_t t = 0; t < rows.size(); ++t) {
+    targets.push_back({w.parts[t], dy.get() + off, ldy});
+    off += rows[t];
+  }
+  gpu.matmul(dx.get(), n, cols, targets);
+  const auto y = dy.read();
+  std::vector<double> ref;
+  std::vector<float> got;
+  for (int i = 0; i < n; ++i) {
+    off = 0;
+    for (size_t t = 0; t < rows.size(); ++t) {
+      for (int64_t r = 0; r < rows[t]; ++r) {
+        double acc = 0;
+        for (int64_t k = 0; k < cols; ++k) acc += double(input(x[i * cols + k])) * w.decoded[t][r * cols + k];
+        ref.push_back(acc);
+        got.push_back(y[i * ldy + off + r]);
+      }
+      off += rows[t];
+    }
+    for (int64_t r = off; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r])) << "gap written";
+  }
+  return rel_err(got, ref);
+}
+
 }  // namespace
 
 TEST(CudaFused, BackToBackTargetsMatchFloat64) {
@@ -73,35 +111,10 @@ TEST(CudaFused, BackToBackTargetsMatchFloat64) {
     // 2,056 columns: one full sweep of the bulk kernel and a partial one.
     const int64_t cols = type == DType::Q4_0 ? 2048 : 2056;
     const std::vector<int64_t> rows = {40, 24, 24};
-    JoinedWeights w = make_joined(*gpu, type, rows, cols, rng);
-    const int64_t ldy = 40 + 24 + 24 + 3;  // outputs side by side, then a gap
+    JoinedWeights w = make_joined(*gpu, type, rows, cols, rng);  // outputs side by side, then a gap
     for (int n : {1, 3, 33}) {
-      auto x = randn(n * cols, rng);
-      DeviceVec<float> dx(*gpu, x), dy(*gpu, std::vector<float>(n * ldy, NAN));
-      std::vector<MatmulTarget> targets;
-      int64_t off = 0;
-      for (size_t t = 0; t < rows.size(); ++t) {
-        targets.push_back({w.parts[t], dy.get() + off, ldy});
-        off += rows[t];
-      }
-      gpu->matmul(dx.get(), n, cols, targets);
-      const auto y = dy.read();
-      std::vector<double> ref;
-      std::vector<float> got;
-      for (int i = 0; i < n; ++i) {
-        off = 0;
-        for (size_t t = 0; t < rows.size(); ++t) {
-          for (int64_t r = 0; r < rows[t]; ++r) {
-            double acc = 0;
-            for (int64_t k = 0; k < cols; ++k) acc += double(x[i * cols + k]) * w.decoded[t][r * cols + k];
-            ref.push_back(acc);
-            got.push_back(y[i * ldy + off + r]);
-          }
-          off += rows[t];
-        }
-        for (int64_t r = off; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r])) << "gap written";
-      }
-      EXPECT_LT(rel_err(got, ref), tolerance(type, n)) << dtype_name(type) << " n=" << n;
+      EXPECT_LT(joined_product_error(*gpu, w, rows, cols, n, rng, [](float v) { return v; }), tolerance(type, n))
+          << dtype_name(type) << " n=" << n;
     }
   }
 }
@@ -445,8 +458,8 @@ TEST(CudaFused, AddRmsNormSwigluFfnMatchesFloat64) {
 // 2–8 rows of 16-bit weights take the streaming tensor-core kernel (gemv_tc16.cu): the input
 // rounded once to the weights' type, f32 accumulation. Against float64 on that rounding, at
 // widths that end inside a 512-column tile (576, 1,056, 4,128; 8,224: 17 tiles per chunk,
-// more than the kernel's stages, so every stage and the last one's bounds are used), targets whose rows end
-// inside a 16-row chunk (40, 24, 1,000 + 7), several targets in one launch writing side by
+// more than the kernel's stages, so every stage and the last one's bounds are used),
+// targets whose rows end inside a 16-row chunk (40, 24, 1,000 + 7), several targets in one launch writing side by
 // side with a gap, every row count 2..8. Outputs are poisoned first: the gap stays NaN.
 TEST(CudaFused, SmallBatch16BitProductsMatchFloat64OnTheRoundedInput) {
   TESSERA_REQUIRE_CUDA();
@@ -459,38 +472,9 @@ TEST(CudaFused, SmallBatch16BitProductsMatchFloat64OnTheRoundedInput) {
     for (int64_t cols : {576, 1056, 4128, 8224}) {
       for (const std::vector<int64_t>& rows : {std::vector<int64_t>{40, 24, 24}, std::vector<int64_t>{1007}}) {
         JoinedWeights w = make_joined(*gpu, type, rows, cols, rng);
-        int64_t total = 0;
-        for (int64_t r : rows) total += r;
-        const int64_t ldy = total + 3;
-        for (int n = 2; n <= 8; ++n) {
-          auto x = randn(n * cols, rng);
-          DeviceVec<float> dx(*gpu, x), dy(*gpu, std::vector<float>(n * ldy, NAN));
-          std::vector<MatmulTarget> targets;
-          int64_t off = 0;
-          for (size_t t = 0; t < rows.size(); ++t) {
-            targets.push_back({w.parts[t], dy.get() + off, ldy});
-            off += rows[t];
-          }
-          gpu->matmul(dx.get(), n, cols, targets);
-          const auto y = dy.read();
-          std::vector<double> ref;
-          std::vector<float> got;
-          for (int i = 0; i < n; ++i) {
-            off = 0;
-            for (size_t t = 0; t < rows.size(); ++t) {
-              for (int64_t r = 0; r < rows[t]; ++r) {
-                double acc = 0;
-                for (int64_t k = 0; k < cols; ++k) acc += double(round16(x[i * cols + k])) * w.decoded[t][r * cols + k];
-                ref.push_back(acc);
-                got.push_back(y[i * ldy + off + r]);
-              }
-              off += rows[t];
-            }
-            for (int64_t r = off; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r])) << "gap written";
-          }
-          EXPECT_LT(rel_err(got, ref), 2e-5)
+        for (int n = 2; n <= 8; ++n)
+          EXPECT_LT(joined_product_error(*gpu, w, rows, cols, n, rng, round16), 2e-5)
               << dtype_name(type) << " cols=" << cols << " rows=" << rows.size() << " n=" << n;
-        }
       }
     }
   }
