@@ -1,5 +1,6 @@
 #include "apps/common.h"
 
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -194,11 +195,12 @@ std::vector<int> parse_int_list(const std::string& text, const std::string& opti
   std::vector<int> v;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) {
-    try {
-      v.push_back(std::stoi(item));
-    } catch (const std::exception&) {
+    int value = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    // The whole item must be the number: "8x" or "" is refused, not read as 8 or skipped.
+    if (ec != std::errc() || end != item.data() + item.size() || item.empty())
       fail(option, " '", text, "' is not a comma-separated list of integers");
-    }
+    v.push_back(value);
     TESSERA_CHECK(v.back() >= min_value, option, " values must be at least ", min_value, " (got ", v.back(), ")");
   }
   TESSERA_CHECK(!v.empty(), option, " is empty");
