@@ -146,8 +146,8 @@ bool ModelExecutor::argmax_is_enough(const SampleTarget& t) const {
   if (it == samplers_.end()) return false;  // reported below
   const SamplingParams& p = it->second.params();
   // A grammar's masks applied on the backend come before its argmax.
-  return (!p.grammar || masks_on_device(t)) && p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && p.logit_bias.empty();
+  return (!p.grammar || masks_on_device(t)) && p.greedy() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.logit_bias.empty();
 }
 
 void ModelExecutor::execute(const StepInput& in, StepOutput& out) {

@@ -93,11 +93,11 @@ class ModelExecutor final : public Executor {
   std::unordered_map<SeqId, Sampler> samplers_;
   std::unordered_map<SeqId, Constrained> constrained_;
   int32_t mask_words_;
-  std::shared_ptr<void> masks_;       // [mask slots, mask words] from backend.alloc_host() (pinned on a device)
-  size_t mask_slots_ = 0;             // capacity of masks_
-  size_t step_slots_ = 0;             // slots of this step
-  std::vector<int32_t> mask_rows_;    // [step slots] the backend's rows (-1: host or unused)
-  std::vector<uint8_t> row_readers_;  // [rows] targets reading each logits row (capped at 2)
+  std::shared_ptr<void> masks_;         // [mask slots, mask words] from backend.alloc_host() (pinned on a device)
+  size_t mask_slots_ = 0;               // capacity of masks_
+  size_t step_slots_ = 0;               // slots of this step
+  std::vector<int32_t> mask_rows_;      // [step slots] the backend's rows (-1: host or unused)
+  std::vector<uint8_t> row_readers_;    // [rows] targets reading each logits row (capped at 2)
   std::vector<float> logits_;           // [rows, n_vocab]
   std::vector<float> row_;              // [n_vocab] a row sampled by several sequences
   std::vector<TokenProb> target_dist_;  // verification: p_j of the position being checked

@@ -42,8 +42,8 @@ class ModelRunner {
   // Token masks of logits rows (Backend::apply_token_bitmask's arguments; rows index the
   // batch's logits rows, -1 skips a mask).
   struct TokenMasks {
-    std::span<const int32_t> rows;    // [n]
-    const int32_t* masks = nullptr;   // [n, words] host, unchanged until forward() returns
+    std::span<const int32_t> rows;   // [n]
+    const int32_t* masks = nullptr;  // [n, words] host, unchanged until forward() returns
     int words = 0;
   };
   // The same, with token masks applied on the backend between the forward and the readback

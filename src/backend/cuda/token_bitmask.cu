@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(kThreads)
   if (first >= words) return;
   const int word = first + lane;
   const int used = (n_vocab + 31) / 32;  // words past the vocabulary are ignored
-  const uint32_t mine = word < used ? static_cast<uint32_t>(masks[static_cast<int64_t>(blockIdx.y) * words + word])
-                                    : 0xffffffffu;
+  const uint32_t mine =
+      word < used ? static_cast<uint32_t>(masks[static_cast<int64_t>(blockIdx.y) * words + word]) : 0xffffffffu;
   // Nothing to clear in the warp's 1,024 tokens (free text, or an allowed stretch).
   if (__all_sync(0xffffffffu, mine == 0xffffffffu)) return;
   float* x = logits + static_cast<int64_t>(row) * n_vocab;

@@ -185,7 +185,8 @@ GrammarRun run_grammar_engine(ModelEngine& engine, const Tokenizer& tok) {
   EngineCore core(engine.config(), engine.executor());
   for (RequestId id = 1; id <= 5; ++id) {
     Request r;
-    for (int i = 0; i < 5 + static_cast<int>(id); ++i) r.prompt.push_back(static_cast<int32_t>((id * 7919 + i * 104729) % 256));
+    for (int i = 0; i < 5 + static_cast<int>(id); ++i)
+      r.prompt.push_back(static_cast<int32_t>((id * 7919 + i * 104729) % 256));
     r.sampling.temperature = id == 2 || id == 3 ? 1.0f : 0.0f;
     r.sampling.seed = id;
     r.sampling.max_tokens = 40;
