@@ -16,18 +16,12 @@
 #include "engine/engine_model.h"
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/unicode.h"
+#include "unit/tokenizer/tokenizer_test_util.h"
 
 using namespace tessera;
 using namespace tessera::cudatest;
 
 namespace {
-
-std::vector<std::string> devices() {
-  std::vector<std::string> d = {"cpu"};
-  if (cuda_compiled() && cuda_device_count() > 0) d.push_back("cuda");
-  return d;
-}
 
 std::unique_ptr<Backend> make(const std::string& device) { return device == "cpu" ? make_cpu() : make_cuda(); }
 
@@ -83,7 +77,7 @@ void check_masks(int n_vocab, int words, const std::vector<int32_t>& rows_of) {
       apply_token_bitmask(host, std::span<const int32_t>(masks.data() + i * words, static_cast<size_t>(words)));
       ASSERT_EQ(std::memcmp(host.data(), want[rows_of[i]].data(), sizeof(float) * n_vocab), 0) << "host, mask " << i;
     }
-  for (const std::string& device : devices()) {
+  for (const std::string& device : test_devices()) {
     SCOPED_TRACE(device);
     auto be = make(device);
     DeviceVec<float> dev(*be, logits);
@@ -128,7 +122,7 @@ TEST(CudaTokenBitmask, DeviceMasksMatchABitByBitReference) {
 }
 
 TEST(CudaTokenBitmask, MasksNarrowerThanTheVocabularyAreRefused) {
-  for (const std::string& device : devices()) {
+  for (const std::string& device : test_devices()) {
     auto be = make(device);
     DeviceVec<float> dev(*be, 64);
     const std::vector<int32_t> mask(1, 0), rows = {0};
@@ -141,14 +135,7 @@ namespace {
 // Bytes as tokens (GPT-2's byte-level spelling), then an end-of-text token: the grammars'
 // vocabulary. The model's other ids are never allowed.
 std::unique_ptr<Tokenizer> byte_tokenizer() {
-  VocabSpec spec;
-  spec.model = "gpt2";
-  spec.pre = "gpt-2";
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    append_utf8(s, byte_to_unicode(static_cast<uint8_t>(b)));
-    spec.tokens.push_back(s);
-  }
+  VocabSpec spec = test::byte_vocab_spec();
   spec.tokens.push_back("<|end|>");
   spec.token_types.assign(spec.tokens.size(), 1);
   spec.token_types.back() = 3;
