@@ -127,8 +127,8 @@ void time_backend_masks(Backend& be, const GrammarCompiler& compiler, int n_rows
       apply_token_bitmask(std::span<float>(logits.data() + static_cast<size_t>(r) * n_vocab, n_vocab),
                           std::span<const int32_t>(bits + static_cast<size_t>(r) * words, static_cast<size_t>(words)));
   std::printf(
-      "\n%d masks applied to %d rows of %d logits: %.1f us on the backend (%s; upload + kernel, "
-      "synchronized), %.1f us on the host\n",
+      "\n%d masks applied to %d rows of %d logits: %.1f us on the backend (%s, synchronized: on a "
+      "device the upload included), %.1f us on the host\n",
       n_rows, n_rows, n_vocab, on_backend, std::string(be.name()).c_str(), us_since(t) / reps);
 }
 

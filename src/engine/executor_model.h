@@ -2,7 +2,8 @@
 // The real executor: swap moves and copy-on-write block copies on the KV storage, one
 // forward of the step's variable-length batch, then one Sampler per sequence over its
 // logits row, and the log-probabilities requests asked for. Works on any backend: KV moves
-// go through the backend's copy ops; rows that only need an argmax (greedy, no penalties,
+// go through the backend's copy ops; grammar token masks are applied to the logits on the
+// backend (rows only one target reads); rows that only need an argmax (greedy, no penalties,
 // bias or logprobs) are reduced on the backend and only their ids come back. The forward
 // itself (input staging, graph padding and replay, logits readback) is the ModelRunner's.
 #include <memory>
