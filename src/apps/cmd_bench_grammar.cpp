@@ -1,6 +1,6 @@
 // `tessera bench grammar`: what structured output costs. Part 1 times the grammar work of one
 // token (mask fill, applying it to a row of logits, accepting the token) on the model's
-// vocabulary; part 2 runs the serving engine's steps at each batch size with every request
+// vocabulary, and the masks of the largest batch applied on the engine's backend; part 2 runs the serving engine's steps at each batch size with every request
 // free, every request constrained, and half of each, and reports the step time and the
 // overhead per constrained token (docs/benchmarks/structured-output.md).
 #include <algorithm>
@@ -13,6 +13,8 @@
 #include "core/error.h"
 #include "engine/engine_core.h"
 #include "format/gguf.h"
+#include "backend/backend.h"
+#include "backend/token_bitmask.h"
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
@@ -92,6 +94,44 @@ void time_masks(const Tokenizer& tok, const GrammarCompiler& compiler, const cha
               p99(fill), mean(apply), mean(accept), mean(fill) + mean(apply) + mean(accept));
 }
 
+// What the engine does with a batch's masks after the forward: n_rows masks (the schema's
+// first, mostly empty) applied to n_rows rows of logits on the engine's backend (one upload
+// and one kernel on a device; synchronized, so the time includes the upload), against the
+// same masks applied on the host, row after row.
+void time_backend_masks(Backend& be, const GrammarCompiler& compiler, int n_rows, int reps) {
+  const int n_vocab = compiler.vocab_size(), words = bitmask_words(n_vocab);
+  GrammarMatcher m(compiler.compile({GrammarSpec::Kind::JsonSchema, kSchema, {}}));
+  const size_t mask_bytes = static_cast<size_t>(n_rows) * words * sizeof(int32_t);
+  const std::shared_ptr<void> masks = be.alloc_host(mask_bytes);
+  auto* bits = static_cast<int32_t*>(masks.get());
+  m.fill_next_token_bitmask({bits, static_cast<size_t>(words)});
+  for (int r = 1; r < n_rows; ++r) std::copy(bits, bits + words, bits + static_cast<size_t>(r) * words);
+  std::vector<int32_t> rows(static_cast<size_t>(n_rows));
+  for (int r = 0; r < n_rows; ++r) rows[r] = r;
+  const std::vector<float> host_rows(static_cast<size_t>(n_rows) * n_vocab, 0.5f);
+  float* dev = static_cast<float*>(be.alloc(host_rows.size() * sizeof(float)));
+  be.copy_to_device(dev, host_rows.data(), host_rows.size() * sizeof(float));
+  be.apply_token_bitmask(dev, n_vocab, rows, bits, words);  // warm-up (buffers sized)
+  be.synchronize();
+  auto t = Clock::now();
+  for (int i = 0; i < reps; ++i) {
+    be.apply_token_bitmask(dev, n_vocab, rows, bits, words);
+    be.synchronize();
+  }
+  const double on_backend = us_since(t) / reps;
+  be.free(dev);
+  std::vector<float> logits = host_rows;
+  t = Clock::now();
+  for (int i = 0; i < reps; ++i)
+    for (int r = 0; r < n_rows; ++r)
+      apply_token_bitmask(std::span<float>(logits.data() + static_cast<size_t>(r) * n_vocab, n_vocab),
+                          std::span<const int32_t>(bits + static_cast<size_t>(r) * words, static_cast<size_t>(words)));
+  std::printf(
+      "\n%d masks applied to %d rows of %d logits: %.1f us on the backend (%s, synchronized: on a "
+      "device the upload included), %.1f us on the host\n",
+      n_rows, n_rows, n_vocab, on_backend, std::string(be.name()).c_str(), us_since(t) / reps);
+}
+
 struct ArmResult {
   double step_ms_median = 0;
   int64_t tokens = 0;
@@ -161,6 +201,8 @@ void run_grammar_bench(const GrammarBenchArgs& a, const std::vector<int>& batche
              "2026-12-03T21:45", a.walks);
   time_masks(tok, compiler, "EBNF (endless JSON list)", {GrammarSpec::Kind::Ebnf, kEndless, {}},
              R"([{"name": "Ann", "age": 41, "tags": ["x", "yz"]}, {"name": "Bo", "age": 7, "tags": []})", a.walks);
+
+  time_backend_masks(engine.session().backend(), compiler, *std::max_element(batches.begin(), batches.end()), 50);
 
   struct EngineGrammar {
     const char* name;

@@ -15,6 +15,7 @@
 
 #include "backend/op_types.h"
 #include "backend/tensor.h"
+#include "backend/token_bitmask.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -199,6 +200,24 @@ class Backend {
       if (plan.argmax_only[r]) plan.argmax[r] = host_row_argmax(host + static_cast<size_t>(r) * n_vocab, n_vocab);
   }
 
+  // ---- Structured output: token masks on the logits, before their readback ----
+
+  // For i < rows.size(): every logit of row rows[i] whose token mask i forbids becomes -inf
+  // (backend/token_bitmask.h's layout: bit t % 32 of word t / 32, 1 = allowed); rows[i] = -1
+  // skips mask i. logits: [*, n_vocab] in this backend's memory; rows [n] and masks [n, words]
+  // (words >= (n_vocab + 31) / 32) in host memory. Ordered with the ops, so a read_logits()
+  // after it (its argmax included) sees the masked rows. masks must stay unchanged until the
+  // next read_logits() or synchronize(): a device backend uploads them in one asynchronous
+  // copy, without staging when they come from alloc_host().
+  virtual void apply_token_bitmask(float* logits, int n_vocab, std::span<const int32_t> rows, const int32_t* masks,
+                                   int words) {
+    check_token_bitmask(n_vocab, words);
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i] >= 0)
+        tessera::apply_token_bitmask(std::span<float>(logits + static_cast<size_t>(rows[i]) * n_vocab, n_vocab),
+                                     std::span<const int32_t>(masks + i * words, static_cast<size_t>(words)));
+  }
+
   // ---- KV storage formats ----
 
   // Whether kv_store and attention take K / V in format f (backend/kv_format.h).
@@ -255,6 +274,11 @@ class Backend {
   static void check_add_rms_norm_matmul_buffers(const float* x, const float* residual, const float* x_out) {
     TESSERA_CHECK(x_out != x && x_out != residual, "add_rms_norm_matmul: x_out aliases ", x_out == x ? "x" : "residual",
                   "; it needs a buffer of its own");
+  }
+  // apply_token_bitmask's mask width, checked by every implementation.
+  static void check_token_bitmask(int n_vocab, int words) {
+    TESSERA_CHECK(n_vocab >= 1 && words >= token_bitmask_words(n_vocab), "apply_token_bitmask: masks of ", words,
+                  " words for ", n_vocab, " logits");
   }
   // First index of the largest value; -1 for a NaN, a +inf or a row of -inf.
   static int32_t host_row_argmax(const float* row, int n) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <future>
 
+#include "backend/token_bitmask.h"
 #include "core/error.h"
 #include "kv/kv_host_ops.h"
 #include "spec/verify.h"
@@ -12,6 +13,7 @@ namespace tessera {
 ModelExecutor::ModelExecutor(Model& model, KvCache& kv, Backend& backend, int max_batch_tokens, int max_logits_rows,
                              int n_host_blocks, int pad_block, int pad_local_block)
     : kv_(kv),
+      backend_(backend),
       runner_(model, kv, backend, pad_block, pad_local_block),
       n_vocab_(model.config().n_vocab),
       max_batch_tokens_(std::min(max_batch_tokens, model.max_batch_tokens())),
@@ -41,7 +43,7 @@ void ModelExecutor::add_sequence(SeqId seq, const SamplingParams& params, std::s
   TESSERA_CHECK(added, "executor: sequence ", seq, " added twice");
   // Each choice starts the grammar at its beginning: the choices of a request fork right
   // after the prompt, where every matcher is in the initial state.
-  if (params.grammar) constrained_.emplace(seq, Constrained{GrammarMatcher(params.grammar), {}, 0, 0});
+  if (params.grammar) constrained_.emplace(seq, Constrained{GrammarMatcher(params.grammar), 0, 0, 0});
 }
 
 void ModelExecutor::remove_sequence(SeqId seq) {
@@ -49,14 +51,37 @@ void ModelExecutor::remove_sequence(SeqId seq) {
   constrained_.erase(seq);
 }
 
+bool ModelExecutor::plan_masks(const StepInput& in) {
+  const size_t rows = in.batch.logits_rows.size();
+  row_readers_.assign(rows, 0);
+  const auto read = [&](int64_t r) {
+    if (r >= 0 && static_cast<size_t>(r) < rows) row_readers_[r] = std::min<uint8_t>(row_readers_[r] + 1, 2);
+  };
+  for (const SampleTarget& t : in.samples)
+    for (size_t j = 0; j <= t.draft.size(); ++j) read(static_cast<int64_t>(t.row) + static_cast<int64_t>(j));
+  for (const PromptLogprobTarget& t : in.prompt_logprobs) read(t.row);
+  step_slots_ = 0;
+  if (constrained_.empty()) return false;
+  for (const SampleTarget& t : in.samples)
+    if (const auto it = constrained_.find(t.seq); it != constrained_.end()) {
+      it->second.slot = step_slots_;
+      step_slots_ += t.draft.size() + 1;
+    }
+  if (step_slots_ > mask_slots_) {
+    // Grown between steps only: the last step's upload was read before its readback returned.
+    mask_slots_ = std::max(step_slots_, 2 * mask_slots_);
+    masks_ = backend_.alloc_host(mask_slots_ * static_cast<size_t>(mask_words_) * sizeof(int32_t));
+  }
+  return step_slots_ > 0;
+}
+
 void ModelExecutor::fill_masks(const SampleTarget& t, Constrained& c) {
   c.n_masks = 0;
   c.n_tentative = 0;
   if (c.matcher.terminated()) return;  // ignore_eos past the grammar's end: free text
   const size_t n = t.draft.size();
-  c.masks.resize((n + 1) * static_cast<size_t>(mask_words_));
   for (size_t j = 0; j <= n; ++j) {
-    const std::span<int32_t> mask(c.masks.data() + j * mask_words_, static_cast<size_t>(mask_words_));
+    const std::span<int32_t> mask = mask_at(c.slot + j);
     c.matcher.fill_next_token_bitmask(mask);
     ++c.n_masks;
     // A draft token the grammar forbids has probability 0 under its mask: verification
@@ -71,14 +96,30 @@ void ModelExecutor::prepare_masks(std::span<const SampleTarget> samples) {
     if (const auto it = constrained_.find(t.seq); it != constrained_.end()) fill_masks(t, it->second);
 }
 
+bool ModelExecutor::masks_on_device(const SampleTarget& t) const {
+  for (size_t j = 0; j <= t.draft.size(); ++j) {
+    const int64_t r = static_cast<int64_t>(t.row) + static_cast<int64_t>(j);
+    if (r < 0 || static_cast<size_t>(r) >= row_readers_.size() || row_readers_[r] != 1) return false;
+  }
+  return true;
+}
+
+ModelRunner::TokenMasks ModelExecutor::device_masks(std::span<const SampleTarget> samples) {
+  mask_rows_.assign(step_slots_, -1);
+  for (const SampleTarget& t : samples) {
+    const auto it = constrained_.find(t.seq);
+    if (it == constrained_.end() || !masks_on_device(t)) continue;
+    for (int j = 0; j < it->second.n_masks; ++j) mask_rows_[it->second.slot + j] = t.row + j;
+  }
+  return {mask_rows_, static_cast<const int32_t*>(masks_.get()), mask_words_};
+}
+
 void ModelExecutor::mask_rows(const SampleTarget& t, FunctionRef<std::span<float>(int32_t)> row_of) {
   const auto it = constrained_.find(t.seq);
   if (it == constrained_.end()) return;
   const Constrained& c = it->second;
   for (int j = 0; j < c.n_masks; ++j)
-    apply_token_bitmask(row_of(t.row + j),
-                        std::span<const int32_t>(c.masks.data() + static_cast<size_t>(j) * mask_words_,
-                                                 static_cast<size_t>(mask_words_)));
+    if (mask_rows_[c.slot + j] < 0) apply_token_bitmask(row_of(t.row + j), mask_at(c.slot + j));
 }
 
 void ModelExecutor::advance_grammar(const SampleTarget& t, std::span<const int32_t> emitted) {
@@ -104,8 +145,9 @@ bool ModelExecutor::argmax_is_enough(const SampleTarget& t) const {
   const auto it = samplers_.find(t.seq);
   if (it == samplers_.end()) return false;  // reported below
   const SamplingParams& p = it->second.params();
-  return !p.grammar && p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && p.logit_bias.empty();
+  // A grammar's masks applied on the backend come before its argmax.
+  return (!p.grammar || masks_on_device(t)) && p.greedy() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.logit_bias.empty();
 }
 
 void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
@@ -115,6 +157,7 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
                 max_batch_tokens_, " and ", max_logits_rows_);
   if (!in.copies.empty()) copy_kv_blocks(kv_, in.copies);
   const size_t rows = real_rows;
+  const bool any_constrained = plan_masks(in);  // before the readback plan: it reads row_readers_
   // Readback plan: a row is copied in full only when someone needs more than its argmax.
   argmax_only_.assign(rows, 1);
   argmax_.assign(rows, -1);
@@ -125,14 +168,15 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
     if (t.row >= 0 && static_cast<size_t>(t.row) < rows) argmax_only_[t.row] = 0;
   logits_.resize(rows * n_vocab_);
   // The constrained targets' masks are computed on another thread while the forward runs, so
-  // a step pays for them only where they take longer than the forward.
-  const bool any_constrained =
-      !constrained_.empty() && std::any_of(in.samples.begin(), in.samples.end(),
-                                           [&](const SampleTarget& t) { return constrained_.count(t.seq) > 0; });
+  // a step pays for them only where they take longer than the forward; the backend then
+  // applies them to the logits before the readback.
   std::future<void> masks;
   if (any_constrained) masks = std::async(std::launch::async, [&] { prepare_masks(in.samples); });
-  runner_.forward(in.batch, logits_.data(), {argmax_only_.data(), argmax_.data()});
-  if (masks.valid()) masks.get();
+  runner_.forward(in.batch, logits_.data(), {argmax_only_.data(), argmax_.data()}, [&] {
+    if (!masks.valid()) return ModelRunner::TokenMasks{};
+    masks.get();
+    return device_masks(in.samples);
+  });
   const auto row_of = [&](int32_t row) {
     TESSERA_CHECK(row >= 0 && static_cast<size_t>(row) < real_rows, "executor: logits row ", row, " of ", real_rows);
     return std::span<float>(logits_.data() + static_cast<size_t>(row) * n_vocab_, n_vocab_);
@@ -176,9 +220,11 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
     }
     std::span<float> row = row_of(t.row);
     if (argmax_only_[t.row] && argmax_[t.row] >= 0) {
-      // The sampler would take the argmax of this unmodified row (and draw no randomness).
+      // The sampler would take the argmax of this row (masked on the backend, otherwise
+      // unmodified) and draw no randomness.
       tokens.push_back(argmax_[t.row]);
       it->second.accept(tokens.back());
+      advance_grammar(t, std::span<const int32_t>(tokens).last(1));
       continue;
     }
     // sample() edits the row (bias, penalties): a row shared by several choices is copied.

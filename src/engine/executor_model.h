@@ -2,7 +2,8 @@
 // The real executor: swap moves and copy-on-write block copies on the KV storage, one
 // forward of the step's variable-length batch, then one Sampler per sequence over its
 // logits row, and the log-probabilities requests asked for. Works on any backend: KV moves
-// go through the backend's copy ops; rows that only need an argmax (greedy, no penalties,
+// go through the backend's copy ops; grammar token masks are applied to the logits on the
+// backend (rows only one target reads); rows that only need an argmax (greedy, no penalties,
 // bias or logprobs) are reduced on the backend and only their ids come back. The forward
 // itself (input staging, graph padding and replay, logits readback) is the ModelRunner's.
 #include <memory>
@@ -51,24 +52,38 @@ class ModelExecutor final : public Executor {
                     std::vector<int32_t>& tokens);
 
   // Structured output (docs/design/structured-output.md): a constrained sequence's matcher
-  // and the masks of its coming step, one per row it samples or verifies against.
+  // and where the masks of its coming step lie in the step's mask buffer, one per row it
+  // samples or verifies against.
   struct Constrained {
     GrammarMatcher matcher;
-    TokenBitmask masks;   // [n_masks, mask words]
+    size_t slot = 0;      // its first mask in masks_ (the step's targets in order)
     int n_masks = 0;      // rows masked this step (0: the grammar is over, the row is free)
     int n_tentative = 0;  // draft tokens the matcher took ahead of verification
   };
+  // Lays out the step's masks (a slot per row of each constrained target) and counts the
+  // readers of each logits row; returns whether any target is constrained.
+  bool plan_masks(const StepInput& in);
   // Fills the masks of every constrained target, taking each draft token into the matcher as
   // far as the grammar allows (so later rows get their masks); runs beside the forward.
   void prepare_masks(std::span<const SampleTarget> samples);
   void fill_masks(const SampleTarget& t, Constrained& c);  // one target's masks (prepare_masks' unit)
-  // Masks rows t.row .. t.row + n_masks - 1 of a constrained target (nothing for a free one).
+  std::span<int32_t> mask_at(size_t slot) {
+    return {static_cast<int32_t*>(masks_.get()) + slot * mask_words_, static_cast<size_t>(mask_words_)};
+  }
+  // The backend masks a row in place before the readback when the row is this target's alone
+  // (no other choice samples it, no prompt logprobs read it raw).
+  bool masks_on_device(const SampleTarget& t) const;
+  // The filled masks' logits rows for the backend (-1: left to the host), after prepare_masks.
+  ModelRunner::TokenMasks device_masks(std::span<const SampleTarget> samples);
+  // Masks on the host the rows t.row .. t.row + n_masks - 1 of a constrained target the
+  // backend did not mask (nothing for a free one).
   void mask_rows(const SampleTarget& t, FunctionRef<std::span<float>(int32_t)> row_of);
   // After the step's tokens for a constrained target: drops the rejected draft tokens from the
   // matcher and takes the rest.
   void advance_grammar(const SampleTarget& t, std::span<const int32_t> emitted);
 
   KvCache& kv_;
+  Backend& backend_;
   ModelRunner runner_;
   std::vector<uint8_t> argmax_only_;  // [rows] readback plan
   std::vector<int32_t> argmax_;       // [rows] ids of argmax-only rows (-1: row copied, use the sampler)
@@ -79,6 +94,11 @@ class ModelExecutor final : public Executor {
   std::unordered_map<SeqId, Sampler> samplers_;
   std::unordered_map<SeqId, Constrained> constrained_;
   int32_t mask_words_;
+  std::shared_ptr<void> masks_;         // [mask slots, mask words] from backend.alloc_host() (pinned on a device)
+  size_t mask_slots_ = 0;               // capacity of masks_
+  size_t step_slots_ = 0;               // slots of this step
+  std::vector<int32_t> mask_rows_;      // [step slots] the backend's rows (-1: host or unused)
+  std::vector<uint8_t> row_readers_;    // [rows] targets reading each logits row (capped at 2)
   std::vector<float> logits_;           // [rows, n_vocab]
   std::vector<float> row_;              // [n_vocab] a row sampled by several sequences
   std::vector<TokenProb> target_dist_;  // verification: p_j of the position being checked

@@ -179,7 +179,7 @@ ForwardInputs ModelRunner::inputs(const ForwardBatch& b, const Layout& l, int ta
   return in;
 }
 
-const float* ModelRunner::graph_forward(GraphEntry& g, const ForwardInputs& in) {
+float* ModelRunner::graph_forward(GraphEntry& g, const ForwardInputs& in) {
   // A scratch buffer the graph points into moved: capture again, after an eager warm-up.
   if (g.graph && g.epoch != backend_.graph_epoch()) {
     g.graph.reset();
@@ -212,6 +212,11 @@ const float* ModelRunner::graph_forward(GraphEntry& g, const ForwardInputs& in) 
 }
 
 void ModelRunner::forward(const ForwardBatch& batch, float* logits, const Backend::LogitsReadback& plan) {
+  forward(batch, logits, plan, [] { return TokenMasks{}; });
+}
+
+void ModelRunner::forward(const ForwardBatch& batch, float* logits, const Backend::LogitsReadback& plan,
+                          FunctionRef<TokenMasks()> masks) {
   check(batch);
   const int n_rows = static_cast<int>(batch.logits_rows.size());
   const ForwardBatch& b = padded(batch);
@@ -220,7 +225,7 @@ void ModelRunner::forward(const ForwardBatch& batch, float* logits, const Backen
   // every step until the tables outgrow it.
   const int width = graph ? next_pow2(std::max(b.max_blocks, 1)) : b.max_blocks;
   const Layout l = layout(b, width);
-  const float* device_logits = nullptr;
+  float* device_logits = nullptr;
   if (graph) {
     GraphEntry& g = graphs_[{b.n_seqs(), width}];
     if (!g.inputs) g.inputs = static_cast<int32_t*>(backend_.alloc(l.total * sizeof(int32_t)));
@@ -237,6 +242,13 @@ void ModelRunner::forward(const ForwardBatch& batch, float* logits, const Backen
     }
     stage(b, l, width, eager_inputs_);
     device_logits = model_.forward(inputs(b, l, width, eager_inputs_), kv_);
+  }
+  // After the forward (a graph's replay included): the masks were being filled meanwhile.
+  const TokenMasks m = masks();
+  if (!m.rows.empty()) {
+    for (const int32_t r : m.rows)
+      TESSERA_CHECK(r >= -1 && r < n_rows, "model runner: token mask for logits row ", r, " of ", n_rows);
+    backend_.apply_token_bitmask(device_logits, n_vocab_, m.rows, m.masks, m.words);
   }
   // Padding rows follow the real ones: only the real rows come back.
   if (n_rows > 0) {

@@ -7,11 +7,13 @@
 // Contract: docs/design/engine-core.md ("Forward runner").
 #include <cstdint>
 #include <map>
+#include <span>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/function_ref.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
@@ -37,6 +39,18 @@ class ModelRunner {
   // (Backend::LogitsReadback). Throws naming what is wrong with a bad batch (token id,
   // position, size), before anything runs.
   void forward(const ForwardBatch& batch, float* logits, const Backend::LogitsReadback& plan = {});
+  // Token masks of logits rows (Backend::apply_token_bitmask's arguments; rows index the
+  // batch's logits rows, -1 skips a mask).
+  struct TokenMasks {
+    std::span<const int32_t> rows;   // [n]
+    const int32_t* masks = nullptr;  // [n, words] host, unchanged until forward() returns
+    int words = 0;
+  };
+  // The same, with token masks applied on the backend between the forward and the readback
+  // (so the plan's argmax and the copied rows are of the masked logits). `masks` is called
+  // once the forward's ops are issued: it may wait for masks computed meanwhile.
+  void forward(const ForwardBatch& batch, float* logits, const Backend::LogitsReadback& plan,
+               FunctionRef<TokenMasks()> masks);
 
   // The size a decode batch of n sequences runs at: n padded to a graph size, or 0 when it
   // runs as it is (no graphs on this backend, too large, or padding not possible).
@@ -57,7 +71,7 @@ class ModelRunner {
     std::unique_ptr<Backend::Graph> graph;
     uint64_t epoch = 0;
     int32_t* inputs = nullptr;  // device
-    const float* logits = nullptr;
+    float* logits = nullptr;
   };
   // The packed layout of one forward's index arrays (ints, 32-aligned segments).
   struct Layout {
@@ -73,7 +87,7 @@ class ModelRunner {
   void stage(const ForwardBatch& b, const Layout& l, int table_width, int32_t* device);
   static ForwardInputs inputs(const ForwardBatch& b, const Layout& l, int table_width, const int32_t* device);
   // The forward of a graph key: eager, captured, or replayed.
-  const float* graph_forward(GraphEntry& g, const ForwardInputs& in);
+  float* graph_forward(GraphEntry& g, const ForwardInputs& in);
 
   Model& model_;
   KvCache& kv_;

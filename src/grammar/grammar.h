@@ -66,11 +66,10 @@ class GrammarCompiler {
   int32_t n_vocab_;
 };
 
-// One bit per token, 32 tokens a word (bit t % 32 of word t / 32): 1 = allowed.
+// One bit per token, 32 tokens a word (bit t % 32 of word t / 32): 1 = allowed. The masks are
+// applied by the backend (Backend::apply_token_bitmask, backend/token_bitmask.h).
 using TokenBitmask = std::vector<int32_t>;
 int32_t bitmask_words(int32_t vocab_size);
-// Sets every logit whose token the mask forbids to -inf.
-void apply_token_bitmask(std::span<float> logits, std::span<const int32_t> mask);
 inline bool bitmask_allows(std::span<const int32_t> mask, int32_t token) {
   return (static_cast<uint32_t>(mask[static_cast<size_t>(token) / 32]) >> (token % 32)) & 1u;
 }

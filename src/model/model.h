@@ -74,9 +74,9 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   // Issues the ops of one forward: writes this step's K/V into `kv` and returns the logits
   // [in.n_logits, n_vocab] in backend memory (a buffer of the model's, the same every call,
-  // valid until the next forward). Reads no input array on the host: the ModelRunner checks
+  // valid until the next forward; the caller may edit it in place, e.g. mask tokens). Reads no input array on the host: the ModelRunner checks
   // them, and may record the ops once as a graph and launch it for later steps.
-  virtual const float* forward(const ForwardInputs& in, KvCache& kv) = 0;
+  virtual float* forward(const ForwardInputs& in, KvCache& kv) = 0;
   // The largest batch (in tokens) one forward takes, and the most logits rows.
   virtual int max_batch_tokens() const = 0;
   virtual int max_logits_rows() const = 0;

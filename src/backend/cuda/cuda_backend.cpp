@@ -143,6 +143,8 @@ CudaBackend::~CudaBackend() {
     if (g) cudaGraphDestroy(g);
   }
   cudaFree(argmax_dev_);
+  cudaFree(mask_dev_);
+  if (mask_rows_uploaded_) cudaEventDestroy(mask_rows_uploaded_);
   gemm_.reset();
   for (auto& t : rope_tables_) cudaFree(t.inv_freq);
   cudaFree(act16_);

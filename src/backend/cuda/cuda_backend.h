@@ -82,6 +82,9 @@ class CudaBackend final : public Backend {
   void copy_to_device_async(void* device, const void* host, size_t bytes) override;
   std::shared_ptr<void> alloc_host(size_t bytes) override;
   void read_logits(float* host, const float* device, int n_rows, int n_vocab, const LogitsReadback& plan) override;
+  // Rows staged through a pinned buffer, masks copied straight from the caller (cuda_graphs.cpp).
+  void apply_token_bitmask(float* logits, int n_vocab, std::span<const int32_t> rows, const int32_t* masks,
+                           int words) override;
 
   bool supports_graphs() const override { return graphs_enabled_; }
   void begin_capture() override;
@@ -122,6 +125,14 @@ class CudaBackend final : public Backend {
   size_t argmax_dev_cap_ = 0;
   std::shared_ptr<void> argmax_host_;  // pinned
   size_t argmax_host_cap_ = 0;
+
+  // apply_token_bitmask: device copies of the rows and masks, and the pinned rows staging,
+  // rewritten only once its last upload has been read (mask_rows_uploaded_).
+  void* mask_dev_ = nullptr;  // [rows, padded to 64 ints] then [n, words] masks
+  size_t mask_dev_cap_ = 0;
+  std::shared_ptr<void> mask_rows_host_;
+  size_t mask_rows_host_cap_ = 0;  // bytes
+  cudaEvent_t mask_rows_uploaded_ = nullptr;
 
   int device_ = 0;
   int sm_count_ = 0;

@@ -112,4 +112,37 @@ void CudaBackend::read_logits(float* host, const float* device, int n_rows, int 
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void CudaBackend::apply_token_bitmask(float* logits, int n_vocab, std::span<const int32_t> rows, const int32_t* masks,
+                                      int words) {
+  TESSERA_CHECK(!capturing_, "cuda: apply_token_bitmask inside a graph capture");
+  check_token_bitmask(n_vocab, words);
+  const size_t n = rows.size();
+  if (n == 0) return;
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("token masks"); });
+  const size_t rows_bytes = round_up(n * sizeof(int32_t), 256);  // the masks start 256-aligned
+  const size_t mask_bytes = n * static_cast<size_t>(words) * sizeof(int32_t);
+  if (rows_bytes + mask_bytes > mask_dev_cap_) {
+    if (mask_dev_) TESSERA_CUDA_CHECK(cudaFree(mask_dev_));  // waits for a kernel still reading it
+    mask_dev_ = nullptr;
+    mask_dev_cap_ = round_up(rows_bytes + mask_bytes, 1 << 16);
+    mask_dev_ = alloc(mask_dev_cap_);
+  }
+  if (!mask_rows_uploaded_) TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&mask_rows_uploaded_, cudaEventDisableTiming));
+  // The staging may still feed the last call's upload (no readback since).
+  TESSERA_CUDA_CHECK(cudaEventSynchronize(mask_rows_uploaded_));
+  if (n * sizeof(int32_t) > mask_rows_host_cap_) {
+    mask_rows_host_cap_ = round_up(n * sizeof(int32_t), 4096);
+    mask_rows_host_ = cuda_pinned_host(mask_rows_host_cap_);
+  }
+  std::memcpy(mask_rows_host_.get(), rows.data(), n * sizeof(int32_t));
+  auto* rows_dev = static_cast<int32_t*>(mask_dev_);
+  auto* masks_dev = reinterpret_cast<int32_t*>(static_cast<char*>(mask_dev_) + rows_bytes);
+  TESSERA_CUDA_CHECK(
+      cudaMemcpyAsync(rows_dev, mask_rows_host_.get(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  TESSERA_CUDA_CHECK(cudaEventRecord(mask_rows_uploaded_, stream_));
+  // One copy for every mask of the step; asynchronous when they lie in pinned memory.
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(masks_dev, masks, mask_bytes, cudaMemcpyHostToDevice, stream_));
+  cuda::launch_apply_token_bitmask(logits, n_vocab, rows_dev, static_cast<int>(n), masks_dev, words, stream_);
+}
+
 }  // namespace tessera

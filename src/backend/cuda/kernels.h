@@ -222,4 +222,10 @@ void launch_attention_decode_merge(const float* partials, const DeviceBatch& b, 
 // with a NaN or +inf, or of -inf only.
 void launch_row_argmax(const float* x, int n_rows, int n_cols, int32_t* out, cudaStream_t s);
 
+// Token masks (token_bitmask.cu): for m < n_masks with rows[m] >= 0, every logit of row
+// rows[m] of logits [*, n_vocab] whose bit in masks[m, :] (words per mask) is 0 becomes -inf.
+// rows and masks are device arrays.
+void launch_apply_token_bitmask(float* logits, int n_vocab, const int32_t* rows, int n_masks, const int32_t* masks,
+                                int words, cudaStream_t s);
+
 }  // namespace tessera::cuda

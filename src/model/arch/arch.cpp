@@ -29,8 +29,7 @@ DecoderActivations::DecoderActivations(Backend& be, const ModelConfig& c, int ma
   logits = bufs.floats(static_cast<int64_t>(max_logits) * c.n_vocab);
 }
 
-const float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x,
-                          const ForwardInputs& in) {
+float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x, const ForwardInputs& in) {
   const ModelConfig& c = w.config;
   const int n = in.batch.n_tokens, n_out = in.n_logits, e = c.n_embd;
   if (n_out == 0) return a.logits;

@@ -51,7 +51,7 @@ struct DecoderActivations {
 
 // The end of a decoder's forward: x += tmp (the last block's output), then the final norm
 // and the output matrix on the rows the caller wants only. Returns a.logits: [n_logits, n_vocab].
-const float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x, const ForwardInputs& in);
+float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x, const ForwardInputs& in);
 
 // RoPE as the config says, at base freq_base; with_scaling false leaves out the config's
 // rope_scaling (Gemma 3's local layers rotate unscaled).

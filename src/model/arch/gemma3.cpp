@@ -37,7 +37,7 @@ class Gemma3Model final : public Model {
   int max_batch_tokens() const override { return max_tokens_; }
   int max_logits_rows() const override { return max_logits_; }
 
-  const float* forward(const ForwardInputs& in, KvCache& kv) override {
+  float* forward(const ForwardInputs& in, KvCache& kv) override {
     const AttentionBatch& ab = in.batch;
     const int n = ab.n_tokens;
     const int n_out = in.n_logits;

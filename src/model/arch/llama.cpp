@@ -43,7 +43,7 @@ class LlamaModel final : public Model {
   int max_logits_rows() const override { return max_logits_; }
 
   // Token ids and positions were checked on the host by the ModelRunner; the sizes here.
-  const float* forward(const ForwardInputs& in, KvCache& kv) override {
+  float* forward(const ForwardInputs& in, KvCache& kv) override {
     const AttentionBatch& ab = in.batch;
     const int n = ab.n_tokens;
     const int n_out = in.n_logits;

@@ -19,12 +19,6 @@ using namespace tessera::cudatest;
 
 namespace {
 
-std::vector<std::string> devices() {
-  std::vector<std::string> d = {"cpu"};
-  if (cuda_compiled() && cuda_device_count() > 0) d.push_back("cuda");
-  return d;
-}
-
 std::unique_ptr<Backend> make(const std::string& device) { return device == "cpu" ? make_cpu() : make_cuda(); }
 
 // The sampler's own greedy pick (or the error it raises, as -1).
@@ -62,7 +56,7 @@ void check_argmax_readback(int n_vocab, int n_rows) {
   // the other rows ordinary; row 7 is read in full.
   std::vector<uint8_t> argmax_only(n_rows, 1);
   argmax_only[7] = 0;
-  for (const std::string& device : devices()) {
+  for (const std::string& device : test_devices()) {
     SCOPED_TRACE(device);
     auto be = make(device);
     DeviceVec<float> dev(*be, logits);
@@ -109,7 +103,7 @@ TEST(CudaServing, ArgmaxReadbackMatchesTheSamplerAndCopiesOnlyFullRows) {
 }
 
 TEST(CudaServing, KvBlockCopiesAndSwapsGoThroughTheBackend) {
-  for (const std::string& device : devices()) {
+  for (const std::string& device : test_devices()) {
     for (DType dt : {DType::F16, DType::F32}) {
       SCOPED_TRACE(device + " " + std::string(dtype_name(dt)));
       auto be = make(device);

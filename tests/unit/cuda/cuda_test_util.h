@@ -23,6 +23,13 @@ namespace tessera::cudatest {
     if (::tessera::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
+// The devices a test runs on: the CPU always, CUDA where a device is visible.
+inline std::vector<std::string> test_devices() {
+  std::vector<std::string> d = {"cpu"};
+  if (cuda_compiled() && cuda_device_count() > 0) d.push_back("cuda");
+  return d;
+}
+
 // A device buffer of T owned by the test, filled from and read back to host vectors.
 template <typename T>
 class DeviceVec {

@@ -139,7 +139,7 @@ class CountingModel final : public Model {
  public:
   explicit CountingModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {}
   const ModelConfig& config() const override { return inner_->config(); }
-  const float* forward(const ForwardInputs& in, KvCache& kv) override {
+  float* forward(const ForwardInputs& in, KvCache& kv) override {
     ++calls;
     return inner_->forward(in, kv);
   }

@@ -11,6 +11,7 @@
 #include <regex>
 #include <string>
 
+#include "backend/token_bitmask.h"
 #include "core/error.h"
 #include "format/gguf.h"
 #include "grammar/grammar.h"

@@ -72,14 +72,7 @@ TEST(IncrementalDetokenizer, FuzzRandomTokenSequences) {
 
 // A small byte-level vocabulary with llama.cpp's space clean-up ("gpt-2" pre-tokenizer).
 std::unique_ptr<Tokenizer> clean_spaces_vocab() {
-  VocabSpec spec;
-  spec.model = "gpt2";
-  spec.pre = "gpt-2";
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    append_utf8(s, byte_to_unicode(static_cast<uint8_t>(b)));
-    spec.tokens.push_back(s);
-  }
+  VocabSpec spec = test::byte_vocab_spec();
   for (const char* t : {"\xC4\xA0'", "\xC4\xA0,", "\xC4\xA0?", "'s", "re"}) spec.tokens.push_back(t);
   spec.merges = {"\xC4\xA0 '", "\xC4\xA0 ,", "\xC4\xA0 ?", "' s", "r e"};
   return Tokenizer::from_spec(spec);

@@ -11,6 +11,7 @@
 
 #include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace tessera::test {
 
@@ -32,6 +33,20 @@ inline std::string unhex(const std::string& hex) {
   for (size_t i = 0; i + 1 < hex.size(); i += 2)
     out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
+}
+
+// A GPT-2 byte-level vocabulary of the 256 bytes alone (ids 0..255, "gpt-2" pre-tokenizer):
+// callers append their own tokens and merges.
+inline VocabSpec byte_vocab_spec() {
+  VocabSpec spec;
+  spec.model = "gpt2";
+  spec.pre = "gpt-2";
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    append_utf8(s, byte_to_unicode(static_cast<uint8_t>(b)));
+    spec.tokens.push_back(s);
+  }
+  return spec;
 }
 
 inline std::string fixture_text(const nlohmann::json& entry) {
