@@ -24,9 +24,10 @@ using namespace tessera::cudatest;
 
 namespace {
 
-const char* const kFormats[] = {"fp8_e4m3",   "fp8_e5m2",     "fp8_e4m3:head", "fp8_e5m2:token", "int8",
-                                "int8:g16",   "int4",         "int4:g16",      "int4:g32",       "turbo2.5:qjl",
-                                "turbo3:qjl", "turbo3.5:qjl", "turbo4:qjl",    "turbo3.5",       "turbo2.5"};
+const char* const kFormats[] = {"fp8_e4m3", "fp8_e5m2",     "fp8_e4m3:head", "fp8_e5m2:token", "int8",
+                                "int8:g16", "int4",         "int4:g16",      "int4:g32",       "turbo2.5:qjl",
+                                "turbo3:qjl", "turbo3.5:qjl", "turbo4:qjl",  "turbo2.5",       "turbo3",
+                                "turbo3.5", "turbo4"};
 
 struct Seq {
   int past, add;  // tokens stored in step 1, tokens (query rows) of step 2
@@ -182,11 +183,34 @@ TEST(CudaKvQuant, EveryFormatStoresTheCpuBytesAndAttendsLikeTheCpu) {
     run_case({name, name, 16, 2, 4, 128, {{19, 30}, {40, 17}}}, seed++);
     run_case({name, name, 16, 2, 4, 128, {{15, 1}, {16, 1}, {700, 1}, {1, 1}}}, seed++);
     run_case({name, name, 8, 1, 5, 64, {{300, 1}, {33, 1}}}, seed++);
+    // The tensor-core decode at head_dim 64 with a full group of 16 query heads per KV head.
+    run_case({name, name, 16, 2, 16, 64, {{63, 1}, {64, 1}, {65, 1}, {333, 1}}}, seed++);
   }
+}
+
+// Many sequences of short contexts: one split each, where the fragment kernel normalizes
+// the output itself (fp8) or, for turbo values, still writes partials so that the merge
+// kernel rotates them back; and a batch long enough for many splits.
+TEST(CudaKvQuant, DecodeOneSplitAndManySplits) {
+  TESSERA_REQUIRE_CUDA();
+  std::vector<Seq> many;
+  for (int i = 0; i < 80; ++i) many.push_back({(i * 37) % 250, 1});
+  uint32_t seed = 70;
+  for (const char* name : {"fp8_e4m3", "turbo3", "turbo3.5", "int8"}) {
+    run_case({name, name, 16, 4, 2, 64, many}, seed++);
+    run_case({name, name, 16, 1, 8, 128, {{3000, 1}, {1, 1}}}, seed++);
+  }
+  run_case({"int4", "turbo4", 16, 4, 3, 128, many}, seed++);
 }
 
 TEST(CudaKvQuant, MixedFormatsBlockSizesAndHeadSizes) {
   TESSERA_REQUIRE_CUDA();
+  // Turbo beside other formats and at another width on the tensor-core decode (formats
+  // read at run time: every turbo width through one code path).
+  run_case({"turbo3.5", "int8", 16, 2, 4, 128, {{20, 1}, {300, 1}, {33, 1}}}, 80);
+  run_case({"fp8_e4m3:token", "turbo2.5", 16, 2, 16, 64, {{47, 1}, {129, 1}}}, 81);
+  run_case({"turbo4", "turbo2.5", 16, 1, 7, 64, {{5, 1}, {257, 1}, {16, 1}}}, 82);
+  run_case({"turbo3", "int4", 16, 2, 3, 128, {{100, 1}, {17, 1}}}, 83);
   run_case({"int4", "int8", 16, 2, 2, 64, {{33, 1}, {7, 9}}}, 90);
   run_case({"turbo3.5:qjl", "fp8_e4m3:token", 16, 2, 4, 128, {{20, 1}, {3, 40}}}, 91);
   run_case({"f16", "int4:g32", 16, 2, 4, 128, {{50, 1}, {0, 20}}}, 92);
@@ -205,9 +229,8 @@ TEST(CudaKvQuant, DecodeAttentionBenchmark) {
   if (!std::getenv("TESSERA_CUDA_BENCH_KVQ")) GTEST_SKIP() << "set TESSERA_CUDA_BENCH_KVQ=1";
   auto gpu = make_cuda();
   const int hd = 128, n_kv = 8, n_heads = 32, bs = 16;
-  const std::vector<std::string> formats = {"f16",          "fp8_e4m3",   "fp8_e4m3:token", "int8",
-                                            "int8:g32",     "int4",       "int4:g32",       "turbo4:qjl",
-                                            "turbo3.5:qjl", "turbo3:qjl", "turbo2.5:qjl",   "turbo3.5"};
+  const std::vector<std::string> formats = {"f16",    "fp8_e4m3", "fp8_e4m3:token", "int8",     "int8:g32",    "int4",
+                                            "int4:g32", "turbo4", "turbo3.5",       "turbo3",   "turbo2.5",    "turbo3.5:qjl"};
   std::printf("%-16s %-10s %10s %10s %10s %10s %8s %9s\n", "format", "shape", "us/layer", "MB/layer", "GB/s",
               "floor us", "x f16", "of floor");
   for (const auto& [n_seqs, ctx] : std::vector<std::pair<int, int>>{{64, 8192}, {1, 32768}}) {
