@@ -338,8 +338,8 @@ void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
   TESSERA_QDF(Int4, Channel, Int4, Group)
   TESSERA_QDF(Int4, Group, Int4, Group)
 #undef TESSERA_QDF
-#define TESSERA_QDT(HI, LO)                                                                          \
-  if (kk == frag_key(KvCodec::Turbo, KvScale::None, HI, LO) && vk == kk)                             \
+#define TESSERA_QDT(HI, LO)                                                                                            \
+  if (kk == frag_key(KvCodec::Turbo, KvScale::None, HI, LO) && vk == kk)                                               \
     return launch_as<frag_key(KvCodec::Turbo, KvScale::None, HI, LO), frag_key(KvCodec::Turbo, KvScale::None, HI, LO), \
                      HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
   TESSERA_QDT(3, 2)  // turbo2.5

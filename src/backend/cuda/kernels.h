@@ -63,11 +63,9 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
                                    float* partials, cudaStream_t s);
 // attention_quant_decode_frag.cu: whether the tensor-core kernel that decodes pages straight
 // into mma fragments takes this layout (head_dim 64/128, blocks of 16, K and V each f16, fp8,
-// int8, int4 or turbo, keys without QJL); like attention_decode_mma.cu it fits a few blocks
-// per SM, so its splits are chosen as that kernel's. _direct: whether, with these splits, it
-// writes the normalized output itself (one split, values not turbo) rather than partials.
+// int8 or int4); like attention_decode_mma.cu it fits a few blocks per SM, so its splits are
+// chosen as that kernel's.
 bool attention_quant_decode_frag_applies(const KvLayerView& kv, int n_heads);
-bool attention_quant_decode_frag_direct(const KvLayerView& kv, int max_splits);
 // attention_quant_prefill.cu: any batch (variable length, causal, GQA), as launch_attention_prefill.
 void launch_attention_quant_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                     int n_heads, float scale, float* out, int64_t ldo, cudaStream_t s);

@@ -135,6 +135,20 @@ __device__ __forceinline__ TurboBook turbo_book(const float* centroids) {
   return b;
 }
 
+// The NPL plane words of a row's slice of 8·BYTES channels from channel cb (within one half;
+// the row at code byte `row`): w[p] = plane p's BYTES bytes (bit c = the slice's channel c),
+// zero past the half's width.
+template <int NPL, int HD, int BYTES>
+__device__ __forceinline__ void turbo_planes(const KvFormat& f, const uint8_t* page, int row, int cb, uint32_t* w) {
+  const int h = cb >= HD / 2, bits = h ? f.bits_lo : f.bits_hi;
+  const uint32_t off = row + (h ? f.bits_hi * (HD / 16) : 0) + (cb - h * (HD / 2)) / 8;
+#pragma unroll
+  for (int p = 0; p < NPL; ++p) {
+    const uint8_t* at = page + kv_swz(off + p * (HD / 16));
+    w[p] = p >= bits ? 0u : BYTES == 4 ? lds32(at) : BYTES == 2 ? lds16(at) : lds8(at);
+  }
+}
+
 // Nibble k of idx = bits 0-2 of the code of the channel at bit i + 4k of the plane words
 // w[p]; nibble k of top = 4 × bit 3 of it (the table half to pick). NPL planes (unread
 // planes of a narrower half are zero).
@@ -179,16 +193,9 @@ __device__ __forceinline__ void kfrag_load(const KvFormat& f, const uint8_t* pag
     case KvCodec::Int4:
       lds_codes<HD / 32>(page, j * row_bytes + cb / 2, raw);
       return;
-    case KvCodec::Turbo: {  // raw[p]: plane p of the lane's hd/4 channels (all in one half)
-      const int h = cb >= HD / 2, bits = h ? f.bits_lo : f.bits_hi;
-      const uint32_t off = j * row_bytes + (h ? f.bits_hi * (HD / 16) : 0) + (cb - h * (HD / 2)) / 8;
-#pragma unroll
-      for (int p = 0; p < frag_planes(C); ++p) {
-        const uint32_t o = off + p * (HD / 16);
-        raw[p] = p < bits ? (HD == 128 ? lds32(page + kv_swz(o)) : lds16(page + kv_swz(o))) : 0u;
-      }
+    case KvCodec::Turbo:  // raw[p]: plane p of the lane's hd/4 channels (all in one half)
+      turbo_planes<frag_planes(C), HD, HD / 32>(f, page, j * row_bytes, cb, raw);
       return;
-    }
     default:
       lds_codes<HD / 16>(page, j * row_bytes + cb, raw);
   }
@@ -214,8 +221,8 @@ __device__ __forceinline__ void kfrag_group_scales(const KvFormat& f, const uint
 // lane's turbo codebook (turbo only; the per-token norm goes on the scores).
 template <int C, int HD>
 __device__ __forceinline__ uint32_t kfrag_word(const KvFormat& f, const uint32_t (&raw)[HD / 8],
-                                               const uint32_t (&g)[HD / 32], const uint8_t* chs,
-                                               const TurboBook& book, int w) {
+                                               const uint32_t (&g)[HD / 32], const uint8_t* chs, const TurboBook& book,
+                                               int w) {
   const KvCodec c = frag_codec(C, f);
   switch (c) {
     case KvCodec::F16:
@@ -224,7 +231,7 @@ __device__ __forceinline__ uint32_t kfrag_word(const KvFormat& f, const uint32_t
       constexpr int NPI = HD / 32;
       uint32_t idx, top, lo, hi;
       turbo_gather<frag_planes(C)>(raw, w / NPI, idx, top);  // channels i + 4k, k = 0..7
-      const int sh = 16 * ((w % NPI) / 2);                    // nibbles 0-3 or 4-7
+      const int sh = 16 * ((w % NPI) / 2);                   // nibbles 0-3 or 4-7
       turbo_lookup4<frag_planes(C)>(book, idx >> sh, top >> sh, lo, hi);
       return prmt(lo, hi, w % 2 ? 0x7362 : 0x5140);  // the first two channels' f16, or the last two
     }
@@ -268,17 +275,10 @@ __device__ __forceinline__ void vfrag_load(const KvFormat& f, const uint8_t* pag
       lds_codes<HD / 64>(page, a * row_bytes + cb / 2, ra);
       lds_codes<HD / 64>(page, (a + 1) * row_bytes + cb / 2, rb);
       return;
-    case KvCodec::Turbo: {  // ra[p] / rb[p]: plane p of the lane's hd/8 channels of keys a, a + 1
-      const int h = cb >= HD / 2, bits = h ? f.bits_lo : f.bits_hi;
-      const uint32_t off = a * row_bytes + (h ? f.bits_hi * (HD / 16) : 0) + (cb - h * (HD / 2)) / 8;
-#pragma unroll
-      for (int p = 0; p < frag_planes(C); ++p) {
-        const uint32_t o = off + p * (HD / 16);
-        ra[p] = p < bits ? (HD == 128 ? lds16(page + kv_swz(o)) : lds8(page + kv_swz(o))) : 0u;
-        rb[p] = p < bits ? (HD == 128 ? lds16(page + kv_swz(o + row_bytes)) : lds8(page + kv_swz(o + row_bytes))) : 0u;
-      }
+    case KvCodec::Turbo:  // ra[p] / rb[p]: plane p of the lane's hd/8 channels of keys a, a + 1
+      turbo_planes<frag_planes(C), HD, HD / 64>(f, page, a * row_bytes, cb, ra);
+      turbo_planes<frag_planes(C), HD, HD / 64>(f, page, (a + 1) * row_bytes, cb, rb);
       return;
-    }
     default:
       lds_codes<HD / 32>(page, a * row_bytes + cb, ra);
       lds_codes<HD / 32>(page, (a + 1) * row_bytes + cb, rb);
@@ -360,6 +360,9 @@ __device__ __forceinline__ uint32_t vfrag_word(const KvFormat& f, const uint32_t
   }
 }
 
+// Whether, with max_splits splits, the kernel writes the normalized output itself (one split,
+// values not turbo) rather than partials for the merge.
+bool attention_quant_decode_frag_direct(const KvLayerView& kv, int max_splits);
 // The kernel (attention_quant_decode_frag.cu; applies: kernels.h): head_dim 64/128, blocks of
 // 16, at most 16 query heads per KV head, K and V each f16, fp8, int8, int4 or turbo (keys
 // without QJL). With one split and V not turbo it writes the normalized output, else the

@@ -24,10 +24,10 @@ using namespace tessera::cudatest;
 
 namespace {
 
-const char* const kFormats[] = {"fp8_e4m3", "fp8_e5m2",     "fp8_e4m3:head", "fp8_e5m2:token", "int8",
-                                "int8:g16", "int4",         "int4:g16",      "int4:g32",       "turbo2.5:qjl",
-                                "turbo3:qjl", "turbo3.5:qjl", "turbo4:qjl",  "turbo2.5",       "turbo3",
-                                "turbo3.5", "turbo4"};
+const char* const kFormats[] = {"fp8_e4m3",   "fp8_e5m2",     "fp8_e4m3:head", "fp8_e5m2:token", "int8",
+                                "int8:g16",   "int4",         "int4:g16",      "int4:g32",       "turbo2.5:qjl",
+                                "turbo3:qjl", "turbo3.5:qjl", "turbo4:qjl",    "turbo2.5",       "turbo3",
+                                "turbo3.5",   "turbo4"};
 
 struct Seq {
   int past, add;  // tokens stored in step 1, tokens (query rows) of step 2
@@ -229,8 +229,9 @@ TEST(CudaKvQuant, DecodeAttentionBenchmark) {
   if (!std::getenv("TESSERA_CUDA_BENCH_KVQ")) GTEST_SKIP() << "set TESSERA_CUDA_BENCH_KVQ=1";
   auto gpu = make_cuda();
   const int hd = 128, n_kv = 8, n_heads = 32, bs = 16;
-  const std::vector<std::string> formats = {"f16",    "fp8_e4m3", "fp8_e4m3:token", "int8",     "int8:g32",    "int4",
-                                            "int4:g32", "turbo4", "turbo3.5",       "turbo3",   "turbo2.5",    "turbo3.5:qjl"};
+  const std::vector<std::string> formats = {"f16",      "fp8_e4m3", "fp8_e4m3:token", "int8",
+                                            "int8:g32", "int4",     "int4:g32",       "turbo4",
+                                            "turbo3.5", "turbo3",   "turbo2.5",       "turbo3.5:qjl"};
   std::printf("%-16s %-10s %10s %10s %10s %10s %8s %9s\n", "format", "shape", "us/layer", "MB/layer", "GB/s",
               "floor us", "x f16", "of floor");
   for (const auto& [n_seqs, ctx] : std::vector<std::pair<int, int>>{{64, 8192}, {1, 32768}}) {
