@@ -16,7 +16,8 @@
 //
 // Numerics: decoded K/V (scaled by their group / token / channel scales), Q (scaled by
 // softmax_scale·log2 e and a static K scale) and P are rounded to f16; per-token K scales
-// multiply the f32 scores, static V scales the f32 output.
+// multiply the f32 scores, static V scales the f32 output. Turbo: centroids rounded to f16;
+// values are centroid × norm in f16 (norms up to ~16,000), 1/sqrt(hd) on the f32 output.
 #include <algorithm>
 #include <cfloat>
 #include <type_traits>
