@@ -9,6 +9,7 @@
 // QJL sign of a dot product near zero). TESSERA_CUDA_BENCH_KVQ=1 adds the decode-attention benchmark of
 // docs/benchmarks/kv-quant-gpu.md. Skipped in builds without CUDA.
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -67,17 +68,14 @@ KvCacheSpec spec_of(const Case& c, int n_blocks) {
   return spec;
 }
 
-// In place, in float64: x <- H x / sqrt(n) (H the Walsh–Hadamard matrix; n a power of two).
-void fwht_f64(std::vector<double>& x) {
+// In place, in float64: x <- H x / sqrt(n), H the Walsh–Hadamard matrix as its entries
+// H[i][j] = (-1)^popcount(i & j) (not the butterflies of kv_codec.h: an independent check).
+void hadamard_f64(std::vector<double>& x) {
   const size_t n = x.size();
-  for (size_t h = 1; h < n; h *= 2)
-    for (size_t i = 0; i < n; i += 2 * h)
-      for (size_t j = i; j < i + h; ++j) {
-        const double a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
-  for (double& v : x) v /= std::sqrt(static_cast<double>(n));
+  std::vector<double> y(n, 0.0);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j) y[i] += (std::popcount(i & j) % 2 ? -x[j] : x[j]);
+  for (size_t i = 0; i < n; ++i) x[i] = y[i] / std::sqrt(static_cast<double>(n));
 }
 
 // Decode attention (one query row per sequence) in float64 over the pages as the host codec
@@ -114,7 +112,7 @@ std::vector<double> decode_reference_f64(const KvLayerView& l, const HostBatch& 
         for (int d = 0; d < hd; ++d) qv[d] = q[t * ldq + static_cast<int64_t>(head) * hd + d];
         if (l.k_fmt.codec == KvCodec::Turbo) {
           for (int d = 0; d < hd; ++d) qv[d] *= kc.signs[d];
-          fwht_f64(qv);
+          hadamard_f64(qv);
         }
         double mx = -1e300, sum = 0.0;
         for (int j = 0; j < len; ++j) {
@@ -130,7 +128,7 @@ std::vector<double> decode_reference_f64(const KvLayerView& l, const HostBatch& 
         }
         for (double& v : o) v /= sum;
         if (l.v_fmt.codec == KvCodec::Turbo) {
-          fwht_f64(o);
+          hadamard_f64(o);
           for (int d = 0; d < hd; ++d) o[d] *= vc.signs[d];
         }
         for (int d = 0; d < hd; ++d) ref[t * ldo + static_cast<int64_t>(head) * hd + d] = o[d];
