@@ -295,7 +295,7 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
   const int group = n_heads / kv.n_kv_heads;
   if (attention_quant_decode_frag_applies(kv, n_heads)) {
     launch_attention_quant_decode_frag(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, out, ldo, s);
-    if (max_splits == 1) return;  // the kernel normalized and stored the output
+    if (attention_quant_decode_frag_direct(kv, max_splits)) return;  // the kernel normalized and stored the output
   } else if (attention_quant_decode_mma_applies(kv, n_heads)) {
     launch_attention_quant_decode_mma(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, s);
   } else {

@@ -1,6 +1,6 @@
 // Decode attention over quantized KV pages on the tensor cores, the pages decoded straight
-// into the mma fragments (fp8, int8, int4 and f16 sides; head_dim 64/128, up to 16 query
-// heads per KV head, blocks of 16 tokens). attention_decode_mma.cu's scheme: a block of 4
+// into the mma fragments (fp8, int8, int4, turbo without QJL and f16 sides; head_dim 64/128,
+// up to 16 query heads per KV head, blocks of 16 tokens). attention_decode_mma.cu's scheme: a block of 4
 // warps per (sequence, KV head, split of split_len keys), the query heads the 16 rows of
 // mma.sync m16n8k16 (f16 operands, f32 accumulate, base-2 online softmax, rows past the
 // group zero); warp w takes the 16-key tiles w, w + 4, ...; a tile is one page of K and one
@@ -10,11 +10,14 @@
 // where each scale goes) and converts them in registers: no f16 operand tile, no ldmatrix,
 // no shared-memory store or warp barrier between the copy and the mma. The block merges its
 // warps in shared memory (O's columns back in channel order, static V scales applied) and
-// writes the split's partials (m in natural-log units) for attention_quant_decode.cu's merge.
+// writes the split's partials (m in natural-log units) for attention_quant_decode.cu's merge
+// (or, with one split and values not turbo, the normalized output). Turbo keys: the query
+// heads rotated once in shared memory before their fragments are built.
 //
 // Numerics: decoded K/V (scaled by their group / token / channel scales), Q (scaled by
 // softmax_scale·log2 e and a static K scale) and P are rounded to f16; per-token K scales
-// multiply the f32 scores, static V scales the f32 output.
+// multiply the f32 scores, static V scales the f32 output. Turbo: centroids rounded to f16;
+// values are centroid × norm in f16 (norms up to ~16,000), 1/sqrt(hd) on the f32 output.
 #include <algorithm>
 #include <cfloat>
 #include <type_traits>
@@ -43,8 +46,10 @@ size_t smem_bytes(int64_t k_page, int64_t v_page) {
   return std::max({ring, merge, query});
 }
 
-// The side's static fp8 scale of KV head h, else 1.
-__device__ __forceinline__ float static_scale(const KvSide& s, int h) {
+// The factor of a side's decoded values that is the same for every token of KV head h:
+// static fp8 scales, turbo's 1/sqrt(hd) (its codes decode to centroid · norm / sqrt(hd)).
+__device__ __forceinline__ float static_scale(const KvSide& s, int h, int hd) {
+  if (s.f.codec == KvCodec::Turbo) return rsqrtf(static_cast<float>(hd));
   const bool fp8 = s.f.codec == KvCodec::Fp8E4M3 || s.f.codec == KvCodec::Fp8E5M2;
   return fp8 && (s.f.scale == KvScale::Tensor || s.f.scale == KvScale::Head) ? s.scales[h] : 1.0f;
 }
@@ -52,7 +57,7 @@ __device__ __forceinline__ float static_scale(const KvSide& s, int h) {
 template <int KC, int VC, int HD>
 __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
     attention_quant_decode_frag(const float* __restrict__ q, int64_t ldq, KvSide ks, KvSide vs, DeviceBatch b,
-                                int n_kv_heads, int group, float scale, int split_len, int max_splits,
+                                int n_kv_heads, int group, float scale, int split_len, int max_splits, bool direct,
                                 float* __restrict__ partials, float* __restrict__ out, int64_t ldo) {
   constexpr int KW = HD / 8;   // K words per key row of a lane (two per k-step)
   constexpr int VN = HD / 8;   // V words per key pair of a lane (one per n-block)
@@ -64,8 +69,8 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   const int t = b.q_start[seq];
   const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
   const int begin = split * split_len;
-  if (begin >= len) {     // the merge reads only the splits that hold keys
-    if (max_splits == 1)  // no keys at all and no merge: zeros, as the merge gives
+  if (begin >= len) {  // the merge reads only the splits that hold keys
+    if (direct)        // no keys at all and no merge: zeros, as the merge gives
       for (int i = threadIdx.x; i < group * HD; i += kThreads)
         out[t * ldo + static_cast<int64_t>(kvh * group) * HD + i] = 0.0f;
     return;
@@ -74,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int fr = lane >> 2, fc = lane & 3;
   const int head0 = kvh * group;
-  const KvCodec kc = frag_codec(KC, ks.f);
+  const KvCodec kc = frag_codec(KC, ks.f), vc = frag_codec(VC, vs.f);
   const int k_row = static_cast<int>(ks.row_bytes), v_row = static_cast<int>(vs.row_bytes);
   const int k_meta = static_cast<int>(ks.meta_offset), v_meta = static_cast<int>(vs.meta_offset);
   const int k_code = kKeys * k_row, v_code = kKeys * v_row;  // swizzled bytes of a page
@@ -107,9 +112,15 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   for (int i = 0; i < kStages - 1; ++i) issue(i, table_entry(i));
   int next_entry[2] = {table_entry(kStages - 1), table_entry(kStages)};  // tiles i + kStages - 1, i + kStages
 
-  // Query heads (static K scale folded in), then as A fragments in K's channel order (base 2).
+  // Turbo codebooks: the lane's K slice is in the high-width half iff fc < 2, its V slice iff fr < 4.
+  TurboBook kbook{}, vbook{};
+  if (kc == KvCodec::Turbo) kbook = turbo_book(fc < 2 ? ks.code_hi : ks.code_lo);
+  if (vc == KvCodec::Turbo) vbook = turbo_book(fr < 4 ? vs.code_hi : vs.code_lo);
+
+  // Query heads (static K scale folded in; turbo keys: rotated into K's basis), then as A
+  // fragments in K's channel order (base 2).
   float* Qs = reinterpret_cast<float*>(smem + (kStages - 1) * kWarps * stage_bytes);  // [16][HD]
-  const float q_scale = scale * static_scale(ks, kvh) * 1.4426950408889634f;
+  const float q_scale = scale * static_scale(ks, kvh, HD) * 1.4426950408889634f;
   {
     constexpr int kPer = 16 * HD / kThreads;  // every load first, then the stores (one round trip)
     float v[kPer];
@@ -121,6 +132,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
 #pragma unroll
     for (int r = 0; r < kPer; ++r) Qs[threadIdx.x + r * kThreads] = v[r] * q_scale;
   }
+  if (kc == KvCodec::Turbo) kv_prepare_queries(ks, kvh, HD, Qs, HD, 16, group);  // q' = R (q∘s), once
   __syncthreads();
   uint32_t qf[HD / 16][4];
   {
@@ -128,8 +140,8 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
     const float* r1 = r0 + 8 * HD;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
-      const int a0 = kv_k_channel(kc, 2 * kk, 0), a1 = kv_k_channel(kc, 2 * kk, 1);
-      const int b0 = kv_k_channel(kc, 2 * kk + 1, 0), b1 = kv_k_channel(kc, 2 * kk + 1, 1);
+      const int a0 = kv_k_channel(kc, 2 * kk, 0, HD), a1 = kv_k_channel(kc, 2 * kk, 1, HD);
+      const int b0 = kv_k_channel(kc, 2 * kk + 1, 0, HD), b1 = kv_k_channel(kc, 2 * kk + 1, 1, HD);
       qf[kk][0] = pack_half2(r0[a0], r0[a1]);
       qf[kk][1] = pack_half2(r1[a0], r1[a1]);
       qf[kk][2] = pack_half2(r0[b0], r0[b1]);
@@ -173,14 +185,14 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
         for (int kk = 0; kk < HD / 16; ++kk)
 #pragma unroll
           for (int r = 0; r < 2; ++r)
-            mma_f16(kk % 2 ? s2[r] : s[r], qf[kk], kfrag_word<KC, HD>(ks.f, raw[r], gs[r], chs, 2 * kk),
-                    kfrag_word<KC, HD>(ks.f, raw[r], gs[r], chs, 2 * kk + 1));
+            mma_f16(kk % 2 ? s2[r] : s[r], qf[kk], kfrag_word<KC, HD>(ks.f, raw[r], gs[r], chs, kbook, 2 * kk),
+                    kfrag_word<KC, HD>(ks.f, raw[r], gs[r], chs, kbook, 2 * kk + 1));
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[r][e] += s2[r][e];
       }
-      if (frag_scale(KC, ks.f) == KvScale::Token) {  // s[n][e] is key n·8 + 2fc + (e & 1)
+      if (frag_token_scaled(KC, ks.f)) {  // s[n][e] is key n·8 + 2fc + (e & 1)
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           const float2 k2 = __half22float2(u2h(lds32(kpage + k_meta + 2 * (8 * n + 2 * fc))));
@@ -223,8 +235,8 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
       }
 #pragma unroll
       for (int n = 0; n < VN; ++n) {
-        uint32_t b0 = vfrag_word<VC, HD>(vs.f, ra[0], rb[0], sc[0], mn[0], vch, n);
-        uint32_t b1 = vfrag_word<VC, HD>(vs.f, ra[1], rb[1], sc[1], mn[1], vch, n);
+        uint32_t b0 = vfrag_word<VC, HD>(vs.f, ra[0], rb[0], sc[0], mn[0], vch, vbook, n);
+        uint32_t b1 = vfrag_word<VC, HD>(vs.f, ra[1], rb[1], sc[1], mn[1], vch, vbook, n);
         if constexpr (kMasked) b0 &= mask[0], b1 &= mask[1];
         mma_f16(o[n], pa, b0, b1);
       }
@@ -255,14 +267,15 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
     }
     float* dst = so + (warp * 16 + row) * OLD;
 #pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {  // column 2fc + e of n-block n is channel (2fc + e)·hd/8 + n
-      dst[(2 * fc) * (HD / 8) + n] = o[n][2 * half];
-      dst[(2 * fc + 1) * (HD / 8) + n] = o[n][2 * half + 1];
+    for (int n = 0; n < HD / 8; ++n) {  // column 2fc + e of n-block n: channel (2fc + e)·hd/8 + kv_v_channel(n)
+      const int ch = kv_v_channel(vc, n, HD);
+      dst[(2 * fc) * (HD / 8) + ch] = o[n][2 * half];
+      dst[(2 * fc + 1) * (HD / 8) + ch] = o[n][2 * half + 1];
     }
   }
   __syncthreads();
   const int n_heads = n_kv_heads * group;
-  const float v_scale = static_scale(vs, kvh);
+  const float v_scale = static_scale(vs, kvh, HD);
   for (int i = threadIdx.x; i < group * HD; i += kThreads) {
     const int g = i / HD, d = i % HD;
     float mx = -INFINITY;
@@ -277,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
       l += sl[w * 16 + g] * c;
       acc += so[(w * 16 + g) * OLD + d] * c;
     }
-    if (max_splits == 1) {  // the whole context: normalized here, no merge kernel
+    if (direct) {  // the whole context: normalized here, no merge kernel
       out[t * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * v_scale / l : 0.0f;
       continue;
     }
@@ -302,7 +315,7 @@ void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
   }
   launch_pdl(attention_quant_decode_frag<KC, VC, HD>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem,
              s, q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale, split_len, max_splits,
-             partials, out, ldo);
+             attention_quant_decode_frag_direct(kv, max_splits), partials, out, ldo);
   TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_frag");
 }
 
@@ -311,7 +324,8 @@ void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
                int split_len, int max_splits, float* partials, float* out, int64_t ldo, cudaStream_t s) {
   // The formats of the same-format pairs (and int4's KIVI pair) compiled for themselves;
   // any other pair reads its formats at run time.
-  const int kk = frag_key(kv.k_fmt.codec, kv.k_fmt.scale), vk = frag_key(kv.v_fmt.codec, kv.v_fmt.scale);
+  const int kk = frag_key(kv.k_fmt.codec, kv.k_fmt.scale, kv.k_fmt.bits_hi, kv.k_fmt.bits_lo);
+  const int vk = frag_key(kv.v_fmt.codec, kv.v_fmt.scale, kv.v_fmt.bits_hi, kv.v_fmt.bits_lo);
 #define TESSERA_QDF(KC, KS, VC, VS)                                                               \
   if (kk == frag_key(KvCodec::KC, KvScale::KS) && vk == frag_key(KvCodec::VC, KvScale::VS))       \
     return launch_as<frag_key(KvCodec::KC, KvScale::KS), frag_key(KvCodec::VC, KvScale::VS), HD>( \
@@ -325,18 +339,46 @@ void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
   TESSERA_QDF(Int4, Channel, Int4, Group)
   TESSERA_QDF(Int4, Group, Int4, Group)
 #undef TESSERA_QDF
+#define TESSERA_QDT(HI, LO)                                                                                            \
+  if (kk == frag_key(KvCodec::Turbo, KvScale::None, HI, LO) && vk == kk)                                               \
+    return launch_as<frag_key(KvCodec::Turbo, KvScale::None, HI, LO), frag_key(KvCodec::Turbo, KvScale::None, HI, LO), \
+                     HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
+  TESSERA_QDT(3, 2)  // turbo2.5
+  TESSERA_QDT(3, 3)  // turbo3
+  TESSERA_QDT(4, 3)  // turbo3.5
+  TESSERA_QDT(4, 4)  // turbo4
+#undef TESSERA_QDT
   launch_as<-1, -1, HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
 }
 
-bool frag_codec_ok(KvCodec c) { return c != KvCodec::F32 && c != KvCodec::Turbo; }
+// Codes swizzled by kv_swz stay inside the page's codes: a last, partial 128-byte line of
+// n 16-byte chunks (turbo at head_dim 64: 320 or 448 bytes) must map chunks [0, n) onto
+// themselves.
+bool swizzle_fits(int64_t code_bytes) {
+  const int n = static_cast<int>(code_bytes % 128 / 16), line = static_cast<int>(code_bytes / 128 % 8);
+  if (code_bytes % 16 != 0) return false;
+  for (int c = 0; c < n; ++c)
+    if ((c ^ line) >= n) return false;
+  return true;
+}
+
+bool frag_side_ok(const KvFormat& f, const KvLayerView& kv) {
+  // f32 pages do not fit the rings; turbo keys with the QJL sketch: attention_quant_decode_mma.cu.
+  return f.codec != KvCodec::F32 && !(f.codec == KvCodec::Turbo && f.qjl) &&
+         swizzle_fits(kv_page_layout(f, kv.block_size, kv.head_dim).meta_offset);
+}
 
 }  // namespace
+
+bool attention_quant_decode_frag_direct(const KvLayerView& kv, int max_splits) {
+  return max_splits == 1 && kv.v_fmt.codec != KvCodec::Turbo;  // turbo values: the merge rotates them back
+}
 
 bool attention_quant_decode_frag_applies(const KvLayerView& kv, int n_heads) {
   // Blocks of 16 tokens: a tile is one page. Pages small enough for two blocks per SM.
   return (kv.head_dim == 64 || kv.head_dim == 128) && kv.block_size == kKeys && kv.n_kv_heads > 0 &&
-         n_heads % kv.n_kv_heads == 0 && n_heads / kv.n_kv_heads <= 16 && frag_codec_ok(kv.k_fmt.codec) &&
-         frag_codec_ok(kv.v_fmt.codec) && smem_bytes<128>(kv.k_page_bytes, kv.v_page_bytes) <= 112 * 1024;
+         n_heads % kv.n_kv_heads == 0 && n_heads / kv.n_kv_heads <= 16 && frag_side_ok(kv.k_fmt, kv) &&
+         frag_side_ok(kv.v_fmt, kv) && smem_bytes<128>(kv.k_page_bytes, kv.v_page_bytes) <= 112 * 1024;
 }
 
 void launch_attention_quant_decode_frag(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,

@@ -1,6 +1,7 @@
 // Decode attention over quantized KV pages on the tensor cores (head_dim 64/128, up to 16
 // query heads per KV head, blocks of 16 tokens), for the pairs that
-// attention_quant_decode_frag.cu does not take (TurboQuant or f32 on either side):
+// attention_quant_decode_frag.cu does not take (turbo keys with the QJL sketch, f32 on either
+// side; every other pair, plain turbo included, decodes straight into the mma fragments there):
 // attention_decode_mma.cu's scheme with the tile producer replaced. A block of 4 warps per (sequence, KV head, split of split_len
 // keys); the query heads are the 16 rows of mma.sync m16n8k16 (f16 operands, f32
 // accumulate, base-2 online softmax, rows past the group zero). Warp w takes 16-key tiles
@@ -55,29 +56,12 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
   return make_uint4(pack_half2(f[0], f[1]), pack_half2(f[2], f[3]), pack_half2(f[4], f[5]), pack_half2(f[6], f[7]));
 }
 
-// 8 decoded channels as 4 packed f16 pairs, the operands' format. fp8: two codes per
-// conversion straight to f16 (exact: every e4m3/e5m2 value is an f16) and the scale applied
-// in f16 (one rounding, as f32 then rounding; a static f32 scale is first rounded to f16);
-// the per-element f32 path cost more issue slots than the tile's bytes take to arrive.
+// 8 decoded channels as 4 packed f16 pairs, the operands' format.
 template <int C>
 __device__ __forceinline__ uint4 convert8_f16(const KvSide& s, const Raw8& r, int d0, int hd) {
-  if constexpr (C == static_cast<int>(KvCodec::Fp8E4M3) || C == static_cast<int>(KvCodec::Fp8E5M2)) {
-    constexpr __nv_fp8_interpretation_t kind = C == static_cast<int>(KvCodec::Fp8E4M3) ? __NV_E4M3 : __NV_E5M2;
-    const __half2 sc = __float2half2_rn(r.s);
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t word = i < 2 ? r.a.x : r.a.y;
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i & 1))), kind);
-      const __half2 v = __hmul2(__half2(h), sc);
-      w[i] = *reinterpret_cast<const uint32_t*>(&v);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-  } else {
-    float f[8];
-    kv_convert8<C>(s, r, d0, hd, f);
-    return pack8(f);
-  }
+  float f[8];
+  kv_convert8<C>(s, r, d0, hd, f);
+  return pack8(f);
 }
 
 template <int C, int HD, bool QJL>
@@ -292,30 +276,14 @@ void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
 template <int HD>
 void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
                int split_len, int max_splits, float* partials, cudaStream_t s) {
-  const KvCodec c = kv.k_fmt.codec == kv.v_fmt.codec ? kv.k_fmt.codec : KvCodec::F32;  // F32: mixed
-  const bool qjl = kv.k_fmt.qjl;
-#define TESSERA_QDM(CODEC, QJL) \
-  launch_as<static_cast<int>(CODEC), HD, QJL>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s)
-  switch (c) {
-    case KvCodec::Fp8E4M3:
-      TESSERA_QDM(KvCodec::Fp8E4M3, false);
-      break;
-    case KvCodec::Fp8E5M2:
-      TESSERA_QDM(KvCodec::Fp8E5M2, false);
-      break;
-    case KvCodec::Int8:
-      TESSERA_QDM(KvCodec::Int8, false);
-      break;
-    case KvCodec::Int4:
-      TESSERA_QDM(KvCodec::Int4, false);
-      break;
-    case KvCodec::Turbo:
-      qjl ? TESSERA_QDM(KvCodec::Turbo, true) : TESSERA_QDM(KvCodec::Turbo, false);
-      break;
-    default:
-      qjl ? TESSERA_QDM(-1, true) : TESSERA_QDM(-1, false);
-  }
-#undef TESSERA_QDM
+  // What reaches this kernel (attention_quant_decode_frag_applies declined): turbo:qjl keys
+  // with turbo values compiled for themselves, any other pair (f32 on a side, or QJL keys
+  // with other values) reads its formats at run time.
+  constexpr int kTurbo = static_cast<int>(KvCodec::Turbo);
+  if (kv.k_fmt.codec == KvCodec::Turbo && kv.v_fmt.codec == KvCodec::Turbo && kv.k_fmt.qjl)
+    return launch_as<kTurbo, HD, true>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+  if (kv.k_fmt.qjl) return launch_as<-1, HD, true>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
+  launch_as<-1, HD, false>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, s);
 }
 
 }  // namespace

@@ -63,7 +63,7 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
                                    float* partials, cudaStream_t s);
 // attention_quant_decode_frag.cu: whether the tensor-core kernel that decodes pages straight
 // into mma fragments takes this layout (head_dim 64/128, blocks of 16, K and V each f16, fp8,
-// int8 or int4); like attention_decode_mma.cu it fits a few blocks per SM, so its splits are
+// int8, int4 or turbo without QJL); like attention_decode_mma.cu it fits a few blocks per SM, so its splits are
 // chosen as that kernel's.
 bool attention_quant_decode_frag_applies(const KvLayerView& kv, int n_heads);
 // attention_quant_prefill.cu: any batch (variable length, causal, GQA), as launch_attention_prefill.

@@ -300,9 +300,10 @@ __device__ __forceinline__ void kv_prepare_queries(const KvSide& ks, int kvh, in
   __syncthreads();
 }
 
-// The tensor-core decode kernel of turbo (and f32-mixed) pages (attention_quant_decode_mma.cu;
-// the other formats: kv_quant_frag.cuh): head_dim 64/128, at most 16 query heads per KV head. Writes the partials of every split (launch_attention_quant_decode
-// then runs its merge).
+// The operand-tile tensor-core decode kernel (attention_quant_decode_mma.cu) of what the
+// fragment kernel (kv_quant_frag.cuh) declines: turbo keys with the QJL sketch, f32 on a side.
+// head_dim 64/128, at most 16 query heads per KV head. Writes the partials of every split
+// (launch_attention_quant_decode then runs its merge).
 bool attention_quant_decode_mma_applies(const KvLayerView& kv, int n_heads);
 void launch_attention_quant_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                        int n_heads, float scale, int split_len, int max_splits, float* partials,

@@ -9,6 +9,7 @@
 // QJL sign of a dot product near zero). TESSERA_CUDA_BENCH_KVQ=1 adds the decode-attention benchmark of
 // docs/benchmarks/kv-quant-gpu.md. Skipped in builds without CUDA.
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,7 +27,8 @@ namespace {
 
 const char* const kFormats[] = {"fp8_e4m3",   "fp8_e5m2",     "fp8_e4m3:head", "fp8_e5m2:token", "int8",
                                 "int8:g16",   "int4",         "int4:g16",      "int4:g32",       "turbo2.5:qjl",
-                                "turbo3:qjl", "turbo3.5:qjl", "turbo4:qjl",    "turbo3.5",       "turbo2.5"};
+                                "turbo3:qjl", "turbo3.5:qjl", "turbo4:qjl",    "turbo2.5",       "turbo3",
+                                "turbo3.5",   "turbo4"};
 
 struct Seq {
   int past, add;  // tokens stored in step 1, tokens (query rows) of step 2
@@ -64,6 +66,76 @@ KvCacheSpec spec_of(const Case& c, int n_blocks) {
     spec.k_equal = {equal};
   }
   return spec;
+}
+
+// In place, in float64: x <- H x / sqrt(n), H the Walsh–Hadamard matrix as its entries
+// H[i][j] = (-1)^popcount(i & j) (not the butterflies of kv_codec.h: an independent check).
+void hadamard_f64(std::vector<double>& x) {
+  const size_t n = x.size();
+  std::vector<double> y(n, 0.0);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j) y[i] += (std::popcount(i & j) % 2 ? -x[j] : x[j]);
+  for (size_t i = 0; i < n; ++i) x[i] = y[i] / std::sqrt(static_cast<double>(n));
+}
+
+// Decode attention (one query row per sequence) in float64 over the pages as the host codec
+// decodes them (kv_decode_rows: the exact stored values). Turbo keys meet the query rotated
+// in float64, q' = H (q∘signs)/sqrt(hd) (signs = D∘s, equalized keys included); turbo values
+// are accumulated in V's rotated basis and rotated back, x = signs∘(H o)/sqrt(hd). Keys with
+// the QJL sketch are left to the CPU backend's reference (kv_decode_rows has no sketch term):
+// empty then.
+std::vector<double> decode_reference_f64(const KvLayerView& l, const HostBatch& hb, const std::vector<float>& q,
+                                         int64_t ldq, int n_heads, float scale, int64_t ldo) {
+  if (l.k_fmt.qjl) return {};
+  const int hd = l.head_dim, bs = l.block_size, group = n_heads / l.n_kv_heads;
+  const KvPageLayout kl = kv_page_layout(l.k_fmt, bs, hd), vl = kv_page_layout(l.v_fmt, bs, hd);
+  std::vector<double> ref(static_cast<size_t>(hb.positions.size()) * ldo, 0.0);
+  std::vector<float> kr, vr;
+  for (size_t s = 0; s < hb.kv_len.size(); ++s) {
+    const int t = hb.q_start[s], len = std::min(hb.kv_len[s], hb.positions[t] + 1);
+    kr.assign(static_cast<size_t>(len) * hd, 0.0f);
+    vr.assign(kr.size(), 0.0f);
+    for (int h = 0; h < l.n_kv_heads; ++h) {
+      const KvHeadConstants kc = kv_head_constants(l.k_fmt, l.k_consts, l.n_kv_heads, hd, h);
+      const KvHeadConstants vc = kv_head_constants(l.v_fmt, l.v_consts, l.n_kv_heads, hd, h);
+      for (int b = 0; b * bs < len; ++b) {  // [len, hd] rows of K and V
+        const int64_t page = static_cast<int64_t>(hb.tables[s * hb.max_blocks + b]) * l.n_kv_heads + h;
+        const int n = std::min(bs, len - b * bs);
+        kv_decode_rows(l.k_fmt, kl, hd, kc, static_cast<const uint8_t*>(l.k) + page * l.k_page_bytes, n,
+                       kr.data() + static_cast<size_t>(b) * bs * hd);
+        kv_decode_rows(l.v_fmt, vl, hd, vc, static_cast<const uint8_t*>(l.v) + page * l.v_page_bytes, n,
+                       vr.data() + static_cast<size_t>(b) * bs * hd);
+      }
+      for (int g = 0; g < group; ++g) {
+        const int head = h * group + g;
+        std::vector<double> qv(hd), o(hd, 0.0), sc(len);
+        for (int d = 0; d < hd; ++d) qv[d] = q[t * ldq + static_cast<int64_t>(head) * hd + d];
+        if (l.k_fmt.codec == KvCodec::Turbo) {
+          for (int d = 0; d < hd; ++d) qv[d] *= kc.signs[d];
+          hadamard_f64(qv);
+        }
+        double mx = -1e300, sum = 0.0;
+        for (int j = 0; j < len; ++j) {
+          double dot = 0.0;
+          for (int d = 0; d < hd; ++d) dot += qv[d] * kr[static_cast<size_t>(j) * hd + d];
+          sc[j] = dot * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        for (int j = 0; j < len; ++j) {
+          const double p = std::exp(sc[j] - mx);
+          sum += p;
+          for (int d = 0; d < hd; ++d) o[d] += p * vr[static_cast<size_t>(j) * hd + d];
+        }
+        for (double& v : o) v /= sum;
+        if (l.v_fmt.codec == KvCodec::Turbo) {
+          hadamard_f64(o);
+          for (int d = 0; d < hd; ++d) o[d] *= vc.signs[d];
+        }
+        for (int d = 0; d < hd; ++d) ref[t * ldo + static_cast<int64_t>(head) * hd + d] = o[d];
+      }
+    }
+  }
+  return ref;
 }
 
 // Differing bytes between two buffers.
@@ -166,8 +238,15 @@ void run_case(const Case& c, uint32_t seed) {
   const bool tensor_core = decode && (hd == 64 || hd == 128) && c.group <= 16 && bs == 16;
   const double err = rel_err(got, ref);
   EXPECT_LT(err, tensor_core ? 2e-3 : 1e-4) << (decode ? "decode" : "prefill");
-  std::printf("  %-14s/%-14s hd %3d group %2d %s: rel err %.2e\n", c.k_fmt.c_str(), c.v_fmt.c_str(), hd, c.group,
-              decode ? "decode " : "prefill", err);
+  // Decode also against float64 over the same pages (the CPU backend's f32 is within ~1e-6 of it).
+  const std::vector<double> ref64 =
+      decode ? decode_reference_f64(cl, hb, q, ldq, n_heads, scale, ldo) : std::vector<double>();
+  const double err64 = ref64.empty() ? -1.0 : rel_err(got, ref64);
+  if (!ref64.empty()) {
+    EXPECT_LT(err64, tensor_core ? 2e-3 : 1e-4) << "decode against float64";
+  }
+  std::printf("  %-14s/%-14s hd %3d group %2d %s: rel err %.2e (float64: %.2e)\n", c.k_fmt.c_str(), c.v_fmt.c_str(), hd,
+              c.group, decode ? "decode " : "prefill", err, err64);
 }
 
 }  // namespace
@@ -182,11 +261,87 @@ TEST(CudaKvQuant, EveryFormatStoresTheCpuBytesAndAttendsLikeTheCpu) {
     run_case({name, name, 16, 2, 4, 128, {{19, 30}, {40, 17}}}, seed++);
     run_case({name, name, 16, 2, 4, 128, {{15, 1}, {16, 1}, {700, 1}, {1, 1}}}, seed++);
     run_case({name, name, 8, 1, 5, 64, {{300, 1}, {33, 1}}}, seed++);
+    // The tensor-core decode at head_dim 64 with a full group of 16 query heads per KV head.
+    run_case({name, name, 16, 2, 16, 64, {{63, 1}, {64, 1}, {65, 1}, {333, 1}}}, seed++);
   }
+}
+
+// The float64 reference itself, on the host (no GPU needed): the CPU backend's decode over
+// the same pages agrees with it, for every format it covers, GQA, equalized turbo keys and
+// mixed formats.
+TEST(CudaKvQuant, Float64DecodeReferenceAgreesWithTheCpuBackend) {
+  auto cpu = make_cpu();
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"turbo2.5", "turbo2.5"}, {"turbo3", "turbo3"},   {"turbo3.5", "turbo3.5"}, {"turbo4", "turbo4"},
+      {"turbo4", "int8"},       {"fp8_e4m3", "turbo3"}, {"int4", "int4"},         {"fp8_e4m3:head", "int8:g16"}};
+  uint32_t seed = 200;
+  for (const auto& [kf, vf] : pairs) {
+    for (const int hd : {64, 128}) {
+      SCOPED_TRACE(kf + "/" + vf + " hd " + std::to_string(hd));
+      const Case c{kf, vf, 16, 2, 3, hd, {{40, 1}, {16, 1}, {3, 1}}};
+      std::mt19937 rng(seed++);
+      const int n_blocks = 8, max_blocks = 3, n_heads = c.n_kv_heads * c.group;
+      const int64_t kvd = static_cast<int64_t>(c.n_kv_heads) * hd, qd = static_cast<int64_t>(n_heads) * hd;
+      KvCache cache(*cpu, spec_of(c, n_blocks));
+      const KvLayerView l = cache.layer(0);
+      const std::vector<int32_t> tables = {5, 0, 7, 2, 0, 0, 6, 0, 0};  // [3 seqs][max_blocks]
+      HostBatch store, dec;
+      store.max_blocks = dec.max_blocks = max_blocks;
+      store.tables = dec.tables = tables;
+      store.q_start.push_back(0);
+      dec.q_start.push_back(0);
+      for (size_t s = 0; s < c.seqs.size(); ++s) {
+        const int len = c.seqs[s].past + 1;
+        for (int i = 0; i < len; ++i) {
+          store.positions.push_back(i);
+          store.slots.push_back(tables[s * max_blocks + i / 16] * 16 + i % 16);
+        }
+        store.q_start.push_back(static_cast<int32_t>(store.positions.size()));
+        store.kv_len.push_back(len);
+        dec.positions.push_back(len - 1);
+        dec.slots.push_back(store.slots.back());
+        dec.q_start.push_back(static_cast<int32_t>(s + 1));
+        dec.kv_len.push_back(len);
+      }
+      const int n = static_cast<int>(store.positions.size());
+      const auto k = outlier_rows(n, static_cast<int>(kvd), rng);
+      const auto v = randn(static_cast<size_t>(n) * kvd, rng);
+      cpu->kv_store(l, k.data(), kvd, v.data(), kvd, store.view());
+      const int64_t ldq = qd + 4, ldo = qd + 8;
+      const auto q = randn(static_cast<size_t>(c.seqs.size()) * ldq, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      std::vector<float> got(c.seqs.size() * ldo, 0.0f);
+      cpu->attention(q.data(), ldq, l, dec.view(), n_heads, scale, got.data(), ldo);
+      const std::vector<double> ref = decode_reference_f64(l, dec, q, ldq, n_heads, scale, ldo);
+      ASSERT_FALSE(ref.empty());
+      EXPECT_LT(rel_err(got, ref), 1e-5);
+    }
+  }
+}
+
+// Many sequences of short contexts: one split each, where the fragment kernel normalizes
+// the output itself (fp8) or, for turbo values, still writes partials so that the merge
+// kernel rotates them back; and a batch long enough for many splits.
+TEST(CudaKvQuant, DecodeOneSplitAndManySplits) {
+  TESSERA_REQUIRE_CUDA();
+  std::vector<Seq> many;
+  for (int i = 0; i < 80; ++i) many.push_back({(i * 37) % 250, 1});
+  uint32_t seed = 70;
+  for (const char* name : {"fp8_e4m3", "turbo3", "turbo3.5", "int8"}) {
+    run_case({name, name, 16, 4, 2, 64, many}, seed++);
+    run_case({name, name, 16, 1, 8, 128, {{3000, 1}, {1, 1}}}, seed++);
+  }
+  run_case({"int4", "turbo4", 16, 4, 3, 128, many}, seed++);
 }
 
 TEST(CudaKvQuant, MixedFormatsBlockSizesAndHeadSizes) {
   TESSERA_REQUIRE_CUDA();
+  // Turbo beside other formats and at another width on the tensor-core decode (formats
+  // read at run time: every turbo width through one code path).
+  run_case({"turbo3.5", "int8", 16, 2, 4, 128, {{20, 1}, {300, 1}, {33, 1}}}, 80);
+  run_case({"fp8_e4m3:token", "turbo2.5", 16, 2, 16, 64, {{47, 1}, {129, 1}}}, 81);
+  run_case({"turbo4", "turbo2.5", 16, 1, 7, 64, {{5, 1}, {257, 1}, {16, 1}}}, 82);
+  run_case({"turbo3", "int4", 16, 2, 3, 128, {{100, 1}, {17, 1}}}, 83);
   run_case({"int4", "int8", 16, 2, 2, 64, {{33, 1}, {7, 9}}}, 90);
   run_case({"turbo3.5:qjl", "fp8_e4m3:token", 16, 2, 4, 128, {{20, 1}, {3, 40}}}, 91);
   run_case({"f16", "int4:g32", 16, 2, 4, 128, {{50, 1}, {0, 20}}}, 92);
@@ -205,9 +360,9 @@ TEST(CudaKvQuant, DecodeAttentionBenchmark) {
   if (!std::getenv("TESSERA_CUDA_BENCH_KVQ")) GTEST_SKIP() << "set TESSERA_CUDA_BENCH_KVQ=1";
   auto gpu = make_cuda();
   const int hd = 128, n_kv = 8, n_heads = 32, bs = 16;
-  const std::vector<std::string> formats = {"f16",          "fp8_e4m3",   "fp8_e4m3:token", "int8",
-                                            "int8:g32",     "int4",       "int4:g32",       "turbo4:qjl",
-                                            "turbo3.5:qjl", "turbo3:qjl", "turbo2.5:qjl",   "turbo3.5"};
+  const std::vector<std::string> formats = {"f16",      "fp8_e4m3", "fp8_e4m3:token", "int8",
+                                            "int8:g32", "int4",     "int4:g32",       "turbo4",
+                                            "turbo3.5", "turbo3",   "turbo2.5",       "turbo3.5:qjl"};
   std::printf("%-16s %-10s %10s %10s %10s %10s %8s %9s\n", "format", "shape", "us/layer", "MB/layer", "GB/s",
               "floor us", "x f16", "of floor");
   for (const auto& [n_seqs, ctx] : std::vector<std::pair<int, int>>{{64, 8192}, {1, 32768}}) {
