@@ -13,8 +13,7 @@ namespace tessera {
 
 class Backend;
 
-using QueryObserver =
-    std::function<void(const float* q, int64_t ldq, int n_rows, int n_heads, const KvLayerView& kv)>;
+using QueryObserver = std::function<void(const float* q, int64_t ldq, int n_rows, int n_heads, const KvLayerView& kv)>;
 
 // Calls f with every later attention call's queries (an empty f stops it). Returns false, and
 // installs nothing, for a backend that cannot show its queries on the host (a device one).

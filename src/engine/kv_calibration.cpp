@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backend/query_observer.h"
 #include "core/error.h"
 #include "core/fp16.h"
-#include "backend/query_observer.h"
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
 

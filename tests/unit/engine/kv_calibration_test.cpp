@@ -230,16 +230,15 @@ TEST(KvCalibration, KeyEqualizationMinimisesTheScoreError) {
   st.q_rows = {int64_t(rows)};
   std::vector<double> sigma(kHd * kHeads), rho(kHd * kHeads);
   for (int i = 0; i < kHd * kHeads; ++i) {
-    sigma[i] = 0.2 + 0.7 * ((i * 5) % 11);  // key deviations
-    rho[i] = 0.1 + 0.9 * ((i * 3) % 7);     // query RMS, unrelated to σ
+    sigma[i] = 0.2 + 0.7 * ((i * 5) % 11);          // key deviations
+    rho[i] = 0.1 + 0.9 * ((i * 3) % 7);             // query RMS, unrelated to σ
     if (i % kHd == 2) sigma[i] = 12, rho[i] = 0.3;  // a loud key channel the queries barely read
     const double mu = 0.5 * i - 3;
     st.k_sum[0][i] = n * mu;
     st.k_sq[0][i] = n * (sigma[i] * sigma[i] + mu * mu);
     st.q_sq[0][i] = rows * rho[i] * rho[i];
   }
-  const KvScales sc =
-      kv_scales_from_stats(st, parse_kv_format("turbo3.5", true), parse_kv_format("turbo3.5", false));
+  const KvScales sc = kv_scales_from_stats(st, parse_kv_format("turbo3.5", true), parse_kv_format("turbo3.5", false));
   ASSERT_EQ(sc.k_equal.size(), 1u);
   const auto error = [&](int h, const std::vector<double>& s) {  // (Σ σ²/s²)(Σ ρ² s²)
     double a = 0, b = 0;
