@@ -2,8 +2,9 @@
 // runs over windows of the text with an exact f32 cache; what each layer and KV head stores
 // becomes a JSON file that `--kv-scales` loads: for fp8 :tensor / :head the largest |K| and
 // |V| as scales (amax / the format's largest code), for TurboQuant the per-channel mean key
-// (k_mean), which the store subtracts, and the per-channel key equalization (k_equal), which
-// the store divides by and the query multiplies by.
+// (k_mean), which the store subtracts, and the per-channel key equalization (k_equal, from the
+// keys' and the queries' per-channel spread), which the store divides by and the query
+// multiplies by. Queries are only visible on the CPU backend (backend/query_observer.h).
 #include <cstdio>
 
 #include "apps/commands.h"

@@ -4,6 +4,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_factory.h"
+#include "backend/query_observer.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -12,6 +13,13 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
   if (options.device == "cpu") return std::make_unique<CpuBackend>(options.threads);
   if (options.device == "cuda" || options.device.rfind("cuda:", 0) == 0) return make_cuda_backend(options);
   fail("unknown device '", options.device, "' (known: cpu, cuda, cuda:N)");
+}
+
+bool observe_queries(Backend& backend, QueryObserver f) {
+  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
+  if (!cpu) return false;
+  cpu->set_query_observer(std::move(f));
+  return true;
 }
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backend/query_observer.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "engine/session.h"
@@ -90,6 +91,34 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
   r.k_within = r.k_sum;
   r.k_first_sum = r.k_sum;
   r.k_first_sq = r.k_sum;
+  // The queries each layer's attention reads ([n_rows, n_heads * hd]), summed per KV head
+  // over its group: ρ_c² = E q_c². Layers are told apart by their key storage.
+  r.q_sq = r.k_sum;
+  r.q_rows.assign(spec.n_layers, 0);
+  std::vector<const void*> layer_keys(spec.n_layers);
+  for (int l = 0; l < spec.n_layers; ++l) layer_keys[l] = kv.layer(l).k;
+  const int hd = spec.head_dim;
+  const bool observed = observe_queries(
+      session.backend(), [&](const float* q, int64_t ldq, int n_rows, int n_heads, const KvLayerView& view) {
+        const auto it = std::find(layer_keys.begin(), layer_keys.end(), view.k);
+        if (it == layer_keys.end()) return;
+        const size_t l = static_cast<size_t>(it - layer_keys.begin());
+        const int group = n_heads / view.n_kv_heads;
+        for (int i = 0; i < n_rows; ++i)
+          for (int h = 0; h < n_heads; ++h)
+            for (int c = 0; c < hd; ++c) {
+              const double x = q[i * ldq + static_cast<int64_t>(h) * hd + c];
+              r.q_sq[l][static_cast<size_t>(h / group) * hd + c] += x * x;
+            }
+        r.q_rows[l] += static_cast<int64_t>(n_rows) * group;
+      });
+  struct StopObserving {
+    Backend& be;
+    bool on;
+    ~StopObserving() {
+      if (on) observe_queries(be, nullptr);
+    }
+  } stop{session.backend(), observed};
   std::vector<int32_t> chunk(window);
   std::vector<uint8_t> host;
   std::vector<float> no_logits;  // feed() wants a buffer; Logits::None fills nothing
@@ -129,6 +158,10 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
     r.tokens += window;
     ++r.windows;
   }
+  if (!observed) {
+    r.q_sq.clear();
+    r.q_rows.clear();
+  }
   return r;
 }
 
@@ -137,30 +170,37 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
   s.k = rows_for(stats.k, k_format);
   s.v = rows_for(stats.v, v_format);
   if (!k_format.centers_keys() || stats.tokens <= 0) return s;
+  TESSERA_CHECK(stats.q_sq.size() == stats.k_sum.size(), "KV calibration for ", kv_format_name(k_format),
+                ": the key equalization needs the queries, which this backend does not show (calibrate on the "
+                "CPU: --device cpu)");
   const double n = static_cast<double>(stats.tokens);
   const int hd = stats.head_dim;
   for (size_t l = 0; l < stats.k_sum.size(); ++l) {
     const auto& sum = stats.k_sum[l];
     std::vector<float> mean(sum.size()), equal(sum.size());
     for (size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / n);
-    // Equalization s_c = σ_c^(1/4), σ_c the channel's standard deviation around μ: the
-    // minimiser of the score error (s_c² ∝ σ_c/ρ_c, ρ_c the query's RMS in the channel) for
-    // queries with ρ_c ∝ sqrt(σ_c), between isotropic queries (sqrt(σ_c): better on Gemma 3,
-    // worse than none on SmolLM2) and queries aligned with the keys (ρ ∝ σ: s = 1); chosen by
-    // measurement, docs/design/kv-quant.md. Per head scaled to mean(s²) = 1; σ is floored at
-    // 1e-3 of the head's mean σ so that a dead channel is not divided by ~0.
+    // Equalization s_c = sqrt(σ_c / ρ_c): the score error of a key code, for TurboQuant's
+    // near-isotropic error, is ∝ (Σ σ_c²/s_c²)(Σ ρ_c² s_c²), smallest (Cauchy–Schwarz) when
+    // σ_c/s_c ∝ ρ_c s_c (docs/design/kv-quant.md, "Key equalization"). Per head scaled to
+    // mean(s²) = 1; σ and ρ are floored at 1e-3 of their head's mean so that a dead channel
+    // (of keys or of queries) gets no extreme scale.
+    const double rows = static_cast<double>(std::max<int64_t>(stats.q_rows[l], 1));
     for (size_t h = 0; h < sum.size() / hd; ++h) {
-      std::vector<double> sd(hd);
-      double mean_sd = 0;
+      std::vector<double> sd(hd), rho(hd);
+      double mean_sd = 0, mean_rho = 0;
       for (int c = 0; c < hd; ++c) {
         const size_t i = h * hd + c;
         const double m = sum[i] / n;
         sd[c] = std::sqrt(std::max(stats.k_sq[l][i] / n - m * m, 0.0));
+        rho[c] = std::sqrt(stats.q_sq[l][i] / rows);
         mean_sd += sd[c] / hd;
+        mean_rho += rho[c] / hd;
       }
       double ms = 0;
       for (int c = 0; c < hd; ++c) {
-        sd[c] = mean_sd > 0 ? std::sqrt(std::sqrt(std::max(sd[c], 1e-3 * mean_sd))) : 1.0;
+        sd[c] = mean_sd > 0 && mean_rho > 0
+                    ? std::sqrt(std::max(sd[c], 1e-3 * mean_sd) / std::max(rho[c], 1e-3 * mean_rho))
+                    : 1.0;
         ms += sd[c] * sd[c] / hd;
       }
       for (int c = 0; c < hd; ++c) equal[h * hd + c] = static_cast<float>(sd[c] / std::sqrt(ms));
@@ -180,7 +220,9 @@ std::string kv_key_stats_table(const KvStats& stats) {
     double energy = 0, mean_energy = 0, var = 0, within = 0, top_var = 0, gain = 0, first = 0;
     const size_t n_heads = stats.k_sum[l].size() / hd;
     for (size_t h = 0; h < n_heads; ++h) {
-      double v_h = 0, tv = 0, sum_sd = 0, f_h = 0;
+      // with the queries' RMS ρ (1 when the backend did not show them): the equalization's
+      // score-error ratio (Σσ²)(Σρ²)/(Σσρ)² (isotropic queries: hd·Σσ²/(Σσ)²)
+      double v_h = 0, tv = 0, sum_sr = 0, q_h = 0, f_h = 0;
       for (int c = 0; c < hd; ++c) {
         const size_t i = h * hd + c;
         const double m = stats.k_sum[l][i] / n, e = stats.k_sq[l][i] / n, v = std::max(e - m * m, 0.0);
@@ -189,14 +231,16 @@ std::string kv_key_stats_table(const KvStats& stats) {
         v_h += v;
         within += stats.k_within[l][i] / n;
         tv = std::max(tv, v);
-        sum_sd += std::sqrt(v);
+        const double rho2 = stats.q_sq.empty() ? 1.0 : stats.q_sq[l][i] / std::max<double>(stats.q_rows[l], 1);
+        sum_sr += std::sqrt(v * rho2);
+        q_h += rho2;
         const double w = static_cast<double>(std::max(stats.windows, 1));  // E|k_0 − μ|² over windows
         f_h += stats.k_first_sq[l][i] / w - 2 * m * stats.k_first_sum[l][i] / w + m * m;
       }
       first += f_h / v_h;
       var += v_h;
       top_var += tv / v_h;
-      gain += hd * v_h / (sum_sd * sum_sd);  // MSE ratio of equalizing by sqrt(sd), isotropic queries
+      gain += q_h * v_h / (sum_sr * sum_sr);
     }
     char line[200];
     std::snprintf(line, sizeof line, "%5zu  %7.2f  %13.3f  %19.3f  %19.3f  %17.2f  %11.1f\n", l, energy / n_heads,

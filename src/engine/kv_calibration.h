@@ -23,6 +23,11 @@ struct KvStats {
   std::vector<std::vector<double>> k_sum, k_sq, k_within;
   // [layer][head * head_dim + channel]: sums of each window's first key and its squares
   std::vector<std::vector<double>> k_first_sum, k_first_sq;
+  // [layer][KV head * head_dim + channel]: sum of q_c² over the query rows attention read (after
+  // RoPE) and over the query heads of the KV head's group; q_rows[layer] counts (row, query
+  // head) pairs per KV head. Empty when the backend does not show its queries (CUDA).
+  std::vector<std::vector<double>> q_sq;
+  std::vector<int64_t> q_rows;
   int head_dim = 0;
   int64_t tokens = 0;  // tokens run through the model (per layer and head)
   int windows = 0;
@@ -35,16 +40,18 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
 
 // Scales for formats with static scales: one per layer (:tensor) or per KV head (:head);
 // other formats get no rows (their scales are per token). A zero amax gives scale 1.
-// Key means (k_mean) and the per-channel key equalization (k_equal: s_c ∝ σ_c^(1/4), σ_c
-// the channel's deviation around μ, mean(s²) = 1 per head) for key formats that center
-// (KvFormat::centers_keys), else none.
+// Key means (k_mean) and the per-channel key equalization (k_equal: s_c ∝ sqrt(σ_c / ρ_c),
+// σ_c the key channel's deviation around μ, ρ_c the RMS of the queries that read it;
+// mean(s²) = 1 per head) for key formats that center (KvFormat::centers_keys), else none.
+// Those need the queries: stats measured on a backend that does not show them are an error.
 KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, const KvFormat& v_format);
 
 // One line per layer on the keys (means over its heads): energy per token E|k|², the share
 // of it in the mean (|μ|² / E|k|²: what centering removes), the largest channel's share of
 // the variance left (outlier channels), the share of that variance within a page (around
-// each page's own channel means: what KIVI's per-page ranges see), and the error ratio an
-// equalization by per-channel scales would give isotropic queries (hd·Σσ²/(Σσ)²), and
+// each page's own channel means: what KIVI's per-page ranges see), the score-error ratio of
+// no equalization to the calibration's (Σσ²)(Σρ²)/(Σσρ)², ρ the queries' RMS per channel
+// (ρ = 1 where the queries were not seen: hd·Σσ²/(Σσ)², the gain for isotropic queries), and
 // the first key of a window (the attention sink) as E|k_0 − μ|² over E|k − μ|².
 std::string kv_key_stats_table(const KvStats& stats);
 

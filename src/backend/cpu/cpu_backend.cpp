@@ -146,6 +146,7 @@ void CpuBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, c
                            float scale, float* out, int64_t ldo) {
   TESSERA_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0, "attention: ", n_heads,
                 " query heads are not a multiple of ", kv.n_kv_heads, " KV heads");
+  if (query_observer_) query_observer_(q, ldq, batch.n_tokens, n_heads, kv);
   const int group = n_heads / kv.n_kv_heads;
   tasks_.clear();
   for (int s = 0; s < batch.n_seqs; ++s)

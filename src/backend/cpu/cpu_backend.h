@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/matmul.h"
+#include "backend/query_observer.h"
 #include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
 
@@ -51,6 +52,8 @@ class CpuBackend final : public Backend {
   std::shared_ptr<const void> upload(const void* host, size_t bytes) override;
   void copy_to_device(void* device, const void* host, size_t bytes) override;
   bool supports_kv_format(const KvFormat&) const override { return true; }
+  // attention() hands its queries to f first (backend/query_observer.h); empty f: none.
+  void set_query_observer(QueryObserver f) { query_observer_ = std::move(f); }
 
  private:
   // cos/sin of every rotated pair for positions [0, size), per RoPE configuration:
@@ -69,6 +72,7 @@ class CpuBackend final : public Backend {
   std::vector<RopeTable> rope_tables_;
   std::vector<const float*> rope_rows_;
   std::vector<cpu::AttentionTask> tasks_;
+  QueryObserver query_observer_;
   struct StoreRun {
     int token, block, offset, n;  // batch rows [token, token + n) go to block, from offset
   };

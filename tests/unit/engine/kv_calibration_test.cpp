@@ -124,7 +124,15 @@ TEST(KvCalibration, KeyMeansAreWrittenReadAndCenterTurboKeys) {
     }
     EXPECT_GT(spread, 0);
   }
-  // Equalization: s_c = σ_c^(1/4) (σ_c the channel's deviation around μ), mean(s²) = 1 per head.
+  // The queries were seen: every (token, query head) pair of every layer, summed per KV head.
+  ASSERT_EQ(stats.q_rows.size(), size_t(c.n_layer));
+  ASSERT_EQ(stats.q_sq.size(), size_t(c.n_layer));
+  for (int l = 0; l < c.n_layer; ++l) {
+    EXPECT_EQ(stats.q_rows[l], 128 * (c.n_head / c.n_head_kv)) << "layer " << l;
+    for (double x : stats.q_sq[l]) EXPECT_GT(x, 0);
+  }
+  // Equalization: s_c = sqrt(σ_c / ρ_c) (σ_c the key channel's deviation around μ, ρ_c the
+  // queries' RMS in it), mean(s²) = 1 per head.
   ASSERT_EQ(means.k_equal.size(), size_t(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     ASSERT_EQ(means.k_equal[l].size(), row);
@@ -134,7 +142,8 @@ TEST(KvCalibration, KeyMeansAreWrittenReadAndCenterTurboKeys) {
       for (int d = 0; d < c.head_dim; ++d) {
         const size_t i = size_t(h) * c.head_dim + d;
         const double m = stats.k_sum[l][i] / 128;
-        want[d] = std::pow(stats.k_sq[l][i] / 128 - m * m, 0.125);  // (σ²)^(1/8)
+        const double rho2 = stats.q_sq[l][i] / double(stats.q_rows[l]);
+        want[d] = std::pow((stats.k_sq[l][i] / 128 - m * m) / rho2, 0.25);  // (σ²/ρ²)^(1/4)
         ms += want[d] * want[d] / c.head_dim;
       }
       for (int d = 0; d < c.head_dim; ++d)
@@ -201,6 +210,75 @@ TEST(KvCalibration, KeyMeansAreWrittenReadAndCenterTurboKeys) {
       den += want * want;
     }
     EXPECT_LT(std::sqrt(num / den), 0.25) << "equalized " << equalize;
+  }
+}
+
+// The score error of a TurboQuant key code is ∝ (Σ σ_c²/s_c²)(Σ ρ_c² s_c²) (near-isotropic
+// coding error of (k − μ)/s, read by q∘s). Its minimum over s is (Σ σ_c ρ_c)² (Cauchy–Schwarz);
+// the calibration's s must reach it, and every other s (σ^¼, none, perturbations) must not.
+TEST(KvCalibration, KeyEqualizationMinimisesTheScoreError) {
+  constexpr int kHd = 8, kHeads = 2;
+  const double n = 1000, rows = 3000;
+  KvStats st;
+  st.head_dim = kHd;
+  st.tokens = int64_t(n);
+  st.windows = 1;
+  st.k.assign(1, std::vector<float>(kHeads, 1.0f));
+  st.v = st.k;
+  st.k_sum.assign(1, std::vector<double>(kHd * kHeads));
+  st.k_sq = st.k_within = st.k_first_sum = st.k_first_sq = st.q_sq = st.k_sum;
+  st.q_rows = {int64_t(rows)};
+  std::vector<double> sigma(kHd * kHeads), rho(kHd * kHeads);
+  for (int i = 0; i < kHd * kHeads; ++i) {
+    sigma[i] = 0.2 + 0.7 * ((i * 5) % 11);          // key deviations
+    rho[i] = 0.1 + 0.9 * ((i * 3) % 7);             // query RMS, unrelated to σ
+    if (i % kHd == 2) sigma[i] = 12, rho[i] = 0.3;  // a loud key channel the queries barely read
+    const double mu = 0.5 * i - 3;
+    st.k_sum[0][i] = n * mu;
+    st.k_sq[0][i] = n * (sigma[i] * sigma[i] + mu * mu);
+    st.q_sq[0][i] = rows * rho[i] * rho[i];
+  }
+  const KvScales sc = kv_scales_from_stats(st, parse_kv_format("turbo3.5", true), parse_kv_format("turbo3.5", false));
+  ASSERT_EQ(sc.k_equal.size(), 1u);
+  const auto error = [&](int h, const std::vector<double>& s) {  // (Σ σ²/s²)(Σ ρ² s²)
+    double a = 0, b = 0;
+    for (int c = 0; c < kHd; ++c) {
+      const int i = h * kHd + c;
+      a += sigma[i] * sigma[i] / (s[c] * s[c]);
+      b += rho[i] * rho[i] * s[c] * s[c];
+    }
+    return a * b;
+  };
+  for (int h = 0; h < kHeads; ++h) {
+    std::vector<double> s(kHd), none(kHd, 1.0), quarter(kHd);
+    double bound = 0, ms = 0;
+    for (int c = 0; c < kHd; ++c) {
+      const int i = h * kHd + c;
+      s[c] = sc.k_equal[0][i];
+      ms += s[c] * s[c] / kHd;
+      EXPECT_NEAR(sc.k_mean[0][i], 0.5 * i - 3, 1e-5);
+      bound += sigma[i] * rho[i];
+      quarter[c] = std::pow(sigma[i], 0.25);
+    }
+    EXPECT_NEAR(ms, 1.0, 1e-6);
+    EXPECT_NEAR(error(h, s), bound * bound, 1e-4 * bound * bound);
+    EXPECT_GT(error(h, none), 1.5 * error(h, s));
+    EXPECT_GT(error(h, quarter), 1.5 * error(h, s));
+    for (int c = 0; c < kHd; ++c)
+      for (double f : {0.9, 1.1}) {
+        std::vector<double> t = s;
+        t[c] *= f;
+        EXPECT_GT(error(h, t), error(h, s)) << "head " << h << " channel " << c << " x" << f;
+      }
+  }
+  // Without the queries (a backend that does not show them) there is no equalization to write.
+  st.q_sq.clear();
+  st.q_rows.clear();
+  try {
+    kv_scales_from_stats(st, parse_kv_format("turbo3.5", true), parse_kv_format("turbo3.5", false));
+    ADD_FAILURE() << "stats without queries were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("queries"), std::string::npos) << e.what();
   }
 }
 
