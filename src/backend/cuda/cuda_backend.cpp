@@ -10,7 +10,6 @@
 #include "backend/cuda/cuda_factory.h"
 #include "backend/cuda/cuda_tuning.h"
 #include "backend/cuda/gemm_fp8.h"
-#include "backend/cuda/gemv_tc16.h"
 #include "backend/cuda/gemma_kernels.h"
 #include "core/error.h"
 
@@ -387,19 +386,6 @@ void CudaBackend::gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, co
   for (int i = 0; i < n_runs; ++i) {
     const MatmulTarget& t = runs[i];
     const WeightMatrix& w = t.w;
-    // 2–8 rows of 16-bit weights: the streaming tensor-core kernel (gemv_tc16.cu), the runs of
-    // one type together; cuBLASLt reads the weights at ~64 % of the copy rate at these sizes.
-    if (n_rows >= 2 && n_rows <= cuda::kGemvTc16MaxRows && (w.dtype == DType::BF16 || w.dtype == DType::F16)) {
-      cuda::GemvTarget g[cuda::kGemvMaxTargets];
-      int n = 0;
-      while (i + n < n_runs && n < cuda::kGemvMaxTargets && runs[i + n].w.dtype == w.dtype)
-        g[n] = gemv_target(runs[i + n]), ++n;
-      if (cuda::launch_gemv_tc16(w.dtype == DType::BF16, act(w.dtype == DType::BF16), n_rows, cols, g, n, sm_count_,
-                                 stream_)) {
-        i += n - 1;
-        continue;
-      }
-    }
     // cuBLASLt's FP8 kernels want output rows in multiples of 16 and a 16-byte aligned output
     // (measured on cuBLAS 13.1: 37 rows, or an output at an 8-byte offset, find no algorithm);
     // other shapes take the weights decoded to bf16 and the bf16 GEMM.

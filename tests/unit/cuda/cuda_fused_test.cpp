@@ -455,12 +455,11 @@ TEST(CudaFused, AddRmsNormSwigluFfnMatchesFloat64) {
     }
 }
 
-// 2–8 rows of 16-bit weights take the streaming tensor-core kernel (gemv_tc16.cu): the input
-// rounded once to the weights' type, f32 accumulation. Against float64 on that rounding, at
-// widths that end inside a 512-column tile (576, 1,056, 4,128; 8,224: 17 tiles per chunk,
-// more than the kernel's stages, so every stage and the last one's bounds are used),
-// targets whose rows end inside a 16-row chunk (40, 24, 1,000 + 7), several targets in one launch writing side by
-// side with a gap, every row count 2..8. Outputs are poisoned first: the gap stays NaN.
+// 2–8 rows of 16-bit weights (cuBLASLt on the input rounded once to the weights' type, f32
+// accumulation) against float64 on that rounding: widths of 576, 1,056, 4,128 and 8,224
+// (not multiples of the GEMM's tiles), targets whose rows are not multiples of 16 (40, 24,
+// 1,007), several targets writing side by side with a gap, every row count 2..8. Outputs are
+// poisoned first: the gap stays NaN.
 TEST(CudaFused, SmallBatch16BitProductsMatchFloat64OnTheRoundedInput) {
   TESSERA_REQUIRE_CUDA();
   auto gpu = make_cuda();
