@@ -34,6 +34,7 @@ void StepCostModel::observe(int rows, double seconds) {
   k.last[k.next] = seconds;
   k.next = (k.next + 1) % kWindow;
   k.n = std::min(k.n + 1, kWindow);
+  k.seen = ++n_observed_;
   dirty_ = true;
 }
 
@@ -53,7 +54,7 @@ void StepCostModel::fit() const {
   std::vector<int> rows;
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
     const Bucket& k = buckets_[b];
-    if (k.n == 0) continue;
+    if (k.n == 0 || n_observed_ - k.seen > kMaxAge) continue;  // never, or not lately, observed
     double v[kWindow];
     for (int i = 0; i < k.n; ++i) {  // insertion sort of at most kWindow values
       int j = i;

@@ -20,8 +20,8 @@ class StepCostModel {
   // A forward of `rows` query rows took `seconds` (kept per bucket: rows 1..32 each, then
   // buckets a quarter octave wide; the last kWindow observations of each).
   void observe(int rows, double seconds);
-  // The expected seconds of a forward of `rows` rows, from a non-decreasing fit of the buckets'
-  // medians (more rows never cost less: an outlier — a first step at a new row count that
+  // The expected seconds of a forward of `rows` rows, from a non-decreasing fit of the recent
+  // buckets' medians (more rows never cost less: an outlier — a first step at a new row count that
   // captured a graph or picked a GEMM algorithm, a step slowed by something else on the
   // machine — is pooled with its neighbours instead of making one row count look dear, which
   // the plan would then avoid and so never re-measure). Interpolated linearly between fitted
@@ -33,18 +33,24 @@ class StepCostModel {
   bool observed(int rows) const;
 
   static constexpr int kWindow = 5;  // observations kept per bucket (their median counts)
+  // A bucket not observed in the last kMaxAge observations (of any bucket) is left out of the
+  // fit, so its estimate comes from its neighbours again: a row count the plan avoids because
+  // of one old slow measurement is tried again within a few hundred steps, and measured.
+  static constexpr int64_t kMaxAge = 200;
 
  private:
   struct Bucket {
     double last[kWindow] = {};  // ring of the latest observations
     int n = 0;                  // observations held (<= kWindow)
     int next = 0;               // ring position of the next one
+    int64_t seen = 0;           // index of its latest observation
   };
   static int bucket_of(int rows);
   static int rows_of_bucket(int b);
   void fit() const;
   std::vector<Bucket> buckets_;
   int n_known_ = 0;
+  int64_t n_observed_ = 0;
   // The fitted curve, rebuilt on the first query after an observation: (representative rows,
   // seconds) of the observed buckets, rows ascending, seconds non-decreasing.
   mutable std::vector<std::pair<int, double>> curve_;

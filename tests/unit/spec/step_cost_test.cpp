@@ -15,9 +15,12 @@
 namespace tessera {
 namespace {
 
+// Every row count up to 64, then every 5 % more (fewer observations than kMaxAge, so none is
+// stale when the plan reads the curve).
 StepCostModel curve(const std::function<double(int)>& f, int max_rows) {
   StepCostModel m;
-  for (int r = 1; r <= max_rows; ++r) m.observe(r, f(r));
+  for (int r = 1; r <= max_rows; r = r < 64 ? r + 1 : static_cast<int>(r * 1.05)) m.observe(r, f(r));
+  m.observe(max_rows, f(max_rows));
   return m;
 }
 
@@ -70,6 +73,21 @@ TEST(StepCostModel, FitIsNonDecreasingAndPoolsOutliers) {
   for (int i = 0; i < 3; ++i) m.observe(12, 8.6e-3);
   EXPECT_NEAR(m.seconds(12), 8.6e-3, 1e-12);
   EXPECT_NEAR(m.seconds(16), 8.7e-3, 1e-12);
+}
+
+// An old slow measurement at a row count the plan then avoids does not stay: after kMaxAge
+// observations elsewhere the bucket is read off its neighbours again.
+TEST(StepCostModel, StaleBucketsGiveWayToTheirNeighbours) {
+  StepCostModel m;
+  m.observe(8, 40e-3);                                // one slow step at 8 rows
+  for (int i = 0; i < 5; ++i) m.observe(256, 20e-3);  // 256: a bucket's representative row count
+  for (int64_t i = 0; i < StepCostModel::kMaxAge - 6; ++i) m.observe(4, 11e-3);
+  EXPECT_NEAR(m.seconds(8), (40e-3 + 5 * 20e-3) / 6, 1e-12);  // still counted: pooled with 256 rows
+  for (int i = 0; i < 10; ++i) m.observe(4, 11e-3);
+  // 256's observations are stale too now: the curve is 4 rows' alone, proportional past it.
+  EXPECT_NEAR(m.seconds(8), 22e-3, 1e-12);
+  m.observe(256, 20e-3);  // a fresh observation above: interpolation between 4 and 256
+  EXPECT_NEAR(m.seconds(8), 11e-3 + (20e-3 - 11e-3) * 4.0 / 252.0, 1e-12);
 }
 
 // Expected tokens per second of an assignment, as the plan defines it.
