@@ -412,4 +412,30 @@ TEST(ServerMetrics, SpeculativeDecodingCountersUnderVllmNames) {
   EXPECT_EQ(value_of(f, per_pos, per_pos, {{"position", "2"}}), 5);
 }
 
+// What the Kubernetes Gateway API Inference Extension's endpoint picker (and llm-d's) scrapes
+// by default from a vLLM-compatible server (docs/deploy.md): queue depth, running requests and
+// KV usage as gauges, and the cache configuration with block_size and num_gpu_blocks labels
+// (its prefix-cache scorer). The fifth, vllm:lora_requests_info, has no meaning without LoRA
+// adapters; the picker is started with --lora-info-metric "" for tessera.
+TEST(ServerMetrics, EndpointPickerFindsWhatItScrapes) {
+  ServerMetrics metrics("m");
+  metrics.set_cache_config({16, "f16", 2048, 0, 16.0});
+  EngineStats engine;
+  engine.running = 2;
+  engine.waiting = 5;
+  engine.kv_total_blocks = 2048;
+  engine.kv_free_blocks = 1536;
+  const auto f = parse_prometheus_text(metrics.render(engine));
+  for (const char* gauge : {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"})
+    EXPECT_EQ(family(f, gauge).type, "gauge") << gauge;
+  EXPECT_EQ(value_of(f, "vllm:num_requests_waiting", "vllm:num_requests_waiting"), 5);
+  EXPECT_EQ(value_of(f, "vllm:num_requests_running", "vllm:num_requests_running"), 2);
+  const double usage = value_of(f, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc");
+  EXPECT_DOUBLE_EQ(usage, 0.25);  // a fraction 0..1, as the picker's flag says
+  EXPECT_EQ(family(f, "vllm:cache_config_info").type, "gauge");
+  EXPECT_EQ(value_of(f, "vllm:cache_config_info", "vllm:cache_config_info",
+                     {{"block_size", "16"}, {"num_gpu_blocks", "2048"}}),
+            1);
+}
+
 }  // namespace tessera
