@@ -42,6 +42,9 @@ void add_calibrate_kv(CLI::App& app) {
     TESSERA_CHECK((k.is_fp8() && k.static_scale()) || k.centers_keys(), "calibrate-kv --format ", a->format,
                   ": static scales are for fp8 with :tensor or :head, key means for turbo formats");
     SessionOptions so = a->model.session_options();
+    // Refused before the model loads, not after the whole pass (kv_scales_from_stats checks too).
+    TESSERA_CHECK(!k.centers_keys() || so.backend.device == "cpu", "calibrate-kv --format ", a->format,
+                  ": the key equalization needs the queries, which only the CPU backend shows; use --device cpu");
     so.k_format = so.v_format = kv_format_of(DType::F32);  // exact values to measure
     so.k_scales.clear();
     so.v_scales.clear();

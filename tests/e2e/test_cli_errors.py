@@ -1,0 +1,31 @@
+"""Bad command lines get a clear error naming what is wrong, before any model is loaded."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from conftest import model_path, tessera_binary
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(tessera_binary()), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_turbo_calibration_off_the_cpu_is_refused_up_front(tmp_path):
+    # The key equalization needs the queries, which only the CPU backend shows: refused before
+    # the model loads (a CUDA-less build or machine would otherwise fail on the device first).
+    out = run_cli("calibrate-kv", "-m", str(model_path()), "-f", __file__, "--format", "turbo3.5",
+                  "--device", "cuda", "-o", str(tmp_path / "scales.json"))
+    assert out.returncode != 0
+    assert "only the CPU backend shows; use --device cpu" in out.stderr
+    assert not (tmp_path / "scales.json").exists()
+
+
+@pytest.mark.parametrize("value", ["1,8x", "", "1,,2", "0"])
+def test_bench_integer_lists_are_parsed_whole(value):
+    out = run_cli("bench", "verify", "-m", "dummy:llama3-tiny", "--batches", value, "--ks", "0", "-r", "1",
+                  "-d", "8")
+    assert out.returncode != 0
+    assert "--batches" in out.stderr
