@@ -14,7 +14,7 @@
 #include "engine/engine_core.h"
 #include "format/gguf.h"
 #include "backend/backend.h"
-#include "backend/token_bitmask.h"
+#include "core/token_bitmask.h"
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
@@ -62,7 +62,7 @@ void time_masks(const Tokenizer& tok, const GrammarCompiler& compiler, const cha
   const auto grammar = compiler.compile(spec);
   const double compile_ms = us_since(t0) / 1000;
   const std::vector<int32_t> ids = tok.encode(text, false, false);
-  TokenBitmask mask(static_cast<size_t>(bitmask_words(compiler.vocab_size())));
+  TokenBitmask mask(static_cast<size_t>(token_bitmask_words(compiler.vocab_size())));
   std::vector<float> logits(static_cast<size_t>(compiler.vocab_size()), 0.5f);
   std::vector<double> fill, apply, accept;
   for (int w = 0; w < walks; ++w) {
@@ -74,8 +74,8 @@ void time_masks(const Tokenizer& tok, const GrammarCompiler& compiler, const cha
       t = Clock::now();
       apply_token_bitmask(logits, mask);
       apply.push_back(us_since(t));
-      TESSERA_CHECK(bitmask_allows(mask, id), "bench grammar: the ", name, " text is outside its grammar at token ",
-                    id);
+      TESSERA_CHECK(token_bitmask_allows(mask, id), "bench grammar: the ", name,
+                    " text is outside its grammar at token ", id);
       t = Clock::now();
       TESSERA_CHECK(m.accept(id), "bench grammar: token ", id, " refused");
       accept.push_back(us_since(t));
@@ -99,7 +99,7 @@ void time_masks(const Tokenizer& tok, const GrammarCompiler& compiler, const cha
 // and one kernel on a device; synchronized, so the time includes the upload), against the
 // same masks applied on the host, row after row.
 void time_backend_masks(Backend& be, const GrammarCompiler& compiler, int n_rows, int reps) {
-  const int n_vocab = compiler.vocab_size(), words = bitmask_words(n_vocab);
+  const int n_vocab = compiler.vocab_size(), words = token_bitmask_words(n_vocab);
   GrammarMatcher m(compiler.compile({GrammarSpec::Kind::JsonSchema, kSchema, {}}));
   const size_t mask_bytes = static_cast<size_t>(n_rows) * words * sizeof(int32_t);
   const std::shared_ptr<void> masks = be.alloc_host(mask_bytes);

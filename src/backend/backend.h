@@ -15,7 +15,7 @@
 
 #include "backend/op_types.h"
 #include "backend/tensor.h"
-#include "backend/token_bitmask.h"
+#include "core/token_bitmask.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -203,7 +203,7 @@ class Backend {
   // ---- Structured output: token masks on the logits, before their readback ----
 
   // For i < rows.size(): every logit of row rows[i] whose token mask i forbids becomes -inf
-  // (backend/token_bitmask.h's layout: bit t % 32 of word t / 32, 1 = allowed); rows[i] = -1
+  // (core/token_bitmask.h's layout: bit t % 32 of word t / 32, 1 = allowed); rows[i] = -1
   // skips mask i. logits: [*, n_vocab] in this backend's memory; rows [n] and masks [n, words]
   // (words >= (n_vocab + 31) / 32) in host memory. Ordered with the ops, so a read_logits()
   // after it (its argmax included) sees the masked rows. masks must stay unchanged until the

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <future>
 
-#include "backend/token_bitmask.h"
+#include "core/token_bitmask.h"
 #include "core/error.h"
 #include "kv/kv_host_ops.h"
 #include "spec/verify.h"
@@ -18,7 +18,7 @@ ModelExecutor::ModelExecutor(Model& model, KvCache& kv, Backend& backend, int ma
       n_vocab_(model.config().n_vocab),
       max_batch_tokens_(std::min(max_batch_tokens, model.max_batch_tokens())),
       max_logits_rows_(max_logits_rows) {
-  mask_words_ = bitmask_words(n_vocab_);
+  mask_words_ = token_bitmask_words(n_vocab_);
   TESSERA_CHECK(max_logits_rows >= 1, "executor: max_logits_rows ", max_logits_rows);
   if (n_host_blocks > 0) host_ = std::make_unique<HostKvTier>(kv.spec(), n_host_blocks, backend);
 }
@@ -86,7 +86,7 @@ void ModelExecutor::fill_masks(const SampleTarget& t, Constrained& c) {
     ++c.n_masks;
     // A draft token the grammar forbids has probability 0 under its mask: verification
     // rejects it there and never looks at the rows after it.
-    if (j == n || !bitmask_allows(mask, t.draft[j]) || !c.matcher.accept(t.draft[j])) break;
+    if (j == n || !token_bitmask_allows(mask, t.draft[j]) || !c.matcher.accept(t.draft[j])) break;
     ++c.n_tentative;
   }
 }

@@ -137,8 +137,6 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
   }
 }
 
-int32_t bitmask_words(int32_t vocab_size) { return xgrammar::GetBitmaskSize(vocab_size); }
-
 struct GrammarMatcher::Impl {
   xgrammar::GrammarMatcher matcher;
 };
@@ -157,7 +155,7 @@ GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
 int32_t GrammarMatcher::vocab_size() const { return grammar_->vocab_size(); }
 
 void GrammarMatcher::fill_next_token_bitmask(std::span<int32_t> mask) {
-  const int32_t words = bitmask_words(vocab_size());
+  const int32_t words = token_bitmask_words(vocab_size());
   TESSERA_CHECK(static_cast<int32_t>(mask.size()) == words, "grammar: a mask of ", mask.size(), " words, expected ",
                 words);
   int64_t shape[1] = {words};

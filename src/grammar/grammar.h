@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/token_bitmask.h"
+
 namespace tessera {
 
 class Tokenizer;
@@ -66,13 +68,9 @@ class GrammarCompiler {
   int32_t n_vocab_;
 };
 
-// One bit per token, 32 tokens a word (bit t % 32 of word t / 32): 1 = allowed. The masks are
-// applied by the backend (Backend::apply_token_bitmask, backend/token_bitmask.h).
+// A token mask (layout, size and application: core/token_bitmask.h; applied to the logits by
+// the backend, Backend::apply_token_bitmask).
 using TokenBitmask = std::vector<int32_t>;
-int32_t bitmask_words(int32_t vocab_size);
-inline bool bitmask_allows(std::span<const int32_t> mask, int32_t token) {
-  return (static_cast<uint32_t>(mask[static_cast<size_t>(token) / 32]) >> (token % 32)) & 1u;
-}
 
 // The state of one sequence in its grammar: advances with each accepted token, rolls back
 // tokens (rejected speculative ones), forks (n > 1 choices). Not thread-safe.
@@ -83,7 +81,7 @@ class GrammarMatcher {
   GrammarMatcher(GrammarMatcher&&) noexcept;
   GrammarMatcher& operator=(GrammarMatcher&&) noexcept;
 
-  // The tokens allowed next, into mask [bitmask_words(vocab_size)]. Once the grammar is
+  // The tokens allowed next, into mask [token_bitmask_words(vocab_size)]. Once the grammar is
   // complete only end-of-generation tokens are allowed.
   void fill_next_token_bitmask(std::span<int32_t> mask);
   // Advances by one token; false (state unchanged) when the grammar forbids it.

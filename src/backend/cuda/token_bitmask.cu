@@ -1,5 +1,5 @@
 // Structured output's token masks applied to logits rows on the device, before the argmax or
-// the readback (Backend::apply_token_bitmask; layout in backend/token_bitmask.h). A warp takes
+// the readback (Backend::apply_token_bitmask; layout in core/token_bitmask.h). A warp takes
 // 32 mask words (one load each, coalesced) and walks them one word at a time: lane l handles
 // token 32 * word + l, so every store of the warp covers 32 consecutive logits. Only the
 // forbidden logits are written (-inf); the rest of the row is not touched.

@@ -148,9 +148,9 @@ class ToolGrammarTest : public ::testing::Test {
     GrammarMatcher m(g);
     for (const int32_t t : tok().encode(text, false, false))
       if (!m.accept(t)) return false;
-    TokenBitmask mask(static_cast<size_t>(bitmask_words(m.vocab_size())));
+    TokenBitmask mask(static_cast<size_t>(token_bitmask_words(m.vocab_size())));
     m.fill_next_token_bitmask(mask);
-    return bitmask_allows(mask, tok().eos_id());
+    return token_bitmask_allows(mask, tok().eos_id());
   }
   std::unique_ptr<GrammarCompiler> compiler_;
 };

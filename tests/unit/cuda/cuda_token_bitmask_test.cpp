@@ -10,7 +10,7 @@
 #include <map>
 #include <regex>
 
-#include "backend/token_bitmask.h"
+#include "core/token_bitmask.h"
 #include "cuda_test_util.h"
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"

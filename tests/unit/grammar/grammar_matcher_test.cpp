@@ -11,7 +11,7 @@
 #include <regex>
 #include <string>
 
-#include "backend/token_bitmask.h"
+#include "core/token_bitmask.h"
 #include "core/error.h"
 #include "format/gguf.h"
 #include "grammar/grammar.h"
@@ -44,13 +44,13 @@ class GrammarMatcherTest : public ::testing::Test {
     return compiler_->compile(GrammarSpec{kind, text, {}});
   }
   static TokenBitmask mask_of(GrammarMatcher& m) {
-    TokenBitmask mask(static_cast<size_t>(bitmask_words(m.vocab_size())));
+    TokenBitmask mask(static_cast<size_t>(token_bitmask_words(m.vocab_size())));
     m.fill_next_token_bitmask(mask);
     return mask;
   }
   static int allowed_count(const TokenBitmask& mask) {
     int n = 0;
-    for (int32_t t = 0; t < tok_->vocab_size(); ++t) n += bitmask_allows(mask, t);
+    for (int32_t t = 0; t < tok_->vocab_size(); ++t) n += token_bitmask_allows(mask, t);
     return n;
   }
   // Feeds text token by token (as the tokenizer splits it), checking each token is in the
@@ -58,7 +58,7 @@ class GrammarMatcherTest : public ::testing::Test {
   static void feed(GrammarMatcher& m, const std::string& text) {
     for (const int32_t t : tok_->encode(text, false, false)) {
       const TokenBitmask mask = mask_of(m);
-      ASSERT_TRUE(bitmask_allows(mask, t)) << "token " << t << " '" << tok_->token_piece(t) << "' of " << text;
+      ASSERT_TRUE(token_bitmask_allows(mask, t)) << "token " << t << " '" << tok_->token_piece(t) << "' of " << text;
       ASSERT_TRUE(m.accept(t));
     }
   }
@@ -77,18 +77,18 @@ TEST_F(GrammarMatcherTest, RegexMaskAllowsOnlyTokensThatStayInTheLanguage) {
   TokenBitmask mask = mask_of(m);
   int allowed = 0;
   for (int32_t t = 0; t < tok_->vocab_size(); ++t) {
-    if (!bitmask_allows(mask, t)) continue;
+    if (!token_bitmask_allows(mask, t)) continue;
     ++allowed;
     const std::string piece(tok_->token_piece(t));
     // A token may cover up to the 3 digits and on into the dash and letters.
     EXPECT_TRUE(std::regex_match(piece, std::regex("[0-9]{1,3}|[0-9]{3}-[a-z]*"))) << "'" << piece << "'";
   }
   EXPECT_GE(allowed, 10);  // every single digit at least
-  EXPECT_FALSE(bitmask_allows(mask, tok_->eos_id()));
+  EXPECT_FALSE(token_bitmask_allows(mask, tok_->eos_id()));
   feed(m, "123-abc");
   mask = mask_of(m);
-  EXPECT_TRUE(bitmask_allows(mask, tok_->eos_id()));  // complete: the end is allowed, and more letters
-  EXPECT_FALSE(bitmask_allows(mask, *tok_->token_id("1")));
+  EXPECT_TRUE(token_bitmask_allows(mask, tok_->eos_id()));  // complete: the end is allowed, and more letters
+  EXPECT_FALSE(token_bitmask_allows(mask, *tok_->token_id("1")));
   EXPECT_FALSE(m.accept(*tok_->token_id("1")));  // refused, state unchanged
   EXPECT_TRUE(m.accept(tok_->eos_id()));
   EXPECT_TRUE(m.terminated());
@@ -102,17 +102,17 @@ TEST_F(GrammarMatcherTest, JsonSchemaWalksAValidDocumentAndEndsOnlyWhenComplete)
     "required": ["name", "age", "tags"], "additionalProperties": false})";
   GrammarMatcher m(compile(GrammarSpec::Kind::JsonSchema, schema));
   const TokenBitmask first = mask_of(m);
-  EXPECT_TRUE(bitmask_allows(first, *tok_->token_id("{")));
-  EXPECT_FALSE(bitmask_allows(first, *tok_->token_id("[")));
-  EXPECT_FALSE(bitmask_allows(first, tok_->eos_id()));
+  EXPECT_TRUE(token_bitmask_allows(first, *tok_->token_id("{")));
+  EXPECT_FALSE(token_bitmask_allows(first, *tok_->token_id("[")));
+  EXPECT_FALSE(token_bitmask_allows(first, tok_->eos_id()));
   // Fixed separators (no free whitespace): ", " and ": ".
   feed(m, R"({"name": "Ann", "age": 41, "tags": ["a")");
-  EXPECT_FALSE(bitmask_allows(mask_of(m), tok_->eos_id()));
+  EXPECT_FALSE(token_bitmask_allows(mask_of(m), tok_->eos_id()));
   feed(m, "]}");
   const TokenBitmask done = mask_of(m);
-  EXPECT_TRUE(bitmask_allows(done, tok_->eos_id()));
+  EXPECT_TRUE(token_bitmask_allows(done, tok_->eos_id()));
   for (int32_t t = 0; t < tok_->vocab_size(); ++t)
-    if (bitmask_allows(done, t)) {
+    if (token_bitmask_allows(done, t)) {
       EXPECT_TRUE(tok_->is_eog(t)) << "only the end of generation may follow, not " << t;
     }
   EXPECT_GE(allowed_count(done), 1);
@@ -132,7 +132,7 @@ TEST_F(GrammarMatcherTest, RollbackRestoresTheEarlierMask) {
   EXPECT_EQ(mask_of(m), before);
   // A rejected speculative token and what follows it are gone: another path is taken.
   feed(m, R"("x"})");
-  EXPECT_TRUE(bitmask_allows(mask_of(m), tok_->eos_id()));
+  EXPECT_TRUE(token_bitmask_allows(mask_of(m), tok_->eos_id()));
   EXPECT_THROW(m.rollback(static_cast<int>(m.n_accepted()) + 1), Error);
 }
 
@@ -141,7 +141,7 @@ TEST_F(GrammarMatcherTest, ForkSplitsTheStateAndTheOriginalKeepsItsOwn) {
   GrammarMatcher m(grammar);
   const TokenBitmask start = mask_of(m);
   for (int32_t t = 0; t < tok_->vocab_size(); ++t) {
-    if (!bitmask_allows(start, t)) continue;
+    if (!token_bitmask_allows(start, t)) continue;
     const std::string piece(tok_->token_piece(t));
     EXPECT_TRUE(std::string("yes").starts_with(piece) || std::string("no").starts_with(piece) ||
                 std::string("maybe").starts_with(piece))
@@ -149,10 +149,10 @@ TEST_F(GrammarMatcherTest, ForkSplitsTheStateAndTheOriginalKeepsItsOwn) {
   }
   GrammarMatcher fork = m.fork();
   feed(fork, "maybe");
-  EXPECT_TRUE(bitmask_allows(mask_of(fork), tok_->eos_id()));
+  EXPECT_TRUE(token_bitmask_allows(mask_of(fork), tok_->eos_id()));
   EXPECT_EQ(mask_of(m), start);  // the original did not move
   feed(m, "no");
-  EXPECT_TRUE(bitmask_allows(mask_of(m), tok_->eos_id()));
+  EXPECT_TRUE(token_bitmask_allows(mask_of(m), tok_->eos_id()));
   EXPECT_EQ(fork.n_accepted(), static_cast<int64_t>(tok_->encode("maybe", false, false).size()));
 }
 
@@ -162,7 +162,7 @@ TEST_F(GrammarMatcherTest, ApplyingTheMaskLeavesOnlyAllowedLogits) {
   std::vector<float> logits(static_cast<size_t>(tok_->vocab_size()), 1.5f);
   apply_token_bitmask(logits, mask);
   for (int32_t t = 0; t < tok_->vocab_size(); ++t)
-    EXPECT_EQ(std::isfinite(logits[static_cast<size_t>(t)]), bitmask_allows(mask, t)) << t;
+    EXPECT_EQ(std::isfinite(logits[static_cast<size_t>(t)]), token_bitmask_allows(mask, t)) << t;
 }
 
 // Masks of every shape — runs of empty words, full words, mixed words, a vocabulary that ends
@@ -181,7 +181,7 @@ TEST(ApplyTokenBitmask, ClearsExactlyTheForbiddenTokens) {
       std::vector<float> logits(n, 2.0f);
       apply_token_bitmask(logits, mask);
       for (size_t t = 0; t < n; ++t)
-        ASSERT_EQ(std::isfinite(logits[t]), bitmask_allows(mask, static_cast<int32_t>(t))) << n << " " << t;
+        ASSERT_EQ(std::isfinite(logits[t]), token_bitmask_allows(mask, static_cast<int32_t>(t))) << n << " " << t;
     }
   }
   std::vector<float> row(65, 0.0f);

@@ -1,4 +1,4 @@
-#include "backend/token_bitmask.h"
+#include "core/token_bitmask.h"
 
 #include <algorithm>
 #include <limits>
