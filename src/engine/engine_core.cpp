@@ -316,30 +316,66 @@ StepResult EngineCore::step() {
 }
 
 void EngineCore::plan_adaptive_drafts(const std::vector<SeqHandle>& decoding, const std::vector<size_t>& cand,
-                                      std::vector<int>& k) {
+                                      const std::vector<int>& cap, std::vector<int>& k) {
   const int base_rows = static_cast<int>(decoding.size());
-  const int k_max = config_.speculative.num_speculative_tokens;
   std::vector<DraftCandidate> dc(cand.size());
   std::vector<DraftLength*> rate(cand.size());
   for (size_t c = 0; c < cand.size(); ++c) {
     rate[c] = &draft_length_[scheduler_.sequence(decoding[cand[c]]).id];
-    dc[c] = {rate[c]->rate(), k_max};
+    dc[c] = {rate[c]->rate(), cap[c]};
   }
   plan_draft_lengths(step_cost_, base_rows, base_rows, draft_seconds_per_pos_, dc, k);
   for (size_t c = 0; c < cand.size(); ++c)
     if (k[c] == 0) rate[c]->idle();
   // While the plan says "off", the costs of longer steps are no longer observed, so one slow
   // measurement could keep speculation off for good: every kExploreEvery-th step without
-  // drafts, the most predictable sequence drafts k_max anyway, refreshing them.
+  // drafts, the most predictable sequence that has something to draft drafts all of it.
   if (std::any_of(k.begin(), k.end(), [](int x) { return x > 0; })) {
     plain_steps_ = 0;
   } else if (++plain_steps_ >= kExploreEvery) {
-    plain_steps_ = 0;
-    const auto best = std::max_element(dc.begin(), dc.end(), [](const DraftCandidate& a, const DraftCandidate& b) {
-      return a.acceptance < b.acceptance;
-    });
-    k[best - dc.begin()] = k_max;
+    size_t best = cand.size();
+    for (size_t c = 0; c < cand.size(); ++c)
+      if (cap[c] > 0 && (best == cand.size() || dc[c].acceptance > dc[best].acceptance)) best = c;
+    if (best < cand.size()) {
+      plain_steps_ = 0;
+      k[best] = cap[best];
+    }
   }
+}
+
+std::vector<Draft> EngineCore::run_drafter(const std::vector<SeqHandle>& decoding, const std::vector<size_t>& cand,
+                                           const std::vector<int>& k) {
+  std::vector<Draft> drafts(cand.size());
+  std::vector<size_t> asked;  // indices into cand
+  std::vector<DraftQuery> queries;
+  for (size_t c = 0; c < cand.size(); ++c) {
+    if (k[c] <= 0) continue;
+    const Sequence& s = scheduler_.sequence(decoding[cand[c]]);
+    const auto params = draft_sampling_.find(s.id);
+    asked.push_back(c);
+    queries.push_back({s.id, s.tokens, k[c], params != draft_sampling_.end() ? &params->second : nullptr, s.n_prompt});
+  }
+  if (queries.empty()) return drafts;
+  std::vector<Draft> out(queries.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  drafter_->propose(queries, out);
+  int longest = 0;
+  for (const DraftQuery& q : queries) longest = std::max(longest, q.max_tokens);
+  const double per_pos = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / longest;
+  constexpr double kWeight = 0.25;  // of a new measurement in the running mean
+  draft_seconds_per_pos_ = (1 - kWeight) * draft_seconds_per_pos_ + kWeight * per_pos;
+  for (size_t i = 0; i < queries.size(); ++i) {
+    Draft& d = out[i];
+    TESSERA_CHECK(static_cast<int>(d.tokens.size()) <= queries[i].max_tokens &&
+                      (d.probs.empty() || d.probs.size() == d.tokens.size()),
+                  "engine: drafter ", drafter_->name(), " proposed ", d.tokens.size(), " tokens (", d.probs.size(),
+                  " distributions) for at most ", queries[i].max_tokens);
+    for (const int32_t t : d.tokens)
+      TESSERA_CHECK(t >= 0 && t < config_.vocab_size, "engine: drafter ", drafter_->name(), " proposed token ", t,
+                    " outside the vocabulary");
+    drafts[asked[i]] = std::move(d);
+  }
+  return drafts;
 }
 
 void EngineCore::propose_drafts() {
@@ -357,44 +393,36 @@ void EngineCore::propose_drafts() {
   // tokens per second of the step under this engine's measured cost per row count, zero where
   // nothing pays (nothing measured yet: no drafts).
   std::vector<int> k(cand.size(), sc.num_speculative_tokens);
-  if (sc.adaptive && !cand.empty()) plan_adaptive_drafts(decoding, cand, k);
-  std::vector<int> k_of(decoding.size(), 0);
-  for (size_t c = 0; c < cand.size(); ++c) k_of[cand[c]] = k[c];
-  std::vector<SeqHandle> handles;
-  std::vector<DraftQuery> queries;
+  std::vector<Draft> drafts;  // aligned with cand
+  if (sc.adaptive && !cand.empty()) {
+    std::vector<int> cap = k;
+    if (drafter_->proposes_for_free()) {
+      // Prompt lookup costs next to nothing: it proposes k_max for everyone first, and the
+      // plan then weighs the drafts there really are (a short match, or none) instead of
+      // assuming k_max rows for every candidate; the plan's cut is a prefix of each draft.
+      drafts = run_drafter(decoding, cand, cap);
+      for (size_t c = 0; c < cand.size(); ++c) cap[c] = static_cast<int>(drafts[c].tokens.size());
+    }
+    plan_adaptive_drafts(decoding, cand, cap, k);
+    for (size_t c = 0; c < drafts.size(); ++c) {
+      Draft& d = drafts[c];
+      d.tokens.resize(std::min(d.tokens.size(), static_cast<size_t>(k[c])));
+      if (!d.probs.empty()) d.probs.resize(d.tokens.size());
+    }
+  }
+  if (drafts.empty()) drafts = run_drafter(decoding, cand, k);
+  std::vector<Draft*> draft_of(decoding.size(), nullptr);
+  for (size_t c = 0; c < cand.size(); ++c) draft_of[cand[c]] = &drafts[c];
   for (size_t i = 0; i < decoding.size(); ++i) {
     const SeqHandle h = decoding[i];
     const Sequence& s = scheduler_.sequence(h);
-    if (k_of[i] > 0) {
-      handles.push_back(h);
-      const auto params = draft_sampling_.find(s.id);
-      queries.push_back(
-          {s.id, s.tokens, k_of[i], params != draft_sampling_.end() ? &params->second : nullptr, s.n_prompt});
-    } else if (!s.draft.empty()) {
-      scheduler_.set_draft(h, {});  // a draft left from a step that did not schedule it
+    Draft* d = draft_of[i];
+    if (d == nullptr || d->tokens.empty()) {
+      if (!s.draft.empty()) scheduler_.set_draft(h, {});  // a draft left from a step that did not schedule it
+      continue;
     }
-  }
-  if (queries.empty()) return;
-  std::vector<Draft> drafts(queries.size());
-  const auto t0 = std::chrono::steady_clock::now();
-  drafter_->propose(queries, drafts);
-  int longest = 0;
-  for (const DraftQuery& q : queries) longest = std::max(longest, q.max_tokens);
-  const double per_pos = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / longest;
-  constexpr double kWeight = 0.25;  // of a new measurement in the running mean
-  draft_seconds_per_pos_ = (1 - kWeight) * draft_seconds_per_pos_ + kWeight * per_pos;
-  for (size_t i = 0; i < queries.size(); ++i) {
-    Draft& d = drafts[i];
-    TESSERA_CHECK(static_cast<int>(d.tokens.size()) <= queries[i].max_tokens &&
-                      (d.probs.empty() || d.probs.size() == d.tokens.size()),
-                  "engine: drafter ", drafter_->name(), " proposed ", d.tokens.size(), " tokens (", d.probs.size(),
-                  " distributions) for at most ", queries[i].max_tokens);
-    for (const int32_t t : d.tokens)
-      TESSERA_CHECK(t >= 0 && t < config_.vocab_size, "engine: drafter ", drafter_->name(), " proposed token ", t,
-                    " outside the vocabulary");
-    if (d.tokens.empty() && scheduler_.sequence(handles[i]).draft.empty()) continue;
-    scheduler_.set_draft(handles[i], d.tokens);
-    if (!d.tokens.empty()) drafts_[queries[i].seq] = std::move(d);
+    scheduler_.set_draft(h, d->tokens);
+    drafts_[s.id] = std::move(*d);
   }
 }
 

@@ -156,10 +156,15 @@ class EngineCore {
   };
   // Speculative decoding: a draft for every decoding sequence that speculates this step.
   void propose_drafts();
-  // Adaptive draft lengths k (aligned with cand, indices into decoding) from the measured step
-  // cost and each sequence's acceptance (spec/step_cost.h), with a probe while they are all 0.
+  // Adaptive draft lengths k (aligned with cand, indices into decoding; k[c] <= cap[c]) from
+  // the measured step cost and each sequence's acceptance (spec/step_cost.h), with a probe
+  // while they are all 0.
   void plan_adaptive_drafts(const std::vector<SeqHandle>& decoding, const std::vector<size_t>& cand,
-                            std::vector<int>& k);
+                            const std::vector<int>& cap, std::vector<int>& k);
+  // The drafter's proposals for the candidates with k[c] > 0 (aligned with cand, empty
+  // elsewhere), checked, with its time per position folded into draft_seconds_per_pos_.
+  std::vector<Draft> run_drafter(const std::vector<SeqHandle>& decoding, const std::vector<size_t>& cand,
+                                 const std::vector<int>& k);
   void count_verifications(const SchedulerOutput& out);
   void build_batch(const SchedulerOutput& out);
   void attach_logprobs(std::vector<SeqEvent>& events) const;

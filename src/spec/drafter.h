@@ -52,6 +52,10 @@ class Drafter {
   virtual void propose(std::span<const DraftQuery> queries, std::span<Draft> out) = 0;
   // The sequence ended: drop its state. Stateless drafters ignore it.
   virtual void remove(DraftSeqId seq) {}
+  // True when a proposal costs next to nothing beside a forward step and leaves no state
+  // (prompt lookup): the adaptive plan then asks for k_max first and plans on the drafts
+  // that came back, cutting each to a prefix.
+  virtual bool proposes_for_free() const { return false; }
 };
 
 }  // namespace tessera

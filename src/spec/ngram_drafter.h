@@ -17,6 +17,7 @@ class NgramDrafter final : public Drafter {
  public:
   explicit NgramDrafter(NgramDrafterConfig config);
   const char* name() const override { return "ngram"; }
+  bool proposes_for_free() const override { return true; }
   void propose(std::span<const DraftQuery> queries, std::span<Draft> out) override;
 
   // One sequence: the continuation of the most recent earlier occurrence of its last n

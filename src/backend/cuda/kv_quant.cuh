@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_common.cuh"
 #include "backend/kv_codec.h"
 #include "backend/op_types.h"
 
@@ -228,13 +229,30 @@ __device__ __forceinline__ void block_fwht(float* x, int n, int rows, int ld) {
   __syncthreads();
 }
 
+// 8 decoded channels into shared memory: f32 one by one (the CUDA-core kernel's rows are
+// padded to an odd stride), f16 as one 16-byte store (the tensor-core kernel's rows are
+// 16-byte aligned).
+__device__ __forceinline__ void store8(float* dst, const float* v) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) dst[i] = v[i];
+}
+__device__ __forceinline__ void store8(__half* dst, const float* v) {
+  uint4 u;
+  u.x = pack_half2(v[0], v[1]);
+  u.y = pack_half2(v[2], v[3]);
+  u.z = pack_half2(v[4], v[5]);
+  u.w = pack_half2(v[6], v[7]);
+  *reinterpret_cast<uint4*>(dst) = u;
+}
+
 // One tile of keys [base, base + tile) of a sequence (block table `table`), KV head kvh,
-// decoded into shared memory: Ks[j * ldk + c] (c < hd; turbo keys with QJL add the scaled
-// signs at c in [hd, 2 hd)) and Vs[j * ldv + c]; keys at or past `end` are zeros. All
-// threads of the block take 8 channels of one key at a time. No barrier.
+// decoded into shared memory (T = float or __half): Ks[j * ldk + c] (c < hd; turbo keys with
+// QJL add the scaled signs at c in [hd, 2 hd)) and Vs[j * ldv + c]; keys at or past `end` are
+// zeros. All threads of the block take 8 channels of one key at a time. No barrier.
+template <typename T>
 __device__ __forceinline__ void kv_decode_tile(const KvSide& ks, const KvSide& vs, const int32_t* table, int n_kv_heads,
-                                               int block_size, int kvh, int base, int end, int tile, int hd, float* Ks,
-                                               int ldk, float* Vs, int ldv) {
+                                               int block_size, int kvh, int base, int end, int tile, int hd, T* Ks,
+                                               int ldk, T* Vs, int ldv) {
   const int per_key = hd / 8;
   for (int it = threadIdx.x; it < tile * per_key; it += blockDim.x) {
     const int j = it / per_key, d0 = (it % per_key) * 8, key = base + j;
@@ -251,12 +269,9 @@ __device__ __forceinline__ void kv_decode_tile(const KvSide& ks, const KvSide& v
 #pragma unroll
       for (int i = 0; i < 8; ++i) kf[i] = vf[i] = sg[i] = 0.0f;
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      Ks[j * ldk + d0 + i] = kf[i];
-      Vs[j * ldv + d0 + i] = vf[i];
-      if (ks.f.qjl) Ks[j * ldk + hd + d0 + i] = sg[i];
-    }
+    store8(Ks + j * ldk + d0, kf);
+    store8(Vs + j * ldv + d0, vf);
+    if (ks.f.qjl) store8(Ks + j * ldk + hd + d0, sg);
   }
 }
 

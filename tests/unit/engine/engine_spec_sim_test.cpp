@@ -176,6 +176,15 @@ TEST(EngineSpecSim, AdaptiveDraftsKeepOutputsAndNeverStopForGood) {
   e.expect_whole();
 }
 
+// The adaptive plan with prompt lookup asks for k_max first and cuts each draft to the
+// plan's prefix (engine_core.cpp): over a random workload with aborts, forks and preemption
+// every output still equals the run alone and no block leaks, whatever the cuts were.
+TEST(EngineSpecSim, AdaptiveCutsOfProposedDraftsKeepOutputsExact) {
+  SimSetup s = spec_setup();
+  s.speculative.adaptive = true;
+  for (uint64_t seed : {11u, 12u, 13u}) run_workload(s, seed, 40);
+}
+
 TEST(EngineSpecSim, DraftsNeverRunPastMaxTokens) {
   SimSetup s = spec_setup();
   SimEngine e(s);
