@@ -12,15 +12,20 @@
 // warp's lanes read consecutive 32-column chunks of a row. A lane's 32 columns never straddle
 // a group (groups are multiples of 32 columns, or the whole row).
 //
-// Bytes in flight: a block takes R rows of one target and splits their columns over its warps
-// (thread i takes chunks i, i + blockDim, ...; the warps' sums meet in shared memory), so every
-// thread issues R independent code loads per chunk before using any, one activation load feeding
-// all R. The launch picks the warps per block from the width (up to kMaxWarps, whole passes over
-// the row: 4 warps and one chunk per thread at 4096 columns, 7 warps and two at 14336) and R from
-// the row count against the SM count (kRowsBig unless that leaves under kMinBlocksPerSm blocks
-// per SM; then kRowsSmall, more blocks of fewer rows). At Llama-8B decode shapes every thread
-// holds its whole share of the matrix in flight at once. Launched as a programmatic dependent
-// launch: the first chunk's codes, scales and zeros (which no kernel writes) are requested before
+// Bytes in flight: a block takes R rows of one target and splits their columns over its warps;
+// a thread's step is U chunks (i, i + blockDim, ..., i + (U - 1) blockDim, the next step U
+// blockDims further), all R x U code loads (and scales, zero points) issued before any is used,
+// one activation load feeding all R rows; the warps' sums meet in shared memory. The shape is
+// chosen per class of rows of x (kShape): 1 row R = 8, U = 1; 2-8 rows R = 4, U = 2, so each
+// thread keeps 8 row-chunks of codes in flight with at most 32 accumulators (rows of x times
+// R). R = 4, U = 1 at 5-8 rows (4 loads a thread) measured 201 us a Llama-8B layer at 8 rows
+// against 140 for the earlier warp-per-4-rows kernel, which had 8 (two unrolled chunks of 4
+// rows, 164 registers); R = 8 at 2 rows took 180 registers (W4G), R = 2 would read x through L1
+// twice as often per code byte. The launch picks the warps per block from the width (up to
+// kMaxWarps, whole steps over the row: 4096 columns at U = 1 take 4 warps and one chunk per
+// thread, at U = 2 two warps and two) and R against the SM count (kShape's R unless that leaves under kMinBlocksPerSm blocks per SM;
+// then kRowsSmall, more blocks of fewer rows). Launched as a programmatic dependent launch: the
+// first step's codes, scales and zeros (which no kernel writes) are requested before
 // pdl_wait(), so they overlap the previous kernel's tail; x is read after.
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -31,12 +36,16 @@ namespace tessera::cuda {
 namespace {
 
 constexpr int kMaxWarps = 8;        // per block, all on the block's rows, each a share of the width
-constexpr int kMinBlocksPerSm = 2;  // fewer blocks of kRowsBig rows than this per SM: kRowsSmall
-// Rows per block. One row of x: 8, so each thread has 8 code loads in flight per chunk. Up to 8
-// rows of x: 4, the accumulators (rows of x times rows of W) kept in registers.
-template <int NR>
-constexpr int kRowsBig = NR == 1 ? 8 : 4;
+constexpr int kMinBlocksPerSm = 2;  // fewer blocks of kShape's R rows than this per SM: kRowsSmall
 constexpr int kRowsSmall = 2;
+
+// Kernel shape per class of rows of x (NR: 1, 2, 4 or 8, the count rounded up to one of
+// them): R weight rows per block, U chunks per thread per step (see the top of the file).
+struct GqShape {
+  int R, U;
+};
+template <int NR>
+constexpr GqShape kShape = NR == 1 ? GqShape{8, 1} : GqShape{4, 2};
 
 struct GqTargets {
   const uint8_t* codes[kGemvMaxTargets];    // [rows][row_bytes]
@@ -113,34 +122,41 @@ __device__ __forceinline__ void accumulate(const GqChunk<kBits, R>& c, const Q8R
   }
 }
 
+// One halving exchange of warp_sum_each over its first C values, then the next (a template
+// recursion, not a loop: at V = 32 and U = 2 nvcc left the loop rolled, v in local memory).
+// Lanes with bit o set keep the upper half of the C values, the others the lower half; each
+// adds its partner's copy of the half it keeps.
+template <int V, int C>
+__device__ __forceinline__ void halve_exchange(float (&v)[V], int lane) {
+  if constexpr (C > 1) {
+    constexpr int o = 16 * C / V;
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < C / 2; ++i) {
+      const float keep = upper ? v[i + C / 2] : v[i];
+      const float send = upper ? v[i] : v[i + C / 2];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+    halve_exchange<V, C / 2>(v, lane);
+  }
+}
+
 // Each of V values (a power of two <= 32) summed over the warp by halving exchanges: V - 1 +
 // log2(32 / V) shuffles instead of 5V. Afterwards lane l holds the total of value l / (32 / V).
 template <int V>
 __device__ __forceinline__ float warp_sum_each(float (&v)[V]) {
   static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "a power of two up to the warp");
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int c = V; c > 1; c >>= 1) {
-    // Lanes with bit o set keep the upper half of the c values, the others the lower half;
-    // each adds its partner's copy of the half it keeps.
-    const int o = 16 * c / V;
-    const bool upper = (lane & o) != 0;
-#pragma unroll
-    for (int i = 0; i < c / 2; ++i) {
-      const float keep = upper ? v[i + c / 2] : v[i];
-      const float send = upper ? v[i] : v[i + c / 2];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-    }
-  }
+  halve_exchange<V, V>(v, threadIdx.x & 31);
   float s = v[0];
 #pragma unroll
   for (int o = 16 / V; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   return s;
 }
 
-// NR: rows of x computed at once (1, or kGemvMaxRows with n_rows guarding the rest). R: rows of
-// W per block. group_shift: log2(group_size) when it is a power of two, else -1 (a division).
-template <int kBits, int NR, int R>
+// NR: rows of x computed at once (n_rows <= NR guards the rest). R: rows of W per block, U:
+// chunks per thread per step. group_shift: log2(group_size) when it is a power of two, else -1
+// (a division).
+template <int kBits, int NR, int R, int U>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_gq_kernel(Q8Rows x, int n_rows, int n_blocks, int64_t row_bytes,
                                                                  int group_size, int group_shift, GqTargets tg) {
   constexpr int V = NR * R;
@@ -159,15 +175,28 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_gq_kernel(Q8Rows x, int n
 #pragma unroll
   for (int i = 0; i < V; ++i) acc[i] = 0.0f;
   auto group_of = [&](int b) -> int64_t { return group_shift >= 0 ? (b * 32) >> group_shift : b * 32 / group_size; };
-  // Thread i takes chunks i, i + blockDim.x, ...: the first one's weights are requested before
-  // waiting on the previous kernel (no kernel writes them), x after.
-  GqChunk<kBits, R> c;
+  // A step: chunks b0 + u * blockDim.x (u < U) of those below n_blocks, every load of the step
+  // before any use. The first step's weights are requested before waiting on the previous
+  // kernel (no kernel writes them), x after.
+  const int stride = static_cast<int>(blockDim.x);
+  GqChunk<kBits, R> c[U];
+  auto load_step = [&](int b0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int b = b0 + u * stride;
+      if (b < n_blocks) load_chunk<kBits, R>(code, scale, zero, r, rows, row_bytes, b, group_of(b), c[u]);
+    }
+  };
   const int first = threadIdx.x;
-  if (first < n_blocks) load_chunk<kBits, R>(code, scale, zero, r, rows, row_bytes, first, group_of(first), c);
+  load_step(first);
   pdl_wait();  // every thread, before x: see cuda_common.cuh
-  for (int b = first; b < n_blocks; b += blockDim.x) {
-    if (b != first) load_chunk<kBits, R>(code, scale, zero, r, rows, row_bytes, b, group_of(b), c);
-    accumulate<kBits, NR, R>(c, x, n_rows, n_blocks, b, acc);
+  for (int b0 = first; b0 < n_blocks; b0 += U * stride) {
+    if (b0 != first) load_step(b0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int b = b0 + u * stride;
+      if (b < n_blocks) accumulate<kBits, NR, R>(c[u], x, n_rows, n_blocks, b, acc);
+    }
   }
   pdl_trigger();
   const int lane = threadIdx.x & 31;
@@ -186,31 +215,51 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_gq_kernel(Q8Rows x, int n
 
 struct GqLaunch {
   Q8Rows x;
-  int n_rows, n_blocks, warps;  // warps per block
+  int n_rows, n_blocks;
   int64_t row_bytes;
   int group_size, group_shift;
 };
 
-template <int kBits, int NR, int R>
+template <int kBits, int NR, int R, int U>
 void launch_rows(const GqLaunch& a, GqTargets tg, cudaStream_t s) {
   unsigned end = 0;
   for (int i = 0; i < tg.n; ++i) {
     end += static_cast<unsigned>((tg.rows[i] + R - 1) / R);
     tg.block_end[i] = end;
   }
-  launch_pdl(gemv_gq_kernel<kBits, NR, R>, dim3(end), dim3(a.warps * 32), 0, s, a.x, a.n_rows, a.n_blocks, a.row_bytes,
+  // Warps per block: as few whole steps over the row's chunks as kMaxWarps allows, the chunks
+  // spread evenly (4096 columns, 128 chunks: U = 1 4 warps, U = 2 2 warps; 14336, 448 chunks:
+  // 7 warps, two chunks each at U = 1, one step of two at U = 2).
+  const int per_warp_step = 32 * U;
+  const int steps = (a.n_blocks + per_warp_step * kMaxWarps - 1) / (per_warp_step * kMaxWarps);
+  const int warps = (a.n_blocks + per_warp_step * steps - 1) / (per_warp_step * steps);
+  launch_pdl(gemv_gq_kernel<kBits, NR, R, U>, dim3(end), dim3(warps * 32), 0, s, a.x, a.n_rows, a.n_blocks, a.row_bytes,
              a.group_size, a.group_shift, tg);
 }
 
-// kRowsBig rows per block unless that leaves fewer than kMinBlocksPerSm blocks per SM.
+// kShape's R rows per block unless that leaves fewer than kMinBlocksPerSm blocks per SM.
 template <int kBits, int NR>
 void launch_shape(const GqLaunch& a, const GqTargets& tg, int sm_count, cudaStream_t s) {
+  constexpr GqShape sh = kShape<NR>;
   int64_t big_blocks = 0;
-  for (int i = 0; i < tg.n; ++i) big_blocks += (tg.rows[i] + kRowsBig<NR> - 1) / kRowsBig<NR>;
+  for (int i = 0; i < tg.n; ++i) big_blocks += (tg.rows[i] + sh.R - 1) / sh.R;
   if (big_blocks >= int64_t{kMinBlocksPerSm} * sm_count)
-    launch_rows<kBits, NR, kRowsBig<NR>>(a, tg, s);
+    launch_rows<kBits, NR, sh.R, sh.U>(a, tg, s);
   else
-    launch_rows<kBits, NR, kRowsSmall>(a, tg, s);
+    launch_rows<kBits, NR, kRowsSmall, sh.U>(a, tg, s);
+}
+
+// The row count of x rounded up to a shape class (1, 2, 4, 8).
+template <int kBits>
+void launch_rows_class(const GqLaunch& a, const GqTargets& tg, int sm_count, cudaStream_t s) {
+  if (a.n_rows == 1)
+    launch_shape<kBits, 1>(a, tg, sm_count, s);
+  else if (a.n_rows == 2)
+    launch_shape<kBits, 2>(a, tg, sm_count, s);
+  else if (a.n_rows <= 4)
+    launch_shape<kBits, 4>(a, tg, sm_count, s);
+  else
+    launch_shape<kBits, 8>(a, tg, sm_count, s);
 }
 
 }  // namespace
@@ -246,18 +295,14 @@ void launch_gemv_gq(const Q8Rows& x, int n_rows, const MatmulTarget* targets, in
     tg.rows[i] = w.rows;
   }
   const GroupQuantLayout l0 = w0.gq_layout();
-  GqLaunch a{x, n_rows, static_cast<int>(x.ld / 32), 0, l0.code_row_bytes, static_cast<int>(l0.group_size), -1};
+  GqLaunch a{x, n_rows, static_cast<int>(x.ld / 32), l0.code_row_bytes, static_cast<int>(l0.group_size), -1};
   const int gs = a.group_size;
   if ((gs & (gs - 1)) == 0) a.group_shift = __builtin_ctz(static_cast<unsigned>(gs));
-  // Warps per block: as few whole passes over the row's chunks as kMaxWarps allows, the chunks
-  // spread evenly (4096 columns: 128 chunks, 4 warps, one each; 14336: 448, 7 warps, two each).
-  const int passes = (a.n_blocks + 32 * kMaxWarps - 1) / (32 * kMaxWarps);
-  a.warps = (a.n_blocks + 32 * passes - 1) / (32 * passes);
-  const bool w8 = w0.dtype == DType::W8G;
-  if (n_rows == 1)
-    w8 ? launch_shape<8, 1>(a, tg, sm_count, s) : launch_shape<4, 1>(a, tg, sm_count, s);
+  static_assert(kGemvMaxRows == 8, "shape classes 1, 2, 4, 8 rows of x");
+  if (w0.dtype == DType::W8G)
+    launch_rows_class<8>(a, tg, sm_count, s);
   else
-    w8 ? launch_shape<8, kGemvMaxRows>(a, tg, sm_count, s) : launch_shape<4, kGemvMaxRows>(a, tg, sm_count, s);
+    launch_rows_class<4>(a, tg, sm_count, s);
 }
 
 }  // namespace tessera::cuda

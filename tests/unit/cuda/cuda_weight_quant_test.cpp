@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <numeric>
 
 #include "core/fp16.h"
@@ -77,8 +78,9 @@ std::vector<float> q8_round_trip(const GqWeight& w, const std::vector<float>& x,
 
 // The decode kernel at every row count it takes (1-8), with x rows 16-byte aligned and not
 // (ldx odd: the scalar loads), widths that leave a partial group and a partial 32-column
-// chunk, act-order, zero points, per-channel scales, one and several warps and passes over a
-// row, both rows-per-block choices; then the GEMM path at 9 and 33 rows.
+// chunk, act-order, zero points, per-channel scales, one and several warps and steps over a
+// row, every shape class of rows of x (1, 2, 3-4, 5-8) with both rows-per-block choices of
+// each; then the GEMM path at 9 and 33 rows.
 // Nothing past each output row is written (NaN sentinels in the stride's gap).
 TEST(CudaWeightQuant, DecodeKernelMatchesFloat64OnAwkwardShapes) {
   TESSERA_REQUIRE_CUDA();
@@ -94,11 +96,16 @@ TEST(CudaWeightQuant, DecodeKernelMatchesFloat64OnAwkwardShapes) {
        {Case{4, 37, 96, 32, false, false}, Case{4, 131, 200, 64, true, true}, Case{4, 45, 77, 32, true, false},
         Case{4, 19, 333, 333, false, true}, Case{4, 66, 1056, 96, true, false}, Case{8, 40, 320, 128, true, false},
         Case{8, 9, 200, 200, false, true}, Case{8, 23, 161, 32, true, false}, Case{8, 5, 2080, 64, false, true},
-        // Past 256 chunks a row: two passes per thread (5 warps of 32 over 260 chunks).
+        // Past 256 chunks a row: two steps per thread at one chunk a step (5 warps of 32 over
+        // 260 chunks), one step of two at two (the second partial).
         Case{4, 21, 8300, 128, true, true}, Case{8, 6, 8224, 8224, false, false},
-        // Enough rows for the 8 (1 row of x) and 4 (2-8) rows per block on GPUs up to 132 SMs,
-        // the width over 3 warps, the last one partial; a partial last block.
-        Case{4, 2125, 2080, 64, true, false}, Case{8, 2119, 1056, 96, false, true}}) {
+        // Enough rows for the 8 (1-2 rows of x) and 4 (3-8) rows per block on GPUs up to 132
+        // SMs, rows not a multiple of either (a partial last block); 65 chunks: the width over 3
+        // warps at one chunk a step, over 2 at two (one thread's second chunk past the row).
+        Case{4, 2125, 2080, 64, true, false}, Case{8, 2119, 1056, 96, false, true},
+        // 4 rows per block at 3-8 rows of x and past 512 chunks a row: two steps of two chunks
+        // per thread, the second partial; width a partial 32-column chunk.
+        Case{4, 1061, 16421, 128, true, false}, Case{8, 1059, 16400, 16400, false, false}}) {
     GqWeight w = make_gq(c.bits, c.rows, c.cols, c.group, c.asym, c.act_order, rng);
     auto dev = gpu->upload(w.m.data.get(), static_cast<size_t>(w.host.bytes()));
     WeightMatrix wm = w.host;
@@ -141,8 +148,8 @@ TEST(CudaWeightQuant, DecodeRunsSeveralTargetsInOneCall) {
   std::mt19937 rng(11);
   const int64_t cols = 256;
   std::vector<GqWeight> ws;
-  // Enough rows in the shared launch for 8 (4) rows per block on GPUs up to 132 SMs, each
-  // target's last block partial.
+  // Enough rows in the shared launch for 8 (1-2 rows of x) or 4 (3-8) rows per block on GPUs
+  // up to 132 SMs, each target's last block partial.
   ws.push_back(make_gq(4, 1501, cols, 32, false, false, rng));
   ws.push_back(make_gq(4, 703, cols, 32, true, false, rng));
   ws.push_back(make_gq(4, 16, cols, 64, true, true, rng));
@@ -155,7 +162,7 @@ TEST(CudaWeightQuant, DecodeRunsSeveralTargetsInOneCall) {
     offs.push_back(ldy);
     ldy += w.host.rows + 2;  // a 2-column gap after each block
   }
-  for (int n : {1, 6}) {
+  for (int n : {1, 2, 3, 6}) {
     auto x = randn(n * cols, rng);
     DeviceVec<float> dx(*gpu, x);
     DeviceVec<float> dy(*gpu, std::vector<float>(n * ldy, NAN));
@@ -232,7 +239,8 @@ TEST(CudaWeightQuant, DecodeBandwidthAtLlama8BShapes) {
       "|\n|---|---|---|---|---|---|\n",
       ceil.copy_bytes_per_s / 1e9);
   for (int bits : {4, 8}) {
-    double layer_us[2] = {0, 0}, layer_bytes = 0;
+    constexpr int kXRows[] = {1, 2, 4, 8};  // one per shape class of the kernel
+    double layer_us[std::size(kXRows)] = {}, layer_bytes = 0;
     for (const Shape& sh : shapes) {
       // Random codes straight into the layout (make_gq's float64 decode is too slow here).
       const GroupQuantLayout l = GroupQuantLayout::make(bits, sh.rows, sh.cols, 128, false, false);
@@ -248,7 +256,8 @@ TEST(CudaWeightQuant, DecodeBandwidthAtLlama8BShapes) {
       for (int i = 0; i < kCopies; ++i) devs.push_back(gpu->upload(buf.data(), buf.size()));
       const double bytes = double(l.rows * l.code_row_bytes + l.n_groups * l.rows * 2);
       layer_bytes += bytes;
-      for (int n : {1, 8}) {
+      for (size_t ni = 0; ni < std::size(kXRows); ++ni) {
+        const int n = kXRows[ni];
         DeviceVec<float> dx(*gpu, randn(n * sh.cols, rng));
         DeviceVec<float> dy(*gpu, std::vector<float>(n * sh.rows, 0.0f));
         auto run = [&] {
@@ -271,14 +280,14 @@ TEST(CudaWeightQuant, DecodeBandwidthAtLlama8BShapes) {
         gpu->synchronize();
         const double us = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e6 /
                           (kLaunches * 10 * kCopies);
-        layer_us[n == 8] += us;
+        layer_us[ni] += us;
         std::printf("| W%dG g128 | %s %lldx%lld | %d | %.1f | %.0f | %.0f%% |\n", bits, sh.name,
                     static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), n, us, bytes / us / 1e3,
                     100 * bytes / us / 1e3 / (ceil.copy_bytes_per_s / 1e9));
       }
     }
-    for (int k = 0; k < 2; ++k)
-      std::printf("| W%dG g128 | one layer | %d | %.1f | %.0f | %.0f%% |\n", bits, k ? 8 : 1, layer_us[k],
+    for (size_t k = 0; k < std::size(kXRows); ++k)
+      std::printf("| W%dG g128 | one layer | %d | %.1f | %.0f | %.0f%% |\n", bits, kXRows[k], layer_us[k],
                   layer_bytes / layer_us[k] / 1e3,
                   100 * layer_bytes / layer_us[k] / 1e3 / (ceil.copy_bytes_per_s / 1e9));
   }
