@@ -50,6 +50,8 @@ void add_calibrate_kv(CLI::App& app) {
     so.v_scales.clear();
     so.k_mean.clear();
     so.k_equal.clear();
+    so.k_rope_dim = 0;
+    so.k_rope_freq.clear();
     so.ctx = std::max(so.ctx, a->window);
     so.kv_tokens = a->window;
     Session session(so);

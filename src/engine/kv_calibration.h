@@ -28,6 +28,15 @@ struct KvStats {
   // head) pairs per KV head. Empty when the backend does not show its queries (CUDA).
   std::vector<std::vector<double>> q_sq;
   std::vector<int64_t> q_rows;
+  // Position-aware centering (RoPE keys): rope_dim > 0 rotated channels; per layer the pairs'
+  // inverse frequencies [rope_dim/2], and over the stored keys (position p, pair angle φ_c of
+  // channel c): [layer][head * hd + c] sums of the pre-RoPE key R(p)ᵀk, of k_c cos φ_c and of
+  // k_c sin φ_c; [layer][pair] sums of cos² φ, sin² φ and sin φ cos φ over positions.
+  int rope_dim = 0;
+  bool rope_neox = false;
+  std::vector<std::vector<float>> rope_inv_freq;
+  std::vector<std::vector<double>> k_pre_sum, k_cos, k_sin;
+  std::vector<std::vector<double>> pos_cc, pos_ss, pos_sc;
   int head_dim = 0;
   int64_t tokens = 0;  // tokens run through the model (per layer and head)
   int windows = 0;

@@ -325,7 +325,23 @@ struct QuantAttnCase {
   bool center = false;                    // ... which the cache's calibrated key means remove
   bool equalize = false;                  // with center: keys equalized by s_c = sqrt(σ_c) (outlier_rows' σ)
   bool key_spikes = true;                 // outlier_rows' occasional token with one channel at 80
+  // Keys get a RoPE-rotated mean R(p)·m (m per KV head of this scale, RoPE base 10000 over all
+  // channels, pairs (2i, 2i + 1)), centered either statically (center: μ = the mean of R(p)·m
+  // over the positions, what a calibration sees) or by position (rope_center: k − R(p)·m).
+  float rope_offset = 0;
+  bool rope_center = false;
 };
+
+// R(p)·m for pairs (2i, 2i + 1) at frequencies freq (float, as the constants hold them).
+std::vector<double> rope_rotate_f64(const std::vector<float>& m, const std::vector<float>& freq, int p) {
+  std::vector<double> out(m.size());
+  for (size_t i = 0; i < m.size() / 2; ++i) {
+    const double a = double(p) * freq[i], c = std::cos(a), s = std::sin(a);
+    out[2 * i] = c * m[2 * i] - s * m[2 * i + 1];
+    out[2 * i + 1] = s * m[2 * i] + c * m[2 * i + 1];
+  }
+  return out;
+}
 
 // Double-precision inverse rotation x = D·Hᵀ·y / sqrt(n) (D = ±1), with the Walsh–Hadamard
 // matrix written out (H_ij = (−1)^popcount(i & j)), independent of the codec's fwht.
@@ -360,9 +376,33 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
   spec.k_format = parse_kv_format(tc.k_format, true);
   spec.v_format = parse_kv_format(tc.v_format, false);
   // Keys as models have them: a mean per KV head and channel, larger than the spread.
-  const std::vector<float> offset =
+  std::vector<float> offset =
       tc.key_offset > 0 ? randn(size_t(kvd), rng, tc.key_offset) : std::vector<float>(size_t(kvd), 0.0f);
+  // RoPE-rotated means: m per KV head; the static μ averages R(p)·m over every stored position.
+  const std::vector<float> rope_m = tc.rope_offset > 0 ? randn(size_t(kvd), rng, tc.rope_offset) : std::vector<float>();
+  std::vector<float> freq(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) freq[i] = float(std::pow(10000.0, -2.0 * i / hd));
+  auto rope_mean_at = [&](int kh, int p) {  // R(p)·m of head kh, [hd]
+    return rope_rotate_f64(std::vector<float>(rope_m.begin() + kh * hd, rope_m.begin() + (kh + 1) * hd), freq, p);
+  };
+  if (!rope_m.empty() && tc.center) {
+    int n_pos = 0, count = 0;
+    for (auto [past, add] : tc.seqs) n_pos = std::max(n_pos, past + add);
+    std::vector<double> acc(kvd, 0.0);
+    for (auto [past, add] : tc.seqs)
+      for (int p = 0; p < past + add; ++p, ++count)
+        for (int kh = 0; kh < tc.n_kv_heads; ++kh) {
+          const std::vector<double> r = rope_mean_at(kh, p);
+          for (int i = 0; i < hd; ++i) acc[kh * hd + i] += r[i];
+        }
+    for (int i = 0; i < kvd; ++i) offset[i] += float(acc[i] / count);
+  }
   if (tc.center) spec.k_mean = {offset};
+  if (tc.rope_center) {
+    spec.k_mean = {rope_m};
+    spec.k_rope_dim = hd;
+    spec.k_rope_freq = {freq};
+  }
   std::vector<float> equal(size_t(kvd), 1.0f);  // outlier_rows' channels c % 17 == 0 have σ 12
   for (int i = 0; i < kvd; ++i)
     if (tc.equalize && (i % hd) % 17 == 0) equal[i] = std::sqrt(12.0f);
@@ -375,7 +415,13 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
   for (size_t s = 0; s < tc.seqs.size(); ++s) {
     const int n = tc.seqs[s].first + tc.seqs[s].second;
     K[s] = outlier_rows(n * tc.n_kv_heads, hd, rng, tc.key_spikes);
-    for (size_t i = 0; i < K[s].size(); ++i) K[s][i] += offset[i % kvd];
+    for (size_t i = 0; i < K[s].size(); ++i) K[s][i] += offset[i % kvd] * (rope_m.empty() ? 1.0f : 0.0f);
+    if (!rope_m.empty())
+      for (int p = 0; p < n; ++p)
+        for (int kh = 0; kh < tc.n_kv_heads; ++kh) {
+          const std::vector<double> r = rope_mean_at(kh, p);
+          for (int i = 0; i < hd; ++i) K[s][size_t(p) * kvd + kh * hd + i] += float(r[i]);
+        }
     V[s] = randn(size_t(n) * kvd, rng);
     for (int b = 0; b < (n + bs - 1) / bs; ++b) seqs[s].blocks.push_back(ids[next_id++]);
   }
@@ -440,8 +486,10 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
         for (int i = 0; i < hd; ++i) d[i] = kc.signs[i] > 0 ? 1.0 : -1.0;
         for (int j = 0; j < n_tok; ++j) {
           const std::vector<double> x = unrotate_f64(kd.data() + size_t(j) * hd, d, hd);
+          const std::vector<double> rc = tc.rope_center ? rope_mean_at(kh, j) : std::vector<double>(hd, 0.0);
           for (int i = 0; i < hd; ++i)
-            khat[size_t(j) * hd + i] = x[i] * equal[kh * hd + i] + (tc.center ? double(offset[kh * hd + i]) : 0.0);
+            khat[size_t(j) * hd + i] =
+                x[i] * equal[kh * hd + i] + (tc.center ? double(offset[kh * hd + i]) : 0.0) + rc[i];
         }
       }
       for (int t = fb.q_start[s]; t < fb.q_start[s + 1]; ++t) {
@@ -464,9 +512,11 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
           double mx = -1e300, mxe = -1e300, mxm = -1e300;
           for (int j = 0; j <= pos; ++j) {
             double d = 0, c = 0, e = 0, m = 0;
+            // position-aware centering: the pages hold k − R(j)·m; the kernel adds q·R(j)·m
+            const std::vector<double> rc = tc.rope_center ? rope_mean_at(kh, j) : std::vector<double>(hd, 0.0);
             for (int i = 0; i < hd; ++i) {
               const double qi = q[t * ldq + h * hd + i];
-              d += qv[i] * kd[size_t(j) * hd + i];
+              d += qv[i] * kd[size_t(j) * hd + i] + qi * rc[i];
               c += sq[i] * sg[size_t(j) * hd + i];
               e += qi * K[s][size_t(j) * kvd + kh * hd + i];
               if (model_basis) m += qi * khat[size_t(j) * hd + i];
@@ -572,6 +622,36 @@ TEST(CpuQuantAttention, CenteredTurboKeysLeaveTheSoftmaxUnchanged) {
     const double e_plain = check_quant_attention(plain, 300, false);
     const double e_centered = check_quant_attention(centered, 300, false);
     EXPECT_LT(e_centered, 1.3 * e_plain) << e_plain;
+  }
+}
+
+TEST(CpuQuantAttention, PositionAwareCenteringRemovesARopeRotatedMeanThatStaticCenteringMisses) {
+  // Keys carry R(p)·m, a pre-RoPE mean m (scale 4 against a spread of 1) rotated by the key's
+  // own position, as real keys do. A static μ (its mean over the positions) misses most of it
+  // (the fast pairs average out), so TurboQuant codes it as spread; stored as k − R(p)·m with
+  // q·R(p)·m added back per score, attention is exact up to the codes (float64 over the
+  // decoded keys plus R(p)·m, checked inside) and as close to the exact keys as for keys
+  // without any mean. Decodes, chunked prefill, GQA, partial blocks; also with turbo values and
+  // block copies.
+  for (const char* name : {"turbo3.5", "turbo2.5"}) {
+    SCOPED_TRACE(name);
+    QuantAttnCase plain{name, "f16", 16, 4, 2, 64, {{0, 37}, {19, 6}, {40, 1}}, 1.0};
+    plain.key_spikes = false;
+    QuantAttnCase stat = plain;
+    stat.rope_offset = 4.0f;
+    stat.center = true;
+    QuantAttnCase rope = plain;
+    rope.rope_offset = 4.0f;
+    rope.rope_center = true;
+    const double e_plain = check_quant_attention(plain, 320, false);
+    const double e_static = check_quant_attention(stat, 320, false);
+    const double e_rope = check_quant_attention(rope, 320, false);
+    EXPECT_LT(e_rope, 0.6 * e_static) << "static " << e_static;
+    EXPECT_LT(e_rope, 1.3 * e_plain) << "no mean " << e_plain;
+    QuantAttnCase both = rope;
+    both.v_format = name;
+    both.equalize = true;
+    check_quant_attention(both, 321, true);
   }
 }
 
