@@ -267,11 +267,11 @@ void encode_int4_channel(const KvPageLayout& l, int hd, uint8_t* page, int offse
 
 void encode_turbo_row(const KvFormat& f, const KvPageLayout& l, int hd, const KvHeadConstants& c, uint8_t* row,
                       uint8_t* meta, const float* x, int pos, float* scratch) {
-  float* y = scratch;     // [hd] rotated
-  float* r = y + hd;      // [hd] residual
-  float* xc = r + hd;     // [hd] centered: x − μ, or x − R(pos)·m
-  float* mu = xc + hd;    // [hd] the centering
-  float* cs = mu + hd;    // [hd] cos/sin of pos
+  float* y = scratch;   // [hd] rotated
+  float* r = y + hd;    // [hd] residual
+  float* xc = r + hd;   // [hd] centered: x − μ, or x − R(pos)·m
+  float* mu = xc + hd;  // [hd] the centering
+  float* cs = mu + hd;  // [hd] cos/sin of pos
   kv_key_center(c, hd, pos, cs, mu);
   for (int d = 0; d < hd; ++d) xc[d] = x[d] - mu[d];
   turbo_rotate(xc, c.store_signs, hd, y);

@@ -158,8 +158,7 @@ static inline void turbo_unrotate(float* y, const float* signs, int n) {
 // scratch: at least kv_encode_scratch_floats(hd) floats. positions: the rows' positions,
 // needed (non-null) when the keys are centered by position (c.rope_dim > 0).
 void kv_encode_rows(const KvFormat& f, const KvPageLayout& l, int head_dim, const KvHeadConstants& c, uint8_t* page,
-                    int offset, int n, const float* x, int64_t ldx, float* scratch,
-                    const int32_t* positions = nullptr);
+                    int offset, int n, const float* x, int64_t ldx, float* scratch, const int32_t* positions = nullptr);
 inline int64_t kv_encode_scratch_floats(int head_dim) { return 6 * static_cast<int64_t>(head_dim); }
 
 // ---- Decoding ----

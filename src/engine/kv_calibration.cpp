@@ -213,7 +213,8 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
                                                  first_sum, first_sq));
             if (part == 0 && r.rope_dim > 0)
               for (int j = 0; j < n; ++j) {
-                const uint8_t* src = host.data() + h * page_bytes + static_cast<int64_t>(j) * hd * (dtype == DType::F32 ? 4 : 2);
+                const uint8_t* src =
+                    host.data() + h * page_bytes + static_cast<int64_t>(j) * hd * (dtype == DType::F32 ? 4 : 2);
                 for (int c = 0; c < hd; ++c) {
                   if (dtype == DType::F32) {
                     std::memcpy(&row[c], src + 4 * c, 4);
@@ -303,10 +304,10 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
         const double cc = stats.pos_cc[l][i] / n, ss = stats.pos_ss[l][i] / n, sc = stats.pos_sc[l][i] / n;
         const double ma = pre[a], mb = pre[b];
         const auto E = [&](const std::vector<double>& v, size_t c) { return v[c] / n; };
-        var[a] = E(stats.k_sq[l], a) - 2 * (ma * E(stats.k_cos[l], a) - mb * E(stats.k_sin[l], a)) +
-                 ma * ma * cc + mb * mb * ss - 2 * ma * mb * sc;
-        var[b] = E(stats.k_sq[l], b) - 2 * (ma * E(stats.k_sin[l], b) + mb * E(stats.k_cos[l], b)) +
-                 ma * ma * ss + mb * mb * cc + 2 * ma * mb * sc;
+        var[a] = E(stats.k_sq[l], a) - 2 * (ma * E(stats.k_cos[l], a) - mb * E(stats.k_sin[l], a)) + ma * ma * cc +
+                 mb * mb * ss - 2 * ma * mb * sc;
+        var[b] = E(stats.k_sq[l], b) - 2 * (ma * E(stats.k_sin[l], b) + mb * E(stats.k_cos[l], b)) + ma * ma * ss +
+                 mb * mb * cc + 2 * ma * mb * sc;
       }
       for (int c = stats.rope_dim; c < hd; ++c) var[c0 + c] = E2(stats, l, c0 + c, pre[c0 + c]);
     }

@@ -73,15 +73,18 @@ KvScales read_kv_scales(const std::string& path) {
     s.rope_inv_freq = read_rows(r, "inv_freq", path, false);
     s.rope_mean = read_rows(r, "mean", path, false);
     s.rope_equal = read_rows(r, "equal", path, true);
-    TESSERA_CHECK(s.rope_equal.size() == s.rope_mean.size() && s.rope_equal.front().size() == s.rope_mean.front().size(),
-                  "KV scales ", path, ": \"k_rope\" \"equal\" rows differ from its \"mean\" rows in shape");
+    TESSERA_CHECK(
+        s.rope_equal.size() == s.rope_mean.size() && s.rope_equal.front().size() == s.rope_mean.front().size(),
+        "KV scales ", path, ": \"k_rope\" \"equal\" rows differ from its \"mean\" rows in shape");
     TESSERA_CHECK(!s.k_mean.empty() && s.rope_mean.size() == s.k_mean.size() &&
-                      s.rope_inv_freq.size() == s.k_mean.size() && s.rope_mean.front().size() == s.k_mean.front().size(),
-                  "KV scales ", path, ": \"k_rope\" needs \"k_mean\" beside it and one \"mean\" and \"inv_freq\" row "
+                      s.rope_inv_freq.size() == s.k_mean.size() &&
+                      s.rope_mean.front().size() == s.k_mean.front().size(),
+                  "KV scales ", path,
+                  ": \"k_rope\" needs \"k_mean\" beside it and one \"mean\" and \"inv_freq\" row "
                   "per layer of k_mean's length / rot_dim / 2");
     for (const auto& f : s.rope_inv_freq)
-      TESSERA_CHECK(f.size() == static_cast<size_t>(s.rope_dim / 2), "KV scales ", path, ": \"k_rope\" inv_freq row of ",
-                    f.size(), " values for rot_dim ", s.rope_dim);
+      TESSERA_CHECK(f.size() == static_cast<size_t>(s.rope_dim / 2), "KV scales ", path,
+                    ": \"k_rope\" inv_freq row of ", f.size(), " values for rot_dim ", s.rope_dim);
   }
   TESSERA_CHECK(s.k.size() == s.v.size(), "KV scales ", path, ": ", s.k.size(), " K rows and ", s.v.size(),
                 " V rows (one per layer each)");

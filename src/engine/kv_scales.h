@@ -27,7 +27,7 @@ struct KvScales {
   std::vector<std::vector<float>> k, v;     // [n_layers][1 or n_kv_heads], or empty
   std::vector<std::vector<float>> k_mean;   // [n_layers][n_kv_heads * head_dim], or empty
   std::vector<std::vector<float>> k_equal;  // [n_layers][n_kv_heads * head_dim], or empty
-  int rope_dim = 0;                                 // "k_rope" (0: absent)
+  int rope_dim = 0;                         // "k_rope" (0: absent)
   bool rope_neox = false;
   std::vector<std::vector<float>> rope_inv_freq;  // [n_layers][rope_dim / 2]
   std::vector<std::vector<float>> rope_mean;      // [n_layers][n_kv_heads * head_dim] pre-RoPE

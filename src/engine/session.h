@@ -40,7 +40,7 @@ struct SessionOptions {
   int k_rope_dim = 0;
   bool k_rope_neox = false;
   std::vector<std::vector<float>> k_rope_freq;
-  uint64_t dummy_seed = 0;                  // for dummy weights
+  uint64_t dummy_seed = 0;  // for dummy weights
 };
 
 // Resolves a model argument to a file path: an existing path is returned as is; an alias
