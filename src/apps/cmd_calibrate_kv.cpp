@@ -4,7 +4,9 @@
 // |V| as scales (amax / the format's largest code), for TurboQuant the per-channel mean key
 // (k_mean), which the store subtracts, and the per-channel key equalization (k_equal, from the
 // keys' and the queries' per-channel spread), which the store divides by and the query
-// multiplies by. Queries are only visible on the CPU backend (backend/query_observer.h).
+// multiplies by; and, for position-aware centering (file version 2, "k_rope"), the pre-RoPE
+// mean key m (keys stored as k − R(p)·m) with its own equalization and each layer's RoPE.
+// Queries are only visible on the CPU backend (backend/query_observer.h).
 #include <cstdio>
 
 #include "apps/commands.h"

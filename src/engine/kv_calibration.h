@@ -53,6 +53,8 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
 // σ_c the key channel's deviation around μ, ρ_c the RMS of the queries that read it;
 // mean(s²) = 1 per head) for key formats that center (KvFormat::centers_keys), else none.
 // Those need the queries: stats measured on a backend that does not show them are an error.
+// With RoPE (stats.rope_dim > 0) also the position-aware pair (KvScales::rope_*): the pre-RoPE
+// mean m = E R(p)ᵀk and s from each channel's variance around R(p)·m.
 KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, const KvFormat& v_format);
 
 // One line per layer on the keys (means over its heads): energy per token E|k|², the share
