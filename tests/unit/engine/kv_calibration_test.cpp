@@ -33,6 +33,19 @@ std::vector<int32_t> some_tokens(int n) {
   return t;
 }
 
+// Writes text to path and expects read_kv_scales to reject it with a message holding needle.
+void expect_bad_file(const std::string& path, const std::string& text, const std::string& needle) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  try {
+    read_kv_scales(path);
+    ADD_FAILURE() << "accepted " << text;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 
 TEST(KvCalibration, ScalesMapTheLargestValueToTheLargestCode) {
@@ -284,17 +297,7 @@ TEST(KvCalibration, KeyEqualizationMinimisesTheScoreError) {
 
 TEST(KvCalibration, BadScaleFilesSayWhatIsWrong) {
   const std::string path = ::testing::TempDir() + "/kv_scales_bad.json";
-  auto expect_error = [&](const std::string& text, const std::string& needle) {
-    FILE* f = std::fopen(path.c_str(), "w");
-    std::fputs(text.c_str(), f);
-    std::fclose(f);
-    try {
-      read_kv_scales(path);
-      ADD_FAILURE() << "accepted " << text;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  auto expect_error = [&](const std::string& text, const std::string& needle) { expect_bad_file(path, text, needle); };
   expect_error("not json", "not JSON");
   expect_error(R"({"k_scales": [[1.0]]})", "no array \"v_scales\"");
   expect_error(R"({"k_scales": [[1.0]], "v_scales": [[-2.0]]})", "scale -2");
@@ -343,17 +346,7 @@ TEST(KvCalibration, PositionAwareCenteringRoundTripsAndOldFilesLoadStatic) {
   EXPECT_EQ(back.rope_dim, 0);
   EXPECT_TRUE(back.rope_mean.empty());
   EXPECT_EQ(back.k_mean, s.k_mean);
-  auto expect_error = [&](const std::string& text, const std::string& needle) {
-    FILE* f = std::fopen(path.c_str(), "w");
-    std::fputs(text.c_str(), f);
-    std::fclose(f);
-    try {
-      read_kv_scales(path);
-      ADD_FAILURE() << "accepted " << text;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  auto expect_error = [&](const std::string& text, const std::string& needle) { expect_bad_file(path, text, needle); };
   const std::string head = R"({"k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0]], )";
   expect_error(head + R"("k_rope": {"rot_dim": 2}})", "integer \"rot_dim\" and boolean \"neox\"");
   expect_error(head + R"("k_rope": {"rot_dim": 3, "neox": false}})", "rot_dim 3");
