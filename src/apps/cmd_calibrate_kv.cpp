@@ -4,7 +4,9 @@
 // |V| as scales (amax / the format's largest code), for TurboQuant the per-channel mean key
 // (k_mean), which the store subtracts, and the per-channel key equalization (k_equal, from the
 // keys' and the queries' per-channel spread), which the store divides by and the query
-// multiplies by. Queries are only visible on the CPU backend (backend/query_observer.h).
+// multiplies by; and, for position-aware centering (file version 2, "k_rope"), the pre-RoPE
+// mean key m (keys stored as k − R(p)·m) with its own equalization and each layer's RoPE.
+// Queries are only visible on the CPU backend (backend/query_observer.h).
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -50,6 +52,8 @@ void add_calibrate_kv(CLI::App& app) {
     so.v_scales.clear();
     so.k_mean.clear();
     so.k_equal.clear();
+    so.k_rope_dim = 0;
+    so.k_rope_freq.clear();
     so.ctx = std::max(so.ctx, a->window);
     so.kv_tokens = a->window;
     Session session(so);

@@ -36,10 +36,7 @@ KvEvalCase kv_case(const SessionOptions& base, const KvScales& file, const std::
   o->v_format = parse_kv_format(v, false);
   if (o->k_format.static_scale()) o->k_scales = file.k;
   if (o->v_format.static_scale()) o->v_scales = file.v;
-  if (o->k_format.centers_keys()) {
-    o->k_mean = file.k_mean;
-    o->k_equal = file.k_equal;
-  }
+  if (o->k_format.centers_keys()) apply_key_centering(file, *o);
   return KvEvalCase{label, std::move(o)};
 }
 

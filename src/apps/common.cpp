@@ -76,10 +76,7 @@ SessionOptions ModelArgs::session_options() const {
                   kv_format_name(o.v_format));
     if (o.k_format.static_scale()) o.k_scales = s.k;
     if (o.v_format.static_scale()) o.v_scales = s.v;
-    if (mean) {
-      o.k_mean = s.k_mean;
-      o.k_equal = s.k_equal;
-    }
+    if (mean) apply_key_centering(s, o);
   }
   if (o.k_format.centers_keys() && o.k_mean.empty())
     std::fprintf(stderr,
@@ -90,6 +87,21 @@ SessionOptions ModelArgs::session_options() const {
                  kv_format_name(o.k_format, true).c_str(), kv_format_name(o.k_format, true).c_str());
   o.dummy_seed = seed;
   return o;
+}
+
+void apply_key_centering(const KvScales& file, SessionOptions& o) {
+  if (file.rope_dim > 0) {  // version 2: position-aware centering replaces the static one
+    o.k_mean = file.rope_mean;
+    o.k_equal = file.rope_equal;
+    o.k_rope_dim = file.rope_dim;
+    o.k_rope_neox = file.rope_neox;
+    o.k_rope_freq = file.rope_inv_freq;
+    return;
+  }
+  o.k_mean = file.k_mean;
+  o.k_equal = file.k_equal;
+  o.k_rope_dim = 0;
+  o.k_rope_freq.clear();
 }
 
 void EngineArgs::add_to(CLI::App& cmd) {

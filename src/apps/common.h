@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/engine_model.h"
+#include "engine/kv_scales.h"
 #include "engine/session.h"
 
 namespace tessera::apps {
@@ -53,6 +54,10 @@ void print_engine_summary(ModelEngine& engine, const ModelArgs& model);
 
 // Reads a whole file; throws naming the path.
 std::string read_file(const std::string& path);
+
+// The --kv-scales file's key centering into o: position-aware ("k_rope", version 2) when the
+// file has it, else the static k_mean / k_equal.
+void apply_key_centering(const KvScales& file, SessionOptions& o);
 
 // A comma-separated list of integers (an option like --batches 1,8,32), each >= min_value;
 // throws naming the option when an item is not an integer, too small, or the list is empty.

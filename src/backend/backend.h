@@ -220,6 +220,9 @@ class Backend {
 
   // ---- KV storage formats ----
 
+  // Whether kv_store and attention center keys by position (layer constants with a RoPE
+  // part, kv_codec.h): store k − R(p)·m, add q·R(p)·m back to each score.
+  virtual bool supports_rope_key_centering() const { return false; }
   // Whether kv_store and attention take K / V in format f (backend/kv_format.h).
   virtual bool supports_kv_format(const KvFormat& f) const { return f.is_plain(); }
 

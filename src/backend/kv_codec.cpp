@@ -149,7 +149,8 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
   if (f.centers_keys()) {
     l.mean = at;
     l.store_signs = at + static_cast<int64_t>(n_kv_heads) * head_dim;
-    at = l.store_signs + static_cast<int64_t>(n_kv_heads) * head_dim;
+    l.rope = l.store_signs + static_cast<int64_t>(n_kv_heads) * head_dim;
+    at = l.rope + 2 + head_dim / 2;
   }
   l.total = at;
   return l;
@@ -157,7 +158,7 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
 
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
                                      uint64_t seed, std::span<const float> static_scales, std::span<const float> mean,
-                                     std::span<const float> equal) {
+                                     std::span<const float> equal, const KvRopeCentering& rope) {
   const KvConstantsLayout l = kv_constants_layout(f, n_kv_heads, head_dim);
   std::vector<float> out(l.total, 0.0f);
   TESSERA_CHECK(
@@ -177,6 +178,22 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
       TESSERA_CHECK(std::isfinite(mean[i]), "KV key mean of layer ", layer, " head ", i / head_dim, " channel ",
                     i % head_dim, " is ", mean[i], " (not finite)");
       out[l.mean + i] = mean[i];
+    }
+  }
+  if (rope.rot_dim > 0) {
+    TESSERA_CHECK(f.centers_keys() && is_key && !mean.empty(), "KV position-aware key centering of layer ", layer,
+                  " needs pre-RoPE key means of a format that centers its keys");
+    TESSERA_CHECK(rope.rot_dim % 2 == 0 && rope.rot_dim <= head_dim, "KV position-aware key centering of layer ", layer,
+                  ": RoPE dimension ", rope.rot_dim, " is not even or exceeds head_dim ", head_dim);
+    TESSERA_CHECK(rope.inv_freq.size() == static_cast<size_t>(rope.rot_dim / 2),
+                  "KV position-aware key centering of layer ", layer, ": ", rope.inv_freq.size(),
+                  " RoPE frequencies for RoPE dimension ", rope.rot_dim, " (want half of it)");
+    out[l.rope] = static_cast<float>(rope.rot_dim);
+    out[l.rope + 1] = rope.neox ? 1.0f : 0.0f;
+    for (size_t i = 0; i < rope.inv_freq.size(); ++i) {
+      TESSERA_CHECK(std::isfinite(rope.inv_freq[i]) && rope.inv_freq[i] >= 0, "KV RoPE frequency ", i, " of layer ",
+                    layer, " is ", rope.inv_freq[i]);
+      out[l.rope + 2 + i] = rope.inv_freq[i];
     }
   }
   if (!equal.empty()) {
@@ -249,11 +266,14 @@ void encode_int4_channel(const KvPageLayout& l, int hd, uint8_t* page, int offse
 }
 
 void encode_turbo_row(const KvFormat& f, const KvPageLayout& l, int hd, const KvHeadConstants& c, uint8_t* row,
-                      uint8_t* meta, const float* x, float* scratch) {
-  float* y = scratch;  // [hd] rotated
-  float* r = y + hd;   // [hd] residual
-  float* xc = r + hd;  // [hd] centered: x − μ
-  for (int d = 0; d < hd; ++d) xc[d] = c.mean ? x[d] - c.mean[d] : x[d];
+                      uint8_t* meta, const float* x, int pos, float* scratch) {
+  float* y = scratch;   // [hd] rotated
+  float* r = y + hd;    // [hd] residual
+  float* xc = r + hd;   // [hd] centered: x − μ, or x − R(pos)·m
+  float* mu = xc + hd;  // [hd] the centering
+  float* cs = mu + hd;  // [hd] cos/sin of pos
+  kv_key_center(c, hd, pos, cs, mu);
+  for (int d = 0; d < hd; ++d) xc[d] = x[d] - mu[d];
   turbo_rotate(xc, c.store_signs, hd, y);
   double ss = 0;
   for (int d = 0; d < hd; ++d) ss += static_cast<double>(y[d]) * y[d];
@@ -300,8 +320,9 @@ void encode_turbo_row(const KvFormat& f, const KvPageLayout& l, int hd, const Kv
 }  // namespace
 
 void kv_encode_rows(const KvFormat& f, const KvPageLayout& l, int hd, const KvHeadConstants& c, uint8_t* page,
-                    int offset, int n, const float* x, int64_t ldx, float* scratch) {
+                    int offset, int n, const float* x, int64_t ldx, float* scratch, const int32_t* positions) {
   if (n <= 0) return;
+  TESSERA_CHECK(c.rope_dim == 0 || positions, "KV store: position-aware key centering without positions");
   uint8_t* meta = page + l.meta_offset;
   if (f.codec == KvCodec::Int4 && f.scale == KvScale::Channel) {
     encode_int4_channel(l, hd, page, offset, n, x, ldx);
@@ -374,7 +395,8 @@ void kv_encode_rows(const KvFormat& f, const KvPageLayout& l, int hd, const KvHe
         break;
       }
       case KvCodec::Turbo:
-        encode_turbo_row(f, l, hd, c, row, meta + static_cast<int64_t>(t) * (f.qjl ? 4 : 2), xr, scratch);
+        encode_turbo_row(f, l, hd, c, row, meta + static_cast<int64_t>(t) * (f.qjl ? 4 : 2), xr,
+                         positions ? positions[j] : 0, scratch);
         break;
     }
   }

@@ -26,10 +26,19 @@ namespace tessera {
 // keys, KvFormat::centers_keys): the calibrated mean key μ the store subtracts (zeros for V
 // and without calibration); store_signs (same formats): the diagonal the store rotates
 // with, D/s (D for V and without equalization), so keys are stored as R ((k − μ)/s) and
-// (q∘s)·((k − μ)/s) = q·(k − μ). Absent parts have size 0; the centering parts come last so
-// the other offsets do not depend on them.
+// (q∘s)·((k − μ)/s) = q·(k − μ); rope (same formats): [rot_dim, neox, inv_freq: hd/2] for
+// position-aware centering: with rot_dim > 0, mean holds the pre-RoPE mean m and the store
+// subtracts R(p)·m (R(p) the key's own RoPE rotation), which attention adds back as q·R(p)·m
+// (rot_dim 0: static μ). Absent parts have size 0; the centering parts come last so the
+// other offsets do not depend on them.
 struct KvConstantsLayout {
-  int64_t scales = 0, code_hi = 0, code_lo = 0, signs = 0, qjl = 0, mean = 0, store_signs = 0, total = 0;
+  int64_t scales = 0, code_hi = 0, code_lo = 0, signs = 0, qjl = 0, mean = 0, store_signs = 0, rope = 0, total = 0;
+};
+// The RoPE of position-aware key centering (rot_dim 0: none): inv_freq [rot_dim / 2].
+struct KvRopeCentering {
+  int rot_dim = 0;
+  bool neox = false;
+  std::span<const float> inv_freq;
 };
 KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int head_dim);
 // Builds the constants of one layer's K (is_key) or V. Turbo's signs and S are drawn from a
@@ -41,7 +50,8 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
 // wrong otherwise.
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
                                      uint64_t seed, std::span<const float> static_scales,
-                                     std::span<const float> mean = {}, std::span<const float> equal = {});
+                                     std::span<const float> mean = {}, std::span<const float> equal = {},
+                                     const KvRopeCentering& rope = {});
 // Lloyd–Max centroids (ascending, 2^bits of them) for one coordinate of a uniformly random
 // unit vector in `dim` dimensions scaled by sqrt(dim): density ∝ (1 - t²/dim)^((dim-3)/2).
 std::vector<double> turbo_codebook(int bits, int dim);
@@ -55,6 +65,9 @@ struct KvHeadConstants {
   const float* store_signs = nullptr;  // [hd] the store's diagonal (D/s; = signs where there is no s)
   const float* qjl = nullptr;          // [hd, hd]
   const float* mean = nullptr;         // [hd] subtracted before encoding (formats that center keys)
+  const float* rope_freq = nullptr;    // [rope_dim / 2] position-aware centering: mean is pre-RoPE
+  int rope_dim = 0;
+  bool rope_neox = false;
 };
 inline KvHeadConstants kv_head_constants(const KvFormat& f, const float* layer, int n_kv_heads, int hd, int head) {
   KvHeadConstants c;
@@ -70,8 +83,45 @@ inline KvHeadConstants kv_head_constants(const KvFormat& f, const float* layer, 
   if (f.centers_keys()) {
     c.mean = layer + l.mean + static_cast<int64_t>(head) * hd;
     c.store_signs = layer + l.store_signs + static_cast<int64_t>(head) * hd;
+    c.rope_dim = static_cast<int>(layer[l.rope]);
+    c.rope_neox = layer[l.rope + 1] != 0;
+    if (c.rope_dim > 0) c.rope_freq = layer + l.rope + 2;
   }
   return c;
+}
+
+// out = R(pos)·in for the pairs of a RoPE of rot_dim channels (neox: (i, i + rot/2), else
+// (2i, 2i + 1)); channels from rot_dim on are copied. cos_sin: [rot/2] cos then [rot/2] sin.
+static inline void kv_rope_apply(const float* in, const float* cos_sin, int rot_dim, bool neox, int hd, float* out) {
+  const int half = rot_dim / 2;
+  const float* sn = cos_sin + half;
+  for (int i = 0; i < half; ++i) {
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    out[a] = in[a] * cos_sin[i] - in[b] * sn[i];
+    out[b] = in[a] * sn[i] + in[b] * cos_sin[i];
+  }
+  for (int d = rot_dim; d < hd; ++d) out[d] = in[d];
+}
+// cos_sin [rope_dim] of position pos for position-aware centering (angles in double).
+static inline void kv_rope_angles(const KvHeadConstants& c, double pos, float* cos_sin) {
+  const int half = c.rope_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const double a = pos * static_cast<double>(c.rope_freq[i]);
+    cos_sin[i] = static_cast<float>(std::cos(a));
+    cos_sin[half + i] = static_cast<float>(std::sin(a));
+  }
+}
+// The centering a key at position pos is stored relative to: R(pos)·m (position-aware), μ
+// (static) or none. out: [hd]; cos_sin: [hd] scratch.
+static inline void kv_key_center(const KvHeadConstants& c, int hd, int pos, float* cos_sin, float* out) {
+  if (!c.mean) {
+    std::memset(out, 0, sizeof(float) * hd);
+  } else if (c.rope_dim == 0) {
+    std::memcpy(out, c.mean, sizeof(float) * hd);
+  } else {
+    kv_rope_angles(c, pos, cos_sin);
+    kv_rope_apply(c.mean, cos_sin, c.rope_dim, c.rope_neox, hd, out);
+  }
 }
 
 // ---- Scalar pieces ----
@@ -105,10 +155,11 @@ static inline void turbo_unrotate(float* y, const float* signs, int n) {
 // Writes tokens [offset, offset + n) of one page from rows x[i * ldx + c] (f32). For the
 // per-channel int4 keys, the page's tokens [0, offset) are re-coded when the new tokens
 // widen a channel's range (one more rounding for them), and offset 0 starts a fresh page.
-// scratch: at least kv_encode_scratch_floats(hd) floats.
+// scratch: at least kv_encode_scratch_floats(hd) floats. positions: the rows' positions,
+// needed (non-null) when the keys are centered by position (c.rope_dim > 0).
 void kv_encode_rows(const KvFormat& f, const KvPageLayout& l, int head_dim, const KvHeadConstants& c, uint8_t* page,
-                    int offset, int n, const float* x, int64_t ldx, float* scratch);
-inline int64_t kv_encode_scratch_floats(int head_dim) { return 4 * static_cast<int64_t>(head_dim); }
+                    int offset, int n, const float* x, int64_t ldx, float* scratch, const int32_t* positions = nullptr);
+inline int64_t kv_encode_scratch_floats(int head_dim) { return 6 * static_cast<int64_t>(head_dim); }
 
 // ---- Decoding ----
 // Tokens [0, n) of a page as f32 rows out[j * hd + c]. Turbo: in the rotated basis

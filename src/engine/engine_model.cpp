@@ -53,6 +53,9 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   spec.v_scales = o.session.v_scales;
   spec.k_mean = o.session.k_mean;
   spec.k_equal = o.session.k_equal;
+  spec.k_rope_dim = o.session.k_rope_dim;
+  spec.k_rope_neox = o.session.k_rope_neox;
+  spec.k_rope_freq = o.session.k_rope_freq;
   apply_checkpoint_kv_scales(session_->weights(), spec);
   const bool local_group = o.hybrid_kv_cache && mc.sliding_window > 0;
   if (local_group) {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "engine/session.h"
+#include "model/arch/arch.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera {
@@ -66,6 +67,38 @@ std::vector<std::vector<float>> rows_for(const std::vector<std::vector<float>>& 
   return rows;
 }
 
+// E (k_c − m_c)² of channel i of layer l (a channel RoPE leaves alone).
+double E2(const KvStats& st, size_t l, size_t i, double m) {
+  const double n = static_cast<double>(st.tokens);
+  return st.k_sq[l][i] / n - 2 * m * st.k_sum[l][i] / n + m * m;
+}
+
+// One stored key (row [hd], at the position whose cos/sin are cs) into the position-aware
+// sums of layer l, head h (KvStats); head 0 also counts the position's angles.
+void rope_key_stats(KvStats& r, int l, int h, const float* cs, const float* row) {
+  const int hd = r.head_dim, half = r.rope_dim / 2;
+  const size_t c0 = static_cast<size_t>(h) * hd;
+  double* pre = r.k_pre_sum[l].data() + c0;
+  double* kc = r.k_cos[l].data() + c0;
+  double* ks = r.k_sin[l].data() + c0;
+  for (int i = 0; i < half; ++i) {
+    const int a = r.rope_neox ? i : 2 * i, b = r.rope_neox ? i + half : 2 * i + 1;
+    const double c = cs[i], s = cs[half + i];
+    pre[a] += c * row[a] + s * row[b];  // R(p)ᵀ k
+    pre[b] += -s * row[a] + c * row[b];
+    kc[a] += row[a] * c;
+    kc[b] += row[b] * c;
+    ks[a] += row[a] * s;
+    ks[b] += row[b] * s;
+    if (h == 0) {
+      r.pos_cc[l][i] += c * c;
+      r.pos_ss[l][i] += s * s;
+      r.pos_sc[l][i] += s * c;
+    }
+  }
+  for (int d = r.rope_dim; d < hd; ++d) pre[d] += row[d];
+}
+
 }  // namespace
 
 KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int window, int max_chunks) {
@@ -119,8 +152,36 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
       if (on) observe_queries(be, nullptr);
     }
   } stop{session.backend(), observed};
+  // Position-aware centering: each layer's RoPE, and cos/sin of its pairs at every window
+  // position ([window][rope_dim]: cos then sin), to take the stored keys back before RoPE.
+  std::vector<std::vector<float>> angles;
+  if (session.config().rope_dim > 0) {
+    r.rope_dim = session.config().rope_dim;
+    r.rope_neox = session.config().rope_neox;
+    const int half = r.rope_dim / 2;
+    for (int l = 0; l < spec.n_layers; ++l) {
+      const RopeConfig cfg = layer_rope_config(session.weights(), l);
+      TESSERA_CHECK(cfg.rot_dim == r.rope_dim && cfg.neox == r.rope_neox, "KV calibration: layer ", l,
+                    " rotates its keys differently from the model's RoPE dimension");
+      std::vector<float> f(half);
+      for (int i = 0; i < half; ++i) f[i] = static_cast<float>(rope_inv_freq(cfg, i, cfg.freq_factors));
+      std::vector<float> t(static_cast<size_t>(window) * r.rope_dim);
+      for (int p = 0; p < window; ++p)
+        for (int i = 0; i < half; ++i) {
+          const double a = static_cast<double>(p) * f[i];  // as the store computes it (kv_rope_angles)
+          t[static_cast<size_t>(p) * r.rope_dim + i] = static_cast<float>(std::cos(a));
+          t[static_cast<size_t>(p) * r.rope_dim + half + i] = static_cast<float>(std::sin(a));
+        }
+      r.rope_inv_freq.push_back(std::move(f));
+      angles.push_back(std::move(t));
+    }
+    r.k_pre_sum = r.k_cos = r.k_sin = r.k_sum;
+    r.pos_cc.assign(spec.n_layers, std::vector<double>(half, 0.0));
+    r.pos_ss = r.pos_sc = r.pos_cc;
+  }
   std::vector<int32_t> chunk(window);
   std::vector<uint8_t> host;
+  std::vector<float> row(hd);
   std::vector<float> no_logits;  // feed() wants a buffer; Logits::None fills nothing
   for (int c = 0; c < n_chunks; ++c) {
     std::copy_n(tokens.begin() + static_cast<int64_t>(c) * window, window, chunk.begin());
@@ -150,6 +211,21 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
             double* first_sq = first ? r.k_first_sq[l].data() + c0 : nullptr;
             out[h] = std::max(out[h], page_stats(host.data() + h * page_bytes, dtype, n, spec.head_dim, sum, sq, within,
                                                  first_sum, first_sq));
+            if (part == 0 && r.rope_dim > 0)
+              for (int j = 0; j < n; ++j) {
+                const uint8_t* src =
+                    host.data() + h * page_bytes + static_cast<int64_t>(j) * hd * (dtype == DType::F32 ? 4 : 2);
+                for (int c = 0; c < hd; ++c) {
+                  if (dtype == DType::F32) {
+                    std::memcpy(&row[c], src + 4 * c, 4);
+                  } else {
+                    uint16_t x;
+                    std::memcpy(&x, src + 2 * c, 2);
+                    row[c] = fp16_to_f32(x);
+                  }
+                }
+                rope_key_stats(r, l, static_cast<int>(h), angles[l].data() + (b * bs + j) * r.rope_dim, row.data());
+              }
           }
         }
       }
@@ -175,23 +251,20 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
                 "CPU: --device cpu)");
   const double n = static_cast<double>(stats.tokens);
   const int hd = stats.head_dim;
-  for (size_t l = 0; l < stats.k_sum.size(); ++l) {
-    const auto& sum = stats.k_sum[l];
-    std::vector<float> mean(sum.size()), equal(sum.size());
-    for (size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / n);
-    // Equalization s_c = sqrt(σ_c / ρ_c): the score error of a key code, for TurboQuant's
-    // near-isotropic error, is ∝ (Σ σ_c²/s_c²)(Σ ρ_c² s_c²), smallest (Cauchy–Schwarz) when
-    // σ_c/s_c ∝ ρ_c s_c (docs/design/kv-quant.md, "Key equalization"). Per head scaled to
-    // mean(s²) = 1; σ and ρ are floored at 1e-3 of their head's mean so that a dead channel
-    // (of keys or of queries) gets no extreme scale.
+  // Equalization s_c = sqrt(σ_c / ρ_c) from each channel's variance around the centering: the
+  // score error of a key code, for TurboQuant's near-isotropic error, is ∝ (Σ σ_c²/s_c²)(Σ
+  // ρ_c² s_c²), smallest (Cauchy–Schwarz) when σ_c/s_c ∝ ρ_c s_c (docs/design/kv-quant.md,
+  // "Key equalization"). Per head scaled to mean(s²) = 1; σ and ρ are floored at 1e-3 of
+  // their head's mean so that a dead channel (of keys or of queries) gets no extreme scale.
+  const auto equalization = [&](size_t l, const std::vector<double>& var) {
+    std::vector<float> equal(var.size());
     const double rows = static_cast<double>(std::max<int64_t>(stats.q_rows[l], 1));
-    for (size_t h = 0; h < sum.size() / hd; ++h) {
+    for (size_t h = 0; h < var.size() / hd; ++h) {
       std::vector<double> sd(hd), rho(hd);
       double mean_sd = 0, mean_rho = 0;
       for (int c = 0; c < hd; ++c) {
         const size_t i = h * hd + c;
-        const double m = sum[i] / n;
-        sd[c] = std::sqrt(std::max(stats.k_sq[l][i] / n - m * m, 0.0));
+        sd[c] = std::sqrt(std::max(var[i], 0.0));
         rho[c] = std::sqrt(stats.q_sq[l][i] / rows);
         mean_sd += sd[c] / hd;
         mean_rho += rho[c] / hd;
@@ -205,8 +278,46 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
       }
       for (int c = 0; c < hd; ++c) equal[h * hd + c] = static_cast<float>(sd[c] / std::sqrt(ms));
     }
+    return equal;
+  };
+  const int half = stats.rope_dim / 2;
+  for (size_t l = 0; l < stats.k_sum.size(); ++l) {
+    const auto& sum = stats.k_sum[l];
+    std::vector<float> mean(sum.size());
+    std::vector<double> var(sum.size());
+    for (size_t i = 0; i < sum.size(); ++i) {
+      mean[i] = static_cast<float>(sum[i] / n);
+      var[i] = stats.k_sq[l][i] / n - (sum[i] / n) * (sum[i] / n);
+    }
     s.k_mean.push_back(std::move(mean));
-    s.k_equal.push_back(std::move(equal));
+    s.k_equal.push_back(equalization(l, var));
+    if (stats.rope_dim == 0) continue;
+    // Position-aware: m = E R(p)ᵀk, and E (k_c − (R(p)m)_c)² from the sums (pair channels a,
+    // b: (R m)_a = cos φ m_a − sin φ m_b, (R m)_b = sin φ m_a + cos φ m_b).
+    std::vector<float> pre(sum.size());
+    for (size_t i = 0; i < sum.size(); ++i) pre[i] = static_cast<float>(stats.k_pre_sum[l][i] / n);
+    for (size_t h = 0; h < sum.size() / hd; ++h) {
+      const size_t c0 = h * hd;
+      for (int i = 0; i < half; ++i) {
+        const size_t a = c0 + (stats.rope_neox ? i : 2 * i), b = c0 + (stats.rope_neox ? i + half : 2 * i + 1);
+        // The angle sums count each position once per window (head 0 only): per-token means.
+        const double cc = stats.pos_cc[l][i] / n, ss = stats.pos_ss[l][i] / n, sc = stats.pos_sc[l][i] / n;
+        const double ma = pre[a], mb = pre[b];
+        const auto E = [&](const std::vector<double>& v, size_t c) { return v[c] / n; };
+        var[a] = E(stats.k_sq[l], a) - 2 * (ma * E(stats.k_cos[l], a) - mb * E(stats.k_sin[l], a)) + ma * ma * cc +
+                 mb * mb * ss - 2 * ma * mb * sc;
+        var[b] = E(stats.k_sq[l], b) - 2 * (ma * E(stats.k_sin[l], b) + mb * E(stats.k_cos[l], b)) + ma * ma * ss +
+                 mb * mb * cc + 2 * ma * mb * sc;
+      }
+      for (int c = stats.rope_dim; c < hd; ++c) var[c0 + c] = E2(stats, l, c0 + c, pre[c0 + c]);
+    }
+    s.rope_mean.push_back(std::move(pre));
+    s.rope_equal.push_back(equalization(l, var));
+    s.rope_inv_freq.push_back(stats.rope_inv_freq[l]);
+  }
+  if (stats.rope_dim > 0) {
+    s.rope_dim = stats.rope_dim;
+    s.rope_neox = stats.rope_neox;
   }
   return s;
 }

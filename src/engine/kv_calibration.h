@@ -28,6 +28,15 @@ struct KvStats {
   // head) pairs per KV head. Empty when the backend does not show its queries (CUDA).
   std::vector<std::vector<double>> q_sq;
   std::vector<int64_t> q_rows;
+  // Position-aware centering (RoPE keys): rope_dim > 0 rotated channels; per layer the pairs'
+  // inverse frequencies [rope_dim/2], and over the stored keys (position p, pair angle φ_c of
+  // channel c): [layer][head * hd + c] sums of the pre-RoPE key R(p)ᵀk, of k_c cos φ_c and of
+  // k_c sin φ_c; [layer][pair] sums of cos² φ, sin² φ and sin φ cos φ over positions.
+  int rope_dim = 0;
+  bool rope_neox = false;
+  std::vector<std::vector<float>> rope_inv_freq;
+  std::vector<std::vector<double>> k_pre_sum, k_cos, k_sin;
+  std::vector<std::vector<double>> pos_cc, pos_ss, pos_sc;
   int head_dim = 0;
   int64_t tokens = 0;  // tokens run through the model (per layer and head)
   int windows = 0;
@@ -44,6 +53,8 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
 // σ_c the key channel's deviation around μ, ρ_c the RMS of the queries that read it;
 // mean(s²) = 1 per head) for key formats that center (KvFormat::centers_keys), else none.
 // Those need the queries: stats measured on a backend that does not show them are an error.
+// With RoPE (stats.rope_dim > 0) also the position-aware pair (KvScales::rope_*): the pre-RoPE
+// mean m = E R(p)ᵀk and s from each channel's variance around R(p)·m.
 KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, const KvFormat& v_format);
 
 // One line per layer on the keys (means over its heads): energy per token E|k|², the share

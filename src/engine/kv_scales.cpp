@@ -61,6 +61,31 @@ KvScales read_kv_scales(const std::string& path) {
       TESSERA_CHECK(s.k_equal[l].size() == s.k_mean[l].size(), "KV scales ", path, ": \"k_equal\" row ", l, " has ",
                     s.k_equal[l].size(), " values, \"k_mean\" row ", s.k_mean[l].size());
   }
+  if (j.contains("k_rope")) {
+    const auto& r = j["k_rope"];
+    TESSERA_CHECK(r.is_object() && r.contains("rot_dim") && r["rot_dim"].is_number_integer() && r.contains("neox") &&
+                      r["neox"].is_boolean(),
+                  "KV scales ", path, ": \"k_rope\" is not an object with integer \"rot_dim\" and boolean \"neox\"");
+    s.rope_dim = r["rot_dim"].get<int>();
+    s.rope_neox = r["neox"].get<bool>();
+    TESSERA_CHECK(s.rope_dim > 0 && s.rope_dim % 2 == 0, "KV scales ", path, ": \"k_rope\" rot_dim ", s.rope_dim,
+                  " (even, > 0)");
+    s.rope_inv_freq = read_rows(r, "inv_freq", path, false);
+    s.rope_mean = read_rows(r, "mean", path, false);
+    s.rope_equal = read_rows(r, "equal", path, true);
+    TESSERA_CHECK(
+        s.rope_equal.size() == s.rope_mean.size() && s.rope_equal.front().size() == s.rope_mean.front().size(),
+        "KV scales ", path, ": \"k_rope\" \"equal\" rows differ from its \"mean\" rows in shape");
+    TESSERA_CHECK(!s.k_mean.empty() && s.rope_mean.size() == s.k_mean.size() &&
+                      s.rope_inv_freq.size() == s.k_mean.size() &&
+                      s.rope_mean.front().size() == s.k_mean.front().size(),
+                  "KV scales ", path,
+                  ": \"k_rope\" needs \"k_mean\" beside it and one \"mean\" and \"inv_freq\" row "
+                  "per layer of k_mean's length / rot_dim / 2");
+    for (const auto& f : s.rope_inv_freq)
+      TESSERA_CHECK(f.size() == static_cast<size_t>(s.rope_dim / 2), "KV scales ", path,
+                    ": \"k_rope\" inv_freq row of ", f.size(), " values for rot_dim ", s.rope_dim);
+  }
   TESSERA_CHECK(s.k.size() == s.v.size(), "KV scales ", path, ": ", s.k.size(), " K rows and ", s.v.size(),
                 " V rows (one per layer each)");
   TESSERA_CHECK(!s.k.empty() || !s.k_mean.empty(), "KV scales ", path, ": no scales and no \"k_mean\"");
@@ -90,6 +115,14 @@ void write_kv_scales(const std::string& path, const KvScales& scales, const std:
   j["v_scales"] = scales.v.empty() ? nlohmann::json::array() : nlohmann::json(scales.v);
   if (!scales.k_mean.empty()) j["k_mean"] = scales.k_mean;
   if (!scales.k_equal.empty()) j["k_equal"] = scales.k_equal;
+  if (scales.rope_dim > 0) {
+    j["version"] = 2;
+    j["k_rope"] = {{"rot_dim", scales.rope_dim},
+                   {"neox", scales.rope_neox},
+                   {"inv_freq", scales.rope_inv_freq},
+                   {"mean", scales.rope_mean},
+                   {"equal", scales.rope_equal}};
+  }
   std::ofstream out(path);
   TESSERA_CHECK(out.good(), "KV scales: cannot write ", path);
   out << j.dump(1) << '\n';

@@ -9,6 +9,11 @@
 // the mean key of each KV head and channel (head-major), which the store subtracts.
 // k_equal (optional, only beside k_mean): per layer, the per-channel key equalization s
 // (head-major, finite and > 0): keys are stored as R ((k − μ)/s), queries scaled by s.
+// Version 2 (optional "version": 2) adds "k_rope": {"rot_dim": r, "neox": b, "inv_freq": [[r/2
+// values] ...L rows], "mean": [[m ...H·D] ...L rows], "equal": [[s ...H·D] ...L rows]}:
+// position-aware key centering, m the pre-RoPE mean key (keys stored as (k − R(p)·m)/s, s
+// measured around R(p)·m). k_mean / k_equal stay the static centering, so version-1 readers
+// (which ignore "k_rope") and files without it load as before.
 #include <string>
 #include <vector>
 
@@ -22,6 +27,11 @@ struct KvScales {
   std::vector<std::vector<float>> k, v;     // [n_layers][1 or n_kv_heads], or empty
   std::vector<std::vector<float>> k_mean;   // [n_layers][n_kv_heads * head_dim], or empty
   std::vector<std::vector<float>> k_equal;  // [n_layers][n_kv_heads * head_dim], or empty
+  int rope_dim = 0;                         // "k_rope" (0: absent)
+  bool rope_neox = false;
+  std::vector<std::vector<float>> rope_inv_freq;  // [n_layers][rope_dim / 2]
+  std::vector<std::vector<float>> rope_mean;      // [n_layers][n_kv_heads * head_dim] pre-RoPE
+  std::vector<std::vector<float>> rope_equal;     // [n_layers][n_kv_heads * head_dim]
 };
 
 // Throws naming the file and what is wrong (not JSON, rows of the wrong length, a scale

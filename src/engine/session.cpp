@@ -122,6 +122,9 @@ void Session::make_kv(int tokens) {
   spec.v_scales = options_.v_scales;
   spec.k_mean = options_.k_mean;
   spec.k_equal = options_.k_equal;
+  spec.k_rope_dim = options_.k_rope_dim;
+  spec.k_rope_neox = options_.k_rope_neox;
+  spec.k_rope_freq = options_.k_rope_freq;
   apply_checkpoint_kv_scales(*weights_, spec);
   kv_.reset();  // free the old cache before allocating the new one
   kv_ = std::make_unique<KvCache>(*backend_, spec);

@@ -36,7 +36,11 @@ struct SessionOptions {
   std::vector<std::vector<float>> k_scales, v_scales;
   std::vector<std::vector<float>> k_mean;   // calibrated key centering (KvCacheSpec::k_mean)
   std::vector<std::vector<float>> k_equal;  // calibrated key equalization (KvCacheSpec::k_equal)
-  uint64_t dummy_seed = 0;                  // for dummy weights
+  // position-aware key centering (KvCacheSpec::k_rope_*): k_mean is then the pre-RoPE mean
+  int k_rope_dim = 0;
+  bool k_rope_neox = false;
+  std::vector<std::vector<float>> k_rope_freq;
+  uint64_t dummy_seed = 0;  // for dummy weights
 };
 
 // Resolves a model argument to a file path: an existing path is returned as is; an alias

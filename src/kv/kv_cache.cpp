@@ -21,7 +21,9 @@ uint64_t KvCacheSpec::constants_digest() const {
   const auto add = [&](const void* p, size_t n) {
     for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
   };
-  for (const auto* rows : {&k_scales, &v_scales, &k_mean, &k_equal}) {
+  const int64_t rope[2] = {k_rope_dim, k_rope_neox ? 1 : 0};
+  add(rope, sizeof rope);
+  for (const auto* rows : {&k_scales, &v_scales, &k_mean, &k_equal, &k_rope_freq}) {
     const uint64_t n = rows->size();
     add(&n, sizeof n);
     for (const auto& r : *rows) {
@@ -65,8 +67,18 @@ void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat
                   spec.k_equal.size(), " layers, the model has ", spec.n_layers);
     equal = spec.k_equal[layer];
   }
+  KvRopeCentering rope;
+  if (is_key && spec.k_rope_dim > 0) {
+    TESSERA_CHECK(!spec.k_mean.empty() && spec.k_rope_freq.size() == static_cast<size_t>(spec.n_layers),
+                  "KV cache: position-aware key centering needs pre-RoPE key means and RoPE frequencies for each of ",
+                  spec.n_layers, " layers (got ", spec.k_rope_freq.size(), ")");
+    TESSERA_CHECK(backend.supports_rope_key_centering(), "KV cache: the ", backend.name(),
+                  " backend does not read position-aware key centering (a calibration file with \"k_rope\"; "
+                  "use --device cpu)");
+    rope = {spec.k_rope_dim, spec.k_rope_neox, spec.k_rope_freq[layer]};
+  }
   const std::vector<float> host =
-      make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s, mean, equal);
+      make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s, mean, equal, rope);
   void* dev = backend.alloc(sizeof(float) * host.size());
   backend.copy_to_device(dev, host.data(), sizeof(float) * host.size());
   return dev;

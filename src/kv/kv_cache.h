@@ -33,6 +33,12 @@ struct KvCacheSpec {
   // Per-channel key equalization s per layer ([n_kv_heads * head_dim], head-major; needs
   // k_mean): keys are stored as R ((k − μ)/s) and queries meet them as R (q∘s); empty = 1.
   std::vector<std::vector<float>> k_equal;
+  // Position-aware key centering (k_rope_dim > 0): k_mean is the pre-RoPE mean m, and a key
+  // at position p is stored relative to R(p)·m, R the RoPE of k_rope_dim channels (neox
+  // pairs or not) with per-layer inverse frequencies k_rope_freq [n_layers][k_rope_dim / 2].
+  int k_rope_dim = 0;
+  bool k_rope_neox = false;
+  std::vector<std::vector<float>> k_rope_freq;
   // Layer groups: the sliding-window layers marked in local_layers ([n_layers], 1 = local)
   // keep their K/V in a pool of their own, n_local_blocks blocks (the block manager drops
   // blocks behind the window from it). 0 = one group: every layer has n_blocks blocks.

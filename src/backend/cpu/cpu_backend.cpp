@@ -137,7 +137,8 @@ void CpuBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, co
       const int64_t page = static_cast<int64_t>(run.block) * kv.n_kv_heads + h;
       uint8_t* dst = static_cast<uint8_t*>(is_key ? kv.k : kv.v) + page * (is_key ? kv.k_page_bytes : kv.v_page_bytes);
       const float* src = (is_key ? k : v) + run.token * (is_key ? ldk : ldv) + static_cast<int64_t>(h) * hd;
-      kv_encode_rows(f, is_key ? kl : vl, hd, c, dst, run.offset, run.n, src, is_key ? ldk : ldv, scratch.data());
+      kv_encode_rows(f, is_key ? kl : vl, hd, c, dst, run.offset, run.n, src, is_key ? ldk : ldv, scratch.data(),
+                     batch.positions + run.token);
     }
   });
 }

@@ -27,8 +27,9 @@ const OpsTable& ops_table() {
 
 int64_t attention_scratch_floats(int max_q_rows, int group, int block_size, int head_dim) {
   const int64_t n_q = static_cast<int64_t>(max_q_rows) * group;
-  // kf, vf, sgn: [bs, hd]; sc: [n_q, bs]; o, qs, sq: [n_q, hd]; m, l: [n_q]; coef: [bs]; rot: [hd]
-  return 3 * block_size * head_dim + n_q * block_size + 3 * n_q * head_dim + 2 * n_q + block_size + head_dim + 64;
+  // kf, vf, sgn: [bs, hd]; sc: [n_q, bs]; o, qs, sq: [n_q, hd]; m, l: [n_q]; coef: [bs]; rot: [hd];
+  // position-aware key centering: qp [n_q, hd], cm, tab: [bs, hd], mb, cs: [hd]
+  return 5 * block_size * head_dim + n_q * block_size + 4 * n_q * head_dim + 2 * n_q + block_size + 3 * head_dim + 64;
 }
 
 }  // namespace tessera::cpu

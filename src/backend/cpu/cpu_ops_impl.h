@@ -183,6 +183,11 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   float* sq = qs + n_q * hd;                                                     // [n_q, hd] S·q' (QJL)
   float* coef = sq + n_q * hd;                                                   // [bs]
   float* rot = coef + bs;                                                        // [hd]
+  float* qp = rot + hd;                                                          // [n_q, hd] queries, model basis
+  float* cm = qp + n_q * hd;                                                     // [bs, hd] R(p)·m per key
+  float* tab = cm + bs * hd;                                                     // [bs, hd] cos/sin of j·θ
+  float* mb = tab + bs * hd;                                                     // [hd] R(block start)·m
+  float* cs = mb + hd;                                                           // [hd] cos/sin
   const tessera::KvPageLayout kl = tessera::kv_page_layout(kv.k_fmt, bs, hd);
   const tessera::KvPageLayout vl = tessera::kv_page_layout(kv.v_fmt, bs, hd);
   const tessera::KvHeadConstants kc =
@@ -190,11 +195,18 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   const tessera::KvHeadConstants vc =
       tessera::kv_head_constants(kv.v_fmt, kv.v_consts, kv.n_kv_heads, hd, task.kv_head);
   const bool k_turbo = kv.k_fmt.codec == KvCodec::Turbo, qjl = k_turbo && kv.k_fmt.qjl;
+  // Position-aware key centering: keys are stored as k − R(p)·m, so each score gets q·R(p)·m
+  // back (it differs between keys: the softmax would not drop it). R(base + j) = R(j)·R(base):
+  // the rotations of a block's offsets j are tabulated once.
+  const bool rope_center = kc.rope_dim > 0;
+  if (rope_center)
+    for (int j = 0; j < bs; ++j) tessera::kv_rope_angles(kc, j, tab + j * hd);
   for (int r = 0; r < n_q; ++r) {
     const int t = task.q_begin + r / ng, g = g0 + r % ng;
     const float* src = q + t * ldq + static_cast<int64_t>(task.kv_head * group + g) * hd;
     float* qr = qs + r * hd;
     for (int d = 0; d < hd; ++d) qr[d] = src[d] * scale;
+    if (rope_center) std::memcpy(qp + r * hd, qr, sizeof(float) * hd);
     if (k_turbo) {
       tessera::turbo_rotate(qr, kc.signs, hd, rot);
       std::memcpy(qr, rot, sizeof(float) * hd);
@@ -234,6 +246,11 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     decode_page(kv.k_fmt, kl, hd, kc, kpage, nk, kf);
     decode_page(kv.v_fmt, vl, hd, vc, vpage, nk, vf);
     if (qjl && !simd_decode_qjl(kl, hd, kpage, nk, sgn, coef)) tessera::kv_decode_qjl(kl, hd, kpage, nk, sgn, coef);
+    if (rope_center) {
+      tessera::kv_rope_angles(kc, base, cs);
+      tessera::kv_rope_apply(kc.mean, cs, kc.rope_dim, kc.rope_neox, hd, mb);
+      for (int j = 0; j < nk; ++j) tessera::kv_rope_apply(mb, tab + j * hd, kc.rope_dim, kc.rope_neox, hd, cm + j * hd);
+    }
     for (int r = 0; r < n_q; ++r) {
       const int pos = b.positions[task.q_begin + r / ng];
       const int visible = std::min(nk, pos - base + 1);  // causal: keys at positions <= pos
@@ -246,6 +263,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       for (int j = lo; j < visible; ++j) {
         float dot = dot_f32(qr, kf + j * hd, hd);
         if (qjl) dot += coef[j] * dot_f32(sq + r * hd, sgn + j * hd, hd);
+        if (rope_center) dot += dot_f32(qp + r * hd, cm + j * hd, hd);
         s[j] = dot;
         mx = std::max(mx, dot);
       }

@@ -66,6 +66,13 @@ RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* f
   return r;
 }
 
+RopeConfig layer_rope_config(const ModelWeights& w, int il) {
+  const ModelConfig& c = w.config;
+  if (c.arch == "gemma3" && c.is_local_layer(il))
+    return rope_config_for(c, c.rope_freq_base_local, nullptr, /*with_scaling=*/false);
+  return rope_config_for(c, c.rope_freq_base, w.rope_freq_factors, /*with_scaling=*/true);
+}
+
 std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
                                     int max_logits) {
   const std::string& arch = weights->config.arch;

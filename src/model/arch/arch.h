@@ -56,6 +56,9 @@ float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, f
 // RoPE as the config says, at base freq_base; with_scaling false leaves out the config's
 // rope_scaling (Gemma 3's local layers rotate unscaled).
 RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* freq_factors, bool with_scaling);
+// The RoPE layer il's keys are rotated with, as the model runners use it (Gemma 3's local
+// layers: their own base, unscaled); for measuring keys before RoPE (calibrate-kv).
+RopeConfig layer_rope_config(const ModelWeights& w, int il);
 
 std::unique_ptr<Model> make_llama_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens,
                                         int max_logits);

@@ -8,6 +8,7 @@
 // Skipped without the model.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 
@@ -22,11 +23,28 @@ using tessera::test::small_engine_options;
 
 namespace {
 
-std::unique_ptr<ModelEngine> engine_for(const std::string& format) {
+// "+rope": turbo keys centered by position (store k − R(p)·m) with a synthetic pre-RoPE mean
+// m: the store and attention must agree on each key's position through prefix hits,
+// preemption, swap and forks.
+std::unique_ptr<ModelEngine> engine_for(const std::string& name) {
   ModelEngineOptions o =
       small_engine_options(test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"), 32, 8, 128, 16ll << 20);
+  const bool rope = name.ends_with("+rope");
+  const std::string format = rope ? name.substr(0, name.size() - 5) : name;
   o.session.k_format = parse_kv_format(format, true);
   o.session.v_format = parse_kv_format(format, false);
+  if (rope) {
+    const int layers = 30, kvd = 3 * 64;  // SmolLM2-135M
+    for (int l = 0; l < layers; ++l) {
+      std::vector<float> m(kvd);
+      for (int i = 0; i < kvd; ++i) m[i] = 0.5f * std::sin(0.7f * i + l);
+      o.session.k_mean.push_back(m);
+      std::vector<float> f(32);
+      for (int i = 0; i < 32; ++i) f[i] = static_cast<float>(std::pow(100000.0, -2.0 * i / 64));
+      o.session.k_rope_freq.push_back(f);
+    }
+    o.session.k_rope_dim = 64;
+  }
   o.swap_space_bytes = 4ll << 20;
   return std::make_unique<ModelEngine>(o);
 }
@@ -53,7 +71,7 @@ void expect_same(const RunResult& got, const RunResult& want, const std::string&
 
 TEST(EngineQuantKv, TokenWiseFormatsAreBatchPrefixPreemptionAndForkInvariant) {
   if (!std::filesystem::exists(test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"))) GTEST_SKIP() << "no model";
-  for (const char* format : {"turbo3", "fp8_e4m3:token"}) {
+  for (const char* format : {"turbo3", "turbo3+rope", "fp8_e4m3:token"}) {
     SCOPED_TRACE(format);
     auto m = engine_for(format);
     const std::vector<Request> reqs = prompts(*m);

@@ -33,6 +33,19 @@ std::vector<int32_t> some_tokens(int n) {
   return t;
 }
 
+// Writes text to path and expects read_kv_scales to reject it with a message holding needle.
+void expect_bad_file(const std::string& path, const std::string& text, const std::string& needle) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  try {
+    read_kv_scales(path);
+    ADD_FAILURE() << "accepted " << text;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 
 TEST(KvCalibration, ScalesMapTheLargestValueToTheLargestCode) {
@@ -284,17 +297,7 @@ TEST(KvCalibration, KeyEqualizationMinimisesTheScoreError) {
 
 TEST(KvCalibration, BadScaleFilesSayWhatIsWrong) {
   const std::string path = ::testing::TempDir() + "/kv_scales_bad.json";
-  auto expect_error = [&](const std::string& text, const std::string& needle) {
-    FILE* f = std::fopen(path.c_str(), "w");
-    std::fputs(text.c_str(), f);
-    std::fclose(f);
-    try {
-      read_kv_scales(path);
-      ADD_FAILURE() << "accepted " << text;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  auto expect_error = [&](const std::string& text, const std::string& needle) { expect_bad_file(path, text, needle); };
   expect_error("not json", "not JSON");
   expect_error(R"({"k_scales": [[1.0]]})", "no array \"v_scales\"");
   expect_error(R"({"k_scales": [[1.0]], "v_scales": [[-2.0]]})", "scale -2");
@@ -313,5 +316,45 @@ TEST(KvCalibration, BadScaleFilesSayWhatIsWrong) {
   expect_error(
       R"({"k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0], [3.0, 4.0]], "k_equal": [[1.0, 2.0], [1.0]]})",
       "\"k_equal\" row 1 has 1 values, \"k_mean\" row 2");
+  std::remove(path.c_str());
+}
+
+TEST(KvCalibration, PositionAwareCenteringRoundTripsAndOldFilesLoadStatic) {
+  // Version 2's "k_rope" (pre-RoPE mean, its equalization, the RoPE) survives a write and read;
+  // the static k_mean / k_equal beside it are untouched, and a file without it reads as before.
+  const std::string path = ::testing::TempDir() + "/kv_scales_rope.json";
+  KvScales s;
+  s.k_mean = {{1.0f, 2.0f, 3.0f, 4.0f}, {5.0f, 6.0f, 7.0f, 8.0f}};
+  s.k_equal = {{1.0f, 1.0f, 1.0f, 1.0f}, {0.5f, 2.0f, 1.0f, 1.0f}};
+  s.rope_dim = 4;
+  s.rope_neox = true;
+  s.rope_inv_freq = {{1.0f, 0.01f}, {1.0f, 0.001f}};
+  s.rope_mean = {{-1.0f, 0.5f, 0.25f, 2.0f}, {3.0f, -3.0f, 0.0f, 1.0f}};
+  s.rope_equal = {{2.0f, 0.5f, 1.0f, 1.0f}, {1.0f, 1.0f, 1.5f, 0.5f}};
+  write_kv_scales(path, s, "turbo3.5", "turbo3.5", 1, 4);
+  KvScales back = read_kv_scales(path);
+  EXPECT_EQ(back.k_mean, s.k_mean);
+  EXPECT_EQ(back.k_equal, s.k_equal);
+  EXPECT_EQ(back.rope_dim, 4);
+  EXPECT_TRUE(back.rope_neox);
+  EXPECT_EQ(back.rope_inv_freq, s.rope_inv_freq);
+  EXPECT_EQ(back.rope_mean, s.rope_mean);
+  EXPECT_EQ(back.rope_equal, s.rope_equal);
+  s.rope_dim = 0;  // version 1: no "k_rope"
+  write_kv_scales(path, s, "turbo3.5", "turbo3.5", 1, 4);
+  back = read_kv_scales(path);
+  EXPECT_EQ(back.rope_dim, 0);
+  EXPECT_TRUE(back.rope_mean.empty());
+  EXPECT_EQ(back.k_mean, s.k_mean);
+  auto expect_error = [&](const std::string& text, const std::string& needle) { expect_bad_file(path, text, needle); };
+  const std::string head = R"({"k_scales": [], "v_scales": [], "k_mean": [[1.0, 2.0]], )";
+  expect_error(head + R"("k_rope": {"rot_dim": 2}})", "integer \"rot_dim\" and boolean \"neox\"");
+  expect_error(head + R"("k_rope": {"rot_dim": 3, "neox": false}})", "rot_dim 3");
+  expect_error(head + R"("k_rope": {"rot_dim": 2, "neox": false, "inv_freq": [[1.0]], "mean": [[1.0]],
+                   "equal": [[1.0]]}})",
+               "one \"mean\" and \"inv_freq\" row");
+  expect_error(head + R"("k_rope": {"rot_dim": 2, "neox": false, "inv_freq": [[1.0, 2.0]], "mean": [[1.0, 2.0]],
+                   "equal": [[1.0, 1.0]]}})",
+               "inv_freq row of 2 values for rot_dim 2");
   std::remove(path.c_str());
 }
