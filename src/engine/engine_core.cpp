@@ -97,7 +97,7 @@ std::optional<Rejection> EngineCore::validate(const Request& r) const {
   if (blocks > config_.n_blocks)
     return invalid("prompt of ", n_prompt, " tokens + max_tokens ", r.sampling.max_tokens, " needs ", blocks,
                    " KV blocks but the whole cache has ", config_.n_blocks, " (", config_.block_size, " tokens each)");
-  return std::nullopt;
+  return validate_transfer(r);
 }
 
 void EngineCore::add(RequestId id, const Request& r) {
@@ -112,6 +112,9 @@ void EngineCore::add(RequestId id, const Request& r) {
   sr.stop.ignore_eos = r.sampling.ignore_eos;
   sr.prefix_root = prefix_root_hash({config_.model_fingerprint, r.adapter_id, r.tenant_salt});
   sr.prompt_logits = r.prompt_logprobs >= 0;
+  if (r.kv_import) import_kv(id, r, sr.prefix_root);  // before the request exists: nothing to undo
+  if (r.kv_lease_seconds > 0)
+    lease_wanted_[id] = LeaseWanted{r.prompt, r.kv_lease_seconds, sr.prefix_root, r.tenant_salt, r.adapter_id};
   const SeqId first = scheduler_.add(std::move(sr));
   if (drafter_ && r.speculative && r.prompt_logprobs < 0) speculating_.insert(id);
   awaiting_first_token_[id] = static_cast<int32_t>(r.prompt.size());
@@ -144,6 +147,8 @@ void EngineCore::forget_finished(const std::vector<SeqEvent>& events) {
       }
     }
     if (e.request_done) {
+      lease_wanted_.erase(e.request);
+      release_import_hold(e.request);
       speculating_.erase(e.request);
       extras_.erase(e.request);
       awaiting_first_token_.erase(e.request);  // ended before its first token
@@ -287,6 +292,7 @@ StepResult EngineCore::step() {
     for (const ScheduledSeq& sc : out.seqs)
       if (sc.request == id) start.cached_prompt_tokens = sc.n_computed;  // its first chunk starts after the hits
     result.started.push_back(start);
+    release_import_hold(id);  // it has adopted the imported blocks
   }
   if (out.empty()) return result;  // everything waits (cannot happen with a valid config)
   build_batch(out);
@@ -304,6 +310,7 @@ StepResult EngineCore::step() {
     count_verifications(out);
     result.events = scheduler_.update(out, output_.tokens, output_.counts);
     attach_logprobs(result.events);
+    lease_finished(result.events, result);  // before anything else can reuse the freed blocks
   } catch (const std::exception& e) {
     result.error = e.what();
     result.prompt_logprobs.clear();
@@ -438,6 +445,14 @@ EngineStats EngineCore::stats() const {
   s.kv_total_blocks = kv_.n_blocks();
   s.kv_window_free_blocks = kv_.n_local_free();
   s.kv_window_total_blocks = kv_.n_local_blocks();
+  s.transfer = transfer_;
+  s.transfer.active_leases = static_cast<int>(leases_.size());
+  s.transfer.leased_blocks = 0;
+  for (const auto& [id, lease] : leases_) s.transfer.leased_blocks += lease.kv.n_blocks();
+  s.transfer.active_reservations = static_cast<int>(reservations_.size() + import_holds_.size());
+  s.transfer.reserved_blocks = 0;
+  for (const auto& [id, r] : reservations_) s.transfer.reserved_blocks += r.first.n_blocks();
+  for (const auto& [id, kv] : import_holds_) s.transfer.reserved_blocks += kv.n_blocks();
   return s;
 }
 
@@ -449,6 +464,10 @@ void EngineCore::check_invariants() const {
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: logprob state left for ended request ", id);
   for (const auto& [id, n] : awaiting_first_token_)
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: prompt count left for ended request ", id);
+  for (const auto& [id, w] : lease_wanted_)
+    TESSERA_CHECK(scheduler_.contains(id), "engine invariant: lease request left for ended request ", id);
+  for (const auto& [id, kv] : import_holds_)
+    TESSERA_CHECK(scheduler_.contains(id), "engine invariant: imported blocks held for ended request ", id);
   for (const RequestId id : speculating_)
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: speculation state left for ended request ", id);
   TESSERA_CHECK(draft_length_.size() <= scheduler_.n_live_choices(), "engine invariant: draft length state for ",
@@ -459,7 +478,8 @@ void EngineCore::check_invariants() const {
 
 bool EngineCore::is_idle() const {
   return scheduler_.is_idle() && executor_.n_sequences() == 0 && extras_.empty() && awaiting_first_token_.empty() &&
-         speculating_.empty() && draft_length_.empty() && draft_sampling_.empty();
+         speculating_.empty() && draft_length_.empty() && draft_sampling_.empty() && lease_wanted_.empty() &&
+         leases_.empty() && reservations_.empty() && import_holds_.empty();
 }
 
 }  // namespace tessera
