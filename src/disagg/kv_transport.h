@@ -20,7 +20,7 @@ struct KvHandle {
   std::string host;
   uint16_t port = 0;
   uint64_t lease = 0;
-  int32_t n_blocks = 0;  // blocks under the lease (the decode side reserves this many, at most)
+  int32_t n_blocks = 0;         // blocks under the lease (the decode side reserves this many, at most)
   std::string address() const;  // "host:port/id"
   // Parses address(); throws tessera::Error naming what is wrong.
   static KvHandle parse(const std::string& address, int32_t n_blocks);
@@ -51,15 +51,15 @@ class EngineLeaseSource final : public KvLeaseSource {
 // Counters of one process's transfers, both roles (/metrics: tessera:kv_transfer_*).
 struct KvTransferCounters {
   // Prefill side.
-  std::atomic<int64_t> served{0};         // pulls answered with every block and acknowledged
-  std::atomic<int64_t> serve_failures{0}; // refused (identity, lease) or broken off
+  std::atomic<int64_t> served{0};          // pulls answered with every block and acknowledged
+  std::atomic<int64_t> serve_failures{0};  // refused (identity, lease) or broken off
   std::atomic<int64_t> bytes_sent{0};
   // Decode side.
   std::atomic<int64_t> pulled{0};
   std::atomic<int64_t> pull_failures{0};  // any reason: the request then prefilled locally
   std::atomic<int64_t> pull_timeouts{0};  // of which the transfer stalled or took too long
   std::atomic<int64_t> bytes_received{0};
-  std::atomic<int64_t> pull_micros{0};    // time in successful pulls
+  std::atomic<int64_t> pull_micros{0};  // time in successful pulls
 };
 
 // Pulls a lease's blocks into `staging` (its slots bound how many are taken). Throws

@@ -128,12 +128,18 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t
 
 const char* msg_type_name(MsgType t) {
   switch (t) {
-    case MsgType::Pull: return "Pull";
-    case MsgType::Header: return "Header";
-    case MsgType::Block: return "Block";
-    case MsgType::End: return "End";
-    case MsgType::Ack: return "Ack";
-    case MsgType::Error: return "Error";
+    case MsgType::Pull:
+      return "Pull";
+    case MsgType::Header:
+      return "Header";
+    case MsgType::Block:
+      return "Block";
+    case MsgType::End:
+      return "End";
+    case MsgType::Ack:
+      return "Ack";
+    case MsgType::Error:
+      return "Error";
   }
   return "unknown";
 }

@@ -77,8 +77,8 @@ std::vector<uint8_t> encode_pull(const PullMsg& m);
 PullMsg decode_pull(std::span<const uint8_t> body);
 std::vector<uint8_t> encode_header(const HeaderMsg& m);
 HeaderMsg decode_header(std::span<const uint8_t> body);
-std::vector<uint8_t> encode_u32(uint32_t v);  // End, and the index at the start of a Block body
-std::vector<uint8_t> encode_u64(uint64_t v);  // Ack
+std::vector<uint8_t> encode_u32(uint32_t v);             // End, and the index at the start of a Block body
+std::vector<uint8_t> encode_u64(uint64_t v);             // Ack
 std::vector<uint8_t> encode_text(const std::string& s);  // Error
 uint32_t decode_u32(std::span<const uint8_t> body, MsgType what);
 uint64_t decode_u64(std::span<const uint8_t> body, MsgType what);

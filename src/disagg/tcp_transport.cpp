@@ -34,8 +34,7 @@ class TimedSocket {
     boost::system::error_code ec;
     const auto endpoints = resolver.resolve(host, std::to_string(port), ec);
     if (ec) throw KvTransferError("KV transfer: cannot resolve " + host + ": " + ec.message());
-    run(
-        [&](auto done) { asio::async_connect(socket_, endpoints, [done](auto e, const auto&) { done(e, 0); }); },
+    run([&](auto done) { asio::async_connect(socket_, endpoints, [done](auto e, const auto&) { done(e, 0); }); },
         deadline, "connecting to " + host + ":" + std::to_string(port));
     socket_.set_option(tcp::no_delay(true));
   }
@@ -111,7 +110,7 @@ void expect_type(const Frame& f, MsgType want, const std::string& peer) {
                         ", got " + msg_type_name(f.header.type));
 }
 
-constexpr uint64_t kMaxControlBody = 1 << 20;  // Pull, End, Ack, Error
+constexpr uint64_t kMaxControlBody = 1 << 20;   // Pull, End, Ack, Error
 constexpr uint64_t kMaxHeaderBody = 64u << 20;  // token ids of a long prompt
 
 void add(std::atomic<int64_t>* c, int64_t v) {
@@ -300,8 +299,8 @@ std::shared_ptr<KvBlocksPayload> TcpKvPuller::pull(const KvHandle& handle, const
                   staging ? staging->slot_bytes() : 0, " bytes a slot for blocks of ", expect.block_bytes());
     TimedSocket s;
     s.connect(handle.host, handle.port, deadline);
-    write_frame(s, MsgType::Pull,
-                encode_pull({handle.lease, static_cast<uint32_t>(staging->n_slots()), expect}), deadline);
+    write_frame(s, MsgType::Pull, encode_pull({handle.lease, static_cast<uint32_t>(staging->n_slots()), expect}),
+                deadline);
     const Frame f = read_frame(s, deadline, kMaxHeaderBody);
     expect_type(f, MsgType::Header, peer);
     HeaderMsg header = decode_header(f.body);
@@ -323,8 +322,8 @@ std::shared_ptr<KvBlocksPayload> TcpKvPuller::pull(const KvHandle& handle, const
         }
         expect_type(other, MsgType::Block, peer);
       }
-      TESSERA_CHECK(h.body_bytes == 4 + bb, "KV transfer: block ", i, " message of ", h.body_bytes,
-                    " bytes, expected ", 4 + bb);
+      TESSERA_CHECK(h.body_bytes == 4 + bb, "KV transfer: block ", i, " message of ", h.body_bytes, " bytes, expected ",
+                    4 + bb);
       std::array<uint8_t, 4> index{};
       s.read(index.data(), index.size(), deadline, "reading a block");
       uint8_t* slot = staging->slot(static_cast<int32_t>(i));
@@ -350,8 +349,8 @@ std::shared_ptr<KvBlocksPayload> TcpKvPuller::pull(const KvHandle& handle, const
     if (counters_) {
       counters_->pulled.fetch_add(1, std::memory_order_relaxed);
       counters_->bytes_received.fetch_add(received, std::memory_order_relaxed);
-      counters_->pull_micros.fetch_add(
-          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count(), std::memory_order_relaxed);
+      counters_->pull_micros.fetch_add(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count(),
+                                       std::memory_order_relaxed);
     }
     return payload;
   } catch (const KvTransferTimeout&) {

@@ -43,7 +43,8 @@ SubmitResult Engine::submit(Request request, std::function<void()> on_event) {
     }
     result.id = next_id_++;
     ++in_flight_;
-    inbox_.push_back(Message{Message::Kind::Add, result.id, std::move(request), result.stream, 0, FinishReason::None, {}});
+    inbox_.push_back(
+        Message{Message::Kind::Add, result.id, std::move(request), result.stream, 0, FinishReason::None, {}});
   }
   wake_.notify_one();
   return result;
@@ -123,13 +124,17 @@ auto Engine::call(Fn fn) -> decltype(fn(std::declval<EngineCore&>())) {
   std::future<Result> result = done->get_future();
   Message m;
   m.kind = Message::Kind::Call;
-  m.call = [fn = std::move(fn), done](EngineCore& core) {
+  // Stats are published before the caller returns, so they show what the call did.
+  m.call = [this, fn = std::move(fn), done](EngineCore& core) {
     try {
       if constexpr (std::is_void_v<Result>) {
         fn(core);
+        publish();
         done->set_value();
       } else {
-        done->set_value(fn(core));
+        Result r = fn(core);
+        publish();
+        done->set_value(std::move(r));
       }
     } catch (...) {
       done->set_exception(std::current_exception());

@@ -9,15 +9,6 @@
 
 namespace tessera {
 
-namespace {
-template <typename... Parts>
-Rejection invalid(Parts&&... parts) {
-  std::ostringstream os;
-  (os << ... << std::forward<Parts>(parts));
-  return Rejection{RejectReason::InvalidRequest, os.str()};
-}
-}  // namespace
-
 EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
     : config_(config),
       executor_(executor),
@@ -67,36 +58,40 @@ std::vector<SeqEvent> EngineCore::abort_all(FinishReason reason) {
 }
 
 std::optional<Rejection> EngineCore::validate(const Request& r) const {
-  if (!(r.n >= 1 && r.n <= config_.max_n)) return invalid("n = ", r.n, " is outside [1, ", config_.max_n, "]");
-  if (r.prompt.empty()) return invalid("the prompt is empty");
+  if (!(r.n >= 1 && r.n <= config_.max_n)) return invalid_request("n = ", r.n, " is outside [1, ", config_.max_n, "]");
+  if (r.prompt.empty()) return invalid_request("the prompt is empty");
   // vLLM's rule: under FCFS a priority would be silently ignored, so it is refused.
   if (r.priority != 0 && config_.scheduler.policy != SchedulingPolicy::Priority)
-    return invalid("priority ", r.priority, " needs the priority scheduling policy; this server schedules ",
-                   scheduling_policy_name(config_.scheduler.policy), " (start it with --scheduling-policy priority)");
+    return invalid_request("priority ", r.priority, " needs the priority scheduling policy; this server schedules ",
+                           scheduling_policy_name(config_.scheduler.policy),
+                           " (start it with --scheduling-policy priority)");
   for (size_t i = 0; i < r.prompt.size(); ++i)
     if (!(r.prompt[i] >= 0 && r.prompt[i] < config_.vocab_size))
-      return invalid("prompt token ", i, " is ", r.prompt[i], ", outside the vocabulary [0, ", config_.vocab_size, ")");
+      return invalid_request("prompt token ", i, " is ", r.prompt[i], ", outside the vocabulary [0, ",
+                             config_.vocab_size, ")");
   try {
     r.sampling.validate(config_.vocab_size);
   } catch (const Error& e) {
-    return invalid(e.what());
+    return invalid_request(e.what());
   }
   if (r.sampling.grammar && r.sampling.grammar->vocab_size() != config_.vocab_size)
-    return invalid("the grammar was compiled for ", r.sampling.grammar->vocab_size(), " tokens, the model has ",
-                   config_.vocab_size);
+    return invalid_request("the grammar was compiled for ", r.sampling.grammar->vocab_size(), " tokens, the model has ",
+                           config_.vocab_size);
   if (!(r.prompt_logprobs >= -1 && r.prompt_logprobs <= SamplingParams::kMaxLogprobs))
-    return invalid("prompt_logprobs = ", r.prompt_logprobs, " is outside [-1, ", SamplingParams::kMaxLogprobs, "]");
+    return invalid_request("prompt_logprobs = ", r.prompt_logprobs, " is outside [-1, ", SamplingParams::kMaxLogprobs,
+                           "]");
   const int64_t n_prompt = static_cast<int64_t>(r.prompt.size());
   const int64_t total = n_prompt + r.sampling.max_tokens;
   const int max_len = config_.scheduler.max_model_len;
   if (total > max_len)
-    return invalid("prompt of ", n_prompt, " tokens + max_tokens ", r.sampling.max_tokens, " = ", total,
-                   " exceeds the context of ", max_len, " tokens");
+    return invalid_request("prompt of ", n_prompt, " tokens + max_tokens ", r.sampling.max_tokens, " = ", total,
+                           " exceeds the context of ", max_len, " tokens");
   // The last sampled token is never computed, so a choice holds at most total - 1 tokens.
   const int64_t blocks = (total - 1 + config_.block_size - 1) / config_.block_size;
   if (blocks > config_.n_blocks)
-    return invalid("prompt of ", n_prompt, " tokens + max_tokens ", r.sampling.max_tokens, " needs ", blocks,
-                   " KV blocks but the whole cache has ", config_.n_blocks, " (", config_.block_size, " tokens each)");
+    return invalid_request("prompt of ", n_prompt, " tokens + max_tokens ", r.sampling.max_tokens, " needs ", blocks,
+                           " KV blocks but the whole cache has ", config_.n_blocks, " (", config_.block_size,
+                           " tokens each)");
   return validate_transfer(r);
 }
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -22,6 +23,14 @@
 #include "spec/spec_config.h"
 
 namespace tessera {
+
+// A 400 refusal whose message is built from its parts (validation in engine_core*.cpp).
+template <typename... Parts>
+Rejection invalid_request(Parts&&... parts) {
+  std::ostringstream os;
+  (os << ... << std::forward<Parts>(parts));
+  return Rejection{RejectReason::InvalidRequest, os.str()};
+}
 
 struct EngineConfig {
   SchedulerConfig scheduler;  // scheduler.preemption_mode Swap needs n_host_blocks > 0

@@ -8,15 +8,6 @@
 
 namespace tessera {
 
-namespace {
-template <typename... Parts>
-Rejection invalid_transfer(Parts&&... parts) {
-  std::ostringstream os;
-  (os << ... << std::forward<Parts>(parts));
-  return Rejection{RejectReason::InvalidRequest, os.str()};
-}
-}  // namespace
-
 KvIdentity KvIdentity::of(const KvCacheSpec& spec, const std::string& model_fingerprint) {
   KvIdentity id;
   id.model_fingerprint = model_fingerprint;
@@ -55,37 +46,37 @@ KvIdentity EngineCore::kv_identity() const {
 
 std::optional<Rejection> EngineCore::validate_transfer(const Request& r) const {
   if (r.kv_lease_seconds == 0 && !r.kv_import) return std::nullopt;
-  if (executor_.kv_spec() == nullptr) return invalid_transfer("this engine cannot move KV blocks between engines");
+  if (executor_.kv_spec() == nullptr) return invalid_request("this engine cannot move KV blocks between engines");
   if (!config_.prefix_caching)
-    return invalid_transfer("KV transfer needs prefix caching (the blocks go through the prefix index)");
+    return invalid_request("KV transfer needs prefix caching (the blocks go through the prefix index)");
   if (config_.window > 0)
-    return invalid_transfer("KV transfer of a model with a sliding-window KV pool is not supported");
+    return invalid_request("KV transfer of a model with a sliding-window KV pool is not supported");
   if (!(r.kv_lease_seconds >= 0 && r.kv_lease_seconds <= 3600))
-    return invalid_transfer("kv_lease_seconds = ", r.kv_lease_seconds, " is outside [0, 3600]");
-  if (r.kv_lease_seconds > 0 && r.n != 1) return invalid_transfer("a KV lease needs n = 1, not ", r.n);
+    return invalid_request("kv_lease_seconds = ", r.kv_lease_seconds, " is outside [0, 3600]");
+  if (r.kv_lease_seconds > 0 && r.n != 1) return invalid_request("a KV lease needs n = 1, not ", r.n);
   if (!r.kv_import) return std::nullopt;
   if (r.prompt_logprobs >= 0)
-    return invalid_transfer("prompt_logprobs needs the whole prompt computed here: it cannot start from imported KV");
+    return invalid_request("prompt_logprobs needs the whole prompt computed here: it cannot start from imported KV");
   const KvImport& im = *r.kv_import;
-  if (!im.payload) return invalid_transfer("KV import ", im.reservation, " carries no blocks");
+  if (!im.payload) return invalid_request("KV import ", im.reservation, " carries no blocks");
   const KvBlocksPayload& p = *im.payload;
   if (const std::string why = kv_identity().mismatch(p.identity); !why.empty())
-    return invalid_transfer("imported KV is of another model or format (", why, ")");
+    return invalid_request("imported KV is of another model or format (", why, ")");
   const size_t bs = static_cast<size_t>(config_.block_size);
   if (p.tokens.size() % bs != 0)
-    return invalid_transfer("imported KV holds ", p.tokens.size(), " tokens, not whole blocks of ", bs);
+    return invalid_request("imported KV holds ", p.tokens.size(), " tokens, not whole blocks of ", bs);
   // A hit must leave at least one prompt token to compute (the first token's logits).
   if (p.tokens.size() > (r.prompt.size() - 1) / bs * bs)
-    return invalid_transfer("imported KV of ", p.tokens.size(), " tokens is longer than the prompt of ",
-                            r.prompt.size(), " allows");
+    return invalid_request("imported KV of ", p.tokens.size(), " tokens is longer than the prompt of ", r.prompt.size(),
+                           " allows");
   if (!std::equal(p.tokens.begin(), p.tokens.end(), r.prompt.begin()))
-    return invalid_transfer("imported KV is of other tokens than the prompt's first ", p.tokens.size());
+    return invalid_request("imported KV is of other tokens than the prompt's first ", p.tokens.size());
   if (p.tenant_salt != r.tenant_salt)
-    return invalid_transfer("imported KV belongs to another tenant (its prefix-cache salt differs)");
+    return invalid_request("imported KV belongs to another tenant (its prefix-cache salt differs)");
   if (p.adapter_id != r.adapter_id)
-    return invalid_transfer("imported KV is of adapter '", p.adapter_id, "', the request uses '", r.adapter_id, "'");
+    return invalid_request("imported KV is of adapter '", p.adapter_id, "', the request uses '", r.adapter_id, "'");
   if (!p.blocks || p.blocks->n_slots() < p.n_blocks())
-    return invalid_transfer("imported KV stages fewer than its ", p.n_blocks(), " blocks");
+    return invalid_request("imported KV stages fewer than its ", p.n_blocks(), " blocks");
   return std::nullopt;
 }
 
@@ -101,7 +92,8 @@ void EngineCore::import_kv(RequestId id, const Request& r, const BlockHash& root
   TESSERA_CHECK(n <= kv.n_blocks(), "request ", id, ": ", n, " imported blocks for a reservation of ", kv.n_blocks());
   kv_.truncate(kv, 0);  // fewer blocks than reserved: give the rest back first
   std::vector<BlockCopy> none;
-  if (n > 0) TESSERA_CHECK(kv_.allocate_slots(kv, n * config_.block_size, none), "request ", id, ": KV reservation lost");
+  if (n > 0)
+    TESSERA_CHECK(kv_.allocate_slots(kv, n * config_.block_size, none), "request ", id, ": KV reservation lost");
   try {
     executor_.import_blocks(kv.table.blocks, *p.blocks);
   } catch (...) {
@@ -172,8 +164,8 @@ void EngineCore::lease_finished(const std::vector<SeqEvent>& events, StepResult&
     lease.tokens.assign(w.prompt.begin(), w.prompt.begin() + lease.kv.n_computed());
     lease.tenant_salt = w.tenant_salt;
     lease.adapter_id = w.adapter_id;
-    lease.expires = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(w.seconds));
+    lease.expires =
+        now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(w.seconds));
     const KvLeaseInfo info{e.request, lease.kv.n_blocks(), lease.kv.n_computed()};
     leases_[e.request] = std::move(lease);
     ++transfer_.leases_created;

@@ -77,8 +77,9 @@ TEST(KvWire, CorruptedMessagesAreRefusedByName) {
   bad = frame;
   bad[kFrameHeaderBytes + 40] ^= 0x10;
   const FrameHeader fh = decode_frame_header(bad);
-  EXPECT_NE(error_of([&] { check_body(fh, std::span(bad).subspan(kFrameHeaderBytes)); }).find("Header message checksum"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { check_body(fh, std::span(bad).subspan(kFrameHeaderBytes)); }).find("Header message checksum"),
+      std::string::npos);
   // Truncated: the body is short, or the frame header itself.
   EXPECT_NE(error_of([&] { check_body(fh, std::span(frame).subspan(kFrameHeaderBytes, 10)); }).find("truncated Header"),
             std::string::npos);
