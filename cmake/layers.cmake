@@ -78,9 +78,12 @@ tessera_layer(grammar   DIRS src/grammar PUBLIC core PRIVATE tokenizer
 tessera_layer(template  DIRS src/template PUBLIC core PRIVATE tokenizer LIBS nlohmann_json::nlohmann_json)
 tessera_layer(engine    DIRS src/engine PUBLIC core backend kv model sample sched spec grammar
   PRIVATE backend_registry tokenizer format LIBS nlohmann_json::nlohmann_json)
+# Prefill/decode disaggregation: the KV transport (wire format, TCP with host staging) between
+# engines, through the engine's API (engine/engine.h, engine/kv_transfer.h).
+tessera_layer(disagg    DIRS src/disagg PUBLIC core kv engine LIBS Boost::headers)
 # The server reaches the scheduler only through the engine's API (engine/engine.h, engine/request.h).
 tessera_layer(server    DIRS src/server src/server/api src/server/http src/server/web
-  PUBLIC core engine sample tokenizer PRIVATE template grammar
+  PUBLIC core engine sample tokenizer PRIVATE template grammar disagg
   LIBS Boost::headers OpenSSL::Crypto nlohmann_json::nlohmann_json)
 # Tools above the engine, kept out of it.
 tessera_layer(eval      DIRS src/eval PUBLIC core PRIVATE engine tokenizer)
@@ -110,6 +113,6 @@ function(tessera_program name)
 endfunction()
 
 tessera_program(tessera DIRS src/apps PRIVATE core format model backend backend_cpu backend_cuda backend_registry
-  sample tokenizer grammar template engine server eval bench benchharness)
+  sample tokenizer grammar template engine disagg server eval bench benchharness)
 
 include(${CMAKE_CURRENT_LIST_DIR}/layer_links.cmake)

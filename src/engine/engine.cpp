@@ -1,5 +1,8 @@
 #include "engine/engine.h"
 
+#include <future>
+#include <type_traits>
+
 #include "core/error.h"
 
 namespace tessera {
@@ -40,7 +43,8 @@ SubmitResult Engine::submit(Request request, std::function<void()> on_event) {
     }
     result.id = next_id_++;
     ++in_flight_;
-    inbox_.push_back(Message{Message::Kind::Add, result.id, std::move(request), result.stream, 0, FinishReason::None});
+    inbox_.push_back(
+        Message{Message::Kind::Add, result.id, std::move(request), result.stream, 0, FinishReason::None, {}});
   }
   wake_.notify_one();
   return result;
@@ -55,19 +59,19 @@ void Engine::post(Message message) {
   wake_.notify_one();
 }
 
-void Engine::abort(RequestId id) { post(Message{Message::Kind::Abort, id, {}, nullptr, 0, FinishReason::None}); }
+void Engine::abort(RequestId id) { post(Message{Message::Kind::Abort, id, {}, nullptr, 0, FinishReason::None, {}}); }
 
 void Engine::finish_sequence(RequestId id, int32_t choice, FinishReason reason) {
   TESSERA_CHECK(reason != FinishReason::None, "engine: finish_sequence of request ", id, " choice ", choice,
                 " needs a finish reason");
-  post(Message{Message::Kind::FinishChoice, id, {}, nullptr, choice, reason});
+  post(Message{Message::Kind::FinishChoice, id, {}, nullptr, choice, reason, {}});
 }
 
 void Engine::drain(std::chrono::milliseconds timeout) {
   admission_.set_draining(true);
   std::unique_lock lock(mutex_);
   if (!idle_.wait_for(lock, timeout, [&] { return in_flight_ == 0 || stop_; })) {
-    inbox_.push_back(Message{Message::Kind::AbortAll, 0, {}, nullptr, 0, FinishReason::None});  // out of time
+    inbox_.push_back(Message{Message::Kind::AbortAll, 0, {}, nullptr, 0, FinishReason::None, {}});  // out of time
     wake_.notify_one();
     idle_.wait(lock, [&] { return in_flight_ == 0 || stop_; });
   }
@@ -113,6 +117,56 @@ const EngineCore& Engine::core() const {
   return core_;
 }
 
+template <typename Fn>
+auto Engine::call(Fn fn) -> decltype(fn(std::declval<EngineCore&>())) {
+  using Result = decltype(fn(std::declval<EngineCore&>()));
+  auto done = std::make_shared<std::promise<Result>>();
+  std::future<Result> result = done->get_future();
+  Message m;
+  m.kind = Message::Kind::Call;
+  // Stats are published before the caller returns, so they show what the call did.
+  m.call = [this, fn = std::move(fn), done](EngineCore& core) {
+    try {
+      if constexpr (std::is_void_v<Result>) {
+        fn(core);
+        publish();
+        done->set_value();
+      } else {
+        Result r = fn(core);
+        publish();
+        done->set_value(std::move(r));
+      }
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  };
+  {
+    std::lock_guard lock(mutex_);
+    TESSERA_CHECK(!stop_, "engine: stopped");
+    inbox_.push_back(std::move(m));
+  }
+  wake_.notify_one();
+  return result.get();
+}
+
+KvIdentity Engine::kv_identity() const { return core_.kv_identity(); }  // configuration only
+
+std::shared_ptr<const KvBlocksPayload> Engine::export_kv_lease(uint64_t id) {
+  return call([id](EngineCore& core) { return core.export_lease(id); });
+}
+
+void Engine::release_kv_lease(uint64_t id) {
+  call([id](EngineCore& core) { core.release_lease(id); });
+}
+
+KvImportReservation Engine::reserve_kv_import(int32_t n_blocks) {
+  return call([n_blocks](EngineCore& core) { return core.reserve_import(n_blocks); });
+}
+
+void Engine::cancel_kv_import(uint64_t id) {
+  call([id](EngineCore& core) { core.cancel_import(id); });
+}
+
 void Engine::handle(Message& message) {
   switch (message.kind) {
     case Message::Kind::Add: {
@@ -146,6 +200,9 @@ void Engine::handle(Message& message) {
       deliver(events, "");
       return;
     }
+    case Message::Kind::Call:
+      message.call(core_);
+      return;
   }
 }
 
@@ -172,6 +229,11 @@ void Engine::publish_progress(const StepResult& step) {
       p.scheduled_at = start.scheduled_at;
       p.cached_prompt_tokens = start.cached_prompt_tokens;
     });
+  }
+  for (const auto& [id, lease] : step.leases) {
+    const auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    it->second.stream->update_progress([&](RequestProgress& p) { p.kv_lease = lease; });
   }
   for (const auto& [id, entries] : step.prompt_logprobs) {
     const auto it = live_.find(id);
@@ -214,11 +276,17 @@ void Engine::run() {
     bool stopping;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || !inbox_.empty() || core_.has_work(); });
+      const auto ready = [&] { return stop_ || !inbox_.empty() || core_.has_work(); };
+      // Leases end on time even when nothing else happens.
+      if (const auto expiry = core_.next_lease_expiry())
+        wake_.wait_until(lock, *expiry, ready);
+      else
+        wake_.wait(lock, ready);
       messages.swap(inbox_);
       stopping = stop_;
     }
     try {
+      core_.expire_leases(std::chrono::steady_clock::now());
       for (Message& m : messages) handle(m);
       messages.clear();
       if (stopping) {

@@ -62,6 +62,21 @@ class Engine {
   // Aborts everything and stops the engine thread. Idempotent; call from one thread.
   void stop();
 
+  // Prefill/decode disaggregation (engine/kv_transfer.h, docs/design/disaggregation.md).
+  // Thread-safe; the blocking ones wait for the engine thread (one message, handled between
+  // steps) and throw tessera::Error naming what went wrong.
+  // What this engine's blocks are (throws when its executor cannot move them).
+  KvIdentity kv_identity() const;
+  // Prefill side: lease `id`'s blocks staged in host memory; the lease stays until released
+  // or expired.
+  std::shared_ptr<const KvBlocksPayload> export_kv_lease(uint64_t id);
+  // Gives lease `id`'s blocks back now (after a completed pull); unknown ids are ignored.
+  void release_kv_lease(uint64_t id);
+  // Decode side: n_blocks blocks held for an import, or an Error saying the cache has no room.
+  KvImportReservation reserve_kv_import(int32_t n_blocks);
+  // Gives a reservation's blocks back (a failed pull); unknown ids are ignored.
+  void cancel_kv_import(uint64_t id);
+
   // Thread-safe snapshots, refreshed after every step.
   EngineStats stats() const;
   size_t n_in_flight() const;
@@ -78,13 +93,17 @@ class Engine {
   // Messages to the engine thread (a plain struct: a request, an abort, one choice's early
   // finish, or abort-all).
   struct Message {
-    enum class Kind : uint8_t { Add, Abort, FinishChoice, AbortAll } kind = Kind::Add;
+    enum class Kind : uint8_t { Add, Abort, FinishChoice, AbortAll, Call } kind = Kind::Add;
     RequestId id = 0;
     Request request;
     std::shared_ptr<RequestStream> stream;
     int32_t choice = 0;                        // FinishChoice
     FinishReason reason = FinishReason::None;  // FinishChoice
+    std::function<void(EngineCore&)> call;     // Call: run on the engine thread
   };
+  // Runs fn(core_) on the engine thread and returns its result (or rethrows its exception).
+  template <typename Fn>
+  auto call(Fn fn) -> decltype(fn(std::declval<EngineCore&>()));
   void post(Message message);
   struct Live {
     std::shared_ptr<RequestStream> stream;

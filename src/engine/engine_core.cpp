@@ -9,15 +9,6 @@
 
 namespace tessera {
 
-namespace {
-template <typename... Parts>
-Rejection invalid(Parts&&... parts) {
-  std::ostringstream os;
-  (os << ... << std::forward<Parts>(parts));
-  return Rejection{RejectReason::InvalidRequest, os.str()};
-}
-}  // namespace
-
 EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
     : config_(config),
       executor_(executor),
@@ -67,37 +58,41 @@ std::vector<SeqEvent> EngineCore::abort_all(FinishReason reason) {
 }
 
 std::optional<Rejection> EngineCore::validate(const Request& r) const {
-  if (!(r.n >= 1 && r.n <= config_.max_n)) return invalid("n = ", r.n, " is outside [1, ", config_.max_n, "]");
-  if (r.prompt.empty()) return invalid("the prompt is empty");
+  if (!(r.n >= 1 && r.n <= config_.max_n)) return invalid_request("n = ", r.n, " is outside [1, ", config_.max_n, "]");
+  if (r.prompt.empty()) return invalid_request("the prompt is empty");
   // vLLM's rule: under FCFS a priority would be silently ignored, so it is refused.
   if (r.priority != 0 && config_.scheduler.policy != SchedulingPolicy::Priority)
-    return invalid("priority ", r.priority, " needs the priority scheduling policy; this server schedules ",
-                   scheduling_policy_name(config_.scheduler.policy), " (start it with --scheduling-policy priority)");
+    return invalid_request("priority ", r.priority, " needs the priority scheduling policy; this server schedules ",
+                           scheduling_policy_name(config_.scheduler.policy),
+                           " (start it with --scheduling-policy priority)");
   for (size_t i = 0; i < r.prompt.size(); ++i)
     if (!(r.prompt[i] >= 0 && r.prompt[i] < config_.vocab_size))
-      return invalid("prompt token ", i, " is ", r.prompt[i], ", outside the vocabulary [0, ", config_.vocab_size, ")");
+      return invalid_request("prompt token ", i, " is ", r.prompt[i], ", outside the vocabulary [0, ",
+                             config_.vocab_size, ")");
   try {
     r.sampling.validate(config_.vocab_size);
   } catch (const Error& e) {
-    return invalid(e.what());
+    return invalid_request(e.what());
   }
   if (r.sampling.grammar && r.sampling.grammar->vocab_size() != config_.vocab_size)
-    return invalid("the grammar was compiled for ", r.sampling.grammar->vocab_size(), " tokens, the model has ",
-                   config_.vocab_size);
+    return invalid_request("the grammar was compiled for ", r.sampling.grammar->vocab_size(), " tokens, the model has ",
+                           config_.vocab_size);
   if (!(r.prompt_logprobs >= -1 && r.prompt_logprobs <= SamplingParams::kMaxLogprobs))
-    return invalid("prompt_logprobs = ", r.prompt_logprobs, " is outside [-1, ", SamplingParams::kMaxLogprobs, "]");
+    return invalid_request("prompt_logprobs = ", r.prompt_logprobs, " is outside [-1, ", SamplingParams::kMaxLogprobs,
+                           "]");
   const int64_t n_prompt = static_cast<int64_t>(r.prompt.size());
   const int64_t total = n_prompt + r.sampling.max_tokens;
   const int max_len = config_.scheduler.max_model_len;
   if (total > max_len)
-    return invalid("prompt of ", n_prompt, " tokens + max_tokens ", r.sampling.max_tokens, " = ", total,
-                   " exceeds the context of ", max_len, " tokens");
+    return invalid_request("prompt of ", n_prompt, " tokens + max_tokens ", r.sampling.max_tokens, " = ", total,
+                           " exceeds the context of ", max_len, " tokens");
   // The last sampled token is never computed, so a choice holds at most total - 1 tokens.
   const int64_t blocks = (total - 1 + config_.block_size - 1) / config_.block_size;
   if (blocks > config_.n_blocks)
-    return invalid("prompt of ", n_prompt, " tokens + max_tokens ", r.sampling.max_tokens, " needs ", blocks,
-                   " KV blocks but the whole cache has ", config_.n_blocks, " (", config_.block_size, " tokens each)");
-  return std::nullopt;
+    return invalid_request("prompt of ", n_prompt, " tokens + max_tokens ", r.sampling.max_tokens, " needs ", blocks,
+                           " KV blocks but the whole cache has ", config_.n_blocks, " (", config_.block_size,
+                           " tokens each)");
+  return validate_transfer(r);
 }
 
 void EngineCore::add(RequestId id, const Request& r) {
@@ -112,6 +107,9 @@ void EngineCore::add(RequestId id, const Request& r) {
   sr.stop.ignore_eos = r.sampling.ignore_eos;
   sr.prefix_root = prefix_root_hash({config_.model_fingerprint, r.adapter_id, r.tenant_salt});
   sr.prompt_logits = r.prompt_logprobs >= 0;
+  if (r.kv_import) import_kv(id, r, sr.prefix_root);  // before the request exists: nothing to undo
+  if (r.kv_lease_seconds > 0)
+    lease_wanted_[id] = LeaseWanted{r.prompt, r.kv_lease_seconds, sr.prefix_root, r.tenant_salt, r.adapter_id};
   const SeqId first = scheduler_.add(std::move(sr));
   if (drafter_ && r.speculative && r.prompt_logprobs < 0) speculating_.insert(id);
   awaiting_first_token_[id] = static_cast<int32_t>(r.prompt.size());
@@ -144,6 +142,8 @@ void EngineCore::forget_finished(const std::vector<SeqEvent>& events) {
       }
     }
     if (e.request_done) {
+      lease_wanted_.erase(e.request);
+      release_import_hold(e.request);
       speculating_.erase(e.request);
       extras_.erase(e.request);
       awaiting_first_token_.erase(e.request);  // ended before its first token
@@ -287,6 +287,7 @@ StepResult EngineCore::step() {
     for (const ScheduledSeq& sc : out.seqs)
       if (sc.request == id) start.cached_prompt_tokens = sc.n_computed;  // its first chunk starts after the hits
     result.started.push_back(start);
+    release_import_hold(id);  // it has adopted the imported blocks
   }
   if (out.empty()) return result;  // everything waits (cannot happen with a valid config)
   build_batch(out);
@@ -304,6 +305,7 @@ StepResult EngineCore::step() {
     count_verifications(out);
     result.events = scheduler_.update(out, output_.tokens, output_.counts);
     attach_logprobs(result.events);
+    lease_finished(result.events, result);  // before anything else can reuse the freed blocks
   } catch (const std::exception& e) {
     result.error = e.what();
     result.prompt_logprobs.clear();
@@ -466,6 +468,14 @@ EngineStats EngineCore::stats() const {
   s.kv_total_blocks = kv_.n_blocks();
   s.kv_window_free_blocks = kv_.n_local_free();
   s.kv_window_total_blocks = kv_.n_local_blocks();
+  s.transfer = transfer_;
+  s.transfer.active_leases = static_cast<int>(leases_.size());
+  s.transfer.leased_blocks = 0;
+  for (const auto& [id, lease] : leases_) s.transfer.leased_blocks += lease.kv.n_blocks();
+  s.transfer.active_reservations = static_cast<int>(reservations_.size() + import_holds_.size());
+  s.transfer.reserved_blocks = 0;
+  for (const auto& [id, r] : reservations_) s.transfer.reserved_blocks += r.first.n_blocks();
+  for (const auto& [id, kv] : import_holds_) s.transfer.reserved_blocks += kv.n_blocks();
   return s;
 }
 
@@ -477,6 +487,10 @@ void EngineCore::check_invariants() const {
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: logprob state left for ended request ", id);
   for (const auto& [id, n] : awaiting_first_token_)
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: prompt count left for ended request ", id);
+  for (const auto& [id, w] : lease_wanted_)
+    TESSERA_CHECK(scheduler_.contains(id), "engine invariant: lease request left for ended request ", id);
+  for (const auto& [id, kv] : import_holds_)
+    TESSERA_CHECK(scheduler_.contains(id), "engine invariant: imported blocks held for ended request ", id);
   for (const RequestId id : speculating_)
     TESSERA_CHECK(scheduler_.contains(id), "engine invariant: speculation state left for ended request ", id);
   TESSERA_CHECK(draft_length_.size() <= scheduler_.n_live_choices(), "engine invariant: draft length state for ",
@@ -487,7 +501,8 @@ void EngineCore::check_invariants() const {
 
 bool EngineCore::is_idle() const {
   return scheduler_.is_idle() && executor_.n_sequences() == 0 && extras_.empty() && awaiting_first_token_.empty() &&
-         speculating_.empty() && draft_length_.empty() && draft_sampling_.empty();
+         speculating_.empty() && draft_length_.empty() && draft_sampling_.empty() && lease_wanted_.empty() &&
+         leases_.empty() && reservations_.empty() && import_holds_.empty();
 }
 
 }  // namespace tessera

@@ -5,12 +5,14 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "engine/executor.h"
+#include "engine/kv_transfer.h"
 #include "engine/request.h"
 #include "kv/block_manager.h"
 #include "sched/admission.h"
@@ -21,6 +23,14 @@
 #include "spec/spec_config.h"
 
 namespace tessera {
+
+// A 400 refusal whose message is built from its parts (validation in engine_core*.cpp).
+template <typename... Parts>
+Rejection invalid_request(Parts&&... parts) {
+  std::ostringstream os;
+  (os << ... << std::forward<Parts>(parts));
+  return Rejection{RejectReason::InvalidRequest, os.str()};
+}
 
 struct EngineConfig {
   SchedulerConfig scheduler;  // scheduler.preemption_mode Swap needs n_host_blocks > 0
@@ -61,6 +71,22 @@ struct SpecDecodeStats {
   }
 };
 
+// Disaggregation's engine-side counters (engine/kv_transfer.h): leases on the prefill side,
+// import reservations on the decode side.
+struct KvTransferEngineStats {
+  int64_t leases_created = 0;
+  int64_t leases_released = 0;  // after a pull, or by request
+  int64_t leases_expired = 0;
+  int64_t exported_blocks = 0;  // staged for a pull
+  int64_t imports = 0;          // requests that brought KV
+  int64_t imported_blocks = 0;
+  int64_t imports_cancelled = 0;  // reservations given back without an import (a failed pull)
+  int active_leases = 0;
+  int leased_blocks = 0;
+  int active_reservations = 0;  // reserved or imported, not yet taken by their request
+  int reserved_blocks = 0;
+};
+
 struct EngineStats {
   int64_t steps = 0;
   int64_t scheduled_tokens = 0;
@@ -91,6 +117,7 @@ struct EngineStats {
   int kv_window_total_blocks = 0;
   int host_free_blocks = 0;
   int host_total_blocks = 0;
+  KvTransferEngineStats transfer;
 };
 
 // A request scheduled for the first time.
@@ -108,6 +135,8 @@ struct StepResult {
   // in or before the step of their first token event: entries for positions 1..n_prompt-1.
   std::vector<std::pair<RequestId, std::shared_ptr<const std::vector<Logprobs>>>> prompt_logprobs;
   std::string error;  // the step failed: its requests ended with Error
+  // Requests with Request::kv_lease_seconds that ended normally in this step, and their leases.
+  std::vector<std::pair<RequestId, KvLeaseInfo>> leases;
 };
 
 class EngineCore {
@@ -140,8 +169,27 @@ class EngineCore {
   const KvBlockManager& kv() const { return kv_; }
   // Scheduler and KV invariants, and that the executor holds exactly the live choices.
   void check_invariants() const;
-  // No request state anywhere and every KV block free.
+  // No request state anywhere, no lease or import reservation, and every KV block free.
   bool is_idle() const;
+
+  // Disaggregation (engine/kv_transfer.h, engine_core_kv.cpp). What this engine's blocks are
+  // (throws when the executor cannot move blocks).
+  KvIdentity kv_identity() const;
+  // Prefill side: lease `id`'s blocks staged in host memory (the lease stays until released
+  // or expired). Throws naming why not (unknown, expired or released lease).
+  std::shared_ptr<const KvBlocksPayload> export_lease(uint64_t id);
+  // Gives lease `id`'s blocks back; false when there is no such lease (expired, released).
+  bool release_lease(uint64_t id);
+  // Releases the leases whose time is up at `now`; how many.
+  int expire_leases(std::chrono::steady_clock::time_point now);
+  // When the next lease expires, if any.
+  std::optional<std::chrono::steady_clock::time_point> next_lease_expiry() const;
+  // Decode side: n_blocks fresh blocks held for an import, all or nothing; throws (saying how
+  // many are free) when the cache cannot give them now. The request that uses it (add with
+  // Request::kv_import) writes the staged bytes in; cancel_import gives them back.
+  KvImportReservation reserve_import(int32_t n_blocks);
+  // Gives a reservation's blocks back; false when unknown (used or cancelled already).
+  bool cancel_import(uint64_t id);
 
  private:
   // The sequence's local-layer table for the forward batch, or null without a local pool.
@@ -170,6 +218,12 @@ class EngineCore {
   void attach_logprobs(std::vector<SeqEvent>& events) const;
   void gather_prompt_logprobs(const SchedulerOutput& out, StepResult& result);
   void forget_finished(const std::vector<SeqEvent>& events);
+  // Disaggregation (engine_core_kv.cpp): validation of the transfer fields of a request, the
+  // import at add(), leases for requests that end in a step, holds released once started.
+  std::optional<Rejection> validate_transfer(const Request& r) const;
+  void import_kv(RequestId id, const Request& r, const BlockHash& root);
+  void lease_finished(const std::vector<SeqEvent>& events, StepResult& result);
+  void release_import_hold(RequestId id);
 
   EngineConfig config_;
   Executor& executor_;
@@ -198,6 +252,28 @@ class EngineCore {
   static constexpr int kExploreEvery = 16;  // plain steps before a probing draft (engine_core.cpp)
   int plain_steps_ = 0;                     // consecutive steps the plan gave no draft
   std::vector<int32_t> chunk_;              // a speculative sequence's step tokens: last token + draft
+  // Disaggregation state. Prefill side: requests that want a lease when they end, and the
+  // leases (each a SeqKv holding its blocks). Decode side: reservations not yet used, and
+  // imported blocks held for their request until it is scheduled (so no allocation evicts
+  // them from the prefix index before the request adopts them).
+  struct LeaseWanted {
+    std::vector<int32_t> prompt;
+    double seconds = 0;
+    BlockHash root;
+    std::string tenant_salt, adapter_id;
+  };
+  struct Lease {
+    SeqKv kv;
+    std::vector<int32_t> tokens;  // kv's tokens
+    std::string tenant_salt, adapter_id;
+    std::chrono::steady_clock::time_point expires;
+  };
+  std::unordered_map<RequestId, LeaseWanted> lease_wanted_;
+  std::unordered_map<uint64_t, Lease> leases_;
+  std::unordered_map<uint64_t, std::pair<SeqKv, std::shared_ptr<HostKvTier>>> reservations_;
+  std::unordered_map<RequestId, SeqKv> import_holds_;
+  uint64_t next_reservation_ = 1;
+  KvTransferEngineStats transfer_;
 };
 
 }  // namespace tessera

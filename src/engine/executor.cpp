@@ -12,4 +12,16 @@ void Executor::swap_in(std::span<const BlockSwap> swaps) {
   TESSERA_CHECK(swaps.empty(), "executor: ", swaps.size(), " blocks to swap in but this executor has no host KV tier");
 }
 
+std::shared_ptr<HostKvTier> Executor::make_staging(int n_blocks) {
+  fail("executor: cannot stage ", n_blocks, " KV blocks for a transfer: this executor has no KV cache to move");
+}
+
+void Executor::export_blocks(std::span<const int32_t> blocks, HostKvTier&) {
+  fail("executor: cannot export ", blocks.size(), " KV blocks: this executor has no KV cache to move");
+}
+
+void Executor::import_blocks(std::span<const int32_t> blocks, const HostKvTier&) {
+  fail("executor: cannot import ", blocks.size(), " KV blocks: this executor has no KV cache to move");
+}
+
 }  // namespace tessera

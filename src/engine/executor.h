@@ -4,10 +4,12 @@
 // log-probabilities. Two implementations: ModelExecutor (a real model on a backend,
 // executor_model.h) and SimulatedExecutor (a cost model, simulator.h).
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "kv/block_manager.h"
+#include "kv/kv_host_ops.h"
 #include "model/model.h"
 #include "sample/sampler.h"  // Logprobs
 #include "sample/sampling_params.h"
@@ -75,6 +77,15 @@ class Executor {
   virtual int n_host_blocks() const { return 0; }
   virtual void swap_out(std::span<const BlockSwap> swaps);
   virtual void swap_in(std::span<const BlockSwap> swaps);
+
+  // Disaggregation (engine/kv_transfer.h): the cache's layout, or null when this executor
+  // cannot move blocks in and out; host staging for n blocks (HostKvTier slots, page-locked
+  // on a device backend); copies of full-pool blocks[i] to staging slot i and back, done
+  // before this returns. The defaults refuse.
+  virtual const KvCacheSpec* kv_spec() const { return nullptr; }
+  virtual std::shared_ptr<HostKvTier> make_staging(int n_blocks);
+  virtual void export_blocks(std::span<const int32_t> blocks, HostKvTier& staging);
+  virtual void import_blocks(std::span<const int32_t> blocks, const HostKvTier& staging);
 };
 
 }  // namespace tessera

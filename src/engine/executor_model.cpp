@@ -35,6 +35,30 @@ void ModelExecutor::swap_in(std::span<const BlockSwap> swaps) {
   swap_in_kv_blocks(kv_, *host_, swaps);
 }
 
+namespace {
+// Block i of the sequence <-> staging slot i: the swap path's moves (a block self-contained).
+std::vector<BlockSwap> staging_moves(std::span<const int32_t> blocks, int n_slots) {
+  TESSERA_CHECK(static_cast<int>(blocks.size()) <= n_slots, "executor: ", blocks.size(),
+                " KV blocks to transfer through a staging of ", n_slots, " slots");
+  std::vector<BlockSwap> moves;
+  moves.reserve(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) moves.push_back({blocks[i], static_cast<int32_t>(i), false});
+  return moves;
+}
+}  // namespace
+
+std::shared_ptr<HostKvTier> ModelExecutor::make_staging(int n_blocks) {
+  return std::make_shared<HostKvTier>(kv_.spec(), n_blocks, backend_);
+}
+
+void ModelExecutor::export_blocks(std::span<const int32_t> blocks, HostKvTier& staging) {
+  swap_out_kv_blocks(kv_, staging, staging_moves(blocks, staging.n_slots()));
+}
+
+void ModelExecutor::import_blocks(std::span<const int32_t> blocks, const HostKvTier& staging) {
+  swap_in_kv_blocks(kv_, staging, staging_moves(blocks, staging.n_slots()));
+}
+
 void ModelExecutor::add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) {
   if (params.grammar)
     TESSERA_CHECK(params.grammar->vocab_size() == n_vocab_, "executor: a grammar compiled for ",

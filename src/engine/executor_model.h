@@ -42,6 +42,10 @@ class ModelExecutor final : public Executor {
   int n_host_blocks() const override { return host_ ? host_->n_slots() : 0; }
   void swap_out(std::span<const BlockSwap> swaps) override;
   void swap_in(std::span<const BlockSwap> swaps) override;
+  const KvCacheSpec* kv_spec() const override { return &kv_.spec(); }
+  std::shared_ptr<HostKvTier> make_staging(int n_blocks) override;
+  void export_blocks(std::span<const int32_t> blocks, HostKvTier& staging) override;
+  void import_blocks(std::span<const int32_t> blocks, const HostKvTier& staging) override;
 
  private:
   // Whether row sampling for this target is exactly the argmax of the raw row.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/kv_transfer.h"
 #include "sample/sampler.h"  // Logprobs
 #include "sample/sampling_params.h"
 #include "sched/admission.h"
@@ -38,6 +39,14 @@ struct Request {
   // Speculative decoding, when the engine has it (--speculative-config): false opts this
   // request out. Requests with prompt_logprobs never speculate (for now).
   bool speculative = true;
+  // Disaggregation (engine/kv_transfer.h, docs/design/disaggregation.md). Prefill side: > 0
+  // keeps the prompt's leading full blocks pinned under a lease of this many seconds when the
+  // request ends normally (RequestProgress::kv_lease); needs n = 1 and prefix caching.
+  double kv_lease_seconds = 0;
+  // Decode side: KV pulled from a prefill engine into a reservation (Engine::reserve_kv_import);
+  // its tokens are the prompt's first ones and its tenant salt and adapter are the request's.
+  // The blocks enter the prefix index, so the request starts after them.
+  std::optional<KvImport> kv_import;
 };
 
 // One thing that happened to a choice: a new token, its end, or both.
@@ -58,6 +67,9 @@ struct RequestProgress {
   // Request::prompt_logprobs >= 0: entries for prompt positions 1..n_prompt-1 (position 0
   // has no logprob), set before the first token event is pushed.
   std::shared_ptr<const std::vector<Logprobs>> prompt_logprobs;
+  // Request::kv_lease_seconds > 0 and the request ended normally: the lease on its prompt's
+  // blocks, set before its last event is pushed.
+  std::optional<KvLeaseInfo> kv_lease;
 };
 
 // What a finished request produced, choice by choice.

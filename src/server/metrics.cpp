@@ -297,6 +297,25 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   w.counter("tessera:prefix_cache_evictions_total", "Cached prefix blocks evicted to hold other data.",
             static_cast<double>(engine.prefix.evictions));
 
+  // Prefill/decode disaggregation (docs/design/disaggregation.md): leases held on the prefill
+  // side, import reservations on the decode side.
+  const KvTransferEngineStats& kt = engine.transfer;
+  w.gauge("tessera:kv_leased_blocks", "KV blocks pinned under leases for a decode worker to pull.",
+          static_cast<double>(kt.leased_blocks));
+  w.family("tessera:kv_leases_total", "counter", "KV leases, by what happened to them.");
+  w.sample("tessera:kv_leases_total", "outcome=\"created\"", static_cast<double>(kt.leases_created));
+  w.sample("tessera:kv_leases_total", "outcome=\"released\"", static_cast<double>(kt.leases_released));
+  w.sample("tessera:kv_leases_total", "outcome=\"expired\"", static_cast<double>(kt.leases_expired));
+  w.counter("tessera:kv_exported_blocks_total", "KV blocks staged for a pull.",
+            static_cast<double>(kt.exported_blocks));
+  w.gauge("tessera:kv_import_reserved_blocks", "KV blocks reserved or imported for requests not yet scheduled.",
+          static_cast<double>(kt.reserved_blocks));
+  w.family("tessera:kv_imports_total", "counter", "KV import reservations, by outcome.");
+  w.sample("tessera:kv_imports_total", "outcome=\"imported\"", static_cast<double>(kt.imports));
+  w.sample("tessera:kv_imports_total", "outcome=\"cancelled\"", static_cast<double>(kt.imports_cancelled));
+  w.counter("tessera:kv_imported_blocks_total", "KV blocks imported from a prefill worker.",
+            static_cast<double>(kt.imported_blocks));
+
   // Speculative decoding, under vLLM's names (present when the engine speculates), with
   // the _total that prometheus_client appends to counters, like the rest.
   if (!engine.spec.accepted_per_pos.empty()) {

@@ -37,6 +37,12 @@ EXPECTED_TYPES = {
     "tessera:kv_swap_bytes": "counter",
     "tessera:kv_block_copies": "counter",
     "tessera:prefix_cache_evictions": "counter",
+    "tessera:kv_leased_blocks": "gauge",
+    "tessera:kv_leases": "counter",
+    "tessera:kv_exported_blocks": "counter",
+    "tessera:kv_import_reserved_blocks": "gauge",
+    "tessera:kv_imports": "counter",
+    "tessera:kv_imported_blocks": "counter",
 }
 
 

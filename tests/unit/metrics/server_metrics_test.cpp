@@ -128,6 +128,12 @@ TEST(ServerMetrics, EmptyExpositionHasEveryVllmFamilyWithItsType) {
       {"tessera:kv_swap_bytes_total", "counter"},
       {"tessera:kv_block_copies_total", "counter"},
       {"tessera:prefix_cache_evictions_total", "counter"},
+      {"tessera:kv_leased_blocks", "gauge"},
+      {"tessera:kv_leases_total", "counter"},
+      {"tessera:kv_exported_blocks_total", "counter"},
+      {"tessera:kv_import_reserved_blocks", "gauge"},
+      {"tessera:kv_imports_total", "counter"},
+      {"tessera:kv_imported_blocks_total", "counter"},
   };
   EXPECT_EQ(families.size(), expected.size());
   for (const auto& [name, type] : expected) EXPECT_EQ(family(families, name).type, type) << name;
