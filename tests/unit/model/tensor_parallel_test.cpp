@@ -16,12 +16,14 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "dequantized_weights.h"
 #include "engine/model_runner.h"
 #include "format/gguf.h"
 #include "model/dummy.h"
 #include "model/model.h"
 #include "model/tp/shard.h"
 #include "parallel/local_comm.h"
+#include "quant/quant.h"
 #include "test_model.h"
 
 using namespace tessera;
@@ -114,14 +116,14 @@ double rel_max_diff(const std::vector<float>& ref, const std::vector<float>& got
 constexpr double kTolerance = 2e-5;
 
 void expect_tp_matches_tp1(const std::shared_ptr<const ModelWeights>& whole, std::initializer_list<int> sizes,
-                           int n_decode = 4) {
+                           int n_decode = 4, double tolerance = kTolerance) {
   const Run ref = run(whole, 1, n_decode);
   for (int tp : sizes) {
     const Run got = run(whole, tp, n_decode);
     ASSERT_EQ(got.logits.size(), ref.logits.size());
     double worst = 0;
     for (size_t s = 0; s < ref.logits.size(); ++s) worst = std::max(worst, rel_max_diff(ref.logits[s], got.logits[s]));
-    EXPECT_LT(worst, kTolerance) << whole->source << " tp " << tp;
+    EXPECT_LT(worst, tolerance) << whole->source << " tp " << tp;
     EXPECT_EQ(got.tokens, ref.tokens) << whole->source << " tp " << tp;
     std::printf("[ tp ] %s tp %d: max |dlogit| / max |logit| = %.3g over %zu steps\n", whole->source.c_str(), tp, worst,
                 ref.logits.size());
@@ -141,7 +143,13 @@ TEST(TensorParallel, Qwen3TinyWithQkNormMatchesTp1) {
 
 TEST(TensorParallel, QuantizedWeightsSliceAlongBlocksAndGroups) {
   expect_tp_matches_tp1(make_dummy_weights("llama3-tiny:q8_0", 13), {2}, 2);
-  expect_tp_matches_tp1(make_dummy_weights("llama3-tiny:w4g128", 14), {2}, 2);
+  // W4G: the slices decode exactly (tensor_parallel_slice_test.cpp) and the same weights
+  // decoded to f32 agree within float32 rounding (below); as stored, the int8 rounding of the
+  // activations (see SmolLM2 below) turns TP's reordered sums into 4.4e-4 of the logits'
+  // range (measured): a looser bound, and equal greedy tokens.
+  auto w4g = make_dummy_weights("llama3-tiny:w4g128", 14);
+  expect_tp_matches_tp1(w4g, {2}, 2, 2e-3);
+  expect_tp_matches_tp1(testing_util::dequantized_copy(*w4g), {2}, 2);
   // TP 4 cuts down's 2816 columns into 704, not a whole number of 128-column groups.
   try {
     shard_weights(make_dummy_weights("llama3-tiny:w4g128", 14), 0, 4);
@@ -152,10 +160,36 @@ TEST(TensorParallel, QuantizedWeightsSliceAlongBlocksAndGroups) {
   }
 }
 
+// The same weights with every block-quantized matrix decoded to F32.
+std::shared_ptr<ModelWeights> decoded_f32(const std::shared_ptr<const ModelWeights>& q) {
+  auto f = std::make_shared<ModelWeights>(*q);
+  f->owners.push_back(q);
+  auto decode = [&](WeightMatrix& m) {
+    if (m.dtype == DType::F32) return;
+    float* out = f->make_f32(static_cast<size_t>(m.rows * m.cols));  // [rows][cols]
+    for (int64_t r = 0; r < m.rows; ++r)
+      dequantize_row(m.dtype, static_cast<const uint8_t*>(m.data) + r * m.row_bytes(), out + r * m.cols, m.cols);
+    m = WeightMatrix{out, DType::F32, m.rows, m.cols};
+  };
+  for (LayerWeights& L : f->layers)
+    for (WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) decode(*m);
+  const bool tied = f->output.data == f->tok_embd.data;
+  decode(f->tok_embd);
+  if (tied) f->output = f->tok_embd;
+  else decode(f->output);
+  return f;
+}
+
 TEST(TensorParallel, SmolLM2MatchesTp1AtTp3) {
-  // The real test model (9 heads, 3 KV heads): TP 3 is the size its heads allow.
+  // The real test model (9 heads, 3 KV heads, 30 layers): TP 3 is the size its heads allow.
   std::shared_ptr<const GGUFFile> file = GGUFFile::open(test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"));
-  expect_tp_matches_tp1(load_gguf_weights(file), {3}, 3);
+  std::shared_ptr<const ModelWeights> q = load_gguf_weights(file);
+  // Its weights decoded to F32: float32 agreement (measured 1.2e-6).
+  expect_tp_matches_tp1(decoded_f32(q), {3}, 3);
+  // As stored (Q4_1, Q8_0 embeddings): the CPU kernels quantize activations to int8 per 32
+  // values before every product, so TP's reordered float32 sums flip roundings that 30 layers
+  // amplify: measured 3.6e-2 of the logits' range. A loose bound; the greedy tokens must still agree.
+  expect_tp_matches_tp1(q, {3}, 3, 0.1);
 }
 
 TEST(TensorParallel, ShapesThatDoNotSplitAreNamed) {
