@@ -20,9 +20,7 @@ class LocalCommunicator final : public Communicator {
   LocalCommunicator(LocalGroup& g, int rank) : g_(g), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return g_.size_; }
-  std::string describe() const override {
-    return "local " + std::to_string(rank_) + "/" + std::to_string(g_.size_);
-  }
+  std::string describe() const override { return "local " + std::to_string(rank_) + "/" + std::to_string(g_.size_); }
 
   void all_reduce_sum(float* data, int64_t n) override {
     TESSERA_CHECK(n >= 0 && (data || n == 0), "all_reduce_sum: rank ", rank_, " passed ", n, " elements at ",

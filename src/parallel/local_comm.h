@@ -51,9 +51,9 @@ class LocalGroup {
   std::condition_variable cv_;
   int arrived_ = 0;
   uint64_t generation_ = 0;
-  std::string aborted_;     // why, once aborted
+  std::string aborted_;      // why, once aborted
   std::vector<Post> posts_;  // [size]
-  std::string error_;       // the last enter()'s mismatch
+  std::string error_;        // the last enter()'s mismatch
   std::vector<float> scratch_;
 };
 

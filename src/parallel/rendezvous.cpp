@@ -160,8 +160,7 @@ std::string join(const RendezvousOptions& o, Clock::time_point deadline) {
         continue;
       }
       ::freeaddrinfo(res);
-      const uint32_t hello[3] = {kMagic, static_cast<uint32_t>(o.world_size()),
-                                 static_cast<uint32_t>(o.global_rank())};
+      const uint32_t hello[3] = {kMagic, static_cast<uint32_t>(o.world_size()), static_cast<uint32_t>(o.global_rank())};
       send_all(s.fd(), hello, sizeof(hello), deadline, "the greeting");
       uint32_t len = 0;
       recv_all(s.fd(), &len, sizeof(len), deadline, "the blob's length from rank 0");

@@ -7,8 +7,8 @@ namespace tessera::cuda {
 
 namespace {
 template <DType T>
-__global__ void embed_kernel(const uint8_t* __restrict__ table, int64_t row_bytes, int64_t cols,
-                             int64_t rows, int64_t first, const int32_t* __restrict__ ids, float* __restrict__ out) {
+__global__ void embed_kernel(const uint8_t* __restrict__ table, int64_t row_bytes, int64_t cols, int64_t rows,
+                             int64_t first, const int32_t* __restrict__ ids, float* __restrict__ out) {
   const int i = blockIdx.y;
   const int64_t id = static_cast<int64_t>(ids[i]) - first;
   if (id < 0 || id >= rows) {
@@ -34,9 +34,8 @@ void launch_embed(const WeightMatrix& table, const int32_t* ids, int n, float* o
   const int threads = 128;
   const dim3 grid(blocks_for(table.cols / 8, threads), n);
   const bool ok = dispatch_weight_type(table.dtype, [&]<DType T>() {
-    embed_kernel<T>
-        <<<grid, threads, 0, s>>>(static_cast<const uint8_t*>(table.data), table.row_bytes(), table.cols, table.rows,
-                                  first_id, ids, out);
+    embed_kernel<T><<<grid, threads, 0, s>>>(static_cast<const uint8_t*>(table.data), table.row_bytes(), table.cols,
+                                             table.rows, first_id, ids, out);
   });
   TESSERA_CHECK(ok, "cuda embed: no decoder for table type ", dtype_name(table.dtype));
   TESSERA_CUDA_CHECK_LAUNCH("embed");

@@ -88,7 +88,7 @@ class LlamaModel final : public Model {
       be_.rope_kv_store_attention(a_.q, a_.qkv_ld, c_.n_head, a_.k, a_.qkv_ld, a_.v, a_.qkv_ld, kvl,
                                   c_.is_local_layer(il) ? local : ab, rope_, scale, a_.att, a_.q_dim);
       const MatmulTarget o[] = {{L.wo, a_.tmp, e}};
-      be_.matmul(a_.att, n, a_.q_dim, o);  // tmp: [n, e]
+      be_.matmul(a_.att, n, a_.q_dim, o);               // tmp: [n, e]
       tp_.reduce(a_.tmp, static_cast<int64_t>(n) * e);  // tensor parallel: the ranks' partial sums
       if (!moe_.empty()) {
         // x += tmp; tmp = the experts' weighted sum on norm(x): [n, e]

@@ -15,9 +15,9 @@ TensorParallelPlan plan_tensor_parallel(const ModelConfig& c, int size) {
                 " experts), which are not sharded");
   TESSERA_CHECK(c.n_head % size == 0, "tensor parallel: ", c.n_head, " attention heads do not split over ", size,
                 " ranks (", c.n_head, " % ", size, " = ", c.n_head % size, ")");
-  TESSERA_CHECK(c.n_head_kv >= size ? c.n_head_kv % size == 0 : size % c.n_head_kv == 0, "tensor parallel: ",
-                c.n_head_kv, " KV heads and ", size, " ranks: one must divide the other (KV heads split, or each ",
-                "shared by size / n_head_kv ranks)");
+  TESSERA_CHECK(c.n_head_kv >= size ? c.n_head_kv % size == 0 : size % c.n_head_kv == 0,
+                "tensor parallel: ", c.n_head_kv, " KV heads and ", size,
+                " ranks: one must divide the other (KV heads split, or each ", "shared by size / n_head_kv ranks)");
   TESSERA_CHECK(c.n_ff % size == 0, "tensor parallel: FFN width ", c.n_ff, " does not split over ", size, " ranks (",
                 c.n_ff, " % ", size, " = ", c.n_ff % size, ")");
   TESSERA_CHECK(c.n_vocab % size == 0, "tensor parallel: vocabulary of ", c.n_vocab, " does not split over ", size,
@@ -58,7 +58,8 @@ std::shared_ptr<ModelWeights> shard_weights(std::shared_ptr<const ModelWeights> 
   auto bytes = [](const WeightMatrix& m) { return m.data ? m.bytes() : 0; };
 
   w->tok_embd = slice_rows(whole->tok_embd, w->shard.vocab_first, p.n_vocab, *w, "token embedding");
-  w->output = c.tied_embeddings ? w->tok_embd : slice_rows(whole->output, w->shard.vocab_first, p.n_vocab, *w, "output");
+  w->output =
+      c.tied_embeddings ? w->tok_embd : slice_rows(whole->output, w->shard.vocab_first, p.n_vocab, *w, "output");
   w->output_norm = whole->output_norm;
   w->rope_freq_factors = whole->rope_freq_factors;
   int64_t total = bytes(w->tok_embd) + (c.tied_embeddings ? 0 : bytes(w->output));

@@ -70,14 +70,15 @@ WeightMatrix slice_cols(const WeightMatrix& m, int64_t col0, int64_t cols, Model
     const bool per_row = s.group_size == m.cols;  // one scale per row holds for any column slice
     const int64_t unit = per_row ? 32 : s.group_size;
     TESSERA_CHECK(col0 % unit == 0 && (cols % unit == 0 || col0 + cols == m.cols), name, ": columns [", col0, ", ",
-                  col0 + cols, ") cut a ", per_row ? "32-column code block" : "quant group", " of ", unit,
-                  " columns (", dtype_name(m.dtype), ")");
+                  col0 + cols, ") cut a ", per_row ? "32-column code block" : "quant group", " of ", unit, " columns (",
+                  dtype_name(m.dtype), ")");
     out.group_size = per_row ? cols : s.group_size;
     const GroupQuantLayout d = out.gq_layout();
     uint8_t* dst = owned_bytes(owner, d.total_bytes);
     const int64_t byte0 = col0 * s.bits / 8;
     for (int64_t r = 0; r < m.rows; ++r)
-      std::memcpy(dst + r * d.code_row_bytes, src + r * s.code_row_bytes + byte0, static_cast<size_t>(d.code_row_bytes));
+      std::memcpy(dst + r * d.code_row_bytes, src + r * s.code_row_bytes + byte0,
+                  static_cast<size_t>(d.code_row_bytes));
     const int64_t g0 = per_row ? 0 : col0 / s.group_size;
     copy_plane_rows(src + s.off_scales, m.rows * s.n_groups, dst + d.off_scales, g0 * m.rows, d.n_groups * m.rows, 1,
                     2);

@@ -24,7 +24,8 @@ void cuda_check(cudaError_t rc, const char* what) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(CudaBackend& be, const RendezvousOptions& r) : be_(be), rank_(r.global_rank()), size_(r.world_size()) {
+  NcclCommunicator(CudaBackend& be, const RendezvousOptions& r)
+      : be_(be), rank_(r.global_rank()), size_(r.world_size()) {
     node_ = r.node_rank;
     cuda_check(cudaSetDevice(be.device()), "cudaSetDevice");
     ncclUniqueId id{};

@@ -5,8 +5,9 @@
 namespace tessera {
 
 std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const RendezvousOptions& r) {
-  fail("tensor parallelism across processes needs NCCL: this build has none (configure with -DTESSERA_CUDA=ON "
-       "and NCCL installed, e.g. /usr/local/cuda/lib/libnccl.so)");
+  fail(
+      "tensor parallelism across processes needs NCCL: this build has none (configure with -DTESSERA_CUDA=ON "
+      "and NCCL installed, e.g. /usr/local/cuda/lib/libnccl.so)");
 }
 
 bool nccl_compiled() { return false; }

@@ -175,8 +175,10 @@ std::shared_ptr<ModelWeights> decoded_f32(const std::shared_ptr<const ModelWeigh
     for (WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) decode(*m);
   const bool tied = f->output.data == f->tok_embd.data;
   decode(f->tok_embd);
-  if (tied) f->output = f->tok_embd;
-  else decode(f->output);
+  if (tied)
+    f->output = f->tok_embd;
+  else
+    decode(f->output);
   return f;
 }
 

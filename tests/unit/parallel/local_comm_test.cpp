@@ -96,9 +96,8 @@ TEST(LocalComm, MismatchedCallsFailOnEveryRankNamingTheSizes) {
     std::vector<float> v(12);
     g.rank(r).all_reduce_sum(v.data(), r == 0 ? 12 : 10);
   });
-  for (const auto& e : errors) EXPECT_NE(e.find("all_reduce_sum: rank 1 passed 10 elements, rank 0 passed 12"),
-                                         std::string::npos)
-                                   << e;
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("all_reduce_sum: rank 1 passed 10 elements, rank 0 passed 12"), std::string::npos) << e;
   // the group still works after a mismatch every rank saw
   errors = on_ranks(2, [&](int r) {
     std::vector<float> v(3, 1.0f);
@@ -107,9 +106,8 @@ TEST(LocalComm, MismatchedCallsFailOnEveryRankNamingTheSizes) {
     else
       g.rank(r).all_gather(v.data(), v.data(), 1);
   });
-  for (const auto& e : errors) EXPECT_NE(e.find("rank 1 called all_gather while rank 0 called all_reduce_sum"),
-                                         std::string::npos)
-                                   << e;
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("rank 1 called all_gather while rank 0 called all_reduce_sum"), std::string::npos) << e;
   errors = on_ranks(2, [&](int r) {
     int x = r;
     g.rank(r).broadcast(&x, sizeof(x), r);
