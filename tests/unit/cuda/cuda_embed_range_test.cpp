@@ -33,7 +33,9 @@ TEST(CudaOps, EmbedRangeGivesTheSliceRowsAndZerosElsewhere) {
     for (int i = 0; i < n; ++i) {
       const bool inside = ids[i] >= first && ids[i] < first + rows;
       for (int64_t c = 0; c < cols; ++c) {
-        if (!inside) EXPECT_EQ(ref[i * cols + c], 0.0f);
+        if (!inside) {
+          EXPECT_EQ(ref[i * cols + c], 0.0f);
+        }
         EXPECT_NEAR(got[i * cols + c], ref[i * cols + c], 1e-6 * (1 + std::fabs(ref[i * cols + c])))
             << dtype_name(type) << " id " << ids[i];
       }
