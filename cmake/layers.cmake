@@ -63,7 +63,10 @@ include(${CMAKE_CURRENT_LIST_DIR}/cuda.cmake)  # tessera_backend_cuda (or its st
 tessera_layer(backend_registry FILES src/backend/registry.cpp
   PUBLIC backend PRIVATE core backend_cpu backend_cuda)
 tessera_layer(kv        DIRS src/kv PUBLIC core backend LIBS OpenSSL::Crypto)
-tessera_layer(model     DIRS src/model src/model/arch PUBLIC core backend kv PRIVATE quant format
+# Tensor parallelism's collectives: the interface, the in-process group, the TCP rendezvous.
+tessera_layer(parallel  DIRS src/parallel PUBLIC core)
+include(${CMAKE_CURRENT_LIST_DIR}/nccl.cmake)  # tessera_parallel_nccl (or its stand-in)
+tessera_layer(model     DIRS src/model src/model/arch src/model/tp PUBLIC core backend kv parallel PRIVATE quant format
   LIBS nlohmann_json::nlohmann_json)
 tessera_layer(sample    DIRS src/sample PUBLIC core)
 tessera_layer(sched     DIRS src/sched PUBLIC core kv sample)
@@ -113,6 +116,7 @@ function(tessera_program name)
 endfunction()
 
 tessera_program(tessera DIRS src/apps PRIVATE core format model backend backend_cpu backend_cuda backend_registry
+  parallel parallel_nccl
   sample tokenizer grammar template engine disagg server eval bench benchharness)
 
 include(${CMAKE_CURRENT_LIST_DIR}/layer_links.cmake)

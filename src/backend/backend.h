@@ -248,6 +248,16 @@ class Backend {
   // value reads freed memory and must be captured again.
   virtual uint64_t graph_epoch() const { return 0; }
 
+  // ---- Tensor parallelism (docs/design/parallel.md) ----
+  // (Appended as one group so that other additions merge beside it.)
+
+  // A vocabulary-parallel embedding's slice: out[i, :] = table[ids[i] - first_id, :] when
+  // first_id <= ids[i] < first_id + table.rows, else zeros (another rank holds that row; the
+  // ranks' outputs are then summed).                               out: [n, table.cols]
+  virtual void embed_range(const WeightMatrix& table, int64_t first_id, const int32_t* ids, int n, float* out) {
+    fail("backend ", name(), ": no vocabulary-parallel embedding (tensor parallelism) here");
+  }
+
  protected:
   // add_rms_norm_swiglu_ffn's shapes, checked by every implementation.
   static void check_swiglu_ffn_targets(int dim, const MatmulTarget& gate, const MatmulTarget& up,

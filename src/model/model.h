@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
 #include "model/weights.h"
+#include "parallel/communicator.h"
 
 namespace tessera {
 
@@ -83,8 +84,10 @@ class Model {
 };
 
 // Builds the runner for the weights' architecture on the backend; activations are sized for
-// max_batch_tokens tokens and max_logits logits rows per forward.
+// max_batch_tokens tokens and max_logits logits rows per forward. A tensor-parallel shard
+// (weights->shard.size > 1, model/tp/shard.h) needs `comm`, the group's communicator of this
+// rank on this backend; the model then returns the whole vocabulary's logits on every rank.
 std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
-                                    int max_logits);
+                                    int max_logits, Communicator* comm = nullptr);
 
 }  // namespace tessera

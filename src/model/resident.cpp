@@ -15,6 +15,7 @@ std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWei
   auto w = std::make_shared<ModelWeights>();
   w->config = host->config;
   w->source = host->source;
+  w->shard = host->shard;
   w->weight_bytes = host->weight_bytes;
   w->owners.push_back(host);  // the host copy stays alive (the CPU computes on it)
   std::unordered_map<const void*, const void*> done;

@@ -31,8 +31,20 @@ struct LayerWeights {
   const float* post_ffn_norm = nullptr;   // [n_embd]
 };
 
+// Which slice of a model a tensor-parallel rank holds (model/tp/shard.h). A shard's config
+// describes the rank's slice: n_head, n_head_kv and n_ff are the rank's own; n_vocab stays
+// the whole vocabulary (the logits are whole after the all-gather), while tok_embd and
+// output hold the rows [vocab_first, vocab_first + n_vocab / size).
+struct TensorShard {
+  int rank = 0, size = 1;  // size 1: the whole model
+  int64_t vocab_first = 0;
+  int head_first = 0, kv_head_first = 0;  // the rank's first query and KV head in the whole model
+  int64_t ff_first = 0;
+};
+
 struct ModelWeights {
   ModelConfig config;
+  TensorShard shard;
   WeightMatrix tok_embd;  // [n_vocab, n_embd]
   WeightMatrix output;    // [n_vocab, n_embd] (= tok_embd when tied)
   const float* output_norm = nullptr;

@@ -1,5 +1,6 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -43,6 +44,20 @@ void CpuBackend::free(void* p) { std::free(p); }
 
 void CpuBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) {
   cpu_get_rows(table, ids, n, out);
+}
+
+void CpuBackend::embed_range(const WeightMatrix& table, int64_t first_id, const int32_t* ids, int n, float* out) {
+  const int64_t cols = table.cols;
+  for (int i = 0; i < n; ++i) {
+    const int64_t local = static_cast<int64_t>(ids[i]) - first_id;
+    float* row = out + i * cols;
+    if (local < 0 || local >= table.rows) {
+      std::fill(row, row + cols, 0.0f);
+      continue;
+    }
+    const int32_t id = static_cast<int32_t>(local);
+    cpu_get_rows(table, &id, 1, row);
+  }
 }
 
 void CpuBackend::rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) {

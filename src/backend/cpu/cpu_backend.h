@@ -31,6 +31,7 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   void embed(const WeightMatrix& table, const int32_t* ids, int n, float* out) override;
+  void embed_range(const WeightMatrix& table, int64_t first_id, const int32_t* ids, int n, float* out) override;
   void rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) override;
   void add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim,
                     float eps) override;

@@ -252,6 +252,11 @@ void CudaBackend::embed(const WeightMatrix& table, const int32_t* ids, int n, fl
   cuda::launch_embed(table, ids, n, out, stream_);
 }
 
+void CudaBackend::embed_range(const WeightMatrix& table, int64_t first_id, const int32_t* ids, int n, float* out) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("embed_range"); });
+  cuda::launch_embed(table, ids, n, out, stream_, first_id);
+}
+
 void CudaBackend::rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rms_norm"); });
   cuda::launch_rms_norm(x, w, out, n_rows, dim, eps, stream_);

@@ -21,7 +21,10 @@ struct DeviceBatch {
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks]
 };
 
-void launch_embed(const WeightMatrix& table, const int32_t* ids, int n, float* out, cudaStream_t s);
+// out[i, :] = table[ids[i] - first_id, :]; rows outside the table (a vocabulary-parallel
+// slice's, first_id > 0 or ids past it) give zeros.
+void launch_embed(const WeightMatrix& table, const int32_t* ids, int n, float* out, cudaStream_t s,
+                  int64_t first_id = 0);
 void launch_rms_norm(const float* x, const float* w, float* out, int n_rows, int dim, float eps, cudaStream_t s);
 void launch_add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim, float eps,
                          cudaStream_t s);

@@ -29,14 +29,20 @@ DecoderActivations::DecoderActivations(Backend& be, const ModelConfig& c, int ma
   logits = bufs.floats(static_cast<int64_t>(max_logits) * c.n_vocab);
 }
 
-float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x, const ForwardInputs& in) {
+void decoder_final_norm(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x, const ForwardInputs& in) {
   const ModelConfig& c = w.config;
   const int n = in.batch.n_tokens, n_out = in.n_logits, e = c.n_embd;
-  if (n_out == 0) return a.logits;
   be.add(x, a.tmp, static_cast<int64_t>(n) * e);
   // Only the wanted rows go through the final norm and the (large) output matrix.
   be.gather_rows(x, e, in.logits_rows, n_out, e, a.rows);
   be.rms_norm(a.rows, w.output_norm, a.rows, n_out, e, c.rms_eps);
+}
+
+float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x, const ForwardInputs& in) {
+  const ModelConfig& c = w.config;
+  const int n_out = in.n_logits, e = c.n_embd;
+  if (n_out == 0) return a.logits;
+  decoder_final_norm(be, w, a, x, in);
   const MatmulTarget out[] = {{w.output, a.logits, c.n_vocab}};
   be.matmul(a.rows, n_out, e, out);  // logits: [n_out, n_vocab]
   return a.logits;
@@ -74,11 +80,12 @@ RopeConfig layer_rope_config(const ModelWeights& w, int il) {
 }
 
 std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
-                                    int max_logits) {
+                                    int max_logits, Communicator* comm) {
   const std::string& arch = weights->config.arch;
   if (arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" ||
       arch == "phi3")
-    return make_llama_model(std::move(weights), backend, max_batch_tokens, max_logits);
+    return make_llama_model(std::move(weights), backend, max_batch_tokens, max_logits, comm);
+  TESSERA_CHECK(weights->shard.size == 1, arch, ": tensor parallelism is built for the Llama family only");
   if (arch == "gemma3") return make_gemma3_model(std::move(weights), backend, max_batch_tokens, max_logits);
   fail("no model runner for architecture '", arch, "'");
 }

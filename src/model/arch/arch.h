@@ -52,6 +52,8 @@ struct DecoderActivations {
 // The end of a decoder's forward: x += tmp (the last block's output), then the final norm
 // and the output matrix on the rows the caller wants only. Returns a.logits: [n_logits, n_vocab].
 float* decoder_head(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x, const ForwardInputs& in);
+// Its first half: x += tmp, then the final norm of the wanted rows into a.rows [n_logits, n_embd].
+void decoder_final_norm(Backend& be, const ModelWeights& w, DecoderActivations& a, float* x, const ForwardInputs& in);
 
 // RoPE as the config says, at base freq_base; with_scaling false leaves out the config's
 // rope_scaling (Gemma 3's local layers rotate unscaled).
@@ -60,8 +62,9 @@ RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* f
 // layers: their own base, unscaled); for measuring keys before RoPE (calibrate-kv).
 RopeConfig layer_rope_config(const ModelWeights& w, int il);
 
+// comm: the tensor-parallel group of a shard (weights->shard.size > 1), else null.
 std::unique_ptr<Model> make_llama_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens,
-                                        int max_logits);
+                                        int max_logits, Communicator* comm);
 std::unique_ptr<Model> make_gemma3_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens,
                                          int max_logits);
 

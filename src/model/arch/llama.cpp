@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/arch/arch.h"
+#include "model/arch/tensor_parallel.h"
 
 namespace tessera {
 
@@ -16,10 +17,12 @@ namespace {
 
 class LlamaModel final : public Model {
  public:
-  LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens, int max_logits)
+  LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens, int max_logits,
+             Communicator* comm)
       : w_(make_resident(std::move(weights), backend)),
         be_(backend),
         a_(backend, w_->config, max_tokens, max_logits),
+        tp_(backend, *w_, comm, max_logits),
         c_(w_->config),
         max_tokens_(max_tokens),
         max_logits_(max_logits) {
@@ -57,7 +60,7 @@ class LlamaModel final : public Model {
 
     float* x = a_.x;        // the residual stream: [n, e]
     float* x_next = a_.x2;  // where the next pre-norm writes x + residual
-    be_.embed(w_->tok_embd, in.tokens, n, x);
+    tp_.embed(in.tokens, n, x);
     for (int il = 0; il < c_.n_layer; ++il) {
       const LayerWeights& L = w_->layers[il];
       const KvLayerView kvl = kv.layer(il);
@@ -85,7 +88,8 @@ class LlamaModel final : public Model {
       be_.rope_kv_store_attention(a_.q, a_.qkv_ld, c_.n_head, a_.k, a_.qkv_ld, a_.v, a_.qkv_ld, kvl,
                                   c_.is_local_layer(il) ? local : ab, rope_, scale, a_.att, a_.q_dim);
       const MatmulTarget o[] = {{L.wo, a_.tmp, e}};
-      be_.matmul(a_.att, n, a_.q_dim, o);  // tmp: [n, e]
+      be_.matmul(a_.att, n, a_.q_dim, o);               // tmp: [n, e]
+      tp_.reduce(a_.tmp, static_cast<int64_t>(n) * e);  // tensor parallel: the ranks' partial sums
       if (!moe_.empty()) {
         // x += tmp; tmp = the experts' weighted sum on norm(x): [n, e]
         be_.add_rms_norm(x, a_.tmp, L.ffn_norm, a_.xn, n, e, c_.rms_eps);
@@ -96,15 +100,17 @@ class LlamaModel final : public Model {
       be_.add_rms_norm_swiglu_ffn(x, a_.tmp, L.ffn_norm, x_next, a_.xn, n, e, c_.rms_eps,
                                   {L.w_gate, a_.gate, 2 * c_.n_ff}, {L.w_up, a_.up, 2 * c_.n_ff}, a_.h,
                                   {L.w_down, a_.tmp, e});
+      tp_.reduce(a_.tmp, static_cast<int64_t>(n) * e);
       std::swap(x, x_next);
     }
-    return decoder_head(be_, *w_, a_, x, in);
+    return tp_.head(a_, x, in);
   }
 
  private:
   std::shared_ptr<const ModelWeights> w_;
   Backend& be_;
   DecoderActivations a_;  // sized before the body runs: its constructor checks the limits
+  TensorParallelOps tp_;  // the collectives of a tensor-parallel shard; plain ops otherwise
   const ModelConfig& c_;
   int max_tokens_, max_logits_;
   RopeConfig rope_;
@@ -114,8 +120,8 @@ class LlamaModel final : public Model {
 }  // namespace
 
 std::unique_ptr<Model> make_llama_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens,
-                                        int max_logits) {
-  return std::make_unique<LlamaModel>(std::move(weights), backend, max_tokens, max_logits);
+                                        int max_logits, Communicator* comm) {
+  return std::make_unique<LlamaModel>(std::move(weights), backend, max_tokens, max_logits, comm);
 }
 
 }  // namespace tessera

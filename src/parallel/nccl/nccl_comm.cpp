@@ -1,0 +1,95 @@
+// NCCL collectives on the CUDA backend's stream. Compiled here, run only on a machine with
+// two or more GPUs (docs/design/parallel.md says what has been run).
+#include "parallel/nccl/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+
+namespace tessera {
+
+namespace {
+
+void nccl_check(ncclResult_t rc, const char* what) {
+  if (rc != ncclSuccess) fail("nccl: ", what, ": ", ncclGetErrorString(rc));
+}
+void cuda_check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) fail("nccl: ", what, ": ", cudaGetErrorString(rc));
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(CudaBackend& be, const RendezvousOptions& r)
+      : be_(be), rank_(r.global_rank()), size_(r.world_size()) {
+    node_ = r.node_rank;
+    cuda_check(cudaSetDevice(be.device()), "cudaSetDevice");
+    ncclUniqueId id{};
+    std::string blob;
+    if (rank_ == 0) {
+      nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      blob.assign(reinterpret_cast<const char*>(&id), sizeof(id));
+    }
+    blob = rendezvous_broadcast(r, blob);
+    TESSERA_CHECK(blob.size() == sizeof(id), "nccl: rank 0 sent a unique id of ", blob.size(), " bytes, expected ",
+                  sizeof(id));
+    std::memcpy(&id, blob.data(), sizeof(id));
+    nccl_check(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
+    cuda_check(cudaMalloc(&token_, sizeof(float)), "cudaMalloc (barrier token)");
+  }
+  ~NcclCommunicator() override {
+    if (token_) cudaFree(token_);
+    if (comm_) ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string describe() const override {
+    return "nccl " + std::to_string(rank_) + "/" + std::to_string(size_) + " (node " + std::to_string(node_) +
+           ", cuda:" + std::to_string(be_.device()) + ")";
+  }
+
+  void all_reduce_sum(float* data, int64_t n) override {
+    if (n == 0) return;
+    nccl_check(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, ncclSum, comm_, be_.stream()),
+               "ncclAllReduce");
+  }
+  void all_gather(const float* send, float* recv, int64_t n) override {
+    if (n == 0) return;
+    nccl_check(ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat, comm_, be_.stream()), "ncclAllGather");
+  }
+  void broadcast(void* data, int64_t bytes, int root) override {
+    TESSERA_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of a group of ", size_);
+    if (bytes == 0) return;
+    nccl_check(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclChar, root, comm_, be_.stream()),
+               "ncclBroadcast");
+  }
+  void barrier() override {
+    nccl_check(ncclAllReduce(token_, token_, 1, ncclFloat, ncclSum, comm_, be_.stream()), "ncclAllReduce (barrier)");
+    be_.synchronize();
+  }
+
+ private:
+  CudaBackend& be_;
+  const int rank_, size_;
+  int node_ = 0;
+  ncclComm_t comm_ = nullptr;
+  float* token_ = nullptr;  // device: the barrier's one-element all-reduce
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const RendezvousOptions& r) {
+  r.validate();
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  TESSERA_CHECK(cuda != nullptr, "nccl: the communicator needs a CUDA backend, not '", backend.name(), "'");
+  return std::make_unique<NcclCommunicator>(*cuda, r);
+}
+
+bool nccl_compiled() { return true; }
+
+}  // namespace tessera
