@@ -55,10 +55,10 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int LDK = KW + kPad, LDV = HD + kPad, LDF = KW + 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* Qs = reinterpret_cast<__half*>(smem_raw);  // [kQ][LDK], pre-scaled by scale·log2(e)
-  __half* Ks = Qs + kQ * LDK;                         // [KT][LDK]
-  __half* Vs = Ks + KT * LDK;                         // [KT][LDV]
-  float* F = reinterpret_cast<float*>(Ks);            // [kQ][LDF], outside the key loop only
-  __shared__ int tile_info[3];                        // sequence, first row, end row
+  __half* Ks = Qs + kQ * LDK;                        // [KT][LDK]
+  __half* Vs = Ks + KT * LDK;                        // [KT][LDV]
+  float* F = reinterpret_cast<float*>(Ks);           // [kQ][LDF], outside the key loop only
+  __shared__ int tile_info[3];                       // sequence, first row, end row
   __shared__ int pos_s[kQ];
 
   if (threadIdx.x == 0) {
@@ -93,11 +93,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int i = threadIdx.x; i < kQ * HD; i += kThreads) {
     const int qi = i / HD, d = i % HD, row = qi / gc, g = qi % gc;
-    F[qi * LDF + d] = r0 + row < r1 && g < ng
-                          ? q[static_cast<int64_t>(r0 + row) * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + d]
-                          : 0.0f;
+    F[qi * LDF + d] =
+        r0 + row < r1 && g < ng
+            ? q[static_cast<int64_t>(r0 + row) * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + d]
+            : 0.0f;
   }
-  kv_prepare_queries(ks, kvh, HD, F, LDF, kQ);  // in K's basis (and S q' beside it); ends with a barrier
+  kv_prepare_queries(ks, kvh, HD, F, LDF, kQ);        // in K's basis (and S q' beside it); ends with a barrier
   const float q_scale = scale * 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
   for (int i = threadIdx.x; i < kQ * KW / 2; i += kThreads) {
     const int qi = i / (KW / 2), d = 2 * (i % (KW / 2));
@@ -171,8 +172,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int n = 0; n < HD / 8; n += 2) {
           uint32_t b0, b1, b2, b3;
           ldmatrix_x4_trans(
-              smem_addr(Vs + (k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDV + n * 8 + (lane >> 4) * 8), b0, b1,
-              b2, b3);
+              smem_addr(Vs + (k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDV + n * 8 + (lane >> 4) * 8), b0, b1, b2,
+              b3);
           mma_f16(o[n], a, b0, b1);
           mma_f16(o[n + 1], a, b2, b3);
         }
@@ -235,8 +236,8 @@ void launch_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const De
     TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
     TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     TESSERA_CHECK(smem <= static_cast<size_t>(max_smem), "cuda attention: KV ", kv_format_name(kv.k_fmt, true), "/",
-                  kv_format_name(kv.v_fmt), " at head_dim ", HD, " needs ", smem,
-                  " bytes of shared memory per block (", max_smem, " available)");
+                  kv_format_name(kv.v_fmt), " at head_dim ", HD, " needs ", smem, " bytes of shared memory per block (",
+                  max_smem, " available)");
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_quant_prefill_mma_kernel<HD, KW>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     configured = true;
