@@ -1,5 +1,7 @@
 #include "engine/session.h"
 
+#include <algorithm>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -170,6 +172,23 @@ void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, Forward
     seq.n_tokens += n;
     done += n;
   }
+}
+
+int32_t Session::decode_greedy(SequenceBlocks& seq, int32_t token) {
+  TESSERA_CHECK(seq.n_tokens + 1 <= ctx_, "context full: ", seq.n_tokens, " + 1 tokens exceed the context of ", ctx_);
+  TESSERA_CHECK(seq.reserve(*pool_, options_.block_size, 1), "KV cache full: no free blocks for 1 token");
+  batch_.clear();
+  batch_.add_sequence(seq, options_.block_size, &token, 1, ForwardBatch::Logits::Last);
+  const uint8_t argmax_only = 1;
+  int32_t next = -1;
+  // The host row is written only when the device cannot reduce it (NaN, all -inf): then the
+  // host picks, as the engine's sampler would.
+  greedy_row_.resize(config().n_vocab);
+  runner_->forward(batch_, greedy_row_.data(), Backend::LogitsReadback{&argmax_only, &next});
+  if (next < 0)  // a row of NaN or +inf: the first largest as the host reads it
+    next = static_cast<int32_t>(std::max_element(greedy_row_.begin(), greedy_row_.end()) - greedy_row_.begin());
+  seq.n_tokens += 1;
+  return next;
 }
 
 }  // namespace tessera

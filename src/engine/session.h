@@ -88,6 +88,10 @@ class Session {
   // appended to `logits` ([rows, n_vocab]). Throws when the context or the KV pool is full.
   void feed(SequenceBlocks& seq, std::span<const int32_t> tokens, ForwardBatch::Logits mode,
             std::vector<float>& logits);
+  // One greedy decode step: feeds `token` and returns the argmax of its logits, read back as
+  // the engine reads a greedy request's (Backend::LogitsReadback: on a device backend the
+  // argmax runs there and only the id crosses the bus). Throws as feed does.
+  int32_t decode_greedy(SequenceBlocks& seq, int32_t token);
 
  private:
   SessionOptions options_;
@@ -100,6 +104,7 @@ class Session {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<BlockPool> pool_;
   ForwardBatch batch_;
+  std::vector<float> greedy_row_;  // decode_greedy's host row, written only when the device cannot pick
   int ctx_ = 0;
   void make_kv(int tokens);
 };

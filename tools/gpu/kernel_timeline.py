@@ -20,7 +20,9 @@ def short(name):
                        (r"attention_decode_merge", "attn_merge"),
                        (r"attention_decode_split", "attn_split"), (r"embed_kernel", "embed"),
                        (r"rms_norm_kernel", "rms_norm"), (r"gather_rows", "gather_rows"), (r"add_kernel", "add"),
-                       (r"row_argmax", "argmax")]:
+                       (r"row_argmax", "argmax"), (r"gemv_gq_kernel", "gemv_gq"),
+                       (r"quantize_q8_rows_kernel", "quantize_q8"), (r"add_rms_norm_q8", "add_rms_norm_q8"),
+                       (r"add_rms_norm_into", "add_rms_norm_into")]:
         if re.search(pat, name):
             return label
     return name[:40]

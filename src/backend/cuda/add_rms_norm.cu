@@ -2,6 +2,8 @@
 // One read of x and residual, one write of x and out.
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/q8_producers.h"
+#include "backend/cuda/q8_rows.cuh"
 
 namespace tessera::cuda {
 
@@ -105,6 +107,72 @@ __global__ void add_rms_norm_into4_kernel(const float4* __restrict__ x, const fl
   }
 }
 
+// x_out = x + residual, and the norm quantized per 32 columns straight into the integer
+// decode kernels' input (q8_rows.cuh): one block per row. The values quantized are
+// add_rms_norm_into_kernel's f32 outputs, bit for bit. A single block carries a whole decode
+// row, so every thread must keep its loads independent: the vector kernel gives each thread
+// 16 columns (four 16-byte loads of x_out and of w in flight, a lane pair per 32-column block);
+// the scalar one (any width) a warp per block, one block after another.
+__global__ void add_rms_norm_q8_kernel(const float* __restrict__ x, const float* __restrict__ residual,
+                                       const float* __restrict__ w, float* __restrict__ x_out, int dim, float eps,
+                                       Q8Rows out) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = x[row + i] + residual[row + i];
+    x_out[row + i] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss);  // its barrier also orders the writes of x_out above before the reads below
+  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  const int lane = threadIdx.x & 31, n_blocks = static_cast<int>(out.ld / 32);
+  for (int b = threadIdx.x >> 5; b < n_blocks; b += blockDim.x >> 5) {
+    const int j = b * 32 + lane;
+    q8_store_block(j < dim ? x_out[row + j] * inv * w[j] : 0.0f, out, blockIdx.x, b, lane);
+  }
+}
+
+// dim a multiple of 16, rows 16-byte aligned.
+__global__ void add_rms_norm_q8_vec_kernel(const float4* __restrict__ x, const float4* __restrict__ residual,
+                                           const float4* __restrict__ w, float4* __restrict__ x_out, int dim, float eps,
+                                           Q8Rows out) {
+  pdl_wait();  // every thread, first: see cuda_common.cuh
+  pdl_trigger();
+  const int dim4 = dim / 4;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * dim4;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dim4; i += blockDim.x) {
+    const float4 a = x[row + i], b = residual[row + i];
+    const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    x_out[row + i] = v;
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  ss = block_sum(ss);  // its barrier also orders the writes of x_out above before the reads below
+  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  // Chunks of 16 columns, [0, ld / 16): those past dim (half of a last block) quantize zeros.
+  const int n_chunks = static_cast<int>(out.ld / 16), lane = threadIdx.x & 31;
+  for (int c0 = threadIdx.x - lane; c0 < n_chunks; c0 += blockDim.x) {  // whole warps a round
+    const int c = c0 + lane;
+    float v[16];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = 4 * c + k;  // float4 index in the row
+      float4 xo = make_float4(0.0f, 0.0f, 0.0f, 0.0f), g = xo;
+      if (c < n_chunks && i < dim4) {
+        xo = x_out[row + i];
+        g = w[i];
+      }
+      v[4 * k + 0] = xo.x * inv * g.x;
+      v[4 * k + 1] = xo.y * inv * g.y;
+      v[4 * k + 2] = xo.z * inv * g.z;
+      v[4 * k + 3] = xo.w * inv * g.w;
+    }
+    q8_store_half_block(v, out, blockIdx.x, c, c < n_chunks);
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 }  // namespace
 
@@ -122,6 +190,20 @@ void launch_add_rms_norm_into(const float* x, const float* residual, const float
     launch_pdl(add_rms_norm_into_kernel, dim3(n_rows), dim3(256), 0, s, x, residual, w, x_out, out32, out16, to_bf16,
                dim, eps);
   TESSERA_CUDA_CHECK_LAUNCH("add_rms_norm_into");
+}
+
+void launch_add_rms_norm_q8(const float* x, const float* residual, const float* w, float* x_out, int n_rows, int dim,
+                            float eps, Q8Rows out, cudaStream_t s) {
+  if (n_rows <= 0) return;
+  TESSERA_CHECK(out.ld == (dim + 31) / 32 * 32 && reinterpret_cast<uintptr_t>(out.q) % 16 == 0,
+                "cuda add_rms_norm_q8: output not laid out by q8_rows_view");
+  if (dim % 16 == 0 && aligned16(x) && aligned16(residual) && aligned16(w) && aligned16(x_out))
+    launch_pdl(add_rms_norm_q8_vec_kernel, dim3(n_rows), dim3(256), 0, s, reinterpret_cast<const float4*>(x),
+               reinterpret_cast<const float4*>(residual), reinterpret_cast<const float4*>(w),
+               reinterpret_cast<float4*>(x_out), dim, eps, out);
+  else
+    launch_pdl(add_rms_norm_q8_kernel, dim3(n_rows), dim3(256), 0, s, x, residual, w, x_out, dim, eps, out);
+  TESSERA_CUDA_CHECK_LAUNCH("add_rms_norm_q8");
 }
 
 void launch_add_rms_norm(float* x, const float* residual, const float* w, float* out, int n_rows, int dim, float eps,

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_tuning.h"
 #include "backend/cuda/gemm_fp8.h"
 #include "backend/cuda/gemma_kernels.h"
+#include "backend/cuda/q8_producers.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -44,6 +45,17 @@ bool gemv_rows(int n_rows, std::span<const MatmulTarget> targets) {
   for (const MatmulTarget& t : targets)
     if (t.w.dtype != DType::F16 && t.w.dtype != DType::BF16) return true;
   return false;
+}
+
+// Whether every run reads x only as Q8 rows (group-quantized weights without an act-order
+// permutation, GGUF block formats on the integer kernels): then the kernel in front of the
+// product (norm, SwiGLU) can write x in that form itself, and no quantize launch is needed.
+bool takes_q8_input(int64_t cols, const MatmulTarget* runs, int n_runs) {
+  for (int i = 0; i < n_runs; ++i) {
+    const WeightMatrix& w = runs[i].w;
+    if (is_group_quant(w.dtype) ? w.gq_perm : !cuda::gemv_blocks_q8_applies(w.dtype, cols)) return false;
+  }
+  return n_runs > 0;
 }
 
 // Profile names: the path taken and the shape, e.g. "gemv bf16 [1 x 4096] -> 6144 (3 targets)".
@@ -289,16 +301,22 @@ int CudaBackend::coalesce(std::span<const MatmulTarget> targets, MatmulTarget* r
   return n;
 }
 
-void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs,
-                       int n_runs) {
-  // Decode: straight from the stored format, targets of one type grouped into one launch.
-  // Integer kernels read x quantized per 32 columns (quantize_q8.cu), once per call: the first
-  // half of the scratch; the second holds x quantized through an act-order permutation.
+// Integer kernels read x quantized per 32 columns: the first half of the scratch; the second
+// holds x quantized through an act-order permutation (gemv).
+cuda::Q8Rows CudaBackend::q8_input(int n_rows, int64_t cols) {
   const size_t q8_bytes = round_up(cuda::q8_rows_bytes(n_rows, cols), 256);
-  bool x_quantized = false;
+  return cuda::q8_rows_view(scratch(xq8_, xq8_cap_, 2 * q8_bytes), n_rows, cols);
+}
+
+void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs,
+                       int n_runs, bool x_is_q8) {
+  // Decode: straight from the stored format, targets of one type grouped into one launch.
+  // Integer kernels read x quantized per 32 columns (quantize_q8.cu), once per call, unless the
+  // kernel before wrote it so (x_is_q8).
+  const size_t q8_bytes = round_up(cuda::q8_rows_bytes(n_rows, cols), 256);
+  bool x_quantized = x_is_q8;
   auto quantized_x = [&] {
-    auto* base = static_cast<uint8_t*>(scratch(xq8_, xq8_cap_, 2 * q8_bytes));
-    const cuda::Q8Rows xq = cuda::q8_rows_view(base, n_rows, cols);
+    const cuda::Q8Rows xq = q8_input(n_rows, cols);
     if (!x_quantized) cuda::launch_quantize_q8_rows(in.x, n_rows, ldx, cols, nullptr, xq, stream_);
     x_quantized = true;
     return xq;
@@ -473,6 +491,17 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
     gemv(in, 1, ld_in, dim, runs, n_runs);
     return;
   }
+  if (gemv_rows(n_rows, targets)) {
+    // Integer decode kernels: SwiGLU written as their Q8 input (no f32 h, no quantize launch).
+    MatmulTarget runs[kMaxTargets];
+    const int n_runs = coalesce(targets, runs);
+    if (takes_q8_input(dim, runs, n_runs)) {
+      cuda::OpScope op_scope(profiler_.get(), [&] { return "swiglu + " + matmul_op_name(n_rows, targets); });
+      cuda::launch_swiglu_q8(gate, up, ld_in, n_rows, dim, q8_input(n_rows, dim), stream_);
+      gemv(cuda::GemvInput{}, n_rows, dim, dim, runs, n_runs, /*x_is_q8=*/true);
+      return;
+    }
+  }
   // Batches of 16-bit (or quantized, decoded to bf16) weights: the activation goes straight
   // into the GEMM's 16-bit input. Elsewhere the two ops run as they are.
   if (gemv_rows(n_rows, targets) || !all16 || (any_f16 && any_bf16)) {
@@ -527,6 +556,13 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
     auto* x16 = static_cast<uint16_t*>(scratch(act16_, act16_cap_, static_cast<size_t>(n_rows) * dim * 2));
     cuda::launch_add_rms_norm_into(x, residual, w, x_out, nullptr, x16, any_bf16, n_rows, dim, eps, stream_);
     gemm(nullptr, n_rows, dim, dim, runs, n_runs, x16, any_bf16);
+    return;
+  }
+  if (gemv_rows(n_rows, targets) && takes_q8_input(dim, runs, n_runs)) {
+    // Integer decode kernels: the norm kernel writes their Q8 input itself (no f32 xn, no
+    // quantize launch between).
+    cuda::launch_add_rms_norm_q8(x, residual, w, x_out, n_rows, dim, eps, q8_input(n_rows, dim), stream_);
+    gemv(cuda::GemvInput{}, n_rows, dim, dim, runs, n_runs, /*x_is_q8=*/true);
     return;
   }
   cuda::launch_add_rms_norm_into(x, residual, w, x_out, xn, nullptr, false, n_rows, dim, eps, stream_);

@@ -104,7 +104,12 @@ class CudaBackend final : public Backend {
   // converted to 16 bits (bf16 when pre_bf16), dense [n_rows, cols].
   static constexpr int kMaxTargets = 8;
   static int coalesce(std::span<const MatmulTarget> targets, MatmulTarget* runs);
-  void gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs, int n_runs);
+  // x_is_q8: x is already quantized per 32 columns in q8_input(n_rows, cols) (every run takes it:
+  // takes_q8_input), written there by the kernel before (norm or SwiGLU); in.x is not read.
+  void gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs, int n_runs,
+            bool x_is_q8 = false);
+  // The scratch the integer decode kernels read x from (the first half of xq8_).
+  cuda::Q8Rows q8_input(int n_rows, int64_t cols);
   void gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs, int n_runs,
             const uint16_t* pre16, bool pre_bf16);
   // A device scratch buffer of at least `bytes` (grown, never shrunk).

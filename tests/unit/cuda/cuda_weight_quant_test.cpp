@@ -1,6 +1,7 @@
 // Group-quantized weights (W4G/W8G) on the CUDA backend: matmul at decode and prefill row
 // counts against float64 (the decode kernel reading the codes, gemv_gq.cu, at awkward shapes
-// and several targets per call; the bf16 decode + cuBLASLt past 8 rows), bad input refused,
+// and several targets per call; the bf16 decode + cuBLASLt past 8 rows; the norm and SwiGLU
+// kernels writing its Q8 input), bad input refused,
 // and a quantized checkpoint (tests/fixtures/wquant) giving the logits of the CPU backend
 // running the same model with its weights decoded to f32. Skips without a GPU. With
 // TESSERA_CUDA_BENCH set, the decode kernel's bandwidth at Llama-3.1-8B shapes.
@@ -329,6 +330,86 @@ TEST(CudaWeightQuant, MatmulMatchesFloat64AtDecodeAndPrefillRows) {
       EXPECT_LT(rel_err(got, ref), n <= 8 ? 1e-5 : 1e-2) << "W" << c.bits << " g" << c.group << " n=" << n;
       for (int i = 0; i < n; ++i)
         for (int64_t r = c.rows; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r]));
+    }
+  }
+}
+
+// The kernels in front of a decode product that write its Q8 input themselves: the block's
+// pre-norm (add_rms_norm_matmul: x_out = x + residual, norm quantized per 32 columns) and
+// SwiGLU (swiglu_matmul), against float64 over that rounding of the float64 norm / SwiGLU (a
+// last-bit difference can move a rare value across a rounding edge: 1e-3). Act-order weights
+// read x through their permutation and keep the separate quantize launch; 9 rows go to the
+// tensor cores. x_out must be exactly x + residual; outputs poisoned first.
+TEST(CudaWeightQuant, NormAndSwigluWriteTheQ8InputOfTheProduct) {
+  TESSERA_REQUIRE_CUDA();
+  auto gpu = make_cuda();
+  std::mt19937 rng(43);
+  const float eps = 1e-5f;
+  struct Case {
+    int bits;
+    int64_t rows, cols, group;
+    bool asym, act_order;
+  };
+  for (const Case& c :
+       {Case{4, 70, 576, 64, false, false}, Case{8, 33, 200, 200, true, false}, Case{4, 40, 320, 32, true, true}}) {
+    GqWeight w = make_gq(c.bits, c.rows, c.cols, c.group, c.asym, c.act_order, rng);
+    auto dev = gpu->upload(w.m.data.get(), static_cast<size_t>(w.host.bytes()));
+    WeightMatrix wm = w.host;
+    wm.data = dev.get();
+    const int64_t dim = c.cols, ldy = c.rows + 3;
+    for (int n : {1, 3, 8, 9}) {
+      const std::string what = "W" + std::to_string(c.bits) + " g" + std::to_string(c.group) +
+                               (c.act_order ? " act-order" : "") + " n=" + std::to_string(n);
+      const double tol = n <= 8 ? 1e-3 : 1e-2;
+      auto check = [&](const std::vector<float>& y, const std::vector<float>& xin) {
+        const std::vector<double> all = reference(w, n <= 8 ? q8_round_trip(w, xin, n, dim) : xin, n, dim);
+        std::vector<double> ref;
+        std::vector<float> got;
+        for (int i = 0; i < n; ++i)
+          for (int64_t r = 0; r < c.rows; ++r) {
+            ref.push_back(all[i * c.rows + r]);
+            got.push_back(y[i * ldy + r]);
+          }
+        return rel_err(got, ref);
+      };
+      {  // the pre-norm
+        auto x = randn(n * dim, rng), res = randn(n * dim, rng), g = randn(dim, rng);
+        DeviceVec<float> dx(*gpu, x), dres(*gpu, res), dg(*gpu, g);
+        DeviceVec<float> dxo(*gpu, std::vector<float>(n * dim, NAN)), dxn(*gpu, n * dim);
+        DeviceVec<float> dy(*gpu, std::vector<float>(n * ldy, NAN));
+        const MatmulTarget tg{wm, dy.get(), ldy};
+        gpu->add_rms_norm_matmul(dx.get(), dres.get(), dg.get(), dxo.get(), dxn.get(), n, static_cast<int>(dim), eps,
+                                 std::span(&tg, 1));
+        const auto xo = dxo.read(), y = dy.read();
+        std::vector<float> xn(n * dim);
+        for (int i = 0; i < n; ++i) {
+          double ss = 0;
+          for (int64_t k = 0; k < dim; ++k) {
+            ASSERT_EQ(xo[i * dim + k], x[i * dim + k] + res[i * dim + k]) << what << " x_out " << i << "," << k;
+            ss += double(xo[i * dim + k]) * xo[i * dim + k];
+          }
+          const double inv = 1.0 / std::sqrt(ss / dim + eps);
+          for (int64_t k = 0; k < dim; ++k) xn[i * dim + k] = static_cast<float>(xo[i * dim + k] * inv * g[k]);
+        }
+        EXPECT_LT(check(y, xn), tol) << what << " add_rms_norm_matmul";
+        for (int i = 0; i < n; ++i)
+          for (int64_t r = c.rows; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r])) << what << " gap written";
+      }
+      {  // SwiGLU, gate and up side by side in rows of 2 * dim + 5
+        const int64_t ld_in = 2 * dim + 5;
+        auto gu = randn(n * ld_in, rng, 2.0f);
+        DeviceVec<float> dgu(*gpu, gu), dh(*gpu, n * dim);
+        DeviceVec<float> dy(*gpu, std::vector<float>(n * ldy, NAN));
+        const MatmulTarget tg{wm, dy.get(), ldy};
+        gpu->swiglu_matmul(dgu.get(), dgu.get() + dim, ld_in, dh.get(), n, static_cast<int>(dim), std::span(&tg, 1));
+        std::vector<float> h(n * dim);
+        for (int i = 0; i < n; ++i)
+          for (int64_t k = 0; k < dim; ++k) {
+            const double a = gu[i * ld_in + k], b = gu[i * ld_in + dim + k];
+            h[i * dim + k] = static_cast<float>(a / (1 + std::exp(-a)) * b);
+          }
+        EXPECT_LT(check(dy.read(), h), tol) << what << " swiglu_matmul";
+      }
     }
   }
 }
