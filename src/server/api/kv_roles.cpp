@@ -25,7 +25,12 @@ ServeRole serve_role_from_name(const std::string& name) {
 void PulledKv::give_back() {
   if (settled_) return;
   settled_ = true;
-  engine_.cancel_kv_import(import_.reservation);
+  try {
+    engine_.cancel_kv_import(import_.reservation);
+  } catch (const std::exception&) {
+    // The engine has stopped (shutdown): the reservation went with its pool. Called from
+    // ~PulledKv too, which must not throw.
+  }
 }
 
 void note_fallback(disagg::KvTransferCounters* counters, const std::function<void(const std::string&)>& log,

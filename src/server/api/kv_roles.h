@@ -59,7 +59,7 @@ class PulledKv {
   void attach(std::shared_ptr<const KvBlocksPayload> payload) { import_.payload = std::move(payload); }
   // The engine accepted the request carrying import(): the reservation is the request's now.
   void handed_over() { settled_ = true; }
-  // Cancels the reservation now (once).
+  // Cancels the reservation now (once; never throws: a stopped engine has nothing to give back).
   void give_back();
 
  private:
