@@ -19,13 +19,14 @@ from conftest import assert_openai_error, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 KEYS = ("key-alpha", "key-beta")  # two tenants, on both workers
-WORKER_ARGS = ("--api-key", KEYS[0], "--api-key", KEYS[1], "--kv-cache-memory", "64M", "--max-num-seqs", "4")
+WORKER_ARGS = ("--api-key", KEYS[0], "--api-key", KEYS[1], "--kv-cache-memory", "64M", "--max-model-len", "2048",
+               "--max-num-seqs", "4")
 AUTH = {"Authorization": f"Bearer {KEYS[0]}"}
 # Longer than one 16-token block, so the prefill worker leases at least one.
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable type with an oil-based ink and a screw press. In a few sentences,")
 MESSAGES = [{"role": "user", "content": "Name three rivers of Europe and say one thing about each."}]
-MAX_TOKENS = 16
+MAX_TOKENS = 8
 MODEL = ""  # the served model's name (every server derives the same one from the file)
 
 

@@ -3,6 +3,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <limits>
 #include <optional>
 
 #include "core/error.h"
@@ -105,7 +106,9 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   }
 
   void read_head() {
-    parser_.body_limit(boost::none);  // a worker's answer is bounded by its own limits
+    // A worker's answer is bounded by its own limits. Not boost::none: this Beast compares a
+    // Content-Length with the optional directly, and any length is "greater" than none.
+    parser_.body_limit(std::numeric_limits<std::uint64_t>::max());
     auto self = shared_from_this();
     stream_.expires_after(request_.idle_timeout);
     bhttp::async_read_header(stream_, buffer_, parser_, [self](beast::error_code ec, size_t) {
