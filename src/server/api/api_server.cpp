@@ -302,8 +302,8 @@ void ApiServer::apply_role(const json& body, GenerationPlan& plan) const {
     plan.sampling[0].max_tokens = 1;
     // A decode worker computes at least the last prompt token itself: a prompt without a
     // full block before it leaves nothing to lease (the answer's handle is then null).
-    const size_t n_prompt = plan.prompts[0].tokens.size();
-    if ((n_prompt - 1) / static_cast<size_t>(role.block_size) >= 1) plan.kv.lease_seconds = role.lease_seconds;
+    if (plan.prompts[0].tokens.size() > static_cast<size_t>(role.block_size))
+      plan.kv.lease_seconds = role.lease_seconds;
     plan.kv.server_host = role.kv_host;
     plan.kv.server_port = role.kv_port;
     return;

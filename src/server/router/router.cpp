@@ -92,16 +92,21 @@ namespace {
 
 // One request through the router. Every member function runs on the exchange's executor
 // (Exchange::post), one at a time; the upstream client's callbacks only post to it.
+//
+// It holds the router weakly: the calls queued in the router's client hold the request, so a
+// strong reference would keep the router, and the client's thread, alive from that thread.
 class Routed : public std::enable_shared_from_this<Routed> {
  public:
-  Routed(std::shared_ptr<Router::Impl> impl, std::shared_ptr<http::Exchange> exchange)
-      : impl_(std::move(impl)), exchange_(std::move(exchange)) {}
+  Routed(const std::shared_ptr<Router::Impl>& router, std::shared_ptr<http::Exchange> exchange)
+      : router_(router), exchange_(std::move(exchange)) {}
 
   // A generation: prefill worker first (when the request can be split), then decode worker.
   void generate() {
+    const std::shared_ptr<Router::Impl> router = lock_router();
+    if (!router) return;
     {
-      std::lock_guard lock(impl_->mutex);
-      ++impl_->requests;
+      std::lock_guard lock(router->mutex);
+      ++router->requests;
     }
     std::weak_ptr<Routed> weak = shared_from_this();
     exchange_->on_abandon([weak] {
@@ -111,12 +116,13 @@ class Routed : public std::enable_shared_from_this<Routed> {
     std::optional<json> prefill = prefill_body(body_);
     if (!prefill) {
       {
-        std::lock_guard lock(impl_->mutex);
-        ++impl_->skipped;
+        std::lock_guard lock(router->mutex);
+        ++router->skipped;
       }
-      return to_decode(std::string(exchange_->request().body));  // the decode worker judges it
+      // The decode worker judges the body (and answers its errors).
+      return to_worker(*router, router->next_decode(), std::string(exchange_->request().body));
     }
-    const UpstreamUrl& worker = impl_->next_prefill();
+    const UpstreamUrl& worker = router->next_prefill();
     auto self = shared_from_this();
     auto answer = std::make_shared<std::string>();
     auto status = std::make_shared<int>(0);
@@ -125,22 +131,26 @@ class Routed : public std::enable_shared_from_this<Routed> {
     h.on_data = [answer](std::string data) {
       if (answer->size() < kMaxPrefillAnswerBytes) *answer += data;
     };
-    h.on_done = [self, &worker, answer, status](std::string error) {
+    h.on_done = [self, name = worker.text, answer, status](std::string error) {
       self->exchange_->post(
-          [self, &worker, answer, status, error] { self->after_prefill(worker, *status, *answer, error); });
+          [self, name, answer, status, error] { self->after_prefill(name, *status, *answer, error); });
     };
-    call_ = impl_->client.start(
-        worker, impl_->upstream_request(exchange_->request(), exchange_->request().path, prefill->dump()),
-        std::move(h));
+    const http::Request& req = exchange_->request();
+    call_ = router->client.start(worker, router->upstream_request(req, req.path, prefill->dump()), std::move(h));
   }
 
   // GET /v1/models and /v1/models/{id}: the decode worker's answer.
-  void pass_through() { to_worker(impl_->next_decode(), std::string()); }
+  void pass_through() {
+    if (const std::shared_ptr<Router::Impl> router = lock_router())
+      to_worker(*router, router->next_decode(), std::string());
+  }
 
  private:
-  void after_prefill(const UpstreamUrl& worker, int status, const std::string& answer, const std::string& error) {
+  void after_prefill(const std::string& worker, int status, const std::string& answer, const std::string& error) {
     call_.reset();
     if (cancelled_) return;
+    const std::shared_ptr<Router::Impl> router = lock_router();
+    if (!router) return;
     json params;
     std::string outcome = "ok";
     if (!error.empty()) {
@@ -154,22 +164,20 @@ class Routed : public std::enable_shared_from_this<Routed> {
       else
         outcome = "failed";  // a 200 without kv_transfer_params: not a prefill worker
     }
-    impl_->count(impl_->prefills, worker.text, outcome);
+    router->count(router->prefills, worker, outcome);
     json decode = body_;
     if (outcome == "ok") {
       decode["kv_transfer_params"] = std::move(params);
     } else {
       decode.erase("kv_transfer_params");
-      std::lock_guard lock(impl_->mutex);
-      ++impl_->local_prefills;
+      std::lock_guard lock(router->mutex);
+      ++router->local_prefills;
     }
-    to_decode(decode.dump());
+    to_worker(*router, router->next_decode(), decode.dump());
   }
 
-  void to_decode(std::string body) { to_worker(impl_->next_decode(), std::move(body)); }
-
-  void to_worker(const UpstreamUrl& worker, std::string body) {
-    worker_ = &worker;
+  void to_worker(Router::Impl& router, const UpstreamUrl& worker, std::string body) {
+    worker_ = worker.text;
     auto self = shared_from_this();
     UpstreamHandlers h;
     h.on_head = [self](int status, std::string type) {
@@ -182,7 +190,7 @@ class Routed : public std::enable_shared_from_this<Routed> {
       self->exchange_->post([self, error = std::move(error)] { self->on_done(error); });
     };
     const http::Request& req = exchange_->request();
-    call_ = impl_->client.start(worker, impl_->upstream_request(req, req.path, std::move(body)), std::move(h));
+    call_ = router.client.start(worker, router.upstream_request(req, req.path, std::move(body)), std::move(h));
   }
 
   void on_head(int status, const std::string& type) {
@@ -204,7 +212,7 @@ class Routed : public std::enable_shared_from_this<Routed> {
   void on_done(const std::string& error) {
     call_.reset();
     const std::string outcome = error.empty() ? "ok" : cancelled_ ? "cancelled" : "failed";
-    impl_->count(impl_->decodes, worker_->text, outcome);
+    if (const std::shared_ptr<Router::Impl> router = router_.lock()) router->count(router->decodes, worker_, outcome);
     if (error.empty()) {
       if (streaming_) return exchange_->end_stream();
       http::Response r;
@@ -213,7 +221,7 @@ class Routed : public std::enable_shared_from_this<Routed> {
       r.body = std::move(answer_);
       return exchange_->respond(std::move(r));
     }
-    const std::string message = "decode worker " + worker_->text + " failed: " + error;
+    const std::string message = "decode worker " + worker_ + " failed: " + error;
     if (streaming_) {  // the answer began: end it with an error event, as a worker would
       const json event = {{"error", {{"message", message}, {"type", "server_error"}, {"code", "bad_gateway"}}}};
       exchange_->write("data: " + event.dump() + "\n\n");
@@ -227,11 +235,18 @@ class Routed : public std::enable_shared_from_this<Routed> {
     if (call_) call_->cancel();
   }
 
-  std::shared_ptr<Router::Impl> impl_;
+  // The router, or null after answering 503 (it is shutting down).
+  std::shared_ptr<Router::Impl> lock_router() {
+    std::shared_ptr<Router::Impl> router = router_.lock();
+    if (!router) exchange_->respond(http::error_response(503, "the router is shutting down"));
+    return router;
+  }
+
+  std::weak_ptr<Router::Impl> router_;
   std::shared_ptr<http::Exchange> exchange_;
   json body_;
   std::shared_ptr<UpstreamCall> call_;
-  const UpstreamUrl* worker_ = nullptr;
+  std::string worker_;  // the decode worker's URL
   int status_ = 0;
   std::string content_type_;
   bool streaming_ = false;
