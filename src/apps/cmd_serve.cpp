@@ -54,6 +54,7 @@ struct ServeArgs {
   // Prefill/decode disaggregation (docs/design/disaggregation.md).
   std::string role = "colocated";  // colocated | prefill | decode | router
   std::string kv_transfer_host = "127.0.0.1";
+  std::string kv_transfer_advertise_host;  // "": kv_transfer_host
   int kv_transfer_port = 0;
   double kv_lease_seconds = 30;
   double kv_transfer_timeout_s = 5;
@@ -150,6 +151,12 @@ void serve(const ServeArgs& a) {
                   " is outside (0, 3600]");
     TESSERA_CHECK(a.kv_transfer_timeout_s > 0, "--kv-transfer-timeout must be positive");
     TESSERA_CHECK(a.kv_transfer_threads >= 1, "--kv-transfer-threads must be at least 1");
+    const std::string& advertised =
+        a.kv_transfer_advertise_host.empty() ? a.kv_transfer_host : a.kv_transfer_advertise_host;
+    TESSERA_CHECK(role != api::ServeRole::Prefill || (advertised != "0.0.0.0" && advertised != "::"),
+                  "--kv-transfer-host ", a.kv_transfer_host,
+                  " listens on every interface but names none a decode worker can reach: give "
+                  "--kv-transfer-advertise-host too");
   }
   // Signals are taken by sigwait below.
   const sigset_t signals = block_stop_signals();
@@ -221,7 +228,7 @@ void serve(const ServeArgs& a) {
     kv_server->start();
     kv_role.lease_seconds = a.kv_lease_seconds;
     kv_role.block_size = model_engine.config().block_size;
-    kv_role.kv_host = a.kv_transfer_host;
+    kv_role.kv_host = a.kv_transfer_advertise_host.empty() ? a.kv_transfer_host : a.kv_transfer_advertise_host;
     kv_role.kv_port = kv_server->port();
   } else if (role == api::ServeRole::Decode) {
     kv_puller = std::make_unique<disagg::TcpKvPuller>(&kv_counters);
@@ -341,9 +348,11 @@ void add_serve(CLI::App& app) {
                   "router (no model: send each request to a --prefill then a --decode worker)")
       ->check(CLI::IsMember({"colocated", "prefill", "decode", "router"}))
       ->capture_default_str();
-  cmd->add_option("--kv-transfer-host", args->kv_transfer_host,
-                  "prefill worker: address its KV server listens on, and that decode workers are told to reach")
+  cmd->add_option("--kv-transfer-host", args->kv_transfer_host, "prefill worker: the address its KV server listens on")
       ->capture_default_str();
+  cmd->add_option("--kv-transfer-advertise-host", args->kv_transfer_advertise_host,
+                  "prefill worker: the host decode workers are told to reach its KV server at (default: "
+                  "--kv-transfer-host)");
   cmd->add_option("--kv-transfer-port", args->kv_transfer_port,
                   "prefill worker: port of its KV server (0: any free port, printed at start)")
       ->capture_default_str();
