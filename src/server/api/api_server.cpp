@@ -221,6 +221,7 @@ void ApiServer::generate(const std::shared_ptr<http::Exchange>& exchange, Endpoi
 void ApiServer::pull_then_start(const std::shared_ptr<http::Exchange>& exchange, const std::string& tenant,
                                 std::shared_ptr<GenerationPlan> plan) {
   options_.hooks.live->fetch_add(1);  // shutdown waits for requests still pulling
+  plan->kv.off_io = [this, tenant](std::function<void()> fn) { pull_workers_->submit(tenant, std::move(fn)); };
   pull_workers_->submit(tenant, [this, exchange, plan, live = options_.hooks.live] {
     try {
       plan->kv.pulled = pull_kv(engine_, options_.kv, *plan->kv.pull);

@@ -56,8 +56,13 @@ void Generation::start(std::shared_ptr<http::Exchange> exchange, Engine& engine,
     SubmitResult s = engine.submit(r, on_event);
     if (!s.ok() && r.kv_import) {
       // The engine refused the import (another tenant's KV, other tokens, no prompt logprobs
-      // from imported KV...): give the blocks back and prefill here.
-      kv.pulled->give_back();
+      // from imported KV...): give the blocks back (an engine call: not on this executor)
+      // and prefill here.
+      std::shared_ptr<PulledKv> refused = std::move(kv.pulled);
+      if (kv.off_io)
+        kv.off_io([refused] { refused->give_back(); });
+      else
+        refused->give_back();
       note_fallback(kv.counters, kv.log, kv.pull ? kv.pull->address() : "?",
                     "the engine refused the import: " + s.rejection->message);
       r.kv_import.reset();

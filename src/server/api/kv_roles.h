@@ -81,6 +81,9 @@ struct KvPlan {
   // The role's counters and fallback log (KvRoleOptions), for the submit-time fallback.
   disagg::KvTransferCounters* counters = nullptr;
   std::function<void(const std::string&)> log;
+  // Runs a blocking engine call (giving a refused import back) off the connection's
+  // executor, on a pull thread; empty: inline.
+  std::function<void(std::function<void()>)> off_io;
 };
 
 // Decode side, blocking (a pull thread): reserves handle.n_blocks blocks, pulls them within
