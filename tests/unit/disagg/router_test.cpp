@@ -5,6 +5,7 @@
 // (502 naming it), and the requests it does not split.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,7 +24,8 @@ namespace {
 // A worker that records each request and answers with `answer`.
 class FakeWorker {
  public:
-  explicit FakeWorker(std::function<void(const json& body, http::Exchange& exchange)> answer)
+  using Answer = std::function<void(const json& body, http::Exchange& exchange)>;
+  explicit FakeWorker(Answer answer)
       : answer_(std::move(answer)), server_(test_server_options(), [this](std::shared_ptr<http::Exchange> e) {
           const json body = json::parse(e->request().body, nullptr, false);
           {
@@ -32,6 +34,8 @@ class FakeWorker {
             auth_.push_back(std::string(e->request().header("authorization").value_or("")));
           }
           answer_(body, *e);
+          std::lock_guard lock(mutex_);
+          exchanges_.push_back(e);
         }) {
     server_.start();
   }
@@ -44,13 +48,18 @@ class FakeWorker {
     std::lock_guard lock(mutex_);
     return auth_;
   }
+  std::shared_ptr<http::Exchange> exchange(size_t i) {
+    std::lock_guard lock(mutex_);
+    return i < exchanges_.size() ? exchanges_[i] : nullptr;
+  }
 
  private:
   std::function<void(const json&, http::Exchange&)> answer_;
   std::mutex mutex_;
   std::vector<json> bodies_;
   std::vector<std::string> auth_;
-  http::HttpServer server_;  // last: stopped first
+  std::vector<std::shared_ptr<http::Exchange>> exchanges_;  // kept: a stream may stay open
+  http::HttpServer server_;                                 // last: stopped first
 };
 
 const json kHandle = {{"do_remote_decode", false},
@@ -190,4 +199,27 @@ TEST(Router, RequestsItCannotSplitGoStraightToDecode) {
   TestConn c2(f.server.port());
   c2.send(get_request("/tokenize"));
   EXPECT_EQ(c2.read_response().value_or(TestResponse{}).status, 404);
+}
+
+TEST(Router, AClientThatGoesAwayEndsTheDecodeCall) {
+  // A decode worker whose stream never ends: only the router closing the call ends it.
+  std::atomic<bool> abandoned{false};
+  FakeWorker prefill(prefill_answer);
+  FakeWorker decode([&](const json&, http::Exchange& e) {
+    e.start_stream();
+    e.write("data: {\"n\": 1}\n\n");
+    e.on_abandon([&] { abandoned = true; });
+  });
+  RouterFixture f(prefill.url(), decode.url());
+  json body = kRequest;
+  body["stream"] = true;
+  {
+    TestConn c(f.server.port());
+    c.send(post_request("/v1/completions", body.dump()));
+    ASSERT_TRUE(c.read_head().has_value());
+    EXPECT_EQ(c.read_chunk().value_or(""), "data: {\"n\": 1}\n\n");  // streamed as it came
+    c.reset();
+  }
+  EXPECT_TRUE(eventually([&] { return abandoned.load(); }));
+  EXPECT_TRUE(eventually([&] { return f.metrics().find("outcome=\"cancelled\"} 1.0") != std::string::npos; }));
 }
