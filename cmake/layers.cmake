@@ -85,8 +85,8 @@ tessera_layer(engine    DIRS src/engine PUBLIC core backend kv model sample sche
 # engines, through the engine's API (engine/engine.h, engine/kv_transfer.h).
 tessera_layer(disagg    DIRS src/disagg PUBLIC core kv engine LIBS Boost::headers)
 # The server reaches the scheduler only through the engine's API (engine/engine.h, engine/request.h).
-tessera_layer(server    DIRS src/server src/server/api src/server/http src/server/web
-  PUBLIC core engine sample tokenizer PRIVATE template grammar disagg
+tessera_layer(server    DIRS src/server src/server/api src/server/http src/server/web src/server/router
+  PUBLIC core engine sample tokenizer disagg PRIVATE template grammar
   LIBS Boost::headers OpenSSL::Crypto nlohmann_json::nlohmann_json)
 # Tools above the engine, kept out of it.
 tessera_layer(eval      DIRS src/eval PUBLIC core PRIVATE engine tokenizer)

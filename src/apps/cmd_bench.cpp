@@ -305,6 +305,7 @@ void add_bench(CLI::App& app) {
   add_bench_compare(*bench);
   add_bench_grammar(*bench);
   add_bench_verify(*bench);
+  add_bench_kv_transfer(*bench);
 }
 
 }  // namespace tessera::apps

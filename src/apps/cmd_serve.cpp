@@ -12,6 +12,7 @@
 #include "apps/commands.h"
 #include "apps/common.h"
 #include "core/error.h"
+#include "disagg/tcp_transport.h"
 #include "grammar/grammar.h"
 #include "engine/engine.h"
 #include "engine/engine_model.h"
@@ -19,9 +20,11 @@
 #include "engine/stats_logger.h"
 #include "server/api/access_log.h"
 #include "server/api/api_server.h"
+#include "server/api/kv_roles.h"
 #include "server/api/startup_gate.h"
 #include "server/http/server.h"
 #include "server/metrics.h"
+#include "server/router/router.h"
 #include "server/web/chat_page.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -48,7 +51,59 @@ struct ServeArgs {
   double log_stats_interval_s = 10;  // 0 = no stats line
   bool metrics_require_key = false;
   bool disable_log_requests = false;
+  // Prefill/decode disaggregation (docs/design/disaggregation.md).
+  std::string role = "colocated";  // colocated | prefill | decode | router
+  std::string kv_transfer_host = "127.0.0.1";
+  std::string kv_transfer_advertise_host;  // "": kv_transfer_host
+  int kv_transfer_port = 0;
+  double kv_lease_seconds = 30;
+  double kv_transfer_timeout_s = 5;
+  int kv_transfer_threads = 4;
+  std::vector<std::string> prefill_urls, decode_urls;  // router
+  double router_timeout_s = 600;
 };
+
+// Blocks SIGINT and SIGTERM before any thread exists, so every thread inherits the mask and
+// none is interrupted; wait_for_signal takes them.
+sigset_t block_stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+int wait_for_signal(const sigset_t& signals) {
+  int sig = 0;
+  sigwait(&signals, &sig);
+  return sig;
+}
+
+// --role router: no model, only the HTTP front over the workers.
+void serve_router(const ServeArgs& a, const sigset_t& signals) {
+  TESSERA_CHECK(a.router_timeout_s > 0, "--router-timeout must be positive");
+  router::RouterOptions ro;
+  ro.prefill_urls = a.prefill_urls;
+  ro.decode_urls = a.decode_urls;
+  ro.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.router_timeout_s * 1000));
+  router::Router router(ro);
+  http::ServerOptions so;
+  so.host = a.host;
+  so.port = static_cast<uint16_t>(a.port);
+  so.io_threads = a.io_threads;
+  so.max_body_bytes = a.max_request_body;
+  http::HttpServer server(so, router.handler());
+  server.start();
+  std::printf("tessera: router listening on http://%s:%u (prefill workers: %zu, decode workers: %zu)\n", a.host.c_str(),
+              static_cast<unsigned>(server.port()), a.prefill_urls.size(), a.decode_urls.size());
+  std::fflush(stdout);
+  const int sig = wait_for_signal(signals);
+  std::fprintf(stderr, "tessera: %s: stopping the router\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  server.stop_accepting();
+  server.stop();
+  std::fprintf(stderr, "tessera: stopped\n");
+}
 
 // "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct": the file name without its
 // extension and quantization tag.
@@ -83,13 +138,29 @@ std::unique_ptr<ChatTemplate> load_chat_template(const std::string& source, cons
 void serve(const ServeArgs& a) {
   TESSERA_CHECK(a.port >= 0 && a.port <= 65535, "--port ", a.port, " is outside [0, 65535]");
   TESSERA_CHECK(a.drain_timeout_s >= 0, "--drain-timeout must not be negative");
-  // Signals are taken by sigwait below: block them before any thread exists, so every thread
-  // inherits the mask and none is interrupted.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const bool router_role = a.role == "router";
+  TESSERA_CHECK(router_role || (a.prefill_urls.empty() && a.decode_urls.empty()),
+                "--prefill and --decode name the workers of --role router, not of --role ", a.role);
+  const api::ServeRole role = router_role ? api::ServeRole::Colocated : api::serve_role_from_name(a.role);
+  if (role != api::ServeRole::Colocated) {
+    TESSERA_CHECK(!a.engine.no_prefix_cache, "--role ", a.role,
+                  " needs prefix caching (the KV moves through the prefix index): drop --no-prefix-cache");
+    TESSERA_CHECK(a.kv_transfer_port >= 0 && a.kv_transfer_port <= 65535, "--kv-transfer-port ", a.kv_transfer_port,
+                  " is outside [0, 65535]");
+    TESSERA_CHECK(a.kv_lease_seconds > 0 && a.kv_lease_seconds <= 3600, "--kv-lease-seconds ", a.kv_lease_seconds,
+                  " is outside (0, 3600]");
+    TESSERA_CHECK(a.kv_transfer_timeout_s > 0, "--kv-transfer-timeout must be positive");
+    TESSERA_CHECK(a.kv_transfer_threads >= 1, "--kv-transfer-threads must be at least 1");
+    const std::string& advertised =
+        a.kv_transfer_advertise_host.empty() ? a.kv_transfer_host : a.kv_transfer_advertise_host;
+    TESSERA_CHECK(role != api::ServeRole::Prefill || (advertised != "0.0.0.0" && advertised != "::"),
+                  "--kv-transfer-host ", a.kv_transfer_host,
+                  " listens on every interface but names none a decode worker can reach: give "
+                  "--kv-transfer-advertise-host too");
+  }
+  // Signals are taken by sigwait below.
+  const sigset_t signals = block_stop_signals();
+  if (router_role) return serve_router(a, signals);
 
   std::vector<std::string> keys = a.api_keys;
   if (!a.api_key_file.empty())
@@ -139,7 +210,42 @@ void serve(const ServeArgs& a) {
     const EngineSummary s = describe_engine(model_engine, a.model.model);
     metrics.set_cache_config({s.block_size, s.kv_dtype, s.n_blocks, s.n_host_blocks, s.kv_bits_per_element});
   }
+  // Disaggregation: a prefill worker serves its leases on a KV port of its own; a decode
+  // worker pulls. Declared after the engine: stopped and destroyed before it.
+  disagg::KvTransferCounters kv_counters;
+  std::unique_ptr<disagg::EngineLeaseSource> lease_source;
+  std::unique_ptr<disagg::TcpKvServer> kv_server;
+  std::unique_ptr<disagg::TcpKvPuller> kv_puller;
+  api::KvRoleOptions kv_role;
+  kv_role.role = role;
+  const auto transfer_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.kv_transfer_timeout_s * 1000));
+  if (role == api::ServeRole::Prefill) {
+    lease_source = std::make_unique<disagg::EngineLeaseSource>(engine);
+    kv_server = std::make_unique<disagg::TcpKvServer>(
+        *lease_source,
+        disagg::TcpKvServerOptions{a.kv_transfer_host, static_cast<uint16_t>(a.kv_transfer_port), transfer_timeout},
+        &kv_counters);
+    kv_server->start();
+    kv_role.lease_seconds = a.kv_lease_seconds;
+    kv_role.block_size = model_engine.config().block_size;
+    kv_role.kv_host = a.kv_transfer_advertise_host.empty() ? a.kv_transfer_host : a.kv_transfer_advertise_host;
+    kv_role.kv_port = kv_server->port();
+  } else if (role == api::ServeRole::Decode) {
+    kv_puller = std::make_unique<disagg::TcpKvPuller>(&kv_counters);
+    kv_role.puller = kv_puller.get();
+    kv_role.pull_timeout = transfer_timeout;
+    kv_role.pull_threads = a.kv_transfer_threads;
+  }
+  if (role != api::ServeRole::Colocated) {
+    kv_role.counters = &kv_counters;
+    kv_role.log = [](const std::string& line) {
+      std::fprintf(stderr, "tessera: %s\n", line.c_str());
+      std::fflush(stderr);
+    };
+    metrics.set_kv_transfer_counters(&kv_counters);
+  }
   api::ApiServerOptions options;
+  options.kv = kv_role;
   options.keys = api::ApiKeys(keys);
   options.chat_page_html = std::string(web::chat_page_html());
   options.prompt_threads = a.prompt_threads;
@@ -171,10 +277,15 @@ void serve(const ServeArgs& a) {
   std::printf("tessera: serving %s on http://%s:%u (OpenAI API at /v1)\n", served.name.c_str(), a.host.c_str(),
               static_cast<unsigned>(server.port()));
   std::fflush(stdout);
+  if (kv_server)
+    std::printf("tessera: prefill worker: KV transfer server on %s:%u (leases of %g s)\n", kv_server->host().c_str(),
+                static_cast<unsigned>(kv_server->port()), a.kv_lease_seconds);
+  if (role == api::ServeRole::Decode)
+    std::printf("tessera: decode worker: pulls KV within %g s, else prefills locally\n", a.kv_transfer_timeout_s);
+  std::fflush(stdout);
   print_engine_summary(model_engine, a.model);  // after the address: clients read that line first
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = wait_for_signal(signals);
   std::fprintf(stderr, "tessera: %s: draining (up to %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", a.drain_timeout_s);
   // The listener stays open: probes get 503 server_draining rather than a refused connection.
   api.set_draining(true);
@@ -186,6 +297,7 @@ void serve(const ServeArgs& a) {
   while ((api.live_generations() > 0 || server.counters().answering > 0) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   server.stop();
+  if (kv_server) kv_server->stop();  // its pulls read the engine's leases
   stats_logger.reset();
   engine.stop();
   std::fprintf(stderr, "tessera: stopped\n");
@@ -230,6 +342,34 @@ void add_serve(CLI::App& app) {
                 "with API keys, GET /metrics needs one too (default: /metrics is open)");
   cmd->add_flag("--disable-log-requests", args->disable_log_requests,
                 "no access-log line on stderr per finished request");
+  cmd->add_option("--role", args->role,
+                  "prefill/decode disaggregation: colocated (prefill and decode here), prefill (run each request to "
+                  "its first token and lease its KV), decode (pull the KV a request's kv_transfer_params name), or "
+                  "router (no model: send each request to a --prefill then a --decode worker)")
+      ->check(CLI::IsMember({"colocated", "prefill", "decode", "router"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-host", args->kv_transfer_host, "prefill worker: the address its KV server listens on")
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-advertise-host", args->kv_transfer_advertise_host,
+                  "prefill worker: the host decode workers are told to reach its KV server at (default: "
+                  "--kv-transfer-host)");
+  cmd->add_option("--kv-transfer-port", args->kv_transfer_port,
+                  "prefill worker: port of its KV server (0: any free port, printed at start)")
+      ->capture_default_str();
+  cmd->add_option("--kv-lease-seconds", args->kv_lease_seconds,
+                  "prefill worker: how long a request's KV stays pinned for a decode worker to pull")
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-timeout", args->kv_transfer_timeout_s,
+                  "seconds a whole KV pull may take (decode), and each message of one (prefill); a decode worker "
+                  "prefills locally past it")
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-threads", args->kv_transfer_threads, "decode worker: threads that pull KV")
+      ->capture_default_str();
+  cmd->add_option("--prefill", args->prefill_urls, "router: a prefill worker's URL (http://host:port; repeatable)");
+  cmd->add_option("--decode", args->decode_urls, "router: a decode worker's URL (http://host:port; repeatable)");
+  cmd->add_option("--router-timeout", args->router_timeout_s,
+                  "router: seconds a worker may go without sending or taking a byte before the call fails")
+      ->capture_default_str();
   cmd->callback([args] { serve(*args); });
 }
 

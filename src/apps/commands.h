@@ -19,5 +19,6 @@ void add_bench_serve(CLI::App& bench);
 void add_bench_compare(CLI::App& bench);
 void add_bench_grammar(CLI::App& bench);
 void add_bench_verify(CLI::App& bench);
+void add_bench_kv_transfer(CLI::App& bench);
 
 }  // namespace tessera::apps

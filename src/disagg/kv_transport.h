@@ -60,6 +60,9 @@ struct KvTransferCounters {
   std::atomic<int64_t> pull_timeouts{0};  // of which the transfer stalled or took too long
   std::atomic<int64_t> bytes_received{0};
   std::atomic<int64_t> pull_micros{0};  // time in successful pulls
+  // Requests that came with a handle and prefilled locally instead (the server counts these:
+  // no room to reserve, a failed pull, or an import the engine refused).
+  std::atomic<int64_t> fallbacks{0};
 };
 
 // Pulls a lease's blocks into `staging` (its slots bound how many are taken). Throws

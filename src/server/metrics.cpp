@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "server/exposition.h"
 
 namespace tessera {
 
@@ -27,20 +28,6 @@ std::vector<double> buckets_1_2_5(int64_t max_value) {
     }
     if (scale > INT64_MAX / 50) return buckets;  // the next decade would overflow
   }
-}
-
-std::string format_prometheus_value(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  char buf[64];
-  // Shortest text that reads back to the same double, like Python's repr().
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
-  TESSERA_CHECK(ec == std::errc(), "cannot format metric value ", value);
-  std::string text(buf, end);
-  // Python's prometheus_client writes integral floats as "1.0"; do the same so both
-  // expositions read alike (Prometheus accepts either).
-  if (text.find_first_of(".e") == std::string::npos) text += ".0";
-  return text;
 }
 
 namespace {
@@ -80,98 +67,20 @@ struct Histogram {
   uint64_t count = 0;
 };
 
-// Escapes for the text format: label values escape \ " and newline; help texts \ and newline.
-std::string escape_label_value(std::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '"')
-      out += "\\\"";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
+// A histogram family: cumulative buckets, count and sum.
+void write_histogram(ExpositionWriter& w, std::string_view name, std::string_view help, const Histogram& h) {
+  w.family(name, "histogram", help);
+  const std::string base(name);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cumulative += h.counts[i];
+    w.sample(base + "_bucket", "le=\"" + format_prometheus_value(h.bounds[i]) + "\"", static_cast<double>(cumulative));
   }
-  return out;
+  cumulative += h.counts.back();
+  w.sample(base + "_bucket", "le=\"+Inf\"", static_cast<double>(cumulative));
+  w.sample(base + "_count", "", static_cast<double>(h.count));
+  w.sample(base + "_sum", "", h.sum);
 }
-
-std::string escape_help(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
-}
-
-// Writes families in the text format with every series carrying the common labels.
-class ExpositionWriter {
- public:
-  explicit ExpositionWriter(std::string common_labels) : common_(std::move(common_labels)) {}
-
-  void family(std::string_view name, std::string_view type, std::string_view help) {
-    out_ += "# HELP ";
-    out_ += name;
-    out_ += ' ';
-    out_ += escape_help(help);
-    out_ += "\n# TYPE ";
-    out_ += name;
-    out_ += ' ';
-    out_ += type;
-    out_ += '\n';
-  }
-
-  // extra_labels: `key="escaped value"` pairs joined by commas, or "".
-  void sample(std::string_view name, std::string_view extra_labels, double value) {
-    out_ += name;
-    out_ += '{';
-    out_ += common_;
-    if (!extra_labels.empty()) {
-      out_ += ',';
-      out_ += extra_labels;
-    }
-    out_ += "} ";
-    out_ += format_prometheus_value(value);
-    out_ += '\n';
-  }
-
-  void gauge(std::string_view name, std::string_view help, double value) {
-    family(name, "gauge", help);
-    sample(name, "", value);
-  }
-
-  // name ends in _total already: prometheus_client names the family after the sample.
-  void counter(std::string_view name, std::string_view help, double value) {
-    family(name, "counter", help);
-    sample(name, "", value);
-  }
-
-  void histogram(std::string_view name, std::string_view help, const Histogram& h) {
-    family(name, "histogram", help);
-    const std::string base(name);
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i < h.bounds.size(); ++i) {
-      cumulative += h.counts[i];
-      sample(base + "_bucket", "le=\"" + format_prometheus_value(h.bounds[i]) + "\"", static_cast<double>(cumulative));
-    }
-    cumulative += h.counts.back();
-    sample(base + "_bucket", "le=\"+Inf\"", static_cast<double>(cumulative));
-    sample(base + "_count", "", static_cast<double>(h.count));
-    sample(base + "_sum", "", h.sum);
-  }
-
-  std::string take() { return std::move(out_); }
-
- private:
-  std::string common_;
-  std::string out_;
-};
 
 }  // namespace
 
@@ -207,6 +116,7 @@ struct ServerMetrics::Impl {
   Histogram prefill_time;
   Histogram decode_time;
   std::optional<ServerMetrics::CacheConfig> cache_config;
+  const disagg::KvTransferCounters* kv_transfer = nullptr;
 };
 
 ServerMetrics::ServerMetrics(std::string model_name) : ServerMetrics(std::move(model_name), kDefaultMaxModelLen) {}
@@ -221,6 +131,11 @@ ServerMetrics::~ServerMetrics() = default;
 void ServerMetrics::set_cache_config(const CacheConfig& config) {
   std::lock_guard lock(impl_->mutex);
   impl_->cache_config = config;
+}
+
+void ServerMetrics::set_kv_transfer_counters(const disagg::KvTransferCounters* counters) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->kv_transfer = counters;
 }
 
 void ServerMetrics::record(const RequestRecord& r) {
@@ -355,6 +270,28 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
             c.bits_per_element);
   }
 
+  // The KV transport of a prefill or decode worker (both sides' counters on either).
+  if (const disagg::KvTransferCounters* t = m.kv_transfer) {
+    const auto value = [](const std::atomic<int64_t>& c) { return static_cast<double>(c.load()); };
+    w.counter("tessera:kv_transfer_served_total", "KV pulls served completely and acknowledged (prefill side).",
+              value(t->served));
+    w.counter("tessera:kv_transfer_serve_failures_total",
+              "KV pulls refused or broken off (prefill side: unknown lease, other KV format, peer gone).",
+              value(t->serve_failures));
+    w.counter("tessera:kv_transfer_pulls_total", "KV pulls completed (decode side).", value(t->pulled));
+    w.counter("tessera:kv_transfer_pull_failures_total", "KV pulls that failed, timeouts included (decode side).",
+              value(t->pull_failures));
+    w.counter("tessera:kv_transfer_pull_timeouts_total", "KV pulls that ran out of time (decode side).",
+              value(t->pull_timeouts));
+    w.counter("tessera:kv_transfer_fallbacks_total",
+              "Requests that came with a KV handle and prefilled locally instead (decode side).", value(t->fallbacks));
+    w.family("tessera:kv_transfer_bytes_total", "counter", "Bytes of KV transfer messages, by direction.");
+    w.sample("tessera:kv_transfer_bytes_total", "direction=\"sent\"", value(t->bytes_sent));
+    w.sample("tessera:kv_transfer_bytes_total", "direction=\"received\"", value(t->bytes_received));
+    w.counter("tessera:kv_transfer_pull_seconds_total", "Time spent in completed KV pulls (decode side).",
+              value(t->pull_micros) / 1e6);
+  }
+
   w.family("vllm:request_success_total", "counter", "Count of successfully processed requests.");
   for (FinishReason reason : kSuccessReasons) {
     const auto it = m.success.find(reason);
@@ -388,7 +325,7 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
        &Impl::prefill_time},
       {"vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", &Impl::decode_time},
   };
-  for (const HistogramFamily& h : kHistograms) w.histogram(h.name, h.help, m.*h.values);
+  for (const HistogramFamily& h : kHistograms) write_histogram(w, h.name, h.help, m.*h.values);
 
   // tessera's own: refusals before the engine (400/429/503...), by status and reason.
   w.family("tessera:requests_rejected_total", "counter",

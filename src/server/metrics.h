@@ -11,8 +11,10 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/engine_core.h"  // EngineStats
-#include "engine/request.h"      // FinishReason, through the engine's API
+#include "disagg/kv_transport.h"  // KvTransferCounters
+#include "engine/engine_core.h"   // EngineStats
+#include "engine/request.h"       // FinishReason, through the engine's API
+#include "server/exposition.h"    // format_prometheus_value
 
 namespace tessera {
 
@@ -33,9 +35,6 @@ struct RequestRecord {
 
 // vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to and including max_value.
 std::vector<double> buckets_1_2_5(int64_t max_value);
-// A sample value or `le` bound as Prometheus and Python's prometheus_client write it:
-// "1.0", "0.025", "1e-05", "+Inf", "-Inf", "NaN".
-std::string format_prometheus_value(double value);
 
 class ServerMetrics {
  public:
@@ -64,6 +63,9 @@ class ServerMetrics {
     double bits_per_element = 0;
   };
   void set_cache_config(const CacheConfig& config);
+  // A prefill or decode worker's transfer counters (tessera:kv_transfer_*), read at each
+  // scrape; not owned, must outlive this. Absent (no series) until set.
+  void set_kv_transfer_counters(const disagg::KvTransferCounters* counters);
 
   // The Prometheus text exposition (format 0.0.4): the recorded histograms and counters,
   // plus the engine's gauges and counters from `engine`.

@@ -6,6 +6,7 @@
 
 #include "core/version.h"
 #include "server/api/api_error.h"
+#include "server/api/kv_transfer_params.h"
 #include "server/api/prompt_input.h"
 #include "server/api/response_json.h"
 
@@ -78,6 +79,14 @@ ApiServer::ApiServer(Engine& engine, ServedModel model, ApiServerOptions options
   TESSERA_CHECK(model_.tokenizer != nullptr, "api: the served model has no tokenizer");
   if (model_.created == 0) model_.created = unix_now();
   if (options_.prompt_threads > 0) prompt_workers_ = std::make_unique<PromptWorkers>(options_.prompt_threads);
+  if (options_.kv.role == ServeRole::Decode) {
+    TESSERA_CHECK(options_.kv.puller != nullptr, "api: a decode worker needs a KV puller");
+    TESSERA_CHECK(options_.kv.pull_threads >= 1, "api: a decode worker needs at least one pull thread");
+    pull_workers_ = std::make_unique<PromptWorkers>(options_.kv.pull_threads);
+  }
+  if (options_.kv.role == ServeRole::Prefill)
+    TESSERA_CHECK(options_.kv.lease_seconds > 0 && options_.kv.block_size > 0,
+                  "api: a prefill worker needs a lease time and the block size");
 }
 
 void ApiServer::handle(std::shared_ptr<http::Exchange> exchange) {
@@ -198,8 +207,30 @@ void ApiServer::generate(const std::shared_ptr<http::Exchange>& exchange, Endpoi
       log_refusal(exchange->request(), tenant, e.status);
       throw;
     }
+    if (plan.kv.pull) {
+      auto shared = std::make_shared<GenerationPlan>(std::move(plan));
+      return std::function<void()>(
+          [this, exchange, tenant, shared] { pull_then_start(exchange, tenant.name, shared); });
+    }
     return std::function<void()>([this, exchange, plan = std::move(plan)]() mutable {
       Generation::start(exchange, engine_, model_, options_.hooks, std::move(plan));
+    });
+  });
+}
+
+void ApiServer::pull_then_start(const std::shared_ptr<http::Exchange>& exchange, const std::string& tenant,
+                                std::shared_ptr<GenerationPlan> plan) {
+  options_.hooks.live->fetch_add(1);  // shutdown waits for requests still pulling
+  plan->kv.off_io = [this, tenant](std::function<void()> fn) { pull_workers_->submit(tenant, std::move(fn)); };
+  pull_workers_->submit(tenant, [this, exchange, plan, live = options_.hooks.live] {
+    try {
+      plan->kv.pulled = pull_kv(engine_, options_.kv, *plan->kv.pull);
+    } catch (const std::exception& e) {  // pull_kv handles transfer failures; anything else
+      note_fallback(options_.kv.counters, options_.kv.log, plan->kv.pull->address(), e.what());
+    }
+    exchange->post([this, exchange, plan, live] {
+      Generation::start(exchange, engine_, model_, options_.hooks, std::move(*plan));
+      live->fetch_sub(1);
     });
   });
 }
@@ -243,6 +274,7 @@ GenerationPlan ApiServer::prepare(const http::Request& request, Endpoint endpoin
   try {
     const json body = parse_json_body(request.body);
     plan = endpoint == Endpoint::Chat ? parse_chat_request(body, model_) : parse_completion_request(body, model_);
+    apply_role(body, plan);
   } catch (const ApiError& e) {
     if (options_.hooks.record_rejection) options_.hooks.record_rejection(e.status, e.code.value_or("invalid_request"));
     throw;
@@ -252,6 +284,37 @@ GenerationPlan ApiServer::prepare(const http::Request& request, Endpoint endpoin
   plan.id = random_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
   plan.created = unix_now();
   return plan;
+}
+
+void ApiServer::apply_role(const json& body, GenerationPlan& plan) const {
+  const KvRoleOptions& role = options_.kv;
+  if (role.role == ServeRole::Colocated) return;  // kv_transfer_params is not read at all
+  const std::optional<KvTransferParams> params = parse_kv_transfer_params(body);
+  plan.kv.counters = role.counters;
+  plan.kv.log = role.log;
+  if (role.role == ServeRole::Prefill) {
+    // The router asks for the prompt's KV and the first token, as one non-streamed answer.
+    if (plan.prompts.size() != 1)
+      invalid_param("prompt", "invalid_value", "a prefill worker takes one prompt, not ", plan.prompts.size());
+    if (plan.options.n != 1) invalid_param("n", "invalid_value", "a prefill worker runs n = 1, not ", plan.options.n);
+    if (plan.options.stream)
+      invalid_param("stream", "invalid_value", "a prefill worker answers with one JSON body: send stream = false");
+    plan.options.max_tokens = 1;
+    plan.sampling[0].max_tokens = 1;
+    // A decode worker computes at least the last prompt token itself: a prompt without a
+    // full block before it leaves nothing to lease (the answer's handle is then null).
+    if (plan.prompts[0].tokens.size() > static_cast<size_t>(role.block_size))
+      plan.kv.lease_seconds = role.lease_seconds;
+    plan.kv.server_host = role.kv_host;
+    plan.kv.server_port = role.kv_port;
+    return;
+  }
+  // Decode: pull when the prefill worker left a lease with blocks in it.
+  if (!params || !params->handle || params->handle->n_blocks == 0) return;
+  if (plan.prompts.size() != 1 || plan.options.n != 1)
+    invalid_param("kv_transfer_params", "invalid_value",
+                  "kv_transfer_params with a remote_handle needs one prompt and n = 1 (the KV of one prefill)");
+  plan.kv.pull = params->handle;
 }
 
 http::Response ApiServer::health(bool ready) const {

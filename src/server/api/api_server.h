@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "server/api/auth.h"
 #include "server/api/generation.h"
+#include "server/api/kv_roles.h"
 #include "server/api/prompt_workers.h"
 #include "server/api/served_model.h"
 #include "server/http/exchange.h"
@@ -28,6 +29,8 @@ struct ApiServerOptions {
   // Threads that parse, render and tokenize generation requests off the I/O threads
   // (PromptWorkers); 0: on the connection's executor.
   int prompt_threads = 2;
+  // Prefill/decode disaggregation: this worker's role (kv_roles.h); colocated by default.
+  KvRoleOptions kv;
 };
 
 struct Route;
@@ -78,6 +81,13 @@ class ApiServer {
   // The body as a plan (parsed, rendered, tokenized): any thread. Throws ApiError, recorded
   // as a rejection.
   GenerationPlan prepare(const http::Request& request, Endpoint endpoint, const Tenant& tenant) const;
+  // The role's part of the plan (options_.kv): a prefill worker's lease and max_tokens = 1, a
+  // decode worker's handle to pull. Throws ApiError 400 for what the role cannot run.
+  void apply_role(const json& body, GenerationPlan& plan) const;
+  // Decode worker: pulls plan->kv.pull on a pull thread, then starts the generation on the
+  // exchange's executor (with the import, or prefilling locally).
+  void pull_then_start(const std::shared_ptr<http::Exchange>& exchange, const std::string& tenant,
+                       std::shared_ptr<GenerationPlan> plan);
   http::Response health(bool ready) const;
   http::Response models() const;
   http::Response model_by_id(std::string_view id) const;
@@ -88,7 +98,8 @@ class ApiServer {
   ServedModel model_;
   ApiServerOptions options_;
   std::atomic<bool> draining_{false};
-  std::unique_ptr<PromptWorkers> prompt_workers_;  // last: joined first, while the rest is alive
+  std::unique_ptr<PromptWorkers> prompt_workers_;  // joined before the rest is destroyed
+  std::unique_ptr<PromptWorkers> pull_workers_;    // decode role: KV pulls; joined first
 };
 
 // A fresh id: prefix + 32 random hex digits ("chatcmpl-...").

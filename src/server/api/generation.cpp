@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "server/api/api_error.h"
+#include "server/api/kv_transfer_params.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::api {
@@ -46,9 +47,29 @@ void Generation::start(std::shared_ptr<http::Exchange> exchange, Engine& engine,
     r.logprobs = o.logprobs;
     r.prompt_logprobs = gen->plan_.echo && o.logprobs ? o.top_logprobs : -1;
     r.speculative = o.speculative;
-    SubmitResult s = engine.submit(std::move(r), [weak] {
+    KvPlan& kv = gen->plan_.kv;
+    if (p == 0) r.kv_lease_seconds = kv.lease_seconds;
+    if (p == 0 && kv.pulled) r.kv_import = kv.pulled->import();
+    const auto on_event = [weak] {
       if (auto g = weak.lock()) g->schedule_drain();
-    });
+    };
+    SubmitResult s = engine.submit(r, on_event);
+    if (!s.ok() && r.kv_import) {
+      // The engine refused the import (another tenant's KV, other tokens, no prompt logprobs
+      // from imported KV...): give the blocks back (an engine call: not on this executor)
+      // and prefill here.
+      std::shared_ptr<PulledKv> refused = std::move(kv.pulled);
+      if (kv.off_io)
+        kv.off_io([refused] { refused->give_back(); });
+      else
+        refused->give_back();
+      note_fallback(kv.counters, kv.log, kv.pull ? kv.pull->address() : "?",
+                    "the engine refused the import: " + s.rejection->message);
+      r.kv_import.reset();
+      s = engine.submit(std::move(r), on_event);
+    } else if (s.ok() && r.kv_import) {
+      kv.pulled->handed_over();
+    }
     if (!s.ok()) {
       // Admission is all or nothing, decided before any header: withdraw what was accepted.
       for (const Part& part : gen->parts_) engine.abort(part.id);
@@ -323,8 +344,9 @@ void Generation::finish_response() {
       choices.push_back(chat ? chat_choice(index, ch.text, std::move(lp), ch.finish, ch.stop_reason)
                              : completion_choice(index, ch.text, std::move(lp), ch.finish, ch.stop_reason));
   }
-  const ojson body = chat ? chat_response(plan_.id, plan_.created, model_.name, std::move(choices), u)
-                          : completion_response(plan_.id, plan_.created, model_.name, std::move(choices), u);
+  ojson body = chat ? chat_response(plan_.id, plan_.created, model_.name, std::move(choices), u)
+                    : completion_response(plan_.id, plan_.created, model_.name, std::move(choices), u);
+  if (plan_.kv.lease_seconds > 0) body["kv_transfer_params"] = lease_params();
   http::Response response;
   response.body = dump_json(body);
   exchange_->respond(std::move(response));
@@ -333,6 +355,22 @@ void Generation::finish_response() {
 }  // namespace tessera::api
 
 namespace tessera::api {
+
+ojson Generation::lease_params() {
+  // The lease is published before the request's last event: it is in the progress by now.
+  const std::shared_ptr<const RequestProgress> progress = parts_.at(0).stream->progress();
+  std::optional<disagg::KvHandle> handle;
+  if (progress->kv_lease && progress->kv_lease->n_blocks > 0) {
+    handle.emplace();
+    handle->host = plan_.kv.server_host;
+    handle->port = plan_.kv.server_port;
+    handle->lease = progress->kv_lease->id;
+    handle->n_blocks = progress->kv_lease->n_blocks;
+  } else if (progress->kv_lease) {
+    engine_.release_kv_lease(progress->kv_lease->id);  // no full block: nothing to pull
+  }
+  return kv_transfer_params_json(handle);
+}
 
 void Generation::log_access(int status) {
   if (logged_ || !hooks_.access_log) return;

@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "server/api/access_log.h"
 #include "server/api/choice_output.h"
+#include "server/api/kv_roles.h"
 #include "server/api/request_params.h"
 #include "server/api/response_json.h"
 #include "server/http/exchange.h"
@@ -58,6 +59,9 @@ struct GenerationPlan {
   std::optional<ToolFormat> tool_format;
   std::string id;       // "cmpl-..." / "chatcmpl-..."
   int64_t created = 0;  // unix seconds
+  // Disaggregation (kv_roles.h): the prefill worker's lease, or the decode worker's import
+  // (one prompt, n = 1, for either).
+  KvPlan kv;
 };
 
 class Generation : public std::enable_shared_from_this<Generation> {
@@ -120,6 +124,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void after_change();
   void record_part(size_t part_index);
   void finish_response();
+  // Prefill worker: the answer's kv_transfer_params, naming the lease the request left.
+  ojson lease_params();
   // The access-log line, once, when the answer is complete, refused or abandoned.
   void log_access(int status);
   Usage usage() const;
