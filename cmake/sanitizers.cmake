@@ -11,7 +11,7 @@ if(TESSERA_BUILD_TESTS)
   # The layers the sanitizer binaries need: everything but the benchmark tools and eval.
   set(TESSERA_SANITIZED_LAYERS tessera_core tessera_format tessera_quant tessera_backend tessera_backend_cpu
     tessera_backend_cuda tessera_backend_registry tessera_kv tessera_model tessera_sample tessera_sched
-    tessera_spec tessera_tokenizer tessera_grammar tessera_template tessera_engine tessera_server)
+    tessera_spec tessera_tokenizer tessera_grammar tessera_template tessera_engine tessera_disagg tessera_server)
 
   # AddressSanitizer + UndefinedBehaviorSanitizer: the layers that own memory and parse input
   # (KV manager, scheduler, engine, HTTP, API, loaders, tokenizer, templates, grammar, sampling,
@@ -34,6 +34,7 @@ if(TESSERA_BUILD_TESTS)
     ${CMAKE_SOURCE_DIR}/tests/unit/engine/*.cpp
     ${CMAKE_SOURCE_DIR}/tests/unit/metrics/*.cpp
     ${CMAKE_SOURCE_DIR}/tests/unit/session/*.cpp
+    ${CMAKE_SOURCE_DIR}/tests/unit/disagg/*.cpp
     ${CMAKE_SOURCE_DIR}/tests/unit/fuzz/*.cpp)
   list(FILTER TESSERA_MEMORY_TEST_SOURCES EXCLUDE REGEX "${TESSERA_REAL_MODEL_ENGINE_TESTS}")
   add_executable(tessera_memory_tests EXCLUDE_FROM_ALL ${TESSERA_MEMORY_TEST_SOURCES})
@@ -46,6 +47,7 @@ if(TESSERA_BUILD_TESTS)
     ${CMAKE_SOURCE_DIR}/tests/unit/engine/*.cpp
     ${CMAKE_SOURCE_DIR}/tests/unit/sched/*.cpp
     ${CMAKE_SOURCE_DIR}/tests/unit/http/*.cpp
+    ${CMAKE_SOURCE_DIR}/tests/unit/disagg/*.cpp
     ${CMAKE_SOURCE_DIR}/tests/unit/api/api_server_test.cpp)
   # Not the real-model numerics: under TSan they took over 10 minutes of a CI run (2026-12-03).
   list(FILTER TESSERA_CONCURRENCY_TEST_SOURCES EXCLUDE REGEX "${TESSERA_REAL_MODEL_ENGINE_TESTS}")

@@ -8,6 +8,31 @@
 namespace tessera::cuda {
 
 namespace {
+
+// x_out = x + residual over one row (T: float or float4, n elements of T), returning the
+// block's 1 / rms of the sums (dim floats) with eps. Squares summed per element in order, a
+// float4's four at once; block_sum's barrier also orders the x_out writes before the block
+// reads them back. x_out is a buffer of its own (the in-place kernels keep their loops).
+__device__ __forceinline__ float squares(float v) { return v * v; }
+__device__ __forceinline__ float squares(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+__device__ __forceinline__ float add(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 add(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+template <class T>
+__device__ __forceinline__ float add_residual_inv_rms(const T* __restrict__ x, const T* __restrict__ residual,
+                                                      T* __restrict__ x_out, int n, int dim, float eps) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const T v = add(x[i], residual[i]);
+    x_out[i] = v;
+    ss += squares(v);
+  }
+  ss = block_sum(ss);
+  return rsqrtf(ss / static_cast<float>(dim) + eps);
+}
+
 __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ residual,
                                     const float* __restrict__ w, float* __restrict__ out, int dim, float eps) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
@@ -59,14 +84,7 @@ __global__ void add_rms_norm_into_kernel(const float* __restrict__ x, const floa
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = x[row + i] + residual[row + i];
-    x_out[row + i] = v;
-    ss += v * v;
-  }
-  ss = block_sum(ss);  // its barrier also orders the writes of x_out above before the reads below
-  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  const float inv = add_residual_inv_rms(x + row, residual + row, x_out + row, dim, dim, eps);
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     const float o = x_out[row + i] * inv * w[i];
     if (out16)
@@ -85,15 +103,7 @@ __global__ void add_rms_norm_into4_kernel(const float4* __restrict__ x, const fl
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim4;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < dim4; i += blockDim.x) {
-    const float4 a = x[row + i], b = residual[row + i];
-    const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-    x_out[row + i] = v;
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-  }
-  ss = block_sum(ss);  // its barrier also orders the writes of x_out above before the reads below
-  const float inv = rsqrtf(ss / static_cast<float>(4 * dim4) + eps);
+  const float inv = add_residual_inv_rms(x + row, residual + row, x_out + row, dim4, 4 * dim4, eps);
   for (int i = threadIdx.x; i < dim4; i += blockDim.x) {
     const float4 v = x_out[row + i], g = w[i];
     const float4 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
@@ -119,14 +129,7 @@ __global__ void add_rms_norm_q8_kernel(const float* __restrict__ x, const float*
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = x[row + i] + residual[row + i];
-    x_out[row + i] = v;
-    ss += v * v;
-  }
-  ss = block_sum(ss);  // its barrier also orders the writes of x_out above before the reads below
-  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  const float inv = add_residual_inv_rms(x + row, residual + row, x_out + row, dim, dim, eps);
   const int lane = threadIdx.x & 31, n_blocks = static_cast<int>(out.ld / 32);
   for (int b = threadIdx.x >> 5; b < n_blocks; b += blockDim.x >> 5) {
     const int j = b * 32 + lane;
@@ -142,15 +145,7 @@ __global__ void add_rms_norm_q8_vec_kernel(const float4* __restrict__ x, const f
   pdl_trigger();
   const int dim4 = dim / 4;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim4;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < dim4; i += blockDim.x) {
-    const float4 a = x[row + i], b = residual[row + i];
-    const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-    x_out[row + i] = v;
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-  }
-  ss = block_sum(ss);  // its barrier also orders the writes of x_out above before the reads below
-  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  const float inv = add_residual_inv_rms(x + row, residual + row, x_out + row, dim4, dim, eps);
   // Chunks of 16 columns, [0, ld / 16): those past dim (half of a last block) quantize zeros.
   const int n_chunks = static_cast<int>(out.ld / 16), lane = threadIdx.x & 31;
   for (int c0 = threadIdx.x - lane; c0 < n_chunks; c0 += blockDim.x) {  // whole warps a round
