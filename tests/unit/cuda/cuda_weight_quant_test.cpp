@@ -75,6 +75,23 @@ std::vector<float> q8_round_trip(const GqWeight& w, const std::vector<float>& x,
                                  l.has_perm ? reinterpret_cast<const int32_t*>(w.m.data.get() + l.off_perm) : nullptr);
 }
 
+// Relative error of outputs y (rows of stride ldy) against float64 over the activations x as
+// the path rounds them: up to 8 rows quantized per 32 columns, past 8 as they are (the bf16
+// GEMM's rounding is inside the tolerance).
+double error_vs_float64(const GqWeight& w, const std::vector<float>& y, int64_t ldy, const std::vector<float>& x, int n,
+                        int64_t ldx) {
+  const int64_t rows = w.host.rows;
+  const std::vector<double> all = reference(w, n <= 8 ? q8_round_trip(w, x, n, ldx) : x, n, ldx);
+  std::vector<double> ref;
+  std::vector<float> got;
+  for (int i = 0; i < n; ++i)
+    for (int64_t r = 0; r < rows; ++r) {
+      ref.push_back(all[i * rows + r]);
+      got.push_back(y[i * ldy + r]);
+    }
+  return rel_err(got, ref);
+}
+
 }  // namespace
 
 // The decode kernel at every row count it takes (1-8), with x rows 16-byte aligned and not
@@ -319,15 +336,8 @@ TEST(CudaWeightQuant, MatmulMatchesFloat64AtDecodeAndPrefillRows) {
       const auto y = dy.read();
       // Up to 8 rows activations quantized per 32 columns (the reference takes the same
       // rounding); past 8 decoded weights and activations rounded to bf16 for the tensor cores.
-      const std::vector<double> all = reference(w, n <= 8 ? q8_round_trip(w, x, n, ldx) : x, n, ldx);
-      std::vector<double> ref;
-      std::vector<float> got;
-      for (int i = 0; i < n; ++i)
-        for (int64_t r = 0; r < c.rows; ++r) {
-          ref.push_back(all[i * c.rows + r]);
-          got.push_back(y[i * ldy + r]);
-        }
-      EXPECT_LT(rel_err(got, ref), n <= 8 ? 1e-5 : 1e-2) << "W" << c.bits << " g" << c.group << " n=" << n;
+      EXPECT_LT(error_vs_float64(w, y, ldy, x, n, ldx), n <= 8 ? 1e-5 : 1e-2)
+          << "W" << c.bits << " g" << c.group << " n=" << n;
       for (int i = 0; i < n; ++i)
         for (int64_t r = c.rows; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r]));
     }
@@ -362,15 +372,7 @@ TEST(CudaWeightQuant, NormAndSwigluWriteTheQ8InputOfTheProduct) {
                                (c.act_order ? " act-order" : "") + " n=" + std::to_string(n);
       const double tol = n <= 8 ? 1e-3 : 1e-2;
       auto check = [&](const std::vector<float>& y, const std::vector<float>& xin) {
-        const std::vector<double> all = reference(w, n <= 8 ? q8_round_trip(w, xin, n, dim) : xin, n, dim);
-        std::vector<double> ref;
-        std::vector<float> got;
-        for (int i = 0; i < n; ++i)
-          for (int64_t r = 0; r < c.rows; ++r) {
-            ref.push_back(all[i * c.rows + r]);
-            got.push_back(y[i * ldy + r]);
-          }
-        return rel_err(got, ref);
+        return error_vs_float64(w, y, ldy, xin, n, dim);
       };
       {  // the pre-norm
         auto x = randn(n * dim, rng), res = randn(n * dim, rng), g = randn(dim, rng);
