@@ -98,12 +98,13 @@ Session::Session(const SessionOptions& options) : options_(options) {
   weights_ = std::move(loaded.weights);
   tokenizer_ = std::move(loaded.tokenizer);
   const ModelConfig& c = weights_->config;
+  ctx_ = options.ctx > 0 ? options.ctx : c.n_ctx_train;
+  if (options.weights_only) return;
   backend_ = make_backend(options.backend);
   TESSERA_CHECK(options.max_batch_tokens >= 1 && options.max_batch_tokens <= 65536, "max batch tokens ",
                 options.max_batch_tokens, " is outside [1, 65536]");
   const int max_logits = std::min(options.max_logits, options.max_batch_tokens);
   model_ = create_model(weights_, *backend_, options.max_batch_tokens, max_logits);
-  ctx_ = options.ctx > 0 ? options.ctx : c.n_ctx_train;
   TESSERA_CHECK(ctx_ >= 1 && ctx_ <= (1 << 22), "context ", ctx_, " is out of range");
   make_kv(options.kv_tokens > 0 ? std::min(options.kv_tokens, ctx_) : ctx_);
 }
@@ -135,12 +136,17 @@ void Session::make_kv(int tokens) {
 void Session::provision_kv(int tokens) {
   TESSERA_CHECK(tokens >= 1 && tokens <= ctx_, "KV for ", tokens, " tokens is outside [1, the context of ", ctx_,
                 "]; raise --max-model-len");
+  if (!kv_) weights_only_error();
   if (tokens <= kv_tokens()) return;
   TESSERA_CHECK(pool_->n_free() == kv_->spec().n_blocks, "KV cache resized while sequences hold blocks");
   make_kv(tokens);
 }
 
 Session::~Session() = default;
+
+void Session::weights_only_error() const {
+  fail("session of '", options_.model, "' holds its weights only (tensor parallelism runs them on its ranks)");
+}
 
 Tokenizer& Session::tokenizer() {
   TESSERA_CHECK(tokenizer_ != nullptr, "model '", options_.model, "' has no tokenizer (dummy weights)");
@@ -149,6 +155,7 @@ Tokenizer& Session::tokenizer() {
 
 void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, ForwardBatch::Logits mode,
                    std::vector<float>& logits) {
+  if (!runner_) weights_only_error();
   const int n_vocab = config().n_vocab;
   const int chunk_max = mode == ForwardBatch::Logits::All
                             ? std::min(model_->max_batch_tokens(), std::max(1, options_.max_logits))

@@ -41,6 +41,10 @@ struct SessionOptions {
   bool k_rope_neox = false;
   std::vector<std::vector<float>> k_rope_freq;
   uint64_t dummy_seed = 0;  // for dummy weights
+  // Load the weights and tokenizer only: no backend, model or KV (the tensor-parallel engine
+  // runs shards of the weights on backends of its own). backend(), model(), kv(), runner(),
+  // pool() and feed() then throw.
+  bool weights_only = false;
 };
 
 // Resolves a model argument to a file path: an existing path is returned as is; an alias
@@ -70,14 +74,14 @@ class Session {
   const GGUFFile* gguf() const { return gguf_.get(); }  // nullptr for non-GGUF models
   Tokenizer& tokenizer();                               // throws when the model has none
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
-  Backend& backend() { return *backend_; }
-  Model& model() { return *model_; }
-  KvCache& kv() { return *kv_; }
-  ModelRunner& runner() { return *runner_; }  // the model's forward over kv()
-  BlockPool& pool() { return *pool_; }
+  Backend& backend() { return *checked(backend_.get()); }
+  Model& model() { return *checked(model_.get()); }
+  KvCache& kv() { return *checked(kv_.get()); }
+  ModelRunner& runner() { return *checked(runner_.get()); }  // the model's forward over kv()
+  BlockPool& pool() { return *checked(pool_.get()); }
   int block_size() const { return options_.block_size; }
   int ctx() const { return ctx_; }
-  int kv_tokens() const { return kv_->spec().n_blocks * options_.block_size; }
+  int kv_tokens() const { return kv_ ? kv_->spec().n_blocks * options_.block_size : 0; }
   // Makes the KV cache hold at least `tokens` (at most ctx()), reallocating it; only while
   // no sequence holds blocks. Throws naming the numbers otherwise.
   void provision_kv(int tokens);
@@ -102,6 +106,12 @@ class Session {
   ForwardBatch batch_;
   int ctx_ = 0;
   void make_kv(int tokens);
+  template <typename T>
+  T* checked(T* p) const {
+    if (!p) weights_only_error();
+    return p;
+  }
+  [[noreturn]] void weights_only_error() const;
 };
 
 }  // namespace tessera
