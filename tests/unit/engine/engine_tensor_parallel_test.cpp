@@ -45,14 +45,7 @@ std::vector<int32_t> prompt(int n, uint32_t seed) {
   return p;
 }
 
-Request greedy(std::vector<int32_t> p, int max_tokens) {
-  Request r;
-  r.prompt = std::move(p);
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
+Request greedy(std::vector<int32_t> p, int max_tokens) { return test::greedy_tokens_request(std::move(p), max_tokens); }
 
 // Four prompts of 9 to 30 tokens (chunked at 16), 8 tokens each.
 std::vector<Request> mixed_requests() {
@@ -121,19 +114,26 @@ TEST_F(EngineTensorParallel, PrefixCacheHitGivesTheTokensOfTp1) {
 }
 
 TEST_F(EngineTensorParallel, ForkCopiesOnWriteOnEveryRank) {
-  Request r = greedy(prompt(13, 5), 6);  // 13 tokens: a partial last block, copied by a choice
+  // 13 prompt tokens: the last block is partial, and the second choice writes into a copy of
+  // it. Seeded sampling makes the choices differ, so each reads its own copy on every rank;
+  // a fresh engine, so a rank that skipped the copy would read memory no other test wrote.
+  Request r = greedy(prompt(13, 5), 6);
   r.n = 2;
-  const RunResult want = test::run_engine(*tp1_, {greedy(prompt(13, 5), 6)}, true);
-  const RunResult got = test::run_engine(*tp2_, {r}, true);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 42;
+  ModelEngine tp2(options(2));
+  const RunResult want = test::run_engine(*tp1_, {r}, true);
+  const RunResult got = test::run_engine(tp2, {r}, true);
   EXPECT_EQ(got.stats.forks, 1);
   EXPECT_EQ(got.stats.block_copies, 1);
-  for (int c = 0; c < 2; ++c) EXPECT_EQ(got.out.at(1).tokens[c], want.out.at(1).tokens[0]) << "choice " << c;
+  EXPECT_NE(want.out.at(1).tokens[0], want.out.at(1).tokens[1]);  // the choices diverge
+  expect_same_tokens(got, want, "fork");
 }
 
 TEST_F(EngineTensorParallel, SwapPreemptionMovesEveryRanksHeads) {
-  // Four sequences of up to 38 tokens in 24 blocks of 4: some are swapped out and back in.
+  // Four sequences of up to 38 tokens (29 blocks together) in 14 blocks of 4: some are swapped out.
   const RunResult want = test::run_engine(*tp1_, mixed_requests(), true, 0, false);
-  const RunResult got = test::run_engine(*tp2_, mixed_requests(), false, 24, true, [&](EngineConfig& c) {
+  const RunResult got = test::run_engine(*tp2_, mixed_requests(), false, 14, true, [&](EngineConfig& c) {
     c.scheduler.preemption_mode = PreemptionMode::Swap;
     c.n_host_blocks = tp2_->executor().n_host_blocks();
   });
