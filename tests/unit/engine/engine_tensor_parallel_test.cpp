@@ -12,15 +12,19 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "backend/cuda/cuda_factory.h"
 #include "backend/kv_codec.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"
 #include "engine/engine_summary.h"
 #include "engine_run_harness.h"
 #include "kv/kv_host_ops.h"
+#include "model/dummy.h"
 
 using namespace tessera;
 using tessera::test::RunResult;
@@ -96,6 +100,29 @@ TEST_F(EngineTensorParallel, ConcurrentChunkedRequestsGiveTheTokensOfTp1) {
   EXPECT_EQ(tp4.tensor_parallel_size(), 4);
   EXPECT_EQ(tp4.kv().spec().n_kv_heads, 1);
   expect_same_tokens(test::run_engine(tp4, mixed_requests(), false, 0, false), want, "tp 4");
+}
+
+TEST_F(EngineTensorParallel, TheThreadedEngineServesClientsOnManyThreads) {
+  // The serving path: Engine's own thread steps the TP executor; four clients submit at once.
+  const std::vector<Request> reqs = mixed_requests();
+  const RunResult want = test::run_engine(*tp1_, reqs, false, 0, false);
+  std::vector<RequestOutput> got(reqs.size());
+  {
+    Engine engine(tp2_->config(), tp2_->executor());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < reqs.size(); ++i)
+      clients.emplace_back([&, i] {
+        SubmitResult r = engine.submit(reqs[i]);
+        ASSERT_TRUE(r.stream) << "request " << i << " refused";
+        got[i] = r.stream->collect();
+      });
+    for (std::thread& t : clients) t.join();
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].error, "");
+    ASSERT_EQ(got[i].tokens.size(), 1u);
+    EXPECT_EQ(got[i].tokens[0], want.out.at(i + 1).tokens[0]) << "request " << i;
+  }
 }
 
 TEST_F(EngineTensorParallel, PrefixCacheHitGivesTheTokensOfTp1) {
@@ -248,6 +275,12 @@ TEST(EngineTensorParallelKv, WhatTensorParallelismCannotDoIsRefusedByName) {
   ModelEngineOptions cuda = options(2);
   cuda.session.backend.device = "cuda:1";
   expect_error(cuda, "rank r runs on cuda:r; pass --device cuda");
+  cuda.session.backend.device = "cuda";
+  expect_error(cuda, "on CUDA runs without graphs: add --no-cuda-graphs");
+  if (cuda_device_count() < 2) {  // this machine: the rank without a device is named
+    cuda.session.backend.cuda_graphs = false;
+    expect_error(cuda, cuda_device_count() == 0 ? "rank 0 on cuda:0: device 'cuda:0'" : "rank 1 on cuda:1");
+  }
 
   // KV transfer between engines (disaggregation): refused per request and at the API.
   ModelEngine tp2(options(2));
@@ -261,4 +294,35 @@ TEST(EngineTensorParallelKv, WhatTensorParallelismCannotDoIsRefusedByName) {
       << rejection->message;
   EXPECT_THROW(core.kv_identity(), Error);
   EXPECT_THROW(tp2.executor().make_staging(1), Error);
+}
+
+TEST(TensorParallelRanks, ARankThatFailsReleasesTheOthersAndTheGroupRecovers) {
+  BackendOptions cpu;
+  cpu.threads = 2;
+  TensorParallelRanks ranks(make_dummy_weights("qwen3-tiny:f32", 3), cpu, 2, 16, 1);
+  const KvCacheSpec whole = KvCacheSpec::plain(4, 2, 128, 4, 4, DType::F32);
+  ranks.run([&](TensorParallelRanks::Rank& r) {
+    r.kv = std::make_unique<KvCache>(*r.backend, ranks.rank_kv_spec(whole, r.index));
+    r.runner = std::make_unique<ModelRunner>(*r.model, *r.kv, *r.backend);
+  });
+  SequenceBlocks seq;
+  seq.blocks = {0, 1};
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5};
+  ForwardBatch batch;
+  batch.add_sequence(seq, 4, tokens.data(), 5, ForwardBatch::Logits::Last);
+  std::vector<std::vector<float>> logits(2, std::vector<float>(kVocab));
+  // Rank 1 fails before its forward; rank 0 waits in the embedding's all-reduce for it.
+  try {
+    ranks.run([&](TensorParallelRanks::Rank& r) {
+      if (r.index == 1) fail("injected failure");
+      r.runner->forward(batch, logits[0].data());
+    });
+    ADD_FAILURE() << "a failed rank went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor parallel rank 1: injected failure"), std::string::npos) << e.what();
+  }
+  // The next step runs on both ranks, and both see the same (whole) logits.
+  ranks.run([&](TensorParallelRanks::Rank& r) { r.runner->forward(batch, logits[r.index].data()); });
+  EXPECT_EQ(logits[0], logits[1]);
+  EXPECT_EQ(ranks.rank(1).kv->spec().kv_head_first, 1);
 }
