@@ -57,21 +57,15 @@ void TensorParallelExecutor::execute(const StepInput& in, StepOutput& out) {
   });
 }
 
-void TensorParallelExecutor::swap_out(std::span<const BlockSwap> swaps) {
+void TensorParallelExecutor::swap(std::span<const BlockSwap> swaps, bool out) {
   if (swaps.empty()) return;
   ranks_.run([&](TensorParallelRanks::Rank& r) {
-    if (r.index == 0) return rank0_->swap_out(swaps);
-    TESSERA_CHECK(r.host != nullptr, "executor: swap-out without a host KV tier");
-    swap_out_kv_blocks(*r.kv, *r.host, swaps);
-  });
-}
-
-void TensorParallelExecutor::swap_in(std::span<const BlockSwap> swaps) {
-  if (swaps.empty()) return;
-  ranks_.run([&](TensorParallelRanks::Rank& r) {
-    if (r.index == 0) return rank0_->swap_in(swaps);
-    TESSERA_CHECK(r.host != nullptr, "executor: swap-in without a host KV tier");
-    swap_in_kv_blocks(*r.kv, *r.host, swaps);
+    if (r.index == 0) return out ? rank0_->swap_out(swaps) : rank0_->swap_in(swaps);
+    TESSERA_CHECK(r.host != nullptr, "executor: swap without a host KV tier");
+    if (out)
+      swap_out_kv_blocks(*r.kv, *r.host, swaps);
+    else
+      swap_in_kv_blocks(*r.kv, *r.host, swaps);
   });
 }
 

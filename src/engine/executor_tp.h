@@ -32,8 +32,8 @@ class TensorParallelExecutor final : public Executor {
   int max_batch_tokens() const override { return rank0_->max_batch_tokens(); }
   int max_logits_rows() const override { return rank0_->max_logits_rows(); }
   int n_host_blocks() const override { return rank0_->n_host_blocks(); }
-  void swap_out(std::span<const BlockSwap> swaps) override;
-  void swap_in(std::span<const BlockSwap> swaps) override;
+  void swap_out(std::span<const BlockSwap> swaps) override { swap(swaps, true); }
+  void swap_in(std::span<const BlockSwap> swaps) override { swap(swaps, false); }
   // Disaggregation: no staging layout joins the ranks' heads (kv_spec() stays null).
   std::string kv_transfer_refusal() const override;
   std::shared_ptr<HostKvTier> make_staging(int n_blocks) override;
@@ -41,6 +41,9 @@ class TensorParallelExecutor final : public Executor {
   void import_blocks(std::span<const int32_t> blocks, const HostKvTier& staging) override;
 
  private:
+  // Every rank moves its heads of the blocks: out (device -> host slot) or in.
+  void swap(std::span<const BlockSwap> swaps, bool out);
+
   TensorParallelRanks& ranks_;
   std::unique_ptr<ModelExecutor> rank0_;
   struct Scratch {              // a rank 1..N-1's logits readback, dropped
