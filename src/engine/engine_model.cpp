@@ -33,6 +33,11 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   o.session.max_logits = sc.max_logits_rows;
   const int tp = o.tensor_parallel_size;
   TESSERA_CHECK(tp >= 1, "--tensor-parallel-size ", tp, " must be at least 1");
+  // The engine's ranks are its own (the executor drives them); a session with ranks of its
+  // own would be a second group.
+  TESSERA_CHECK(o.session.tensor_parallel_size == 1,
+                "engine: tensor parallelism is ModelEngineOptions::", "tensor_parallel_size, not the session's (",
+                o.session.tensor_parallel_size, ")");
   if (tp > 1) {
     TESSERA_CHECK(!o.speculative.enabled() || !o.speculative.uses_model(),
                   "--speculative-config: ", describe_speculative_config(o.speculative),

@@ -100,11 +100,18 @@ Session::Session(const SessionOptions& options) : options_(options) {
   const ModelConfig& c = weights_->config;
   ctx_ = options.ctx > 0 ? options.ctx : c.n_ctx_train;
   if (options.weights_only) return;
-  backend_ = make_backend(options.backend);
   TESSERA_CHECK(options.max_batch_tokens >= 1 && options.max_batch_tokens <= 65536, "max batch tokens ",
                 options.max_batch_tokens, " is outside [1, 65536]");
   const int max_logits = std::min(options.max_logits, options.max_batch_tokens);
-  model_ = create_model(weights_, *backend_, options.max_batch_tokens, max_logits);
+  TESSERA_CHECK(options.tensor_parallel_size >= 1, "--tensor-parallel-size ", options.tensor_parallel_size,
+                " must be at least 1");
+  if (options.tensor_parallel_size > 1) {
+    ranks_ = std::make_unique<TensorParallelRanks>(weights_, options.backend, options.tensor_parallel_size,
+                                                   options.max_batch_tokens, max_logits);
+  } else {
+    backend_ = make_backend(options.backend);
+    model_ = create_model(weights_, *backend_, options.max_batch_tokens, max_logits);
+  }
   TESSERA_CHECK(ctx_ >= 1 && ctx_ <= (1 << 22), "context ", ctx_, " is out of range");
   make_kv(options.kv_tokens > 0 ? std::min(options.kv_tokens, ctx_) : ctx_);
 }
@@ -127,24 +134,37 @@ void Session::make_kv(int tokens) {
   spec.k_rope_neox = options_.k_rope_neox;
   spec.k_rope_freq = options_.k_rope_freq;
   apply_checkpoint_kv_scales(*weights_, spec);
+  pool_ = std::make_unique<BlockPool>(spec.n_blocks);
+  if (ranks_) {  // each rank its KV heads, on its own thread
+    ranks_->run([&](TensorParallelRanks::Rank& r) {
+      r.runner.reset();
+      r.kv.reset();
+      r.kv = std::make_unique<KvCache>(*r.backend, ranks_->rank_kv_spec(spec, r.index));
+      r.runner = std::make_unique<ModelRunner>(*r.model, *r.kv, *r.backend);
+    });
+    return;
+  }
+  runner_.reset();
   kv_.reset();  // free the old cache before allocating the new one
   kv_ = std::make_unique<KvCache>(*backend_, spec);
   runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *backend_);
-  pool_ = std::make_unique<BlockPool>(spec.n_blocks);
 }
 
 void Session::provision_kv(int tokens) {
   TESSERA_CHECK(tokens >= 1 && tokens <= ctx_, "KV for ", tokens, " tokens is outside [1, the context of ", ctx_,
                 "]; raise --max-model-len");
-  if (!kv_) weights_only_error();
+  if (!pool_) weights_only_error();
   if (tokens <= kv_tokens()) return;
-  TESSERA_CHECK(pool_->n_free() == kv_->spec().n_blocks, "KV cache resized while sequences hold blocks");
+  TESSERA_CHECK(pool_->n_free() == pool_->n_blocks(), "KV cache resized while sequences hold blocks");
   make_kv(tokens);
 }
 
 Session::~Session() = default;
 
 void Session::weights_only_error() const {
+  if (ranks_)
+    fail("session of '", options_.model, "' runs on ", ranks_->size(),
+         " tensor-parallel ranks: it has no single runner (feed() runs every rank)");
   fail("session of '", options_.model, "' holds its weights only (tensor parallelism runs them on its ranks)");
 }
 
@@ -155,11 +175,11 @@ Tokenizer& Session::tokenizer() {
 
 void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, ForwardBatch::Logits mode,
                    std::vector<float>& logits) {
-  if (!runner_) weights_only_error();
+  if (!runner_ && !ranks_) weights_only_error();
   const int n_vocab = config().n_vocab;
   const int chunk_max = mode == ForwardBatch::Logits::All
-                            ? std::min(model_->max_batch_tokens(), std::max(1, options_.max_logits))
-                            : model_->max_batch_tokens();
+                            ? std::min(model().max_batch_tokens(), std::max(1, options_.max_logits))
+                            : model().max_batch_tokens();
   size_t done = 0;
   while (done < tokens.size()) {
     const int n = static_cast<int>(std::min<size_t>(chunk_max, tokens.size() - done));
@@ -173,7 +193,16 @@ void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, Forward
     const size_t rows = batch_.logits_rows.size();
     const size_t old = logits.size();
     logits.resize(old + rows * n_vocab);
-    runner_->forward(batch_, logits.data() + old);
+    if (ranks_) {
+      // Every rank runs the chunk (their collectives meet); rank 0's logits are returned.
+      ranks_->run([&](TensorParallelRanks::Rank& r) {
+        if (r.index == 0) return r.runner->forward(batch_, logits.data() + old);
+        std::vector<float> dropped(rows * n_vocab);
+        r.runner->forward(batch_, dropped.data());
+      });
+    } else {
+      runner_->forward(batch_, logits.data() + old);
+    }
     seq.n_tokens += n;
     done += n;
   }

@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "engine/model_runner.h"
+#include "engine/tp_ranks.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -45,6 +46,10 @@ struct SessionOptions {
   // runs shards of the weights on backends of its own). backend(), model(), kv(), runner(),
   // pool() and feed() then throw.
   bool weights_only = false;
+  // Tensor parallelism (engine/tp_ranks.h, docs/design/parallel.md): the model split over this
+  // many ranks of this process, each with its KV heads; feed() runs every rank. backend(),
+  // model() and kv() are then rank 0's, and runner() throws (a forward must run on every rank).
+  int tensor_parallel_size = 1;
 };
 
 // Resolves a model argument to a file path: an existing path is returned as is; an alias
@@ -74,14 +79,16 @@ class Session {
   const GGUFFile* gguf() const { return gguf_.get(); }  // nullptr for non-GGUF models
   Tokenizer& tokenizer();                               // throws when the model has none
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
-  Backend& backend() { return *checked(backend_.get()); }
-  Model& model() { return *checked(model_.get()); }
-  KvCache& kv() { return *checked(kv_.get()); }
+  Backend& backend() { return ranks_ ? *ranks_->rank(0).backend : *checked(backend_.get()); }
+  Model& model() { return ranks_ ? *ranks_->rank(0).model : *checked(model_.get()); }
+  KvCache& kv() { return ranks_ ? *ranks_->rank(0).kv : *checked(kv_.get()); }
   ModelRunner& runner() { return *checked(runner_.get()); }  // the model's forward over kv()
+  // The backend's description, or the ranks' with tensor parallelism.
+  std::string describe_device() { return ranks_ ? ranks_->describe() : backend().describe(); }
   BlockPool& pool() { return *checked(pool_.get()); }
   int block_size() const { return options_.block_size; }
   int ctx() const { return ctx_; }
-  int kv_tokens() const { return kv_ ? kv_->spec().n_blocks * options_.block_size : 0; }
+  int kv_tokens() const { return pool_ ? pool_->n_blocks() * options_.block_size : 0; }
   // Makes the KV cache hold at least `tokens` (at most ctx()), reallocating it; only while
   // no sequence holds blocks. Throws naming the numbers otherwise.
   void provision_kv(int tokens);
@@ -98,6 +105,7 @@ class Session {
   std::shared_ptr<GGUFFile> gguf_;
   std::shared_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<TensorParallelRanks> ranks_;  // tensor_parallel_size > 1: backends, shards, KV, runners
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<KvCache> kv_;
@@ -111,7 +119,7 @@ class Session {
     if (!p) weights_only_error();
     return p;
   }
-  [[noreturn]] void weights_only_error() const;
+  [[noreturn]] void weights_only_error() const;  // no local model: weights only, or ranks
 };
 
 }  // namespace tessera

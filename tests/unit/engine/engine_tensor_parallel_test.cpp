@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,6 +23,7 @@
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"
 #include "engine/engine_summary.h"
+#include "engine/session.h"
 #include "engine_run_harness.h"
 #include "kv/kv_host_ops.h"
 #include "model/dummy.h"
@@ -325,4 +327,43 @@ TEST(TensorParallelRanks, ARankThatFailsReleasesTheOthersAndTheGroupRecovers) {
   ranks.run([&](TensorParallelRanks::Rank& r) { r.runner->forward(batch, logits[r.index].data()); });
   EXPECT_EQ(logits[0], logits[1]);
   EXPECT_EQ(ranks.rank(1).kv->spec().kv_head_first, 1);
+}
+
+TEST(TensorParallelSession, FeedRunsEveryRankAndReturnsTheWholeLogits) {
+  // What `tessera bench model --tensor-parallel-size N` runs on: a Session whose feed() drives
+  // the ranks. Its logits are TP 1's within float32 rounding, its KV cache rank 0's heads.
+  const auto feed = [](int tp) {
+    SessionOptions so;
+    so.model = kModel;
+    so.dummy_seed = 7;
+    so.backend.threads = 2;
+    so.ctx = 64;
+    so.kv_tokens = 16;        // grown below (every rank's cache is remade)
+    so.max_batch_tokens = 8;  // 13 tokens: two chunks
+    so.block_size = 4;
+    so.tensor_parallel_size = tp;
+    Session s(so);
+    EXPECT_EQ(s.kv().spec().n_kv_heads, tp == 1 ? 2 : 1);
+    if (tp > 1) {
+      EXPECT_THROW(s.runner(), Error);
+    }
+    SequenceBlocks seq;
+    std::vector<float> logits;
+    s.feed(seq, prompt(13, 4), ForwardBatch::Logits::Last, logits);
+    EXPECT_THROW(s.provision_kv(48), Error);  // not while a sequence holds blocks
+    seq.release_all(s.pool());
+    s.provision_kv(48);
+    EXPECT_EQ(s.kv_tokens(), 48);
+    return logits;
+  };
+  const std::vector<float> want = feed(1), got = feed(2);
+  ASSERT_EQ(got.size(), want.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::fabs(double(want[i])));
+  }
+  EXPECT_LT(diff / scale, 2e-5);
+  EXPECT_EQ(std::max_element(got.begin(), got.end()) - got.begin(),
+            std::max_element(want.begin(), want.end()) - want.begin());
 }
