@@ -131,11 +131,16 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
       warm_up(tmp, false);
       warmed_up = true;
     }
-    // Every rank's device holds the same shapes: the fullest one sets the budget.
-    size_t free_min = backend.device_free_bytes();
-    if (ranks_)
-      for (int r = 1; r < ranks_->size(); ++r)
-        free_min = std::min(free_min, ranks_->rank(r).backend->device_free_bytes());
+    // Every rank's device holds the same shapes: the fullest one sets the budget. Each rank
+    // asks on its own thread (a CUDA backend answers for the thread's current device).
+    size_t free_min = 0;
+    if (ranks_) {
+      std::vector<size_t> free_of(ranks_->size());
+      ranks_->run([&](TensorParallelRanks::Rank& r) { free_of[r.index] = r.backend->device_free_bytes(); });
+      free_min = *std::min_element(free_of.begin(), free_of.end());
+    } else {
+      free_min = backend.device_free_bytes();
+    }
     const auto free_bytes = static_cast<double>(free_min);
     budget = static_cast<int64_t>(o.device_kv_fraction * free_bytes) - o.device_reserve_bytes;
     TESSERA_CHECK(budget > 0, "KV sizing: ", static_cast<int64_t>(free_bytes),

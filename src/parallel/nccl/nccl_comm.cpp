@@ -107,6 +107,13 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(std::span<Backend* co
     for (int q = 0; q < r; ++q)
       TESSERA_CHECK(devices[q] != devices[r], "nccl: ranks ", q, " and ", r, " are both on cuda:", devices[r]);
   }
+  // The communicators' setup switches devices; the caller's thread keeps its own.
+  int caller_device = 0;
+  cuda_check(cudaGetDevice(&caller_device), "cudaGetDevice");
+  struct Restore {
+    int device;
+    ~Restore() { cudaSetDevice(device); }
+  } restore{caller_device};
   std::vector<ncclComm_t> comms(n, nullptr);
   nccl_check(ncclCommInitAll(comms.data(), n, devices.data()), "ncclCommInitAll");
   std::vector<std::unique_ptr<Communicator>> out;
