@@ -236,6 +236,21 @@ TEST(EngineTensorParallelKv, PerHeadConstantsAreSlicedToEachRanksHeads) {
   }
 }
 
+TEST(EngineTensorParallelKv, SlidingWindowPoolsNeedNothingPerRank) {
+  // phi3-tiny: a 16-key window on every layer, so its KV lives in the local pool, whose
+  // blocks behind the window are dropped; the pool's tables are the engine's on every rank.
+  const auto make = [](int tp) {
+    ModelEngineOptions o = options(tp);
+    o.session.model = "dummy:phi3-tiny:f32";
+    return o;
+  };
+  ModelEngine tp1(make(1)), tp2(make(2));
+  ASSERT_GT(tp2.config().n_local_blocks, 0);
+  EXPECT_EQ(tp2.kv().spec().n_kv_heads, 2);  // 4 KV heads over 2 ranks
+  const RunResult want = test::run_engine(tp1, mixed_requests(), false, 0, false);
+  expect_same_tokens(test::run_engine(tp2, mixed_requests(), false, 0, false), want, "windows");
+}
+
 TEST(EngineTensorParallelKv, TurboSignsOfAHeadSliceAreTheWholeCachesDraws) {
   for (const std::string format : {"turbo4", "turbo3:qjl"}) {
     const KvFormat f = parse_kv_format(format, true);
