@@ -79,8 +79,8 @@ include(${CMAKE_CURRENT_LIST_DIR}/xgrammar.cmake)
 tessera_layer(grammar   DIRS src/grammar PUBLIC core PRIVATE tokenizer
   LIBS xgrammar::xgrammar nlohmann_json::nlohmann_json)
 tessera_layer(template  DIRS src/template PUBLIC core PRIVATE tokenizer LIBS nlohmann_json::nlohmann_json)
-tessera_layer(engine    DIRS src/engine PUBLIC core backend kv model sample sched spec grammar
-  PRIVATE backend_registry tokenizer format LIBS nlohmann_json::nlohmann_json)
+tessera_layer(engine    DIRS src/engine PUBLIC core backend kv model sample sched spec grammar parallel
+  PRIVATE backend_registry tokenizer format parallel_nccl LIBS nlohmann_json::nlohmann_json)
 # Prefill/decode disaggregation: the KV transport (wire format, TCP with host staging) between
 # engines, through the engine's API (engine/engine.h, engine/kv_transfer.h).
 tessera_layer(disagg    DIRS src/disagg PUBLIC core kv engine LIBS Boost::headers)

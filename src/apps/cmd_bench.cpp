@@ -37,7 +37,8 @@ struct BenchArgs {
   int n_gen = 128;
   int depth = 0;  // tokens in the KV cache before the pp and tg tests (llama-bench's -d)
   int reps = 3;
-  std::string peer_python;  // a Python with llama-cpp-python: measure llama.cpp in the same run
+  int tensor_parallel_size = 1;  // ranks of this process (docs/design/parallel.md)
+  std::string peer_python;       // a Python with llama-cpp-python: measure llama.cpp in the same run
   std::string peer_script = "tools/bench/llama_cpp_bench.py";
 };
 
@@ -90,6 +91,7 @@ Stat stat_of(const std::vector<double>& v) {
 
 void run_bench(const BenchArgs& a) {
   SessionOptions so = a.model.session_options();
+  so.tensor_parallel_size = a.tensor_parallel_size;
   so.ctx = std::max(so.ctx, a.depth + std::max(a.n_prompt, a.n_gen + 1) + 1);
   so.max_batch_tokens = std::max(1, std::min(so.max_batch_tokens, std::max(a.n_prompt, 1)));
   Session session(so);
@@ -167,12 +169,12 @@ void run_bench(const BenchArgs& a) {
   const std::string name = c.name.empty() ? session.weights().source : c.name;
   auto row = [&](const char* test, int n, const Stat& s) {
     std::printf("| %s | %.2f GiB | %.1f M | %s | %s%d | %.2f ± %.2f |\n", name.c_str(), gib, c.n_params() / 1e6,
-                session.backend().describe().c_str(), test, n, s.mean, s.sd);
+                session.describe_device().c_str(), test, n, s.mean, s.sd);
   };
   // At a depth: the KV format, and ms per token for decode.
   auto depth_row = [&](const char* test, int n, const Stat& s, bool per_token) {
     std::printf("| %s | %.2f GiB | %.1f M | %s | %s%d @ d%d (KV %s) | %.2f ± %.2f", name.c_str(), gib,
-                c.n_params() / 1e6, session.backend().describe().c_str(), test, n, a.depth,
+                c.n_params() / 1e6, session.describe_device().c_str(), test, n, a.depth,
                 session.kv().spec().format_name().c_str(), s.mean, s.sd);
     if (per_token) std::printf(" (%.2f ms/token)", 1000.0 / s.mean);
     std::printf(" |\n");
@@ -239,6 +241,11 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   model->add_option("-r,--reps", a->reps, "repetitions")->capture_default_str();
   model->add_option("--seed", a->model.seed, "dummy weight seed")->capture_default_str();
+  model
+      ->add_option("--tensor-parallel-size", a->tensor_parallel_size,
+                   "(also -tp) split the model over N ranks, threads of this process (docs/design/parallel.md)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   model->add_option(
       "--peer", a->peer_python,
       "Python with llama-cpp-python: measure llama.cpp on the same file, one of its repetitions after each of "
@@ -246,6 +253,9 @@ void add_bench(CLI::App& app) {
   model->add_option("--peer-script", a->peer_script, "the peer's bench script")->capture_default_str();
   model->callback([a] {
     TESSERA_CHECK(a->reps >= 1 && a->n_prompt >= 0 && a->n_gen >= 0 && a->depth >= 0, "bench: bad counts");
+    TESSERA_CHECK(a->tensor_parallel_size == 1 || a->peer_python.empty(),
+                  "bench model: --peer runs llama.cpp on one rank; it is not compared with --tensor-parallel-size ",
+                  a->tensor_parallel_size);
     TESSERA_CHECK(a->depth == 0 || a->peer_python.empty(),
                   "bench model: --depth is not compared with --peer "
                   "(the peer's script decodes from an empty cache)");

@@ -202,7 +202,7 @@ void run_grammar_bench(const GrammarBenchArgs& a, const std::vector<int>& batche
   time_masks(tok, compiler, "EBNF (endless JSON list)", {GrammarSpec::Kind::Ebnf, kEndless, {}},
              R"([{"name": "Ann", "age": 41, "tags": ["x", "yz"]}, {"name": "Bo", "age": 7, "tags": []})", a.walks);
 
-  time_backend_masks(engine.session().backend(), compiler, *std::max_element(batches.begin(), batches.end()), 50);
+  time_backend_masks(engine.backend(), compiler, *std::max_element(batches.begin(), batches.end()), 50);
 
   struct EngineGrammar {
     const char* name;

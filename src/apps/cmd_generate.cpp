@@ -185,7 +185,7 @@ void run_generate_engine(const GenerateArgs& a) {
                t_decode > 0 ? (n_gen - 1) / t_decode : 0.0, static_cast<long long>(st.steps),
                describe_speculative_config(engine.config().speculative).c_str(), static_cast<long long>(st.spec.drafts),
                static_cast<long long>(st.spec.accepted_tokens), static_cast<long long>(st.spec.draft_tokens),
-               100.0 * st.spec.acceptance_rate(), engine.session().backend().describe().c_str());
+               100.0 * st.spec.acceptance_rate(), engine.describe_device().c_str());
 }
 
 }  // namespace
@@ -216,12 +216,15 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--out", args->out_file, "with --batch: write results here instead of stdout");
   args->engine.add_to(*cmd);
   cmd->add_flag("--engine", args->through_engine,
-                "run the prompt through the serving engine, as --speculative-config does (a like-for-like baseline)");
+                "run the prompt through the serving engine, as --speculative-config and --tensor-parallel-size do (a "
+                "like-for-like baseline)");
   cmd->callback([args] {
     if (!args->batch_file.empty()) return run_batch(*args);
     TESSERA_CHECK(!args->prompt.empty() || !args->prompt_file.empty(),
                   "generate needs --prompt, --prompt-file or --batch");
-    if (args->through_engine || !args->engine.speculative_config.empty()) return run_generate_engine(*args);
+    // Speculation and tensor parallelism run through the engine (its executor drives them).
+    if (args->through_engine || !args->engine.speculative_config.empty() || args->engine.tensor_parallel_size > 1)
+      return run_generate_engine(*args);
     run_generate(*args);
   });
 }

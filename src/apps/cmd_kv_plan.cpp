@@ -49,6 +49,7 @@ void add_kv_plan(CLI::App& app) {
     std::string block_size = "16";
     std::string formats;
     bool json = false;
+    int tensor_parallel_size = 1;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("kv-plan", "KV cache bytes per token and max concurrency for a memory budget");
@@ -62,12 +63,18 @@ void add_kv_plan(CLI::App& app) {
   cmd->add_option("--kv-cache-dtype", a->formats,
                   "comma-separated KV formats (default: f32, f16, fp8, int8, int4 and turbo variants)");
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
+  cmd->add_option("--tensor-parallel-size", a->tensor_parallel_size,
+                  "(also -tp) plan one rank of N: --memory is a rank's device, holding 1/N of the weights and its "
+                  "KV heads")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->callback([a] {
     bench::KvPlanOptions o;
     o.memory_bytes = bench::parse_memory_size(a->memory);
     o.reserve_bytes = a->reserve == "0" ? 0 : bench::parse_memory_size(a->reserve);
     o.ctx = parse_list<int64_t>(a->ctx, "--ctx");
     o.block_sizes = parse_list<int>(a->block_size, "--block-size");
+    o.tensor_parallel_size = a->tensor_parallel_size;
     if (!a->formats.empty()) {
       o.formats.clear();
       for (size_t pos = 0; pos <= a->formats.size();) {

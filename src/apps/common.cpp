@@ -134,6 +134,13 @@ void EngineArgs::add_to(CLI::App& cmd) {
                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}'; methods ngram, draft_model (\"model\": a model "
                  "spec as -m takes it, optional \"draft_layers\") and early_exit (\"draft_layers\": L) "
                  "(docs/design/spec-decode.md)");
+  cmd.add_option(
+         "--tensor-parallel-size", tensor_parallel_size,
+         "(also -tp) split the model over N ranks (tensor parallelism; threads of this process on the CPU, GPUs "
+         "cuda:0..N-1 on CUDA): heads, FFN and vocabulary N ways, each rank a KV cache of its KV heads; "
+         "--kv-cache-memory and --swap-space are per rank (docs/design/parallel.md)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd.add_option("--max-tokens-per-tenant", max_tokens_per_tenant,
                  "tokens in flight per tenant, prompt + max_tokens x n of each request (0 = no limit)")
       ->check(CLI::NonNegativeNumber)
@@ -186,6 +193,7 @@ ModelEngineOptions EngineArgs::engine_options(const ModelArgs& model) const {
   o.admission.max_requests_per_tenant = max_requests_per_tenant;
   o.admission.max_tokens_per_tenant = max_tokens_per_tenant;
   o.speculative = parse_speculative_config(speculative_config);
+  o.tensor_parallel_size = tensor_parallel_size;
   return o;
 }
 
@@ -193,6 +201,18 @@ void print_engine_summary(ModelEngine& engine, const ModelArgs& model) {
   const std::string text = format_engine_summary(describe_engine(engine, model.model));
   std::fprintf(stderr, "%s", text.c_str());
   std::fflush(stderr);
+}
+
+std::vector<std::string> expand_short_aliases(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--") break;  // what follows is positional
+    if (args[i] == "-tp")
+      args[i] = "--tensor-parallel-size";
+    else if (args[i].rfind("-tp=", 0) == 0)
+      args[i] = "--tensor-parallel-size=" + args[i].substr(4);
+  }
+  return args;
 }
 
 std::string read_file(const std::string& path) {

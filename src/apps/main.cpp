@@ -1,8 +1,11 @@
 // tessera: run and serve large language models on CPUs and GPUs.
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "apps/commands.h"
+#include "apps/common.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -18,7 +21,10 @@ int main(int argc, char** argv) {
   tessera::apps::add_calibrate_kv(app);
   tessera::apps::add_quantize(app);
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args = tessera::apps::expand_short_aliases(argc, argv);
+    std::vector<char*> arg_ptrs;
+    for (std::string& a : args) arg_ptrs.push_back(a.data());
+    app.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const tessera::Error& e) {

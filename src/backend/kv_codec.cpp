@@ -158,8 +158,12 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
 
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
                                      uint64_t seed, std::span<const float> static_scales, std::span<const float> mean,
-                                     std::span<const float> equal, const KvRopeCentering& rope) {
+                                     std::span<const float> equal, const KvRopeCentering& rope,
+                                     const KvHeadSlice& heads) {
   const KvConstantsLayout l = kv_constants_layout(f, n_kv_heads, head_dim);
+  const int whole = heads.whole > 0 ? heads.whole : n_kv_heads;
+  TESSERA_CHECK(heads.first >= 0 && heads.first + n_kv_heads <= whole, "KV constants: heads [", heads.first, ", ",
+                heads.first + n_kv_heads, ") of a cache of ", whole);
   std::vector<float> out(l.total, 0.0f);
   TESSERA_CHECK(
       static_scales.empty() || static_scales.size() == 1 || static_scales.size() == static_cast<size_t>(n_kv_heads),
@@ -212,8 +216,12 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
   }
   uint64_t s =
       seed ^ (0x7475726230ull + (static_cast<uint64_t>(layer) << 1) + (is_key ? 1 : 0)) * 0x9E3779B97F4A7C15ull;
-  for (int64_t i = 0; i < static_cast<int64_t>(n_kv_heads) * head_dim; ++i)
-    out[l.signs + i] = (splitmix64(s) >> 63) ? 1.0f : -1.0f;
+  // Drawn for every head of the whole cache in order; this slice keeps [first, first + n) of them.
+  const int64_t hd = head_dim, sign0 = heads.first * hd, n_signs = static_cast<int64_t>(n_kv_heads) * hd;
+  for (int64_t i = 0; i < whole * hd; ++i) {
+    const float d = (splitmix64(s) >> 63) ? 1.0f : -1.0f;
+    if (i >= sign0 && i < sign0 + n_signs) out[l.signs + i - sign0] = d;
+  }
   // Equalized keys: the query rotates with D∘s, the store with D/s (layout comment in kv_codec.h).
   if (f.centers_keys())
     for (int64_t i = 0; i < static_cast<int64_t>(n_kv_heads) * head_dim; ++i) {
@@ -222,8 +230,10 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
       if (!equal.empty()) out[l.signs + i] = d * equal[i];
     }
   if (f.qjl)
-    for (int64_t i = 0; i < static_cast<int64_t>(n_kv_heads) * head_dim * head_dim; ++i)
-      out[l.qjl + i] = static_cast<float>(gaussian(s));
+    for (int64_t i = 0; i < whole * hd * hd; ++i) {
+      const auto g = static_cast<float>(gaussian(s));
+      if (i >= sign0 * hd && i < (sign0 + n_signs) * hd) out[l.qjl + i - sign0 * hd] = g;
+    }
   return out;
 }
 

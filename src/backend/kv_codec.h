@@ -48,10 +48,17 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
 // centers keys; equal: empty (s = 1) or n_kv_heads * head_dim finite positive key
 // equalization scales s (head-major; keys of a centering format only). Throws naming what is
 // wrong otherwise.
+// heads: the constants are those of KV heads [first, first + n_kv_heads) of a cache of
+// `whole` heads (a tensor-parallel rank's slice; whole 0 = n_kv_heads): the random draws run
+// over all `whole` heads and keep the slice's, so a rank stores what the whole cache stores.
+struct KvHeadSlice {
+  int first = 0;
+  int whole = 0;
+};
 std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head_dim, int layer, bool is_key,
                                      uint64_t seed, std::span<const float> static_scales,
                                      std::span<const float> mean = {}, std::span<const float> equal = {},
-                                     const KvRopeCentering& rope = {});
+                                     const KvRopeCentering& rope = {}, const KvHeadSlice& heads = {});
 // Lloyd–Max centroids (ascending, 2^bits of them) for one coordinate of a uniformly random
 // unit vector in `dim` dimensions scaled by sqrt(dim): density ∝ (1 - t²/dim)^((dim-3)/2).
 std::vector<double> turbo_codebook(int bits, int dim);

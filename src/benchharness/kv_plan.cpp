@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/tp/shard.h"
 #include "engine/session.h"
 #include "model/dummy.h"
 #include "format/gguf.h"
@@ -150,16 +151,30 @@ double kv_bytes_per_token(const ModelConfig& c, double bytes_per_elem) {
   return 2.0 * c.n_layer * c.n_head_kv * c.head_dim * bytes_per_elem;
 }
 
+namespace {
+// The KV heads one rank stores (all of them at size 1); throws naming what does not split.
+int rank_kv_heads(const ModelConfig& c, int tensor_parallel_size) {
+  TESSERA_CHECK(tensor_parallel_size >= 1, "kv-plan: --tensor-parallel-size ", tensor_parallel_size);
+  if (tensor_parallel_size == 1) return c.n_head_kv;
+  try {
+    return plan_tensor_parallel(c, tensor_parallel_size).n_head_kv;
+  } catch (const Error& e) {
+    fail("kv-plan: --tensor-parallel-size ", tensor_parallel_size, ": ", e.what());
+  }
+}
+}  // namespace
+
 std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& o) {
   TESSERA_CHECK(!o.ctx.empty() && !o.block_sizes.empty(), "kv-plan: no context lengths or block sizes");
   std::vector<KvPlanRow> rows;
-  const int64_t budget = o.memory_bytes - model.weight_bytes - o.reserve_bytes;
   const ModelConfig& c = model.config;
+  const int kv_heads = rank_kv_heads(c, o.tensor_parallel_size);
+  const int64_t budget = o.memory_bytes - model.weight_bytes / o.tensor_parallel_size - o.reserve_bytes;
   for (const std::string& name : o.formats)
     for (int bs : o.block_sizes)
       for (int64_t ctx : o.ctx) {
         TESSERA_CHECK(bs >= 1 && ctx >= 1, "kv-plan: block size ", bs, " and context ", ctx, " must be positive");
-        KvCacheSpec spec = KvCacheSpec::plain(c.n_layer, c.n_head_kv, c.head_dim, bs, 1, DType::F16);
+        KvCacheSpec spec = KvCacheSpec::plain(c.n_layer, kv_heads, c.head_dim, bs, 1, DType::F16);
         spec.k_format = parse_kv_format(name, true);
         spec.v_format = parse_kv_format(name, false);
         KvPlanRow r;
@@ -176,7 +191,7 @@ std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& o)
         r.ctx = ctx;
         // As the cache allocates it: pages with their scales, per block.
         r.bytes_per_token = spec.bytes_per_token();
-        r.bits_per_elem = 8.0 * r.bytes_per_token / (2.0 * c.n_layer * c.n_head_kv * c.head_dim);
+        r.bits_per_elem = 8.0 * r.bytes_per_token / (2.0 * c.n_layer * kv_heads * c.head_dim);
         r.block_bytes = bs * r.bytes_per_token;
         r.blocks_per_seq = (ctx + bs - 1) / bs;
         r.seq_bytes = static_cast<double>(r.blocks_per_seq) * r.block_bytes;
@@ -209,11 +224,16 @@ std::string format_kv_plan(const KvModelInfo& m, const KvPlanOptions& o, const s
      << "weights: " << human_bytes(static_cast<double>(m.weight_bytes))
      << (m.weight_bytes_estimated ? " (estimated)" : "") << "; memory "
      << human_bytes(static_cast<double>(o.memory_bytes));
+  const int tp = o.tensor_parallel_size, kv_heads = rank_kv_heads(c, tp);
+  if (tp > 1)
+    os << " per rank of " << tp << " tensor-parallel ranks, each holding 1/" << tp << " of the weights ("
+       << human_bytes(static_cast<double>(m.weight_bytes / tp)) << ") and " << kv_heads << " of the " << c.n_head_kv
+       << " KV heads";
   if (o.reserve_bytes) os << " - reserve " << human_bytes(static_cast<double>(o.reserve_bytes));
-  os << " -> KV budget " << human_bytes(static_cast<double>(o.memory_bytes - m.weight_bytes - o.reserve_bytes))
-     << "\n\n";
-  os << "KV bytes per token = 2 x " << c.n_layer << " layers x " << c.n_head_kv << " KV heads x " << c.head_dim
-     << " head dim x bits per element / 8 (scales included)\n\n";
+  os << " -> KV budget " << human_bytes(static_cast<double>(o.memory_bytes - m.weight_bytes / tp - o.reserve_bytes))
+     << (tp > 1 ? " per rank" : "") << "\n\n";
+  os << "KV bytes per token" << (tp > 1 ? " per rank" : "") << " = 2 x " << c.n_layer << " layers x " << kv_heads
+     << " KV heads x " << c.head_dim << " head dim x bits per element / 8 (scales included)\n\n";
   const int n_local = n_local_layers(c);
   if (n_local > 0)
     os << "sliding window " << c.sliding_window << " on " << n_local << " of " << c.n_layer
@@ -282,6 +302,8 @@ nlohmann::json kv_plan_json(const KvModelInfo& m, const KvPlanOptions& o, const 
             {"weight_bytes", m.weight_bytes},
             {"weight_bytes_estimated", m.weight_bytes_estimated}}},
           {"memory_bytes", o.memory_bytes},
+          {"tensor_parallel_size", o.tensor_parallel_size},
+          {"n_head_kv_per_rank", rank_kv_heads(c, o.tensor_parallel_size)},
           {"reserve_bytes", o.reserve_bytes},
           {"rows", jr}};
 }

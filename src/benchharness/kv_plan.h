@@ -61,6 +61,9 @@ struct KvPlanOptions {
   std::vector<int64_t> ctx = {2048, 8192, 32768};
   std::vector<int> block_sizes = {16};
   std::vector<std::string> formats = kv_plan_formats();
+  // Tensor parallelism: memory_bytes is then one rank's device, holding 1/N of the weights and
+  // its KV heads (plan_tensor_parallel's split: n_head_kv / N, or one shared head).
+  int tensor_parallel_size = 1;
 };
 
 std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& options);

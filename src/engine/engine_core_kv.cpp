@@ -40,13 +40,13 @@ std::string KvIdentity::mismatch(const KvIdentity& o) const {
 
 KvIdentity EngineCore::kv_identity() const {
   const KvCacheSpec* spec = executor_.kv_spec();
-  TESSERA_CHECK(spec != nullptr, "engine: this executor cannot move KV blocks between engines");
+  TESSERA_CHECK(spec != nullptr, "engine: ", executor_.kv_transfer_refusal());
   return KvIdentity::of(*spec, config_.model_fingerprint);
 }
 
 std::optional<Rejection> EngineCore::validate_transfer(const Request& r) const {
   if (r.kv_lease_seconds == 0 && !r.kv_import) return std::nullopt;
-  if (executor_.kv_spec() == nullptr) return invalid_request("this engine cannot move KV blocks between engines");
+  if (executor_.kv_spec() == nullptr) return invalid_request(executor_.kv_transfer_refusal());
   if (!config_.prefix_caching)
     return invalid_request("KV transfer needs prefix caching (the blocks go through the prefix index)");
   if (config_.window > 0)
@@ -118,8 +118,9 @@ void EngineCore::release_import_hold(RequestId id) {
 }
 
 KvImportReservation EngineCore::reserve_import(int32_t n_blocks) {
-  TESSERA_CHECK(config_.prefix_caching && config_.window == 0 && executor_.kv_spec() != nullptr,
-                "engine: KV import needs prefix caching, no sliding-window pool and an executor that moves blocks");
+  TESSERA_CHECK(executor_.kv_spec() != nullptr, "engine: ", executor_.kv_transfer_refusal());
+  TESSERA_CHECK(config_.prefix_caching && config_.window == 0,
+                "engine: KV import needs prefix caching and no sliding-window pool");
   TESSERA_CHECK(n_blocks >= 0 && n_blocks <= kv_.n_blocks(), "engine: a KV import of ", n_blocks,
                 " blocks into a cache of ", kv_.n_blocks());
   SeqKv kv;

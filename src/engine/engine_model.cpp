@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/executor_tp.h"
 #include "engine/kv_scales.h"
 #include "engine/model_drafter.h"
 #include "kv/kv_host_ops.h"
@@ -30,8 +31,26 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     sc.max_logits_rows = std::min(sc.max_num_seqs + o.prompt_logprob_rows + spec_rows,
                                   std::max(sc.max_num_batched_tokens, sc.max_num_seqs));
   o.session.max_logits = sc.max_logits_rows;
+  const int tp = o.tensor_parallel_size;
+  TESSERA_CHECK(tp >= 1, "--tensor-parallel-size ", tp, " must be at least 1");
+  // The engine's ranks are its own (the executor drives them); a session with ranks of its
+  // own would be a second group.
+  TESSERA_CHECK(o.session.tensor_parallel_size == 1,
+                "engine: tensor parallelism is ModelEngineOptions::", "tensor_parallel_size, not the session's (",
+                o.session.tensor_parallel_size, ")");
+  if (tp > 1) {
+    TESSERA_CHECK(!o.speculative.enabled() || !o.speculative.uses_model(),
+                  "--speculative-config: ", describe_speculative_config(o.speculative),
+                  " drafts with a model, which is not supported with tensor parallelism (--tensor-parallel-size ", tp,
+                  "); the ngram method is");
+    o.session.weights_only = true;  // the ranks run shards of the weights on backends of their own
+  }
   session_ = std::make_unique<Session>(o.session);
   const ModelConfig& mc = session_->config();
+  if (tp > 1)
+    ranks_ = std::make_unique<TensorParallelRanks>(session_->shared_weights(), o.session.backend, tp,
+                                                   sc.max_num_batched_tokens,
+                                                   std::min(sc.max_logits_rows, sc.max_num_batched_tokens));
   if (sc.max_model_len <= 0) sc.max_model_len = mc.n_ctx_train;
   TESSERA_CHECK(sc.max_model_len >= 2, "--max-model-len ", sc.max_model_len, " must be at least 2");
   // Positions past the trained context are out of the model's distribution (vLLM refuses too).
@@ -64,10 +83,10 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     // Sized below; until then (warm-up) as many blocks as the full pool.
     spec.n_local_blocks = 1;
   }
-  Backend& backend = session_->backend();
+  Backend& backend = this->backend();
   // The largest step the engine will run, once, so a budget that cannot hold its
   // activations fails here and not under load. Its KV lands in the first blocks of `kv`.
-  const auto warm_up = [&](KvCache& kv) {
+  const auto warm_up_one = [&](Model& model, KvCache& kv, Backend& be) {
     const int n = std::min({sc.max_num_batched_tokens, sc.max_model_len - 1, kv.spec().n_blocks * spec.block_size});
     SequenceBlocks seq;
     seq.blocks.resize((n + spec.block_size - 1) / spec.block_size);
@@ -78,8 +97,24 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     batch.add_sequence(seq, spec.block_size, tokens.data(), n, ForwardBatch::Logits::Last,
                        kv.spec().n_local_blocks > 0 ? &seq : nullptr);
     std::vector<float> logits(mc.n_vocab);
-    ModelRunner(session_->model(), kv, backend).forward(batch, logits.data());
+    ModelRunner(model, kv, be).forward(batch, logits.data());
   };
+  // With tensor parallelism every rank runs it (the collectives need them all), each over
+  // its part of a cache that `whole_kv` describes: the ranks' own caches, or ones made here.
+  const auto warm_up = [&](const KvCacheSpec& whole_kv, bool own_kv) {
+    if (!ranks_) {
+      if (own_kv) return warm_up_one(session_->model(), *kv_, backend);
+      KvCache kv(backend, whole_kv);
+      return warm_up_one(session_->model(), kv, backend);
+    }
+    ranks_->run([&](TensorParallelRanks::Rank& r) {
+      if (own_kv) return warm_up_one(*r.model, *r.kv, *r.backend);
+      KvCache kv(*r.backend, ranks_->rank_kv_spec(whole_kv, r.index));
+      warm_up_one(*r.model, kv, *r.backend);
+    });
+  };
+  // A rank's cache stores its KV heads only: the block count for a budget is a rank's.
+  const auto rank_spec = [&](const KvCacheSpec& whole) { return ranks_ ? ranks_->rank_kv_spec(whole, 0) : whole; };
   // A device backend sizes its KV pool from the device memory left after a warm-up forward
   // (weights, activations and the GEMM's scratch are resident by then).
   const bool on_device = backend.device_free_bytes() > 0;
@@ -93,11 +128,20 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
       tmp.n_blocks = (std::max(1, std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)) + spec.block_size - 1) /
                      spec.block_size;
       if (local_group) tmp.n_local_blocks = tmp.n_blocks;
-      KvCache warm_kv(backend, tmp);
-      warm_up(warm_kv);
+      warm_up(tmp, false);
       warmed_up = true;
     }
-    const auto free_bytes = static_cast<double>(backend.device_free_bytes());
+    // Every rank's device holds the same shapes: the fullest one sets the budget. Each rank
+    // asks on its own thread (a CUDA backend answers for the thread's current device).
+    size_t free_min = 0;
+    if (ranks_) {
+      std::vector<size_t> free_of(ranks_->size());
+      ranks_->run([&](TensorParallelRanks::Rank& r) { free_of[r.index] = r.backend->device_free_bytes(); });
+      free_min = *std::min_element(free_of.begin(), free_of.end());
+    } else {
+      free_min = backend.device_free_bytes();
+    }
+    const auto free_bytes = static_cast<double>(free_min);
     budget = static_cast<int64_t>(o.device_kv_fraction * free_bytes) - o.device_reserve_bytes;
     TESSERA_CHECK(budget > 0, "KV sizing: ", static_cast<int64_t>(free_bytes),
                   " bytes of device memory are free after ", "the warm-up, less than the ", o.device_reserve_bytes,
@@ -105,19 +149,20 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   } else if (budget <= 0) {
     TESSERA_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 0.95, "KV memory fraction ", o.kv_memory_fraction,
                   " is outside (0, 0.95]");
-    budget = static_cast<int64_t>(o.kv_memory_fraction * static_cast<double>(host_available_memory_bytes()));
+    // The ranks of a CPU group share the host's memory.
+    budget = static_cast<int64_t>(o.kv_memory_fraction * static_cast<double>(host_available_memory_bytes())) / tp;
   }
   // More than every sequence at full length is waste.
   const int64_t useful =
       static_cast<int64_t>(sc.max_num_seqs) * ((sc.max_model_len + spec.block_size - 1) / spec.block_size);
   const int64_t cap = std::min<int64_t>(std::max<int64_t>(useful, 1), o.max_kv_blocks > 0 ? o.max_kv_blocks : useful);
   if (local_group) {
-    const KvPoolSizes sizes =
-        kv_pools_for_budget(spec, budget, mc.sliding_window, sc.max_num_seqs, sc.max_num_batched_tokens, cap);
+    const KvPoolSizes sizes = kv_pools_for_budget(rank_spec(spec), budget, mc.sliding_window, sc.max_num_seqs,
+                                                  sc.max_num_batched_tokens, cap);
     spec.n_blocks = sizes.n_blocks;
     spec.n_local_blocks = sizes.n_local_blocks;
   } else {
-    spec.n_blocks = static_cast<int>(std::min<int64_t>(kv_blocks_for_budget(spec, budget), cap));
+    spec.n_blocks = static_cast<int>(std::min<int64_t>(kv_blocks_for_budget(rank_spec(spec), budget), cap));
   }
   // One sequence of max_model_len tokens must fit (vLLM refuses to start otherwise): never
   // clamp the context silently. Its last sampled token is not stored, hence - 1.
@@ -125,8 +170,9 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   if (kv_tokens < sc.max_model_len - 1) {
     const bool fixed_budget = o.kv_cache_bytes > 0;
     fail("the KV cache holds ", kv_tokens, " tokens (", spec.n_blocks, " blocks of ", spec.block_size, ", ",
-         kv_block_bytes(spec), " bytes each, from a budget of ", budget, " bytes), fewer than one sequence of ",
-         "--max-model-len ", sc.max_model_len, " tokens: lower --max-model-len to at most ", kv_tokens + 1,
+         kv_block_bytes(rank_spec(spec)), " bytes each, from a budget of ", budget, " bytes",
+         tp > 1 ? " per tensor-parallel rank" : "", "), fewer than one sequence of ", "--max-model-len ",
+         sc.max_model_len, " tokens: lower --max-model-len to at most ", kv_tokens + 1,
          fixed_budget ? ", or raise --kv-cache-memory" : ", or give the KV cache more memory (--kv-cache-memory)",
          o.max_kv_blocks > 0 ? " (the pool is capped at max_kv_blocks)" : "");
   }
@@ -136,12 +182,14 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     config_.window = mc.sliding_window;
     config_.n_local_blocks = spec.n_local_blocks;
   }
-  config_.kv_block_bytes = kv_block_bytes(spec);
+  // A block id costs every rank its heads' bytes; the swap space, like the KV budget, is a rank's.
+  const int64_t rank_block_bytes = kv_block_bytes(rank_spec(spec));
+  config_.kv_block_bytes = rank_block_bytes * tp;
   TESSERA_CHECK(o.swap_space_bytes >= 0, "swap space of ", o.swap_space_bytes, " bytes is negative");
-  config_.n_host_blocks = static_cast<int>(std::min<int64_t>(o.swap_space_bytes / config_.kv_block_bytes, 1 << 30));
+  config_.n_host_blocks = static_cast<int>(std::min<int64_t>(o.swap_space_bytes / rank_block_bytes, 1 << 30));
   if (sc.preemption_mode == PreemptionMode::Swap)
     TESSERA_CHECK(config_.n_host_blocks > 0, "swap preemption needs swap space for at least one KV block of ",
-                  config_.kv_block_bytes, " bytes (got ", o.swap_space_bytes, ")");
+                  rank_block_bytes, " bytes (got ", o.swap_space_bytes, ")");
   // On a backend that records graphs the pool has one block more than the engine hands out:
   // the padding sequences of decode steps the runner pads to a graph size write there.
   int pad_block = -1, pad_local_block = -1;
@@ -154,10 +202,17 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
       pool.n_local_blocks = spec.n_local_blocks + 1;
     }
   }
-  kv_ = std::make_unique<KvCache>(backend, pool);
-
-  executor_ = std::make_unique<ModelExecutor>(session_->model(), *kv_, backend, sc.max_num_batched_tokens,
-                                              sc.max_logits_rows, config_.n_host_blocks, pad_block, pad_local_block);
+  if (ranks_) {
+    ranks_->run([&](TensorParallelRanks::Rank& r) {
+      r.kv = std::make_unique<KvCache>(*r.backend, ranks_->rank_kv_spec(pool, r.index));
+    });
+    executor_ = std::make_unique<TensorParallelExecutor>(*ranks_, sc.max_num_batched_tokens, sc.max_logits_rows,
+                                                         config_.n_host_blocks);
+  } else {
+    kv_ = std::make_unique<KvCache>(backend, pool);
+    executor_ = std::make_unique<ModelExecutor>(session_->model(), *kv_, backend, sc.max_num_batched_tokens,
+                                                sc.max_logits_rows, config_.n_host_blocks, pad_block, pad_local_block);
+  }
   config_.scheduler = sc;
   config_.prefix_caching = o.prefix_caching;
   std::ostringstream fp;
@@ -179,7 +234,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
                                           .max_seqs = spec_seqs});
   }
 
-  if (o.warmup && !warmed_up) warm_up(*kv_);
+  if (o.warmup && !warmed_up) warm_up(pool, true);
 }
 
 ModelEngine::~ModelEngine() = default;

@@ -3,10 +3,12 @@
 // runner), a KV cache sized from a memory budget, and the executor over them. Build an
 // EngineCore (offline batches) or an Engine (serving) from config() and executor().
 #include <memory>
+#include <string>
 
 #include "engine/engine_core.h"
 #include "engine/executor_model.h"
 #include "engine/session.h"
+#include "engine/tp_ranks.h"
 
 namespace tessera {
 
@@ -39,6 +41,11 @@ struct ModelEngineOptions {
   // Speculative decoding (off by default); its draft tokens get logits rows of their own
   // beyond the two above.
   SpeculativeConfig speculative;
+  // Tensor parallelism (docs/design/parallel.md): the model's heads, FFN and vocabulary split
+  // over this many ranks in this process (threads on the CPU, one GPU each on CUDA), each with
+  // its own KV cache of its KV heads. kv_cache_bytes and swap_space_bytes are then per rank
+  // (vLLM's per-GPU meaning); the default CPU budget is split between the ranks.
+  int tensor_parallel_size = 1;
 };
 
 class ModelEngine {
@@ -46,15 +53,24 @@ class ModelEngine {
   explicit ModelEngine(ModelEngineOptions options);
   ~ModelEngine();
 
+  // The session holds the weights and tokenizer; with tensor parallelism only those (the
+  // ranks hold the shards, backends and KV caches).
   Session& session() { return *session_; }
-  KvCache& kv() { return *kv_; }
+  // The KV cache of the model (rank 0's with tensor parallelism: its KV heads only).
+  KvCache& kv() { return ranks_ ? *ranks_->rank(0).kv : *kv_; }
+  // The backend the logits are sampled from (rank 0's with tensor parallelism).
+  Backend& backend() { return ranks_ ? *ranks_->rank(0).backend : session_->backend(); }
+  // The backend's description, or the ranks' ("2 tensor-parallel ranks (...), each cpu (...)").
+  std::string describe_device() { return ranks_ ? ranks_->describe() : session_->backend().describe(); }
+  int tensor_parallel_size() const { return ranks_ ? ranks_->size() : 1; }
   Executor& executor() { return *executor_; }
   const EngineConfig& config() const { return config_; }
 
  private:
   std::unique_ptr<Session> session_;
-  std::unique_ptr<KvCache> kv_;
-  std::unique_ptr<ModelExecutor> executor_;
+  std::unique_ptr<TensorParallelRanks> ranks_;  // tensor parallelism only; outlives the executor
+  std::unique_ptr<KvCache> kv_;                 // one rank only
+  std::unique_ptr<Executor> executor_;
   EngineConfig config_;
 };
 

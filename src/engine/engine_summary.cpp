@@ -56,15 +56,18 @@ EngineSummary describe_engine(ModelEngine& engine, const std::string& model_arg)
   s.n_blocks = ec.n_blocks;
   s.kv_block_bytes = ec.kv_block_bytes;
   s.n_host_blocks = ec.n_host_blocks;
-  s.kv_bytes = kv.full_block_bytes() * ec.n_blocks + kv.local_block_bytes() * ec.n_local_blocks;
+  // kv is rank 0's cache with tensor parallelism; every rank's is of the same size.
+  s.tensor_parallel_size = engine.tensor_parallel_size();
+  s.kv_bytes =
+      (kv.full_block_bytes() * ec.n_blocks + kv.local_block_bytes() * ec.n_local_blocks) * s.tensor_parallel_size;
   if (ec.n_local_blocks > 0) {
     s.window = ec.window;
     s.n_local_layers = kv.n_group_layers(true);
     s.n_layers = kv.n_layers;
     s.n_local_blocks = ec.n_local_blocks;
-    s.unwindowed_tokens = s.kv_bytes / kv.block_bytes() * kv.block_size;
+    s.unwindowed_tokens = s.kv_bytes / s.tensor_parallel_size / kv.block_bytes() * kv.block_size;
   }
-  s.device = engine.session().backend().describe();
+  s.device = engine.describe_device();
   s.max_num_seqs = ec.scheduler.max_num_seqs;
   s.max_num_batched_tokens = ec.scheduler.max_num_batched_tokens;
   s.max_partial_prefills = ec.scheduler.max_partial_prefills;
@@ -97,7 +100,11 @@ std::string format_engine_summary(const EngineSummary& s) {
       "%s (%.2f bits/element), %d blocks of %d tokens = %lld tokens (%s); %.2f sequences of %d tokens at once",
       s.kv_dtype.c_str(), s.kv_bits_per_element, s.n_blocks, s.block_size, static_cast<long long>(s.kv_tokens()),
       human_bytes_binary(s.kv_bytes).c_str(), s.max_concurrency(), s.max_model_len);
-  line("KV cache", buf);
+  std::string kv_line = buf;
+  if (s.tensor_parallel_size > 1)  // each rank stores its KV heads of every block
+    kv_line += "; " + std::to_string(s.tensor_parallel_size) + " tensor-parallel ranks, " +
+               human_bytes_binary(s.kv_bytes / s.tensor_parallel_size) + " each (its KV heads)";
+  line("KV cache", kv_line);
   if (s.window > 0) {
     std::snprintf(buf, sizeof buf,
                   "%d of %d layers keep a %d-token window in a pool of %d blocks; without it the same memory "

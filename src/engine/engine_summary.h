@@ -20,9 +20,10 @@ struct EngineSummary {
   double kv_bits_per_element = 16;  // storage per K/V element, scales included
   int block_size = 0;
   int n_blocks = 0;
-  int64_t kv_block_bytes = 0;
-  int64_t kv_bytes = 0;   // both pools
-  int n_host_blocks = 0;  // swap tier
+  int64_t kv_block_bytes = 0;    // all ranks' parts of one block
+  int64_t kv_bytes = 0;          // both pools, all ranks
+  int tensor_parallel_size = 1;  // ranks, each holding kv_bytes / tensor_parallel_size (its KV heads)
+  int n_host_blocks = 0;         // swap tier
   // Sliding-window layers with a pool of their own (0 = none): their window, how many of
   // the n_layers they are, their pool's blocks, and the tokens the same KV memory would hold
   // if every layer kept the whole sequence.

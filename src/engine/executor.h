@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kv/block_manager.h"
@@ -83,6 +84,8 @@ class Executor {
   // on a device backend); copies of full-pool blocks[i] to staging slot i and back, done
   // before this returns. The defaults refuse.
   virtual const KvCacheSpec* kv_spec() const { return nullptr; }
+  // Why kv_spec() is null: what a refused transfer request is told.
+  virtual std::string kv_transfer_refusal() const { return "this engine cannot move KV blocks between engines"; }
   virtual std::shared_ptr<HostKvTier> make_staging(int n_blocks);
   virtual void export_blocks(std::span<const int32_t> blocks, HostKvTier& staging);
   virtual void import_blocks(std::span<const int32_t> blocks, const HostKvTier& staging);

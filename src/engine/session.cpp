@@ -100,12 +100,20 @@ Session::Session(const SessionOptions& options) : options_(options) {
   weights_ = std::move(loaded.weights);
   tokenizer_ = std::move(loaded.tokenizer);
   const ModelConfig& c = weights_->config;
-  backend_ = make_backend(options.backend);
+  ctx_ = options.ctx > 0 ? options.ctx : c.n_ctx_train;
+  if (options.weights_only) return;
   TESSERA_CHECK(options.max_batch_tokens >= 1 && options.max_batch_tokens <= 65536, "max batch tokens ",
                 options.max_batch_tokens, " is outside [1, 65536]");
   const int max_logits = std::min(options.max_logits, options.max_batch_tokens);
-  model_ = create_model(weights_, *backend_, options.max_batch_tokens, max_logits);
-  ctx_ = options.ctx > 0 ? options.ctx : c.n_ctx_train;
+  TESSERA_CHECK(options.tensor_parallel_size >= 1, "--tensor-parallel-size ", options.tensor_parallel_size,
+                " must be at least 1");
+  if (options.tensor_parallel_size > 1) {
+    ranks_ = std::make_unique<TensorParallelRanks>(weights_, options.backend, options.tensor_parallel_size,
+                                                   options.max_batch_tokens, max_logits);
+  } else {
+    backend_ = make_backend(options.backend);
+    model_ = create_model(weights_, *backend_, options.max_batch_tokens, max_logits);
+  }
   TESSERA_CHECK(ctx_ >= 1 && ctx_ <= (1 << 22), "context ", ctx_, " is out of range");
   make_kv(options.kv_tokens > 0 ? std::min(options.kv_tokens, ctx_) : ctx_);
 }
@@ -128,21 +136,39 @@ void Session::make_kv(int tokens) {
   spec.k_rope_neox = options_.k_rope_neox;
   spec.k_rope_freq = options_.k_rope_freq;
   apply_checkpoint_kv_scales(*weights_, spec);
+  pool_ = std::make_unique<BlockPool>(spec.n_blocks);
+  if (ranks_) {  // each rank its KV heads, on its own thread
+    ranks_->run([&](TensorParallelRanks::Rank& r) {
+      r.runner.reset();
+      r.kv.reset();
+      r.kv = std::make_unique<KvCache>(*r.backend, ranks_->rank_kv_spec(spec, r.index));
+      r.runner = std::make_unique<ModelRunner>(*r.model, *r.kv, *r.backend);
+    });
+    return;
+  }
+  runner_.reset();
   kv_.reset();  // free the old cache before allocating the new one
   kv_ = std::make_unique<KvCache>(*backend_, spec);
   runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *backend_);
-  pool_ = std::make_unique<BlockPool>(spec.n_blocks);
 }
 
 void Session::provision_kv(int tokens) {
   TESSERA_CHECK(tokens >= 1 && tokens <= ctx_, "KV for ", tokens, " tokens is outside [1, the context of ", ctx_,
                 "]; raise --max-model-len");
+  if (!pool_) weights_only_error();
   if (tokens <= kv_tokens()) return;
-  TESSERA_CHECK(pool_->n_free() == kv_->spec().n_blocks, "KV cache resized while sequences hold blocks");
+  TESSERA_CHECK(pool_->n_free() == pool_->n_blocks(), "KV cache resized while sequences hold blocks");
   make_kv(tokens);
 }
 
 Session::~Session() = default;
+
+void Session::weights_only_error() const {
+  if (ranks_)
+    fail("session of '", options_.model, "' runs on ", ranks_->size(),
+         " tensor-parallel ranks: it has no single runner (feed() runs every rank)");
+  fail("session of '", options_.model, "' holds its weights only (tensor parallelism runs them on its ranks)");
+}
 
 Tokenizer& Session::tokenizer() {
   TESSERA_CHECK(tokenizer_ != nullptr, "model '", options_.model, "' has no tokenizer (dummy weights)");
@@ -151,10 +177,11 @@ Tokenizer& Session::tokenizer() {
 
 void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, ForwardBatch::Logits mode,
                    std::vector<float>& logits) {
+  if (!runner_ && !ranks_) weights_only_error();
   const int n_vocab = config().n_vocab;
   const int chunk_max = mode == ForwardBatch::Logits::All
-                            ? std::min(model_->max_batch_tokens(), std::max(1, options_.max_logits))
-                            : model_->max_batch_tokens();
+                            ? std::min(model().max_batch_tokens(), std::max(1, options_.max_logits))
+                            : model().max_batch_tokens();
   size_t done = 0;
   while (done < tokens.size()) {
     const int n = static_cast<int>(std::min<size_t>(chunk_max, tokens.size() - done));
@@ -168,13 +195,25 @@ void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, Forward
     const size_t rows = batch_.logits_rows.size();
     const size_t old = logits.size();
     logits.resize(old + rows * n_vocab);
-    runner_->forward(batch_, logits.data() + old);
+    forward(logits.data() + old, {});
     seq.n_tokens += n;
     done += n;
   }
 }
 
+void Session::forward(float* logits, const Backend::LogitsReadback& plan) {
+  if (!ranks_) return runner_->forward(batch_, logits, plan);
+  // Every rank runs the batch (their collectives meet); rank 0's logits are returned.
+  const size_t n = batch_.logits_rows.size() * static_cast<size_t>(config().n_vocab);
+  ranks_->run([&](TensorParallelRanks::Rank& r) {
+    if (r.index == 0) return r.runner->forward(batch_, logits, plan);
+    std::vector<float> dropped(n);
+    r.runner->forward(batch_, dropped.data());
+  });
+}
+
 int32_t Session::decode_greedy(SequenceBlocks& seq, int32_t token) {
+  if (!runner_ && !ranks_) weights_only_error();
   TESSERA_CHECK(seq.n_tokens + 1 <= ctx_, "context full: ", seq.n_tokens, " + 1 tokens exceed the context of ", ctx_);
   TESSERA_CHECK(seq.reserve(*pool_, options_.block_size, 1), "KV cache full: no free blocks for 1 token");
   batch_.clear();
@@ -184,7 +223,7 @@ int32_t Session::decode_greedy(SequenceBlocks& seq, int32_t token) {
   // The host row is written only when the device cannot reduce it (NaN, all -inf): then the
   // host picks, as the engine's sampler would.
   greedy_row_.resize(config().n_vocab);
-  runner_->forward(batch_, greedy_row_.data(), Backend::LogitsReadback{&argmax_only, &next});
+  forward(greedy_row_.data(), Backend::LogitsReadback{&argmax_only, &next});
   if (next < 0)  // a row of NaN or +inf: the first largest as the host reads it
     next = static_cast<int32_t>(std::max_element(greedy_row_.begin(), greedy_row_.end()) - greedy_row_.begin());
   seq.n_tokens += 1;

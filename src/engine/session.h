@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "engine/model_runner.h"
+#include "engine/tp_ranks.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -41,6 +42,14 @@ struct SessionOptions {
   bool k_rope_neox = false;
   std::vector<std::vector<float>> k_rope_freq;
   uint64_t dummy_seed = 0;  // for dummy weights
+  // Load the weights and tokenizer only: no backend, model or KV (the tensor-parallel engine
+  // runs shards of the weights on backends of its own). backend(), model(), kv(), runner(),
+  // pool() and feed() then throw.
+  bool weights_only = false;
+  // Tensor parallelism (engine/tp_ranks.h, docs/design/parallel.md): the model split over this
+  // many ranks of this process, each with its KV heads; feed() runs every rank. backend(),
+  // model() and kv() are then rank 0's, and runner() throws (a forward must run on every rank).
+  int tensor_parallel_size = 1;
 };
 
 // Resolves a model argument to a file path: an existing path is returned as is; an alias
@@ -70,14 +79,16 @@ class Session {
   const GGUFFile* gguf() const { return gguf_.get(); }  // nullptr for non-GGUF models
   Tokenizer& tokenizer();                               // throws when the model has none
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
-  Backend& backend() { return *backend_; }
-  Model& model() { return *model_; }
-  KvCache& kv() { return *kv_; }
-  ModelRunner& runner() { return *runner_; }  // the model's forward over kv()
-  BlockPool& pool() { return *pool_; }
+  Backend& backend() { return ranks_ ? *ranks_->rank(0).backend : *checked(backend_.get()); }
+  Model& model() { return ranks_ ? *ranks_->rank(0).model : *checked(model_.get()); }
+  KvCache& kv() { return ranks_ ? *ranks_->rank(0).kv : *checked(kv_.get()); }
+  ModelRunner& runner() { return *checked(runner_.get()); }  // the model's forward over kv()
+  // The backend's description, or the ranks' with tensor parallelism.
+  std::string describe_device() { return ranks_ ? ranks_->describe() : backend().describe(); }
+  BlockPool& pool() { return *checked(pool_.get()); }
   int block_size() const { return options_.block_size; }
   int ctx() const { return ctx_; }
-  int kv_tokens() const { return kv_->spec().n_blocks * options_.block_size; }
+  int kv_tokens() const { return pool_ ? pool_->n_blocks() * options_.block_size : 0; }
   // Makes the KV cache hold at least `tokens` (at most ctx()), reallocating it; only while
   // no sequence holds blocks. Throws naming the numbers otherwise.
   void provision_kv(int tokens);
@@ -94,10 +105,14 @@ class Session {
   int32_t decode_greedy(SequenceBlocks& seq, int32_t token);
 
  private:
+  // Runs batch_ (on every rank at tensor parallelism), its logits read back as `plan` says
+  // into `logits` (rank 0's).
+  void forward(float* logits, const Backend::LogitsReadback& plan);
   SessionOptions options_;
   std::shared_ptr<GGUFFile> gguf_;
   std::shared_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<TensorParallelRanks> ranks_;  // tensor_parallel_size > 1: backends, shards, KV, runners
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<KvCache> kv_;
@@ -107,6 +122,12 @@ class Session {
   std::vector<float> greedy_row_;  // decode_greedy's host row, written only when the device cannot pick
   int ctx_ = 0;
   void make_kv(int tokens);
+  template <typename T>
+  T* checked(T* p) const {
+    if (!p) weights_only_error();
+    return p;
+  }
+  [[noreturn]] void weights_only_error() const;  // no local model: weights only, or ranks
 };
 
 }  // namespace tessera

@@ -35,6 +35,28 @@ uint64_t KvCacheSpec::constants_digest() const {
   return h;
 }
 
+KvCacheSpec KvCacheSpec::kv_heads(int first, int n) const {
+  TESSERA_CHECK(first >= 0 && n >= 1 && first + n <= n_kv_heads, "KV cache: heads [", first, ", ", first + n,
+                ") are not heads of a cache of ", n_kv_heads);
+  KvCacheSpec s = *this;
+  s.n_kv_heads = n;
+  s.kv_head_first = kv_head_first + first;
+  s.n_kv_heads_whole = n_kv_heads_whole > 0 ? n_kv_heads_whole : n_kv_heads;
+  const auto per_head = [&](std::vector<std::vector<float>>& rows, int64_t width, const char* what) {
+    for (std::vector<float>& row : rows) {
+      if (width == 1 && row.size() == 1) continue;  // one scale for the whole tensor
+      TESSERA_CHECK(row.size() == static_cast<size_t>(n_kv_heads * width), "KV cache: ", what, " rows of ", row.size(),
+                    " values for ", n_kv_heads, " KV heads x ", width);
+      row = std::vector<float>(row.begin() + first * width, row.begin() + (first + n) * width);
+    }
+  };
+  per_head(s.k_scales, 1, "K scale");
+  per_head(s.v_scales, 1, "V scale");
+  per_head(s.k_mean, head_dim, "key mean");
+  per_head(s.k_equal, head_dim, "key equalization");
+  return s;
+}
+
 int KvCacheSpec::n_group_layers(bool local) const {
   int n = 0;
   for (int il = 0; il < n_layers; ++il) n += in_local_group(il) == local;
@@ -77,8 +99,8 @@ void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat
                   "use --device cpu)");
     rope = {spec.k_rope_dim, spec.k_rope_neox, spec.k_rope_freq[layer]};
   }
-  const std::vector<float> host =
-      make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s, mean, equal, rope);
+  const std::vector<float> host = make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s,
+                                                    mean, equal, rope, {spec.kv_head_first, spec.n_kv_heads_whole});
   void* dev = backend.alloc(sizeof(float) * host.size());
   backend.copy_to_device(dev, host.data(), sizeof(float) * host.size());
   return dev;

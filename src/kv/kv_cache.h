@@ -44,6 +44,16 @@ struct KvCacheSpec {
   // blocks behind the window from it). 0 = one group: every layer has n_blocks blocks.
   std::vector<uint8_t> local_layers;
   int n_local_blocks = 0;
+  // A tensor-parallel rank's cache (docs/design/parallel.md) holds KV heads [kv_head_first,
+  // kv_head_first + n_kv_heads) of a model with n_kv_heads_whole (0: the whole model). Its
+  // TurboQuant signs and sketches are those heads' draws of the whole cache.
+  int kv_head_first = 0;
+  int n_kv_heads_whole = 0;
+
+  // This cache restricted to KV heads [first, first + n) of its own: per-head static scales
+  // and the key means and equalization (head-major) sliced to them, per-tensor scales kept.
+  // Throws naming the numbers when the heads are not a range of this cache's.
+  KvCacheSpec kv_heads(int first, int n) const;
 
   // A cache with K and V both in `plain` (F16 or F32).
   static KvCacheSpec plain(int n_layers, int n_kv_heads, int head_dim, int block_size, int n_blocks, DType plain) {

@@ -85,6 +85,14 @@ void LocalGroup::abort(const std::string& why) {
   cv_.notify_all();
 }
 
+void LocalGroup::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_.clear();
+  error_.clear();
+  arrived_ = 0;  // ranks that posted before the abort left without completing the collective
+  ++generation_;
+}
+
 void LocalGroup::arrive(const std::function<void()>& last) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!aborted_.empty()) fail("communicator group aborted: ", aborted_);

@@ -28,6 +28,9 @@ class LocalGroup {
   // Ends the group: every rank waiting in a collective, and every later call, throws
   // tessera::Error with `why` (a rank that failed calls it so that the others do not wait forever).
   void abort(const std::string& why);
+  // Makes an aborted group usable again; only while no rank is inside a collective (every
+  // rank's thread has returned from the failed step). The next collective starts afresh.
+  void reset();
 
  private:
   friend class LocalCommunicator;

@@ -41,6 +41,12 @@ class NcclCommunicator final : public Communicator {
     nccl_check(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
     cuda_check(cudaMalloc(&token_, sizeof(float)), "cudaMalloc (barrier token)");
   }
+  // A communicator ncclCommInitAll made (rank `rank` of `size`, on be's device); owns it.
+  NcclCommunicator(CudaBackend& be, ncclComm_t comm, int rank, int size)
+      : be_(be), rank_(rank), size_(size), comm_(comm) {
+    cuda_check(cudaSetDevice(be.device()), "cudaSetDevice");
+    cuda_check(cudaMalloc(&token_, sizeof(float)), "cudaMalloc (barrier token)");
+  }
   ~NcclCommunicator() override {
     if (token_) cudaFree(token_);
     if (comm_) ncclCommDestroy(comm_);
@@ -88,6 +94,38 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const Ren
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   TESSERA_CHECK(cuda != nullptr, "nccl: the communicator needs a CUDA backend, not '", backend.name(), "'");
   return std::make_unique<NcclCommunicator>(*cuda, r);
+}
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(std::span<Backend* const> backends) {
+  const int n = static_cast<int>(backends.size());
+  std::vector<CudaBackend*> cuda(n);
+  std::vector<int> devices(n);
+  for (int r = 0; r < n; ++r) {
+    cuda[r] = dynamic_cast<CudaBackend*>(backends[r]);
+    TESSERA_CHECK(cuda[r] != nullptr, "nccl: rank ", r, " needs a CUDA backend, not '", backends[r]->name(), "'");
+    devices[r] = cuda[r]->device();
+    for (int q = 0; q < r; ++q)
+      TESSERA_CHECK(devices[q] != devices[r], "nccl: ranks ", q, " and ", r, " are both on cuda:", devices[r]);
+  }
+  // The communicators' setup switches devices; the caller's thread keeps its own.
+  int caller_device = 0;
+  cuda_check(cudaGetDevice(&caller_device), "cudaGetDevice");
+  struct Restore {
+    int device;
+    ~Restore() { cudaSetDevice(device); }
+  } restore{caller_device};
+  std::vector<ncclComm_t> comms(n, nullptr);
+  nccl_check(ncclCommInitAll(comms.data(), n, devices.data()), "ncclCommInitAll");
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < n; ++r) {
+    try {
+      out.push_back(std::make_unique<NcclCommunicator>(*cuda[r], comms[r], r, n));
+    } catch (...) {
+      for (int q = r; q < n; ++q) ncclCommDestroy(comms[q]);  // not owned by a communicator yet
+      throw;
+    }
+  }
+  return out;
 }
 
 bool nccl_compiled() { return true; }

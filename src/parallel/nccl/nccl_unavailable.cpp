@@ -10,6 +10,12 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const Ren
       "and NCCL installed, e.g. /usr/local/cuda/lib/libnccl.so)");
 }
 
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(std::span<Backend* const> backends) {
+  fail("tensor parallelism over ", backends.size(),
+       " GPUs needs NCCL: this build has none (configure with -DTESSERA_CUDA=ON and NCCL installed, e.g. "
+       "/usr/local/cuda/lib/libnccl.so)");
+}
+
 bool nccl_compiled() { return false; }
 
 }  // namespace tessera

@@ -26,6 +26,37 @@ const KvPlanRow& row(const std::vector<KvPlanRow>& rows, const std::string& dtyp
   throw std::runtime_error("no row " + dtype);
 }
 
+TEST(BenchKvPlan, ATensorParallelRankHoldsItsKvHeadsAndItsPartOfTheWeights) {
+  // Llama-3.1-8B at TP 4: 2 of the 8 KV heads a rank (32 KiB per token in f16), a quarter of
+  // the weights on each 80 GiB device; at TP 16 a rank keeps one KV head (two ranks share it).
+  const KvModelInfo m = load_kv_model_info("dummy:llama-3.1-8b");
+  KvPlanOptions o;
+  o.memory_bytes = int64_t{80} << 30;
+  o.ctx = {8192};
+  o.formats = {"f16"};
+  o.tensor_parallel_size = 4;
+  const KvPlanRow tp4 = kv_plan(m, o).at(0);
+  EXPECT_EQ(tp4.bytes_per_token, 131072.0 / 4);
+  const int64_t budget = (int64_t{80} << 30) - m.weight_bytes / 4;
+  EXPECT_EQ(tp4.kv_budget_bytes, budget);
+  EXPECT_EQ(tp4.total_blocks, budget / (16 * 32768));
+  EXPECT_DOUBLE_EQ(tp4.bits_per_elem, 16.0);
+  const std::string text = format_kv_plan(m, o, {tp4});
+  EXPECT_NE(text.find("per rank of 4 tensor-parallel ranks"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 KV heads x"), std::string::npos) << text;
+  o.tensor_parallel_size = 16;
+  EXPECT_EQ(kv_plan(m, o).at(0).bytes_per_token, 131072.0 / 8);
+  o.tensor_parallel_size = 3;
+  try {
+    kv_plan(m, o);
+    ADD_FAILURE() << "TP 3 of 32 heads accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--tensor-parallel-size 3: tensor parallel: 32 attention heads do not split"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(BenchKvPlan, Llama31_8B_Is128KiBPerTokenInF16) {
   const KvModelInfo m = load_kv_model_info("dummy:llama-3.1-8b");
   EXPECT_EQ(kv_bytes_per_token(m.config, 2), 131072.0);  // 2 x 32 x 8 x 128 x 2

@@ -39,13 +39,17 @@ inline ModelEngineOptions small_engine_options(const std::string& model, int bat
 }
 
 // A greedy request that runs its max_tokens (the end token ignored), prompt with BOS.
-inline Request greedy_request(ModelEngine& model, const std::string& text, int max_tokens) {
+// A greedy request of token ids that runs its max_tokens (the end token ignored).
+inline Request greedy_tokens_request(std::vector<int32_t> prompt, int max_tokens) {
   Request r;
-  r.prompt = model.session().tokenizer().encode(text, true, false);
+  r.prompt = std::move(prompt);
   r.sampling.temperature = 0;
   r.sampling.max_tokens = max_tokens;
   r.sampling.ignore_eos = true;
   return r;
+}
+inline Request greedy_request(ModelEngine& model, const std::string& text, int max_tokens) {
+  return greedy_tokens_request(model.session().tokenizer().encode(text, true, false), max_tokens);
 }
 
 // The speculation tests' greedy mix: a copy-heavy prompt (drafts get accepted), code, and a

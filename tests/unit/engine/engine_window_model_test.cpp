@@ -45,11 +45,7 @@ void expect_same(const Logprobs& got, const Logprobs& want, const std::string& w
 }
 
 Request request(std::vector<int32_t> prompt, int max_tokens) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
+  Request r = test::greedy_tokens_request(std::move(prompt), max_tokens);
   r.logprobs = true;
   return r;
 }

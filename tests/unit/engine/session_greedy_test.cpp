@@ -38,3 +38,27 @@ TEST(SessionGreedy, DecodeGreedyPicksTheHostArgmaxOfTheFullRow) {
   full.release_all(session.pool());
   greedy.release_all(session.pool());
 }
+
+// At tensor parallelism 2 (qwen3-tiny F32: its two KV heads split, one a rank) every rank runs
+// the greedy step and rank 0's argmax comes back: TP 1's greedy tokens.
+TEST(SessionGreedy, DecodeGreedyAtTensorParallelTwoGivesOneRanksTokens) {
+  const auto run = [](int tp) {
+    SessionOptions o;
+    o.model = "dummy:qwen3-tiny:f32";
+    o.dummy_seed = 7;
+    o.backend.threads = 2;
+    o.ctx = 64;
+    o.max_batch_tokens = 16;
+    o.tensor_parallel_size = tp;
+    Session session(o);
+    SequenceBlocks seq;
+    std::vector<float> unused;
+    const std::vector<int32_t> prompt = {3, 14, 15, 92, 65, 35};
+    session.feed(seq, std::span<const int32_t>(prompt.data(), prompt.size() - 1), ForwardBatch::Logits::None, unused);
+    std::vector<int32_t> out = {session.decode_greedy(seq, prompt.back())};
+    for (int step = 0; step < 16; ++step) out.push_back(session.decode_greedy(seq, out.back()));
+    seq.release_all(session.pool());
+    return out;
+  };
+  EXPECT_EQ(run(2), run(1));
+}

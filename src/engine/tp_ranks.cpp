@@ -1,0 +1,150 @@
+#include "engine/tp_ranks.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "parallel/local_comm.h"
+#include "parallel/nccl/nccl_comm.h"
+
+namespace tessera {
+
+TensorParallelRanks::TensorParallelRanks(std::shared_ptr<const ModelWeights> whole, const BackendOptions& backend,
+                                         int size, int max_batch_tokens, int max_logits) {
+  TESSERA_CHECK(whole != nullptr, "tensor parallel: no weights");
+  TESSERA_CHECK(size >= 1, "--tensor-parallel-size ", size, " must be at least 1");
+  try {
+    plan_ = plan_tensor_parallel(whole->config, size);
+  } catch (const Error& e) {
+    fail("--tensor-parallel-size ", size, " with ", whole->source, ": ", e.what());
+  }
+  const bool cuda = backend.device.rfind("cuda", 0) == 0;
+  TESSERA_CHECK(cuda || backend.device == "cpu", "tensor parallel: unknown device '", backend.device, "'");
+  TESSERA_CHECK(!cuda || backend.device == "cuda" || size == 1, "--device ", backend.device,
+                " with --tensor-parallel-size ", size, ": rank r runs on cuda:r; pass --device cuda");
+  // The collectives are not captured in graphs (docs/design/parallel.md, "Not built").
+  TESSERA_CHECK(!cuda || !backend.cuda_graphs || size == 1, "--tensor-parallel-size ", size,
+                " on CUDA runs without graphs: add --no-cuda-graphs");
+  for (int r = 0; r < size; ++r) {
+    ranks_.push_back(std::make_unique<Rank>());
+    ranks_.back()->index = r;
+  }
+  for (int r = 0; r < size; ++r) threads_.emplace_back([this, r] { worker(r); });
+  try {
+    const int total = backend.threads > 0 ? backend.threads : ThreadPool::default_threads();
+    run([&](Rank& rk) {
+      BackendOptions o = backend;
+      if (cuda) {
+        o.device = "cuda:" + std::to_string(rk.index);
+      } else {
+        o.threads = std::max(1, total / size);
+      }
+      try {
+        rk.backend = make_backend(o);
+      } catch (const Error& e) {
+        fail("--tensor-parallel-size ", size, ": rank ", rk.index, " on ", o.device, ": ", e.what());
+      }
+    });
+    if (cuda) {
+      std::vector<Backend*> backends;
+      for (auto& rk : ranks_) backends.push_back(rk->backend.get());
+      devices_ = make_nccl_group(backends);
+      comm_kind_ = "NCCL";
+    } else {
+      local_ = std::make_unique<LocalGroup>(size);
+      comm_kind_ = "in-process group";
+    }
+    run([&](Rank& rk) {
+      rk.weights = shard_weights(whole, rk.index, size);
+      Communicator* comm = size == 1 ? nullptr : cuda ? devices_[rk.index].get() : &local_->rank(rk.index);
+      rk.model = create_model(rk.weights, *rk.backend, max_batch_tokens, max_logits, comm);
+    });
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    throw;
+  }
+}
+
+TensorParallelRanks::~TensorParallelRanks() {
+  // Each rank's objects are freed on its own thread (a device backend's context is its).
+  try {
+    run([](Rank& rk) {
+      rk.host.reset();
+      rk.runner.reset();
+      rk.kv.reset();
+      rk.model.reset();
+      rk.weights.reset();
+    });
+  } catch (...) {  // destruction does not throw; the rest is freed below
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  devices_.clear();
+  for (auto& rk : ranks_) rk->backend.reset();
+}
+
+KvCacheSpec TensorParallelRanks::rank_kv_spec(const KvCacheSpec& whole, int r) const {
+  TESSERA_CHECK(r >= 0 && r < size(), "tensor parallel: rank ", r, " of ", size());
+  return whole.kv_heads(plan_.kv_head_first(r, whole.n_kv_heads), plan_.n_head_kv);
+}
+
+std::string TensorParallelRanks::describe() const {
+  return std::to_string(size()) + " tensor-parallel ranks (" + comm_kind_ + "), each " + ranks_[0]->backend->describe();
+}
+
+void TensorParallelRanks::abort_group(const std::string& why) {
+  if (local_) local_->abort(why);
+  // NCCL has no abort here: a rank that fails before a collective leaves the others waiting in
+  // it (docs/design/parallel.md). Every rank checks the same batch first, so they fail together.
+}
+
+void TensorParallelRanks::run(FunctionRef<void(Rank&)> fn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  job_ = &fn;
+  n_done_ = 0;
+  first_error_.clear();
+  ++job_generation_;
+  work_cv_.notify_all();
+  done_cv_.wait(lock, [&] { return n_done_ == size(); });
+  job_ = nullptr;
+  if (first_error_.empty()) return;
+  if (local_) local_->reset();  // every rank has left its collectives
+  const std::string why = first_error_;
+  lock.unlock();
+  fail(why);
+}
+
+void TensorParallelRanks::worker(int r) {
+  uint64_t seen = 0;
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mu_);
+    work_cv_.wait(lock, [&] { return stop_ || job_generation_ != seen; });
+    if (stop_) return;
+    seen = job_generation_;
+    const FunctionRef<void(Rank&)>* job = job_;
+    lock.unlock();
+    std::string error;
+    try {
+      (*job)(*ranks_[r]);
+    } catch (const std::exception& e) {
+      error = std::string("tensor parallel rank ") + std::to_string(r) + ": " + e.what();
+    }
+    lock.lock();
+    if (!error.empty() && first_error_.empty()) {
+      first_error_ = error;
+      abort_group(error);  // under mu_: LocalGroup::abort takes only its own lock
+    }
+    if (++n_done_ == size()) done_cv_.notify_all();
+  }
+}
+
+}  // namespace tessera
