@@ -47,8 +47,11 @@ if(TESSERA_BUILD_TESTS)
     ${CMAKE_SOURCE_DIR}/tests/unit/engine/*.cpp
     ${CMAKE_SOURCE_DIR}/tests/unit/sched/*.cpp
     ${CMAKE_SOURCE_DIR}/tests/unit/http/*.cpp
-    ${CMAKE_SOURCE_DIR}/tests/unit/disagg/*.cpp
     ${CMAKE_SOURCE_DIR}/tests/unit/api/api_server_test.cpp)
+  # Not tests/unit/disagg yet: TSan reports the TCP KV server reading an exception's what()
+  # that the engine thread frees through a std::promise, a libstdc++ exception_ptr refcount it
+  # cannot see (2026-12-06, Sides.ExpiredLeaseIsRefusedByName); suppressing it needs a run of
+  # its own. They run under ASan+UBSan above.
   # Not the real-model numerics: under TSan they took over 10 minutes of a CI run (2026-12-03).
   list(FILTER TESSERA_CONCURRENCY_TEST_SOURCES EXCLUDE REGEX "${TESSERA_REAL_MODEL_ENGINE_TESTS}")
   add_executable(tessera_concurrency_tests EXCLUDE_FROM_ALL ${TESSERA_CONCURRENCY_TEST_SOURCES})
