@@ -301,11 +301,12 @@ int CudaBackend::coalesce(std::span<const MatmulTarget> targets, MatmulTarget* r
   return n;
 }
 
-// Integer kernels read x quantized per 32 columns: the first half of the scratch; the second
-// holds x quantized through an act-order permutation (gemv).
-cuda::Q8Rows CudaBackend::q8_input(int n_rows, int64_t cols) {
+// Integer kernels read x quantized per 32 columns: the first half of the scratch (slot 0); the
+// second (slot 1) holds x quantized through an act-order permutation (gemv).
+cuda::Q8Rows CudaBackend::q8_input(int n_rows, int64_t cols, int slot) {
   const size_t q8_bytes = round_up(cuda::q8_rows_bytes(n_rows, cols), 256);
-  return cuda::q8_rows_view(scratch(xq8_, xq8_cap_, 2 * q8_bytes), n_rows, cols);
+  auto* base = static_cast<uint8_t*>(scratch(xq8_, xq8_cap_, 2 * q8_bytes));
+  return cuda::q8_rows_view(base + slot * q8_bytes, n_rows, cols);
 }
 
 void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs,
@@ -313,7 +314,6 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
   // Decode: straight from the stored format, targets of one type grouped into one launch.
   // Integer kernels read x quantized per 32 columns (quantize_q8.cu), once per call, unless the
   // kernel before wrote it so (x_is_q8).
-  const size_t q8_bytes = round_up(cuda::q8_rows_bytes(n_rows, cols), 256);
   bool x_quantized = x_is_q8;
   auto quantized_x = [&] {
     const cuda::Q8Rows xq = q8_input(n_rows, cols);
@@ -329,8 +329,7 @@ void CudaBackend::gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64
       TESSERA_CHECK(!in.up && !in.residual, "cuda gemv: a fused input needs the bulk kernel");
       const WeightMatrix& w0 = runs[i].w;
       if (w0.gq_perm) {
-        auto* base = static_cast<uint8_t*>(scratch(xq8_, xq8_cap_, 2 * q8_bytes));
-        const cuda::Q8Rows xp = cuda::q8_rows_view(base + q8_bytes, n_rows, cols);
+        const cuda::Q8Rows xp = q8_input(n_rows, cols, /*slot=*/1);
         const auto* perm =
             reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(w0.data) + w0.gq_layout().off_perm);
         cuda::launch_quantize_q8_rows(in.x, n_rows, ldx, cols, perm, xp, stream_);

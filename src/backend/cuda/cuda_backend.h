@@ -108,8 +108,9 @@ class CudaBackend final : public Backend {
   // takes_q8_input), written there by the kernel before (norm or SwiGLU); in.x is not read.
   void gemv(const cuda::GemvInput& in, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs, int n_runs,
             bool x_is_q8 = false);
-  // The scratch the integer decode kernels read x from (the first half of xq8_).
-  cuda::Q8Rows q8_input(int n_rows, int64_t cols);
+  // The scratch the integer decode kernels read x from: slot 0 x as it is, slot 1 x through an
+  // act-order permutation (two halves of xq8_).
+  cuda::Q8Rows q8_input(int n_rows, int64_t cols, int slot = 0);
   void gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs, int n_runs,
             const uint16_t* pre16, bool pre_bf16);
   // A device scratch buffer of at least `bytes` (grown, never shrunk).
