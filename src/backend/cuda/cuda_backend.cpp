@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_tuning.h"
 #include "backend/cuda/gemm_fp8.h"
 #include "backend/cuda/gemma_kernels.h"
+#include "backend/cuda/gemv_mma16.h"
 #include "backend/cuda/q8_producers.h"
 #include "core/error.h"
 
@@ -32,20 +33,42 @@ namespace {
 
 using cuda::round_up;
 
-// Whether a product of n_rows rows runs on the matrix-vector kernels rather than a GEMM:
-// one row always; 2..kGemvMaxRows rows unless every weight is plain f16/bf16. The multi-row
-// GEMV decodes each weight once but loads x per element and row from L1, which for 16-bit
-// weights made it slower than reading the weights once per row (Llama-3.1-8B bf16 on an
-// H100, docs/benchmarks/gpu.md: 8 rows 65 ms a forward, 2 rows 19 ms, against 5.2 ms for 1
-// row and 8.5 ms for 16 rows through cuBLASLt). Quantized weights keep the GEMV there: their
-// GEMM path decodes the whole matrix to bf16 first.
+// Whether a product of n_rows rows runs on a skinny tensor-core kernel that reads each weight
+// once (gemv_mma16.cu: 16-bit and FP8W weights; gemv_gq_mma.cu: W4G/W8G), inside the row
+// ranges where it measured faster than the alternatives (CudaTuning, docs/benchmarks/weight-quant.md).
+bool skinny16(int n_rows, const WeightMatrix& w) {
+  using T = cuda::CudaTuning;
+  if (w.dtype == DType::BF16 || w.dtype == DType::F16)
+    return n_rows >= T::kSkinny16MinRows && n_rows <= T::kSkinny16MaxRows &&
+           cuda::gemv_mma16_applies(w.dtype, n_rows, w.cols, w.data);
+  if (is_fp8_weight(w.dtype))
+    return n_rows >= 2 && n_rows <= T::kSkinnyFp8MaxRows && cuda::gemv_mma16_applies(w.dtype, n_rows, w.cols, w.data);
+  return false;
+}
+bool skinny_gq(int n_rows, const WeightMatrix& w) {
+  return n_rows >= cuda::CudaTuning::kSkinnyGqMinRows && cuda::gemv_gq_mma_applies(n_rows, w);
+}
+
+// Whether a product of n_rows rows runs on the matrix-vector kernels (gemv*.cu) rather than a
+// GEMM-shaped path: one row always; 2..kGemvMaxRows rows unless every weight takes a skinny
+// tensor-core kernel or is plain f16/bf16 (cuBLASLt). The multi-row GEMV decodes each weight
+// once but loads x per element and row from L1, which for 16-bit weights made it slower than
+// reading the weights once per row (Llama-3.1-8B bf16 on an H100, docs/benchmarks/gpu.md: 8
+// rows 65 ms a forward, 2 rows 19 ms, against 5.2 ms for 1 row and 8.5 ms for 16 rows through
+// cuBLASLt).
 bool gemv_rows(int n_rows, std::span<const MatmulTarget> targets) {
   if (n_rows == 1) return true;
   if (n_rows > cuda::kGemvMaxRows) return false;
   for (const MatmulTarget& t : targets)
-    if (t.w.dtype != DType::F16 && t.w.dtype != DType::BF16) return true;
+    if (t.w.dtype != DType::F16 && t.w.dtype != DType::BF16 && !skinny16(n_rows, t.w) && !skinny_gq(n_rows, t.w))
+      return true;
   return false;
 }
+
+// Whether a product's 16-bit activations are f16 rather than bf16: f16 weights, and
+// group-quantized weights on the skinny tensor-core kernel (their codes decode exactly to
+// f16; FP8W weights never take 16-bit activations from the fused paths).
+bool wants_f16(int n_rows, const WeightMatrix& w) { return w.dtype == DType::F16 || skinny_gq(n_rows, w); }
 
 // Whether every run reads x only as Q8 rows (group-quantized weights without an act-order
 // permutation, GGUF block formats on the integer kernels): then the kernel in front of the
@@ -62,8 +85,12 @@ bool takes_q8_input(int64_t cols, const MatmulTarget* runs, int n_runs) {
 std::string matmul_op_name(int n_rows, std::span<const MatmulTarget> targets) {
   int64_t rows = 0;
   for (const MatmulTarget& t : targets) rows += t.w.rows;
-  return std::string(gemv_rows(n_rows, targets) ? "gemv " : "gemm ") + std::string(dtype_name(targets[0].w.dtype)) +
-         " [" + std::to_string(n_rows) + " x " + std::to_string(targets[0].w.cols) + "] -> " + std::to_string(rows) +
+  const WeightMatrix& w0 = targets[0].w;
+  const char* path = gemv_rows(n_rows, targets)                      ? "gemv "
+                     : skinny16(n_rows, w0) || skinny_gq(n_rows, w0) ? "mma "
+                                                                     : "gemm ";
+  return std::string(path) + std::string(dtype_name(targets[0].w.dtype)) + " [" + std::to_string(n_rows) + " x " +
+         std::to_string(targets[0].w.cols) + "] -> " + std::to_string(rows) +
          (targets.size() > 1 ? " (" + std::to_string(targets.size()) + " targets)" : "");
 }
 
@@ -408,6 +435,32 @@ void CudaBackend::gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, co
   for (int i = 0; i < n_runs; ++i) {
     const MatmulTarget& t = runs[i];
     const WeightMatrix& w = t.w;
+    // A few rows of 16-bit or FP8W weights: the tensor-core kernel that reads each weight once
+    // (gemv_mma16.cu), consecutive runs of one type in one launch.
+    if (skinny16(n_rows, w)) {
+      const uint16_t* x16 = act(w.dtype == DType::BF16);
+      cuda::GemvTarget g[cuda::kGemvMaxTargets];
+      int n = 0;
+      while (i + n < n_runs && n < cuda::kGemvMaxTargets && runs[i + n].w.dtype == w.dtype &&
+             skinny16(n_rows, runs[i + n].w)) {
+        g[n] = gemv_target(runs[i + n]);
+        ++n;
+      }
+      cuda::launch_gemv_mma16(w.dtype, x16, n_rows, cols, g, n, stream_);
+      i += n - 1;
+      continue;
+    }
+    // The same for group-quantized codes, decoded in registers (gemv_gq_mma.cu), f16 x.
+    if (skinny_gq(n_rows, w)) {
+      const uint16_t* x16 = act(false);
+      int n = 1;
+      while (i + n < n_runs && n < cuda::kGemvMaxTargets && runs[i + n].w.dtype == w.dtype &&
+             runs[i + n].w.group_size == w.group_size && skinny_gq(n_rows, runs[i + n].w))
+        ++n;
+      cuda::launch_gemv_gq_mma(x16, n_rows, runs + i, n, stream_);
+      i += n - 1;
+      continue;
+    }
     // cuBLASLt's FP8 kernels want output rows in multiples of 16 and a 16-byte aligned output
     // (measured on cuBLAS 13.1: 37 rows, or an output at an 8-byte offset, find no algorithm);
     // other shapes take the weights decoded to bf16 and the bf16 GEMM.
@@ -474,7 +527,7 @@ void CudaBackend::swiglu_matmul(const float* gate, const float* up, int64_t ld_i
   for (const MatmulTarget& t : targets) {
     TESSERA_CHECK(t.w.cols == dim, "cuda swiglu_matmul: target width ", t.w.cols, " is not ", dim);
     all16 = all16 && t.w.dtype != DType::F32 && !is_fp8_weight(t.w.dtype);  // FP8: quantized from f32
-    (t.w.dtype == DType::F16 ? any_f16 : any_bf16) = true;
+    (wants_f16(n_rows, t.w) ? any_f16 : any_bf16) = true;
   }
   // One row with 16-bit weights: SwiGLU computed while the bulk matrix-vector kernel loads
   // its input (when that kernel applies to every run).
@@ -535,7 +588,7 @@ void CudaBackend::add_rms_norm_matmul(const float* x, const float* residual, con
   for (const MatmulTarget& t : targets) {
     TESSERA_CHECK(t.w.cols == dim, "cuda add_rms_norm_matmul: target width ", t.w.cols, " is not ", dim);
     all16 = all16 && t.w.dtype != DType::F32 && !is_fp8_weight(t.w.dtype);  // FP8: quantized from f32
-    (t.w.dtype == DType::F16 ? any_f16 : any_bf16) = true;
+    (wants_f16(n_rows, t.w) ? any_f16 : any_bf16) = true;
   }
   MatmulTarget runs[kMaxTargets];
   // One row with 16-bit weights: every block of the bulk matrix-vector kernel forms the norm

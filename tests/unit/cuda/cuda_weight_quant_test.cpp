@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "core/fp16.h"
+#include "core/fp8_weight.h"
 #include "../model/dequantized_weights.h"
 #include "cuda_test_util.h"
 #include "engine/model_runner.h"
@@ -256,23 +257,45 @@ TEST(CudaWeightQuant, DecodeBandwidthAtLlama8BShapes) {
       "\n[bench] copy ceiling %.0f GB/s\n| weight | shape | rows of x | us | GB/s | of copy "
       "|\n|---|---|---|---|---|---|\n",
       ceil.copy_bytes_per_s / 1e9);
-  for (int bits : {4, 8}) {
-    constexpr int kXRows[] = {1, 2, 4, 8};  // one per shape class of the kernel
+  // bits 16: bf16 weights (the bulk kernel at one row, the skinny tensor-core kernel past it);
+  // bits 9: FP8W (E4M3 codes, f32 scale per row).
+  for (int bits : {4, 8, 16, 9}) {
+    constexpr int kXRows[] = {1, 2, 4, 8, 9, 16, 32};  // the integer kernels' classes, then tensor cores
+    const char* fmt = bits == 4 ? "W4G g128" : bits == 8 ? "W8G g128" : bits == 16 ? "bf16" : "fp8";
+    const DType type = bits == 4 ? DType::W4G : bits == 8 ? DType::W8G : bits == 16 ? DType::BF16 : DType::FP8W;
     double layer_us[std::size(kXRows)] = {}, layer_bytes = 0;
     for (const Shape& sh : shapes) {
-      // Random codes straight into the layout (make_gq's float64 decode is too slow here).
-      const GroupQuantLayout l = GroupQuantLayout::make(bits, sh.rows, sh.cols, 128, false, false);
-      std::vector<uint8_t> buf(static_cast<size_t>(l.total_bytes));
-      for (size_t i = 0; i < buf.size(); i += 4) {
-        const uint32_t v = rng();
-        std::memcpy(buf.data() + i, &v, std::min<size_t>(4, buf.size() - i));
+      // Random codes straight into the layout (make_gq's float64 decode is too slow here);
+      // bf16: a repeating pattern of small values (random bits would hold NaNs).
+      const GroupQuantLayout l = GroupQuantLayout::make(bits == 4 ? 4 : 8, sh.rows, sh.cols, 128, false, false);
+      const Fp8WeightLayout f8 = Fp8WeightLayout::make(sh.rows, sh.cols);
+      const size_t n_bytes = bits == 16  ? static_cast<size_t>(sh.rows * sh.cols * 2)
+                             : bits == 9 ? static_cast<size_t>(f8.total_bytes)
+                                         : static_cast<size_t>(l.total_bytes);
+      std::vector<uint8_t> buf(n_bytes);
+      if (bits == 9) {  // codes of magnitude 2^-4..2^-1 with both signs, unit scales
+        for (int64_t i = 0; i < sh.rows * f8.row_bytes; ++i)
+          buf[i] = static_cast<uint8_t>((0x18 + rng() % 24) | (rng() & 0x80));
+        auto* sc = reinterpret_cast<float*>(buf.data() + f8.off_scales);
+        for (int64_t r = 0; r < sh.rows; ++r) sc[r] = 1.0f;
+      } else if (bits == 16) {
+        std::vector<uint16_t> pattern(4099);
+        for (auto& v : pattern) v = f32_to_bf16(0.02f * std::normal_distribution<float>()(rng));
+        auto* w16 = reinterpret_cast<uint16_t*>(buf.data());
+        for (size_t i = 0; i < n_bytes / 2; ++i) w16[i] = pattern[i % pattern.size()];
+      } else {
+        for (size_t i = 0; i < buf.size(); i += 4) {
+          const uint32_t v = rng();
+          std::memcpy(buf.data() + i, &v, std::min<size_t>(4, buf.size() - i));
+        }
+        auto* sc = reinterpret_cast<uint16_t*>(buf.data() + l.off_scales);
+        for (int64_t i = 0; i < l.n_groups * l.rows; ++i) sc[i] = f32_to_fp16(0.01f);
       }
-      auto* sc = reinterpret_cast<uint16_t*>(buf.data() + l.off_scales);
-      for (int64_t i = 0; i < l.n_groups * l.rows; ++i) sc[i] = f32_to_fp16(0.01f);
       constexpr int kCopies = 4;
       std::vector<std::shared_ptr<const void>> devs;
       for (int i = 0; i < kCopies; ++i) devs.push_back(gpu->upload(buf.data(), buf.size()));
-      const double bytes = double(l.rows * l.code_row_bytes + l.n_groups * l.rows * 2);
+      const double bytes =
+          bits == 16 || bits == 9 ? double(n_bytes) : double(l.rows * l.code_row_bytes + l.n_groups * l.rows * 2);
       layer_bytes += bytes;
       for (size_t ni = 0; ni < std::size(kXRows); ++ni) {
         const int n = kXRows[ni];
@@ -280,8 +303,8 @@ TEST(CudaWeightQuant, DecodeBandwidthAtLlama8BShapes) {
         DeviceVec<float> dy(*gpu, std::vector<float>(n * sh.rows, 0.0f));
         auto run = [&] {
           for (int i = 0; i < kCopies; ++i) {
-            WeightMatrix wm{devs[i].get(), bits == 8 ? DType::W8G : DType::W4G, sh.rows, sh.cols};
-            wm.group_size = 128;
+            WeightMatrix wm{devs[i].get(), type, sh.rows, sh.cols};
+            if (is_group_quant(type)) wm.group_size = 128;
             const MatmulTarget tg{wm, dy.get(), sh.rows};
             gpu->matmul(dx.get(), n, sh.cols, std::span(&tg, 1));
           }
@@ -299,13 +322,13 @@ TEST(CudaWeightQuant, DecodeBandwidthAtLlama8BShapes) {
         const double us = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e6 /
                           (kLaunches * 10 * kCopies);
         layer_us[ni] += us;
-        std::printf("| W%dG g128 | %s %lldx%lld | %d | %.1f | %.0f | %.0f%% |\n", bits, sh.name,
+        std::printf("| %s | %s %lldx%lld | %d | %.1f | %.0f | %.0f%% |\n", fmt, sh.name,
                     static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), n, us, bytes / us / 1e3,
                     100 * bytes / us / 1e3 / (ceil.copy_bytes_per_s / 1e9));
       }
     }
     for (size_t k = 0; k < std::size(kXRows); ++k)
-      std::printf("| W%dG g128 | one layer | %d | %.1f | %.0f | %.0f%% |\n", bits, kXRows[k], layer_us[k],
+      std::printf("| %s | one layer | %d | %.1f | %.0f | %.0f%% |\n", fmt, kXRows[k], layer_us[k],
                   layer_bytes / layer_us[k] / 1e3,
                   100 * layer_bytes / layer_us[k] / 1e3 / (ceil.copy_bytes_per_s / 1e9));
   }
@@ -320,13 +343,14 @@ TEST(CudaWeightQuant, MatmulMatchesFloat64AtDecodeAndPrefillRows) {
     int64_t rows, cols, group;
     bool asym, act_order;
   };
-  for (const Case& c : {Case{4, 37, 96, 32, false, false}, Case{4, 131, 200, 64, true, true},
-                        Case{8, 40, 320, 128, true, false}, Case{8, 9, 200, 200, false, true}}) {
+  for (const Case& c :
+       {Case{4, 37, 96, 32, false, false}, Case{4, 131, 200, 64, true, true}, Case{8, 40, 320, 128, true, false},
+        Case{8, 9, 200, 200, false, true}, Case{4, 70, 1024, 1024, true, false}}) {
     GqWeight w = make_gq(c.bits, c.rows, c.cols, c.group, c.asym, c.act_order, rng);
     auto dev = gpu->upload(w.m.data.get(), static_cast<size_t>(w.host.bytes()));
     WeightMatrix wm = w.host;
     wm.data = dev.get();
-    for (int n : {1, 5, 77}) {
+    for (int n : {1, 5, 9, 20, 32, 77}) {
       const int64_t ldx = c.cols + 5, ldy = c.rows + 3;
       auto x = randn(n * ldx, rng);
       DeviceVec<float> dx(*gpu, x);
@@ -335,8 +359,13 @@ TEST(CudaWeightQuant, MatmulMatchesFloat64AtDecodeAndPrefillRows) {
       gpu->matmul(dx.get(), n, ldx, std::span(&tg, 1));
       const auto y = dy.read();
       // Up to 8 rows activations quantized per 32 columns (the reference takes the same
-      // rounding); past 8 decoded weights and activations rounded to bf16 for the tensor cores.
-      EXPECT_LT(error_vs_float64(w, y, ldy, x, n, ldx), n <= 8 ? 1e-5 : 1e-2)
+      // rounding); 9-32 rows without a permutation, widths of whole 32-column blocks: weights
+      // decoded to f16 in registers and activations rounded to f16 (gemv_gq_mma.cu); otherwise
+      // both rounded to bf16 for cuBLASLt.
+      const bool skinny_mma = n <= 32 && !c.act_order && c.cols % 32 == 0;
+      EXPECT_LT(error_vs_float64(w, y, ldy, x, n, ldx), n <= 8       ? 1e-5
+                                                        : skinny_mma ? 2e-3
+                                                                     : 1e-2)
           << "W" << c.bits << " g" << c.group << " n=" << n;
       for (int i = 0; i < n; ++i)
         for (int64_t r = c.rows; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r]));
