@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           const int64_t at = grp * rows + rr[m][h];
           const int z = zeros && in ? __ldg(zeros + at) : kZero;
           rb.zz = half_pair(static_cast<uint16_t>(0x6400 + z));  // f16 1024 + z (exact below 2048)
-          rb.ss = in ? half_pair(__ldg(scales + at)) : 0u;  // a block past the width adds zeros
+          rb.ss = in ? half_pair(__ldg(scales + at)) : 0u;       // a block past the width adds zeros
         }
     }
     // Codes, scales and zero points are no kernel's output: the first loads go out before the wait.
@@ -184,9 +184,9 @@ void launch_gemv_gq_mma(const uint16_t* x, int n_rows, const MatmulTarget* targe
   int tiles = 0;
   for (int i = 0; i < n_targets; ++i) {
     const WeightMatrix& w = targets[i].w;
-    TESSERA_CHECK(gemv_gq_mma_applies(n_rows, w) && w.dtype == w0.dtype && w.cols == w0.cols &&
-                      w.group_size == w0.group_size,
-                  "gemv_gq_mma: target ", i, " does not apply (", n_rows, " rows, ", dtype_name(w.dtype), ")");
+    TESSERA_CHECK(
+        gemv_gq_mma_applies(n_rows, w) && w.dtype == w0.dtype && w.cols == w0.cols && w.group_size == w0.group_size,
+        "gemv_gq_mma: target ", i, " does not apply (", n_rows, " rows, ", dtype_name(w.dtype), ")");
     const GroupQuantLayout l = w.gq_layout();
     const auto* base = static_cast<const uint8_t*>(w.data);
     tg.codes[i] = base;
@@ -203,11 +203,9 @@ void launch_gemv_gq_mma(const uint16_t* x, int n_rows, const MatmulTarget* targe
   const int c = static_cast<int>(w0.cols), gs = static_cast<int>(l0.group_size);
   auto go = [&]<int NT>() {
     if (w0.dtype == DType::W8G)
-      launch_pdl(gemv_gq_mma_kernel<8, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, l0.code_row_bytes, gs,
-                 tg);
+      launch_pdl(gemv_gq_mma_kernel<8, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, l0.code_row_bytes, gs, tg);
     else
-      launch_pdl(gemv_gq_mma_kernel<4, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, l0.code_row_bytes, gs,
-                 tg);
+      launch_pdl(gemv_gq_mma_kernel<4, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, l0.code_row_bytes, gs, tg);
   };
   switch ((n_rows + 7) / 8) {
     case 1:

@@ -34,8 +34,8 @@ constexpr int kChunk = 64;  // columns of one warp step
 constexpr int kMT = 2;      // m16 tiles per block: 32 weight rows share each x fragment
 
 struct Mma16Targets {
-  const uint8_t* w[kGemvMaxTargets];       // [rows][row_bytes]
-  const float* scale[kGemvMaxTargets];     // FP8W: [rows] f32, applied to the finished sums
+  const uint8_t* w[kGemvMaxTargets];    // [rows][row_bytes]
+  const float* scale[kGemvMaxTargets];  // FP8W: [rows] f32, applied to the finished sums
   float* y[kGemvMaxTargets];
   int64_t ldy[kGemvMaxTargets];
   int rows[kGemvMaxTargets];
@@ -156,8 +156,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 bool gemv_mma16_applies(DType type, int n_rows, int64_t cols, const void* w) {
   const bool typed = type == DType::BF16 || type == DType::F16 || (type == DType::FP8W && cols % 16 == 0);
-  return typed && n_rows >= 1 && n_rows <= kMma16MaxRows && cols > 0 && cols % 8 == 0 &&
-         cols <= (int64_t{1} << 30) && aligned16(w);
+  return typed && n_rows >= 1 && n_rows <= kMma16MaxRows && cols > 0 && cols % 8 == 0 && cols <= (int64_t{1} << 30) &&
+         aligned16(w);
 }
 
 void launch_gemv_mma16(DType type, const uint16_t* x, int n_rows, int64_t cols, const GemvTarget* targets,

@@ -76,8 +76,8 @@ TEST(CudaSkinny, FewRowsOfHalfWeightsMatchFloat64) {
               got.push_back(y[i * ldy + r]);
             }
           // Exact 16-bit operands, f32 sums: only the summation order differs.
-          EXPECT_LT(rel_err(got, ref), 1e-5) << (bf16 ? "bf16" : "f16") << " cols=" << cols << " n=" << n
-                                             << " target " << t;
+          EXPECT_LT(rel_err(got, ref), 1e-5)
+              << (bf16 ? "bf16" : "f16") << " cols=" << cols << " n=" << n << " target " << t;
           for (int i = 0; i < n; ++i) EXPECT_TRUE(std::isnan(y[i * ldy + rows[t]])) << "the gap of y was written";
         }
       }
@@ -116,7 +116,8 @@ TEST(CudaSkinny, FewRowsOfFp8WeightsMatchFloat64) {
       for (int i = 0; i < n; ++i)
         for (int64_t r = 0; r < rows; ++r) {
           double acc = 0;
-          for (int64_t k = 0; k < cols; ++k) acc += double(fp16_to_f32(f32_to_fp16(x[i * ldx + k]))) * value[r * cols + k];
+          for (int64_t k = 0; k < cols; ++k)
+            acc += double(fp16_to_f32(f32_to_fp16(x[i * ldx + k]))) * value[r * cols + k];
           ref.push_back(acc);
           got.push_back(y[i * ldy + r]);
         }
