@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "backend/kv_codec.h"
 #include "core/error.h"
@@ -16,6 +17,52 @@ namespace {
 // Query rows per attention tile: enough to reuse each K/V block across rows, few enough
 // that the tiles of one sequence spread over the threads.
 constexpr int kAttentionTileRows = 16;
+// Keys a split of a decode task covers at least: below it the merge and the split's own
+// setup (queries, first page) cost more than the thread it frees.
+constexpr int kMinKeysPerSplit = 256;
+
+// Key blocks a task's rows can see: up to the last row's position (causal) and kv_len.
+int attention_visible_blocks(const AttentionBatch& b, const cpu::AttentionTask& t, int block_size) {
+  int max_pos = 0;
+  for (int r = t.q_begin; r < t.q_end; ++r) max_pos = std::max(max_pos, b.positions[r]);
+  const int len = std::min(b.kv_len[t.seq], max_pos + 1);
+  return (len + block_size - 1) / block_size;
+}
+
+// Splits of the keys per task so that n_tasks * splits reaches `target`, each split keeping at
+// least kMinKeysPerSplit keys of the shortest sequence's context; 1 when none pays.
+int attention_key_splits(const AttentionBatch& b, int block_size, int n_tasks, int64_t target) {
+  int min_len = std::numeric_limits<int>::max();
+  for (int s = 0; s < b.n_seqs; ++s) min_len = std::min(min_len, b.kv_len[s]);
+  const int by_len = std::max(1, min_len / kMinKeysPerSplit);
+  const int want = static_cast<int>((target + n_tasks - 1) / n_tasks);
+  return std::clamp(std::min(want, by_len), 1, std::max(1, block_size > 0 ? min_len / block_size : 1));
+}
+
+// One task's splits merged into its output rows: O = sum_s e^(m_s - M) O_s over
+// L = sum_s e^(m_s - M) l_s, M the largest m_s (a row no split saw stays 0).
+void merge_key_splits(const cpu::AttentionTask& t, int n_split, int group, int hd, const float* parts, float* out,
+                      int64_t ldo) {
+  const int n_q = (t.q_end - t.q_begin) * group;
+  const int64_t stride = int64_t{n_q} * (hd + 2);
+  for (int r = 0; r < n_q; ++r) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int sp = 0; sp < n_split; ++sp) mx = std::max(mx, parts[sp * stride + int64_t{r} * (hd + 2) + hd]);
+    float* dst = out + static_cast<int64_t>(t.q_begin + r / group) * ldo +
+                 static_cast<int64_t>(t.kv_head * group + r % group) * hd;
+    std::fill(dst, dst + hd, 0.0f);
+    if (mx == -std::numeric_limits<float>::infinity()) continue;
+    float den = 0.0f;
+    for (int sp = 0; sp < n_split; ++sp) {
+      const float* p = parts + sp * stride + int64_t{r} * (hd + 2);
+      const float w = std::exp(p[hd] - mx);
+      den += w * p[hd + 1];
+      for (int d = 0; d < hd; ++d) dst[d] += w * p[d];
+    }
+    const float inv = den > 0 ? 1.0f / den : 0.0f;
+    for (int d = 0; d < hd; ++d) dst[d] *= inv;
+  }
+}
 // Rows per chunk of the cheap row-wise ops (norms, SwiGLU) when split over threads.
 constexpr int64_t kRowGrain = 8;
 
@@ -169,10 +216,39 @@ void CpuBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, c
     for (int b = batch.q_start[s]; b < batch.q_start[s + 1]; b += kAttentionTileRows)
       for (int h = 0; h < kv.n_kv_heads; ++h)
         tasks_.push_back({s, h, b, std::min(b + kAttentionTileRows, batch.q_start[s + 1])});
+  const int64_t target = 2 * static_cast<int64_t>(pool_.size());
   // Too few tasks to keep every thread busy (decode of one sequence: one per KV head, e.g. 3
-  // over 2 threads, so one thread does twice the work): give each query head of a group its
-  // own task. The K/V blocks are then read once per query head, from cache after the first.
-  if (group > 1 && static_cast<int64_t>(tasks_.size()) < 2 * pool_.size()) {
+  // over 2 threads, so one thread does twice the work). Long enough contexts split their keys
+  // (each task still serves the whole group: a K/V page is decoded once for all its query
+  // heads; the splits are merged below). Otherwise each query head of a group gets its own
+  // task, reading the K/V blocks once per query head (from cache after the first).
+  const int n_split = static_cast<int64_t>(tasks_.size()) < target && kv.v_fmt.codec != KvCodec::Turbo
+                          ? attention_key_splits(batch, kv.block_size, static_cast<int>(tasks_.size()), target)
+                          : 1;
+  const int hd = kv.head_dim;
+  if (n_split > 1) {
+    const size_t n = tasks_.size();
+    split_offsets_.assign(n + 1, 0);
+    for (size_t i = 0; i < n; ++i)  // each split's partials: [rows * group][hd + 2]
+      split_offsets_[i + 1] =
+          split_offsets_[i] + int64_t{n_split} * (tasks_[i].q_end - tasks_[i].q_begin) * group * (hd + 2);
+    if (static_cast<int64_t>(partials_.size()) < split_offsets_[n]) partials_.resize(split_offsets_[n]);
+    for (size_t i = 0; i < n; ++i) {
+      const cpu::AttentionTask base = tasks_[i];
+      const int blocks = attention_visible_blocks(batch, base, kv.block_size);
+      const int64_t stride = int64_t{base.q_end - base.q_begin} * group * (hd + 2);
+      for (int sp = 0; sp < n_split; ++sp) {
+        cpu::AttentionTask t = base;
+        t.blk_begin = static_cast<int>(int64_t{blocks} * sp / n_split);
+        t.blk_end = static_cast<int>(int64_t{blocks} * (sp + 1) / n_split);
+        t.partial = partials_.data() + split_offsets_[i] + sp * stride;
+        if (sp == 0)
+          tasks_[i] = t;
+        else
+          tasks_.push_back(t);
+      }
+    }
+  } else if (group > 1 && static_cast<int64_t>(tasks_.size()) < target) {
     const size_t n = tasks_.size();
     for (size_t i = 0; i < n; ++i) {
       cpu::AttentionTask t = tasks_[i];
@@ -196,6 +272,13 @@ void CpuBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, c
     for (int64_t i; (i = next.fetch_sub(1, std::memory_order_relaxed)) >= 0;)
       ops_.attention(q, ldq, kv, batch, n_heads, scale, out, ldo, tasks_[i], scratch_[thread].data());
   });
+  if (n_split > 1) {
+    const size_t n = split_offsets_.size() - 1;
+    pool_.parallel_for(static_cast<int64_t>(n), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        merge_key_splits(tasks_[i], n_split, group, hd, partials_.data() + split_offsets_[i], out, ldo);
+    });
+  }
 }
 
 void CpuBackend::swiglu(const float* gate, const float* up, int64_t ld_in, float* out, int n_rows, int dim) {

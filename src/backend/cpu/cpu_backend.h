@@ -74,6 +74,8 @@ class CpuBackend final : public Backend {
   std::vector<RopeTable> rope_tables_;
   std::vector<const float*> rope_rows_;
   std::vector<cpu::AttentionTask> tasks_;
+  std::vector<float> partials_;         // key splits' (O, m, l) per task, merged after the tasks
+  std::vector<int64_t> split_offsets_;  // where each (unsplit) task's splits start in partials_
   QueryObserver query_observer_;
   struct StoreRun {
     int token, block, offset, n;  // batch rows [token, token + n) go to block, from offset

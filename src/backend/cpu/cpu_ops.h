@@ -15,6 +15,13 @@ struct AttentionTask {
   int q_end;
   int g_begin = 0;  // query heads of the group this task computes: [g_begin, g_end), in
   int g_end = -1;   // 0 .. group; g_end < 0 means the whole group
+  // A split of the keys (decode of few sequences: more tasks than (sequence, KV head) pairs):
+  // key blocks [blk_begin, blk_end) of the sequence's table; the task writes its unnormalized
+  // output and softmax state to `partial` ([query vector][head_dim + 2]: O, then m and l; m in
+  // natural-log units, -inf with no visible key) for CpuBackend to merge, not to `out`.
+  int blk_begin = 0;
+  int blk_end = 1 << 30;
+  float* partial = nullptr;
 };
 
 // Scratch floats one attention task needs, for up to `max_q_rows` query rows.

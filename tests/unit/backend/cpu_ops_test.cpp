@@ -304,6 +304,18 @@ TEST(CpuAttention, DecodeOneSequenceSplitsQueryHeadsAcrossThreads) {
   check_attention({4, 8, 1, 20, DType::F16, {{9, 1}, {0, 1}}}, 17);
 }
 
+TEST(CpuAttention, LongContextsSplitTheirKeysAcrossThreads) {
+  // Few (sequence, KV head) tasks and contexts of at least 512 keys: the backend splits each
+  // task's keys (whole blocks) over the threads and merges the splits' softmax states. Decode,
+  // a speculative verification's 5 rows, two sequences of different lengths, a window, a
+  // block size that does not divide the split.
+  check_attention({16, 9, 3, 64, DType::F16, {{1500, 1}}}, 21);
+  check_attention({16, 9, 3, 64, DType::F16, {{700, 5}}}, 22);
+  check_attention({16, 8, 1, 32, DType::F32, {{1100, 1}, {600, 1}}}, 23);
+  check_attention({16, 4, 1, 64, DType::F16, {{900, 3}}, 300}, 24);
+  check_attention({5, 4, 2, 16, DType::F16, {{1024, 2}}}, 25);
+}
+
 TEST(CpuAttention, MixedChunkedPrefillAndDecode) {
   // A chunk continuing a long prompt, a fresh prompt, and decodes, in one batch.
   check_attention({8, 8, 8, 16, DType::F32, {{40, 19}, {0, 33}, {63, 1}, {64, 1}}}, 13);
