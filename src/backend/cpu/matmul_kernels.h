@@ -266,9 +266,8 @@ const KernelSet& scalar_kernel_set();
 const KernelSet& avx2_kernel_set();
 const KernelSet& avx512_kernel_set();
 
-// The AVX2 kernels by WKind and its quantizers; the AVX-512 set uses the direct kernels and
-// the quantizers too.
-extern const MatmulKernel avx2_direct_kernels[kNumWKinds];
+// The AVX2 panel kernels by WKind and its quantizers (the AVX-512 set uses the quantizers
+// too; each set compiles the direct kernels of matmul_direct_impl.h for itself).
 extern const MatmulKernel avx2_panel_kernels[kNumWKinds];
 void avx2_quantize_q8(const float* x, uint8_t* row, const ActLayout& l);
 void avx2_quantize_q8k(const float* x, uint8_t* row, const ActLayout& l);

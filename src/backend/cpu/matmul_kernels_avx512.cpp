@@ -4,8 +4,9 @@
 // and signed Q8_0 weights simply carry a +128 offset that the activation sums take back out.
 // The f32 arithmetic is the canonical order of matmul_kernels.h, as on every path, so the
 // results are bitwise those of the AVX2 and scalar kernels.
-// Decode is bound by memory bandwidth, not instructions: the direct kernels and the
-// activation quantizers are the AVX2 ones.
+// The activation quantizers are the AVX2 ones; the direct kernels (decode, small batches) are
+// matmul_direct_impl.h compiled here with VNNI block dots: a speculative verification's few
+// rows are bound by those instructions, not by the weights' bytes (docs/benchmarks/cpu.md).
 #include <immintrin.h>
 
 #include <cstring>
@@ -16,6 +17,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+// The direct kernels with their integer block dots on AVX-512 VNNI (_mm256_dpbusd_epi32).
+#define TESSERA_MM_VNNI 1
+#include "backend/cpu/matmul_direct_impl.h"
 #include "backend/cpu/matmul_kernels.h"
 #include "quant/blocks.h"
 
@@ -277,7 +281,7 @@ const KernelSet& avx512_kernel_set() {
     s.name = "avx512";
     s.quantize_q8 = avx2_quantize_q8;
     s.quantize_q8k = avx2_quantize_q8k;
-    for (int k = 0; k < kNumWKinds; ++k) s.direct[k] = avx2_direct_kernels[k];
+    for (int k = 0; k < kNumWKinds; ++k) s.direct[k] = kDirectKernels[k];
     const MatmulKernel panels[kNumWKinds] = {
         panel_float16<F32Src>,   panel_float16<F16Src>,  panel_float16<BF16Src512>, panel_q16<DQ4_0>,
         panel_q16<DQ4_1>,        panel_q16<DQ5_0>,       panel_q16<DQ5_1>,          panel_q16<DQ8_0>,
