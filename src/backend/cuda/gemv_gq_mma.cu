@@ -82,12 +82,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // per lane either way, registers under 128 (two blocks per SM) without spills.
   constexpr int kUnroll = kBits == 4 && NT <= 2 ? 2 : 1;
   __shared__ SkinnySums<kWarps, kMT, NT> red;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  int tile;
-  const int ti = skinny_target_of(tg.tile_end, tg.n, static_cast<int>(blockIdx.x), tile);
-  const int row0 = tile * 16 * kMT;
-  const int rows = tg.rows[ti];
+  const SkinnyBlock sb = skinny_block<kMT>(tg.tile_end, tg.rows, tg.n);
+  const int warp = sb.warp, g = sb.g, t = sb.t, ti = sb.ti, row0 = sb.row0, rows = sb.rows;
   int rr[kMT][2];  // rows g, g + 8 of each tile, clamped (rows past the matrix are not stored)
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
@@ -207,20 +203,14 @@ void launch_gemv_gq_mma(const uint16_t* x, int n_rows, const MatmulTarget* targe
     else
       launch_pdl(gemv_gq_mma_kernel<4, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, l0.code_row_bytes, gs, tg);
   };
-  switch ((n_rows + 7) / 8) {
-    case 1:
-      go.template operator()<1>();
-      break;
-    case 2:
-      go.template operator()<2>();
-      break;
-    case 3:
-      go.template operator()<3>();
-      break;
-    default:
-      go.template operator()<4>();
-      break;
-  }
+  if (n_rows <= 8)
+    go.template operator()<1>();
+  else if (n_rows <= 16)
+    go.template operator()<2>();
+  else if (n_rows <= 24)
+    go.template operator()<3>();
+  else
+    go.template operator()<4>();
   TESSERA_CUDA_CHECK_LAUNCH("gemv_gq_mma");
 }
 

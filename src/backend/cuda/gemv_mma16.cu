@@ -70,12 +70,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(NT == 1 || NT == 2, "one or two n8 tiles");
   constexpr int kUnroll = kFp8 ? (NT == 1 ? 4 : 2) : 2;  // chunks a warp loads before it multiplies
   __shared__ SkinnySums<kWarps, kMT, NT> red;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  int tile;
-  const int ti = skinny_target_of(tg.tile_end, tg.n, static_cast<int>(blockIdx.x), tile);
-  const int row0 = tile * 16 * kMT;
-  const int rows = tg.rows[ti];
+  const SkinnyBlock sb = skinny_block<kMT>(tg.tile_end, tg.rows, tg.n);
+  const int warp = sb.warp, g = sb.g, t = sb.t, ti = sb.ti, row0 = sb.row0, rows = sb.rows;
   // Rows g, g + 8 of each m16 tile (clamped into the matrix; rows past it load zeros).
   const uint8_t* wr[kMT][2];
   bool wok[kMT][2];

@@ -61,14 +61,26 @@ __device__ __forceinline__ void store_skinny_sums(const float (&acc)[kMT][NT][4]
   }
 }
 
-// The target of block b, with tile_end the cumulative tiles per target; the block's first
-// tile inside it is returned through local.
-template <int N>
-__device__ __forceinline__ int skinny_target_of(const int (&tile_end)[N], int n, int b, int& local) {
-  int ti = 0;
-  while (ti < n - 1 && b >= tile_end[ti]) ++ti;
-  local = b - (ti ? tile_end[ti - 1] : 0);
-  return ti;
+// What a thread of a skinny kernel's block works on: its lane's fragment coordinates, and the
+// block's target (tile_end: cumulative tiles of kMT m16 tiles per target), first weight row and
+// row count.
+struct SkinnyBlock {
+  int lane, warp, g, t;  // g = lane / 4: fragment row; t = lane % 4: column pair
+  int ti, row0, rows;
+};
+template <int kMT, int N>
+__device__ __forceinline__ SkinnyBlock skinny_block(const int (&tile_end)[N], const int (&rows)[N], int n) {
+  SkinnyBlock s;
+  s.lane = threadIdx.x & 31;
+  s.warp = threadIdx.x >> 5;
+  s.g = s.lane >> 2;
+  s.t = s.lane & 3;
+  const int b = static_cast<int>(blockIdx.x);
+  s.ti = 0;
+  while (s.ti < n - 1 && b >= tile_end[s.ti]) ++s.ti;
+  s.row0 = (b - (s.ti ? tile_end[s.ti - 1] : 0)) * 16 * kMT;
+  s.rows = rows[s.ti];
+  return s;
 }
 
 }  // namespace tessera::cuda
