@@ -282,8 +282,7 @@ struct Q4Rows {
         const __m256i xlo = _mm256_broadcastsi128_si256(_mm_load_si128(xb));
         const __m256i xhi = _mm256_broadcastsi128_si256(_mm_load_si128(xb + 1));
         __m256i part[4];
-        for (int p = 0; p < 4; ++p)
-          part[p] = dot2_u8s8_i32(lo[p], xlo, hi[p], xhi);
+        for (int p = 0; p < 4; ++p) part[p] = dot2_u8s8_i32(lo[p], xlo, hi[p], xhi);
         // Lanes r0 r2 r4 r6 | r1 r3 r5 r7, then rows in order.
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(part[0], part[1]), _mm256_hadd_epi32(part[2], part[3]));
         __m256i isum = _mm256_permutevar8x32_epi32(h, row_order);
