@@ -35,16 +35,9 @@ using cuda::round_up;
 
 // Whether a product of n_rows rows runs on a skinny tensor-core kernel that reads each weight
 // once (gemv_mma16.cu: 16-bit and FP8W weights; gemv_gq_mma.cu: W4G/W8G), inside the row
-// ranges where it measured faster than the alternatives (CudaTuning, docs/benchmarks/weight-quant.md).
-bool skinny16(int n_rows, const WeightMatrix& w) {
-  using T = cuda::CudaTuning;
-  if (w.dtype == DType::BF16 || w.dtype == DType::F16)
-    return n_rows >= T::kSkinny16MinRows && n_rows <= T::kSkinny16MaxRows &&
-           cuda::gemv_mma16_applies(w.dtype, n_rows, w.cols, w.data);
-  if (is_fp8_weight(w.dtype))
-    return n_rows >= 2 && n_rows <= T::kSkinnyFp8MaxRows && cuda::gemv_mma16_applies(w.dtype, n_rows, w.cols, w.data);
-  return false;
-}
+// ranges where it measured faster than the alternatives (their limits in gemv_mma16.h,
+// CudaTuning; docs/benchmarks/weight-quant.md). One row takes the bulk kernel before these.
+bool skinny16(int n_rows, const WeightMatrix& w) { return cuda::gemv_mma16_applies(w.dtype, n_rows, w.cols, w.data); }
 bool skinny_gq(int n_rows, const WeightMatrix& w) {
   return n_rows >= cuda::CudaTuning::kSkinnyGqMinRows && cuda::gemv_gq_mma_applies(n_rows, w);
 }

@@ -14,11 +14,8 @@ struct CudaTuning {
   static constexpr int kGemvNormPrewaitStages = 2;         // ring stages before the PDL wait, normed input
   static constexpr int kGemvPlainPrewaitStages = 8;        // the same, plain input: all of them
 
-  // ---- Skinny tensor-core products (gemv_mma16.cu, gemv_gq_mma.cu): rows of x they take ----
-  static constexpr int kSkinny16MinRows = 2;    // bf16/f16: else the bulk kernel (1 row)
-  static constexpr int kSkinny16MaxRows = 8;    // bf16/f16: past it cuBLASLt
-  static constexpr int kSkinnyFp8MaxRows = 16;  // FP8W from 2 rows; past it W8A8 on cuBLASLt
-  static constexpr int kSkinnyGqMinRows = 9;    // W4G/W8G up to kGqMmaMaxRows; below it dp4a (gemv_gq.cu)
+  // ---- Skinny tensor-core products (gemv_gq_mma.cu; their upper limits: gemv_mma16.h) ----
+  static constexpr int kSkinnyGqMinRows = 9;  // W4G/W8G; below it the dp4a kernel (gemv_gq.cu)
 
   // ---- Warp-per-row matrix-vector product at batch 1 (gemv.cu) ----
   static constexpr int kGemvFeaturesPerWarp = 4;

@@ -91,11 +91,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int h = 0; h < 2; ++h) rr[m][h] = min(row0 + 16 * m + 8 * h + g, rows - 1);
   const uint16_t* xr[NT];
   bool xok[NT];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    xok[n] = 8 * n + g < n_rows;
-    xr[n] = x + static_cast<int64_t>(xok[n] ? 8 * n + g : 0) * cols;
-  }
+  skinny_x_rows(x, n_rows, cols, g, xr, xok);
   const uint8_t* codes = tg.codes[ti];
   const uint16_t* scales = tg.scales[ti];
   const uint8_t* zeros = tg.zeros[ti];

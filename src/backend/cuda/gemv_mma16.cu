@@ -1,4 +1,4 @@
-// Products of 1–16 rows of 16-bit activations with 16-bit weights (bf16 or f16) or FP8W
+// Products of a few rows (1–8; FP8W 1–16) of 16-bit activations with 16-bit weights (bf16 or f16) or FP8W
 // weights (E4M3 codes decoded to f16 in registers, the row's f32 scale on the finished sum)
 // on tensor cores, the weights read once: y[t][r] = x[t] · W[r].
 //
@@ -83,14 +83,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       wok[m][h] = r < rows;
       wr[m][h] = tg.w[ti] + (wok[m][h] ? r : 0) * row_bytes;
     }
-  // x rows g + 8n (rows past n_rows load zeros).
   const uint16_t* xr[NT];
   bool xok[NT];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    xok[n] = 8 * n + g < n_rows;
-    xr[n] = x + static_cast<int64_t>(xok[n] ? 8 * n + g : 0) * cols;
-  }
+  skinny_x_rows(x, n_rows, cols, g, xr, xok);
 
   float acc[kMT][NT][4] = {};
   const int n_chunks = (cols + kChunk - 1) / kChunk;
@@ -151,9 +146,10 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 bool gemv_mma16_applies(DType type, int n_rows, int64_t cols, const void* w) {
-  const bool typed = type == DType::BF16 || type == DType::F16 || (type == DType::FP8W && cols % 16 == 0);
-  return typed && n_rows >= 1 && n_rows <= kMma16MaxRows && cols > 0 && cols % 8 == 0 && cols <= (int64_t{1} << 30) &&
-         aligned16(w);
+  const int max_rows = type == DType::BF16 || type == DType::F16 ? kMma16MaxRows
+                       : type == DType::FP8W && cols % 16 == 0   ? kFp8MmaMaxRows
+                                                                 : 0;
+  return n_rows >= 1 && n_rows <= max_rows && cols > 0 && cols % 8 == 0 && cols <= (int64_t{1} << 30) && aligned16(w);
 }
 
 void launch_gemv_mma16(DType type, const uint16_t* x, int n_rows, int64_t cols, const GemvTarget* targets,
@@ -178,18 +174,17 @@ void launch_gemv_mma16(DType type, const uint16_t* x, int n_rows, int64_t cols, 
   if (tiles == 0) return;
   const int c = static_cast<int>(cols);
   const int64_t row_bytes = type == DType::FP8W ? cols : 2 * cols;  // FP8W rows: whole 16-byte units here
-  auto go = [&]<int NT>() {
-    if (type == DType::BF16)
-      launch_pdl(gemv_mma16_kernel<Kind::kBf16, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, row_bytes, tg);
-    else if (type == DType::F16)
-      launch_pdl(gemv_mma16_kernel<Kind::kF16, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, row_bytes, tg);
-    else
-      launch_pdl(gemv_mma16_kernel<Kind::kFp8, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, row_bytes, tg);
+  auto go = [&]<Kind K, int NT>() {
+    launch_pdl(gemv_mma16_kernel<K, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, row_bytes, tg);
   };
-  if (n_rows <= 8)
-    go.template operator()<1>();
+  if (type == DType::BF16)
+    go.template operator()<Kind::kBf16, 1>();
+  else if (type == DType::F16)
+    go.template operator()<Kind::kF16, 1>();
+  else if (n_rows <= 8)
+    go.template operator()<Kind::kFp8, 1>();
   else
-    go.template operator()<2>();
+    go.template operator()<Kind::kFp8, 2>();
   TESSERA_CUDA_CHECK_LAUNCH("gemv_mma16");
 }
 

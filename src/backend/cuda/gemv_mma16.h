@@ -10,14 +10,17 @@
 
 namespace tessera::cuda {
 
-// Most rows of x one launch takes: two n8 tiles of the m16n8k16 product for 16-bit and FP8W
-// weights (where past them cuBLASLt measured faster), four for W4G/W8G.
-constexpr int kMma16MaxRows = 16;
+// Most rows of x one launch takes, per weight type: one n8 tile of the m16n8k16 product for
+// bf16/f16, two for FP8W, four for W4G/W8G. Past them the alternatives measured faster on an
+// H100 (bf16 past 8 rows: cuBLASLt; FP8W past 16: W8A8; docs/benchmarks/weight-quant.md,
+// "Skinny tensor-core products"), so the kernels stop there: these are the dispatch's ranges.
+constexpr int kMma16MaxRows = 8;
+constexpr int kFp8MmaMaxRows = 16;
 constexpr int kGqMmaMaxRows = 32;
 
 // Whether launch_gemv_mma16 takes n_rows rows of x, `cols` wide, and these weights of type
-// `type` (BF16, F16, FP8W): 1..kMma16MaxRows rows, cols a multiple of 8 (16 for FP8W: rows of
-// whole 16-byte units), 16-byte aligned weights (x must be 16-byte aligned too).
+// `type` (BF16, F16: 1..kMma16MaxRows rows; FP8W: 1..kFp8MmaMaxRows), cols a multiple of 8 (16
+// for FP8W: rows of whole 16-byte units), 16-byte aligned weights (x must be 16-byte aligned too).
 bool gemv_mma16_applies(DType type, int n_rows, int64_t cols, const void* w);
 
 // y_i[t * ldy_i + r] = x[t, :] · W_i[r, :] for t < n_rows, every target of type `type`,

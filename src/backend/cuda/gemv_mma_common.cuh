@@ -28,6 +28,18 @@ __device__ __forceinline__ void mma_16bit(float (&d)[4], uint32_t a0, uint32_t a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The x rows of a lane's B fragments: row g + 8n of each n8 tile (x is [n_rows][cols]); rows
+// past n_rows point at row 0 and are marked not ok (they load zeros).
+template <int NT>
+__device__ __forceinline__ void skinny_x_rows(const uint16_t* x, int n_rows, int cols, int g, const uint16_t* (&xr)[NT],
+                                              bool (&xok)[NT]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    xok[n] = 8 * n + g < n_rows;
+    xr[n] = x + static_cast<int64_t>(xok[n] ? 8 * n + g : 0) * cols;
+  }
+}
+
 // Shared memory of the warps' partial sums.
 template <int kWarps, int kMT, int NT>
 struct SkinnySums {
