@@ -30,13 +30,13 @@ int attention_visible_blocks(const AttentionBatch& b, const cpu::AttentionTask& 
 }
 
 // Splits of the keys per task so that n_tasks * splits reaches `target`, each split keeping at
-// least kMinKeysPerSplit keys of the shortest sequence's context; 1 when none pays.
-int attention_key_splits(const AttentionBatch& b, int block_size, int n_tasks, int64_t target) {
+// least kMinKeysPerSplit keys of the shortest sequence's context; 1 when none pays. (A split
+// left without a whole block, were blocks ever larger than that, sees no key: merged as such.)
+int attention_key_splits(const AttentionBatch& b, int n_tasks, int64_t target) {
   int min_len = std::numeric_limits<int>::max();
   for (int s = 0; s < b.n_seqs; ++s) min_len = std::min(min_len, b.kv_len[s]);
-  const int by_len = std::max(1, min_len / kMinKeysPerSplit);
   const int want = static_cast<int>((target + n_tasks - 1) / n_tasks);
-  return std::clamp(std::min(want, by_len), 1, std::max(1, block_size > 0 ? min_len / block_size : 1));
+  return std::max(1, std::min(want, min_len / kMinKeysPerSplit));
 }
 
 // One task's splits merged into its output rows: O = sum_s e^(m_s - M) O_s over
@@ -223,7 +223,7 @@ void CpuBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, c
   // heads; the splits are merged below). Otherwise each query head of a group gets its own
   // task, reading the K/V blocks once per query head (from cache after the first).
   const int n_split = static_cast<int64_t>(tasks_.size()) < target && kv.v_fmt.codec != KvCodec::Turbo
-                          ? attention_key_splits(batch, kv.block_size, static_cast<int>(tasks_.size()), target)
+                          ? attention_key_splits(batch, static_cast<int>(tasks_.size()), target)
                           : 1;
   const int hd = kv.head_dim;
   if (n_split > 1) {
