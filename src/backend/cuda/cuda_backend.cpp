@@ -35,12 +35,10 @@ using cuda::round_up;
 
 // Whether a product of n_rows rows runs on a skinny tensor-core kernel that reads each weight
 // once (gemv_mma16.cu: 16-bit and FP8W weights; gemv_gq_mma.cu: W4G/W8G), inside the row
-// ranges where it measured faster than the alternatives (their limits in gemv_mma16.h,
-// CudaTuning; docs/benchmarks/weight-quant.md). One row takes the bulk kernel before these.
+// ranges where it measured faster than the alternatives (their limits in gemv_mma16.h;
+// docs/benchmarks/weight-quant.md). One row takes the bulk kernel before these.
 bool skinny16(int n_rows, const WeightMatrix& w) { return cuda::gemv_mma16_applies(w.dtype, n_rows, w.cols, w.data); }
-bool skinny_gq(int n_rows, const WeightMatrix& w) {
-  return n_rows >= cuda::CudaTuning::kSkinnyGqMinRows && cuda::gemv_gq_mma_applies(n_rows, w);
-}
+bool skinny_gq(int n_rows, const WeightMatrix& w) { return cuda::gemv_gq_mma_applies(n_rows, w); }
 
 // Whether a product of n_rows rows runs on the matrix-vector kernels (gemv*.cu) rather than a
 // GEMM-shaped path: one row always; 2..kGemvMaxRows rows unless every weight takes a skinny

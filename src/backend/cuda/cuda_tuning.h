@@ -14,9 +14,6 @@ struct CudaTuning {
   static constexpr int kGemvNormPrewaitStages = 2;         // ring stages before the PDL wait, normed input
   static constexpr int kGemvPlainPrewaitStages = 8;        // the same, plain input: all of them
 
-  // ---- Skinny tensor-core products (gemv_gq_mma.cu; their upper limits: gemv_mma16.h) ----
-  static constexpr int kSkinnyGqMinRows = 9;  // W4G/W8G; below it the dp4a kernel (gemv_gq.cu)
-
   // ---- Warp-per-row matrix-vector product at batch 1 (gemv.cu) ----
   static constexpr int kGemvFeaturesPerWarp = 4;
   static constexpr int kGemvMinBlocksPerSm = 1;  // __launch_bounds__: lets ptxas use 154 registers

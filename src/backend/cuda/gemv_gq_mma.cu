@@ -1,4 +1,4 @@
-// Products of 1–32 rows of f16 activations with group-quantized weights (W4G/W8G,
+// Products of 9–32 rows of f16 activations with group-quantized weights (W4G/W8G,
 // core/group_quant.h) on tensor cores, the codes read once and decoded in registers:
 // y[t][r] = sum_k x[t][k] * (code[r][k] - zero[r][g(k)]) * scale[r][g(k)].
 //
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 }  // namespace
 
 bool gemv_gq_mma_applies(int n_rows, const WeightMatrix& w) {
-  if (n_rows < 1 || n_rows > kGqMmaMaxRows || !is_group_quant(w.dtype) || w.gq_perm) return false;
+  if (n_rows < kGqMmaMinRows || n_rows > kGqMmaMaxRows || !is_group_quant(w.dtype) || w.gq_perm) return false;
   if (w.cols % 32 != 0 || w.cols > (int64_t{1} << 30) || w.rows >= (int64_t{1} << 30)) return false;
   return w.data && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && !w.gq_layout().valid_reason();
 }
@@ -199,9 +199,8 @@ void launch_gemv_gq_mma(const uint16_t* x, int n_rows, const MatmulTarget* targe
     else
       launch_pdl(gemv_gq_mma_kernel<4, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, l0.code_row_bytes, gs, tg);
   };
-  if (n_rows <= 8)
-    go.template operator()<1>();
-  else if (n_rows <= 16)
+  static_assert(kGqMmaMinRows > 8, "no one-tile instantiation");
+  if (n_rows <= 16)
     go.template operator()<2>();
   else if (n_rows <= 24)
     go.template operator()<3>();

@@ -1,6 +1,6 @@
-// Products of a few rows (1–8; FP8W 1–16) of 16-bit activations with 16-bit weights (bf16 or f16) or FP8W
-// weights (E4M3 codes decoded to f16 in registers, the row's f32 scale on the finished sum)
-// on tensor cores, the weights read once: y[t][r] = x[t] · W[r].
+// Products of a few rows (1–8; FP8W 1–16) of 16-bit activations with 16-bit weights (bf16
+// or f16) or FP8W weights (E4M3 codes decoded to f16 in registers, the row's f32 scale on the
+// finished sum) on tensor cores, the weights read once: y[t][r] = x[t] · W[r].
 //
 // Why: decode of a few sequences and speculative verification at batch 1 (1 + k query rows)
 // multiply a handful of rows by every weight. The step is a stream of the weights, so it

@@ -10,12 +10,14 @@
 
 namespace tessera::cuda {
 
-// Most rows of x one launch takes, per weight type: one n8 tile of the m16n8k16 product for
-// bf16/f16, two for FP8W, four for W4G/W8G. Past them the alternatives measured faster on an
-// H100 (bf16 past 8 rows: cuBLASLt; FP8W past 16: W8A8; docs/benchmarks/weight-quant.md,
-// "Skinny tensor-core products"), so the kernels stop there: these are the dispatch's ranges.
+// The rows of x a launch takes, per weight type: one n8 tile of the m16n8k16 product for
+// bf16/f16, two for FP8W, two to four for W4G/W8G. Outside them the alternatives measured
+// faster on an H100 (bf16 past 8 rows: cuBLASLt; FP8W past 16: W8A8; W4G/W8G up to 8: the dp4a
+// kernel at 2-4 rows, and 5-8 not yet measured; docs/benchmarks/weight-quant.md, "Skinny
+// tensor-core products"), so the kernels stop there: these are the dispatch's ranges.
 constexpr int kMma16MaxRows = 8;
 constexpr int kFp8MmaMaxRows = 16;
+constexpr int kGqMmaMinRows = 9;
 constexpr int kGqMmaMaxRows = 32;
 
 // Whether launch_gemv_mma16 takes n_rows rows of x, `cols` wide, and these weights of type
@@ -32,7 +34,7 @@ void launch_gemv_mma16(DType type, const uint16_t* x, int n_rows, int64_t cols, 
                        int n_targets, cudaStream_t s);
 
 // The same for group-quantized weights (W4G/W8G, core/group_quant.h) without an act-order
-// permutation, `cols` a multiple of 32 (gemv_gq_mma.cu): the codes decoded to f16 in
+// permutation, `cols` a multiple of 32, kGqMmaMinRows..kGqMmaMaxRows rows (gemv_gq_mma.cu): the codes decoded to f16 in
 // registers, (code - zero) * scale, feeding f16 tensor cores; x is f16 [n_rows][cols].
 bool gemv_gq_mma_applies(int n_rows, const WeightMatrix& w);
 void launch_gemv_gq_mma(const uint16_t* x, int n_rows, const MatmulTarget* targets, int n_targets, cudaStream_t s);
