@@ -18,12 +18,18 @@ int next_pow2(int n) {
 
 size_t round_up32(size_t n) { return (n + 31) / 32 * 32; }  // 128-byte aligned segments
 
-// A decode batch in the graphs' shape: one new token and one logits row per sequence, in order.
+// A batch in the graphs' shape: every sequence 1..kMaxGraphRows new rows and every row's
+// logits, in order — a decode batch (one row each) or a speculative verification (the last
+// token and the drafts of each sequence). The model's forward then depends only on the
+// batch's sizes and its device arrays, so a graph keyed by (sequences, rows, table width)
+// replays it.
 bool graph_shaped(const ForwardBatch& b) {
-  const int n = b.n_seqs();
-  if (n == 0 || static_cast<int>(b.logits_rows.size()) != n || !b.one_row_each()) return false;
+  const int n = b.n_tokens();
+  if (b.n_seqs() == 0 || static_cast<int>(b.logits_rows.size()) != n) return false;
   for (int i = 0; i < n; ++i)
     if (b.logits_rows[i] != i) return false;
+  for (int s = 0; s < b.n_seqs(); ++s)
+    if (const int rows = b.q_start[s + 1] - b.q_start[s]; rows < 1 || rows > ModelRunner::kMaxGraphRows) return false;
   return true;
 }
 
@@ -55,10 +61,13 @@ ModelRunner::~ModelRunner() {
   }
 }
 
-int ModelRunner::graph_batch(int n_seqs) const {
-  if (!backend_.supports_graphs() || n_seqs < 1 || n_seqs > kMaxGraphBatch) return 0;
+int ModelRunner::graph_batch(int n_seqs, int n_tokens) const {
+  if (n_tokens == 0) n_tokens = n_seqs;
+  if (!backend_.supports_graphs() || n_seqs < 1 || n_seqs > kMaxGraphBatch || n_tokens < n_seqs) return 0;
   const int target = next_pow2(n_seqs);
-  if (target > model_.max_batch_tokens() || target > model_.max_logits_rows()) return 0;
+  // Each padding sequence adds one row, with its logits.
+  const int padded_tokens = n_tokens + (target - n_seqs);
+  if (padded_tokens > model_.max_batch_tokens() || padded_tokens > model_.max_logits_rows()) return 0;
   if (target != n_seqs && (pad_block_ < 0 || (kv_.spec().n_local_blocks > 0 && pad_local_block_ < 0))) return 0;
   return target;
 }
@@ -89,7 +98,7 @@ void ModelRunner::check(const ForwardBatch& b) const {
 const ForwardBatch& ModelRunner::padded(const ForwardBatch& b) {
   if (!graph_shaped(b)) return b;
   const int n = b.n_seqs();
-  const int target = graph_batch(n);
+  const int target = graph_batch(n, b.n_tokens());
   if (target <= n) return b;
   padded_ = b;
   // Padding sequences: one token at position 0 in the reserved block, each with its own
@@ -220,14 +229,16 @@ void ModelRunner::forward(const ForwardBatch& batch, float* logits, const Backen
   check(batch);
   const int n_rows = static_cast<int>(batch.logits_rows.size());
   const ForwardBatch& b = padded(batch);
-  const bool graph = graph_shaped(b) && graph_batch(b.n_seqs()) == b.n_seqs();
   // A graph reads block tables at its key's width (a power of two), so one graph serves
-  // every step until the tables outgrow it.
-  const int width = graph ? next_pow2(std::max(b.max_blocks, 1)) : b.max_blocks;
+  // every step until the tables outgrow it. Past kMaxGraphs keys, new keys run eagerly.
+  const GraphKey key{b.n_seqs(), b.n_tokens(), next_pow2(std::max(b.max_blocks, 1))};
+  const bool graph = graph_shaped(b) && graph_batch(b.n_seqs(), b.n_tokens()) == b.n_seqs() &&
+                     (graphs_.size() < kMaxGraphs || graphs_.count(key) > 0);
+  const int width = graph ? std::get<2>(key) : b.max_blocks;
   const Layout l = layout(b, width);
   float* device_logits = nullptr;
   if (graph) {
-    GraphEntry& g = graphs_[{b.n_seqs(), width}];
+    GraphEntry& g = graphs_[key];
     if (!g.inputs) g.inputs = static_cast<int32_t*>(backend_.alloc(l.total * sizeof(int32_t)));
     stage(b, l, width, g.inputs);
     device_logits = graph_forward(g, inputs(b, l, width, g.inputs));

@@ -2,13 +2,15 @@
 // One explicit forward of a model over one KV cache (vLLM's model runner): the host inputs
 // of the step (a ForwardBatch, padded when it is a decode batch of a graph size), their copy
 // into backend memory, the model's forward, and the readback of the chosen logits rows (full
-// rows, or argmax only). On a backend that records graphs, decode forwards are captured once
-// per padded batch size and block-table width and replayed without running the model code.
+// rows, or argmax only). On a backend that records graphs, decode and verification forwards
+// are captured once per padded batch size, row count and block-table width and replayed
+// without running the model code.
 // Contract: docs/design/engine-core.md ("Forward runner").
 #include <cstdint>
 #include <map>
-#include <span>
 #include <memory>
+#include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -21,8 +23,12 @@ namespace tessera {
 
 class ModelRunner {
  public:
-  // Decode batches up to this many sequences run as graphs (sizes 1, 2, 4, ..., 128).
+  // Decode and verification batches up to this many sequences run as graphs (sizes 1, 2, 4,
+  // ..., 128), with up to kMaxGraphRows rows each (a speculative verification: the last token
+  // and up to 32 drafts), at most kMaxGraphs graph keys (sequences, rows, table width) in all.
   static constexpr int kMaxGraphBatch = 128;
+  static constexpr int kMaxGraphRows = 33;
+  static constexpr size_t kMaxGraphs = 256;
 
   // pad_block: a KV block nobody else uses, written by the padding sequences that bring a
   // decode batch up to its graph size (-1: no padding; only batches of a graph size already
@@ -52,9 +58,10 @@ class ModelRunner {
   void forward(const ForwardBatch& batch, float* logits, const Backend::LogitsReadback& plan,
                FunctionRef<TokenMasks()> masks);
 
-  // The size a decode batch of n sequences runs at: n padded to a graph size, or 0 when it
-  // runs as it is (no graphs on this backend, too large, or padding not possible).
-  int graph_batch(int n_seqs) const;
+  // The size a decode or verification batch of n sequences (and n_tokens rows, 0: one each)
+  // runs at: n padded to a graph size with one-row padding sequences, or 0 when it runs as it
+  // is (no graphs on this backend, too large, or padding not possible).
+  int graph_batch(int n_seqs, int n_tokens = 0) const;
   // Graphs captured so far and forwards replayed from them (for tests and reports).
   int graphs_captured() const { return graphs_captured_; }
   int64_t graph_replays() const { return graph_replays_; }
@@ -96,12 +103,13 @@ class ModelRunner {
   int pad_local_block_;
   int n_vocab_;
   ForwardBatch padded_;
-  std::shared_ptr<void> packed_;                      // host side of the staging copy (page-locked on a device)
-  size_t packed_cap_ = 0;                             // ints
-  bool copy_in_flight_ = false;                       // packed_ may still feed the last copy (no readback since)
-  int32_t* eager_inputs_ = nullptr;                   // device, for forwards that are not graphs (grown)
-  size_t eager_cap_ = 0;                              // ints
-  std::map<std::pair<int, int>, GraphEntry> graphs_;  // (sequences, table width)
+  std::shared_ptr<void> packed_;               // host side of the staging copy (page-locked on a device)
+  size_t packed_cap_ = 0;                      // ints
+  bool copy_in_flight_ = false;                // packed_ may still feed the last copy (no readback since)
+  int32_t* eager_inputs_ = nullptr;            // device, for forwards that are not graphs (grown)
+  size_t eager_cap_ = 0;                       // ints
+  using GraphKey = std::tuple<int, int, int>;  // (sequences, rows, table width)
+  std::map<GraphKey, GraphEntry> graphs_;
   int graphs_captured_ = 0;
   int64_t graph_replays_ = 0;
 };

@@ -236,6 +236,71 @@ TEST(ModelRunner, ReplayedDecodeGivesTheSameLogitsAndKvAsEagerForwards) {
   EXPECT_NE(graph.k_block(63), eager.k_block(63));
 }
 
+// Speculative verification steps: sequence s feeds rows[s] tokens (its last token and its
+// drafts) with every row's logits, then keeps one (a rejected draft's slots are written again
+// by the next step). The same 5-token prompts as run_sequences first.
+std::vector<std::vector<float>> run_verifications(Rig& r, const std::vector<int>& rows, int steps) {
+  const int n_seqs = static_cast<int>(rows.size());
+  std::vector<std::vector<float>> out;
+  std::vector<SequenceBlocks> seqs(n_seqs);
+  for (int s = 0; s < n_seqs; ++s) {
+    for (int b = 0; b < 8; ++b) seqs[s].blocks.push_back(8 * s + b);
+    const std::vector<int32_t> prompt = {1 + s, 7, 99, 5, 3000};
+    ForwardBatch fb;
+    SequenceBlocks view = seqs[s];
+    view.blocks.resize(2);
+    fb.add_sequence(view, kBlock, prompt.data(), 5, ForwardBatch::Logits::Last);
+    out.emplace_back(r.n_vocab());
+    r.runner->forward(fb, out.back().data());
+    seqs[s].n_tokens = 5;
+  }
+  for (int step = 0; step < steps; ++step) {
+    ForwardBatch fb;
+    for (int s = 0; s < n_seqs; ++s) {
+      SequenceBlocks view = seqs[s];
+      view.blocks.resize((seqs[s].n_tokens + rows[s] + kBlock - 1) / kBlock);
+      std::vector<int32_t> toks(rows[s]);
+      for (int j = 0; j < rows[s]; ++j) toks[j] = (s * 31 + step * 7 + j * 13 + 3) % r.n_vocab();
+      fb.add_sequence(view, kBlock, toks.data(), rows[s], ForwardBatch::Logits::All);
+    }
+    out.emplace_back(static_cast<size_t>(fb.n_tokens()) * r.n_vocab());
+    r.runner->forward(fb, out.back().data());
+    for (int s = 0; s < n_seqs; ++s) ++seqs[s].n_tokens;
+  }
+  return out;
+}
+
+TEST(ModelRunner, VerificationStepsReplayAsGraphsWithTheEagerResults) {
+  Rig eager(false), graph(true);
+  EXPECT_EQ(graph.runner->graph_batch(3, 5), 4);
+  EXPECT_EQ(graph.runner->graph_batch(3, 8), 0);  // 8 rows + 1 padding row: past the 8 logits rows
+  // Rows 2, 2, 1 (one sequence drafts nothing), padded to 4 sequences and 6 rows; 6 steps:
+  // tables 2 blocks wide, then 3 (width 4).
+  const std::vector<int> rows = {2, 2, 1};
+  const auto a = run_verifications(eager, rows, 6), b = run_verifications(graph, rows, 6);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "forward " << i;
+  for (int blk = 0; blk < 24; ++blk) EXPECT_EQ(eager.k_block(blk), graph.k_block(blk)) << "block " << blk;
+  // Keys (4 sequences, 6 rows, width 2) and (4, 6, 4): eager, captured, then replayed.
+  EXPECT_EQ(graph.runner->graphs_captured(), 2);
+  EXPECT_EQ(graph.runner->graph_replays(), 2);
+  EXPECT_EQ(graph.model->calls, 3 + 6 - 2);
+  EXPECT_NE(graph.k_block(63), eager.k_block(63));  // the padding sequence's row
+  // A batch whose logits rows are not every row in order (a prefill chunk's last row) runs
+  // eagerly, whatever its size.
+  const int captured = graph.runner->graphs_captured();
+  for (int i = 0; i < 3; ++i) {
+    ForwardBatch fb;
+    SequenceBlocks view;
+    view.blocks = {40, 41};
+    const std::vector<int32_t> toks = {5, 6, 7};
+    fb.add_sequence(view, kBlock, toks.data(), 3, ForwardBatch::Logits::Last);
+    std::vector<float> logits(graph.n_vocab());
+    graph.runner->forward(fb, logits.data());
+  }
+  EXPECT_EQ(graph.runner->graphs_captured(), captured);
+}
+
 TEST(ModelRunner, MovedScratchMeansANewCaptureAfterAnEagerForward) {
   Rig r(true);
   const auto first = run_sequences(r, 2, 3);  // tables 2 blocks wide all along: eager, capture, replay
