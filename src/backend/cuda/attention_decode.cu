@@ -223,11 +223,23 @@ __global__ void attention_decode_merge(const float* __restrict__ partials, Devic
                                        int split_len, int max_splits, float* __restrict__ out, int64_t ldo) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
-  const int seq = blockIdx.x, head = blockIdx.y;
-  const int t = b.q_start[seq];
+  const int t = blockIdx.x, head = blockIdx.y;  // query row, head
+  // The row's sequence: itself in a decode batch, else the last whose first row is <= t.
+  int seq = t;
+  if (b.n_tokens != b.n_seqs) {
+    int lo = 0, hi = b.n_seqs - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (b.q_start[mid] <= t)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    seq = lo;
+  }
   const int len = min(b.kv_len[seq], b.positions[t] + 1);
   const int n_splits = (len + split_len - 1) / split_len;
-  const float* p = partials + (static_cast<int64_t>(seq) * n_heads + head) * max_splits * (head_dim + 2);
+  const float* p = partials + (static_cast<int64_t>(t) * n_heads + head) * max_splits * (head_dim + 2);
   float mx = -FLT_MAX;
   for (int i = 0; i < n_splits; ++i) mx = fmaxf(mx, p[i * (head_dim + 2)]);
   float sum = 0.0f;
@@ -300,7 +312,7 @@ void launch_attention_decode_window(const float* q, int64_t ldq, const KvLayerVi
 
 void launch_attention_decode_merge(const float* partials, const DeviceBatch& b, int n_heads, int head_dim,
                                    int split_len, int max_splits, float* out, int64_t ldo, cudaStream_t s) {
-  launch_pdl(attention_decode_merge, dim3(b.n_seqs, n_heads), dim3(128), 0, s, partials, b, n_heads, head_dim,
+  launch_pdl(attention_decode_merge, dim3(b.n_tokens, n_heads), dim3(128), 0, s, partials, b, n_heads, head_dim,
              split_len, max_splits, out, ldo);
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_merge");
 }

@@ -1,9 +1,12 @@
-// Paged attention for decode (one query row per sequence) on the tensor cores (f16 KV cache,
-// head_dim 64/128, up to 16 query heads per KV head). The grid is that of the SIMT kernel in
-// attention_decode.cu: a block of 4 warps per (sequence, KV head, split of split_len keys).
-// The query heads of the KV head are the M dimension of mma.sync m16n8k16 (f16 operands, f32
-// accumulate): rows g < group are the heads, rows >= group zero and discarded, so one k-step
-// serves the whole GQA group and each key is read once. The split's keys are cut into tiles
+// Paged attention for decode (one query row per sequence) and for speculative verification
+// (a few query rows per sequence) on the tensor cores (f16 KV cache, head_dim 64/128, up to
+// 16 query heads per KV head). The grid is that of the SIMT kernel in attention_decode.cu: a
+// block of 4 warps per (sequence, KV head, split of split_len keys), times the chunks of a
+// sequence's query rows. The query heads of the KV head, for up to 16 / group query rows of
+// the sequence, are the M dimension of mma.sync m16n8k16 (f16 operands, f32 accumulate):
+// row r = j · group + g is head g of the chunk's query row j, rows past the chunk's zero and
+// discarded, so one k-step serves the whole GQA group (and every row of the chunk) and each
+// key is read once per chunk. Each query row has its own causal length (position + 1). The split's keys are cut into tiles
 // of 16; warp w takes tiles w, w+4, w+8, ... and runs independently of the other warps: its
 // own online softmax (base 2, f32, on the accumulator fragments, as in attention_prefill_mma.cu),
 // O accumulators and a private ring of 3 K/V tile buffers in shared memory, filled by cp.async
@@ -87,8 +90,8 @@ template <int HD, bool kFused>
 __global__ void __launch_bounds__(kThreads, 2)
     attention_decode_mma_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
                                 const __half* __restrict__ vc, DeviceBatch b, int n_kv_heads, int block_size, int group,
-                                float q_scale, int split_len, int max_splits, float* __restrict__ out, int64_t ldo,
-                                float* __restrict__ partials, RopeStoreArgs rs) {
+                                float q_scale, int split_len, int max_splits, int n_chunks, float* __restrict__ out,
+                                int64_t ldo, float* __restrict__ partials, RopeStoreArgs rs) {
   constexpr int LD = HD + kPad;    // shared K/V row stride in halves
   constexpr int PPK = HD / 8;      // 16-byte pieces per key row
   constexpr int KPR = 32 / PPK;    // keys per warp-wide round of pieces: 2 (HD 128) or 4 (HD 64)
@@ -103,10 +106,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     pdl_trigger();
   }
 
-  const int seq = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-  const int t = b.q_start[seq];
+  const int seq = blockIdx.x, kvh = blockIdx.y / n_chunks, split = blockIdx.z;
+  // This block's query rows t .. t + rows - 1 of the sequence (fused: its one decode row).
+  const int chunk_rows = 16 / group;
+  const int t = b.q_start[seq] + (blockIdx.y % n_chunks) * chunk_rows;
+  const int rows = kFused ? 1 : min(chunk_rows, b.q_start[seq + 1] - t);
+  if (rows <= 0) return;  // a chunk past this sequence's rows (never fused: one chunk there)
   const int pos = b.positions[t];
-  const int len = min(b.kv_len[seq], pos + 1);  // causal
+  // Keys each query row sees (causal); the block walks the longest.
+  auto row_len = [&](int j) { return j < rows ? min(b.kv_len[seq], b.positions[t + j] + 1) : 0; };
+  int len = 0;
+  for (int j = 0; j < rows; ++j) len = max(len, row_len(j));
   // Fused: the cluster's splits share this step's keys evenly in whole tiles, from the
   // position itself rather than the graph key's width (every split gets keys, so each block
   // copies fewer); the plain variant keeps split_len, which its merge kernel reads.
@@ -116,8 +126,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (!kFused) {
     if (begin >= len) {     // the whole block (the merge reads only the splits that hold keys)
       if (max_splits == 1)  // no keys at all: zeros, as the merge gives
-        for (int i = threadIdx.x; i < group * HD; i += kThreads)
-          out[t * ldo + static_cast<int64_t>(head0) * HD + i] = 0.0f;
+        for (int i = threadIdx.x; i < rows * group * HD; i += kThreads)
+          out[(t + i / (group * HD)) * ldo + static_cast<int64_t>(head0) * HD + i % (group * HD)] = 0.0f;
       return;
     }
   }
@@ -125,6 +135,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int end = max(begin, min(len, begin + span));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int fr = lane >> 2, fc = lane & 3;  // fragment row (0..7) and column pair (0..3)
+  // The keys of this split that fragment rows fr and fr + 8 see (their query rows' lengths).
+  const int end_a = min(end, row_len(fr / group)), end_b = min(end, row_len((fr + 8) / group));
 
   const int n_tiles = (end - begin + kKeys - 1) / kKeys;  // tiles of this split
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
@@ -236,16 +248,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
   }
 
-  // Q A-fragments: row r = query head head0 + r (zeros for r >= group), k-step kk:
+  // Q A-fragments: row r = query head head0 + r % group of query row t + r / group (zeros
+  // for r >= rows · group), k-step kk:
   // {row fr, cols 16kk + 2fc, +1}, {row fr + 8, same}, {row fr, +8}, {row fr + 8, +8};
   // from global, or (fused) from the rotated rows in shared memory.
   uint32_t qf[HD / 16][4];
   {
     auto load_q = [&](int row, int col) {
       float2 v = make_float2(0.0f, 0.0f);
-      if (row < group)
+      if (row < rows * group)
         v = kFused ? *reinterpret_cast<const float2*>(sq + row * HD + col)
-                   : *reinterpret_cast<const float2*>(q + t * ldq + static_cast<int64_t>(head0 + row) * HD + col);
+                   : *reinterpret_cast<const float2*>(q + (t + row / group) * ldq +
+                                                      static_cast<int64_t>(head0 + row % group) * HD + col);
       return pack_half2(v.x * q_scale, v.y * q_scale);
     };
 #pragma unroll
@@ -288,13 +302,14 @@ __global__ void __launch_bounds__(kThreads, 2)
       mma_f16(s[0], qf[kk], b0, b1);
       mma_f16(s[1], qf[kk], b2, b3);
     }
-    // Length mask, then the online softmax of rows fr (elements 0, 1) and fr + 8 (2, 3);
-    // key 0 of every tile is in range, so each row's max is finite.
+    // Length mask (each row its own: a verification row sees the keys up to its position),
+    // then the online softmax of rows fr (elements 0, 1) and fr + 8 (2, 3); a row that sees
+    // no key of the tile keeps m = -inf and adds nothing (online_softmax_step).
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (key0 + n * 8 + 2 * fc + (e & 1) >= end) s[n][e] = -INFINITY;
+        if (key0 + n * 8 + 2 * fc + (e & 1) >= (e < 2 ? end_a : end_b)) s[n][e] = -INFINITY;
     float c_a, c_b;
     online_softmax_step<2>(s, m_a, m_b, l_a, l_b, c_a, c_b);
     // O = O · c + P · V: the score fragments are the A fragment of the one k-step.
@@ -332,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = fr + 8 * half;
-    if (row >= group) continue;
+    if (row >= rows * group) continue;
     if (fc == 0) {
       sm[warp * 16 + row] = half ? m_b : m_a;
       sl[warp * 16 + row] = half ? l_b : l_a;
@@ -343,19 +358,20 @@ __global__ void __launch_bounds__(kThreads, 2)
       *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < group * HD; i += kThreads) {
-    const int g = i / HD, d = i % HD;
+  for (int i = threadIdx.x; i < rows * group * HD; i += kThreads) {
+    const int r = i / HD, d = i % HD;  // tile row r: head g of query row t + j
+    const int j = r / group, g = r % group;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w * 16 + g]);
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w * 16 + r]);
     float l = 0.0f, acc = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float mw = sm[w * 16 + g];
+      const float mw = sm[w * 16 + r];
       if (mw == -INFINITY) continue;  // never -inf - -inf; exp2 of -inf - finite would be 0 anyway
       const float c = exp2f(mw - mx);
-      l += sl[w * 16 + g] * c;
-      acc += so[(w * 16 + g) * OLD + d] * c;
+      l += sl[w * 16 + r] * c;
+      acc += so[(w * 16 + r) * OLD + d] * c;
     }
     if constexpr (kFused) {                        // the block's state for the cluster's merge, past the warps' area
       float* part = so + kWarps * 16 * (OLD + 2);  // [16][HD] O, then m [16], l [16]
@@ -365,9 +381,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         part[16 * HD + 16 + g] = l;
       }
     } else if (max_splits == 1) {
-      out[t * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * (1.0f / l) : 0.0f;
-    } else {
-      float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head0 + g) * max_splits + split) * (HD + 2);
+      out[(t + j) * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * (1.0f / l) : 0.0f;
+    } else {  // per query row (a decode batch's row t is its sequence)
+      float* p = partials + ((static_cast<int64_t>(t + j) * n_heads + head0 + g) * max_splits + split) * (HD + 2);
       p[2 + d] = acc;
       if (d == 0) {
         p[0] = mx * 0.6931471805599453f;  // base 2 -> natural log units (the merge uses __expf)
@@ -423,7 +439,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 template <int HD>
 void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads, int group,
-                float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials, cudaStream_t s) {
+                float scale, float* out, int64_t ldo, int split_len, int max_splits, int n_chunks, float* partials,
+                cudaStream_t s) {
   constexpr size_t smem = ring_smem_bytes<HD>();
   static bool configured = false;  // per instantiation; the attribute is per function
   if (!configured) {
@@ -432,9 +449,10 @@ void launch_mma(const float* q, int64_t ldq, const KvLayerView& kv, const Device
     configured = true;
   }
   const float q_scale = scale * 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
-  launch_pdl(attention_decode_mma_kernel<HD, false>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem, s,
-             q, ldq, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b, kv.n_kv_heads,
-             kv.block_size, group, q_scale, split_len, max_splits, out, ldo, partials, RopeStoreArgs{});
+  launch_pdl(attention_decode_mma_kernel<HD, false>, dim3(b.n_seqs, kv.n_kv_heads * n_chunks, max_splits),
+             dim3(kThreads), smem, s, q, ldq, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b,
+             kv.n_kv_heads, kv.block_size, group, q_scale, split_len, max_splits, n_chunks, out, ldo, partials,
+             RopeStoreArgs{});
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_mma");
   if (max_splits > 1) launch_attention_decode_merge(partials, b, n_heads, HD, split_len, max_splits, out, ldo, s);
 }
@@ -468,7 +486,7 @@ void launch_fused(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
   const float q_scale = scale * 1.4426950408889634f;
   TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attention_decode_mma_kernel<HD, true>, q, ldq,
                                         static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), b,
-                                        kv.n_kv_heads, kv.block_size, group, q_scale, split_len, n_splits, out, ldo,
+                                        kv.n_kv_heads, kv.block_size, group, q_scale, split_len, n_splits, 1, out, ldo,
                                         static_cast<float*>(nullptr), rs));
   TESSERA_CUDA_CHECK_LAUNCH("attention_decode_mma (fused rope + kv store)");
 }
@@ -483,20 +501,26 @@ bool attention_decode_mma_applies(const KvLayerView& kv, int n_heads) {
   return group >= 1 && group <= 16;  // the query heads of a KV head are the 16 rows of one mma
 }
 
+int attention_decode_mma_chunks(int group, int max_rows) {
+  const int chunk_rows = 16 / group;
+  return (max_rows + chunk_rows - 1) / chunk_rows;
+}
+
 bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                                  float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
-                                 cudaStream_t s) {
-  if (!attention_decode_mma_applies(kv, n_heads)) return false;
+                                 cudaStream_t s, int max_rows) {
+  if (!attention_decode_mma_applies(kv, n_heads) || max_rows < 1) return false;
   const int group = n_heads / kv.n_kv_heads;
+  const int n_chunks = attention_decode_mma_chunks(group, max_rows);
   if (split_len <= 0 || split_len % 64 != 0 || max_splits < 1) return false;  // 4 warps × 16-key tiles
   if (reinterpret_cast<uintptr_t>(q) % 8 != 0 || ldq % 2 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0 ||
       ldo % 2 != 0)
     return false;  // float2 loads of Q
   if (b.n_seqs == 0) return true;
   if (kv.head_dim == 64)
-    launch_mma<64>(q, ldq, kv, b, n_heads, group, scale, out, ldo, split_len, max_splits, partials, s);
+    launch_mma<64>(q, ldq, kv, b, n_heads, group, scale, out, ldo, split_len, max_splits, n_chunks, partials, s);
   else
-    launch_mma<128>(q, ldq, kv, b, n_heads, group, scale, out, ldo, split_len, max_splits, partials, s);
+    launch_mma<128>(q, ldq, kv, b, n_heads, group, scale, out, ldo, split_len, max_splits, n_chunks, partials, s);
   return true;
 }
 

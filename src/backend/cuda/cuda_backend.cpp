@@ -90,7 +90,12 @@ cuda::GemvTarget gemv_target(const MatmulTarget& t) {
   return {t.w.data, t.y, t.ldy, t.w.rows, is_fp8_weight(t.w.dtype) ? t.w.fp8_scales() : nullptr};
 }
 
+// The most query rows one sequence of a batch can hold, from its sizes alone (every sequence
+// has at least one): exact at one sequence, and the same for every batch a graph replays.
+int verify_rows(const AttentionBatch& b) { return b.n_tokens - b.n_seqs + 1; }
+
 std::string attention_op_name(const AttentionBatch& b) {
+  if (!b.one_row_each && verify_rows(b) <= cuda::CudaTuning::kDecodeMmaMaxRows) return "attention verify";
   return b.one_row_each ? "attention decode" : "attention prefill";
 }
 
@@ -718,7 +723,9 @@ CudaBackend::DecodeSplit CudaBackend::decode_split(const KvLayerView& kv, const 
   // at the SIMT target; 64 × 8k: equal).
   const bool mma = cuda::attention_decode_mma_applies(kv, n_heads) ||
                    (kv.plain_dtype() == DType::Unknown && cuda::attention_quant_decode_frag_applies(kv, n_heads));
-  const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? 1 : (group + 3) / 4);
+  // A verification batch's blocks hold chunks of its rows too (verify_rows, attention()).
+  const int chunks = batch.one_row_each ? 1 : cuda::attention_decode_mma_chunks(group, verify_rows(batch));
+  const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? chunks : (group + 3) / 4);
   const int per_sm = mma ? cuda::CudaTuning::kDecodeMmaBlocksPerSm : cuda::CudaTuning::kDecodeBlocksPerSm;
   const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
   // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.
@@ -788,6 +795,17 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
     cuda::launch_attention_quant_decode(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len,
                                         max_splits, partials, stream_);
     return;
+  }
+  // A verification batch (a few rows per sequence): the tensor-core decode kernel with its
+  // keys split over the SMs, each row with its own causal length.
+  if (!batch.one_row_each && batch.window == 0 && cuda::attention_decode_mma_applies(kv, n_heads) &&
+      verify_rows(batch) <= cuda::CudaTuning::kDecodeMmaMaxRows) {
+    const auto [max_len, split_len, max_splits] = decode_split(kv, batch, n_heads);
+    const size_t floats = static_cast<size_t>(batch.n_tokens) * n_heads * max_splits * (kv.head_dim + 2);
+    auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
+    if (cuda::launch_attention_decode_mma(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len,
+                                          max_splits, partials, stream_, verify_rows(batch)))
+      return;
   }
   if (!batch.one_row_each || !cuda::attention_decode_supported(kv)) {
     const cuda::DeviceBatch db = device_batch(batch);

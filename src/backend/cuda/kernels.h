@@ -193,11 +193,16 @@ void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv,
                              cudaStream_t s);
 // The same on the tensor cores (f16 KV, head_dim 64/128, query heads per KV head <= 16;
 // attention_decode_mma.cu): split_len a multiple of 64. With max_splits == 1 it writes `out`
-// directly; otherwise it writes the partials and runs the same merge as
+// directly; otherwise it writes the partials (per query row) and runs the same merge as
 // launch_attention_decode. False when it does not apply (the caller runs the SIMT kernels).
+// max_rows > 1: a verification batch, up to max_rows query rows per sequence (an upper
+// bound from the batch's sizes: the grid takes attention_decode_mma_chunks(group, max_rows)
+// chunks of 16 / group rows per (sequence, KV head); chunks past a sequence's rows exit),
+// each row attending to the keys up to its own position; partials hold n_tokens rows.
 bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                                  float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
-                                 cudaStream_t s);
+                                 cudaStream_t s, int max_rows = 1);
+int attention_decode_mma_chunks(int group, int max_rows);
 // Whether the tensor-core decode kernel takes this KV layout and head count (the backend
 // sizes its splits for it: one block per KV head, two blocks per SM).
 bool attention_decode_mma_applies(const KvLayerView& kv, int n_heads);
@@ -216,8 +221,9 @@ void launch_rope_kv_store_attention_decode(const float* q, int64_t ldq, const fl
                                            int64_t ldv, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                                            float scale, int rot_dim, bool neox, const double* inv_freq, float* out,
                                            int64_t ldo, int split_len, int n_splits, cudaStream_t s);
-// Kernel 2 of the split decode: merges the splits' (m, l, O) partials of each (sequence,
-// head) and normalizes (attention_decode.cu). m is in natural-log units.
+// Kernel 2 of the split decode: merges the splits' (m, l, O) partials of each (query row,
+// head) and normalizes (attention_decode.cu); a row reads the splits that hold its keys (its
+// position + 1). m is in natural-log units.
 void launch_attention_decode_merge(const float* partials, const DeviceBatch& b, int n_heads, int head_dim,
                                    int split_len, int max_splits, float* out, int64_t ldo, cudaStream_t s);
 

@@ -1,7 +1,7 @@
 // Paged KV store and attention on CUDA against the CPU backend on the same inputs:
-// prefill batches (variable length, causal, several sequences, partial blocks) and decode
+// prefill batches (variable length, causal, several sequences, partial blocks), decode
 // batches (one row per sequence, contexts long enough to be split, or many sequences in one
-// split each), GQA groups 1..16, block sizes 16 and 7, f16 and f32 KV, head_dim 64, 128 and
+// split each) and verification batches (a few rows per sequence, split like decode), GQA groups 1..16, block sizes 16 and 7, f16 and f32 KV, head_dim 64, 128 and
 // 256 (prefill). The KV contents written by
 // both backends are compared slot by slot. Also run under compute-sanitizer by gpu-check.sh.
 #include <algorithm>
@@ -207,6 +207,24 @@ TEST(CudaAttention, ManySequenceDecodeMatchesCpu) {
   for (auto [hd, nkv, group, bs] : std::vector<std::array<int, 4>>{{128, 6, 8, 16}, {128, 4, 12, 16}, {64, 4, 12, 7}})
     run_case(Case{hd, nkv, group, bs, DType::F16, seqs(48)}, rng);
   run_case(Case{128, 4, 12, 7, DType::F16, seqs(11)}, rng);
+}
+
+TEST(CudaAttention, VerificationRowsSplitOverLongContextsMatchCpu) {
+  TESSERA_REQUIRE_CUDA();
+  // Speculative verification batches (a few query rows per sequence, each seeing the keys up
+  // to its own position) take the tensor-core decode kernel with split keys while a sequence
+  // can hold up to 17 rows (n_tokens - n_seqs + 1 <= 17): chunks of 16 / group rows per block
+  // (group 4: 4 rows, group 16: 1), rows that see none of a split's keys, splits past a row's
+  // end and chunks past a sequence's rows. One sequence of 17 rows; then 4 sequences of 2, 5,
+  // 1 and 6 rows (bound 11) at contexts inside one split and across several.
+  std::mt19937 rng(26);
+  for (auto [hd, nkv, group, bs] : std::vector<std::array<int, 4>>{
+           {128, 8, 4, 16}, {64, 3, 3, 16}, {128, 1, 16, 7}, {64, 2, 1, 16}, {128, 2, 7, 16}}) {
+    run_case(Case{hd, nkv, group, bs, DType::F16, {{1500, 17}}}, rng);
+    run_case(Case{hd, nkv, group, bs, DType::F16, {{639, 2}, {3000, 5}, {40, 1}, {255, 6}}}, rng);
+  }
+  // Batch 1 at the split boundary: rows ending exactly at and across a split's first key.
+  run_case(Case{128, 8, 4, 16, DType::F16, {{254, 5}}}, rng);
 }
 
 TEST(CudaAttention, SlidingWindowPrefillAndDecodeMatchCpu) {

@@ -260,7 +260,7 @@ TEST(CudaWeightQuant, DecodeBandwidthAtLlama8BShapes) {
   // bits 16: bf16 weights (the bulk kernel at one row, the skinny tensor-core kernel past it);
   // bits 9: FP8W (E4M3 codes, f32 scale per row).
   for (int bits : {4, 8, 16, 9}) {
-    constexpr int kXRows[] = {1, 2, 4, 8, 9, 16, 32};  // the integer kernels' classes, then tensor cores
+    constexpr int kXRows[] = {1, 2, 4, 5, 8, 9, 16, 32};  // the integer kernels' classes, then tensor cores
     const char* fmt = bits == 4 ? "W4G g128" : bits == 8 ? "W8G g128" : bits == 16 ? "bf16" : "fp8";
     const DType type = bits == 4 ? DType::W4G : bits == 8 ? DType::W8G : bits == 16 ? DType::BF16 : DType::FP8W;
     double layer_us[std::size(kXRows)] = {}, layer_bytes = 0;
