@@ -224,19 +224,7 @@ __global__ void attention_decode_merge(const float* __restrict__ partials, Devic
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   const int t = blockIdx.x, head = blockIdx.y;  // query row, head
-  // The row's sequence: itself in a decode batch, else the last whose first row is <= t.
-  int seq = t;
-  if (b.n_tokens != b.n_seqs) {
-    int lo = 0, hi = b.n_seqs - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (b.q_start[mid] <= t)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    seq = lo;
-  }
+  const int seq = sequence_of_row(b, t);
   const int len = min(b.kv_len[seq], b.positions[t] + 1);
   const int n_splits = (len + split_len - 1) / split_len;
   const float* p = partials + (static_cast<int64_t>(t) * n_heads + head) * max_splits * (head_dim + 2);

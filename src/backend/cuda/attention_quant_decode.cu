@@ -191,12 +191,12 @@ __global__ void attention_quant_decode_merge(const float* __restrict__ partials,
   __shared__ float o_s[256];
   __shared__ float w_s[kChunk];
   __shared__ float red[2][4];
-  const int seq = blockIdx.x, head = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int t = b.q_start[seq];
+  const int t = blockIdx.x, head = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;  // query row
+  const int seq = sequence_of_row(b, t);
   const int len = min(b.kv_len[seq], b.positions[t] + 1);
   const int n_splits = (len + split_len - 1) / split_len;
   const int stride = head_dim + 2;
-  const float* p = partials + (static_cast<int64_t>(seq) * n_heads + head) * max_splits * stride;
+  const float* p = partials + (static_cast<int64_t>(t) * n_heads + head) * max_splits * stride;
   float mx = -FLT_MAX;
   for (int i = tid; i < n_splits; i += blockDim.x) mx = fmaxf(mx, p[i * stride]);
   for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -290,11 +290,14 @@ void launch_split(const float* q, int64_t ldq, const KvLayerView& kv, const Devi
 
 void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                    int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
-                                   float* partials, cudaStream_t s) {
+                                   float* partials, cudaStream_t s, int max_rows) {
   if (b.n_seqs == 0) return;
   const int group = n_heads / kv.n_kv_heads;
+  TESSERA_CHECK(max_rows == 1 || attention_quant_decode_frag_applies(kv, n_heads),
+                "cuda quantized decode attention: several rows per sequence need the fragment kernel");
   if (attention_quant_decode_frag_applies(kv, n_heads)) {
-    launch_attention_quant_decode_frag(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, out, ldo, s);
+    launch_attention_quant_decode_frag(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, out, ldo, s,
+                                       max_rows);
     if (attention_quant_decode_frag_direct(kv, max_splits)) return;  // the kernel normalized and stored the output
   } else if (attention_quant_decode_mma_applies(kv, n_heads)) {
     launch_attention_quant_decode_mma(q, ldq, kv, b, n_heads, scale, split_len, max_splits, partials, s);
@@ -314,7 +317,7 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
     }
   }
   const KvSide vs = kv_side(kv, false);
-  launch_pdl(attention_quant_decode_merge, dim3(b.n_seqs, n_heads), dim3(128), 0, s, partials, b, n_heads, group,
+  launch_pdl(attention_quant_decode_merge, dim3(b.n_tokens, n_heads), dim3(128), 0, s, partials, b, n_heads, group,
              kv.head_dim, split_len, max_splits, vs.f.codec == KvCodec::Turbo ? vs.signs : nullptr, out, ldo);
   TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_merge");
 }

@@ -1,9 +1,10 @@
 // Decode attention over quantized KV pages on the tensor cores, the pages decoded straight
 // into the mma fragments (fp8, int8, int4, turbo without QJL and f16 sides; head_dim 64/128,
 // up to 16 query heads per KV head, blocks of 16 tokens). attention_decode_mma.cu's scheme: a block of 4
-// warps per (sequence, KV head, split of split_len keys), the query heads the 16 rows of
-// mma.sync m16n8k16 (f16 operands, f32 accumulate, base-2 online softmax, rows past the
-// group zero); warp w takes the 16-key tiles w, w + 4, ...; a tile is one page of K and one
+// warps per (sequence, KV head, split of split_len keys) and chunk of the sequence's query
+// rows (decode: one row; a speculative verification: 16 / group rows per chunk, each with its
+// own causal length), the query heads of the chunk's rows the 16 rows of mma.sync m16n8k16
+// (f16 operands, f32 accumulate, base-2 online softmax, rows past the chunk's zero); warp w takes the 16-key tiles w, w + 4, ...; a tile is one page of K and one
 // of V (splits start at multiples of 64 keys), copied as stored by cp.async into the warp's
 // ring of kStages raw-page buffers, kStages - 1 tiles ahead. Each lane then reads only the
 // raw codes and scales its own B fragments need (kv_quant_frag.cuh: layout, channel orders,
@@ -20,6 +21,7 @@
 // values are centroid × norm in f16 (norms up to ~16,000), 1/sqrt(hd) on the f32 output.
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 #include <type_traits>
 
 #include "backend/cuda/kernels.h"
@@ -57,27 +59,38 @@ __device__ __forceinline__ float static_scale(const KvSide& s, int h, int hd) {
 template <int KC, int VC, int HD>
 __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
     attention_quant_decode_frag(const float* __restrict__ q, int64_t ldq, KvSide ks, KvSide vs, DeviceBatch b,
-                                int n_kv_heads, int group, float scale, int split_len, int max_splits, bool direct,
-                                float* __restrict__ partials, float* __restrict__ out, int64_t ldo) {
+                                int n_kv_heads, int group, float scale, int split_len, int max_splits, int n_chunks,
+                                bool direct, float* __restrict__ partials, float* __restrict__ out, int64_t ldo) {
   constexpr int KW = HD / 8;   // K words per key row of a lane (two per k-step)
   constexpr int VN = HD / 8;   // V words per key pair of a lane (one per n-block)
   constexpr int OLD = HD + 8;  // merge: shared O row stride in floats
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
-  const int seq = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-  const int t = b.q_start[seq];
-  const int len = min(b.kv_len[seq], b.positions[t] + 1);  // causal
+  const int seq = blockIdx.x, kvh = blockIdx.y / n_chunks, split = blockIdx.z;
+  // This block's query rows t .. t + rows - 1 of the sequence (decode: its one row).
+  const int chunk_rows = 16 / group;
+  const int t = b.q_start[seq] + (blockIdx.y % n_chunks) * chunk_rows;
+  const int rows = min(chunk_rows, b.q_start[seq + 1] - t);
+  if (rows <= 0) return;  // a chunk past this sequence's rows
+  // Keys each query row sees (causal); the block walks the longest.
+  auto row_len = [&](int j) { return j < rows ? min(b.kv_len[seq], b.positions[t + j] + 1) : 0; };
+  int len = 0, min_len = INT_MAX;
+  for (int j = 0; j < rows; ++j) len = max(len, row_len(j)), min_len = min(min_len, row_len(j));
   const int begin = split * split_len;
   if (begin >= len) {  // the merge reads only the splits that hold keys
     if (direct)        // no keys at all and no merge: zeros, as the merge gives
-      for (int i = threadIdx.x; i < group * HD; i += kThreads)
-        out[t * ldo + static_cast<int64_t>(kvh * group) * HD + i] = 0.0f;
+      for (int i = threadIdx.x; i < rows * group * HD; i += kThreads)
+        out[(t + i / (group * HD)) * ldo + static_cast<int64_t>(kvh * group) * HD + i % (group * HD)] = 0.0f;
     return;
   }
   const int end = min(len, begin + split_len);
+  // Tiles wholly below every row's length skip the masks.
+  const int end_all = min(min_len, begin + split_len);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int fr = lane >> 2, fc = lane & 3;
+  // The keys of this split that fragment rows fr and fr + 8 see (their query rows' lengths).
+  const int end_a = min(end, row_len(fr / group)), end_b = min(end, row_len((fr + 8) / group));
   const int head0 = kvh * group;
   const KvCodec kc = frag_codec(KC, ks.f), vc = frag_codec(VC, vs.f);
   const int k_row = static_cast<int>(ks.row_bytes), v_row = static_cast<int>(vs.row_bytes);
@@ -126,13 +139,16 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
     float v[kPer];
 #pragma unroll
     for (int r = 0; r < kPer; ++r) {
-      const int i = threadIdx.x + r * kThreads, g = i / HD, d = i % HD;
-      v[r] = g < group ? __ldg(q + t * ldq + static_cast<int64_t>(head0 + g) * HD + d) : 0.0f;
+      // Tile row `row`: head row % group of query row t + row / group.
+      const int i = threadIdx.x + r * kThreads, row = i / HD, d = i % HD;
+      v[r] = row < rows * group
+                 ? __ldg(q + (t + row / group) * ldq + static_cast<int64_t>(head0 + row % group) * HD + d)
+                 : 0.0f;
     }
 #pragma unroll
     for (int r = 0; r < kPer; ++r) Qs[threadIdx.x + r * kThreads] = v[r] * q_scale;
   }
-  if (kc == KvCodec::Turbo) kv_prepare_queries(ks, kvh, HD, Qs, HD, 16, group);  // q' = R (q∘s), once
+  if (kc == KvCodec::Turbo) kv_prepare_queries(ks, kvh, HD, Qs, HD, 16, rows * group);  // q' = R (q∘s), once
   __syncthreads();
   uint32_t qf[HD / 16][4];
   {
@@ -204,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (key0 + n * 8 + 2 * fc + (e & 1) >= end) s[n][e] = -INFINITY;
+            if (key0 + n * 8 + 2 * fc + (e & 1) >= (e < 2 ? end_a : end_b)) s[n][e] = -INFINITY;
       }
       float c_a, c_b;
       online_softmax_step<2>(s, m_a, m_b, l_a, l_b, c_a, c_b);
@@ -241,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
         mma_f16(o[n], pa, b0, b1);
       }
     };
-    if (key0 + kKeys <= end)
+    if (key0 + kKeys <= end_all)
       tile(std::false_type{});
     else
       tile(std::true_type{});
@@ -276,25 +292,27 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   __syncthreads();
   const int n_heads = n_kv_heads * group;
   const float v_scale = static_scale(vs, kvh, HD);
-  for (int i = threadIdx.x; i < group * HD; i += kThreads) {
-    const int g = i / HD, d = i % HD;
+  for (int i = threadIdx.x; i < rows * group * HD; i += kThreads) {
+    const int r = i / HD, d = i % HD;  // tile row r: head g of query row t + j
+    const int j = r / group, g = r % group;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w * 16 + g]);
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w * 16 + r]);
     float l = 0.0f, acc = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float mw = sm[w * 16 + g];
+      const float mw = sm[w * 16 + r];
       if (mw == -INFINITY) continue;
       const float c = exp2f(mw - mx);
-      l += sl[w * 16 + g] * c;
-      acc += so[(w * 16 + g) * OLD + d] * c;
+      l += sl[w * 16 + r] * c;
+      acc += so[(w * 16 + r) * OLD + d] * c;
     }
     if (direct) {  // the whole context: normalized here, no merge kernel
-      out[t * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * v_scale / l : 0.0f;
+      out[(t + j) * ldo + static_cast<int64_t>(head0 + g) * HD + d] = l > 0.0f ? acc * v_scale / l : 0.0f;
       continue;
     }
-    float* p = partials + ((static_cast<int64_t>(seq) * n_heads + head0 + g) * max_splits + split) * (HD + 2);
+    // Per query row (a decode batch's row t is its sequence).
+    float* p = partials + ((static_cast<int64_t>(t + j) * n_heads + head0 + g) * max_splits + split) * (HD + 2);
     p[2 + d] = acc * v_scale;
     if (d == 0) {
       p[0] = mx * 0.6931471805599453f;  // base 2 -> natural log units (the merge uses __expf)
@@ -305,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
 
 template <int KC, int VC, int HD>
 void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-               int split_len, int max_splits, float* partials, float* out, int64_t ldo, cudaStream_t s) {
+               int split_len, int max_splits, int n_chunks, float* partials, float* out, int64_t ldo, cudaStream_t s) {
   const size_t smem = smem_bytes<HD>(kv.k_page_bytes, kv.v_page_bytes);
   static size_t configured = 0;  // per instantiation: the largest opt-in asked for so far
   if (smem > configured) {
@@ -313,15 +331,15 @@ void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     configured = smem;
   }
-  launch_pdl(attention_quant_decode_frag<KC, VC, HD>, dim3(b.n_seqs, kv.n_kv_heads, max_splits), dim3(kThreads), smem,
-             s, q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale, split_len, max_splits,
-             attention_quant_decode_frag_direct(kv, max_splits), partials, out, ldo);
+  launch_pdl(attention_quant_decode_frag<KC, VC, HD>, dim3(b.n_seqs, kv.n_kv_heads * n_chunks, max_splits),
+             dim3(kThreads), smem, s, q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale,
+             split_len, max_splits, n_chunks, attention_quant_decode_frag_direct(kv, max_splits), partials, out, ldo);
   TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_frag");
 }
 
 template <int HD>
 void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-               int split_len, int max_splits, float* partials, float* out, int64_t ldo, cudaStream_t s) {
+               int split_len, int max_splits, int n_chunks, float* partials, float* out, int64_t ldo, cudaStream_t s) {
   // The formats of the same-format pairs (and int4's KIVI pair) compiled for themselves;
   // any other pair reads its formats at run time.
   const int kk = frag_key(kv.k_fmt.codec, kv.k_fmt.scale, kv.k_fmt.bits_hi, kv.k_fmt.bits_lo);
@@ -329,7 +347,7 @@ void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
 #define TESSERA_QDF(KC, KS, VC, VS)                                                               \
   if (kk == frag_key(KvCodec::KC, KvScale::KS) && vk == frag_key(KvCodec::VC, KvScale::VS))       \
     return launch_as<frag_key(KvCodec::KC, KvScale::KS), frag_key(KvCodec::VC, KvScale::VS), HD>( \
-        q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
+        q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
   TESSERA_QDF(Fp8E4M3, Tensor, Fp8E4M3, Tensor)
   TESSERA_QDF(Fp8E4M3, Token, Fp8E4M3, Token)
   TESSERA_QDF(Fp8E5M2, Tensor, Fp8E5M2, Tensor)
@@ -342,13 +360,13 @@ void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
 #define TESSERA_QDT(HI, LO)                                                                                            \
   if (kk == frag_key(KvCodec::Turbo, KvScale::None, HI, LO) && vk == kk)                                               \
     return launch_as<frag_key(KvCodec::Turbo, KvScale::None, HI, LO), frag_key(KvCodec::Turbo, KvScale::None, HI, LO), \
-                     HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
+                     HD>(q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
   TESSERA_QDT(3, 2)  // turbo2.5
   TESSERA_QDT(3, 3)  // turbo3
   TESSERA_QDT(4, 3)  // turbo3.5
   TESSERA_QDT(4, 4)  // turbo4
 #undef TESSERA_QDT
-  launch_as<-1, -1, HD>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
+  launch_as<-1, -1, HD>(q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
 }
 
 // Codes swizzled by kv_swz stay inside the page's codes: a last, partial 128-byte line of
@@ -383,12 +401,13 @@ bool attention_quant_decode_frag_applies(const KvLayerView& kv, int n_heads) {
 
 void launch_attention_quant_decode_frag(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                         int n_heads, float scale, int split_len, int max_splits, float* partials,
-                                        float* out, int64_t ldo, cudaStream_t s) {
+                                        float* out, int64_t ldo, cudaStream_t s, int max_rows) {
   const int group = n_heads / kv.n_kv_heads;
+  const int n_chunks = attention_decode_mma_chunks(group, max_rows);
   if (kv.head_dim == 64)
-    launch_hd<64>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
+    launch_hd<64>(q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
   else
-    launch_hd<128>(q, ldq, kv, b, group, scale, split_len, max_splits, partials, out, ldo, s);
+    launch_hd<128>(q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
 }
 
 }  // namespace tessera::cuda

@@ -724,7 +724,7 @@ CudaBackend::DecodeSplit CudaBackend::decode_split(const KvLayerView& kv, const 
   const bool mma = cuda::attention_decode_mma_applies(kv, n_heads) ||
                    (kv.plain_dtype() == DType::Unknown && cuda::attention_quant_decode_frag_applies(kv, n_heads));
   // A verification batch's blocks hold chunks of its rows too (verify_rows, attention()).
-  const int chunks = batch.one_row_each ? 1 : cuda::attention_decode_mma_chunks(group, verify_rows(batch));
+  const int chunks = batch.one_row_each || !mma ? 1 : cuda::attention_decode_mma_chunks(group, verify_rows(batch));
   const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? chunks : (group + 3) / 4);
   const int per_sm = mma ? cuda::CudaTuning::kDecodeMmaBlocksPerSm : cuda::CudaTuning::kDecodeBlocksPerSm;
   const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
@@ -785,15 +785,18 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
                 batch.window, ") takes an f16 or f32 KV cache; KV format ", kv_format_name(kv.k_fmt), "/",
                 kv_format_name(kv.v_fmt), " has no windowed kernel yet");
   if (kv.plain_dtype() == DType::Unknown) {  // quantized pages (attention_quant_*.cu)
-    if (!batch.one_row_each) {
+    // A verification batch takes the fragment kernel's split keys, as f16 pages do below.
+    const bool verify = !batch.one_row_each && verify_rows(batch) <= cuda::CudaTuning::kDecodeMmaMaxRows &&
+                        cuda::attention_quant_decode_frag_applies(kv, n_heads);
+    if (!batch.one_row_each && !verify) {
       cuda::launch_attention_quant_prefill(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, stream_);
       return;
     }
     const auto [max_len, split_len, max_splits] = decode_split(kv, batch, n_heads);
-    const size_t floats = static_cast<size_t>(batch.n_seqs) * n_heads * max_splits * (kv.head_dim + 2);
+    const size_t floats = static_cast<size_t>(batch.n_tokens) * n_heads * max_splits * (kv.head_dim + 2);
     auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
     cuda::launch_attention_quant_decode(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len,
-                                        max_splits, partials, stream_);
+                                        max_splits, partials, stream_, verify_rows(batch));
     return;
   }
   // A verification batch (a few rows per sequence): the tensor-core decode kernel with its

@@ -6,8 +6,24 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
 
 namespace tessera::cuda {
+
+// The sequence of query row t: t itself in a decode batch (one row each), else the last
+// whose first row is <= t (binary search over q_start).
+__device__ __forceinline__ int sequence_of_row(const DeviceBatch& b, int t) {
+  if (b.n_tokens == b.n_seqs) return t;
+  int lo = 0, hi = b.n_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (b.q_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

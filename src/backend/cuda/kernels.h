@@ -60,10 +60,12 @@ void launch_kv_store_quant(const KvLayerView& kv, const float* k, int64_t ldk, c
 // attention_quant_decode.cu: one query row per sequence, split over the KV length like
 // launch_attention_decode (same partials layout), pages decoded in registers; the merge
 // rotates turbo values back (and is skipped where the tensor-core kernel has one split and
-// writes the output itself). head_dim 64, 128 or 256.
+// writes the output itself). head_dim 64, 128 or 256. max_rows > 1 (a verification batch,
+// as launch_attention_decode_mma's; partials hold n_tokens rows) only where
+// attention_quant_decode_frag_applies.
 void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                    int n_heads, float scale, float* out, int64_t ldo, int split_len, int max_splits,
-                                   float* partials, cudaStream_t s);
+                                   float* partials, cudaStream_t s, int max_rows = 1);
 // attention_quant_decode_frag.cu: whether the tensor-core kernel that decodes pages straight
 // into mma fragments takes this layout (head_dim 64/128, blocks of 16, K and V each f16, fp8,
 // int8, int4 or turbo without QJL); like attention_decode_mma.cu it fits a few blocks per SM, so its splits are

@@ -367,9 +367,10 @@ bool attention_quant_decode_frag_direct(const KvLayerView& kv, int max_splits);
 // 16, at most 16 query heads per KV head, K and V each f16, fp8, int8, int4 or turbo (keys
 // without QJL). With one split and V not turbo it writes the normalized output, else the
 // partials of every split (launch_attention_quant_decode then runs its merge, which rotates
-// turbo values back).
+// turbo values back). max_rows > 1: a verification batch, as launch_attention_decode_mma's
+// (kernels.h): chunks of 16 / group query rows, partials per query row.
 void launch_attention_quant_decode_frag(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                         int n_heads, float scale, int split_len, int max_splits, float* partials,
-                                        float* out, int64_t ldo, cudaStream_t s);
+                                        float* out, int64_t ldo, cudaStream_t s, int max_rows = 1);
 
 }  // namespace tessera::cuda

@@ -335,6 +335,20 @@ TEST(CudaKvQuant, DecodeOneSplitAndManySplits) {
   run_case({"int4", "turbo4", 16, 4, 3, 128, many}, seed++);
 }
 
+// Speculative verification batches (a few query rows per sequence, each seeing the keys up to
+// its own position) over quantized pages: the fragment kernel's split keys in chunks of
+// 16 / group rows (formats it takes), the prefill kernel for the others (QJL keys).
+TEST(CudaKvQuant, VerificationRowsAttendLikeTheCpu) {
+  TESSERA_REQUIRE_CUDA();
+  uint32_t seed = 300;
+  for (const char* name : kFormats) {
+    run_case({name, name, 16, 2, 4, 128, {{700, 5}, {16, 1}, {40, 3}}}, seed++);
+    run_case({name, name, 16, 2, 16, 64, {{300, 4}, {63, 2}}}, seed++);
+  }
+  run_case({"turbo3.5", "turbo3.5", 16, 2, 4, 128, {{1000, 17}}}, seed++);
+  run_case({"int4", "fp8_e4m3:token", 16, 1, 3, 64, {{255, 6}, {256, 9}}}, seed++);
+}
+
 TEST(CudaKvQuant, MixedFormatsBlockSizesAndHeadSizes) {
   TESSERA_REQUIRE_CUDA();
   // Turbo beside other formats and at another width on the tensor-core decode (formats
