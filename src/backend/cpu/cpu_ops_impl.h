@@ -261,8 +261,27 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       float* s = sc + r * bs;
       const float* qr = qs + r * hd;
       float mx = m[r];
+      int j0 = lo;
+#if defined(__AVX2__) && defined(__FMA__)
+      // Four keys at a time, each its own accumulator: four independent FMA chains instead of
+      // one chain of hd / 8 dependent FMAs per key, reduced as dot_f32 reduces.
+      if (hd % 8 == 0)
+        for (; j0 + 4 <= visible; j0 += 4) {
+          __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+          for (int d = 0; d < hd; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(qr + d);
+            for (int u = 0; u < 4; ++u) acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kf + (j0 + u) * hd + d), acc[u]);
+          }
+          for (int u = 0; u < 4; ++u) {
+            alignas(32) float a[8];
+            _mm256_store_ps(a, acc[u]);
+            s[j0 + u] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+          }
+        }
+#endif
+      for (int j = j0; j < visible; ++j) s[j] = dot_f32(qr, kf + j * hd, hd);
       for (int j = lo; j < visible; ++j) {
-        float dot = dot_f32(qr, kf + j * hd, hd);
+        float dot = s[j];
         if (qjl) dot += coef[j] * dot_f32(sq + r * hd, sgn + j * hd, hd);
         if (rope_center) dot += dot_f32(qp + r * hd, cm + j * hd, hd);
         s[j] = dot;
@@ -283,6 +302,18 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       // element); the same fused multiply-adds in the same order either way.
       int d0 = 0;
 #if defined(__AVX2__) && defined(__FMA__)
+      // 64 columns per pass, 8 accumulators: their FMAs per key are independent chains (one
+      // column group at a time waited the FMA latency per key). Same FMAs, same order.
+      for (; d0 + 64 <= hd; d0 += 64) {
+        __m256 acc[8];
+        for (int c = 0; c < 8; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(orow + d0 + 8 * c), _mm256_set1_ps(alpha));
+        for (int j = lo; j < visible; ++j) {
+          const __m256 p = _mm256_set1_ps(s[j]);
+          const float* vr = vf + j * hd + d0;
+          for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < 8; ++c) _mm256_storeu_ps(orow + d0 + 8 * c, acc[c]);
+      }
       for (; d0 + 8 <= hd; d0 += 8) {
         __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(orow + d0), _mm256_set1_ps(alpha));
         for (int j = lo; j < visible; ++j)
