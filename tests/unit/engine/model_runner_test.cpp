@@ -184,62 +184,11 @@ struct Rig {
   std::unique_ptr<ModelRunner> runner;
 };
 
-// n_seqs sequences: a 5-token prompt each (blocks 8s..8s+7), then `steps` decode steps; the
-// logits of every forward, in order.
-std::vector<std::vector<float>> run_sequences(Rig& r, int n_seqs, int steps) {
-  std::vector<std::vector<float>> out;
-  std::vector<SequenceBlocks> seqs(n_seqs);
-  for (int s = 0; s < n_seqs; ++s) {
-    for (int b = 0; b < 8; ++b) seqs[s].blocks.push_back(8 * s + b);
-    const std::vector<int32_t> prompt = {1 + s, 7, 99, 5, 3000};
-    ForwardBatch fb;
-    SequenceBlocks view = seqs[s];
-    view.blocks.resize(2);
-    fb.add_sequence(view, kBlock, prompt.data(), 5, ForwardBatch::Logits::Last);
-    out.emplace_back(r.n_vocab());
-    r.runner->forward(fb, out.back().data());
-    seqs[s].n_tokens = 5;
-  }
-  for (int step = 0; step < steps; ++step) {
-    ForwardBatch fb;
-    for (int s = 0; s < n_seqs; ++s) {
-      SequenceBlocks view = seqs[s];
-      view.blocks.resize((seqs[s].n_tokens + 1 + kBlock - 1) / kBlock);  // tables widen as contexts grow
-      const int32_t tok = (s * 31 + step * 7 + 3) % r.n_vocab();
-      fb.add_sequence(view, kBlock, &tok, 1, ForwardBatch::Logits::Last);
-    }
-    out.emplace_back(static_cast<size_t>(n_seqs) * r.n_vocab());
-    r.runner->forward(fb, out.back().data());
-    for (int s = 0; s < n_seqs; ++s) ++seqs[s].n_tokens;
-  }
-  return out;
-}
-
-TEST(ModelRunner, ReplayedDecodeGivesTheSameLogitsAndKvAsEagerForwards) {
-  Rig eager(false), graph(true);
-  EXPECT_EQ(eager.runner->graph_batch(3), 0);
-  EXPECT_EQ(graph.runner->graph_batch(3), 4);
-  EXPECT_EQ(graph.runner->graph_batch(8), 8);
-  EXPECT_EQ(graph.runner->graph_batch(9), 0);  // past the model's 8 logits rows
-  // 3 sequences (padded to 4), 6 decode steps: tables of 2 blocks, then 3..4 (width 4).
-  const auto a = run_sequences(eager, 3, 6), b = run_sequences(graph, 3, 6);
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "forward " << i;
-  for (int blk = 0; blk < 24; ++blk) EXPECT_EQ(eager.k_block(blk), graph.k_block(blk)) << "block " << blk;
-  // Keys (4 sequences, width 2) and (4, 4): each eager once, captured once, then replayed.
-  EXPECT_EQ(graph.runner->graphs_captured(), 2);
-  EXPECT_EQ(graph.runner->graph_replays(), 2);
-  EXPECT_EQ(graph.be.launches, 4);           // captures launch too
-  EXPECT_EQ(graph.model->calls, 3 + 6 - 2);  // replays skip the model code
-  EXPECT_EQ(eager.model->calls, 3 + 6);
-  // The padding sequences wrote the reserved block only (the eager rig never pads).
-  EXPECT_NE(graph.k_block(63), eager.k_block(63));
-}
-
-// Speculative verification steps: sequence s feeds rows[s] tokens (its last token and its
-// drafts) with every row's logits, then keeps one (a rejected draft's slots are written again
-// by the next step). The same 5-token prompts as run_sequences first.
-std::vector<std::vector<float>> run_verifications(Rig& r, const std::vector<int>& rows, int steps) {
+// A 5-token prompt per sequence (blocks 8s..8s+7), then `steps` steps in which sequence s
+// feeds rows[s] tokens with every row's logits — one: a decode step; more: a speculative
+// verification (its last token and its drafts) — and keeps one (a rejected draft's slots are
+// written again by the next step). The logits of every forward, in order.
+std::vector<std::vector<float>> run_steps(Rig& r, const std::vector<int>& rows, int steps) {
   const int n_seqs = static_cast<int>(rows.size());
   std::vector<std::vector<float>> out;
   std::vector<SequenceBlocks> seqs(n_seqs);
@@ -270,6 +219,32 @@ std::vector<std::vector<float>> run_verifications(Rig& r, const std::vector<int>
   return out;
 }
 
+// n_seqs sequences decoding (one row each).
+std::vector<std::vector<float>> run_sequences(Rig& r, int n_seqs, int steps) {
+  return run_steps(r, std::vector<int>(n_seqs, 1), steps);
+}
+
+TEST(ModelRunner, ReplayedDecodeGivesTheSameLogitsAndKvAsEagerForwards) {
+  Rig eager(false), graph(true);
+  EXPECT_EQ(eager.runner->graph_batch(3), 0);
+  EXPECT_EQ(graph.runner->graph_batch(3), 4);
+  EXPECT_EQ(graph.runner->graph_batch(8), 8);
+  EXPECT_EQ(graph.runner->graph_batch(9), 0);  // past the model's 8 logits rows
+  // 3 sequences (padded to 4), 6 decode steps: tables of 2 blocks, then 3..4 (width 4).
+  const auto a = run_sequences(eager, 3, 6), b = run_sequences(graph, 3, 6);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "forward " << i;
+  for (int blk = 0; blk < 24; ++blk) EXPECT_EQ(eager.k_block(blk), graph.k_block(blk)) << "block " << blk;
+  // Keys (4 sequences, width 2) and (4, 4): each eager once, captured once, then replayed.
+  EXPECT_EQ(graph.runner->graphs_captured(), 2);
+  EXPECT_EQ(graph.runner->graph_replays(), 2);
+  EXPECT_EQ(graph.be.launches, 4);           // captures launch too
+  EXPECT_EQ(graph.model->calls, 3 + 6 - 2);  // replays skip the model code
+  EXPECT_EQ(eager.model->calls, 3 + 6);
+  // The padding sequences wrote the reserved block only (the eager rig never pads).
+  EXPECT_NE(graph.k_block(63), eager.k_block(63));
+}
+
 TEST(ModelRunner, VerificationStepsReplayAsGraphsWithTheEagerResults) {
   Rig eager(false), graph(true);
   EXPECT_EQ(graph.runner->graph_batch(3, 5), 4);
@@ -277,7 +252,7 @@ TEST(ModelRunner, VerificationStepsReplayAsGraphsWithTheEagerResults) {
   // Rows 2, 2, 1 (one sequence drafts nothing), padded to 4 sequences and 6 rows; 6 steps:
   // tables 2 blocks wide, then 3 (width 4).
   const std::vector<int> rows = {2, 2, 1};
-  const auto a = run_verifications(eager, rows, 6), b = run_verifications(graph, rows, 6);
+  const auto a = run_steps(eager, rows, 6), b = run_steps(graph, rows, 6);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "forward " << i;
   for (int blk = 0; blk < 24; ++blk) EXPECT_EQ(eager.k_block(blk), graph.k_block(blk)) << "block " << blk;
