@@ -33,6 +33,17 @@ bool is_prefill(const Case& c) {
   return prefill;
 }
 
+// Whether a batch of several rows per sequence takes the split decode kernel as a speculative
+// verification (CudaBackend::attention: rows bound n_tokens - n_seqs + 1 <= 17, f16 KV, no
+// window, the tensor-core decode's head layouts) rather than the prefill kernel.
+bool is_verification(const Case& c) {
+  int n_tokens = 0;
+  for (const auto& s : c.seqs) n_tokens += s.n_new;
+  const int n_seqs = static_cast<int>(c.seqs.size());
+  return is_prefill(c) && n_tokens - n_seqs + 1 <= 17 && c.kv_dtype == DType::F16 && c.window == 0 &&
+         (c.head_dim == 64 || c.head_dim == 128) && c.group <= 16;
+}
+
 // Whether the case runs on a tensor-core kernel (f16 KV): prefill (attention_prefill_mma.cu),
 // or decode at head_dim 64/128 with at most 16 query heads per KV head (attention_decode_mma.cu).
 bool tensor_core(const Case& c) {
@@ -145,7 +156,10 @@ void run_case(const Case& c, std::mt19937& rng) {
   const double err = rel_err(g, r);
   if (tensor_core(c))
     std::printf("[attention] tensor-core %s hd %d group %d bs %d seqs %zu: rel err %.3g\n",
-                is_prefill(c) ? "prefill" : "decode", hd, c.group, bs, c.seqs.size(), err);
+                is_verification(c) ? "verify"
+                : is_prefill(c)    ? "prefill"
+                                   : "decode",
+                hd, c.group, bs, c.seqs.size(), err);
   EXPECT_LT(err, tolerance(c)) << "hd " << hd << " kv heads " << c.n_kv_heads << " group " << c.group << " bs " << bs
                                << " " << dtype_name(c.kv_dtype);
   cpu->free(ck);
