@@ -21,8 +21,8 @@ size_t round_up32(size_t n) { return (n + 31) / 32 * 32; }  // 128-byte aligned 
 // A batch in the graphs' shape: every sequence 1..kMaxGraphRows new rows and every row's
 // logits, in order — a decode batch (one row each) or a speculative verification (the last
 // token and the drafts of each sequence). The model's forward then depends only on the
-// batch's sizes and its device arrays, so a graph keyed by (sequences, rows, table width)
-// replays it.
+// batch's sizes and its device arrays, so a graph keyed by (sequences, rows, most rows of a
+// sequence, table width) replays it.
 bool graph_shaped(const ForwardBatch& b) {
   const int n = b.n_tokens();
   if (b.n_seqs() == 0 || static_cast<int>(b.logits_rows.size()) != n) return false;
@@ -178,6 +178,7 @@ ForwardInputs ModelRunner::inputs(const ForwardBatch& b, const Layout& l, int ta
   a.kv_len = device + l.kv_len;
   a.block_tables = device + l.tables;
   a.max_blocks = table_width;
+  a.max_rows = b.max_rows();
   in.tokens = device + l.tokens;
   in.logits_rows = device + l.rows;
   in.n_logits = static_cast<int>(b.logits_rows.size());
@@ -231,10 +232,10 @@ void ModelRunner::forward(const ForwardBatch& batch, float* logits, const Backen
   const ForwardBatch& b = padded(batch);
   // A graph reads block tables at its key's width (a power of two), so one graph serves
   // every step until the tables outgrow it. Past kMaxGraphs keys, new keys run eagerly.
-  const GraphKey key{b.n_seqs(), b.n_tokens(), next_pow2(std::max(b.max_blocks, 1))};
+  const GraphKey key{b.n_seqs(), b.n_tokens(), b.max_rows(), next_pow2(std::max(b.max_blocks, 1))};
   const bool graph = graph_shaped(b) && graph_batch(b.n_seqs(), b.n_tokens()) == b.n_seqs() &&
                      (graphs_.size() < kMaxGraphs || graphs_.count(key) > 0);
-  const int width = graph ? std::get<2>(key) : b.max_blocks;
+  const int width = graph ? std::get<3>(key) : b.max_blocks;
   const Layout l = layout(b, width);
   float* device_logits = nullptr;
   if (graph) {

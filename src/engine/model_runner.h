@@ -103,12 +103,12 @@ class ModelRunner {
   int pad_local_block_;
   int n_vocab_;
   ForwardBatch padded_;
-  std::shared_ptr<void> packed_;               // host side of the staging copy (page-locked on a device)
-  size_t packed_cap_ = 0;                      // ints
-  bool copy_in_flight_ = false;                // packed_ may still feed the last copy (no readback since)
-  int32_t* eager_inputs_ = nullptr;            // device, for forwards that are not graphs (grown)
-  size_t eager_cap_ = 0;                       // ints
-  using GraphKey = std::tuple<int, int, int>;  // (sequences, rows, table width)
+  std::shared_ptr<void> packed_;                    // host side of the staging copy (page-locked on a device)
+  size_t packed_cap_ = 0;                           // ints
+  bool copy_in_flight_ = false;                     // packed_ may still feed the last copy (no readback since)
+  int32_t* eager_inputs_ = nullptr;                 // device, for forwards that are not graphs (grown)
+  size_t eager_cap_ = 0;                            // ints
+  using GraphKey = std::tuple<int, int, int, int>;  // (sequences, rows, most rows of a sequence, table width)
   std::map<GraphKey, GraphEntry> graphs_;
   int graphs_captured_ = 0;
   int64_t graph_replays_ = 0;

@@ -78,6 +78,12 @@ bool ForwardBatch::one_row_each() const {
   return true;
 }
 
+int ForwardBatch::max_rows() const {
+  int most = 0;
+  for (int s = 0; s < n_seqs(); ++s) most = std::max(most, q_start[s + 1] - q_start[s]);
+  return most;
+}
+
 AttentionBatch ForwardBatch::attention_view() const {
   AttentionBatch b;
   b.n_tokens = n_tokens();
@@ -89,6 +95,7 @@ AttentionBatch ForwardBatch::attention_view() const {
   b.kv_len = kv_len.data();
   b.block_tables = block_tables.data();
   b.max_blocks = max_blocks;
+  b.max_rows = max_rows();
   return b;
 }
 

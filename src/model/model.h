@@ -43,6 +43,8 @@ struct ForwardBatch {
                     Logits want_logits, const struct SequenceBlocks* local = nullptr);
   // Whether every sequence has exactly one new token (a decode batch).
   bool one_row_each() const;
+  // The most new tokens one sequence has.
+  int max_rows() const;
   // The batch over these host arrays (the CPU backend's memory is the host's).
   AttentionBatch attention_view() const;
 };

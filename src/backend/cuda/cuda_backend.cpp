@@ -90,9 +90,10 @@ cuda::GemvTarget gemv_target(const MatmulTarget& t) {
   return {t.w.data, t.y, t.ldy, t.w.rows, is_fp8_weight(t.w.dtype) ? t.w.fp8_scales() : nullptr};
 }
 
-// The most query rows one sequence of a batch can hold, from its sizes alone (every sequence
-// has at least one): exact at one sequence, and the same for every batch a graph replays.
-int verify_rows(const AttentionBatch& b) { return b.n_tokens - b.n_seqs + 1; }
+// The most query rows one sequence of a batch holds: as the host counted them (the runner
+// does, and a graph's key includes it), else bounded by the batch's sizes (every sequence has
+// at least one row; exact at one sequence).
+int verify_rows(const AttentionBatch& b) { return b.max_rows > 0 ? b.max_rows : b.n_tokens - b.n_seqs + 1; }
 
 std::string attention_op_name(const AttentionBatch& b) {
   if (!b.one_row_each && verify_rows(b) <= cuda::CudaTuning::kDecodeMmaMaxRows) return "attention verify";

@@ -261,6 +261,13 @@ TEST(ModelRunner, VerificationStepsReplayAsGraphsWithTheEagerResults) {
   EXPECT_EQ(graph.runner->graph_replays(), 2);
   EXPECT_EQ(graph.model->calls, 3 + 6 - 2);
   EXPECT_NE(graph.k_block(63), eager.k_block(63));  // the padding sequence's row
+  // The same sizes with another spread of rows (3, 1, 1: most rows 3, not 2) is another key:
+  // the attention may size its grid by the most rows of a sequence.
+  const int captured_before = graph.runner->graphs_captured();
+  const int64_t replays_before = graph.runner->graph_replays();
+  run_steps(graph, {3, 1, 1}, 3);  // widths 2, 4, 4: the second width-4 step is captured
+  EXPECT_EQ(graph.runner->graphs_captured(), captured_before + 1);
+  EXPECT_EQ(graph.runner->graph_replays(), replays_before);
   // A batch whose logits rows are not every row in order (a prefill chunk's last row) runs
   // eagerly, whatever its size.
   const int captured = graph.runner->graphs_captured();
