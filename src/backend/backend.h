@@ -35,9 +35,8 @@ struct AttentionBatch {
   const int32_t* kv_len = nullptr;        // [n_seqs]
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks]
   int max_blocks = 0;                     // row stride of block_tables (may exceed every sequence's blocks)
-  // The most query rows one sequence has, where the host knows it (0: unknown; a backend may
-  // then bound it by n_tokens - n_seqs + 1). Part of a graph's key: kernels may size their
-  // grids by it.
+  // The most query rows one sequence has (0: not counted; a backend then takes no kernel
+  // that needs it). Part of a graph's key: kernels may size their grids by it.
   int max_rows = 0;
   // Sliding-window attention (Gemma 3's local layers): a query at position p attends keys at
   // positions p - window + 1 .. p only; 0 = every earlier key (plain causal). Per layer: the

@@ -107,16 +107,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   const int seq = blockIdx.x, kvh = blockIdx.y / n_chunks, split = blockIdx.z;
-  // This block's query rows t .. t + rows - 1 of the sequence (fused: its one decode row).
-  const int chunk_rows = 16 / group;
-  const int t = b.q_start[seq] + (blockIdx.y % n_chunks) * chunk_rows;
-  const int rows = kFused ? 1 : min(chunk_rows, b.q_start[seq + 1] - t);
-  if (rows <= 0) return;  // a chunk past this sequence's rows (never fused: one chunk there)
+  // This block's query rows t .. t + rows - 1 of the sequence (fused: a decode batch, one
+  // row); the block walks the keys of the longest.
+  const QueryChunk qc = query_chunk(b, seq, blockIdx.y % n_chunks, group);
+  if (qc.rows <= 0) return;  // a chunk past this sequence's rows (never fused: one chunk there)
+  const int t = qc.t, rows = qc.rows, len = qc.len;
   const int pos = b.positions[t];
-  // Keys each query row sees (causal); the block walks the longest.
-  auto row_len = [&](int j) { return j < rows ? min(b.kv_len[seq], b.positions[t + j] + 1) : 0; };
-  int len = 0;
-  for (int j = 0; j < rows; ++j) len = max(len, row_len(j));
   // Fused: the cluster's splits share this step's keys evenly in whole tiles, from the
   // position itself rather than the graph key's width (every split gets keys, so each block
   // copies fewer); the plain variant keeps split_len, which its merge kernel reads.
@@ -136,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int fr = lane >> 2, fc = lane & 3;  // fragment row (0..7) and column pair (0..3)
   // The keys of this split that fragment rows fr and fr + 8 see (their query rows' lengths).
-  const int end_a = min(end, row_len(fr / group)), end_b = min(end, row_len((fr + 8) / group));
+  const int end_a = min(end, qc.row_len(fr / group)), end_b = min(end, qc.row_len((fr + 8) / group));
 
   const int n_tiles = (end - begin + kKeys - 1) / kKeys;  // tiles of this split
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;

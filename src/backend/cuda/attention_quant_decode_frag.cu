@@ -21,7 +21,6 @@
 // values are centroid × norm in f16 (norms up to ~16,000), 1/sqrt(hd) on the f32 output.
 #include <algorithm>
 #include <cfloat>
-#include <climits>
 #include <type_traits>
 
 #include "backend/cuda/kernels.h"
@@ -68,15 +67,11 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   const int seq = blockIdx.x, kvh = blockIdx.y / n_chunks, split = blockIdx.z;
-  // This block's query rows t .. t + rows - 1 of the sequence (decode: its one row).
-  const int chunk_rows = 16 / group;
-  const int t = b.q_start[seq] + (blockIdx.y % n_chunks) * chunk_rows;
-  const int rows = min(chunk_rows, b.q_start[seq + 1] - t);
-  if (rows <= 0) return;  // a chunk past this sequence's rows
-  // Keys each query row sees (causal); the block walks the longest.
-  auto row_len = [&](int j) { return j < rows ? min(b.kv_len[seq], b.positions[t + j] + 1) : 0; };
-  int len = 0, min_len = INT_MAX;
-  for (int j = 0; j < rows; ++j) len = max(len, row_len(j)), min_len = min(min_len, row_len(j));
+  // This block's query rows t .. t + rows - 1 of the sequence (decode: its one row); the
+  // block walks the keys of the longest.
+  const QueryChunk qc = query_chunk(b, seq, blockIdx.y % n_chunks, group);
+  if (qc.rows <= 0) return;  // a chunk past this sequence's rows
+  const int t = qc.t, rows = qc.rows, len = qc.len, min_len = qc.min_len;
   const int begin = split * split_len;
   if (begin >= len) {  // the merge reads only the splits that hold keys
     if (direct)        // no keys at all and no merge: zeros, as the merge gives
@@ -90,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int fr = lane >> 2, fc = lane & 3;
   // The keys of this split that fragment rows fr and fr + 8 see (their query rows' lengths).
-  const int end_a = min(end, row_len(fr / group)), end_b = min(end, row_len((fr + 8) / group));
+  const int end_a = min(end, qc.row_len(fr / group)), end_b = min(end, qc.row_len((fr + 8) / group));
   const int head0 = kvh * group;
   const KvCodec kc = frag_codec(KC, ks.f), vc = frag_codec(VC, vs.f);
   const int k_row = static_cast<int>(ks.row_bytes), v_row = static_cast<int>(vs.row_bytes);

@@ -90,13 +90,19 @@ cuda::GemvTarget gemv_target(const MatmulTarget& t) {
   return {t.w.data, t.y, t.ldy, t.w.rows, is_fp8_weight(t.w.dtype) ? t.w.fp8_scales() : nullptr};
 }
 
-// The most query rows one sequence of a batch holds: as the host counted them (the runner
-// does, and a graph's key includes it), else bounded by the batch's sizes (every sequence has
-// at least one row; exact at one sequence).
-int verify_rows(const AttentionBatch& b) { return b.max_rows > 0 ? b.max_rows : b.n_tokens - b.n_seqs + 1; }
+// Whether a batch of a few rows per sequence (a speculative verification) takes the split
+// decode kernels in chunks of rows: the tensor-core f16 kernel or the quantized pages'
+// fragment kernel, while no sequence has more than kDecodeMmaMaxRows rows (as the runner
+// counted them: AttentionBatch::max_rows, part of the graph key).
+bool verification_kernel(const KvLayerView& kv, const AttentionBatch& b, int n_heads) {
+  if (b.one_row_each || b.window != 0 || b.max_rows < 1 || b.max_rows > cuda::CudaTuning::kDecodeMmaMaxRows)
+    return false;
+  return kv.plain_dtype() == DType::Unknown ? cuda::attention_quant_decode_frag_applies(kv, n_heads)
+                                            : cuda::attention_decode_mma_applies(kv, n_heads);
+}
 
-std::string attention_op_name(const AttentionBatch& b) {
-  if (!b.one_row_each && verify_rows(b) <= cuda::CudaTuning::kDecodeMmaMaxRows) return "attention verify";
+std::string attention_op_name(const KvLayerView& kv, const AttentionBatch& b, int n_heads) {
+  if (verification_kernel(kv, b, n_heads)) return "attention verify";
   return b.one_row_each ? "attention decode" : "attention prefill";
 }
 
@@ -724,8 +730,9 @@ CudaBackend::DecodeSplit CudaBackend::decode_split(const KvLayerView& kv, const 
   // at the SIMT target; 64 × 8k: equal).
   const bool mma = cuda::attention_decode_mma_applies(kv, n_heads) ||
                    (kv.plain_dtype() == DType::Unknown && cuda::attention_quant_decode_frag_applies(kv, n_heads));
-  // A verification batch's blocks hold chunks of its rows too (verify_rows, attention()).
-  const int chunks = batch.one_row_each || !mma ? 1 : cuda::attention_decode_mma_chunks(group, verify_rows(batch));
+  // A verification batch's blocks hold chunks of its rows too.
+  const int chunks =
+      verification_kernel(kv, batch, n_heads) ? cuda::attention_decode_mma_chunks(group, batch.max_rows) : 1;
   const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? chunks : (group + 3) / 4);
   const int per_sm = mma ? cuda::CudaTuning::kDecodeMmaBlocksPerSm : cuda::CudaTuning::kDecodeBlocksPerSm;
   const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
@@ -778,7 +785,7 @@ void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, fl
 
 void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, const AttentionBatch& batch,
                             int n_heads, float scale, float* out, int64_t ldo) {
-  cuda::OpScope op_scope(profiler_.get(), [&] { return attention_op_name(batch); });
+  cuda::OpScope op_scope(profiler_.get(), [&] { return attention_op_name(kv, batch, n_heads); });
   TESSERA_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0, "attention: ", n_heads,
                 " query heads are not a multiple of ", kv.n_kv_heads, " KV heads");
   if (batch.n_tokens == 0) return;
@@ -787,8 +794,7 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
                 kv_format_name(kv.v_fmt), " has no windowed kernel yet");
   if (kv.plain_dtype() == DType::Unknown) {  // quantized pages (attention_quant_*.cu)
     // A verification batch takes the fragment kernel's split keys, as f16 pages do below.
-    const bool verify = !batch.one_row_each && verify_rows(batch) <= cuda::CudaTuning::kDecodeMmaMaxRows &&
-                        cuda::attention_quant_decode_frag_applies(kv, n_heads);
+    const bool verify = verification_kernel(kv, batch, n_heads);
     if (!batch.one_row_each && !verify) {
       cuda::launch_attention_quant_prefill(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, stream_);
       return;
@@ -797,18 +803,17 @@ void CudaBackend::attention(const float* q, int64_t ldq, const KvLayerView& kv, 
     const size_t floats = static_cast<size_t>(batch.n_tokens) * n_heads * max_splits * (kv.head_dim + 2);
     auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
     cuda::launch_attention_quant_decode(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len,
-                                        max_splits, partials, stream_, verify_rows(batch));
+                                        max_splits, partials, stream_, verify ? batch.max_rows : 1);
     return;
   }
   // A verification batch (a few rows per sequence): the tensor-core decode kernel with its
   // keys split over the SMs, each row with its own causal length.
-  if (!batch.one_row_each && batch.window == 0 && cuda::attention_decode_mma_applies(kv, n_heads) &&
-      verify_rows(batch) <= cuda::CudaTuning::kDecodeMmaMaxRows) {
+  if (verification_kernel(kv, batch, n_heads)) {
     const auto [max_len, split_len, max_splits] = decode_split(kv, batch, n_heads);
     const size_t floats = static_cast<size_t>(batch.n_tokens) * n_heads * max_splits * (kv.head_dim + 2);
     auto* partials = static_cast<float*>(scratch(partials_, partials_cap_, floats * sizeof(float)));
     if (cuda::launch_attention_decode_mma(q, ldq, kv, device_batch(batch), n_heads, scale, out, ldo, split_len,
-                                          max_splits, partials, stream_, verify_rows(batch)))
+                                          max_splits, partials, stream_, batch.max_rows))
       return;
   }
   if (!batch.one_row_each || !cuda::attention_decode_supported(kv)) {

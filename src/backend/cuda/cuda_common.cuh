@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
@@ -23,6 +24,32 @@ __device__ __forceinline__ int sequence_of_row(const DeviceBatch& b, int t) {
       hi = mid - 1;
   }
   return lo;
+}
+
+// The query rows a block of the split decode kernels takes (attention_decode_mma.cu,
+// attention_quant_decode_frag.cu): chunk `chunk` of sequence seq's rows, 16 / group rows per
+// chunk (one chunk of one row in a decode batch), and the keys each row sees (causal).
+struct QueryChunk {
+  int t = 0;     // first query row
+  int rows = 0;  // rows of the chunk; <= 0 past the sequence's rows
+  int len = 0;   // keys the chunk's longest row sees
+  int min_len = 0;
+  const int32_t* positions = nullptr;  // the rows' positions, from row t
+  int kv_len = 0;                      // the sequence's keys after this step
+  // Keys row j of the chunk sees (0 past the chunk's rows: every key masked).
+  __device__ __forceinline__ int row_len(int j) const { return j < rows ? min(kv_len, positions[j] + 1) : 0; }
+};
+__device__ __forceinline__ QueryChunk query_chunk(const DeviceBatch& b, int seq, int chunk, int group) {
+  QueryChunk c;
+  const int chunk_rows = 16 / group;
+  c.t = b.q_start[seq] + chunk * chunk_rows;
+  c.rows = min(chunk_rows, b.q_start[seq + 1] - c.t);
+  if (c.rows <= 0) return c;
+  c.positions = b.positions + c.t;
+  c.kv_len = b.kv_len[seq];
+  c.min_len = INT_MAX;
+  for (int j = 0; j < c.rows; ++j) c.len = max(c.len, c.row_len(j)), c.min_len = min(c.min_len, c.row_len(j));
+  return c;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

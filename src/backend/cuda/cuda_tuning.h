@@ -24,8 +24,8 @@ struct CudaTuning {
   static constexpr int kDecodeMmaBlocksPerSm = 2;     // the split's target, tensor-core kernel
   static constexpr int kDecodeMmaMinSplitKeys = 256;  // shortest split of the tensor-core kernel
   // A batch of a few query rows per sequence (speculative verification) takes the tensor-core
-  // decode kernel, its keys split over the SMs, while a sequence can hold this many rows (the
-  // bound n_tokens - n_seqs + 1); larger batches take the prefill kernel (one tile of up to 64
+  // decode kernel, its keys split over the SMs, while no sequence has more rows than this
+  // (AttentionBatch::max_rows); larger batches take the prefill kernel (one tile of up to 64
   // query vectors per sequence and KV head, no split of the keys).
   static constexpr int kDecodeMmaMaxRows = 17;
 };

@@ -197,10 +197,10 @@ void launch_attention_decode(const float* q, int64_t ldq, const KvLayerView& kv,
 // attention_decode_mma.cu): split_len a multiple of 64. With max_splits == 1 it writes `out`
 // directly; otherwise it writes the partials (per query row) and runs the same merge as
 // launch_attention_decode. False when it does not apply (the caller runs the SIMT kernels).
-// max_rows > 1: a verification batch, up to max_rows query rows per sequence (an upper
-// bound from the batch's sizes: the grid takes attention_decode_mma_chunks(group, max_rows)
-// chunks of 16 / group rows per (sequence, KV head); chunks past a sequence's rows exit),
-// each row attending to the keys up to its own position; partials hold n_tokens rows.
+// max_rows > 1: a verification batch, up to max_rows query rows per sequence (the grid takes
+// attention_decode_mma_chunks(group, max_rows) chunks of 16 / group rows per (sequence, KV
+// head); chunks past a sequence's rows exit), each row attending to the keys up to its own
+// position; partials hold n_tokens rows.
 bool launch_attention_decode_mma(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int n_heads,
                                  float scale, float* out, int64_t ldo, int split_len, int max_splits, float* partials,
                                  cudaStream_t s, int max_rows = 1);

@@ -84,6 +84,7 @@ struct HostBatch {
     b.n_seqs = static_cast<int>(kv_len.size());
     b.one_row_each = b.n_tokens == b.n_seqs;
     for (int s = 0; b.one_row_each && s < b.n_seqs; ++s) b.one_row_each = q_start[s + 1] - q_start[s] == 1;
+    for (int s = 0; s < b.n_seqs; ++s) b.max_rows = std::max(b.max_rows, q_start[s + 1] - q_start[s]);
     b.positions = positions.data();
     b.slot_mapping = slots.data();
     b.q_start = q_start.data();
