@@ -42,6 +42,17 @@ struct AttentionBatch {
   // positions p - window + 1 .. p only; 0 = every earlier key (plain causal). Per layer: the
   // model passes a copy of the batch with this set.
   int window = 0;
+  // Tree verification (docs/design/spec-decode.md, "Trees"): a sequence's query rows may be a
+  // tree of draft candidates instead of a chain. Row i of a sequence still writes the key in
+  // the slot after row i - 1's, but it follows only its ancestors: bit j of tree_mask[t] says
+  // whether row t sees the key its sequence's row j wrote (j < 32; keys before the
+  // sequence's first row are seen as always, and keys of rows >= 32 causally). A chain's
+  // rows hold every bit up to their own. nullptr: every sequence is a chain (plain causal).
+  const uint32_t* tree_mask = nullptr;  // [n_tokens]
+  // The position RoPE rotates each row by: a tree node's depth, not its slot. nullptr: the
+  // positions above (equal for every chain). Masks and windows always use `positions`.
+  const int32_t* rope_positions = nullptr;  // [n_tokens]
+  const int32_t* rotation_positions() const { return rope_positions ? rope_positions : positions; }
 };
 
 class Backend {
@@ -92,10 +103,10 @@ class Backend {
   virtual void rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_t ldk, const float* v, int64_t ldv,
                              const KvLayerView& kv, const AttentionBatch& batch, const RopeConfig& cfg) {
     if (k == q + static_cast<int64_t>(n_q_heads) * cfg.head_dim && ldk == ldq) {
-      rope(q, batch.n_tokens, ldq, n_q_heads + kv.n_kv_heads, batch.positions, cfg);
+      rope(q, batch.n_tokens, ldq, n_q_heads + kv.n_kv_heads, batch.rotation_positions(), cfg);
     } else {
-      rope(q, batch.n_tokens, ldq, n_q_heads, batch.positions, cfg);
-      rope(k, batch.n_tokens, ldk, kv.n_kv_heads, batch.positions, cfg);
+      rope(q, batch.n_tokens, ldq, n_q_heads, batch.rotation_positions(), cfg);
+      rope(k, batch.n_tokens, ldk, kv.n_kv_heads, batch.rotation_positions(), cfg);
     }
     kv_store(kv, k, ldk, v, ldv, batch);
   }
@@ -226,6 +237,9 @@ class Backend {
   // Whether kv_store and attention center keys by position (layer constants with a RoPE
   // part, kv_codec.h): store k − R(p)·m, add q·R(p)·m back to each score.
   virtual bool supports_rope_key_centering() const { return false; }
+  // Whether attention follows AttentionBatch::tree_mask and RoPE its rope_positions (tree
+  // verification of draft candidates). A backend without them gets chains only.
+  virtual bool supports_tree_attention() const { return false; }
   // Whether kv_store and attention take K / V in format f (backend/kv_format.h).
   virtual bool supports_kv_format(const KvFormat& f) const { return f.is_plain(); }
 

@@ -9,9 +9,32 @@
 
 namespace tessera {
 
+namespace {
+
+// Whether tree nodes follow each other in order (the main chain alone).
+bool is_chain(std::span<const int16_t> parents) {
+  for (size_t j = 0; j < parents.size(); ++j)
+    if (parents[j] != static_cast<int>(j) - 1) return false;
+  return true;
+}
+
+// The most nodes on one root-to-leaf path.
+int tree_depth(std::span<const int16_t> parents) {
+  std::vector<int> depth(parents.size(), 0);
+  int most = 0;
+  for (size_t j = 0; j < parents.size(); ++j) {
+    depth[j] = parents[j] < 0 ? 1 : depth[static_cast<size_t>(parents[j])] + 1;
+    most = std::max(most, depth[j]);
+  }
+  return most;
+}
+
+}  // namespace
+
 EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
     : config_(config),
       executor_(executor),
+      trees_(executor.supports_draft_trees()),
       kv_({.n_blocks = config.n_blocks,
            .block_size = config.block_size,
            .prefix_caching = config.prefix_caching,
@@ -189,10 +212,17 @@ void EngineCore::build_batch(const SchedulerOutput& out) {
       for (int j = 0; j <= sc.n_draft; ++j) batch_.logits_rows.push_back(first_row + j);
       const auto d = drafts_.find(sc.seq);
       std::span<const std::vector<TokenProb>> probs;
-      if (d != drafts_.end() && !d->second.probs.empty()) probs = std::span(d->second.probs).first(sc.n_draft);
+      std::span<const int16_t> parents;
+      if (d != drafts_.end()) {
+        if (!d->second.probs.empty()) probs = std::span(d->second.probs).first(sc.n_draft);
+        // The scheduler's cut of a tree may have left only the main chain: then it is one.
+        if (d->second.is_tree()) parents = std::span(d->second.parents).first(sc.n_draft);
+        if (is_chain(parents)) parents = {};
+      }
+      if (!parents.empty()) batch_.set_tree(parents);
       const auto extras = extras_.find(sc.request);
       const bool logprobs = extras != extras_.end() && extras->second.logprobs;
-      samples_.push_back({row, sc.seq, logprobs, std::span(s.draft).first(sc.n_draft), probs});
+      samples_.push_back({row, sc.seq, logprobs, std::span(s.draft).first(sc.n_draft), probs, parents});
       continue;
     }
     batch_.add_sequence(s.kv.table, config_.block_size, s.tokens.data() + sc.n_computed, sc.n_new,
@@ -345,6 +375,33 @@ void EngineCore::plan_adaptive_drafts(const std::vector<SeqHandle>& decoding, co
   }
 }
 
+bool EngineCore::tree_allowed(RequestId request, const SamplingParams* sampling) const {
+  if (!trees_ || (sampling && sampling->grammar)) return false;
+  const auto x = extras_.find(request);  // logprobs follow a chain's rows
+  return x == extras_.end() || !x->second.logprobs;
+}
+
+void EngineCore::check_draft(Draft& d, const DraftQuery& q) const {
+  TESSERA_CHECK(d.probs.empty() || d.probs.size() == d.tokens.size(), "engine: drafter ", drafter_->name(),
+                " proposed ", d.tokens.size(), " tokens with ", d.probs.size(), " distributions");
+  if (!d.is_tree()) {
+    TESSERA_CHECK(static_cast<int>(d.tokens.size()) <= q.max_tokens, "engine: drafter ", drafter_->name(), " proposed ",
+                  d.tokens.size(), " tokens for at most ", q.max_tokens);
+    return;
+  }
+  // A tree: max_tokens bounds its depth (the tokens one step can emit), not its nodes.
+  TESSERA_CHECK(q.allow_tree && d.probs.empty() && d.parents.size() == d.tokens.size() &&
+                    static_cast<int>(d.tokens.size()) <= kMaxDraftTreeNodes,
+                "engine: drafter ", drafter_->name(), " proposed a tree of ", d.tokens.size(), " nodes (",
+                d.parents.size(), " parents, ", d.probs.size(), " distributions) where ",
+                q.allow_tree ? "a tree of point masses of at most 31 nodes" : "a chain", " was asked for");
+  for (size_t j = 0; j < d.parents.size(); ++j)
+    TESSERA_CHECK(d.parents[j] >= -1 && d.parents[j] < static_cast<int>(j), "engine: drafter ", drafter_->name(),
+                  " gave tree node ", j, " the parent ", d.parents[j]);
+  TESSERA_CHECK(tree_depth(d.parents) <= q.max_tokens, "engine: drafter ", drafter_->name(),
+                " proposed a tree deeper than ", q.max_tokens);
+}
+
 std::vector<Draft> EngineCore::run_drafter(const std::vector<SeqHandle>& decoding, const std::vector<size_t>& cand,
                                            const std::vector<int>& k) {
   std::vector<Draft> drafts(cand.size());
@@ -355,7 +412,8 @@ std::vector<Draft> EngineCore::run_drafter(const std::vector<SeqHandle>& decodin
     const Sequence& s = scheduler_.sequence(decoding[cand[c]]);
     const auto params = draft_sampling_.find(s.id);
     asked.push_back(c);
-    queries.push_back({s.id, s.tokens, k[c], params != draft_sampling_.end() ? &params->second : nullptr, s.n_prompt});
+    const SamplingParams* sampling = params != draft_sampling_.end() ? &params->second : nullptr;
+    queries.push_back({s.id, s.tokens, k[c], sampling, s.n_prompt, tree_allowed(s.request, sampling)});
   }
   if (queries.empty()) return drafts;
   std::vector<Draft> out(queries.size());
@@ -368,10 +426,7 @@ std::vector<Draft> EngineCore::run_drafter(const std::vector<SeqHandle>& decodin
   draft_seconds_per_pos_ = (1 - kWeight) * draft_seconds_per_pos_ + kWeight * per_pos;
   for (size_t i = 0; i < queries.size(); ++i) {
     Draft& d = out[i];
-    TESSERA_CHECK(static_cast<int>(d.tokens.size()) <= queries[i].max_tokens &&
-                      (d.probs.empty() || d.probs.size() == d.tokens.size()),
-                  "engine: drafter ", drafter_->name(), " proposed ", d.tokens.size(), " tokens (", d.probs.size(),
-                  " distributions) for at most ", queries[i].max_tokens);
+    check_draft(d, queries[i]);
     for (const int32_t t : d.tokens)
       TESSERA_CHECK(t >= 0 && t < config_.vocab_size, "engine: drafter ", drafter_->name(), " proposed token ", t,
                     " outside the vocabulary");
@@ -410,6 +465,7 @@ void EngineCore::propose_drafts() {
       Draft& d = drafts[c];
       d.tokens.resize(std::min(d.tokens.size(), static_cast<size_t>(k[c])));
       if (!d.probs.empty()) d.probs.resize(d.tokens.size());
+      if (d.is_tree()) d.parents.resize(d.tokens.size());  // a prefix of a tree is a tree
     }
   }
   if (drafts.empty()) drafts = run_drafter(decoding, cand, k);
@@ -423,7 +479,7 @@ void EngineCore::propose_drafts() {
       if (!s.draft.empty()) scheduler_.set_draft(h, {});  // a draft left from a step that did not schedule it
       continue;
     }
-    scheduler_.set_draft(h, d->tokens);
+    scheduler_.set_draft(h, d->tokens, d->parents);
     drafts_[s.id] = std::move(*d);
   }
 }
@@ -436,10 +492,16 @@ void EngineCore::count_verifications(const SchedulerOutput& out) {
       const int accepted = std::min(sc.n_draft, std::max(0, emitted - 1));
       SpecDecodeStats& st = counters_.spec;
       ++st.drafts;
+      if (!samples_[target].draft_parents.empty()) ++st.tree_drafts;
       st.draft_tokens += sc.n_draft;
       st.accepted_tokens += accepted;
       for (int j = 0; j < accepted && j < static_cast<int>(st.accepted_per_pos.size()); ++j) ++st.accepted_per_pos[j];
-      draft_length_[sc.seq].observe(sc.n_draft, accepted);
+      // A tree is tried along one path at most: its depth is the positions tried.
+      const auto d = drafts_.find(sc.seq);
+      const int tried = d != drafts_.end() && d->second.is_tree()
+                            ? tree_depth(std::span(d->second.parents).first(sc.n_draft))
+                            : sc.n_draft;
+      draft_length_[sc.seq].observe(tried, accepted);
     }
     target += sc.sample_seqs.size();
   }

@@ -65,6 +65,7 @@ struct SpecDecodeStats {
   int64_t drafts = 0;
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
+  int64_t tree_drafts = 0;                // drafts verified as trees of several candidates (counted in drafts too)
   std::vector<int64_t> accepted_per_pos;  // [num_speculative_tokens]
   double acceptance_rate() const {
     return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / static_cast<double>(draft_tokens) : 0.0;
@@ -211,6 +212,10 @@ class EngineCore {
                             const std::vector<int>& cap, std::vector<int>& k);
   // The drafter's proposals for the candidates with k[c] > 0 (aligned with cand, empty
   // elsewhere), checked, with its time per position folded into draft_seconds_per_pos_.
+  // Whether a request's drafts may be trees (the executor verifies them; no grammar, no logprobs).
+  bool tree_allowed(RequestId request, const SamplingParams* sampling) const;
+  // Throws naming what is wrong with a drafter's answer to q (sizes, a tree's shape).
+  void check_draft(Draft& d, const DraftQuery& q) const;
   std::vector<Draft> run_drafter(const std::vector<SeqHandle>& decoding, const std::vector<size_t>& cand,
                                  const std::vector<int>& k);
   void count_verifications(const SchedulerOutput& out);
@@ -227,6 +232,7 @@ class EngineCore {
 
   EngineConfig config_;
   Executor& executor_;
+  bool trees_ = false;  // executor_.supports_draft_trees()
   KvBlockManager kv_;
   Scheduler scheduler_;
   ForwardBatch batch_;

@@ -21,12 +21,12 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   o.session.max_batch_tokens = sc.max_num_batched_tokens;
   TESSERA_CHECK(o.prompt_logprob_rows >= 0, "prompt logprob rows ", o.prompt_logprob_rows, " is negative");
   o.speculative.validate();
-  // Each speculating sequence verifies up to k draft tokens, a logits row each; only
+  // Each speculating sequence verifies up to k draft tokens (a tree: its nodes), a logits row each; only
   // sequences up to the off switch's batch size speculate.
   const int spec_seqs = o.speculative.disable_by_batch_size > 0
                             ? std::min(o.speculative.disable_by_batch_size, sc.max_num_seqs)
                             : sc.max_num_seqs;
-  const int spec_rows = o.speculative.enabled() ? spec_seqs * o.speculative.num_speculative_tokens : 0;
+  const int spec_rows = o.speculative.enabled() ? spec_seqs * o.speculative.max_draft_nodes() : 0;
   if (sc.max_logits_rows <= 0)
     sc.max_logits_rows = std::min(sc.max_num_seqs + o.prompt_logprob_rows + spec_rows,
                                   std::max(sc.max_num_batched_tokens, sc.max_num_seqs));

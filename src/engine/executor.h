@@ -32,6 +32,10 @@ struct SampleTarget {
   // Logprobs per emitted token (from the row it was checked or drawn against).
   std::span<const int32_t> draft = {};
   std::span<const std::vector<TokenProb>> draft_probs = {};
+  // A tree of point-mass candidates (Draft::parents; empty: a chain): row row + 1 + j holds
+  // the logits after node j. The kept path's KV is moved to its slots (the batch's rows
+  // row .. row + path length) before execute() returns. Only where supports_draft_trees().
+  std::span<const int16_t> draft_parents = {};
 };
 
 // The logprob of `token` under logits row `row`, with the n_top most likely alternatives
@@ -70,6 +74,9 @@ class Executor {
   // The largest batch one forward takes (tokens, and logits rows).
   virtual int max_batch_tokens() const = 0;
   virtual int max_logits_rows() const = 0;
+  // Whether a sample target may carry a draft tree (its backend masks attention by tree and
+  // its KV format moves single tokens).
+  virtual bool supports_draft_trees() const { return false; }
 
   // Swap preemption. The host tier's slots (0 = the executor cannot swap); the engine calls
   // swap_out then swap_in, each with its step's moves in order, before execute(). A move

@@ -211,6 +211,7 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
     out.prompt_logprobs.push_back(compute_logprobs(row_of(t.row), t.token, t.n_top));
   out.logprobs.clear();
   out.counts.assign(in.samples.size(), 1);
+  token_moves_.clear();
   std::vector<int32_t>& tokens = out.tokens;
   tokens.clear();
   tokens.reserve(in.samples.size());
@@ -230,7 +231,13 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
         }
       }
       const size_t before = tokens.size();
-      verify_draft(t, it->second, row_of, tokens);
+      if (!t.draft_parents.empty()) {
+        TESSERA_CHECK(!t.logprobs && !constrained_.count(t.seq) && t.draft_probs.empty(), "executor: sequence ", t.seq,
+                      " verifies a draft tree with logprobs, a grammar or drafter probabilities");
+        plan_path_moves(in.batch, t, verify_draft_tree(t, it->second, row_of, tokens));
+      } else {
+        verify_draft(t, it->second, row_of, tokens);
+      }
       out.counts[i] = static_cast<int32_t>(tokens.size() - before);
       advance_grammar(t, std::span<const int32_t>(tokens).subspan(before));
       if (t.logprobs) {
@@ -269,6 +276,15 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
     it->second.accept(tokens.back());
     advance_grammar(t, std::span<const int32_t>(tokens).last(1));
   }
+  // The kept tree paths' KV, before the next step's forward reads or overwrites it.
+  if (!token_moves_.empty()) move_kv_tokens(kv_, token_moves_);
+}
+
+bool ModelExecutor::supports_draft_trees() const {
+  const KvCacheSpec& spec = kv_.spec();
+  // Position-aware key centering codes a key by its slot's position: a tree node's key
+  // would be coded for a slot it leaves.
+  return backend_.supports_tree_attention() && kv_token_moves_supported(spec) && spec.k_rope_dim == 0;
 }
 
 void ModelExecutor::verify_draft(const SampleTarget& t, Sampler& sampler, FunctionRef<std::span<float>(int32_t)> row_of,
@@ -300,6 +316,60 @@ void ModelExecutor::verify_draft(const SampleTarget& t, Sampler& sampler, Functi
     sampler.accept(bonus);
   } else {
     sampler.accept(v.tokens.back());  // the replacement drawn at the first rejection
+  }
+}
+
+std::vector<int16_t> ModelExecutor::verify_draft_tree(const SampleTarget& t, Sampler& sampler,
+                                                      FunctionRef<std::span<float>(int32_t)> row_of,
+                                                      std::vector<int32_t>& tokens) {
+  // Row of the logits after node j (-1: the last verified token).
+  const auto row = [&](int j) { return t.row + 1 + j; };
+  std::vector<int16_t> path;
+  if (argmax_is_enough(t) && argmax_[t.row] >= 0) {
+    // Greedy without processors: follow the child equal to each row's argmax; the first
+    // argmax no child holds is the replacement (or, at a leaf, the bonus).
+    for (int node = -1;;) {
+      const int32_t best = argmax_[row(node)];
+      TESSERA_CHECK(best >= 0, "executor: argmax of verification row ", row(node), " missing");
+      tokens.push_back(best);
+      sampler.accept(best);
+      int next = -1;
+      for (size_t j = static_cast<size_t>(node + 1); j < t.draft.size() && next < 0; ++j)
+        if (t.draft_parents[j] == node && t.draft[j] == best) next = static_cast<int>(j);
+      if (next < 0) return path;
+      path.push_back(static_cast<int16_t>(next));
+      node = next;
+    }
+  }
+  const auto target = [&](int node) -> std::span<const TokenProb> {
+    target_dist_ = sampler.distribution(row_of(row(node)));
+    return target_dist_;
+  };
+  const auto on_accept = [&](int node) { sampler.accept(t.draft[static_cast<size_t>(node)]); };
+  const auto uniform = [&] { return sampler.uniform(); };
+  TreeVerdict v = verify_tree(t.draft, t.draft_parents, target, on_accept, uniform);
+  tokens.insert(tokens.end(), v.tokens.begin(), v.tokens.end());
+  if (v.reached_leaf) {
+    // A kept leaf (or no draft below the root): the bonus token, as a plain step samples it.
+    const int32_t bonus = sampler.sample(row_of(row(v.path.empty() ? -1 : v.path.back())));
+    tokens.push_back(bonus);
+    sampler.accept(bonus);
+  } else {
+    sampler.accept(v.tokens.back());  // the replacement drawn where every child was rejected
+  }
+  return std::move(v.path);
+}
+
+void ModelExecutor::plan_path_moves(const ForwardBatch& batch, const SampleTarget& t, std::span<const int16_t> path) {
+  const int32_t root = batch.logits_rows.at(static_cast<size_t>(t.row));  // the batch row of the last verified token
+  for (size_t d = 0; d < path.size(); ++d) {
+    const int node = path[d];
+    if (node == static_cast<int>(d)) continue;  // on the main chain: already in place
+    // Node rows follow the root in node order, so a node never sits before its depth's slot,
+    // and moving in path order never overwrites a later source.
+    const auto src = static_cast<size_t>(root + 1 + node), dst = static_cast<size_t>(root + 1 + static_cast<int>(d));
+    token_moves_.push_back({batch.slot_mapping[src], batch.slot_mapping[dst], false});
+    if (batch.has_local) token_moves_.push_back({batch.local_slot_mapping[src], batch.local_slot_mapping[dst], true});
   }
 }
 

@@ -39,6 +39,7 @@ class ModelExecutor final : public Executor {
   void execute(const StepInput& input, StepOutput& output) override;
   int max_batch_tokens() const override { return max_batch_tokens_; }
   int max_logits_rows() const override { return max_logits_rows_; }
+  bool supports_draft_trees() const override;
   int n_host_blocks() const override { return host_ ? host_->n_slots() : 0; }
   void swap_out(std::span<const BlockSwap> swaps) override;
   void swap_in(std::span<const BlockSwap> swaps) override;
@@ -54,6 +55,12 @@ class ModelExecutor final : public Executor {
   // appends the emitted tokens (accepted prefix + replacement or bonus), recording each.
   void verify_draft(const SampleTarget& t, Sampler& sampler, FunctionRef<std::span<float>(int32_t)> row_of,
                     std::vector<int32_t>& tokens);
+  // The same for a tree (t.draft_parents); returns the kept path's nodes, in order.
+  std::vector<int16_t> verify_draft_tree(const SampleTarget& t, Sampler& sampler,
+                                         FunctionRef<std::span<float>(int32_t)> row_of, std::vector<int32_t>& tokens);
+  // Queues the KV moves that put a kept tree path where its positions say (none for the main
+  // chain): path node d (depth d + 1) from its row's slot to the slot of batch row root + d + 1.
+  void plan_path_moves(const ForwardBatch& batch, const SampleTarget& t, std::span<const int16_t> path);
 
   // Structured output (docs/design/structured-output.md): a constrained sequence's matcher
   // and where the masks of its coming step lie in the step's mask buffer, one per row it
@@ -98,15 +105,16 @@ class ModelExecutor final : public Executor {
   std::unordered_map<SeqId, Sampler> samplers_;
   std::unordered_map<SeqId, Constrained> constrained_;
   int32_t mask_words_;
-  std::shared_ptr<void> masks_;         // [mask slots, mask words] from backend.alloc_host() (pinned on a device)
-  size_t mask_slots_ = 0;               // capacity of masks_
-  size_t step_slots_ = 0;               // slots of this step
-  std::vector<int32_t> mask_rows_;      // [step slots] the backend's rows (-1: host or unused)
-  std::vector<uint8_t> row_readers_;    // [rows] targets reading each logits row (capped at 2)
-  std::vector<float> logits_;           // [rows, n_vocab]
-  std::vector<float> row_;              // [n_vocab] a row sampled by several sequences
-  std::vector<TokenProb> target_dist_;  // verification: p_j of the position being checked
-  std::vector<float> raw_rows_;         // [draft + 1, n_vocab] verification rows before processing (logprobs)
+  std::shared_ptr<void> masks_;           // [mask slots, mask words] from backend.alloc_host() (pinned on a device)
+  size_t mask_slots_ = 0;                 // capacity of masks_
+  size_t step_slots_ = 0;                 // slots of this step
+  std::vector<int32_t> mask_rows_;        // [step slots] the backend's rows (-1: host or unused)
+  std::vector<uint8_t> row_readers_;      // [rows] targets reading each logits row (capped at 2)
+  std::vector<float> logits_;             // [rows, n_vocab]
+  std::vector<float> row_;                // [n_vocab] a row sampled by several sequences
+  std::vector<TokenProb> target_dist_;    // verification: p_j of the position being checked
+  std::vector<KvTokenMove> token_moves_;  // the step's kept tree paths (move_kv_tokens)
+  std::vector<float> raw_rows_;           // [draft + 1, n_vocab] verification rows before processing (logprobs)
 };
 
 }  // namespace tessera

@@ -25,7 +25,8 @@ size_t round_up32(size_t n) { return (n + 31) / 32 * 32; }  // 128-byte aligned 
 // sequence, table width) replays it.
 bool graph_shaped(const ForwardBatch& b) {
   const int n = b.n_tokens();
-  if (b.n_seqs() == 0 || static_cast<int>(b.logits_rows.size()) != n) return false;
+  // Tree batches run eagerly: a graph keyed without the tree arrays would not read them.
+  if (b.n_seqs() == 0 || static_cast<int>(b.logits_rows.size()) != n || b.has_tree()) return false;
   for (int i = 0; i < n; ++i)
     if (b.logits_rows[i] != i) return false;
   for (int s = 0; s < b.n_seqs(); ++s)
@@ -91,6 +92,11 @@ void ModelRunner::check(const ForwardBatch& b) const {
   for (int32_t id : b.tokens)
     TESSERA_CHECK(id >= 0 && id < n_vocab_, "forward: token id ", id, " is outside the vocabulary [0, ", n_vocab_, ")");
   for (int32_t p : b.positions) TESSERA_CHECK(p >= 0, "forward: negative position ", p);
+  TESSERA_CHECK(
+      !b.has_tree() || (b.tree_mask.size() == static_cast<size_t>(n) &&
+                        b.rope_positions.size() == static_cast<size_t>(n) && backend_.supports_tree_attention()),
+      "forward: a tree batch ", backend_.supports_tree_attention() ? "with arrays of the wrong size" : "",
+      backend_.supports_tree_attention() ? "" : "on a backend without tree attention");
   for (int32_t r : b.logits_rows)
     TESSERA_CHECK(r >= 0 && r < n, "forward: logits row ", r, " outside the batch of ", n, " tokens");
 }
@@ -131,6 +137,10 @@ ModelRunner::Layout ModelRunner::layout(const ForwardBatch& b, int table_width) 
     seg(l.local_slots, b.local_slot_mapping.size());
     seg(l.local_tables, static_cast<size_t>(b.n_seqs()) * table_width);
   }
+  if (b.has_tree()) {
+    seg(l.tree_mask, b.tree_mask.size());
+    seg(l.rope_positions, b.rope_positions.size());
+  }
   l.total = std::max<size_t>(off, 32);
   return l;
 }
@@ -161,6 +171,11 @@ void ModelRunner::stage(const ForwardBatch& b, const Layout& l, int table_width,
       std::copy_n(b.local_block_tables.begin() + static_cast<size_t>(s) * b.max_blocks, b.max_blocks,
                   h + l.local_tables + static_cast<size_t>(s) * table_width);
   }
+  if (b.has_tree()) {
+    // The masks travel as int32 bit patterns in the packed buffer.
+    for (size_t i = 0; i < b.tree_mask.size(); ++i) h[l.tree_mask + i] = static_cast<int32_t>(b.tree_mask[i]);
+    std::copy(b.rope_positions.begin(), b.rope_positions.end(), h + l.rope_positions);
+  }
   // One asynchronous transfer, ordered on the backend's stream before the forward's ops.
   backend_.copy_to_device_async(device, h, l.total * sizeof(int32_t));
   copy_in_flight_ = true;
@@ -185,6 +200,10 @@ ForwardInputs ModelRunner::inputs(const ForwardBatch& b, const Layout& l, int ta
   if (b.has_local) {
     in.local_slot_mapping = device + l.local_slots;
     in.local_block_tables = device + l.local_tables;
+  }
+  if (b.has_tree()) {
+    a.tree_mask = reinterpret_cast<const uint32_t*>(device + l.tree_mask);
+    a.rope_positions = device + l.rope_positions;
   }
   return in;
 }

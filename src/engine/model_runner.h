@@ -84,6 +84,7 @@ class ModelRunner {
   struct Layout {
     size_t tokens = 0, positions = 0, slots = 0, q_start = 0, kv_len = 0, tables = 0, rows = 0, total = 0;
     size_t local_slots = 0, local_tables = 0;  // has_local only
+    size_t tree_mask = 0, rope_positions = 0;  // has_tree only
   };
 
   void check(const ForwardBatch& b) const;

@@ -49,6 +49,44 @@ void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies) {
   for_each_copy_part(kv, copies, [&](uint8_t* dst, const uint8_t* src, size_t n) { be.copy_device(dst, src, n); });
 }
 
+bool kv_token_moves_supported(const KvCacheSpec& spec) {
+  return spec.k_format.scale != KvScale::Channel && spec.v_format.scale != KvScale::Channel;
+}
+
+void move_kv_tokens(const KvCache& kv, std::span<const KvTokenMove> moves) {
+  const KvCacheSpec& spec = kv.spec();
+  TESSERA_CHECK(moves.empty() || kv_token_moves_supported(spec),
+                "KV token move: int4 KIVI keys keep their scales per page, not per token");
+  for (const KvTokenMove& m : moves) {
+    const int64_t n = static_cast<int64_t>(m.local ? spec.n_local_blocks : spec.n_blocks) * spec.block_size;
+    TESSERA_CHECK(m.src >= 0 && m.src < n && m.dst >= 0 && m.dst < n, "KV token move: ", m.local ? "local " : "",
+                  "slot ", m.src, " -> ", m.dst, " outside [0, ", n, ")");
+  }
+  Backend& be = kv.backend();
+  const int bs = spec.block_size;
+  for (int l = 0; l < spec.n_layers; ++l) {
+    const KvLayerView view = kv.layer(l);
+    const bool local = spec.in_local_group(l);
+    for (int part = 0; part < 2; ++part) {
+      const KvFormat& f = part == 0 ? spec.k_format : spec.v_format;
+      const KvPageLayout pl = kv_page_layout(f, bs, spec.head_dim);
+      const int64_t meta = pl.meta_bytes / bs;  // one token's scales (token-major in the page)
+      auto* bytes = static_cast<uint8_t*>(part == 0 ? view.k : view.v);
+      for (const KvTokenMove& m : moves) {
+        if (m.local != local) continue;
+        for (int h = 0; h < spec.n_kv_heads; ++h) {
+          uint8_t* src = bytes + (static_cast<int64_t>(m.src / bs) * spec.n_kv_heads + h) * pl.page_bytes;
+          uint8_t* dst = bytes + (static_cast<int64_t>(m.dst / bs) * spec.n_kv_heads + h) * pl.page_bytes;
+          be.copy_device(dst + (m.dst % bs) * pl.row_bytes, src + (m.src % bs) * pl.row_bytes, pl.row_bytes);
+          if (meta > 0)
+            be.copy_device(dst + pl.meta_offset + (m.dst % bs) * meta, src + pl.meta_offset + (m.src % bs) * meta,
+                           meta);
+        }
+      }
+    }
+  }
+}
+
 namespace {
 
 void check_swaps(const KvCacheSpec& spec, const HostKvTier& host, std::span<const BlockSwap> swaps) {

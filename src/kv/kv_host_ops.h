@@ -19,6 +19,18 @@ void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies);
 // ops issued after them (one copy per layer, K and V, block).
 void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies);
 
+// Moves one token's K and V (its codes and its own scales) from one slot to another (slot =
+// block * block_size + offset), in every layer of its group, in order. Tree verification
+// moves the kept path's keys to the slots their positions name. Formats whose scales span a
+// page's tokens (int4 KIVI keys) cannot move a token alone: kv_token_moves_supported says so.
+struct KvTokenMove {
+  int32_t src = -1;
+  int32_t dst = -1;
+  bool local = false;  // slots of the local layers' pool
+};
+bool kv_token_moves_supported(const KvCacheSpec& spec);
+void move_kv_tokens(const KvCache& kv, std::span<const KvTokenMove> moves);
+
 // The host-memory KV tier for swap preemption: n_slots blocks, each holding one device
 // block's K and V for every layer, slot-major: [n_slots][n_layers][K pages, V pages] (one
 // page per KV head, in the cache's formats). Memory is reserved, not touched, until a slot is written.

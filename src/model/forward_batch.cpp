@@ -18,6 +18,8 @@ void ForwardBatch::clear() {
   has_local = false;
   local_slot_mapping.clear();
   local_block_tables.clear();
+  tree_mask.clear();
+  rope_positions.clear();
 }
 
 namespace {
@@ -49,6 +51,7 @@ void ForwardBatch::add_sequence(const SequenceBlocks& seq, int block_size, const
     slot_mapping.push_back(seq.slot(seq.n_tokens + i, block_size));
     if (local) local_slot_mapping.push_back(local->slot(seq.n_tokens + i, block_size));
   }
+  if (has_tree()) extend_chain_masks(first_row, n_new);
   q_start.push_back(static_cast<int32_t>(tokens.size()));
   kv_len.push_back(seq.n_tokens + n_new);
   // Widen the block table matrix if this sequence has more blocks than any before it.
@@ -69,6 +72,37 @@ void ForwardBatch::add_sequence(const SequenceBlocks& seq, int block_size, const
   if (want_logits == Logits::Last && n_new > 0) logits_rows.push_back(first_row + n_new - 1);
   if (want_logits == Logits::All)
     for (int i = 0; i < n_new; ++i) logits_rows.push_back(first_row + i);
+}
+
+void ForwardBatch::extend_chain_masks(int first_row, int n_new) {
+  for (int i = 0; i < n_new; ++i) {
+    // Causal: every earlier row of the sequence and itself (rows past 32 see by position).
+    tree_mask.push_back(i >= 31 ? ~0u : (2u << i) - 1u);
+    rope_positions.push_back(positions[static_cast<size_t>(first_row + i)]);
+  }
+}
+
+void ForwardBatch::set_tree(std::span<const int16_t> parents) {
+  TESSERA_CHECK(n_seqs() > 0, "forward batch: a tree without a sequence");
+  const int first = q_start[static_cast<size_t>(n_seqs()) - 1], n_rows = n_tokens() - first;
+  const int n = static_cast<int>(parents.size());
+  TESSERA_CHECK(n_rows == n + 1 && n_rows <= 32, "forward batch: a tree of ", n, " nodes over ", n_rows,
+                " rows (expected nodes + 1 rows, at most 32)");
+  if (!has_tree()) {
+    // Every row so far is a chain's.
+    for (int s = 0; s < n_seqs(); ++s) extend_chain_masks(q_start[s], q_start[s + 1] - q_start[s]);
+  }
+  std::vector<int> depth(static_cast<size_t>(n) + 1, 0);
+  const int root_pos = positions[static_cast<size_t>(first)];
+  tree_mask[static_cast<size_t>(first)] = 1u;
+  for (int j = 0; j < n; ++j) {
+    const int p = parents[static_cast<size_t>(j)];
+    TESSERA_CHECK(p >= -1 && p < j, "forward batch: tree node ", j, " has parent ", p, " (expected -1 .. ", j - 1, ")");
+    const int row = 1 + j, parent_row = 1 + p;
+    depth[static_cast<size_t>(row)] = depth[static_cast<size_t>(parent_row)] + 1;
+    tree_mask[static_cast<size_t>(first + row)] = tree_mask[static_cast<size_t>(first + parent_row)] | (1u << row);
+    rope_positions[static_cast<size_t>(first + row)] = root_pos + depth[static_cast<size_t>(row)];
+  }
 }
 
 bool ForwardBatch::one_row_each() const {
@@ -96,6 +130,10 @@ AttentionBatch ForwardBatch::attention_view() const {
   b.block_tables = block_tables.data();
   b.max_blocks = max_blocks;
   b.max_rows = max_rows();
+  if (has_tree()) {
+    b.tree_mask = tree_mask.data();
+    b.rope_positions = rope_positions.data();
+  }
   return b;
 }
 

@@ -6,6 +6,7 @@
 // and reads the chosen logits rows back.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -30,6 +31,11 @@ struct ForwardBatch {
   bool has_local = false;
   std::vector<int32_t> local_slot_mapping;  // [n_tokens]
   std::vector<int32_t> local_block_tables;  // [n_seqs, max_blocks]
+  // Tree verification (AttentionBatch::tree_mask / rope_positions): empty unless some
+  // sequence's rows are a tree (set_tree); then [n_tokens] each, chains holding their
+  // causal masks and positions.
+  std::vector<uint32_t> tree_mask;
+  std::vector<int32_t> rope_positions;
 
   int n_tokens() const { return static_cast<int>(tokens.size()); }
   int n_seqs() const { return static_cast<int>(kv_len.size()); }
@@ -41,12 +47,22 @@ struct ForwardBatch {
   enum class Logits { None, Last, All };
   void add_sequence(const struct SequenceBlocks& seq, int block_size, const int32_t* new_tokens, int n_new,
                     Logits want_logits, const struct SequenceBlocks* local = nullptr);
+  // Makes the last added sequence's rows a tree: its first row (the last verified token)
+  // is the root and row 1 + j follows row 1 + parents[j] (-1: the root), parents[j] < j.
+  // Each row then sees only its ancestors among the rows, and RoPE turns it by its depth.
+  // At most 32 rows.
+  void set_tree(std::span<const int16_t> parents);
+  bool has_tree() const { return !tree_mask.empty(); }
   // Whether every sequence has exactly one new token (a decode batch).
   bool one_row_each() const;
   // The most new tokens one sequence has.
   int max_rows() const;
   // The batch over these host arrays (the CPU backend's memory is the host's).
   AttentionBatch attention_view() const;
+
+ private:
+  // Appends causal tree masks and RoPE positions for n_new chain rows from first_row.
+  void extend_chain_masks(int first_row, int n_new);
 };
 
 // One forward's inputs with every array in the backend's memory (staged by ModelRunner).

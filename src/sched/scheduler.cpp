@@ -233,6 +233,7 @@ void Scheduler::preempt(SeqHandle h, bool swap, std::vector<BlockSwap>& swaps) {
   Sequence& s = slots_[h];
   TESSERA_CHECK(s.status == SeqStatus::Running, "scheduler: preempting sequence ", s.id, " that is not running");
   s.draft.clear();
+  s.draft_parents.clear();
   if (swap) {
     TESSERA_CHECK(kv_.swap_out(s.kv, swaps), "scheduler: plan reserved host slots for sequence ", s.id,
                   " but the swap-out failed");
@@ -278,6 +279,7 @@ std::vector<SeqEvent> Scheduler::update(const SchedulerOutput& out, std::span<co
       continue;
     }
     s.draft.clear();
+    s.draft_parents.clear();
     s.kv.add_computed(sc.n_new);
     kv_.cache_full_blocks(s.kv, s.tokens);
     if (sc.prompt_rows_end > sc.prompt_rows_begin) {
@@ -305,9 +307,19 @@ void Scheduler::update_speculative(Sequence& s, const ScheduledSeq& sc, std::spa
   // holds the last token and all n_draft draft tokens; keep the last token and the accepted
   // ones, give back the rest.
   const int n_accepted = static_cast<int>(tokens.size()) - 1;
-  for (int j = 0; j < n_accepted; ++j)
-    TESSERA_CHECK(tokens[j] == s.draft[j], "scheduler: accepted token ", j, " of sequence ", s.id,
-                  " is not its draft token");
+  // A chain's accepted tokens are its first ones; a tree's, a path from its root (the
+  // executor moved that path's KV to these positions).
+  for (int j = 0, node = -1; j < n_accepted; ++j) {
+    int next = j;
+    if (!s.draft_parents.empty()) {
+      next = -1;
+      for (int i = node + 1; i < sc.n_draft && next < 0; ++i)
+        if (s.draft_parents[i] == node && s.draft[i] == tokens[j]) next = i;
+    }
+    TESSERA_CHECK(next >= 0 && next < sc.n_draft && tokens[j] == s.draft[next], "scheduler: accepted token ", j,
+                  " of sequence ", s.id, " is not its draft token");
+    node = next;
+  }
   s.kv.add_computed(sc.n_new);
   kv_.truncate(s.kv, sc.n_computed + 1 + n_accepted);
   // The prefix index sees the accepted tokens in place (verified: they are output now).
@@ -316,17 +328,21 @@ void Scheduler::update_speculative(Sequence& s, const ScheduledSeq& sc, std::spa
   kv_.cache_full_blocks(s.kv, s.tokens);
   s.tokens.resize(n_before);
   s.draft.clear();
+  s.draft_parents.clear();
   for (const int32_t token : tokens) {
     append_token(s, token, events);
     if (s.status == SeqStatus::Finished) break;  // a stop: the tokens after it are dropped
   }
 }
 
-void Scheduler::set_draft(SeqHandle h, std::vector<int32_t> draft) {
+void Scheduler::set_draft(SeqHandle h, std::vector<int32_t> draft, std::vector<int16_t> parents) {
   Sequence& s = slots_.at(h);
   TESSERA_CHECK(s.decoding(), "scheduler: draft for sequence ", s.id, " that is not decoding");
+  TESSERA_CHECK(parents.empty() || parents.size() == draft.size(), "scheduler: a draft tree of ", draft.size(),
+                " tokens with ", parents.size(), " parents");
   ++version_;
   s.draft = std::move(draft);
+  s.draft_parents = std::move(parents);
 }
 
 std::vector<SeqHandle> Scheduler::decoding_sequences() const {
@@ -400,6 +416,7 @@ void Scheduler::finish(Sequence& s, FinishReason reason, std::vector<SeqEvent>& 
   const int32_t choice = s.choice;
   s.tokens = {};  // give the memory back now; the slot is reused
   s.draft = {};
+  s.draft_parents = {};
   free_slots_.push_back(h);
   RequestState& r = requests_.at(id);
   r.seqs[choice] = UINT32_MAX;

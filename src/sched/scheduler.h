@@ -163,8 +163,9 @@ class Scheduler {
                                std::span<const int32_t> counts = {});
   // Speculative decoding: the tokens to verify after the sequence's last token the next time
   // it is scheduled (it must be decoding()); the plan may use fewer (token budget, logits
-  // rows, max_tokens, max_model_len, KV) or none. Replaces any earlier draft.
-  void set_draft(SeqHandle h, std::vector<int32_t> draft);
+  // rows, max_tokens, max_model_len, KV) or none (a tree: a prefix of its nodes). Replaces
+  // any earlier draft. parents: a tree's (Draft::parents), empty for a chain.
+  void set_draft(SeqHandle h, std::vector<int32_t> draft, std::vector<int16_t> parents = {});
   // Running sequences in decode state, in scheduling order.
   std::vector<SeqHandle> decoding_sequences() const;
   // The step failed: its requests end with FinishReason::Error and their KV is freed

@@ -61,6 +61,7 @@ struct Sequence {
   // sequence is scheduled in decode state (Scheduler::set_draft); never part of `tokens`
   // until verified. Cleared by every update and preemption.
   std::vector<int32_t> draft;
+  std::vector<int16_t> draft_parents;  // a tree's (Draft::parents), or empty: a chain
 
   int n_computed() const { return kv.n_computed(); }
   int n_output() const { return static_cast<int>(tokens.size()) - n_prompt; }

@@ -30,19 +30,37 @@ struct DraftQuery {
   // nullptr: draft greedily.
   const SamplingParams* sampling = nullptr;
   int n_prompt = 0;
+  // Whether a tree of several candidates may come back (else a chain): the engine allows it
+  // where the backend, KV format and request can verify one (no grammar, no logprobs).
+  bool allow_tree = false;
 };
 
 struct Draft {
-  std::vector<int32_t> tokens;  // a chain: tokens[j] follows tokens[j - 1]
+  // The proposed tokens: a chain (parents empty: tokens[j] follows tokens[j - 1]) or a tree.
+  std::vector<int32_t> tokens;
+  // A tree of candidates (several continuations, verified in one forward under a tree
+  // attention mask): parents[j] is the index of the node tokens[j] follows, -1 for the
+  // sequence's last verified token; parents[j] < j, so every prefix of the nodes is a tree
+  // too (the engine may cut a draft to a prefix). Siblings hold distinct tokens. Nodes
+  // 0..c-1 with parents[j] == j - 1 are the main chain (the most likely continuation): when
+  // it is what verification keeps, its KV is already where it belongs. Empty: a chain.
+  // Only point-mass drafts (probs empty) may be trees; at most kMaxDraftTreeNodes nodes.
+  std::vector<int16_t> parents;
   // q_j for each token, or empty when every token is a point mass (a deterministic drafter).
   // A sampling drafter must return the distribution each token was drawn from: verification
   // is exact only against the q that produced the token.
   std::vector<SparseDistribution> probs;
+  bool is_tree() const { return !parents.empty(); }
   void clear() {
     tokens.clear();
+    parents.clear();
     probs.clear();
   }
 };
+
+// The most nodes a draft tree may have: a row's tree mask is one 32-bit word over the
+// sequence's query rows (its last verified token and the nodes).
+inline constexpr int kMaxDraftTreeNodes = 31;
 
 class Drafter {
  public:

@@ -6,36 +6,106 @@
 
 namespace tessera {
 
+namespace {
+
+// Calls on_match(from) for each earlier occurrence of the last n tokens, n from hi down to lo
+// and, for each n, the most recent occurrence first; `from` is where the tokens after it start.
+// A match starts before len - n, so from < len: at least one token follows. Stops once
+// on_match returns true.
+template <class OnMatch>
+void scan_matches(std::span<const int32_t> tokens, int lo, int hi, OnMatch&& on_match) {
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  for (int64_t n = std::min<int64_t>(hi, len - 1); n >= lo; --n) {
+    const auto suffix = tokens.subspan(static_cast<size_t>(len - n));
+    for (int64_t start = len - n - 1; start >= 0; --start) {
+      if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + start)) continue;
+      if (on_match(start + n)) return;
+    }
+  }
+}
+
+// The child of `parent` (-1: the root) holding `token`, or -1. Trees are tiny (<= 31 nodes).
+int find_child(const Draft& d, int parent, int32_t token) {
+  for (size_t i = 0; i < d.tokens.size(); ++i)
+    if (d.parents[i] == parent && d.tokens[i] == token) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace
+
 NgramDrafter::NgramDrafter(NgramDrafterConfig config) : config_(config) {
   TESSERA_CHECK(config.prompt_lookup_min >= 1 && config.prompt_lookup_max >= config.prompt_lookup_min,
                 "ngram drafter: prompt_lookup_min ", config.prompt_lookup_min, " and prompt_lookup_max ",
                 config.prompt_lookup_max, " must satisfy 1 <= min <= max");
+  TESSERA_CHECK(config.candidates >= 1, "ngram drafter: candidates = ", config.candidates, " must be >= 1");
 }
 
 void NgramDrafter::propose_one(std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) const {
   out.clear();
-  const int64_t len = static_cast<int64_t>(tokens.size());
   if (max_tokens <= 0) return;
-  for (int n = std::min<int64_t>(config_.prompt_lookup_max, len - 1); n >= config_.prompt_lookup_min; --n) {
-    const auto suffix = tokens.subspan(static_cast<size_t>(len - n));
-    // Most recent earlier occurrence first: start positions len - n - 1 down to 0. A match
-    // must be followed by at least one token, which it is, since it starts before len - n.
-    for (int64_t start = len - n - 1; start >= 0; --start) {
-      if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + start)) continue;
-      const int64_t from = start + n;
-      const int64_t count = std::min<int64_t>(max_tokens, len - from);
-      out.assign(tokens.begin() + from, tokens.begin() + from + count);
-      return;
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  scan_matches(tokens, config_.prompt_lookup_min, config_.prompt_lookup_max, [&](int64_t from) {
+    out.assign(tokens.begin() + from, tokens.begin() + from + std::min<int64_t>(max_tokens, len - from));
+    return true;
+  });
+}
+
+void NgramDrafter::propose_tree(std::span<const int32_t> tokens, int max_tokens, Draft& out) const {
+  out.clear();
+  if (max_tokens <= 0) return;
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  const size_t cap =
+      static_cast<size_t>(std::min<int64_t>(kMaxDraftTreeNodes, int64_t{config_.candidates} * max_tokens));
+  int64_t first_from = -1;  // propose_one's match: the chain when nothing else is distinct
+  int inserted = 0;         // continuations that added a node
+  scan_matches(tokens, config_.prompt_lookup_min, config_.prompt_lookup_max, [&](int64_t from) {
+    if (first_from < 0) first_from = from;
+    const int64_t count = std::min<int64_t>(max_tokens, len - from);
+    int node = -1;
+    bool added = false;
+    for (int64_t j = 0; j < count; ++j) {
+      const int32_t t = tokens[static_cast<size_t>(from + j)];
+      // Below a node just added there are no children yet: only the shared prefix is looked up.
+      const int child = added ? -1 : find_child(out, node, t);
+      if (child >= 0) {
+        node = child;
+        continue;
+      }
+      if (out.tokens.size() == cap) break;  // cut to what fits
+      out.tokens.push_back(t);
+      out.parents.push_back(static_cast<int16_t>(node));
+      node = static_cast<int>(out.tokens.size()) - 1;
+      added = true;
     }
+    inserted += added ? 1 : 0;
+    return inserted == config_.candidates || out.tokens.size() == cap;
+  });
+  if (inserted <= 1) {
+    // One distinct continuation: today's chain, not cut to the tree's node cap.
+    out.clear();
+    if (first_from >= 0)
+      out.tokens.assign(tokens.begin() + first_from,
+                        tokens.begin() + first_from + std::min<int64_t>(max_tokens, len - first_from));
+    return;
   }
+  // Later continuations that only extended the first (it stopped at the text's end) leave a
+  // chain: drafted as one, it is not verified as a tree.
+  for (size_t j = 0; j < out.parents.size(); ++j)
+    if (out.parents[j] != static_cast<int>(j) - 1) return;
+  out.parents.clear();
 }
 
 void NgramDrafter::propose(std::span<const DraftQuery> queries, std::span<Draft> out) {
   TESSERA_CHECK(queries.size() == out.size(), "ngram drafter: ", queries.size(), " queries but ", out.size(),
                 " outputs");
   for (size_t i = 0; i < queries.size(); ++i) {
-    out[i].clear();
-    propose_one(queries[i].tokens, queries[i].max_tokens, out[i].tokens);
+    const DraftQuery& q = queries[i];
+    if (q.allow_tree && config_.candidates > 1) {
+      propose_tree(q.tokens, q.max_tokens, out[i]);
+    } else {
+      out[i].clear();
+      propose_one(q.tokens, q.max_tokens, out[i].tokens);
+    }
   }
 }
 

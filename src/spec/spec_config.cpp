@@ -11,6 +11,7 @@ namespace {
 
 constexpr int kMaxSpeculativeTokens = 32;
 constexpr int kMaxLookup = 64;
+constexpr int kMaxLookupCandidates = 8;
 
 int int_field(const nlohmann::json& j, const char* key, int fallback) {
   const auto it = j.find(key);
@@ -47,6 +48,9 @@ void SpeculativeConfig::validate() const {
   TESSERA_CHECK(prompt_lookup_max >= prompt_lookup_min && prompt_lookup_max <= kMaxLookup,
                 "--speculative-config: prompt_lookup_max = ", prompt_lookup_max,
                 " is outside [prompt_lookup_min = ", prompt_lookup_min, ", ", kMaxLookup, "]");
+  TESSERA_CHECK(prompt_lookup_candidates >= 1 && prompt_lookup_candidates <= kMaxLookupCandidates,
+                "--speculative-config: prompt_lookup_candidates = ", prompt_lookup_candidates, " is outside [1, ",
+                kMaxLookupCandidates, "]");
   TESSERA_CHECK(draft_layers >= 0, "--speculative-config: draft_layers = ", draft_layers, " is negative");
   if (method == SpecMethod::DraftModel)
     TESSERA_CHECK(!draft_model.empty(),
@@ -74,6 +78,7 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
                                            "num_speculative_tokens",
                                            "prompt_lookup_max",
                                            "prompt_lookup_min",
+                                           "prompt_lookup_candidates",
                                            "disable_by_batch_size",
                                            "adaptive",
                                            "model",
@@ -84,7 +89,7 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
     if (!known)
       fail("--speculative-config: unknown key \"", key,
            "\" (known: method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, "
-           "disable_by_batch_size, adaptive, model, draft_layers)");
+           "prompt_lookup_candidates, disable_by_batch_size, adaptive, model, draft_layers)");
   }
   const auto method = j.find("method");
   if (method == j.end() || !method->is_string())
@@ -120,6 +125,9 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
   c.prompt_lookup_max = int_field(j, "prompt_lookup_max", c.prompt_lookup_max);
   // vLLM: a lone prompt_lookup_max sets the minimum to the same value only if it is smaller.
   c.prompt_lookup_min = int_field(j, "prompt_lookup_min", std::min(c.prompt_lookup_min, c.prompt_lookup_max));
+  c.prompt_lookup_candidates = int_field(j, "prompt_lookup_candidates", 1);
+  if (c.prompt_lookup_candidates != 1 && c.method != SpecMethod::Ngram)
+    fail("--speculative-config: \"prompt_lookup_candidates\" is only for method \"ngram\"");
   c.disable_by_batch_size = int_field(j, "disable_by_batch_size", 0);
   if (const auto a = j.find("adaptive"); a != j.end()) {
     if (!a->is_boolean()) fail("--speculative-config: \"adaptive\" must be true or false, got ", a->dump());
@@ -137,6 +145,8 @@ std::string describe_speculative_config(const SpeculativeConfig& c) {
   s += " k=" + std::to_string(c.num_speculative_tokens);
   if (c.method == SpecMethod::Ngram)
     s += " lookup " + std::to_string(c.prompt_lookup_min) + ".." + std::to_string(c.prompt_lookup_max);
+  if (c.method == SpecMethod::Ngram && c.prompt_lookup_candidates > 1)
+    s += " candidates " + std::to_string(c.prompt_lookup_candidates);
   if (c.adaptive) s += " adaptive";
   if (c.disable_by_batch_size > 0) s += " off above " + std::to_string(c.disable_by_batch_size) + " seqs";
   return s;
@@ -148,7 +158,9 @@ std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& c) {
   if (c.uses_model())
     fail("--speculative-config: method \"", spec_method_name(c.method),
          "\" runs a model; its drafter is built with the target (ModelEngine), not by make_drafter");
-  return std::make_unique<NgramDrafter>(NgramDrafterConfig{c.prompt_lookup_min, c.prompt_lookup_max});
+  return std::make_unique<NgramDrafter>(NgramDrafterConfig{.prompt_lookup_min = c.prompt_lookup_min,
+                                                           .prompt_lookup_max = c.prompt_lookup_max,
+                                                           .candidates = c.prompt_lookup_candidates});
 }
 
 }  // namespace tessera

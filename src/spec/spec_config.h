@@ -1,9 +1,12 @@
 #pragma once
 // --speculative-config: what to speculate with and how far, as vLLM spells it, e.g.
 //   {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+//   {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_candidates": 3}  (a tree of up to
+//     3 distinct continuations where the engine can verify trees; 1, the default, is a chain)
 //   {"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 4, "draft_layers": 6}
 //   {"method": "early_exit", "num_speculative_tokens": 4, "draft_layers": 10}
 // Contract: docs/design/spec-decode.md.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,10 +23,11 @@ std::string_view spec_method_name(SpecMethod m);  // "none", "ngram", "draft_mod
 
 struct SpeculativeConfig {
   SpecMethod method = SpecMethod::None;
-  int num_speculative_tokens = 0;  // k: the most draft tokens one sequence verifies per step
-  int prompt_lookup_max = 4;       // ngram: longest suffix matched
-  int prompt_lookup_min = 2;       // ngram: shortest suffix matched
-  std::string draft_model;         // draft_model: the model spec, as -m takes it
+  int num_speculative_tokens = 0;    // k: the most draft tokens one sequence verifies per step
+  int prompt_lookup_max = 4;         // ngram: longest suffix matched
+  int prompt_lookup_min = 2;         // ngram: shortest suffix matched
+  int prompt_lookup_candidates = 1;  // ngram: distinct continuations drafted as a tree (1 = a chain)
+  std::string draft_model;           // draft_model: the model spec, as -m takes it
   // draft_model: run only the first L layers of the draft (0 = all); early_exit: L, required.
   // Checked against the model's layer count when the drafter is built.
   int draft_layers = 0;
@@ -35,6 +39,12 @@ struct SpeculativeConfig {
   bool adaptive = true;
 
   bool enabled() const { return method != SpecMethod::None && num_speculative_tokens > 0; }
+  // The most draft tokens (tree nodes) one sequence may verify in a step: its logits rows.
+  int max_draft_nodes() const {
+    if (method != SpecMethod::Ngram || prompt_lookup_candidates <= 1) return num_speculative_tokens;
+    return std::max(num_speculative_tokens,
+                    std::min(kMaxDraftTreeNodes, prompt_lookup_candidates * num_speculative_tokens));
+  }
   // The drafter runs a model: built by the engine (engine/model_drafter.h), not make_drafter.
   bool uses_model() const { return method == SpecMethod::DraftModel || method == SpecMethod::EarlyExit; }
   // Throws tessera::Error naming the field out of range.
@@ -44,7 +54,7 @@ struct SpeculativeConfig {
 // Parses the JSON object (an empty string = speculation off). Throws tessera::Error naming
 // the field that is wrong: unknown keys, wrong types, methods not built.
 SpeculativeConfig parse_speculative_config(std::string_view json);
-// One line for start-up summaries: "ngram k=4 lookup 2..4", or "off".
+// One line for start-up summaries: "ngram k=4 lookup 2..4 candidates 3", or "off".
 std::string describe_speculative_config(const SpeculativeConfig& c);
 
 // The drafter the config names (nullptr when speculation is off). Model drafters need the

@@ -59,4 +59,26 @@ ChainVerdict verify_chain(std::span<const int32_t> draft, std::span<const Sparse
                           FunctionRef<std::span<const TokenProb>(size_t)> target, FunctionRef<void(size_t)> on_accept,
                           UniformSource uniform);
 
+// Verifies a tree of point-mass draft tokens (a deterministic drafter's several candidates).
+// tokens[j] and parents[j] as in Draft (parents[j] < j, -1 = the last verified token; siblings distinct).
+// target(node) returns the processed distribution of the row after `node` (node -1 = the last verified
+// token's row, i.e. the distribution of the first draft position); it is called only for the root and
+// for nodes that were kept, each at most once, in path order, after on_accept(node) recorded each kept node.
+// At each node the children are tried in index order: child c is kept with probability r(c), r the
+// node's distribution with the children tried before removed and renormalized (for point masses this is
+// exactly min(1, r(c)/q(c)) of the recursive rejection scheme, so the emitted token is distributed as p);
+// when every child is rejected, the replacement is drawn from r with all children removed.
+// Draws one uniform per child tried and one for the replacement. A chain (parents[j] == j - 1)
+// is verified as verify_chain verifies it with point masses, uniform for uniform.
+struct TreeVerdict {
+  std::vector<int32_t> tokens;  // the kept path's tokens, then the replacement (absent when a leaf was reached)
+  std::vector<int16_t> path;    // the kept nodes, in order (path.size() == n_accepted)
+  size_t n_accepted = 0;
+  bool reached_leaf = false;  // the last kept node (or the root, for an empty draft) has no children:
+                              // the caller samples the bonus token from target(path.back()) itself
+};
+TreeVerdict verify_tree(std::span<const int32_t> tokens, std::span<const int16_t> parents,
+                        FunctionRef<std::span<const TokenProb>(int)> target, FunctionRef<void(int)> on_accept,
+                        UniformSource uniform);
+
 }  // namespace tessera

@@ -258,6 +258,14 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     for (int r = 0; r < n_q; ++r) {
       const int pos = b.positions[task.q_begin + r / ng];
       const int visible = std::min(nk, pos - base + 1);  // causal: keys at positions <= pos
+      // Tree verification: bit i of `hidden` hides the key at block offset tree_lo + i (the
+      // key of the sequence's row i, not an ancestor of this row).
+      const uint32_t hidden = b.tree_mask ? ~b.tree_mask[task.q_begin + r / ng] : 0u;
+      const int tree_lo = hidden ? b.positions[b.q_start[task.seq]] - base : 0;
+      const auto is_hidden = [&](int j) {
+        const int i = j - tree_lo;
+        return i >= 0 && i < 32 && ((hidden >> i) & 1u);
+      };
       // window: keys at positions >= pos - window + 1
       const int lo = b.window > 0 ? std::max(0, pos - b.window + 1 - base) : 0;
       if (visible <= lo) continue;
@@ -288,13 +296,20 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
         if (qjl) dot += coef[j] * dot_f32(sq + r * hd, sgn + j * hd, hd);
         if (rope_center) dot += dot_f32(qp + r * hd, cm + j * hd, hd);
         s[j] = dot;
-        mx = std::max(mx, dot);
+        if (!hidden || !is_hidden(j)) mx = std::max(mx, dot);
       }
       const float alpha = fast_exp_nonpos(m[r] - mx);  // m = -inf on the first block: alpha = 0
       float sum = 0.0f;
       for (int j = lo; j < visible; ++j) {
         s[j] = fast_exp_nonpos(s[j] - mx);
         sum += s[j];
+      }
+      if (hidden) {  // exactly zero, as if the key were not there (the sum again, in key order)
+        sum = 0.0f;
+        for (int j = lo; j < visible; ++j) {
+          if (is_hidden(j)) s[j] = 0.0f;
+          sum += s[j];
+        }
       }
       l[r] = l[r] * alpha + sum;
       m[r] = mx;

@@ -190,7 +190,18 @@ struct AttnCase {
   // per sequence: tokens already in KV before this step, new tokens this step
   std::vector<std::pair<int, int>> seqs;
   int window = 0;  // sliding window (0: plain causal)
+  // A draft tree over the last sequence's new rows (ForwardBatch::set_tree; its new rows =
+  // nodes + 1): each row then sees its ancestors among them only.
+  std::vector<int16_t> tree = {};
 };
+
+// Whether row `row` of a tree (0 = root, 1 + j = node j) has row `other` as ancestor or self.
+bool tree_sees(const std::vector<int16_t>& parents, int row, int other) {
+  for (int r = row;; r = 1 + parents[r - 1]) {
+    if (r == other) return true;
+    if (r == 0) return false;
+  }
+}
 
 // Runs kv_store + attention through the backend over shuffled block tables and compares every
 // output row against a float64 softmax over the dense keys (rounded to the KV dtype).
@@ -244,6 +255,7 @@ void check_attention(const AttnCase& tc, uint32_t seed) {
   };
   store(true);
   ForwardBatch fb = store(false);
+  if (!tc.tree.empty()) fb.set_tree(tc.tree);
   const int n = fb.n_tokens();
   const int ldq = qd + 5, ldo = qd + 7;
   auto q = randn(size_t(n) * ldq, rng);
@@ -260,11 +272,15 @@ void check_attention(const AttnCase& tc, uint32_t seed) {
     for (int t = fb.q_start[s]; t < fb.q_start[s + 1]; ++t) {
       const int pos = fb.positions[t];
       const int first = tc.window > 0 ? std::max(0, pos - tc.window + 1) : 0;  // keys first..pos
+      const bool tree = !tc.tree.empty() && s + 1 == tc.seqs.size();
+      const int past = tc.seqs[s].first, row = t - fb.q_start[s];
+      const auto seen = [&](int j) { return !tree || j < past || tree_sees(tc.tree, row, j - past); };
       for (int h = 0; h < tc.n_heads; ++h) {
         const int kh = h / group;
         std::vector<double> sc(pos + 1, -1e300);
         double mx = -1e300;
         for (int j = first; j <= pos; ++j) {
+          if (!seen(j)) continue;
           double d = 0;
           for (int i = 0; i < hd; ++i)
             d += double(q[t * ldq + h * hd + i]) * round(K[s][size_t(j) * kvd + kh * hd + i]);
@@ -275,7 +291,8 @@ void check_attention(const AttnCase& tc, uint32_t seed) {
         for (auto& v : sc) sum += (v = std::exp(v - mx));
         for (int i = 0; i < hd; ++i) {
           double o = 0;
-          for (int j = first; j <= pos; ++j) o += sc[j] * round(V[s][size_t(j) * kvd + kh * hd + i]);
+          for (int j = first; j <= pos; ++j)
+            if (seen(j)) o += sc[j] * round(V[s][size_t(j) * kvd + kh * hd + i]);
           ref.push_back(o / sum);
           got.push_back(out[t * ldo + h * hd + i]);
         }
@@ -328,6 +345,18 @@ TEST(CpuAttention, SlidingWindowMasksKeysBeforeTheWindow) {
   check_attention({8, 4, 1, 32, DType::F16, {{40, 19}, {0, 33}, {63, 1}, {9, 1}}, 16}, 18);
   check_attention({16, 8, 2, 64, DType::F32, {{100, 1}, {0, 70}}, 37}, 19);
   check_attention({4, 2, 1, 8, DType::F16, {{10, 3}, {0, 5}}, 1}, 20);
+}
+
+TEST(CpuAttention, DraftTreeRowsSeeOnlyTheirAncestors) {
+  // Tree verification: the root, a main chain of 3 and two side branches (one of them two
+  // deep), after a context that ends mid-block, so the tree's keys cross a block edge; a
+  // plain decode and a chain verification share the batch; long contexts split the keys.
+  const std::vector<int16_t> tree = {-1, 0, 1, -1, 3, 0};
+  check_attention({16, 9, 3, 64, DType::F16, {{5, 1}, {30, 7}}, 0, tree}, 40);
+  check_attention({4, 4, 1, 16, DType::F32, {{9, 3}, {2, 7}}, 0, tree}, 41);
+  check_attention({16, 8, 2, 64, DType::F16, {{1200, 7}}, 0, tree}, 42);
+  // Every node a child of the root (several one-token candidates).
+  check_attention({16, 4, 2, 32, DType::F16, {{0, 1}, {17, 5}}, 0, {-1, -1, -1, -1}}, 43);
 }
 
 TEST(CpuAttention, AvxAndScalarAgree) {
