@@ -237,6 +237,11 @@ class Backend {
   // Whether kv_store and attention center keys by position (layer constants with a RoPE
   // part, kv_codec.h): store k − R(p)·m, add q·R(p)·m back to each score.
   virtual bool supports_rope_key_centering() const { return false; }
+  // Moves single tokens' K and V within one layer's cache, in order: each head's codes and
+  // the token's own scales (formats whose scales are per page cannot move a token alone; the
+  // caller checks). Tree verification moves the kept path to its slots. The default copies
+  // through copy_device piece by piece; a device backend launches one kernel.
+  virtual void move_kv_tokens(const KvLayerView& kv, std::span<const KvSlotMove> moves);
   // Whether attention follows AttentionBatch::tree_mask and RoPE its rope_positions (tree
   // verification of draft candidates). A backend without them gets chains only.
   virtual bool supports_tree_attention() const { return false; }

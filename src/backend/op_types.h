@@ -74,6 +74,13 @@ struct KvLayerView {
   DType plain_dtype() const { return k_fmt == v_fmt ? k_fmt.plain_dtype() : DType::Unknown; }
 };
 
+// One token's move between two slots (block * block_size + offset) of a layer's cache
+// (Backend::move_kv_tokens).
+struct KvSlotMove {
+  int32_t src = -1;
+  int32_t dst = -1;
+};
+
 // A view of plain f16/f32 storage ([n_blocks, n_kv_heads, block_size, head_dim] each).
 KvLayerView plain_kv_view(void* k, void* v, DType dtype, int n_blocks, int block_size, int n_kv_heads, int head_dim);
 

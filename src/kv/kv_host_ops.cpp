@@ -62,28 +62,11 @@ void move_kv_tokens(const KvCache& kv, std::span<const KvTokenMove> moves) {
     TESSERA_CHECK(m.src >= 0 && m.src < n && m.dst >= 0 && m.dst < n, "KV token move: ", m.local ? "local " : "",
                   "slot ", m.src, " -> ", m.dst, " outside [0, ", n, ")");
   }
-  Backend& be = kv.backend();
-  const int bs = spec.block_size;
+  std::vector<KvSlotMove> full, local;
+  for (const KvTokenMove& m : moves) (m.local ? local : full).push_back({m.src, m.dst});
   for (int l = 0; l < spec.n_layers; ++l) {
-    const KvLayerView view = kv.layer(l);
-    const bool local = spec.in_local_group(l);
-    for (int part = 0; part < 2; ++part) {
-      const KvFormat& f = part == 0 ? spec.k_format : spec.v_format;
-      const KvPageLayout pl = kv_page_layout(f, bs, spec.head_dim);
-      const int64_t meta = pl.meta_bytes / bs;  // one token's scales (token-major in the page)
-      auto* bytes = static_cast<uint8_t*>(part == 0 ? view.k : view.v);
-      for (const KvTokenMove& m : moves) {
-        if (m.local != local) continue;
-        for (int h = 0; h < spec.n_kv_heads; ++h) {
-          uint8_t* src = bytes + (static_cast<int64_t>(m.src / bs) * spec.n_kv_heads + h) * pl.page_bytes;
-          uint8_t* dst = bytes + (static_cast<int64_t>(m.dst / bs) * spec.n_kv_heads + h) * pl.page_bytes;
-          be.copy_device(dst + (m.dst % bs) * pl.row_bytes, src + (m.src % bs) * pl.row_bytes, pl.row_bytes);
-          if (meta > 0)
-            be.copy_device(dst + pl.meta_offset + (m.dst % bs) * meta, src + pl.meta_offset + (m.src % bs) * meta,
-                           meta);
-        }
-      }
-    }
+    const std::vector<KvSlotMove>& group = spec.in_local_group(l) ? local : full;
+    if (!group.empty()) kv.backend().move_kv_tokens(kv.layer(l), group);
   }
 }
 

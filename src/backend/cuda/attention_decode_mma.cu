@@ -133,6 +133,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int fr = lane >> 2, fc = lane & 3;  // fragment row (0..7) and column pair (0..3)
   // The keys of this split that fragment rows fr and fr + 8 see (their query rows' lengths).
   const int end_a = min(end, qc.row_len(fr / group)), end_b = min(end, qc.row_len((fr + 8) / group));
+  const uint32_t hid_a = qc.hidden(fr / group), hid_b = qc.hidden((fr + 8) / group);  // tree verification
 
   const int n_tiles = (end - begin + kKeys - 1) / kKeys;  // tiles of this split
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
@@ -305,7 +306,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (key0 + n * 8 + 2 * fc + (e & 1) >= (e < 2 ? end_a : end_b)) s[n][e] = -INFINITY;
+        if (const int key = key0 + n * 8 + 2 * fc + (e & 1);
+            key >= (e < 2 ? end_a : end_b) || tree_hides(e < 2 ? hid_a : hid_b, qc.lo, key))
+          s[n][e] = -INFINITY;
     float c_a, c_b;
     online_softmax_step<2>(s, m_a, m_b, l_a, l_b, c_a, c_b);
     // O = O · c + P · V: the score fragments are the A fragment of the one k-step.

@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(kThreads)
   float* row_c = row_l + kQ;         // [kQ] rescale of this tile
   __shared__ int tile_info[3];       // sequence, first row, end row
   __shared__ int pos_s[kQ];
+  __shared__ uint32_t hid_s[kQ];  // tree verification: hidden keys per query vector (tree_hides)
 
   if (threadIdx.x == 0) {
     int tile = blockIdx.x, seq = -1, r0 = 0, r1 = 0;
@@ -66,12 +67,14 @@ __global__ void __launch_bounds__(kThreads)
   const int g0 = (blockIdx.y % ((group + gc - 1) / gc)) * gc;
   const int ng = min(gc, group - g0);
 
+  const int lo = tree_lo(b, seq);
   // Query vector qi = row * gc + g; invalid ones get position -1 (every key masked).
   int max_pos = 0;
   for (int qi = threadIdx.x; qi < kQ; qi += kThreads) {
     const int row = qi / gc, g = qi % gc;
     const bool valid = r0 + row < r1 && g < ng;
     pos_s[qi] = valid ? b.positions[r0 + row] : -1;
+    hid_s[qi] = valid ? tree_hidden(b, r0 + row) : 0u;
     row_m[qi] = -FLT_MAX;
     row_l[qi] = 0.0f;
   }
@@ -140,7 +143,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int qi = 4 * qg + a, key = base + sub + 8 * c;
-          const bool visible = key < kv_end && key <= pos_s[qi] && (window == 0 || key > pos_s[qi] - window);
+          const bool visible = key < kv_end && key <= pos_s[qi] && (window == 0 || key > pos_s[qi] - window) &&
+                               !tree_hides(hid_s[qi], lo, key);
           S[qi * (kK + 1) + sub + 8 * c] = visible ? s[a][c] : -FLT_MAX;
         }
     }

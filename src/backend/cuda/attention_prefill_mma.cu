@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   __half* Vs0 = Ks0 + kBuffers * KT * LD;  // [kBuffers][KT][LD]
   __shared__ int tile_info[3];             // sequence, first row, end row
   __shared__ int pos_s[kQ];
+  __shared__ uint32_t hid_s[kQ];  // tree verification: hidden keys per query vector (tree_hides)
 
   if (threadIdx.x == 0) {
     int tile = blockIdx.x, seq = -1, r0 = 0, r1 = 0;
@@ -97,7 +98,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int qi = threadIdx.x; qi < kQ; qi += kThreads) {
     const int row = qi / gc, g = qi % gc;
     pos_s[qi] = r0 + row < r1 && g < ng ? b.positions[r0 + row] : -1;
+    hid_s[qi] = r0 + row < r1 && g < ng ? tree_hidden(b, r0 + row) : 0u;
   }
+  const int lo = tree_lo(b, seq);
   for (int i = threadIdx.x; i < kQ * HD / 2; i += kThreads) {
     const int qi = i / (HD / 2), d = 2 * (i % (HD / 2)), row = qi / gc, g = qi % gc;
     float2 v = make_float2(0.0f, 0.0f);
@@ -120,10 +123,13 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = warp * 16 * MT;            // this warp's first query vector
   // Rows of tile m: a = q0 + 16m + fr (fragment elements 0, 1), b = a + 8 (elements 2, 3).
   int pos_a[MT], pos_b[MT];
+  uint32_t hid_a[MT], hid_b[MT];
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
     pos_a[m] = pos_s[q0 + 16 * m + fr];
     pos_b[m] = pos_s[q0 + 16 * m + fr + 8];
+    hid_a[m] = hid_s[q0 + 16 * m + fr];
+    hid_b[m] = hid_s[q0 + 16 * m + fr + 8];
   }
   int warp_max_pos = -1, warp_min_pos = INT_MAX;  // over the warp's valid query vectors
   for (int i = 0; i < 16 * MT; ++i) {
@@ -211,8 +217,8 @@ __global__ void __launch_bounds__(kThreads)
       }
       // Causal, window and length mask — skipped for a tile every query of the warp sees whole
       // (most tiles of a long context) — then the online softmax of each tile's rows.
-      const bool whole =
-          base + KT <= kv_end && base + KT - 1 <= warp_min_pos && (window == 0 || base > warp_max_pos - window);
+      const bool whole = base + KT <= kv_end && base + KT - 1 <= warp_min_pos &&
+                         (window == 0 || base > warp_max_pos - window) && (lo == INT_MAX || base + KT - 1 <= lo);
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         if (!whole) {
@@ -222,7 +228,8 @@ __global__ void __launch_bounds__(kThreads)
             for (int e = 0; e < 4; ++e) {
               const int key = base + n * 8 + 2 * fc + (e & 1);
               const int pos = e < 2 ? pos_a[m] : pos_b[m];
-              const bool visible = key < kv_end && key <= pos && (window == 0 || key > pos - window);
+              const bool visible = key < kv_end && key <= pos && (window == 0 || key > pos - window) &&
+                                   !tree_hides(e < 2 ? hid_a[m] : hid_b[m], lo, key);
               s[m][n][e] = visible ? s[m][n][e] : -INFINITY;
             }
         }

@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(kThreads)
   float* F = reinterpret_cast<float*>(Ks);           // [kQ][LDF], outside the key loop only
   __shared__ int tile_info[3];                       // sequence, first row, end row
   __shared__ int pos_s[kQ];
+  __shared__ uint32_t hid_s[kQ];  // tree verification: hidden keys per query vector (tree_hides)
 
   if (threadIdx.x == 0) {
     int tile = blockIdx.x, seq = -1, r0 = 0, r1 = 0;
@@ -90,7 +91,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int qi = threadIdx.x; qi < kQ; qi += kThreads) {
     const int row = qi / gc, g = qi % gc;
     pos_s[qi] = r0 + row < r1 && g < ng ? b.positions[r0 + row] : -1;
+    hid_s[qi] = r0 + row < r1 && g < ng ? tree_hidden(b, r0 + row) : 0u;
   }
+  const int lo = tree_lo(b, seq);
   for (int i = threadIdx.x; i < kQ * HD; i += kThreads) {
     const int qi = i / HD, d = i % HD, row = qi / gc, g = qi % gc;
     F[qi * LDF + d] =
@@ -115,6 +118,7 @@ __global__ void __launch_bounds__(kThreads)
   const int fr = lane >> 2, fc = lane & 3;  // fragment row (0..7) and column pair (0..3)
   const int qa = warp * 16 + fr, qb = qa + 8;
   const int pos_a = pos_s[qa], pos_b = pos_s[qb];
+  const uint32_t hid_a = hid_s[qa], hid_b = hid_s[qb];
   int warp_max_pos = -1;
   for (int i = 0; i < 16; ++i) warp_max_pos = max(warp_max_pos, pos_s[warp * 16 + i]);
 
@@ -151,7 +155,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e) {
           const int key = base + n * 8 + 2 * fc + (e & 1);
           const int pos = e < 2 ? pos_a : pos_b;
-          s[n][e] = key < kv_end && key <= pos ? s[n][e] : -INFINITY;
+          s[n][e] = key < kv_end && key <= pos && !tree_hides(e < 2 ? hid_a : hid_b, lo, key) ? s[n][e] : -INFINITY;
         }
       float c_a, c_b;  // l: this lane's share of the row sum (reduced at the end)
       online_softmax_step<KT / 8>(s, m_a, m_b, l_a, l_b, c_a, c_b);

@@ -97,6 +97,9 @@ cuda::GemvTarget gemv_target(const MatmulTarget& t) {
 bool verification_kernel(const KvLayerView& kv, const AttentionBatch& b, int n_heads) {
   if (b.one_row_each || b.window != 0 || b.max_rows < 1 || b.max_rows > cuda::CudaTuning::kDecodeMmaMaxRows)
     return false;
+  // Draft trees over quantized pages take the prefill kernel: the fragment kernel's largest
+  // variants sit at the register limit (a tree mask spilled them).
+  if (b.tree_mask && kv.plain_dtype() == DType::Unknown) return false;
   return kv.plain_dtype() == DType::Unknown ? cuda::attention_quant_decode_frag_applies(kv, n_heads)
                                             : cuda::attention_decode_mma_applies(kv, n_heads);
 }
@@ -274,6 +277,15 @@ size_t CudaBackend::device_free_bytes() {
   return free_b;
 }
 
+void CudaBackend::move_kv_tokens(const KvLayerView& kv, std::span<const KvSlotMove> moves) {
+  cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("kv token moves"); });
+  // One launch moves them in parallel: no source may be written by another move.
+  for (const KvSlotMove& a : moves)
+    for (const KvSlotMove& b : moves)
+      TESSERA_CHECK(a.src != b.dst, "cuda KV token moves: slot ", a.src, " is both a source and a destination");
+  if (!moves.empty()) cuda::launch_move_kv_tokens(kv, moves, stream_);
+}
+
 cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
   cuda::DeviceBatch d;
   d.n_tokens = b.n_tokens;
@@ -284,6 +296,7 @@ cuda::DeviceBatch CudaBackend::device_batch(const AttentionBatch& b) {
   d.q_start = b.q_start;
   d.kv_len = b.kv_len;
   d.block_tables = b.block_tables;
+  d.tree_mask = b.tree_mask;
   return d;
 }
 
@@ -709,8 +722,8 @@ void CudaBackend::rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, 
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("rope+kv_store"); });
   const int n = batch.n_tokens;
   const double* inv = rope_inv_freq_table(cfg);
-  cuda::launch_rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, batch.positions, batch.slot_mapping, n, cfg.rot_dim,
-                             cfg.neox, inv, stream_);
+  cuda::launch_rope_kv_store(q, ldq, n_q_heads, k, ldk, v, ldv, kv, batch.rotation_positions(), batch.slot_mapping, n,
+                             cfg.rot_dim, cfg.neox, inv, stream_);
 }
 
 // Split each sequence's keys so that the launch fills the GPU a few times over. The split is

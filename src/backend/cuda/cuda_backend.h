@@ -35,6 +35,8 @@ class CudaBackend final : public Backend {
   // with groups of channels (int8:gN, int4:gN) a multiple of 8: a lane's 8 channels share
   // one scale.
   bool supports_kv_format(const KvFormat& f) const override { return f.scale != KvScale::Group || f.group % 8 == 0; }
+  bool supports_tree_attention() const override { return true; }
+  void move_kv_tokens(const KvLayerView& kv, std::span<const KvSlotMove> moves) override;
 
   void* alloc(size_t bytes) override;
   void free(void* p) override;

@@ -29,15 +29,33 @@ __device__ __forceinline__ int sequence_of_row(const DeviceBatch& b, int t) {
 // The query rows a block of the split decode kernels takes (attention_decode_mma.cu,
 // attention_quant_decode_frag.cu): chunk `chunk` of sequence seq's rows, 16 / group rows per
 // chunk (one chunk of one row in a decode batch), and the keys each row sees (causal).
+// Tree verification (AttentionBatch::tree_mask): a tree sequence's rows wrote the keys from
+// its first row's position `lo` on, and bit i of a row's `hidden` bits hides key lo + i (not
+// an ancestor). Rows of batches without trees hide nothing (lo = INT_MAX, bits 0).
+__device__ __forceinline__ int tree_lo(const DeviceBatch& b, int seq) {
+  return b.tree_mask ? b.positions[b.q_start[seq]] : INT_MAX;
+}
+__device__ __forceinline__ uint32_t tree_hidden(const DeviceBatch& b, int t) {
+  return b.tree_mask ? ~b.tree_mask[t] : 0u;
+}
+__device__ __forceinline__ bool tree_hides(uint32_t hidden, int lo, int key) {
+  const unsigned i = static_cast<unsigned>(key - lo);
+  return i < 32u && ((hidden >> i) & 1u);
+}
+
 struct QueryChunk {
   int t = 0;     // first query row
   int rows = 0;  // rows of the chunk; <= 0 past the sequence's rows
   int len = 0;   // keys the chunk's longest row sees
   int min_len = 0;
-  const int32_t* positions = nullptr;  // the rows' positions, from row t
-  int kv_len = 0;                      // the sequence's keys after this step
+  const int32_t* positions = nullptr;   // the rows' positions, from row t
+  int kv_len = 0;                       // the sequence's keys after this step
+  const uint32_t* tree_mask = nullptr;  // the rows' tree masks, from row t, or null
+  int lo = INT_MAX;                     // tree_lo of the sequence
   // Keys row j of the chunk sees (0 past the chunk's rows: every key masked).
   __device__ __forceinline__ int row_len(int j) const { return j < rows ? min(kv_len, positions[j] + 1) : 0; }
+  // Row j's hidden tree keys (tree_hides).
+  __device__ __forceinline__ uint32_t hidden(int j) const { return tree_mask && j < rows ? ~tree_mask[j] : 0u; }
 };
 __device__ __forceinline__ QueryChunk query_chunk(const DeviceBatch& b, int seq, int chunk, int group) {
   QueryChunk c;
@@ -47,6 +65,10 @@ __device__ __forceinline__ QueryChunk query_chunk(const DeviceBatch& b, int seq,
   if (c.rows <= 0) return c;
   c.positions = b.positions + c.t;
   c.kv_len = b.kv_len[seq];
+  if (b.tree_mask) {
+    c.tree_mask = b.tree_mask + c.t;
+    c.lo = tree_lo(b, seq);
+  }
   c.min_len = INT_MAX;
   for (int j = 0; j < c.rows; ++j) c.len = max(c.len, c.row_len(j)), c.min_len = min(c.min_len, c.row_len(j));
   return c;

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "backend/op_types.h"
 
@@ -19,6 +20,7 @@ struct DeviceBatch {
   const int32_t* q_start = nullptr;       // [n_seqs + 1]
   const int32_t* kv_len = nullptr;        // [n_seqs]
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks]
+  const uint32_t* tree_mask = nullptr;    // [n_tokens] or null (AttentionBatch::tree_mask)
 };
 
 // out[i, :] = table[ids[i] - first_id, :]; rows outside the table (a vocabulary-parallel
@@ -51,6 +53,22 @@ void launch_rope_kv_store(float* q, int64_t ldq, int n_q_heads, float* k, int64_
                           int rot_dim, bool neox, const double* inv_freq, cudaStream_t s);
 void launch_kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
                      const int32_t* slot_mapping, int n_tokens, cudaStream_t s);
+
+// Backend::move_kv_tokens (kv_store.cu): each move's token, every head, K and V, codes and
+// its own scales. The moves of one launch run in parallel: no move's source may be another's
+// destination (the caller checks).
+struct SlotMoves {
+  static constexpr int kMax = 32;
+  int32_t src[kMax], dst[kMax];
+  int n = 0;
+};
+struct KvMovePart {  // where a token's bytes are in a page of K or V
+  int64_t page_bytes = 0;
+  int row_bytes = 0;
+  int64_t meta_offset = 0;
+  int meta_bytes = 0;  // one token's scales
+};
+void launch_move_kv_tokens(const KvLayerView& kv, std::span<const KvSlotMove> moves, cudaStream_t s);
 
 // Quantized KV formats (docs/design/kv-quant.md; any K/V pair where either is not plain).
 // kv_store_quant.cu: this step's keys and values encoded into their pages in place, the

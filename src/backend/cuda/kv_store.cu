@@ -48,3 +48,48 @@ void launch_kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const f
 }
 
 }  // namespace tessera::cuda
+
+namespace tessera::cuda {
+
+namespace {
+
+// Grid: (move, KV head, K or V); the block copies that token's codes, then its own scales.
+__global__ void move_kv_tokens_kernel(uint8_t* __restrict__ k, uint8_t* __restrict__ v, SlotMoves m, int n_kv_heads,
+                                      int block_size, KvMovePart kp, KvMovePart vp) {
+  pdl_wait();
+  pdl_trigger();
+  const KvMovePart& p = blockIdx.z == 0 ? kp : vp;
+  uint8_t* base = blockIdx.z == 0 ? k : v;
+  const int src = m.src[blockIdx.x], dst = m.dst[blockIdx.x], h = blockIdx.y;
+  const uint8_t* sp = base + (static_cast<int64_t>(src / block_size) * n_kv_heads + h) * p.page_bytes;
+  uint8_t* dp = base + (static_cast<int64_t>(dst / block_size) * n_kv_heads + h) * p.page_bytes;
+  for (int i = threadIdx.x; i < p.row_bytes; i += blockDim.x)
+    dp[(dst % block_size) * p.row_bytes + i] = sp[(src % block_size) * p.row_bytes + i];
+  for (int i = threadIdx.x; i < p.meta_bytes; i += blockDim.x)
+    dp[p.meta_offset + (dst % block_size) * p.meta_bytes + i] =
+        sp[p.meta_offset + (src % block_size) * p.meta_bytes + i];
+}
+
+KvMovePart move_part(const KvFormat& f, int block_size, int head_dim, int64_t page_bytes) {
+  const KvPageLayout l = kv_page_layout(f, block_size, head_dim);
+  return {page_bytes, static_cast<int>(l.row_bytes), l.meta_offset, static_cast<int>(l.meta_bytes / block_size)};
+}
+
+}  // namespace
+
+void launch_move_kv_tokens(const KvLayerView& kv, std::span<const KvSlotMove> moves, cudaStream_t s) {
+  const KvMovePart kp = move_part(kv.k_fmt, kv.block_size, kv.head_dim, kv.k_page_bytes);
+  const KvMovePart vp = move_part(kv.v_fmt, kv.block_size, kv.head_dim, kv.v_page_bytes);
+  for (size_t first = 0; first < moves.size(); first += SlotMoves::kMax) {
+    SlotMoves m;
+    m.n = static_cast<int>(std::min<size_t>(SlotMoves::kMax, moves.size() - first));
+    for (int i = 0; i < m.n; ++i) {
+      m.src[i] = moves[first + i].src;
+      m.dst[i] = moves[first + i].dst;
+    }
+    launch_pdl(move_kv_tokens_kernel, dim3(m.n, kv.n_kv_heads, 2), dim3(128), 0, s, static_cast<uint8_t*>(kv.k),
+               static_cast<uint8_t*>(kv.v), m, kv.n_kv_heads, kv.block_size, kp, vp);
+  }
+}
+
+}  // namespace tessera::cuda

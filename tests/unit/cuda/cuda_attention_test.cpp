@@ -25,6 +25,8 @@ struct Case {
   DType kv_dtype;
   std::vector<SeqSpec> seqs;
   int window = 0;  // sliding window (AttentionBatch::window); 0 = plain causal
+  // A draft tree over the last sequence's rows (its n_new = nodes + 1; HostBatch::set_tree).
+  std::vector<int16_t> tree = {};
 };
 
 bool is_prefill(const Case& c) {
@@ -115,13 +117,15 @@ void run_case(const Case& c, std::mt19937& rng) {
     cpu->kv_store(ckv, k.data(), ld, v.data(), ld, hb.view());
     gpu->kv_store(gkv, dk.get(), ld, dv.get(), ld, hb.device_view(*gpu));
   };
-  const HostBatch hist = build(true), step = build(false);
+  const HostBatch hist = build(true);
+  HostBatch step = build(false);
+  if (!c.tree.empty()) step.set_tree(c.tree);
   store(hist);
   store(step);
 
   // Every written slot holds the same bytes on both.
   const auto gk_host = gk.read(), gv_host = gv.read();
-  for (const HostBatch* hb : {&hist, &step})
+  for (const HostBatch* hb : {&hist, static_cast<const HostBatch*>(&step)})
     for (int32_t slot : hb->slots)
       for (int h = 0; h < c.n_kv_heads; ++h) {
         const size_t off = ((static_cast<size_t>(slot / bs) * c.n_kv_heads + h) * bs + slot % bs) * hd * elem;
@@ -238,6 +242,25 @@ TEST(CudaAttention, VerificationRowsSplitOverLongContextsMatchCpu) {
   }
   // Batch 1 at the split boundary: rows ending exactly at and across a split's first key.
   run_case(Case{128, 8, 4, 16, DType::F16, {{254, 5}}}, rng);
+}
+
+TEST(CudaAttention, DraftTreeRowsSeeOnlyTheirAncestorsLikeTheCpu) {
+  TESSERA_REQUIRE_CUDA();
+  // Tree verification masks on every kernel that takes several rows per sequence: the split
+  // tensor-core decode (<= 17 rows), the tensor-core prefill (more rows, a window), the SIMT
+  // prefill (head_dim 96, f32 KV). The tree: a main chain, side branches, a branch two deep.
+  std::mt19937 rng(91);
+  const std::vector<int16_t> small = {-1, 0, 1, -1, 3, 0, 5, -1};  // 9 rows
+  std::vector<int16_t> big = {-1, 0, 1, 2, 3};                     // 24 rows: a chain, then branches
+  for (int16_t p : {-1, 0, 1, 5, 6, 8, 9, 2, 11, 12, 13, 4, 15, 16, 17, 18, 3, 20}) big.push_back(p);
+  for (auto [hd, nkv, group, bs] :
+       std::vector<std::array<int, 4>>{{128, 8, 4, 16}, {64, 3, 3, 16}, {128, 1, 16, 7}, {64, 2, 1, 16}}) {
+    run_case(Case{hd, nkv, group, bs, DType::F16, {{1500, 1}, {700, 9}}, 0, small}, rng);
+    run_case(Case{hd, nkv, group, bs, DType::F16, {{40, 3}, {1200, 24}}, 0, big}, rng);
+  }
+  run_case(Case{128, 2, 4, 16, DType::F16, {{300, 24}}, 64, big}, rng);  // a window: the prefill kernel
+  run_case(Case{96, 2, 2, 16, DType::F16, {{100, 9}}, 0, small}, rng);   // head_dim 96
+  run_case(Case{64, 2, 2, 16, DType::F32, {{33, 9}, {5, 2}}, 0, small}, rng);
 }
 
 TEST(CudaAttention, SlidingWindowPrefillAndDecodeMatchCpu) {

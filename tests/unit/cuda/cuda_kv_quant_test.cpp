@@ -38,6 +38,7 @@ struct Case {
   std::string k_fmt, v_fmt;
   int block_size, n_kv_heads, group, head_dim;
   std::vector<Seq> seqs;
+  std::vector<int16_t> tree = {};  // a draft tree over the last sequence's rows (HostBatch::set_tree)
 };
 
 // Rows with a few large channels (as keys have) and an occasional huge token.
@@ -221,7 +222,8 @@ void run_case(const Case& c, uint32_t seed) {
   // Attention over the same pages: the CPU's bytes into the GPU cache.
   gpu->copy_to_device(gl.k, cl.k, kbytes);
   gpu->copy_to_device(gl.v, cl.v, vbytes);
-  const HostBatch hb = batch(true);
+  HostBatch hb = batch(true);
+  if (!c.tree.empty()) hb.set_tree(c.tree);
   const int n = static_cast<int>(hb.positions.size());
   const int64_t ldq = qd + 4, ldo = qd + 8;
   const auto q = randn(static_cast<size_t>(n) * ldq, rng);
@@ -347,6 +349,50 @@ TEST(CudaKvQuant, VerificationRowsAttendLikeTheCpu) {
   }
   run_case({"turbo3.5", "turbo3.5", 16, 2, 4, 128, {{1000, 17}}}, seed++);
   run_case({"int4", "fp8_e4m3:token", 16, 1, 3, 64, {{255, 6}, {256, 9}}}, seed++);
+}
+
+TEST(CudaKvQuant, DraftTreesAttendLikeTheCpu) {
+  // Tree verification over quantized pages: the fragment kernel (<= 17 rows) and the
+  // prefill kernel (more rows), every format family.
+  TESSERA_REQUIRE_CUDA();
+  uint32_t seed = 500;
+  const std::vector<int16_t> small = {-1, 0, 1, -1, 3, 0, 5, -1};
+  const std::vector<int16_t> big = {-1, 0,  1,  2,  3, -1, 0,  1,  5,  6, 8, 9,
+                                    2,  11, 12, 13, 4, 15, 16, 17, 18, 3, 20};  // a chain, then branches
+  for (const char* name : {"fp8_e4m3", "int8", "int4:g32", "turbo3.5", "turbo3.5:qjl"}) {
+    run_case({name, name, 16, 2, 4, 128, {{40, 1}, {700, 9}}, small}, seed++);
+    run_case({name, name, 16, 2, 4, 64, {{300, 24}}, big}, seed++);
+  }
+}
+
+TEST(CudaKvQuant, TokenMovesGiveTheCpuBytes) {
+  // Backend::move_kv_tokens (tree verification's kept path): the CUDA kernel moves the same
+  // bytes as the CPU's copies, codes and per-token scales, K and V, across pages and within one.
+  TESSERA_REQUIRE_CUDA();
+  auto gpu = make_cuda();
+  auto cpu = make_cpu();
+  std::mt19937 rng(17);
+  for (const char* name : {"f16", "fp8_e4m3:token", "int8:g32", "int4:g32", "turbo3.5:qjl"}) {
+    const KvCacheSpec spec = spec_of(Case{name, name, 16, 2, 4, 64, {}}, 6);
+    KvCache ckv(*cpu, spec), gkv(*gpu, spec);
+    const KvLayerView cl = ckv.layer(0), gl = gkv.layer(0);
+    for (int part = 0; part < 2; ++part) {
+      const size_t bytes = static_cast<size_t>(part == 0 ? spec.k_layer_block_bytes() : spec.v_layer_block_bytes()) * 6;
+      std::vector<uint8_t> fill(bytes);
+      for (auto& b : fill) b = static_cast<uint8_t>(rng());
+      std::memcpy(part == 0 ? cl.k : cl.v, fill.data(), bytes);
+      gpu->copy_to_device(part == 0 ? gl.k : gl.v, fill.data(), bytes);
+    }
+    const KvSlotMove moves[] = {{40, 17}, {45, 18}, {90, 19}, {30, 20}};
+    cpu->move_kv_tokens(cl, moves);
+    gpu->move_kv_tokens(gl, moves);
+    for (int part = 0; part < 2; ++part) {
+      const size_t bytes = static_cast<size_t>(part == 0 ? spec.k_layer_block_bytes() : spec.v_layer_block_bytes()) * 6;
+      std::vector<uint8_t> got(bytes);
+      gpu->copy_to_host(got.data(), part == 0 ? gl.k : gl.v, bytes);
+      EXPECT_EQ(std::memcmp(got.data(), part == 0 ? cl.k : cl.v, bytes), 0) << name << (part == 0 ? " K" : " V");
+    }
+  }
 }
 
 TEST(CudaKvQuant, MixedFormatsBlockSizesAndHeadSizes) {

@@ -170,3 +170,58 @@ TEST(CudaModel, Qwen3MoeRoutingAndExpertsOnGpu) {
   // Q8_0 measured on an H100 (2026-12-06): past the 6 allowed flips the worst step was 8.9e-2.
   parity("dummy:qwen3moe-tiny:q8_0", 1e-1, false, 6);
 }
+
+namespace {
+
+// One tree verification forward after `prompt`: the logits of every row (root, then nodes),
+// [rows, n_vocab]. The sequence is released afterwards.
+std::vector<float> tree_forward(Session& s, const std::vector<int32_t>& prompt, const std::vector<int32_t>& rows,
+                                const std::vector<int16_t>& parents) {
+  SequenceBlocks seq;
+  std::vector<float> logits;
+  s.feed(seq, prompt, ForwardBatch::Logits::Last, logits);
+  EXPECT_TRUE(seq.reserve(s.pool(), s.options().block_size, static_cast<int>(rows.size())));
+  ForwardBatch b;
+  b.add_sequence(seq, s.options().block_size, rows.data(), static_cast<int>(rows.size()), ForwardBatch::Logits::All);
+  if (!parents.empty()) b.set_tree(parents);
+  std::vector<float> out(rows.size() * static_cast<size_t>(s.config().n_vocab));
+  s.runner().forward(b, out.data());
+  seq.release_all(s.pool());
+  return out;
+}
+
+}  // namespace
+
+TEST(CudaModel, DraftTreeForwardEqualsEachPathAsAChainOnBothBackends) {
+  // Tree verification through the whole model: RoPE by depth and the tree masks in every
+  // layer. Each node's logits equal those of a chain made of its path (CPU, also without a
+  // GPU), and the GPU's tree logits equal the CPU's.
+  const std::string model = "dummy:smollm2-135m:f32";
+  SessionOptions co = options(model, "cpu");
+  co.max_logits = 16;
+  Session cpu(co);
+  const int n_vocab = cpu.config().n_vocab;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back((i * 7919 + 13) % n_vocab);
+  const std::vector<int16_t> parents = {-1, 0, 1, -1, 3, 0, 5, -1};
+  std::vector<int32_t> rows = {prompt.back()};
+  for (size_t j = 0; j < parents.size(); ++j) rows.push_back(static_cast<int32_t>((j * 104729 + 77) % n_vocab));
+  prompt.pop_back();  // the root row is the prompt's last token, fed with the tree
+  const std::vector<float> c = tree_forward(cpu, prompt, rows, parents);
+  for (size_t node = 0; node < parents.size(); ++node) {
+    std::vector<int32_t> chain = {rows[0]};
+    std::vector<int32_t> path;
+    for (int j = static_cast<int>(node); j >= 0; j = parents[j]) path.push_back(rows[1 + j]);
+    chain.insert(chain.end(), path.rbegin(), path.rend());
+    const std::vector<float> ref = tree_forward(cpu, prompt, chain, {});
+    const std::vector<float> want(ref.end() - n_vocab, ref.end());
+    const std::vector<float> got(c.begin() + (node + 1) * n_vocab, c.begin() + (node + 2) * n_vocab);
+    EXPECT_LT(rel_err(got, want), 1e-5) << "node " << node;
+  }
+  TESSERA_REQUIRE_CUDA();
+  SessionOptions go = options(model, "cuda");
+  go.max_logits = 16;
+  Session gpu(go);
+  const std::vector<float> g = tree_forward(gpu, prompt, rows, parents);
+  EXPECT_LT(rel_err(g, c), 1e-4);
+}

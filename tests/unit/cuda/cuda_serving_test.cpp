@@ -174,8 +174,15 @@ struct EngineRun {
   EngineStats stats;
 };
 
-ModelEngineOptions engine_options(const std::string& device) {
+ModelEngineOptions engine_options(const std::string& device, bool speculative = false) {
   ModelEngineOptions o;
+  if (speculative) {  // n-gram trees (several candidates in one forward), fixed k
+    o.speculative.method = SpecMethod::Ngram;
+    o.speculative.num_speculative_tokens = 4;
+    o.speculative.prompt_lookup_min = 1;
+    o.speculative.prompt_lookup_candidates = 3;
+    o.speculative.adaptive = false;
+  }
   o.session.model = "dummy:smollm2-135m:f32";
   o.session.backend.device = device;
   o.session.backend.threads = 2;
@@ -249,4 +256,20 @@ TEST(CudaServing, EngineOnCudaGivesTheCpuTokensWithForksPrefixHitsAndSwaps) {
   }
   EXPECT_EQ(g.logprob_tokens, c.logprob_tokens);
   EXPECT_EQ(g.logprob_tokens.at(5), g.tokens.at(5)[0]);
+}
+
+TEST(CudaServing, SpeculationOnCudaGivesThePlainCpuTokens) {
+  // n-gram speculation (trees allowed) on the GPU: the tokens of the plain CPU engine, with
+  // forks, prefix hits, swaps and penalties as above. The dummy model's greedy outputs
+  // repeat one continuation, so its drafts are chains; trees through the model are
+  // CudaModel.DraftTreeForward..., their kernels CudaAttention/CudaKvQuant.DraftTree...
+  TESSERA_REQUIRE_CUDA();
+  ModelEngine plain(engine_options("cpu"));
+  ModelEngine gpu(engine_options("cuda", true));
+  const EngineRun p = run_engine(plain);
+  const EngineRun g = run_engine(gpu);
+  EXPECT_GT(g.stats.spec.accepted_tokens, 0);
+  for (const auto& [id, choices] : p.tokens)
+    for (size_t k = 0; k < choices.size(); ++k)
+      EXPECT_EQ(g.tokens.at(id)[k], choices[k]) << "request " << id << " choice " << k;
 }

@@ -76,7 +76,21 @@ double rel_err(const std::vector<A>& got, const std::vector<B>& ref) {
 // Host arrays of one AttentionBatch.
 struct HostBatch {
   std::vector<int32_t> positions, slots, q_start, kv_len, tables;
+  std::vector<int32_t> tree_mask;  // empty, or AttentionBatch::tree_mask's bits per row
   int max_blocks = 0;
+  // Makes the last sequence's rows a draft tree (ForwardBatch::set_tree's masks; earlier
+  // sequences keep causal masks): row 1 + j follows row 1 + parents[j].
+  void set_tree(const std::vector<int16_t>& parents) {
+    tree_mask.clear();
+    for (size_t s = 0; s + 1 < q_start.size(); ++s)
+      for (int i = 0; i < q_start[s + 1] - q_start[s]; ++i)
+        tree_mask.push_back(i >= 31 ? -1 : static_cast<int32_t>((2u << i) - 1u));
+    const int first = q_start[q_start.size() - 2];
+    tree_mask[first] = 1;
+    for (size_t j = 0; j < parents.size(); ++j)
+      tree_mask[first + 1 + j] =
+          static_cast<int32_t>(static_cast<uint32_t>(tree_mask[first + 1 + parents[j]]) | (1u << (1 + j)));
+  }
   // The batch over the host arrays (for the CPU backend).
   AttentionBatch view() const {
     AttentionBatch b;
@@ -91,6 +105,7 @@ struct HostBatch {
     b.kv_len = kv_len.data();
     b.block_tables = tables.data();
     b.max_blocks = max_blocks;
+    if (!tree_mask.empty()) b.tree_mask = reinterpret_cast<const uint32_t*>(tree_mask.data());
     return b;
   }
   // The same batch with its arrays copied to `be` (ops take device arrays), alive as long
@@ -106,6 +121,7 @@ struct HostBatch {
     b.q_start = up(q_start);
     b.kv_len = up(kv_len);
     b.block_tables = up(tables);
+    if (!tree_mask.empty()) b.tree_mask = reinterpret_cast<const uint32_t*>(up(tree_mask));
     return b;
   }
   mutable std::vector<std::shared_ptr<DeviceVec<int32_t>>> uploads;
