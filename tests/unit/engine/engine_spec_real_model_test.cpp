@@ -67,6 +67,20 @@ class EngineSpecRealModel : public ::testing::Test {
     });
   }
   static std::vector<Request> greedy_requests() { return tessera::test::spec_greedy_requests(*model_); }
+  // 64 requests of 16 seeded choices each (temperature 0.8, top-p 0.9) continuing `context`.
+  static RunResult sample(const char* context, int max_tokens, bool spec, uint64_t seed_base,
+                          const std::function<void(EngineConfig&)>& tweak = {}) {
+    std::vector<Request> reqs;
+    for (int i = 0; i < 64; ++i) {
+      Request r = greedy(context, max_tokens);
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_p = 0.9f;
+      r.sampling.seed = seed_base + static_cast<uint64_t>(i) * 16;
+      r.n = 16;
+      reqs.push_back(r);
+    }
+    return run(reqs, spec, false, 0, tweak);
+  }
 
   static ModelEngine* model_;
 };
@@ -195,21 +209,9 @@ TEST_F(EngineSpecRealModel, SeededSamplingIsReproducible) {
 // The context is open (several likely continuations) and its words recur, so the n-gram
 // drafter proposes tokens that are sometimes kept and sometimes not.
 TEST_F(EngineSpecRealModel, SampledContinuationsMatchNonSpeculativeSampling) {
-  constexpr int kRequests = 64;
-  const auto sample = [&](bool spec, uint64_t seed_base) {
-    std::vector<Request> reqs;
-    for (int i = 0; i < kRequests; ++i) {
-      Request r = greedy("Once upon a time, in a small village by the sea, there lived a", 3);
-      r.sampling.temperature = 0.8f;
-      r.sampling.top_p = 0.9f;
-      r.sampling.seed = seed_base + static_cast<uint64_t>(i) * 16;
-      r.n = 16;
-      reqs.push_back(r);
-    }
-    return run(reqs, spec);
-  };
-  const RunResult plain = sample(false, 1000000);
-  const RunResult spec = sample(true, 2000000);
+  const char* context = "Once upon a time, in a small village by the sea, there lived a";
+  const RunResult plain = sample(context, 3, false, 1000000);
+  const RunResult spec = sample(context, 3, true, 2000000);
   EXPECT_GT(spec.stats.spec.accepted_tokens, 0);
   EXPECT_LT(spec.stats.spec.accepted_tokens, spec.stats.spec.draft_tokens);
   test::expect_same_token_distributions(plain, spec, {1, 2});
@@ -280,28 +282,17 @@ TEST_F(EngineSpecRealModel, TreeDraftsWithAbortsLeakNoBlocks) {
 // Sampled tokens after tree verification are distributed as without speculation (the same
 // two-sample test as above, on a context whose words recur with different continuations).
 TEST_F(EngineSpecRealModel, TreeDraftsKeepSampledDistributions) {
-  constexpr int kRequests = 64;
-  const auto sample = [&](bool spec, uint64_t seed_base) {
-    std::vector<Request> reqs;
-    for (int i = 0; i < kRequests; ++i) {
-      // The first token is most often " cat", whose earlier occurrences go on three ways: the
-      // second token's draft is a tree with three children at its root. The scheduler cuts
-      // a draft to max_tokens - output - 1 nodes, main chain first: k = 2 and 5 tokens keep
-      // the side branches.
-      Request r = greedy("The cat sat. The cat ate. The cat ran. The", 5);
-      r.sampling.temperature = 0.8f;
-      r.sampling.top_p = 0.9f;
-      r.sampling.seed = seed_base + static_cast<uint64_t>(i) * 16;
-      r.n = 16;
-      reqs.push_back(r);
-    }
-    return run(reqs, spec, false, 0, [](EngineConfig& c) {
-      tree_drafts(c);
-      c.speculative.num_speculative_tokens = 2;
-    });
+  // The first token is most often " cat", whose earlier occurrences go on three ways: the
+  // second token's draft is a tree with three children at its root. The scheduler cuts a
+  // draft to max_tokens - output - 1 nodes, main chain first: k = 2 and 5 tokens keep the
+  // side branches.
+  const auto trees_k2 = [](EngineConfig& c) {
+    tree_drafts(c);
+    c.speculative.num_speculative_tokens = 2;
   };
-  const RunResult plain = sample(false, 3000000);
-  const RunResult spec = sample(true, 4000000);
+  const char* context = "The cat sat. The cat ate. The cat ran. The";
+  const RunResult plain = sample(context, 5, false, 3000000, trees_k2);
+  const RunResult spec = sample(context, 5, true, 4000000, trees_k2);
   EXPECT_GT(spec.stats.spec.tree_drafts, 0);
   EXPECT_GT(spec.stats.spec.accepted_tokens, 0);
   test::expect_same_token_distributions(plain, spec, {1, 2});

@@ -40,6 +40,20 @@ void expect_valid_tree(const Draft& d, int k) {
 }
 }  // namespace
 
+namespace {
+
+// parse_speculative_config's error message for json, or "(accepted)".
+std::string config_message(const char* json) {
+  try {
+    parse_speculative_config(json);
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string("(accepted)");
+}
+
+}  // namespace
+
 TEST(NgramDrafter, ProposesTheContinuationOfAnEarlierMatch) {
   const NgramDrafter d({.prompt_lookup_min = 2, .prompt_lookup_max = 3});
   // ... 5 6 7 8 9 ... then the text ends in 5 6 7: propose 8 9 10.
@@ -203,30 +217,22 @@ TEST(SpeculativeConfig, ParsesPromptLookupCandidates) {
   EXPECT_EQ(out[0].tokens, (std::vector<int32_t>{30, 31, 20, 21, 10, 11}));
   EXPECT_EQ(out[0].parents, (std::vector<int16_t>{-1, 0, -1, 2, -1, 4}));
 
-  const auto message = [](const char* json) {
-    try {
-      parse_speculative_config(json);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
   for (const char* bad : {R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_candidates": 0})",
                           R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_candidates": 9})"}) {
-    const std::string m = message(bad);
+    const std::string m = config_message(bad);
     EXPECT_NE(m.find("prompt_lookup_candidates"), std::string::npos) << m;
     EXPECT_NE(m.find("outside [1, 8]"), std::string::npos) << m;
   }
-  EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_candidates": "3"})")
+  EXPECT_NE(config_message(R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_candidates": "3"})")
                 .find("must be an integer"),
             std::string::npos);
-  EXPECT_NE(message(R"({"method": "early_exit", "num_speculative_tokens": 3, "draft_layers": 2,
+  EXPECT_NE(config_message(R"({"method": "early_exit", "num_speculative_tokens": 3, "draft_layers": 2,
                         "prompt_lookup_candidates": 2})")
                 .find("\"prompt_lookup_candidates\" is only for method \"ngram\""),
             std::string::npos);
-  EXPECT_NE(
-      message(R"({"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2})").find("prompt_lookup_candidates"),
-      std::string::npos);
+  EXPECT_NE(config_message(R"({"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2})")
+                .find("prompt_lookup_candidates"),
+            std::string::npos);
 }
 
 TEST(SpeculativeConfig, ParsesVllmsNgramConfig) {
@@ -249,41 +255,38 @@ TEST(SpeculativeConfig, ParsesVllmsNgramConfig) {
 }
 
 TEST(SpeculativeConfig, MalformedConfigsNameWhatIsWrong) {
-  const auto message = [](const char* json) {
-    try {
-      parse_speculative_config(json);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
-  EXPECT_NE(message("{not json").find("not valid JSON"), std::string::npos);
-  EXPECT_NE(message("[1]").find("JSON object"), std::string::npos);
-  EXPECT_NE(message(R"({"num_speculative_tokens": 4})").find("\"method\" is required"), std::string::npos);
-  EXPECT_NE(message(R"({"method": "ngram"})").find("num_speculative_tokens"), std::string::npos);
-  EXPECT_NE(message(R"({"method": "foo", "num_speculative_tokens": 4})").find("unknown method \"foo\""),
+  EXPECT_NE(config_message("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(config_message("[1]").find("JSON object"), std::string::npos);
+  EXPECT_NE(config_message(R"({"num_speculative_tokens": 4})").find("\"method\" is required"), std::string::npos);
+  EXPECT_NE(config_message(R"({"method": "ngram"})").find("num_speculative_tokens"), std::string::npos);
+  EXPECT_NE(config_message(R"({"method": "foo", "num_speculative_tokens": 4})").find("unknown method \"foo\""),
             std::string::npos);
-  EXPECT_NE(message(R"({"method": "medusa", "num_speculative_tokens": 4})").find("not built yet"), std::string::npos);
-  EXPECT_NE(message(R"({"method": "draft_model", "num_speculative_tokens": 4})").find("needs \"model\""),
+  EXPECT_NE(config_message(R"({"method": "medusa", "num_speculative_tokens": 4})").find("not built yet"),
             std::string::npos);
-  EXPECT_NE(message(R"({"method": "draft_model", "model": 3, "num_speculative_tokens": 4})").find("model spec string"),
+  EXPECT_NE(config_message(R"({"method": "draft_model", "num_speculative_tokens": 4})").find("needs \"model\""),
             std::string::npos);
-  EXPECT_NE(message(R"({"method": "early_exit", "num_speculative_tokens": 4})").find("needs \"draft_layers\""),
+  EXPECT_NE(
+      config_message(R"({"method": "draft_model", "model": 3, "num_speculative_tokens": 4})").find("model spec string"),
+      std::string::npos);
+  EXPECT_NE(config_message(R"({"method": "early_exit", "num_speculative_tokens": 4})").find("needs \"draft_layers\""),
             std::string::npos);
-  EXPECT_NE(message(R"({"method": "early_exit", "num_speculative_tokens": 4, "draft_layers": -2})").find("negative"),
-            std::string::npos);
-  EXPECT_NE(message(R"({"method": "early_exit", "model": "m", "num_speculative_tokens": 4, "draft_layers": 2})")
+  EXPECT_NE(
+      config_message(R"({"method": "early_exit", "num_speculative_tokens": 4, "draft_layers": -2})").find("negative"),
+      std::string::npos);
+  EXPECT_NE(config_message(R"({"method": "early_exit", "model": "m", "num_speculative_tokens": 4, "draft_layers": 2})")
                 .find("only for method \"draft_model\""),
             std::string::npos);
-  EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": 4, "draft_layers": 2})").find("draft_layers"),
-            std::string::npos);
-  EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": "4"})").find("must be an integer"),
-            std::string::npos);
-  EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": 0})").find("outside [1, 32]"), std::string::npos);
   EXPECT_NE(
-      message(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5})").find("prompt_lookup_max"),
+      config_message(R"({"method": "ngram", "num_speculative_tokens": 4, "draft_layers": 2})").find("draft_layers"),
       std::string::npos);
-  EXPECT_NE(message(R"({"method": "ngram", "num_speculative_tokens": 4, "lookahead": 2})").find("unknown key"),
+  EXPECT_NE(config_message(R"({"method": "ngram", "num_speculative_tokens": "4"})").find("must be an integer"),
+            std::string::npos);
+  EXPECT_NE(config_message(R"({"method": "ngram", "num_speculative_tokens": 0})").find("outside [1, 32]"),
+            std::string::npos);
+  EXPECT_NE(config_message(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5})")
+                .find("prompt_lookup_max"),
+            std::string::npos);
+  EXPECT_NE(config_message(R"({"method": "ngram", "num_speculative_tokens": 4, "lookahead": 2})").find("unknown key"),
             std::string::npos);
 }
 
