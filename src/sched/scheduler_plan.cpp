@@ -1,6 +1,7 @@
 // Scheduler::plan(): one step's {sequence -> new tokens}, without changing anything.
 // Contract: docs/design/scheduler.md ("A step").
 #include <algorithm>
+#include <vector>
 #include <iterator>
 #include <optional>
 #include <tuple>
@@ -179,8 +180,21 @@ int Scheduler::draft_allowance(const Sequence& s, int budget_left, int rows_left
   const int n_tokens = static_cast<int>(s.tokens.size());
   // Every draft token kept still leaves room for the token sampled after them: never past
   // max_tokens or max_model_len, so no KV is written for a position that cannot be emitted.
-  const int n = std::min({static_cast<int>(s.draft.size()), budget_left, rows_left, stop.max_tokens - s.n_output() - 1,
-                          config_.max_model_len - n_tokens - 1});
+  // max_tokens bounds the tokens a step can emit: a chain's length, a tree's depth (its
+  // nodes each take a slot, a row and budget: the other limits count them).
+  const int emit_left = stop.max_tokens - s.n_output() - 1;
+  int fits = static_cast<int>(s.draft.size());
+  if (!s.draft_parents.empty()) {
+    std::vector<int> depth(s.draft_parents.size());
+    for (int j = 0; j < fits; ++j) {
+      const int p = s.draft_parents[j];
+      depth[j] = p < 0 ? 1 : depth[p] + 1;
+      if (depth[j] > emit_left) fits = j;  // the longest prefix within the depth
+    }
+  } else {
+    fits = std::min(fits, emit_left);
+  }
+  const int n = std::min({fits, budget_left, rows_left, config_.max_model_len - n_tokens - 1});
   return std::max(0, n);
 }
 

@@ -283,9 +283,8 @@ TEST_F(EngineSpecRealModel, TreeDraftsWithAbortsLeakNoBlocks) {
 // two-sample test as above, on a context whose words recur with different continuations).
 TEST_F(EngineSpecRealModel, TreeDraftsKeepSampledDistributions) {
   // The first token is most often " cat", whose earlier occurrences go on three ways: the
-  // second token's draft is a tree with three children at its root. The scheduler cuts a
-  // draft to max_tokens - output - 1 nodes, main chain first: k = 2 and 5 tokens keep the
-  // side branches.
+  // second token's draft is a tree with three children at its root (k = 2: short branches,
+  // so the 5 tokens asked for are few steps).
   const auto trees_k2 = [](EngineConfig& c) {
     tree_drafts(c);
     c.speculative.num_speculative_tokens = 2;
