@@ -132,8 +132,8 @@ void EngineArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--speculative-config", speculative_config,
                  "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}'; methods ngram, draft_model (\"model\": a model "
-                 "spec as -m takes it, optional \"draft_layers\") and early_exit (\"draft_layers\": L) "
-                 "(docs/design/spec-decode.md)");
+                 "spec as -m takes it, optional \"draft_layers\") and early_exit (\"draft_layers\": L); ngram's "
+                 "\"prompt_lookup_candidates\": C drafts C continuations as a tree (docs/design/spec-decode.md)");
   cmd.add_option(
          "--tensor-parallel-size", tensor_parallel_size,
          "(also -tp) split the model over N ranks (tensor parallelism; threads of this process on the CPU, GPUs "
