@@ -395,9 +395,13 @@ void EngineCore::check_draft(Draft& d, const DraftQuery& q) const {
                 "engine: drafter ", drafter_->name(), " proposed a tree of ", d.tokens.size(), " nodes (",
                 d.parents.size(), " parents, ", d.probs.size(), " distributions) where ",
                 q.allow_tree ? "a tree of point masses of at most 31 nodes" : "a chain", " was asked for");
-  for (size_t j = 0; j < d.parents.size(); ++j)
+  for (size_t j = 0; j < d.parents.size(); ++j) {
     TESSERA_CHECK(d.parents[j] >= -1 && d.parents[j] < static_cast<int>(j), "engine: drafter ", drafter_->name(),
                   " gave tree node ", j, " the parent ", d.parents[j]);
+    for (size_t i = 0; i < j; ++i)  // verification takes the first sibling holding a token
+      TESSERA_CHECK(d.parents[i] != d.parents[j] || d.tokens[i] != d.tokens[j], "engine: drafter ", drafter_->name(),
+                    " gave tree nodes ", i, " and ", j, " the same parent and token");
+  }
   TESSERA_CHECK(tree_depth(d.parents) <= q.max_tokens, "engine: drafter ", drafter_->name(),
                 " proposed a tree deeper than ", q.max_tokens);
 }

@@ -17,7 +17,8 @@ ModelExecutor::ModelExecutor(Model& model, KvCache& kv, Backend& backend, int ma
       runner_(model, kv, backend, pad_block, pad_local_block),
       n_vocab_(model.config().n_vocab),
       max_batch_tokens_(std::min(max_batch_tokens, model.max_batch_tokens())),
-      max_logits_rows_(max_logits_rows) {
+      max_logits_rows_(max_logits_rows),
+      windowed_(model.config().sliding_window > 0) {
   mask_words_ = token_bitmask_words(n_vocab_);
   TESSERA_CHECK(max_logits_rows >= 1, "executor: max_logits_rows ", max_logits_rows);
   if (n_host_blocks > 0) host_ = std::make_unique<HostKvTier>(kv.spec(), n_host_blocks, backend);
@@ -283,8 +284,10 @@ void ModelExecutor::execute(const StepInput& in, StepOutput& out) {
 bool ModelExecutor::supports_draft_trees() const {
   const KvCacheSpec& spec = kv_.spec();
   // Position-aware key centering codes a key by its slot's position: a tree node's key
-  // would be coded for a slot it leaves.
-  return backend_.supports_tree_attention() && kv_token_moves_supported(spec) && spec.k_rope_dim == 0;
+  // would be coded for a slot it leaves. Windows bound a row's keys by its slot's position
+  // too, while a node off the main chain sits later than its depth: it would lose the
+  // oldest keys of its window.
+  return backend_.supports_tree_attention() && kv_token_moves_supported(spec) && spec.k_rope_dim == 0 && !windowed_;
 }
 
 void ModelExecutor::verify_draft(const SampleTarget& t, Sampler& sampler, FunctionRef<std::span<float>(int32_t)> row_of,

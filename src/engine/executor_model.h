@@ -105,6 +105,7 @@ class ModelExecutor final : public Executor {
   std::unordered_map<SeqId, Sampler> samplers_;
   std::unordered_map<SeqId, Constrained> constrained_;
   int32_t mask_words_;
+  bool windowed_;                         // the model has sliding-window layers
   std::shared_ptr<void> masks_;           // [mask slots, mask words] from backend.alloc_host() (pinned on a device)
   size_t mask_slots_ = 0;                 // capacity of masks_
   size_t step_slots_ = 0;                 // slots of this step

@@ -55,8 +55,7 @@ void launch_kv_store(const KvLayerView& kv, const float* k, int64_t ldk, const f
                      const int32_t* slot_mapping, int n_tokens, cudaStream_t s);
 
 // Backend::move_kv_tokens (kv_store.cu): each move's token, every head, K and V, codes and
-// its own scales. The moves of one launch run in parallel: no move's source may be another's
-// destination (the caller checks).
+// its own scales, the moves in order (one may read what an earlier one wrote).
 struct SlotMoves {
   static constexpr int kMax = 32;
   int32_t src[kMax], dst[kMax];

@@ -53,21 +53,27 @@ namespace tessera::cuda {
 
 namespace {
 
-// Grid: (move, KV head, K or V); the block copies that token's codes, then its own scales.
+// Grid: (KV head, K or V), disjoint bytes; each block takes the moves in order (a kept path's
+// moves may chain: one's source is an earlier one's destination), the token's codes, then its
+// own scales, a barrier between moves.
 __global__ void move_kv_tokens_kernel(uint8_t* __restrict__ k, uint8_t* __restrict__ v, SlotMoves m, int n_kv_heads,
                                       int block_size, KvMovePart kp, KvMovePart vp) {
   pdl_wait();
   pdl_trigger();
-  const KvMovePart& p = blockIdx.z == 0 ? kp : vp;
-  uint8_t* base = blockIdx.z == 0 ? k : v;
-  const int src = m.src[blockIdx.x], dst = m.dst[blockIdx.x], h = blockIdx.y;
-  const uint8_t* sp = base + (static_cast<int64_t>(src / block_size) * n_kv_heads + h) * p.page_bytes;
-  uint8_t* dp = base + (static_cast<int64_t>(dst / block_size) * n_kv_heads + h) * p.page_bytes;
-  for (int i = threadIdx.x; i < p.row_bytes; i += blockDim.x)
-    dp[(dst % block_size) * p.row_bytes + i] = sp[(src % block_size) * p.row_bytes + i];
-  for (int i = threadIdx.x; i < p.meta_bytes; i += blockDim.x)
-    dp[p.meta_offset + (dst % block_size) * p.meta_bytes + i] =
-        sp[p.meta_offset + (src % block_size) * p.meta_bytes + i];
+  const KvMovePart& p = blockIdx.y == 0 ? kp : vp;
+  uint8_t* base = blockIdx.y == 0 ? k : v;
+  const int h = blockIdx.x;
+  for (int j = 0; j < m.n; ++j) {
+    const int src = m.src[j], dst = m.dst[j];
+    const uint8_t* sp = base + (static_cast<int64_t>(src / block_size) * n_kv_heads + h) * p.page_bytes;
+    uint8_t* dp = base + (static_cast<int64_t>(dst / block_size) * n_kv_heads + h) * p.page_bytes;
+    for (int i = threadIdx.x; i < p.row_bytes; i += blockDim.x)
+      dp[(dst % block_size) * p.row_bytes + i] = sp[(src % block_size) * p.row_bytes + i];
+    for (int i = threadIdx.x; i < p.meta_bytes; i += blockDim.x)
+      dp[p.meta_offset + (dst % block_size) * p.meta_bytes + i] =
+          sp[p.meta_offset + (src % block_size) * p.meta_bytes + i];
+    __syncthreads();  // this move's bytes are written before the next one reads
+  }
 }
 
 KvMovePart move_part(const KvFormat& f, int block_size, int head_dim, int64_t page_bytes) {
@@ -87,7 +93,7 @@ void launch_move_kv_tokens(const KvLayerView& kv, std::span<const KvSlotMove> mo
       m.src[i] = moves[first + i].src;
       m.dst[i] = moves[first + i].dst;
     }
-    launch_pdl(move_kv_tokens_kernel, dim3(m.n, kv.n_kv_heads, 2), dim3(128), 0, s, static_cast<uint8_t*>(kv.k),
+    launch_pdl(move_kv_tokens_kernel, dim3(kv.n_kv_heads, 2), dim3(128), 0, s, static_cast<uint8_t*>(kv.k),
                static_cast<uint8_t*>(kv.v), m, kv.n_kv_heads, kv.block_size, kp, vp);
   }
 }

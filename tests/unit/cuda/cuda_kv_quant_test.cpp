@@ -367,7 +367,7 @@ TEST(CudaKvQuant, DraftTreesAttendLikeTheCpu) {
 
 TEST(CudaKvQuant, TokenMovesGiveTheCpuBytes) {
   // Backend::move_kv_tokens (tree verification's kept path): the CUDA kernel moves the same
-  // bytes as the CPU's copies, codes and per-token scales, K and V, across pages and within one.
+  // bytes as the CPU's copies in order, codes and per-token scales, K and V.
   TESSERA_REQUIRE_CUDA();
   auto gpu = make_cuda();
   auto cpu = make_cpu();
@@ -383,7 +383,8 @@ TEST(CudaKvQuant, TokenMovesGiveTheCpuBytes) {
       std::memcpy(part == 0 ? cl.k : cl.v, fill.data(), bytes);
       gpu->copy_to_device(part == 0 ? gl.k : gl.v, fill.data(), bytes);
     }
-    const KvSlotMove moves[] = {{40, 17}, {45, 18}, {90, 19}, {30, 20}};
+    // In order, chained (each reads the slot the one before wrote), across pages and within one.
+    const KvSlotMove moves[] = {{18, 17}, {19, 18}, {40, 19}, {90, 40}, {30, 20}};
     cpu->move_kv_tokens(cl, moves);
     gpu->move_kv_tokens(gl, moves);
     for (int part = 0; part < 2; ++part) {

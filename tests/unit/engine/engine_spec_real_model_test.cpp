@@ -296,3 +296,21 @@ TEST_F(EngineSpecRealModel, TreeDraftsKeepSampledDistributions) {
   EXPECT_GT(spec.stats.spec.accepted_tokens, 0);
   test::expect_same_token_distributions(plain, spec, {1, 2});
 }
+
+// Trees need masks and positions that agree: a sliding window bounds a row's keys by its
+// slot's position, later than a side node's depth, so windowed models draft chains; and the
+// KIVI int4 keys (page-wide scales) cannot move one token.
+TEST(EngineSpecTrees, OnlyWhereTheKeysCanFollowTheTree) {
+  const auto trees = [](const std::string& model, const char* k_format) {
+    ModelEngineOptions o = small_engine_options(model, 64, 4, 64);
+    if (k_format) {
+      o.session.k_format = parse_kv_format(k_format, true);
+      o.session.v_format = parse_kv_format(k_format, false);
+    }
+    return ModelEngine(o).executor().supports_draft_trees();
+  };
+  EXPECT_TRUE(trees("dummy:llama3-tiny:f32", nullptr));
+  EXPECT_TRUE(trees("dummy:llama3-tiny:f32", "fp8_e4m3:token"));
+  EXPECT_FALSE(trees("dummy:gemma3-tiny:f32", nullptr));
+  EXPECT_FALSE(trees("dummy:llama3-tiny:f32", "int4"));
+}

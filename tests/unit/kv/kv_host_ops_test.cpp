@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -102,18 +103,19 @@ TEST(KvHostOps, MovesSingleTokensWithTheirScales) {
       return all;
     };
     const auto before = snapshot();
-    // A kept path's moves: 9 -> 5 (another page), 11 -> 6, 7 -> 7 is not a move; 13 -> 12 (same page).
-    const KvTokenMove moves[] = {{9, 5, false}, {11, 6, false}, {13, 12, false}};
+    // A kept path's moves, in order: a chain where a move reads what the one before wrote
+    // (6 -> 5, then 7 -> 6, then 9 -> 7, across a page), then 13 -> 12 within a page.
+    const KvTokenMove moves[] = {{6, 5, false}, {7, 6, false}, {9, 7, false}, {13, 12, false}};
     move_kv_tokens(kv, moves);
     const auto after = snapshot();
+    std::vector<int> from(n);  // the slot whose bytes each slot holds after the moves in order
+    std::iota(from.begin(), from.end(), 0);
+    for (const KvTokenMove& m : moves) from[m.dst] = from[m.src];
     for (int l = 0; l < spec.n_layers; ++l)
       for (int part = 0; part < 2; ++part)
         for (int s = 0; s < n; ++s) {
-          int from = s;
-          for (const KvTokenMove& m : moves)
-            if (m.dst == s) from = m.src;
           const size_t at = (size_t(l) * 2 + part) * n;
-          EXPECT_EQ(after[at + s], before[at + from]) << name << " layer " << l << " part " << part << " slot " << s;
+          EXPECT_EQ(after[at + s], before[at + from[s]]) << name << " layer " << l << " part " << part << " slot " << s;
         }
   }
   KvCacheSpec kivi;
