@@ -102,6 +102,16 @@ PositionVerdict resample_from_p_rule(std::span<const TokenProb> p, int32_t x, st
 }
 
 constexpr int kVocab = 6;
+
+// The joint distribution of two positions, p[0](a) · p[1 + a](b), flattened [a * kVocab + b].
+std::vector<double> joint_of_two(const std::vector<SparseDistribution>& p) {
+  std::vector<double> probs(kVocab * kVocab, 0);
+  for (int a = 0; a < kVocab; ++a)
+    for (int b = 0; b < kVocab; ++b)
+      probs[static_cast<size_t>(a * kVocab + b)] =
+          probability_of(p[0], a) * probability_of(p[static_cast<size_t>(1 + a)], b);
+  return probs;
+}
 constexpr int64_t kTrials = 1000000;
 
 // The first emitted token over kTrials: draft x ~ q (or the fixed point-mass token), then
@@ -181,11 +191,7 @@ TEST(SpecVerify, ChainsOfDraftsKeepTheJointDistribution) {
     }
     ++counts[static_cast<size_t>(out[0] * kVocab + out[1])];
   }
-  std::vector<double> probs(kVocab * kVocab, 0);
-  for (int a = 0; a < kVocab; ++a)
-    for (int b = 0; b < kVocab; ++b)
-      probs[static_cast<size_t>(a * kVocab + b)] =
-          probability_of(p[0], a) * probability_of(p[static_cast<size_t>(1 + a)], b);
+  const std::vector<double> probs = joint_of_two(p);
   const ChiSquare c = chi_square(counts, probs, kTrials);
   EXPECT_LT(c.stat, chi_square_critical_0001(c.df)) << "df " << c.df;
 }
@@ -362,11 +368,7 @@ ChiSquare tree_joint_test(const TreeRule& rule, uint64_t seed, int64_t trials = 
     }
     ++counts[static_cast<size_t>(out[0] * kVocab + out[1])];
   }
-  std::vector<double> probs(kVocab * kVocab, 0);
-  for (int a = 0; a < kVocab; ++a)
-    for (int b = 0; b < kVocab; ++b)
-      probs[static_cast<size_t>(a * kVocab + b)] =
-          probability_of(p[0], a) * probability_of(p[static_cast<size_t>(1 + a)], b);
+  const std::vector<double> probs = joint_of_two(p);
   return chi_square(counts, probs, trials);
 }
 
