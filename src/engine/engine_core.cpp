@@ -4,32 +4,11 @@
 #include <chrono>
 #include <sstream>
 
+#include "core/draft_tree.h"
 #include "core/error.h"
 #include "grammar/grammar.h"
 
 namespace tessera {
-
-namespace {
-
-// Whether tree nodes follow each other in order (the main chain alone).
-bool is_chain(std::span<const int16_t> parents) {
-  for (size_t j = 0; j < parents.size(); ++j)
-    if (parents[j] != static_cast<int>(j) - 1) return false;
-  return true;
-}
-
-// The most nodes on one root-to-leaf path.
-int tree_depth(std::span<const int16_t> parents) {
-  std::vector<int> depth(parents.size(), 0);
-  int most = 0;
-  for (size_t j = 0; j < parents.size(); ++j) {
-    depth[j] = parents[j] < 0 ? 1 : depth[static_cast<size_t>(parents[j])] + 1;
-    most = std::max(most, depth[j]);
-  }
-  return most;
-}
-
-}  // namespace
 
 EngineCore::EngineCore(const EngineConfig& config, Executor& executor)
     : config_(config),
@@ -217,7 +196,7 @@ void EngineCore::build_batch(const SchedulerOutput& out) {
         if (!d->second.probs.empty()) probs = std::span(d->second.probs).first(sc.n_draft);
         // The scheduler's cut of a tree may have left only the main chain: then it is one.
         if (d->second.is_tree()) parents = std::span(d->second.parents).first(sc.n_draft);
-        if (is_chain(parents)) parents = {};
+        if (is_draft_chain(parents)) parents = {};
       }
       if (!parents.empty()) batch_.set_tree(parents);
       const auto extras = extras_.find(sc.request);
@@ -398,11 +377,12 @@ void EngineCore::check_draft(Draft& d, const DraftQuery& q) const {
   for (size_t j = 0; j < d.parents.size(); ++j) {
     TESSERA_CHECK(d.parents[j] >= -1 && d.parents[j] < static_cast<int>(j), "engine: drafter ", drafter_->name(),
                   " gave tree node ", j, " the parent ", d.parents[j]);
-    for (size_t i = 0; i < j; ++i)  // verification takes the first sibling holding a token
-      TESSERA_CHECK(d.parents[i] != d.parents[j] || d.tokens[i] != d.tokens[j], "engine: drafter ", drafter_->name(),
-                    " gave tree nodes ", i, " and ", j, " the same parent and token");
+    // Verification takes the first sibling holding a token.
+    TESSERA_CHECK(
+        draft_tree_child(std::span(d.tokens).first(j), std::span(d.parents).first(j), d.parents[j], d.tokens[j]) < 0,
+        "engine: drafter ", drafter_->name(), " gave tree node ", j, " a sibling with the same token");
   }
-  TESSERA_CHECK(tree_depth(d.parents) <= q.max_tokens, "engine: drafter ", drafter_->name(),
+  TESSERA_CHECK(draft_tree_depth(d.parents) <= q.max_tokens, "engine: drafter ", drafter_->name(),
                 " proposed a tree deeper than ", q.max_tokens);
 }
 
@@ -503,7 +483,7 @@ void EngineCore::count_verifications(const SchedulerOutput& out) {
       // A tree is tried along one path at most: its depth is the positions tried.
       const auto d = drafts_.find(sc.seq);
       const int tried = d != drafts_.end() && d->second.is_tree()
-                            ? tree_depth(std::span(d->second.parents).first(sc.n_draft))
+                            ? draft_tree_depth(std::span(d->second.parents).first(sc.n_draft))
                             : sc.n_draft;
       draft_length_[sc.seq].observe(tried, accepted);
     }

@@ -4,6 +4,7 @@
 #include <future>
 
 #include "core/token_bitmask.h"
+#include "core/draft_tree.h"
 #include "core/error.h"
 #include "kv/kv_host_ops.h"
 #include "spec/verify.h"
@@ -336,9 +337,7 @@ std::vector<int16_t> ModelExecutor::verify_draft_tree(const SampleTarget& t, Sam
       TESSERA_CHECK(best >= 0, "executor: argmax of verification row ", row(node), " missing");
       tokens.push_back(best);
       sampler.accept(best);
-      int next = -1;
-      for (size_t j = static_cast<size_t>(node + 1); j < t.draft.size() && next < 0; ++j)
-        if (t.draft_parents[j] == node && t.draft[j] == best) next = static_cast<int>(j);
+      const int next = draft_tree_child(t.draft, t.draft_parents, node, best);
       if (next < 0) return path;
       path.push_back(static_cast<int16_t>(next));
       node = next;

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "core/draft_tree.h"
 #include "core/error.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
@@ -92,16 +93,17 @@ void ForwardBatch::set_tree(std::span<const int16_t> parents) {
     // Every row so far is a chain's.
     for (int s = 0; s < n_seqs(); ++s) extend_chain_masks(q_start[s], q_start[s + 1] - q_start[s]);
   }
-  std::vector<int> depth(static_cast<size_t>(n) + 1, 0);
+  for (int j = 0; j < n; ++j)
+    TESSERA_CHECK(parents[static_cast<size_t>(j)] >= -1 && parents[static_cast<size_t>(j)] < j,
+                  "forward batch: tree node ", j, " has parent ", parents[static_cast<size_t>(j)], " (expected -1 .. ",
+                  j - 1, ")");
+  const std::vector<int> depth = draft_tree_depths(parents);
   const int root_pos = positions[static_cast<size_t>(first)];
   tree_mask[static_cast<size_t>(first)] = 1u;
   for (int j = 0; j < n; ++j) {
-    const int p = parents[static_cast<size_t>(j)];
-    TESSERA_CHECK(p >= -1 && p < j, "forward batch: tree node ", j, " has parent ", p, " (expected -1 .. ", j - 1, ")");
-    const int row = 1 + j, parent_row = 1 + p;
-    depth[static_cast<size_t>(row)] = depth[static_cast<size_t>(parent_row)] + 1;
+    const int row = 1 + j, parent_row = 1 + parents[static_cast<size_t>(j)];
     tree_mask[static_cast<size_t>(first + row)] = tree_mask[static_cast<size_t>(first + parent_row)] | (1u << row);
-    rope_positions[static_cast<size_t>(first + row)] = root_pos + depth[static_cast<size_t>(row)];
+    rope_positions[static_cast<size_t>(first + row)] = root_pos + depth[static_cast<size_t>(j)];
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "core/draft_tree.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -309,13 +310,11 @@ void Scheduler::update_speculative(Sequence& s, const ScheduledSeq& sc, std::spa
   const int n_accepted = static_cast<int>(tokens.size()) - 1;
   // A chain's accepted tokens are its first ones; a tree's, a path from its root (the
   // executor moved that path's KV to these positions).
+  const auto nodes = std::span(s.draft).first(static_cast<size_t>(sc.n_draft));
   for (int j = 0, node = -1; j < n_accepted; ++j) {
-    int next = j;
-    if (!s.draft_parents.empty()) {
-      next = -1;
-      for (int i = node + 1; i < sc.n_draft && next < 0; ++i)
-        if (s.draft_parents[i] == node && s.draft[i] == tokens[j]) next = i;
-    }
+    const int next = s.draft_parents.empty()
+                         ? j
+                         : draft_tree_child(nodes, std::span(s.draft_parents).first(nodes.size()), node, tokens[j]);
     TESSERA_CHECK(next >= 0 && next < sc.n_draft && tokens[j] == s.draft[next], "scheduler: accepted token ", j,
                   " of sequence ", s.id, " is not its draft token");
     node = next;

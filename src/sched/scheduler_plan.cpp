@@ -6,6 +6,7 @@
 #include <optional>
 #include <tuple>
 
+#include "core/draft_tree.h"
 #include "sched/scheduler.h"
 
 namespace tessera {
@@ -185,12 +186,9 @@ int Scheduler::draft_allowance(const Sequence& s, int budget_left, int rows_left
   const int emit_left = stop.max_tokens - s.n_output() - 1;
   int fits = static_cast<int>(s.draft.size());
   if (!s.draft_parents.empty()) {
-    std::vector<int> depth(s.draft_parents.size());
-    for (int j = 0; j < fits; ++j) {
-      const int p = s.draft_parents[j];
-      depth[j] = p < 0 ? 1 : depth[p] + 1;
-      if (depth[j] > emit_left) fits = j;  // the longest prefix within the depth
-    }
+    const std::vector<int> depth = draft_tree_depths(s.draft_parents);
+    for (int j = 0; j < fits; ++j)
+      if (depth[static_cast<size_t>(j)] > emit_left) fits = j;  // the longest prefix within the depth
   } else {
     fits = std::min(fits, emit_left);
   }

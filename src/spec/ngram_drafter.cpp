@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/draft_tree.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -22,13 +23,6 @@ void scan_matches(std::span<const int32_t> tokens, int lo, int hi, OnMatch&& on_
       if (on_match(start + n)) return;
     }
   }
-}
-
-// The child of `parent` (-1: the root) holding `token`, or -1. Trees are tiny (<= 31 nodes).
-int find_child(const Draft& d, int parent, int32_t token) {
-  for (size_t i = 0; i < d.tokens.size(); ++i)
-    if (d.parents[i] == parent && d.tokens[i] == token) return static_cast<int>(i);
-  return -1;
 }
 
 }  // namespace
@@ -66,7 +60,7 @@ void NgramDrafter::propose_tree(std::span<const int32_t> tokens, int max_tokens,
     for (int64_t j = 0; j < count; ++j) {
       const int32_t t = tokens[static_cast<size_t>(from + j)];
       // Below a node just added there are no children yet: only the shared prefix is looked up.
-      const int child = added ? -1 : find_child(out, node, t);
+      const int child = added ? -1 : draft_tree_child(out.tokens, out.parents, node, t);
       if (child >= 0) {
         node = child;
         continue;
@@ -90,9 +84,7 @@ void NgramDrafter::propose_tree(std::span<const int32_t> tokens, int max_tokens,
   }
   // Later continuations that only extended the first (it stopped at the text's end) leave a
   // chain: drafted as one, it is not verified as a tree.
-  for (size_t j = 0; j < out.parents.size(); ++j)
-    if (out.parents[j] != static_cast<int>(j) - 1) return;
-  out.parents.clear();
+  if (is_draft_chain(out.parents)) out.parents.clear();
 }
 
 void NgramDrafter::propose(std::span<const DraftQuery> queries, std::span<Draft> out) {
