@@ -65,3 +65,38 @@ TEST(ForwardBatch, BlockTablesWidenAcrossSequences) {
   EXPECT_EQ(fb.kv_len, (std::vector<int32_t>{4, 12}));
   EXPECT_EQ(fb.logits_rows, (std::vector<int32_t>{1, 2, 3, 4}));
 }
+
+TEST(ForwardBatch, DraftTreeMasksAndRopePositions) {
+  // A chain of 2 new rows, then a tree after 5 tokens: root, nodes {-1, 0, -1, 2}.
+  SequenceBlocks chain, tree;
+  chain.blocks = {0, 1};
+  chain.n_tokens = 3;
+  tree.blocks = {2, 3};
+  tree.n_tokens = 5;
+  const int32_t toks[] = {7, 8, 9, 10, 11};
+  ForwardBatch b;
+  b.add_sequence(chain, 4, toks, 2, ForwardBatch::Logits::All);
+  EXPECT_FALSE(b.has_tree());
+  b.add_sequence(tree, 4, toks, 5, ForwardBatch::Logits::All);
+  const std::vector<int16_t> parents = {-1, 0, -1, 2};
+  b.set_tree(parents);
+  ASSERT_TRUE(b.has_tree());
+  // Chain rows: causal bits; tree rows: the root and their ancestors only.
+  EXPECT_EQ(b.tree_mask, (std::vector<uint32_t>{0b1, 0b11, 0b1, 0b11, 0b111, 0b1001, 0b11001}));
+  // RoPE by depth; masks keep the slot positions.
+  EXPECT_EQ(b.rope_positions, (std::vector<int32_t>{3, 4, 5, 6, 7, 6, 7}));
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{3, 4, 5, 6, 7, 8, 9}));
+  const AttentionBatch a = b.attention_view();
+  EXPECT_EQ(a.tree_mask, b.tree_mask.data());
+  EXPECT_EQ(a.rotation_positions(), b.rope_positions.data());
+  // A sequence added after the tree gets causal masks too.
+  b.add_sequence(chain, 4, toks, 1, ForwardBatch::Logits::None);
+  EXPECT_EQ(b.tree_mask.back(), 0b1u);
+  EXPECT_EQ(b.rope_positions.back(), 3);
+  // Bad trees are refused, naming the node or the row count.
+  ForwardBatch bad;
+  bad.add_sequence(tree, 4, toks, 3, ForwardBatch::Logits::All);
+  const std::vector<int16_t> forward_parent = {1, -1};
+  EXPECT_THROW(bad.set_tree(forward_parent), Error);
+  EXPECT_THROW(bad.set_tree(parents), Error);  // 4 nodes over 3 rows
+}
