@@ -71,7 +71,7 @@ TEST(ForwardBatch, DraftTreeMasksAndRopePositions) {
   SequenceBlocks chain, tree;
   chain.blocks = {0, 1};
   chain.n_tokens = 3;
-  tree.blocks = {2, 3};
+  tree.blocks = {2, 3, 4};  // 5 + 5 tokens need three blocks of 4
   tree.n_tokens = 5;
   const int32_t toks[] = {7, 8, 9, 10, 11};
   ForwardBatch b;
