@@ -397,9 +397,42 @@ std::vector<Draft> EngineCore::run_drafter(const std::vector<SeqHandle>& decodin
     const auto params = draft_sampling_.find(s.id);
     asked.push_back(c);
     const SamplingParams* sampling = params != draft_sampling_.end() ? &params->second : nullptr;
-    queries.push_back({s.id, s.tokens, k[c], sampling, s.n_prompt, tree_allowed(s.request, sampling)});
+    queries.push_back({.seq = s.id,
+                       .tokens = s.tokens,
+                       .max_tokens = k[c],
+                       .sampling = sampling,
+                       .n_prompt = s.n_prompt,
+                       .allow_tree = tree_allowed(s.request, sampling)});
   }
   if (queries.empty()) return drafts;
+  // A drafter over this engine's cache (early exit) reads each sequence's blocks and writes
+  // scratch blocks lent from the free pool for this call only: the scheduler sees the same
+  // free count afterwards (a lent block may have been a cached one, evicted like any
+  // allocation would). A sequence gets no scratch when the pool is short (then no draft).
+  std::vector<SeqKv> scratch;
+  struct GiveBack {  // however propose() ends
+    KvBlockManager& kv;
+    std::vector<SeqKv>& lent;
+    ~GiveBack() {
+      for (SeqKv& s : lent) kv.free(s);
+    }
+  } give_back{kv_, scratch};
+  if (drafter_->drafts_over_target_kv()) {
+    scratch.resize(queries.size());
+    std::vector<BlockCopy> none;  // fresh tables share nothing
+    for (size_t i = 0; i < queries.size(); ++i) {
+      DraftQuery& q = queries[i];
+      const SeqKv& kv = scheduler_.sequence(decoding[cand[asked[i]]]).kv;
+      q.target_kv_tokens = kv.n_computed();
+      q.target_blocks = kv.table.blocks;
+      q.target_local_blocks = kv.local.blocks;
+      const int n =
+          draft_scratch_blocks(kv.n_computed(), static_cast<int>(q.tokens.size()), q.max_tokens, config_.block_size);
+      if (n <= 0 || !kv_.allocate_slots(scratch[i], n * config_.block_size, none)) continue;
+      q.scratch_blocks = scratch[i].table.blocks;
+      q.local_scratch_blocks = scratch[i].local.blocks;
+    }
+  }
   std::vector<Draft> out(queries.size());
   const auto t0 = std::chrono::steady_clock::now();
   drafter_->propose(queries, out);

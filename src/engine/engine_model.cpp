@@ -224,14 +224,16 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   config_.max_n = o.max_n;
   config_.speculative = o.speculative;
   if (o.speculative.enabled() && o.speculative.uses_model()) {
-    // The draft's own paged KV: as many blocks as the target's, plus each speculating
-    // sequence's draft positions. A drafter short of blocks drafts nothing for a sequence.
+    // A draft model's own paged KV: as many blocks as the target's, plus each speculating
+    // sequence's draft positions. Early exit runs over this engine's cache instead, writing
+    // blocks the engine lends it per step. A drafter short of blocks drafts nothing for a sequence.
     const int k_blocks = (o.speculative.num_speculative_tokens + spec.block_size - 1) / spec.block_size + 1;
     config_.drafter = make_model_drafter(o.speculative, *session_,
                                          {.block_size = spec.block_size,
                                           .n_blocks = config_.n_blocks + spec_seqs * k_blocks,
                                           .max_batch_tokens = sc.max_num_batched_tokens,
-                                          .max_seqs = spec_seqs});
+                                          .max_seqs = spec_seqs},
+                                         kv_.get());
   }
 
   if (o.warmup && !warmed_up) warm_up(pool, true);

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "engine/session.h"
+#include "kv/kv_host_ops.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera {
@@ -44,15 +45,26 @@ uint64_t draft_seed(uint64_t seed, size_t len) {
 }  // namespace
 
 ModelDrafter::ModelDrafter(std::string name, std::shared_ptr<const ModelWeights> weights, Backend& backend,
-                           const ModelDrafterLimits& limits)
+                           const ModelDrafterLimits& limits, KvCache* target_kv)
     : name_(std::move(name)),
       weights_(std::move(weights)),
       limits_(limits),
       model_(
           create_model(weights_, backend, limits.max_batch_tokens, std::min(limits.max_seqs, limits.max_batch_tokens))),
-      kv_(backend, draft_kv_spec(weights_->config, limits)),
-      pool_(limits.n_blocks),
-      runner_(*model_, kv_, backend) {}
+      own_kv_(target_kv ? nullptr : std::make_unique<KvCache>(backend, draft_kv_spec(weights_->config, limits))),
+      kv_(target_kv ? *target_kv : *own_kv_),
+      pool_(target_kv ? 0 : limits.n_blocks),
+      runner_(*model_, kv_, backend) {
+  if (!target_kv) return;
+  const KvCacheSpec& spec = kv_.spec();
+  const ModelConfig& c = weights_->config;
+  TESSERA_CHECK(&kv_.backend() == &backend, "model drafter: the target's cache is on another backend");
+  TESSERA_CHECK(spec.block_size == limits.block_size && c.n_layer <= spec.n_layers && spec.n_kv_heads == c.n_head_kv &&
+                    spec.head_dim == c.head_dim,
+                "model drafter: the target's cache (", spec.n_layers, " layers, ", spec.n_kv_heads, " KV heads of ",
+                spec.head_dim, ", blocks of ", spec.block_size, ") does not hold the draft's ", c.n_layer,
+                " layers of ", c.n_head_kv, " KV heads of ", c.head_dim);
+}
 
 ModelDrafter::~ModelDrafter() = default;
 
@@ -84,6 +96,35 @@ bool ModelDrafter::prepare(State& st, std::span<const int32_t> tokens, int max_t
   return false;
 }
 
+bool ModelDrafter::borrow(const DraftQuery& q, int max_tokens, State& st, std::vector<BlockCopy>& copies) const {
+  const int bs = limits_.block_size;
+  const int n_kv = q.target_kv_tokens;
+  const bool local = kv_.spec().n_local_blocks > 0;
+  if (n_kv < 0 || n_kv >= static_cast<int>(q.tokens.size())) return false;
+  const size_t held = static_cast<size_t>((n_kv + bs - 1) / bs);
+  const size_t need =
+      static_cast<size_t>(draft_scratch_blocks(n_kv, static_cast<int>(q.tokens.size()), max_tokens, bs));
+  if (q.target_blocks.size() < held || q.scratch_blocks.size() < need) return false;
+  if (local && (q.target_local_blocks.size() < held || q.local_scratch_blocks.size() < need)) return false;
+  // Blocks [0, full) are the target's; the draft writes from position n_kv on, in scratch.
+  const size_t full = static_cast<size_t>(n_kv / bs);
+  st.kv.blocks.assign(q.target_blocks.begin(), q.target_blocks.begin() + full);
+  st.kv.blocks.insert(st.kv.blocks.end(), q.scratch_blocks.begin(), q.scratch_blocks.begin() + need);
+  st.kv.n_tokens = n_kv;
+  // The partly filled block's first tokens are read by the draft: its layers < L are copied.
+  if (n_kv % bs) copies.push_back({q.target_blocks[full], st.kv.blocks[full], false});
+  if (local) {
+    st.local.blocks.assign(q.target_local_blocks.begin(), q.target_local_blocks.begin() + full);
+    st.local.blocks.insert(st.local.blocks.end(), q.local_scratch_blocks.begin(),
+                           q.local_scratch_blocks.begin() + need);
+    st.local.n_tokens = n_kv;
+    // The block of the last tokens is never behind the window; a dropped one is never read.
+    if (n_kv % bs && q.target_local_blocks[full] != kDropped)
+      copies.push_back({q.target_local_blocks[full], st.local.blocks[full], true});
+  }
+  return true;
+}
+
 void ModelDrafter::choose(Work& w, std::span<float> row, Draft& d) {
   int32_t token;
   if (!w.sampler) {
@@ -102,6 +143,11 @@ void ModelDrafter::propose(std::span<const DraftQuery> queries, std::span<Draft>
                 " outputs");
   const ModelConfig& c = weights_->config;
   const int n_vocab = c.n_vocab;
+  const bool over_target = drafts_over_target_kv();
+  const bool local = over_target && kv_.spec().n_local_blocks > 0;
+  std::vector<State> borrowed;                         // over the target's cache: this call's tables
+  borrowed.reserve(over_target ? queries.size() : 0);  // Work keeps pointers into it
+  std::vector<BlockCopy> copies;
   std::vector<Work> work;
   for (size_t i = 0; i < queries.size(); ++i) {
     const DraftQuery& q = queries[i];
@@ -110,12 +156,19 @@ void ModelDrafter::propose(std::span<const DraftQuery> queries, std::span<Draft>
     const int max_tokens = static_cast<int>(
         std::min<int64_t>(q.max_tokens, int64_t{c.n_ctx_train} - static_cast<int64_t>(q.tokens.size())));
     if (max_tokens <= 0 || q.tokens.empty()) continue;
-    State& st = states_[q.seq];
-    if (!prepare(st, q.tokens, max_tokens)) continue;
+    State* st;
+    if (over_target) {
+      State taken;
+      if (!borrow(q, max_tokens, taken, copies)) continue;
+      st = &borrowed.emplace_back(std::move(taken));
+    } else {
+      st = &states_[q.seq];
+      if (!prepare(*st, q.tokens, max_tokens)) continue;
+    }
     Work w;
     w.query = i;
-    w.state = &st;
-    w.pending = q.tokens.subspan(st.tokens.size());
+    w.state = st;
+    w.pending = q.tokens.subspan(st->kv.n_tokens);
     w.max_tokens = max_tokens;
     if (q.sampling) {
       SamplingParams p = *q.sampling;
@@ -127,6 +180,7 @@ void ModelDrafter::propose(std::span<const DraftQuery> queries, std::span<Draft>
     }
     work.push_back(std::move(w));
   }
+  if (!copies.empty()) copy_kv_blocks(kv_, copies, c.n_layer);
   const auto run = [&](const std::vector<size_t>& row_owner) {
     logits_.resize(row_owner.size() * static_cast<size_t>(n_vocab));
     runner_.forward(batch_, logits_.data());
@@ -147,8 +201,10 @@ void ModelDrafter::propose(std::span<const DraftQuery> queries, std::span<Draft>
       const int n = std::min<int>(static_cast<int>(w.pending.size()), limits_.max_batch_tokens - batch_.n_tokens());
       const bool last = n == static_cast<int>(w.pending.size());
       batch_.add_sequence(w.state->kv, limits_.block_size, w.pending.data(), n,
-                          last ? ForwardBatch::Logits::Last : ForwardBatch::Logits::None);
+                          last ? ForwardBatch::Logits::Last : ForwardBatch::Logits::None,
+                          local ? &w.state->local : nullptr);
       w.state->kv.n_tokens += n;
+      w.state->local.n_tokens += n;
       w.state->tokens.insert(w.state->tokens.end(), w.pending.begin(), w.pending.begin() + n);
       w.pending = w.pending.subspan(n);
       if (!last) break;  // the batch is full
@@ -165,8 +221,10 @@ void ModelDrafter::propose(std::span<const DraftQuery> queries, std::span<Draft>
       Draft& d = out[w.query];
       if (static_cast<int>(d.tokens.size()) >= w.max_tokens) continue;
       const int32_t token = d.tokens.back();
-      batch_.add_sequence(w.state->kv, limits_.block_size, &token, 1, ForwardBatch::Logits::Last);
+      batch_.add_sequence(w.state->kv, limits_.block_size, &token, 1, ForwardBatch::Logits::Last,
+                          local ? &w.state->local : nullptr);
       w.state->kv.n_tokens += 1;
+      w.state->local.n_tokens += 1;
       w.state->tokens.push_back(token);
       row_owner.push_back(i);
     }
@@ -200,7 +258,7 @@ void check_vocabularies(const std::string& draft_name, const ModelWeights& draft
 }  // namespace
 
 std::unique_ptr<ModelDrafter> make_model_drafter(const SpeculativeConfig& c, Session& target,
-                                                 const ModelDrafterLimits& limits) {
+                                                 const ModelDrafterLimits& limits, KvCache* target_kv) {
   c.validate();
   const int target_layers = target.config().n_layer;
   if (c.method == SpecMethod::EarlyExit) {
@@ -208,7 +266,7 @@ std::unique_ptr<ModelDrafter> make_model_drafter(const SpeculativeConfig& c, Ses
                   "--speculative-config: draft_layers = ", c.draft_layers, " is outside [1, ", target_layers - 1,
                   "] (the target has ", target_layers, " layers; early exit runs fewer)");
     return std::make_unique<ModelDrafter>("early_exit", first_layers(target.shared_weights(), c.draft_layers),
-                                          target.backend(), limits);
+                                          target.backend(), limits, target_kv);
   }
   TESSERA_CHECK(c.method == SpecMethod::DraftModel, "model drafter: method ", spec_method_name(c.method),
                 " does not run a model");

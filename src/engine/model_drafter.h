@@ -2,18 +2,24 @@
 // Drafters that run a model (docs/design/spec-decode.md): "draft_model", any model tessera
 // loads with the target's vocabulary, optionally cut to its first layers; and "early_exit",
 // the target's own first L layers + final norm + head (a truncated view of the target's
-// weights, no copy on the CPU). Both run on the target's backend with their OWN paged KV:
-// early exit does not share the target's KV for those layers (that needs the draft to write
-// into the target's block tables before the scheduler has planned the step), so it
-// recomputes what it drafts over, as a separate small model would.
+// weights, no copy on the CPU). Both run on the target's backend.
 //
-// Per sequence the drafter keeps the tokens its KV holds; each propose() rolls that back to
-// the longest prefix shared with the tokens it is given (rejected drafts disappear there),
-// feeds what is missing (the prompt on the first call, the verified tokens after that) in
-// batched forwards of every query, then one batched decode forward per draft position.
-// Greedy requests get argmax tokens (point masses); sampled ones draw from the draft's
-// distribution after the request's own processing and return it as q, so verification
-// stays exact. When the draft's KV pool is short a sequence simply gets no draft.
+// A draft model has its OWN paged KV. Per sequence it keeps the tokens its KV holds; each
+// propose() rolls that back to the longest prefix shared with the tokens it is given
+// (rejected drafts disappear there), feeds what is missing (the prompt on the first call, the
+// verified tokens after that) in batched forwards of every query.
+//
+// Early exit runs over the TARGET's cache: its layers 0..L-1 are the target's, so the KV the
+// target wrote for the verified tokens is exactly what the draft would compute. Each call
+// builds a table per sequence from the target's blocks up to its last full one, then the
+// scratch blocks the engine lent from its free pool for this call (a copy of the target's
+// partly filled last block, layers < L, then fresh ones) for the positions it drafts at.
+// No catch-up forward, no state between calls, no second cache.
+//
+// Then one batched decode forward per draft position. Greedy requests get argmax tokens
+// (point masses); sampled ones draw from the draft's distribution after the request's own
+// processing and return it as q, so verification stays exact. When the blocks run short a
+// sequence simply gets no draft.
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +28,7 @@
 
 #include "backend/backend.h"
 #include "engine/model_runner.h"
+#include "kv/block_manager.h"  // BlockCopy
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -35,7 +42,7 @@ class Session;
 
 struct ModelDrafterLimits {
   int block_size = 16;
-  int n_blocks = 0;          // the draft's KV pool
+  int n_blocks = 0;          // the draft's KV pool (its own cache; unused over the target's)
   int max_batch_tokens = 0;  // tokens per draft forward (catch-up prefill is chunked to it)
   int max_seqs = 0;          // logits rows per draft forward
 };
@@ -43,14 +50,17 @@ struct ModelDrafterLimits {
 class ModelDrafter final : public Drafter {
  public:
   // weights: the draft's, already cut to the layers it runs; on `backend` (the target's).
+  // target_kv: run over the target's cache (its first layers are the draft's), else null (a
+  // cache of the draft's own).
   ModelDrafter(std::string name, std::shared_ptr<const ModelWeights> weights, Backend& backend,
-               const ModelDrafterLimits& limits);
+               const ModelDrafterLimits& limits, KvCache* target_kv = nullptr);
   ~ModelDrafter() override;
   const char* name() const override { return name_.c_str(); }
   void propose(std::span<const DraftQuery> queries, std::span<Draft> out) override;
   void remove(DraftSeqId seq) override;
+  bool drafts_over_target_kv() const override { return own_kv_ == nullptr; }
 
-  // For tests and reports: sequences with state, and the KV pool.
+  // For tests and reports: sequences with state, and the own KV pool (empty over the target's).
   size_t n_sequences() const { return states_.size(); }
   int n_free_blocks() const { return pool_.n_free(); }
   int n_blocks() const { return pool_.n_blocks(); }
@@ -58,8 +68,9 @@ class ModelDrafter final : public Drafter {
 
  private:
   struct State {
-    SequenceBlocks kv;            // kv.n_tokens == tokens.size()
-    std::vector<int32_t> tokens;  // what the draft KV holds
+    SequenceBlocks kv;            // kv.n_tokens == tokens.size() (own cache)
+    std::vector<int32_t> tokens;  // what the draft KV holds (own cache)
+    SequenceBlocks local;         // over a target cache with a local group: its local table
   };
   // One query being drafted this call.
   struct Work {
@@ -73,6 +84,10 @@ class ModelDrafter final : public Drafter {
   // Rolls the state back to what it shares with `tokens` and reserves KV for the rest plus
   // the draft; false (state dropped) when the pool is short.
   bool prepare(State& st, std::span<const int32_t> tokens, int max_tokens);
+  // Over the target's cache: this call's table for q (target blocks, then its scratch up to
+  // the last draft position) and the copy of the target's partly filled block; false when q
+  // has no target KV or too little scratch.
+  bool borrow(const DraftQuery& q, int max_tokens, State& st, std::vector<BlockCopy>& copies) const;
   // Picks the next draft token of `w` from its logits row.
   void choose(Work& w, std::span<float> row, Draft& d);
 
@@ -80,8 +95,9 @@ class ModelDrafter final : public Drafter {
   std::shared_ptr<const ModelWeights> weights_;
   ModelDrafterLimits limits_;
   std::unique_ptr<Model> model_;
-  KvCache kv_;
-  BlockPool pool_;
+  std::unique_ptr<KvCache> own_kv_;  // null over the target's cache
+  KvCache& kv_;                      // own_kv_ or the target's
+  BlockPool pool_;                   // the own cache's blocks (none over the target's)
   ModelRunner runner_;
   std::unordered_map<DraftSeqId, State> states_;
   ForwardBatch batch_;
@@ -91,7 +107,9 @@ class ModelDrafter final : public Drafter {
 // The drafter a model method of `c` names, for the target `target` (its weights, tokenizer,
 // backend). Throws naming what is wrong: a model that does not load, a vocabulary that is
 // not the target's (size or token text), draft_layers out of range.
+// target_kv: the target's cache, which early exit then runs over (null: early exit gets a
+// cache of its own, as a draft model does; the tests compare the two).
 std::unique_ptr<ModelDrafter> make_model_drafter(const SpeculativeConfig& c, Session& target,
-                                                 const ModelDrafterLimits& limits);
+                                                 const ModelDrafterLimits& limits, KvCache* target_kv = nullptr);
 
 }  // namespace tessera

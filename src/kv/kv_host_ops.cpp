@@ -22,9 +22,10 @@ void check_copies(const KvCacheSpec& spec, std::span<const BlockCopy> copies) {
 
 // Calls copy(dst bytes, src bytes, n) for K and V of every layer of each copy's group.
 template <typename Copy>
-void for_each_copy_part(const KvCache& kv, std::span<const BlockCopy> copies, Copy copy) {
+void for_each_copy_part(const KvCache& kv, std::span<const BlockCopy> copies, Copy copy, int n_layers = -1) {
   const KvCacheSpec& spec = kv.spec();
-  for (int l = 0; l < spec.n_layers; ++l) {
+  const int layers = n_layers < 0 ? spec.n_layers : std::min(n_layers, spec.n_layers);
+  for (int l = 0; l < layers; ++l) {
     const KvLayerView view = kv.layer(l);
     const bool local = spec.in_local_group(l);
     for (int part = 0; part < 2; ++part) {
@@ -43,10 +44,11 @@ void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies) {
   for_each_copy_part(kv, copies, [](uint8_t* dst, const uint8_t* src, size_t n) { std::memcpy(dst, src, n); });
 }
 
-void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies) {
+void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies, int n_layers) {
   check_copies(kv.spec(), copies);
   Backend& be = kv.backend();
-  for_each_copy_part(kv, copies, [&](uint8_t* dst, const uint8_t* src, size_t n) { be.copy_device(dst, src, n); });
+  for_each_copy_part(
+      kv, copies, [&](uint8_t* dst, const uint8_t* src, size_t n) { be.copy_device(dst, src, n); }, n_layers);
 }
 
 bool kv_token_moves_supported(const KvCacheSpec& spec) {

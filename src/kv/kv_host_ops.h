@@ -16,8 +16,9 @@ namespace tessera {
 // contiguous (scales included: a block is self-contained).
 void copy_kv_blocks_host(const KvCache& kv, std::span<const BlockCopy> copies);
 // The same on any backend: device → device copies through kv.backend(), ordered before the
-// ops issued after them (one copy per layer, K and V, block).
-void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies);
+// ops issued after them (one copy per layer, K and V, block). n_layers >= 0: only layers
+// [0, n_layers) (an early-exit drafter's copy of the target's blocks).
+void copy_kv_blocks(const KvCache& kv, std::span<const BlockCopy> copies, int n_layers = -1);
 
 // Moves one token's K and V (its codes and its own scales) from one slot to another (slot =
 // block * block_size + offset), in every layer of its group, in order. Tree verification

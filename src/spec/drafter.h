@@ -33,7 +33,25 @@ struct DraftQuery {
   // Whether a tree of several candidates may come back (else a chain): the engine allows it
   // where the backend, KV format and request can verify one (no grammar, no logprobs).
   bool allow_tree = false;
+  // The target's KV of this sequence, for a drafter that runs over the target's own cache
+  // (early exit, drafts_over_target_kv()): the tokens[0..target_kv_tokens) it holds and the
+  // blocks that hold them (its block table, and the local layers' table when the cache has a
+  // local group; kDropped entries are behind the window). Read-only. What the drafter may
+  // write instead: scratch blocks the engine took from its free pool for this call
+  // (draft_scratch_blocks() of each pool, or none when the pool was short) and frees after it.
+  int target_kv_tokens = 0;
+  std::span<const int32_t> target_blocks = {};
+  std::span<const int32_t> target_local_blocks = {};
+  std::span<const int32_t> scratch_blocks = {};
+  std::span<const int32_t> local_scratch_blocks = {};
 };
+
+// The scratch blocks a drafter over the target's cache writes for a sequence whose KV holds
+// kv_tokens of its n_tokens tokens, drafting max_tokens: from the target's last full block
+// up to the last draft token it feeds (every one but the last), n_tokens + max_tokens - 1.
+inline int draft_scratch_blocks(int kv_tokens, int n_tokens, int max_tokens, int block_size) {
+  return (n_tokens + max_tokens - 1 + block_size - 1) / block_size - kv_tokens / block_size;
+}
 
 struct Draft {
   // The proposed tokens: a chain (parents empty: tokens[j] follows tokens[j - 1]) or a tree.
@@ -74,6 +92,9 @@ class Drafter {
   // (prompt lookup): the adaptive plan then asks for k_max first and plans on the drafts
   // that came back, cutting each to a prefix.
   virtual bool proposes_for_free() const { return false; }
+  // True when it runs over the target's cache (early exit): the engine then fills each
+  // query's target KV and scratch blocks.
+  virtual bool drafts_over_target_kv() const { return false; }
 };
 
 }  // namespace tessera

@@ -26,7 +26,7 @@ namespace {
 // "+rope": turbo keys centered by position (store k − R(p)·m) with a synthetic pre-RoPE mean
 // m: the store and attention must agree on each key's position through prefix hits,
 // preemption, swap and forks.
-std::unique_ptr<ModelEngine> engine_for(const std::string& name) {
+std::unique_ptr<ModelEngine> engine_for(const std::string& name, const SpeculativeConfig& speculative = {}) {
   ModelEngineOptions o =
       small_engine_options(test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"), 32, 8, 128, 16ll << 20);
   const bool rope = name.ends_with("+rope");
@@ -46,6 +46,7 @@ std::unique_ptr<ModelEngine> engine_for(const std::string& name) {
     o.session.k_rope_dim = 64;
   }
   o.swap_space_bytes = 4ll << 20;
+  o.speculative = speculative;
   return std::make_unique<ModelEngine>(o);
 }
 
@@ -94,5 +95,32 @@ TEST(EngineQuantKv, TokenWiseFormatsAreBatchPrefixPreemptionAndForkInvariant) {
     const RunResult f = run_engine(*m, {forked}, true, 0, false);
     EXPECT_GT(f.stats.block_copies + (forked.prompt.size() % 4 == 0 ? 1 : 0), 0);
     for (int c = 0; c < 3; ++c) EXPECT_EQ(f.out.at(1).tokens[c], alone.out.at(1).tokens[0]) << "choice " << c;
+  }
+}
+
+// Early exit over a quantized target cache: the draft reads the target's codes and scales for
+// its first layers and writes its own positions into lent scratch blocks (a copy of the
+// partly filled block, its scales with it), never into the target's. Greedy outputs equal
+// the plain run's in the same format, with prefix hits and a pool tight enough to preempt.
+TEST(EngineQuantKv, EarlyExitOverAQuantizedCacheGivesThePlainTokens) {
+  if (!std::filesystem::exists(test_model_path("SmolLM2-135M-Instruct.Q4_1.gguf"))) GTEST_SKIP() << "no model";
+  SpeculativeConfig early_exit;
+  early_exit.method = SpecMethod::EarlyExit;
+  early_exit.draft_layers = 12;
+  early_exit.num_speculative_tokens = 3;
+  early_exit.adaptive = false;
+  for (const char* format : {"turbo3", "int8"}) {
+    SCOPED_TRACE(format);
+    auto m = engine_for(format, early_exit);
+    const std::vector<Request> reqs = prompts(*m);
+    const RunResult plain = run_engine(*m, reqs, true, 0, false, [](EngineConfig& c) { c.speculative = {}; });
+    const RunResult cached = run_engine(*m, reqs, true, 0, true);  // later requests hit the system prompt
+    EXPECT_GT(cached.stats.spec.draft_tokens, 0);
+    EXPECT_GT(cached.stats.prefix.hit_tokens, 0);
+    expect_same(cached, plain, "early exit, prefix hits");
+    expect_same(run_engine(*m, reqs, false, 0, false), plain, "early exit, batched");
+    const RunResult tight = run_engine(*m, reqs, false, 13, true);
+    EXPECT_GT(tight.stats.preemptions, 0);
+    expect_same(tight, plain, "early exit, recompute preemption");
   }
 }

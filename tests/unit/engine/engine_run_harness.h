@@ -110,6 +110,7 @@ inline RunResult run_engine(ModelEngine& model, const std::vector<Request>& requ
   result.stats = core.stats();
   EXPECT_TRUE(core.is_idle());
   EXPECT_EQ(core.kv().n_free(), core.kv().n_blocks());
+  EXPECT_EQ(core.kv().n_local_free(), core.kv().n_local_blocks());
   EXPECT_EQ(core.kv().n_host_free(), core.kv().n_host_blocks());
   return result;
 }

@@ -70,8 +70,9 @@ class EngineSpecModelDrafter : public ::testing::Test {
   static ModelDrafterLimits limits() {
     return {.block_size = 4, .n_blocks = 300, .max_batch_tokens = 64, .max_seqs = 16};
   }
-  static std::shared_ptr<ModelDrafter> drafter(const SpeculativeConfig& c) {
-    return make_model_drafter(c, model_->session(), limits());
+  // Early exit runs over the target's cache (the engine's) unless own_cache.
+  static std::shared_ptr<ModelDrafter> drafter(const SpeculativeConfig& c, bool own_cache = false) {
+    return make_model_drafter(c, model_->session(), limits(), own_cache ? nullptr : &model_->kv());
   }
   static Request greedy(const std::string& text, int max_tokens) {
     return tessera::test::greedy_request(*model_, text, max_tokens);
@@ -161,25 +162,48 @@ TEST_F(EngineSpecModelDrafter, StopTokensAndMaxTokensCutAtTheSamePlace) {
   }
 }
 
+// Early exit over the target's cache: each draft reads the target's KV of the verified tokens
+// where its own cache recomputes it, so the drafts, and with them the steps, are the same.
+TEST_F(EngineSpecModelDrafter, EarlyExitOverTheTargetsCacheDraftsWhatItsOwnCacheWould) {
+  std::vector<Request> reqs = greedy_requests();
+  reqs[0].n = 2;
+  const SpeculativeConfig c = early_exit_config(10);
+  const auto shared = drafter(c);
+  const auto own = drafter(c, true);
+  EXPECT_TRUE(shared->drafts_over_target_kv());
+  EXPECT_FALSE(own->drafts_over_target_kv());
+  EXPECT_EQ(shared->n_blocks(), 0);  // no second cache
+  const RunResult a = run(reqs, c, own);
+  const RunResult b = run(reqs, c, shared);
+  expect_same_outputs(a, b, "early exit over the target's cache");
+  EXPECT_EQ(b.stats.spec.draft_tokens, a.stats.spec.draft_tokens);
+  EXPECT_EQ(b.stats.spec.accepted_tokens, a.stats.spec.accepted_tokens);
+  EXPECT_EQ(b.stats.steps, a.stats.steps);
+  EXPECT_EQ(shared->n_sequences(), 0u);  // nothing kept between calls
+}
+
 TEST_F(EngineSpecModelDrafter, ManyStepsWithRejectionsAndAbortsLeakNoBlocksInEitherCache) {
-  const SpeculativeConfig sc = draft_model_config(6);
-  const auto d = drafter(sc);
-  EngineConfig c = model_->config();
-  c.check_invariants = true;
-  c.n_blocks = 40;  // tight: preemption too
-  c.speculative = sc;
-  c.drafter = d;
-  {
-    EngineCore core(c, model_->executor());
-    const int aborted = test::run_with_random_aborts(core, greedy_requests(), 30, 5);
-    EXPECT_GT(aborted, 3);
-    EXPECT_GT(core.stats().spec.drafts, 30);
-    EXPECT_LT(core.stats().spec.accepted_tokens, core.stats().spec.draft_tokens);
-    EXPECT_TRUE(core.is_idle());
-    EXPECT_EQ(core.kv().n_free(), core.kv().n_blocks());
+  // A draft model's own cache, and early exit lent scratch blocks from the target's pool.
+  for (const SpeculativeConfig& sc : {draft_model_config(6), early_exit_config(6)}) {
+    const std::string name = describe_speculative_config(sc);
+    const auto d = drafter(sc);
+    EngineConfig c = model_->config();
+    c.check_invariants = true;
+    c.n_blocks = 40;  // tight: preemption too, and steps with no block to lend a draft
+    c.speculative = sc;
+    c.drafter = d;
+    {
+      EngineCore core(c, model_->executor());
+      const int aborted = test::run_with_random_aborts(core, greedy_requests(), 30, 5);
+      EXPECT_GT(aborted, 3) << name;
+      EXPECT_GT(core.stats().spec.drafts, 30) << name;
+      EXPECT_LT(core.stats().spec.accepted_tokens, core.stats().spec.draft_tokens) << name;
+      EXPECT_TRUE(core.is_idle()) << name;
+      EXPECT_EQ(core.kv().n_free(), core.kv().n_blocks()) << name;
+    }
+    EXPECT_EQ(d->n_sequences(), 0u) << name;
+    EXPECT_EQ(d->n_free_blocks(), d->n_blocks()) << name;
   }
-  EXPECT_EQ(d->n_sequences(), 0u);
-  EXPECT_EQ(d->n_free_blocks(), d->n_blocks());
 }
 
 TEST_F(EngineSpecModelDrafter, SeededSampledRequestsAreReproducible) {

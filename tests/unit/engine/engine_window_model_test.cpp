@@ -13,6 +13,7 @@
 #include "engine/engine_core.h"
 #include "engine/engine_model.h"
 #include "engine/engine_summary.h"
+#include "engine/model_drafter.h"
 #include "unit/engine/engine_run_harness.h"
 
 using namespace tessera;
@@ -150,4 +151,39 @@ TEST(EngineWindowModel, LocalLayersHoldOnlyTheWindowAndOutputsEqualTheUnfreedRef
 TEST(EngineWindowModel, LocalLayersOnCudaMatchTheUnfreedReference) {
   if (!cuda_compiled() || cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   local_layers_hold_only_the_window("cuda", 2e-3f);
+}
+
+// Early exit over the windowed cache (3 draft layers: all local): the draft reads the target's
+// local table, whose blocks behind the window are dropped, and writes its positions into
+// scratch blocks lent from both pools. Greedy tokens equal the plain run's, the drafts and
+// steps equal those of early exit with a cache of its own (which recomputes the window), and
+// no block of either pool is left lent.
+TEST(EngineWindowModel, EarlyExitOverTheWindowedCacheDraftsWhatItsOwnCacheWould) {
+  ModelEngineOptions o = gemma_tiny(6 << 20, true);
+  o.speculative.method = SpecMethod::EarlyExit;
+  o.speculative.draft_layers = 3;
+  o.speculative.num_speculative_tokens = 4;
+  o.speculative.adaptive = false;
+  ModelEngine m(o);
+  std::mt19937 rng(11);
+  std::vector<Request> reqs = {request(random_prompt(rng, 40), 48), request(random_prompt(rng, 21), 30)};
+  reqs[1].n = 2;
+  const std::shared_ptr<ModelDrafter> own = make_model_drafter(
+      o.speculative, m.session(), {.block_size = 4, .n_blocks = 600, .max_batch_tokens = 64, .max_seqs = 8});
+  const auto run = [&](int mode) {  // 0 plain, 1 over the target's cache, 2 own cache
+    return test::run_engine(m, reqs, false, 0, true, [&](EngineConfig& c) {
+      if (mode == 0) c.speculative = {};
+      if (mode == 2) c.drafter = own;
+    });
+  };
+  const test::RunResult plain = run(0), shared = run(1), separate = run(2);
+  for (const auto& [id, o] : plain.out)
+    for (size_t c = 0; c < o.tokens.size(); ++c) {
+      EXPECT_EQ(shared.out.at(id).tokens[c], o.tokens[c]) << "request " << id << " choice " << c;
+      EXPECT_EQ(separate.out.at(id).tokens[c], o.tokens[c]) << "request " << id << " choice " << c;
+    }
+  EXPECT_GT(shared.stats.spec.draft_tokens, 0);
+  EXPECT_EQ(shared.stats.spec.draft_tokens, separate.stats.spec.draft_tokens);
+  EXPECT_EQ(shared.stats.spec.accepted_tokens, separate.stats.spec.accepted_tokens);
+  EXPECT_EQ(shared.stats.steps, separate.stats.steps);
 }
