@@ -66,7 +66,7 @@ tessera_layer(kv        DIRS src/kv PUBLIC core backend LIBS OpenSSL::Crypto)
 # Tensor parallelism's collectives: the interface, the in-process group, the TCP rendezvous.
 tessera_layer(parallel  DIRS src/parallel PUBLIC core)
 include(${CMAKE_CURRENT_LIST_DIR}/nccl.cmake)  # tessera_parallel_nccl (or its stand-in)
-tessera_layer(model     DIRS src/model src/model/arch src/model/tp PUBLIC core backend kv parallel PRIVATE quant format
+tessera_layer(model     DIRS src/model src/model/arch src/model/tp src/model/pp PUBLIC core backend kv parallel PRIVATE quant format
   LIBS nlohmann_json::nlohmann_json)
 tessera_layer(sample    DIRS src/sample PUBLIC core)
 tessera_layer(sched     DIRS src/sched PUBLIC core kv sample)

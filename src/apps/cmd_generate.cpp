@@ -222,8 +222,9 @@ void add_generate(CLI::App& app) {
     if (!args->batch_file.empty()) return run_batch(*args);
     TESSERA_CHECK(!args->prompt.empty() || !args->prompt_file.empty(),
                   "generate needs --prompt, --prompt-file or --batch");
-    // Speculation and tensor parallelism run through the engine (its executor drives them).
-    if (args->through_engine || !args->engine.speculative_config.empty() || args->engine.tensor_parallel_size > 1)
+    // Speculation and tensor or pipeline parallelism run through the engine (its executor drives them).
+    if (args->through_engine || !args->engine.speculative_config.empty() || args->engine.tensor_parallel_size > 1 ||
+        args->engine.pipeline_parallel_size > 1)
       return run_generate_engine(*args);
     run_generate(*args);
   });

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 #include "engine/engine_summary.h"
@@ -141,6 +142,13 @@ void EngineArgs::add_to(CLI::App& cmd) {
          "--kv-cache-memory and --swap-space are per rank (docs/design/parallel.md)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd.add_option("--pipeline-parallel-size", pipeline_parallel_size,
+                 "(also -pp) split the model's layers into N stages (pipeline parallelism; threads of this process on "
+                 "the CPU, GPUs cuda:0..N-1 on CUDA), each stage a KV cache of its layers; each step's batch runs "
+                 "through them in micro-batches; --kv-cache-memory and --swap-space are per stage "
+                 "(docs/design/parallel.md)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd.add_option("--max-tokens-per-tenant", max_tokens_per_tenant,
                  "tokens in flight per tenant, prompt + max_tokens x n of each request (0 = no limit)")
       ->check(CLI::NonNegativeNumber)
@@ -194,6 +202,7 @@ ModelEngineOptions EngineArgs::engine_options(const ModelArgs& model) const {
   o.admission.max_tokens_per_tenant = max_tokens_per_tenant;
   o.speculative = parse_speculative_config(speculative_config);
   o.tensor_parallel_size = tensor_parallel_size;
+  o.pipeline_parallel_size = pipeline_parallel_size;
   return o;
 }
 
@@ -207,10 +216,13 @@ std::vector<std::string> expand_short_aliases(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--") break;  // what follows is positional
-    if (args[i] == "-tp")
-      args[i] = "--tensor-parallel-size";
-    else if (args[i].rfind("-tp=", 0) == 0)
-      args[i] = "--tensor-parallel-size=" + args[i].substr(4);
+    for (const auto& [alias, flag] :
+         {std::pair<std::string, std::string>{"-tp", "--tensor-parallel-size"}, {"-pp", "--pipeline-parallel-size"}}) {
+      if (args[i] == alias)
+        args[i] = flag;
+      else if (args[i].rfind(alias + "=", 0) == 0)
+        args[i] = flag + "=" + args[i].substr(alias.size() + 1);
+    }
   }
   return args;
 }

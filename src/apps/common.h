@@ -44,6 +44,7 @@ struct EngineArgs {
   int64_t max_tokens_per_tenant = 0;          // prompt + max_tokens x n in flight; 0 = no limit
   std::string speculative_config;             // JSON (vLLM's form); empty = no speculation
   int tensor_parallel_size = 1;               // ranks the model is split over (docs/design/parallel.md)
+  int pipeline_parallel_size = 1;             // stages of consecutive layers (docs/design/parallel.md)
 
   void add_to(CLI::App& cmd);
   // Throws when flags contradict each other (--swap-space without --preemption-mode swap).
@@ -54,7 +55,8 @@ struct EngineArgs {
 void print_engine_summary(ModelEngine& engine, const ModelArgs& model);
 
 // vLLM's multi-letter short options, which CLI11 does not take (a short name is one letter):
-// "-tp N" and "-tp=N" become "--tensor-parallel-size N". argv[0] and the rest are kept.
+// "-tp N" and "-tp=N" become "--tensor-parallel-size N", "-pp" "--pipeline-parallel-size".
+// argv[0] and the rest are kept.
 std::vector<std::string> expand_short_aliases(int argc, char** argv);
 
 // Reads a whole file; throws naming the path.

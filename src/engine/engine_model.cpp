@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/executor_pp.h"
 #include "engine/executor_tp.h"
 #include "engine/kv_scales.h"
 #include "engine/model_drafter.h"
@@ -31,26 +32,28 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     sc.max_logits_rows = std::min(sc.max_num_seqs + o.prompt_logprob_rows + spec_rows,
                                   std::max(sc.max_num_batched_tokens, sc.max_num_seqs));
   o.session.max_logits = sc.max_logits_rows;
-  const int tp = o.tensor_parallel_size;
-  TESSERA_CHECK(tp >= 1, "--tensor-parallel-size ", tp, " must be at least 1");
+  const ParallelLayout layout{.tensor = o.tensor_parallel_size, .pipeline = o.pipeline_parallel_size};
+  TESSERA_CHECK(layout.tensor >= 1, "--tensor-parallel-size ", layout.tensor, " must be at least 1");
+  TESSERA_CHECK(layout.pipeline >= 1, "--pipeline-parallel-size ", layout.pipeline, " must be at least 1");
+  const int n_ranks = layout.size();
   // The engine's ranks are its own (the executor drives them); a session with ranks of its
   // own would be a second group.
   TESSERA_CHECK(o.session.tensor_parallel_size == 1,
                 "engine: tensor parallelism is ModelEngineOptions::", "tensor_parallel_size, not the session's (",
                 o.session.tensor_parallel_size, ")");
-  if (tp > 1) {
+  if (n_ranks > 1) {
     TESSERA_CHECK(!o.speculative.enabled() || !o.speculative.uses_model(),
                   "--speculative-config: ", describe_speculative_config(o.speculative),
-                  " drafts with a model, which is not supported with tensor parallelism (--tensor-parallel-size ", tp,
-                  "); the ngram method is");
-    o.session.weights_only = true;  // the ranks run shards of the weights on backends of their own
+                  " drafts with a model, which is not supported with ", layout.pipelined() ? "pipeline" : "tensor",
+                  " parallelism (", layout.flag(), "); the ngram method is");
+    o.session.weights_only = true;  // the ranks run shards or stages of the weights on backends of their own
   }
   session_ = std::make_unique<Session>(o.session);
   const ModelConfig& mc = session_->config();
-  if (tp > 1)
-    ranks_ = std::make_unique<TensorParallelRanks>(session_->shared_weights(), o.session.backend, tp,
-                                                   sc.max_num_batched_tokens,
-                                                   std::min(sc.max_logits_rows, sc.max_num_batched_tokens));
+  if (n_ranks > 1)
+    ranks_ = std::make_unique<ParallelRanks>(session_->shared_weights(), o.session.backend, layout,
+                                             sc.max_num_batched_tokens,
+                                             std::min(sc.max_logits_rows, sc.max_num_batched_tokens));
   if (sc.max_model_len <= 0) sc.max_model_len = mc.n_ctx_train;
   TESSERA_CHECK(sc.max_model_len >= 2, "--max-model-len ", sc.max_model_len, " must be at least 2");
   // Positions past the trained context are out of the model's distribution (vLLM refuses too).
@@ -86,7 +89,8 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   Backend& backend = this->backend();
   // The largest step the engine will run, once, so a budget that cannot hold its
   // activations fails here and not under load. Its KV lands in the first blocks of `kv`.
-  const auto warm_up_one = [&](Model& model, KvCache& kv, Backend& be) {
+  // logits: false on a pipeline stage before the last (it computes none).
+  const auto warm_up_one = [&](Model& model, KvCache& kv, Backend& be, bool with_logits) {
     const int n = std::min({sc.max_num_batched_tokens, sc.max_model_len - 1, kv.spec().n_blocks * spec.block_size});
     SequenceBlocks seq;
     seq.blocks.resize((n + spec.block_size - 1) / spec.block_size);
@@ -94,27 +98,32 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     std::vector<int32_t> tokens(n, 0);
     ForwardBatch batch;
     // The local pool holds at least one step (kv_local_blocks_for): the same block ids.
-    batch.add_sequence(seq, spec.block_size, tokens.data(), n, ForwardBatch::Logits::Last,
+    batch.add_sequence(seq, spec.block_size, tokens.data(), n,
+                       with_logits ? ForwardBatch::Logits::Last : ForwardBatch::Logits::None,
                        kv.spec().n_local_blocks > 0 ? &seq : nullptr);
     std::vector<float> logits(mc.n_vocab);
     ModelRunner(model, kv, be).forward(batch, logits.data());
   };
-  // With tensor parallelism every rank runs it (the collectives need them all), each over
-  // its part of a cache that `whole_kv` describes: the ranks' own caches, or ones made here.
+  // With parallel ranks every rank runs it (the collectives and stages need them all), each
+  // over its part of a cache that `whole_kv` describes: the ranks' own caches, or ones made here.
   const auto warm_up = [&](const KvCacheSpec& whole_kv, bool own_kv) {
     if (!ranks_) {
-      if (own_kv) return warm_up_one(session_->model(), *kv_, backend);
+      if (own_kv) return warm_up_one(session_->model(), *kv_, backend, true);
       KvCache kv(backend, whole_kv);
-      return warm_up_one(session_->model(), kv, backend);
+      return warm_up_one(session_->model(), kv, backend, true);
     }
-    ranks_->run([&](TensorParallelRanks::Rank& r) {
-      if (own_kv) return warm_up_one(*r.model, *r.kv, *r.backend);
+    ranks_->run([&](ParallelRanks::Rank& r) {
+      const bool logits = !ranks_->layout().pipelined() || r.index == ranks_->size() - 1;
+      if (own_kv) return warm_up_one(*r.model, *r.kv, *r.backend, logits);
       KvCache kv(*r.backend, ranks_->rank_kv_spec(whole_kv, r.index));
-      warm_up_one(*r.model, kv, *r.backend);
+      warm_up_one(*r.model, kv, *r.backend, logits);
     });
   };
-  // A rank's cache stores its KV heads only: the block count for a budget is a rank's.
-  const auto rank_spec = [&](const KvCacheSpec& whole) { return ranks_ ? ranks_->rank_kv_spec(whole, 0) : whole; };
+  // A rank's cache stores its KV heads or layers only: the block count for a budget is the
+  // largest rank's.
+  const auto rank_spec = [&](const KvCacheSpec& whole) {
+    return ranks_ ? ranks_->rank_kv_spec(whole, ParallelRanks::kLargestRank) : whole;
+  };
   // A device backend sizes its KV pool from the device memory left after a warm-up forward
   // (weights, activations and the GEMM's scratch are resident by then).
   const bool on_device = backend.device_free_bytes() > 0;
@@ -136,7 +145,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     size_t free_min = 0;
     if (ranks_) {
       std::vector<size_t> free_of(ranks_->size());
-      ranks_->run([&](TensorParallelRanks::Rank& r) { free_of[r.index] = r.backend->device_free_bytes(); });
+      ranks_->run([&](ParallelRanks::Rank& r) { free_of[r.index] = r.backend->device_free_bytes(); });
       free_min = *std::min_element(free_of.begin(), free_of.end());
     } else {
       free_min = backend.device_free_bytes();
@@ -150,7 +159,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     TESSERA_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 0.95, "KV memory fraction ", o.kv_memory_fraction,
                   " is outside (0, 0.95]");
     // The ranks of a CPU group share the host's memory.
-    budget = static_cast<int64_t>(o.kv_memory_fraction * static_cast<double>(host_available_memory_bytes())) / tp;
+    budget = static_cast<int64_t>(o.kv_memory_fraction * static_cast<double>(host_available_memory_bytes())) / n_ranks;
   }
   // More than every sequence at full length is waste.
   const int64_t useful =
@@ -171,8 +180,8 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     const bool fixed_budget = o.kv_cache_bytes > 0;
     fail("the KV cache holds ", kv_tokens, " tokens (", spec.n_blocks, " blocks of ", spec.block_size, ", ",
          kv_block_bytes(rank_spec(spec)), " bytes each, from a budget of ", budget, " bytes",
-         tp > 1 ? " per tensor-parallel rank" : "", "), fewer than one sequence of ", "--max-model-len ",
-         sc.max_model_len, " tokens: lower --max-model-len to at most ", kv_tokens + 1,
+         n_ranks > 1 ? " per rank" : "", "), fewer than one sequence of ", "--max-model-len ", sc.max_model_len,
+         " tokens: lower --max-model-len to at most ", kv_tokens + 1,
          fixed_budget ? ", or raise --kv-cache-memory" : ", or give the KV cache more memory (--kv-cache-memory)",
          o.max_kv_blocks > 0 ? " (the pool is capped at max_kv_blocks)" : "");
   }
@@ -182,9 +191,10 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     config_.window = mc.sliding_window;
     config_.n_local_blocks = spec.n_local_blocks;
   }
-  // A block id costs every rank its heads' bytes; the swap space, like the KV budget, is a rank's.
+  // A block id costs every rank its heads' or layers' bytes; the swap space, like the KV
+  // budget, is a rank's (the largest rank's block bytes set the host slots).
   const int64_t rank_block_bytes = kv_block_bytes(rank_spec(spec));
-  config_.kv_block_bytes = rank_block_bytes * tp;
+  config_.kv_block_bytes = ranks_ ? ranks_->block_bytes(spec) : rank_block_bytes;
   TESSERA_CHECK(o.swap_space_bytes >= 0, "swap space of ", o.swap_space_bytes, " bytes is negative");
   config_.n_host_blocks = static_cast<int>(std::min<int64_t>(o.swap_space_bytes / rank_block_bytes, 1 << 30));
   if (sc.preemption_mode == PreemptionMode::Swap)
@@ -203,11 +213,15 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
     }
   }
   if (ranks_) {
-    ranks_->run([&](TensorParallelRanks::Rank& r) {
+    ranks_->run([&](ParallelRanks::Rank& r) {
       r.kv = std::make_unique<KvCache>(*r.backend, ranks_->rank_kv_spec(pool, r.index));
     });
-    executor_ = std::make_unique<TensorParallelExecutor>(*ranks_, sc.max_num_batched_tokens, sc.max_logits_rows,
-                                                         config_.n_host_blocks);
+    if (layout.pipelined())
+      executor_ = std::make_unique<PipelineParallelExecutor>(*ranks_, sc.max_num_batched_tokens, sc.max_logits_rows,
+                                                             config_.n_host_blocks);
+    else
+      executor_ = std::make_unique<TensorParallelExecutor>(*ranks_, sc.max_num_batched_tokens, sc.max_logits_rows,
+                                                           config_.n_host_blocks);
   } else {
     kv_ = std::make_unique<KvCache>(backend, pool);
     executor_ = std::make_unique<ModelExecutor>(session_->model(), *kv_, backend, sc.max_num_batched_tokens,
@@ -237,6 +251,13 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   }
 
   if (o.warmup && !warmed_up) warm_up(pool, true);
+}
+
+std::vector<const KvCacheSpec*> ModelEngine::kv_specs() {
+  if (!ranks_) return {&kv_->spec()};
+  std::vector<const KvCacheSpec*> out;
+  for (int r = 0; r < ranks_->size(); ++r) out.push_back(&ranks_->rank(r).kv->spec());
+  return out;
 }
 
 ModelEngine::~ModelEngine() = default;

@@ -8,7 +8,7 @@
 #include "engine/engine_core.h"
 #include "engine/executor_model.h"
 #include "engine/session.h"
-#include "engine/tp_ranks.h"
+#include "engine/parallel_ranks.h"
 
 namespace tessera {
 
@@ -46,6 +46,11 @@ struct ModelEngineOptions {
   // its own KV cache of its KV heads. kv_cache_bytes and swap_space_bytes are then per rank
   // (vLLM's per-GPU meaning); the default CPU budget is split between the ranks.
   int tensor_parallel_size = 1;
+  // Pipeline parallelism (docs/design/parallel.md): the model's layers split into this many
+  // stages in this process (threads on the CPU, one GPU each on CUDA), each with the KV cache
+  // of its layers; each step's batch runs through them in micro-batches. Budgets per stage,
+  // as above. Not with tensor_parallel_size > 1.
+  int pipeline_parallel_size = 1;
 };
 
 class ModelEngine {
@@ -53,23 +58,30 @@ class ModelEngine {
   explicit ModelEngine(ModelEngineOptions options);
   ~ModelEngine();
 
-  // The session holds the weights and tokenizer; with tensor parallelism only those (the
-  // ranks hold the shards, backends and KV caches).
+  // The session holds the weights and tokenizer; with tensor or pipeline parallelism only
+  // those (the ranks hold the shards or stages, backends and KV caches).
   Session& session() { return *session_; }
-  // The KV cache of the model (rank 0's with tensor parallelism: its KV heads only).
+  // The KV cache of the model (rank 0's with parallel ranks: its KV heads or layers only).
   KvCache& kv() { return ranks_ ? *ranks_->rank(0).kv : *kv_; }
   // The backend the logits are sampled from (rank 0's with tensor parallelism).
   Backend& backend() { return ranks_ ? *ranks_->rank(0).backend : session_->backend(); }
   // The backend's description, or the ranks' ("2 tensor-parallel ranks (...), each cpu (...)").
   std::string describe_device() { return ranks_ ? ranks_->describe() : session_->backend().describe(); }
-  int tensor_parallel_size() const { return ranks_ ? ranks_->size() : 1; }
+  // Every rank's cache (one without parallel ranks).
+  std::vector<const KvCacheSpec*> kv_specs();
+  int tensor_parallel_size() const { return ranks_ ? ranks_->layout().tensor : 1; }
+  int pipeline_parallel_size() const { return ranks_ ? ranks_->layout().pipeline : 1; }
+  // "layers 0-14 | 15-29" with pipeline parallelism, else "".
+  std::string pipeline_layers() const {
+    return ranks_ && ranks_->layout().pipelined() ? ranks_->pipeline().describe() : "";
+  }
   Executor& executor() { return *executor_; }
   const EngineConfig& config() const { return config_; }
 
  private:
   std::unique_ptr<Session> session_;
-  std::unique_ptr<TensorParallelRanks> ranks_;  // tensor parallelism only; outlives the executor
-  std::unique_ptr<KvCache> kv_;                 // one rank only
+  std::unique_ptr<ParallelRanks> ranks_;  // tensor or pipeline parallelism; outlives the executor
+  std::unique_ptr<KvCache> kv_;           // one rank only
   std::unique_ptr<Executor> executor_;
   EngineConfig config_;
 };

@@ -56,16 +56,25 @@ EngineSummary describe_engine(ModelEngine& engine, const std::string& model_arg)
   s.n_blocks = ec.n_blocks;
   s.kv_block_bytes = ec.kv_block_bytes;
   s.n_host_blocks = ec.n_host_blocks;
-  // kv is rank 0's cache with tensor parallelism; every rank's is of the same size.
+  // kv is rank 0's cache with parallel ranks: the bytes are every rank's.
   s.tensor_parallel_size = engine.tensor_parallel_size();
-  s.kv_bytes =
-      (kv.full_block_bytes() * ec.n_blocks + kv.local_block_bytes() * ec.n_local_blocks) * s.tensor_parallel_size;
+  s.pipeline_parallel_size = engine.pipeline_parallel_size();
+  if (s.pipeline_parallel_size > 1) s.pipeline_layers = engine.pipeline_layers();
+  int64_t all_block_bytes = 0;  // one block id over every rank and layer, unwindowed
+  for (const KvCacheSpec* r : engine.kv_specs()) {
+    s.kv_bytes += r->full_block_bytes() * ec.n_blocks + r->local_block_bytes() * ec.n_local_blocks;
+    all_block_bytes += r->block_bytes();
+  }
   if (ec.n_local_blocks > 0) {
     s.window = ec.window;
-    s.n_local_layers = kv.n_group_layers(true);
-    s.n_layers = kv.n_layers;
+    s.n_local_layers = 0;
+    for (const KvCacheSpec* r : engine.kv_specs()) s.n_local_layers += r->n_group_layers(true);
+    s.n_local_layers /= s.tensor_parallel_size;
+    s.n_layers = 0;
+    for (const KvCacheSpec* r : engine.kv_specs()) s.n_layers += r->n_layers;
+    s.n_layers /= s.tensor_parallel_size;  // shards hold every layer
     s.n_local_blocks = ec.n_local_blocks;
-    s.unwindowed_tokens = s.kv_bytes / s.tensor_parallel_size / kv.block_bytes() * kv.block_size;
+    s.unwindowed_tokens = s.kv_bytes / all_block_bytes * kv.block_size;
   }
   s.device = engine.describe_device();
   s.max_num_seqs = ec.scheduler.max_num_seqs;
@@ -104,6 +113,9 @@ std::string format_engine_summary(const EngineSummary& s) {
   if (s.tensor_parallel_size > 1)  // each rank stores its KV heads of every block
     kv_line += "; " + std::to_string(s.tensor_parallel_size) + " tensor-parallel ranks, " +
                human_bytes_binary(s.kv_bytes / s.tensor_parallel_size) + " each (its KV heads)";
+  if (s.pipeline_parallel_size > 1)  // each stage stores its layers of every block
+    kv_line += "; " + std::to_string(s.pipeline_parallel_size) + " pipeline stages (" + s.pipeline_layers +
+               "), each its layers' part";
   line("KV cache", kv_line);
   if (s.window > 0) {
     std::snprintf(buf, sizeof buf,

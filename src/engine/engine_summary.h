@@ -20,10 +20,12 @@ struct EngineSummary {
   double kv_bits_per_element = 16;  // storage per K/V element, scales included
   int block_size = 0;
   int n_blocks = 0;
-  int64_t kv_block_bytes = 0;    // all ranks' parts of one block
-  int64_t kv_bytes = 0;          // both pools, all ranks
-  int tensor_parallel_size = 1;  // ranks, each holding kv_bytes / tensor_parallel_size (its KV heads)
-  int n_host_blocks = 0;         // swap tier
+  int64_t kv_block_bytes = 0;      // all ranks' parts of one block
+  int64_t kv_bytes = 0;            // both pools, all ranks
+  int tensor_parallel_size = 1;    // ranks, each holding kv_bytes / tensor_parallel_size (its KV heads)
+  int pipeline_parallel_size = 1;  // stages, each holding its layers' part of kv_bytes
+  std::string pipeline_layers;     // "layers 0-14 | 15-29"
+  int n_host_blocks = 0;           // swap tier
   // Sliding-window layers with a pool of their own (0 = none): their window, how many of
   // the n_layers they are, their pool's blocks, and the tokens the same KV memory would hold
   // if every layer kept the whole sequence.

@@ -13,15 +13,15 @@ void Executor::swap_in(std::span<const BlockSwap> swaps) {
 }
 
 std::shared_ptr<HostKvTier> Executor::make_staging(int n_blocks) {
-  fail("executor: cannot stage ", n_blocks, " KV blocks for a transfer: this executor has no KV cache to move");
+  fail("executor: cannot stage ", n_blocks, " KV blocks: ", kv_transfer_refusal());
 }
 
 void Executor::export_blocks(std::span<const int32_t> blocks, HostKvTier&) {
-  fail("executor: cannot export ", blocks.size(), " KV blocks: this executor has no KV cache to move");
+  fail("executor: cannot export ", blocks.size(), " KV blocks: ", kv_transfer_refusal());
 }
 
 void Executor::import_blocks(std::span<const int32_t> blocks, const HostKvTier&) {
-  fail("executor: cannot import ", blocks.size(), " KV blocks: this executor has no KV cache to move");
+  fail("executor: cannot import ", blocks.size(), " KV blocks: ", kv_transfer_refusal());
 }
 
 }  // namespace tessera

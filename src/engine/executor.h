@@ -89,7 +89,7 @@ class Executor {
   // Disaggregation (engine/kv_transfer.h): the cache's layout, or null when this executor
   // cannot move blocks in and out; host staging for n blocks (HostKvTier slots, page-locked
   // on a device backend); copies of full-pool blocks[i] to staging slot i and back, done
-  // before this returns. The defaults refuse.
+  // before this returns. The defaults refuse, saying kv_transfer_refusal().
   virtual const KvCacheSpec* kv_spec() const { return nullptr; }
   // Why kv_spec() is null: what a refused transfer request is told.
   virtual std::string kv_transfer_refusal() const { return "this engine cannot move KV blocks between engines"; }

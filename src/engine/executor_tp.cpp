@@ -8,11 +8,11 @@
 
 namespace tessera {
 
-TensorParallelExecutor::TensorParallelExecutor(TensorParallelRanks& ranks, int max_batch_tokens, int max_logits_rows,
+TensorParallelExecutor::TensorParallelExecutor(ParallelRanks& ranks, int max_batch_tokens, int max_logits_rows,
                                                int n_host_blocks)
     : ranks_(ranks), scratch_(ranks.size()) {
   // Each rank's objects are made on its thread (a device backend's context is its own).
-  ranks_.run([&](TensorParallelRanks::Rank& r) {
+  ranks_.run([&](ParallelRanks::Rank& r) {
     TESSERA_CHECK(r.kv != nullptr, "tensor parallel: rank ", r.index, " has no KV cache");
     if (r.index == 0) {
       // No graphs with collectives, so no padding block (-1).
@@ -27,7 +27,7 @@ TensorParallelExecutor::TensorParallelExecutor(TensorParallelRanks& ranks, int m
 
 TensorParallelExecutor::~TensorParallelExecutor() {
   try {
-    ranks_.run([&](TensorParallelRanks::Rank& r) {
+    ranks_.run([&](ParallelRanks::Rank& r) {
       if (r.index == 0) rank0_.reset();
       r.runner.reset();
       r.host.reset();
@@ -44,7 +44,7 @@ void TensorParallelExecutor::remove_sequence(SeqId seq) { rank0_->remove_sequenc
 
 void TensorParallelExecutor::execute(const StepInput& in, StepOutput& out) {
   const size_t rows = in.batch.logits_rows.size();
-  ranks_.run([&](TensorParallelRanks::Rank& r) {
+  ranks_.run([&](ParallelRanks::Rank& r) {
     if (r.index == 0) return rank0_->execute(in, out);  // copies, forward, sampling
     if (!in.copies.empty()) copy_kv_blocks(*r.kv, in.copies);
     // The same forward (its collectives meet rank 0's); the logits are rank 0's to sample, so
@@ -59,7 +59,7 @@ void TensorParallelExecutor::execute(const StepInput& in, StepOutput& out) {
 
 void TensorParallelExecutor::swap(std::span<const BlockSwap> swaps, bool out) {
   if (swaps.empty()) return;
-  ranks_.run([&](TensorParallelRanks::Rank& r) {
+  ranks_.run([&](ParallelRanks::Rank& r) {
     if (r.index == 0) return out ? rank0_->swap_out(swaps) : rank0_->swap_in(swaps);
     TESSERA_CHECK(r.host != nullptr, "executor: swap without a host KV tier");
     if (out)
@@ -72,18 +72,6 @@ void TensorParallelExecutor::swap(std::span<const BlockSwap> swaps, bool out) {
 std::string TensorParallelExecutor::kv_transfer_refusal() const {
   return "KV transfer between engines is not supported with tensor parallelism (--tensor-parallel-size " +
          std::to_string(ranks_.size()) + ")";
-}
-
-std::shared_ptr<HostKvTier> TensorParallelExecutor::make_staging(int n_blocks) {
-  fail("executor: cannot stage ", n_blocks, " KV blocks: ", kv_transfer_refusal());
-}
-
-void TensorParallelExecutor::export_blocks(std::span<const int32_t> blocks, HostKvTier&) {
-  fail("executor: cannot export ", blocks.size(), " KV blocks: ", kv_transfer_refusal());
-}
-
-void TensorParallelExecutor::import_blocks(std::span<const int32_t> blocks, const HostKvTier&) {
-  fail("executor: cannot import ", blocks.size(), " KV blocks: ", kv_transfer_refusal());
 }
 
 }  // namespace tessera

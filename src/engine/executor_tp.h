@@ -1,6 +1,6 @@
 #pragma once
 // The tensor-parallel executor (docs/design/parallel.md, "Engine"): one step of the one
-// scheduler runs on every rank of a TensorParallelRanks group. Rank 0 runs a ModelExecutor
+// scheduler runs on every rank of a ParallelRanks group. Rank 0 runs a ModelExecutor
 // over its shard, its KV cache and its backend: the forward (whose all-gathered logits are
 // whole on every rank), then grammar masks, sampling and log-probabilities from its logits.
 // Ranks 1..N-1 run the same batch through their own ModelRunner (their logits are dropped:
@@ -14,7 +14,7 @@
 
 #include "engine/executor.h"
 #include "engine/executor_model.h"
-#include "engine/tp_ranks.h"
+#include "engine/parallel_ranks.h"
 
 namespace tessera {
 
@@ -22,7 +22,7 @@ class TensorParallelExecutor final : public Executor {
  public:
   // Every rank's KV cache exists (rank_kv_spec of one pool). n_host_blocks: the engine's host
   // slots for swap preemption (each rank allocates its heads' part of every slot).
-  TensorParallelExecutor(TensorParallelRanks& ranks, int max_batch_tokens, int max_logits_rows, int n_host_blocks);
+  TensorParallelExecutor(ParallelRanks& ranks, int max_batch_tokens, int max_logits_rows, int n_host_blocks);
   ~TensorParallelExecutor() override;
 
   void add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) override;
@@ -36,15 +36,12 @@ class TensorParallelExecutor final : public Executor {
   void swap_in(std::span<const BlockSwap> swaps) override { swap(swaps, false); }
   // Disaggregation: no staging layout joins the ranks' heads (kv_spec() stays null).
   std::string kv_transfer_refusal() const override;
-  std::shared_ptr<HostKvTier> make_staging(int n_blocks) override;
-  void export_blocks(std::span<const int32_t> blocks, HostKvTier& staging) override;
-  void import_blocks(std::span<const int32_t> blocks, const HostKvTier& staging) override;
 
  private:
   // Every rank moves its heads of the blocks: out (device -> host slot) or in.
   void swap(std::span<const BlockSwap> swaps, bool out);
 
-  TensorParallelRanks& ranks_;
+  ParallelRanks& ranks_;
   std::unique_ptr<ModelExecutor> rank0_;
   struct Scratch {              // a rank 1..N-1's logits readback, dropped
     std::vector<float> logits;  // [rows, n_vocab]

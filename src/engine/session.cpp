@@ -108,8 +108,9 @@ Session::Session(const SessionOptions& options) : options_(options) {
   TESSERA_CHECK(options.tensor_parallel_size >= 1, "--tensor-parallel-size ", options.tensor_parallel_size,
                 " must be at least 1");
   if (options.tensor_parallel_size > 1) {
-    ranks_ = std::make_unique<TensorParallelRanks>(weights_, options.backend, options.tensor_parallel_size,
-                                                   options.max_batch_tokens, max_logits);
+    ranks_ = std::make_unique<ParallelRanks>(weights_, options.backend,
+                                             ParallelLayout{.tensor = options.tensor_parallel_size},
+                                             options.max_batch_tokens, max_logits);
   } else {
     backend_ = make_backend(options.backend);
     model_ = create_model(weights_, *backend_, options.max_batch_tokens, max_logits);
@@ -138,7 +139,7 @@ void Session::make_kv(int tokens) {
   apply_checkpoint_kv_scales(*weights_, spec);
   pool_ = std::make_unique<BlockPool>(spec.n_blocks);
   if (ranks_) {  // each rank its KV heads, on its own thread
-    ranks_->run([&](TensorParallelRanks::Rank& r) {
+    ranks_->run([&](ParallelRanks::Rank& r) {
       r.runner.reset();
       r.kv.reset();
       r.kv = std::make_unique<KvCache>(*r.backend, ranks_->rank_kv_spec(spec, r.index));
@@ -205,7 +206,7 @@ void Session::forward(float* logits, const Backend::LogitsReadback& plan) {
   if (!ranks_) return runner_->forward(batch_, logits, plan);
   // Every rank runs the batch (their collectives meet); rank 0's logits are returned.
   const size_t n = batch_.logits_rows.size() * static_cast<size_t>(config().n_vocab);
-  ranks_->run([&](TensorParallelRanks::Rank& r) {
+  ranks_->run([&](ParallelRanks::Rank& r) {
     if (r.index == 0) return r.runner->forward(batch_, logits, plan);
     std::vector<float> dropped(n);
     r.runner->forward(batch_, dropped.data());

@@ -9,7 +9,7 @@
 
 #include "backend/backend.h"
 #include "engine/model_runner.h"
-#include "engine/tp_ranks.h"
+#include "engine/parallel_ranks.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -46,7 +46,7 @@ struct SessionOptions {
   // runs shards of the weights on backends of its own). backend(), model(), kv(), runner(),
   // pool() and feed() then throw.
   bool weights_only = false;
-  // Tensor parallelism (engine/tp_ranks.h, docs/design/parallel.md): the model split over this
+  // Tensor parallelism (engine/parallel_ranks.h, docs/design/parallel.md): the model split over this
   // many ranks of this process, each with its KV heads; feed() runs every rank. backend(),
   // model() and kv() are then rank 0's, and runner() throws (a forward must run on every rank).
   int tensor_parallel_size = 1;
@@ -112,7 +112,7 @@ class Session {
   std::shared_ptr<GGUFFile> gguf_;
   std::shared_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<TensorParallelRanks> ranks_;  // tensor_parallel_size > 1: backends, shards, KV, runners
+  std::unique_ptr<ParallelRanks> ranks_;  // tensor_parallel_size > 1: backends, shards, KV, runners
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<KvCache> kv_;

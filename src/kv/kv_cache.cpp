@@ -57,6 +57,24 @@ KvCacheSpec KvCacheSpec::kv_heads(int first, int n) const {
   return s;
 }
 
+KvCacheSpec KvCacheSpec::layers(int first, int n) const {
+  TESSERA_CHECK(first >= 0 && n >= 1 && first + n <= n_layers, "KV cache: layers [", first, ", ", first + n,
+                ") are not layers of a cache of ", n_layers);
+  KvCacheSpec s = *this;
+  s.n_layers = n;
+  s.layer_first = layer_first + first;
+  const auto per_layer = [&](auto& rows) {
+    if (rows.size() == static_cast<size_t>(n_layers)) rows.assign(rows.begin() + first, rows.begin() + first + n);
+  };
+  per_layer(s.k_scales);
+  per_layer(s.v_scales);
+  per_layer(s.k_mean);
+  per_layer(s.k_equal);
+  per_layer(s.k_rope_freq);
+  per_layer(s.local_layers);
+  return s;
+}
+
 int KvCacheSpec::n_group_layers(bool local) const {
   int n = 0;
   for (int il = 0; il < n_layers; ++il) n += in_local_group(il) == local;
@@ -99,8 +117,9 @@ void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat
                   "use --device cpu)");
     rope = {spec.k_rope_dim, spec.k_rope_neox, spec.k_rope_freq[layer]};
   }
-  const std::vector<float> host = make_kv_constants(f, spec.n_kv_heads, spec.head_dim, layer, is_key, spec.seed, s,
-                                                    mean, equal, rope, {spec.kv_head_first, spec.n_kv_heads_whole});
+  const std::vector<float> host =
+      make_kv_constants(f, spec.n_kv_heads, spec.head_dim, spec.layer_first + layer, is_key, spec.seed, s, mean, equal,
+                        rope, {spec.kv_head_first, spec.n_kv_heads_whole});
   void* dev = backend.alloc(sizeof(float) * host.size());
   backend.copy_to_device(dev, host.data(), sizeof(float) * host.size());
   return dev;

@@ -49,11 +49,17 @@ struct KvCacheSpec {
   // TurboQuant signs and sketches are those heads' draws of the whole cache.
   int kv_head_first = 0;
   int n_kv_heads_whole = 0;
+  // A pipeline stage's cache holds layers [layer_first, layer_first + n_layers) of the model:
+  // its TurboQuant draws are those layers'.
+  int layer_first = 0;
 
   // This cache restricted to KV heads [first, first + n) of its own: per-head static scales
   // and the key means and equalization (head-major) sliced to them, per-tensor scales kept.
   // Throws naming the numbers when the heads are not a range of this cache's.
   KvCacheSpec kv_heads(int first, int n) const;
+  // This cache restricted to layers [first, first + n) of its own (a pipeline stage's): the
+  // per-layer scales, key means, equalization, RoPE frequencies and group marks sliced.
+  KvCacheSpec layers(int first, int n) const;
 
   // A cache with K and V both in `plain` (F16 or F32).
   static KvCacheSpec plain(int n_layers, int n_kv_heads, int head_dim, int block_size, int n_blocks, DType plain) {

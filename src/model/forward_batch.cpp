@@ -7,6 +7,36 @@
 
 namespace tessera {
 
+ForwardBatch ForwardBatch::sequences(int first, int last) const {
+  TESSERA_CHECK(first >= 0 && first <= last && last <= n_seqs(), "forward batch: sequences [", first, ", ", last,
+                ") of ", n_seqs());
+  ForwardBatch b;
+  const int r0 = q_start[first], r1 = q_start[last];
+  const auto rows = [&](const auto& v, auto& out) {
+    if (!v.empty()) out.assign(v.begin() + r0, v.begin() + r1);
+  };
+  rows(tokens, b.tokens);
+  rows(positions, b.positions);
+  rows(slot_mapping, b.slot_mapping);
+  rows(local_slot_mapping, b.local_slot_mapping);
+  rows(tree_mask, b.tree_mask);
+  rows(rope_positions, b.rope_positions);
+  for (int s = first; s <= last; ++s) b.q_start.push_back(q_start[s] - r0);
+  b.kv_len.assign(kv_len.begin() + first, kv_len.begin() + last);
+  b.max_blocks = max_blocks;
+  const auto table_rows = [&](const std::vector<int32_t>& v, std::vector<int32_t>& out) {
+    if (!v.empty())
+      out.assign(v.begin() + static_cast<ptrdiff_t>(first) * max_blocks,
+                 v.begin() + static_cast<ptrdiff_t>(last) * max_blocks);
+  };
+  table_rows(block_tables, b.block_tables);
+  b.has_local = has_local;
+  table_rows(local_block_tables, b.local_block_tables);
+  for (int32_t r : logits_rows)
+    if (r >= r0 && r < r1) b.logits_rows.push_back(r - r0);
+  return b;
+}
+
 void ForwardBatch::clear() {
   tokens.clear();
   positions.clear();

@@ -59,6 +59,9 @@ struct ForwardBatch {
   int max_rows() const;
   // The batch over these host arrays (the CPU backend's memory is the host's).
   AttentionBatch attention_view() const;
+  // The batch of sequences [first, last) alone (a pipeline's micro-batch): their rows, slots,
+  // tables and tree masks; of the logits rows those in their rows, renumbered, in order.
+  ForwardBatch sequences(int first, int last) const;
 
  private:
   // Appends causal tree masks and RoPE positions for n_new chain rows from first_row.

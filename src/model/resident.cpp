@@ -16,6 +16,7 @@ std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWei
   w->config = host->config;
   w->source = host->source;
   w->shard = host->shard;
+  w->stage = host->stage;
   w->weight_bytes = host->weight_bytes;
   w->owners.push_back(host);  // the host copy stays alive (the CPU computes on it)
   std::unordered_map<const void*, const void*> done;

@@ -42,9 +42,21 @@ struct TensorShard {
   int64_t ff_first = 0;
 };
 
+// Which layers a pipeline stage holds (model/pp/stage.h): the whole model's layers
+// [first_layer, first_layer + config.n_layer). Stage 0 embeds the tokens (others receive the
+// residual stream from the stage before), the last one has the final norm and head (others
+// send the residual stream on). size 1: the whole model.
+struct PipelineStage {
+  int index = 0, size = 1;
+  int first_layer = 0;
+  bool first() const { return index == 0; }
+  bool last() const { return index == size - 1; }
+};
+
 struct ModelWeights {
   ModelConfig config;
   TensorShard shard;
+  PipelineStage stage;
   WeightMatrix tok_embd;  // [n_vocab, n_embd]
   WeightMatrix output;    // [n_vocab, n_embd] (= tok_embd when tied)
   const float* output_norm = nullptr;

@@ -61,6 +61,19 @@ class LocalCommunicator final : public Communicator {
 
   void barrier() override { g_.enter(rank_, {LocalGroup::Op::Barrier, nullptr, 0, -1}); }
 
+  void send(const float* data, int64_t n, int peer) override {
+    TESSERA_CHECK(peer >= 0 && peer < g_.size_ && peer != rank_, "send: rank ", rank_, " to rank ", peer,
+                  " of a group of ", g_.size_);
+    TESSERA_CHECK(n >= 0 && (data || n == 0), "send: rank ", rank_, " passed ", n, " elements");
+    g_.post(rank_, peer, data, n);
+  }
+  void recv(float* data, int64_t n, int peer) override {
+    TESSERA_CHECK(peer >= 0 && peer < g_.size_ && peer != rank_, "recv: rank ", rank_, " from rank ", peer,
+                  " of a group of ", g_.size_);
+    TESSERA_CHECK(n >= 0 && (data || n == 0), "recv: rank ", rank_, " passed ", n, " elements");
+    g_.take(peer, rank_, data, n);
+  }
+
  private:
   LocalGroup& g_;
   const int rank_;
@@ -69,6 +82,7 @@ class LocalCommunicator final : public Communicator {
 LocalGroup::LocalGroup(int size) : size_(size) {
   TESSERA_CHECK(size >= 1 && size <= 1024, "local communicator group: size ", size, " is outside [1, 1024]");
   posts_.resize(size);
+  mail_.resize(static_cast<size_t>(size) * size);
   for (int r = 0; r < size; ++r) comms_.push_back(std::make_unique<LocalCommunicator>(*this, r));
 }
 
@@ -91,6 +105,28 @@ void LocalGroup::reset() {
   error_.clear();
   arrived_ = 0;  // ranks that posted before the abort left without completing the collective
   ++generation_;
+  for (auto& box : mail_) box.clear();
+}
+
+void LocalGroup::post(int from, int to, const float* data, int64_t n) {
+  std::vector<float> message(data, data + n);  // copied outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!aborted_.empty()) fail("communicator group aborted: ", aborted_);
+  mail_[static_cast<size_t>(from) * size_ + to].push_back(std::move(message));
+  cv_.notify_all();
+}
+
+void LocalGroup::take(int from, int to, float* data, int64_t n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto& box = mail_[static_cast<size_t>(from) * size_ + to];
+  cv_.wait(lock, [&] { return !box.empty() || !aborted_.empty(); });
+  if (!aborted_.empty()) fail("communicator group aborted: ", aborted_);
+  std::vector<float> message = std::move(box.front());
+  box.pop_front();
+  lock.unlock();
+  TESSERA_CHECK(static_cast<int64_t>(message.size()) == n, "recv: rank ", to, " expected ", n, " elements from rank ",
+                from, ", which sent ", message.size());
+  if (n > 0) std::memcpy(data, message.data(), sizeof(float) * static_cast<size_t>(n));
 }
 
 void LocalGroup::arrive(const std::function<void()>& last) {

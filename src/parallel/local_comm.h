@@ -5,6 +5,7 @@
 // does it, so every rank gets the same bits on every run.
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -29,7 +30,8 @@ class LocalGroup {
   // tessera::Error with `why` (a rank that failed calls it so that the others do not wait forever).
   void abort(const std::string& why);
   // Makes an aborted group usable again; only while no rank is inside a collective (every
-  // rank's thread has returned from the failed step). The next collective starts afresh.
+  // rank's thread has returned from the failed step). The next collective starts afresh, and
+  // messages sent but not received are dropped.
   void reset();
 
  private:
@@ -58,6 +60,11 @@ class LocalGroup {
   std::vector<Post> posts_;  // [size]
   std::string error_;        // the last enter()'s mismatch
   std::vector<float> scratch_;
+  // Point-to-point messages, buffered: [from * size + to], oldest first.
+  std::vector<std::deque<std::vector<float>>> mail_;
+  // Sends a copy of data to `to`'s mailbox; takes the next message from `from` (waits).
+  void post(int from, int to, const float* data, int64_t n);
+  void take(int from, int to, float* data, int64_t n);
 };
 
 }  // namespace tessera

@@ -1,5 +1,6 @@
-"""`tessera generate` with tensor parallelism on the CPU (ranks as threads, docs/design/parallel.md):
-SmolLM2-135M's 9 heads and 3 KV heads split over 3 ranks; 2 ranks are refused by name."""
+"""`tessera generate` with tensor and pipeline parallelism on the CPU (ranks as threads, docs/design/parallel.md):
+SmolLM2-135M's 9 heads and 3 KV heads split over 3 ranks (2 ranks are refused by name); its 30 layers
+in 2 pipeline stages give the text of one rank; both together are refused."""
 
 from __future__ import annotations
 
@@ -27,3 +28,18 @@ def test_a_size_the_heads_do_not_split_over_is_refused():
     assert out.returncode == 1
     assert "--tensor-parallel-size 2 with" in out.stderr
     assert "9 attention heads do not split over 2 ranks" in out.stderr
+
+
+def test_pipeline_stages_give_the_single_ranks_text():
+    one = generate("--engine")
+    two = generate("-pp", "2")
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    assert "2 pipeline stages (layers 0-14 | 15-29; in-process group)" in two.stderr
+    assert two.stdout == one.stdout
+
+
+def test_tensor_and_pipeline_together_are_refused():
+    out = generate("-tp", "3", "--pipeline-parallel-size", "2")
+    assert out.returncode == 1
+    assert "tensor and pipeline parallelism together are not built" in out.stderr

@@ -2,6 +2,8 @@
 // Mixtral and Qwen3-MoE with mixture-of-experts FFNs): pre-norm blocks of RMSNorm → GQA
 // attention with RoPE → residual → RMSNorm → SwiGLU FFN (or its experts) → residual. Mistral v0.1's and Phi-3's sliding windows apply to every layer; Phi-3's fused
 // QKV and gate|up matrices are bound as row ranges (bind_llama.h), so its block is this one.
+// A pipeline stage (model/pp/stage.h) runs its layers only, between a recv and a send of the
+// residual stream.
 #include <cmath>
 #include <memory>
 #include <utility>
@@ -22,11 +24,18 @@ class LlamaModel final : public Model {
       : w_(make_resident(std::move(weights), backend)),
         be_(backend),
         a_(backend, w_->config, max_tokens, max_logits),
-        tp_(backend, *w_, comm, max_logits),
+        tp_(backend, *w_, w_->stage.size > 1 ? nullptr : comm, max_logits),
+        stages_(w_->stage.size > 1 ? comm : nullptr),
         c_(w_->config),
         max_tokens_(max_tokens),
         max_logits_(max_logits) {
     rope_ = rope_config_for(c_, c_.rope_freq_base, w_->rope_freq_factors, /*with_scaling=*/true);
+    const PipelineStage& st = w_->stage;
+    if (st.size > 1) {
+      TESSERA_CHECK(w_->shard.size == 1, c_.arch, ": a pipeline stage of a tensor-parallel shard is not built");
+      TESSERA_CHECK(stages_ && stages_->size() == st.size && stages_->rank() == st.index, c_.arch, ": pipeline stage ",
+                    st.index, " of ", st.size, " needs the pipeline's communicator");
+    }
     if (c_.qk_norm)
       for (const LayerWeights& L : w_->layers)
         TESSERA_CHECK(L.q_norm && L.k_norm, c_.arch, ": a layer lacks its Q or K norm");
@@ -60,7 +69,11 @@ class LlamaModel final : public Model {
 
     float* x = a_.x;        // the residual stream: [n, e]
     float* x_next = a_.x2;  // where the next pre-norm writes x + residual
-    tp_.embed(in.tokens, n, x);
+    const PipelineStage& st = w_->stage;
+    if (st.first())
+      tp_.embed(in.tokens, n, x);
+    else  // a later pipeline stage: the residual stream after the stage before's layers
+      stages_->recv(x, static_cast<int64_t>(n) * e, st.index - 1);
     for (int il = 0; il < c_.n_layer; ++il) {
       const LayerWeights& L = w_->layers[il];
       const KvLayerView kvl = kv.layer(il);
@@ -103,6 +116,13 @@ class LlamaModel final : public Model {
       tp_.reduce(a_.tmp, static_cast<int64_t>(n) * e);
       std::swap(x, x_next);
     }
+    if (!st.last()) {
+      // The last layer's FFN output joins the residual stream, which the next stage goes on from.
+      TESSERA_CHECK(n_out == 0, "forward: pipeline stage ", st.index, " of ", st.size, " asked for logits");
+      be_.add(x, a_.tmp, static_cast<int64_t>(n) * e);
+      stages_->send(x, static_cast<int64_t>(n) * e, st.index + 1);
+      return a_.logits;
+    }
     return tp_.head(a_, x, in);
   }
 
@@ -111,6 +131,7 @@ class LlamaModel final : public Model {
   Backend& be_;
   DecoderActivations a_;  // sized before the body runs: its constructor checks the limits
   TensorParallelOps tp_;  // the collectives of a tensor-parallel shard; plain ops otherwise
+  Communicator* stages_;  // a pipeline stage's group (receives from index - 1, sends to index + 1); else null
   const ModelConfig& c_;
   int max_tokens_, max_logits_;
   RopeConfig rope_;

@@ -78,6 +78,18 @@ class NcclCommunicator final : public Communicator {
     nccl_check(ncclAllReduce(token_, token_, 1, ncclFloat, ncclSum, comm_, be_.stream()), "ncclAllReduce (barrier)");
     be_.synchronize();
   }
+  // NCCL matches a send with the peer's recv on the streams (sizes must agree: a mismatch
+  // hangs or corrupts, as for the collectives).
+  void send(const float* data, int64_t n, int peer) override {
+    TESSERA_CHECK(peer >= 0 && peer < size_ && peer != rank_, "send: rank ", rank_, " to rank ", peer);
+    if (n == 0) return;
+    nccl_check(ncclSend(data, static_cast<size_t>(n), ncclFloat, peer, comm_, be_.stream()), "ncclSend");
+  }
+  void recv(float* data, int64_t n, int peer) override {
+    TESSERA_CHECK(peer >= 0 && peer < size_ && peer != rank_, "recv: rank ", rank_, " from rank ", peer);
+    if (n == 0) return;
+    nccl_check(ncclRecv(data, static_cast<size_t>(n), ncclFloat, peer, comm_, be_.stream()), "ncclRecv");
+  }
 
  private:
   CudaBackend& be_;

@@ -25,52 +25,15 @@
 #include "engine/engine_summary.h"
 #include "engine/session.h"
 #include "engine_run_harness.h"
+#include "parallel_harness.h"
 #include "kv/kv_host_ops.h"
 #include "model/dummy.h"
 
 using namespace tessera;
 using tessera::test::RunResult;
+using namespace tessera::test::parallel;
 
 namespace {
-
-constexpr const char* kModel = "dummy:qwen3-tiny:f32";
-constexpr int kVocab = 4096;
-
-// batched 16 tokens a step: the longer prompts are prefilled in chunks.
-ModelEngineOptions options(int tp, int n_blocks = 96) {
-  ModelEngineOptions o = test::small_engine_options(kModel, 16, 4, n_blocks);
-  o.session.dummy_seed = 7;
-  o.swap_space_bytes = 4ll << 20;
-  o.tensor_parallel_size = tp;
-  return o;
-}
-
-std::vector<int32_t> prompt(int n, uint32_t seed) {
-  std::vector<int32_t> p(n);
-  for (int i = 0; i < n; ++i) p[i] = static_cast<int32_t>((seed * 2654435761u + i * 40503u) % kVocab);
-  return p;
-}
-
-Request greedy(std::vector<int32_t> p, int max_tokens) { return test::greedy_tokens_request(std::move(p), max_tokens); }
-
-// Four prompts of 9 to 30 tokens (chunked at 16), 8 tokens each.
-std::vector<Request> mixed_requests() {
-  std::vector<Request> r;
-  const int lengths[] = {13, 30, 9, 22};
-  for (int i = 0; i < 4; ++i) r.push_back(greedy(prompt(lengths[i], 11 + i), 8));
-  return r;
-}
-
-void expect_same_tokens(const RunResult& got, const RunResult& want, const std::string& what) {
-  ASSERT_EQ(got.out.size(), want.out.size()) << what;
-  for (const auto& [id, o] : want.out) {
-    ASSERT_EQ(got.out.at(id).tokens.size(), o.tokens.size()) << what << " request " << id;
-    for (size_t c = 0; c < o.tokens.size(); ++c) {
-      EXPECT_FALSE(o.tokens[c].empty()) << what;
-      EXPECT_EQ(got.out.at(id).tokens[c], o.tokens[c]) << what << " request " << id << " choice " << c;
-    }
-  }
-}
 
 class EngineTensorParallel : public ::testing::Test {
  protected:
@@ -313,12 +276,12 @@ TEST(EngineTensorParallelKv, WhatTensorParallelismCannotDoIsRefusedByName) {
   EXPECT_THROW(tp2.executor().make_staging(1), Error);
 }
 
-TEST(TensorParallelRanks, ARankThatFailsReleasesTheOthersAndTheGroupRecovers) {
+TEST(ParallelRanks, ARankThatFailsReleasesTheOthersAndTheGroupRecovers) {
   BackendOptions cpu;
   cpu.threads = 2;
-  TensorParallelRanks ranks(make_dummy_weights("qwen3-tiny:f32", 3), cpu, 2, 16, 1);
+  ParallelRanks ranks(make_dummy_weights("qwen3-tiny:f32", 3), cpu, {.tensor = 2}, 16, 1);
   const KvCacheSpec whole = KvCacheSpec::plain(4, 2, 128, 4, 4, DType::F32);
-  ranks.run([&](TensorParallelRanks::Rank& r) {
+  ranks.run([&](ParallelRanks::Rank& r) {
     r.kv = std::make_unique<KvCache>(*r.backend, ranks.rank_kv_spec(whole, r.index));
     r.runner = std::make_unique<ModelRunner>(*r.model, *r.kv, *r.backend);
   });
@@ -330,7 +293,7 @@ TEST(TensorParallelRanks, ARankThatFailsReleasesTheOthersAndTheGroupRecovers) {
   std::vector<std::vector<float>> logits(2, std::vector<float>(kVocab));
   // Rank 1 fails before its forward; rank 0 waits in the embedding's all-reduce for it.
   try {
-    ranks.run([&](TensorParallelRanks::Rank& r) {
+    ranks.run([&](ParallelRanks::Rank& r) {
       if (r.index == 1) fail("injected failure");
       r.runner->forward(batch, logits[0].data());
     });
@@ -339,7 +302,7 @@ TEST(TensorParallelRanks, ARankThatFailsReleasesTheOthersAndTheGroupRecovers) {
     EXPECT_NE(std::string(e.what()).find("tensor parallel rank 1: injected failure"), std::string::npos) << e.what();
   }
   // The next step runs on both ranks, and both see the same (whole) logits.
-  ranks.run([&](TensorParallelRanks::Rank& r) { r.runner->forward(batch, logits[r.index].data()); });
+  ranks.run([&](ParallelRanks::Rank& r) { r.runner->forward(batch, logits[r.index].data()); });
   EXPECT_EQ(logits[0], logits[1]);
   EXPECT_EQ(ranks.rank(1).kv->spec().kv_head_first, 1);
 }

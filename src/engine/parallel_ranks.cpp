@@ -1,4 +1,4 @@
-#include "engine/tp_ranks.h"
+#include "engine/parallel_ranks.h"
 
 #include <algorithm>
 
@@ -9,22 +9,37 @@
 
 namespace tessera {
 
-TensorParallelRanks::TensorParallelRanks(std::shared_ptr<const ModelWeights> whole, const BackendOptions& backend,
-                                         int size, int max_batch_tokens, int max_logits) {
-  TESSERA_CHECK(whole != nullptr, "tensor parallel: no weights");
-  TESSERA_CHECK(size >= 1, "--tensor-parallel-size ", size, " must be at least 1");
+std::string ParallelLayout::flag() const {
+  return pipelined() ? "--pipeline-parallel-size " + std::to_string(pipeline)
+                     : "--tensor-parallel-size " + std::to_string(tensor);
+}
+
+ParallelRanks::ParallelRanks(std::shared_ptr<const ModelWeights> whole, const BackendOptions& backend,
+                             ParallelLayout layout, int max_batch_tokens, int max_logits)
+    : layout_(layout) {
+  TESSERA_CHECK(whole != nullptr, "parallel ranks: no weights");
+  TESSERA_CHECK(layout.tensor >= 1, "--tensor-parallel-size ", layout.tensor, " must be at least 1");
+  TESSERA_CHECK(layout.pipeline >= 1, "--pipeline-parallel-size ", layout.pipeline, " must be at least 1");
+  TESSERA_CHECK(layout.tensor == 1 || layout.pipeline == 1, "--tensor-parallel-size ", layout.tensor,
+                " with --pipeline-parallel-size ", layout.pipeline,
+                ": tensor and pipeline parallelism together are "
+                "not built");
+  const int size = layout.size();
+  const std::string flag = layout.flag();
   try {
-    plan_ = plan_tensor_parallel(whole->config, size);
+    if (layout.pipelined())
+      pipeline_ = plan_pipeline(whole->config, size);
+    else
+      plan_ = plan_tensor_parallel(whole->config, size);
   } catch (const Error& e) {
-    fail("--tensor-parallel-size ", size, " with ", whole->source, ": ", e.what());
+    fail(flag, " with ", whole->source, ": ", e.what());
   }
   const bool cuda = backend.device.rfind("cuda", 0) == 0;
-  TESSERA_CHECK(cuda || backend.device == "cpu", "tensor parallel: unknown device '", backend.device, "'");
-  TESSERA_CHECK(!cuda || backend.device == "cuda" || size == 1, "--device ", backend.device,
-                " with --tensor-parallel-size ", size, ": rank r runs on cuda:r; pass --device cuda");
+  TESSERA_CHECK(cuda || backend.device == "cpu", "parallel ranks: unknown device '", backend.device, "'");
+  TESSERA_CHECK(!cuda || backend.device == "cuda" || size == 1, "--device ", backend.device, " with ", flag,
+                ": rank r runs on cuda:r; pass --device cuda");
   // The collectives are not captured in graphs (docs/design/parallel.md, "Not built").
-  TESSERA_CHECK(!cuda || !backend.cuda_graphs || size == 1, "--tensor-parallel-size ", size,
-                " on CUDA runs without graphs: add --no-cuda-graphs");
+  TESSERA_CHECK(!cuda || !backend.cuda_graphs || size == 1, flag, " on CUDA runs without graphs: add --no-cuda-graphs");
   for (int r = 0; r < size; ++r) {
     ranks_.push_back(std::make_unique<Rank>());
     ranks_.back()->index = r;
@@ -42,7 +57,7 @@ TensorParallelRanks::TensorParallelRanks(std::shared_ptr<const ModelWeights> who
       try {
         rk.backend = make_backend(o);
       } catch (const Error& e) {
-        fail("--tensor-parallel-size ", size, ": rank ", rk.index, " on ", o.device, ": ", e.what());
+        fail(flag, ": rank ", rk.index, " on ", o.device, ": ", e.what());
       }
     });
     if (cuda) {
@@ -55,7 +70,8 @@ TensorParallelRanks::TensorParallelRanks(std::shared_ptr<const ModelWeights> who
       comm_kind_ = "in-process group";
     }
     run([&](Rank& rk) {
-      rk.weights = shard_weights(whole, rk.index, size);
+      rk.weights =
+          layout.pipelined() ? stage_weights(whole, pipeline_, rk.index) : shard_weights(whole, rk.index, size);
       Communicator* comm = size == 1 ? nullptr : cuda ? devices_[rk.index].get() : &local_->rank(rk.index);
       rk.model = create_model(rk.weights, *rk.backend, max_batch_tokens, max_logits, comm);
     });
@@ -70,7 +86,7 @@ TensorParallelRanks::TensorParallelRanks(std::shared_ptr<const ModelWeights> who
   }
 }
 
-TensorParallelRanks::~TensorParallelRanks() {
+ParallelRanks::~ParallelRanks() {
   // Each rank's objects are freed on its own thread (a device backend's context is its).
   try {
     run([](Rank& rk) {
@@ -92,22 +108,32 @@ TensorParallelRanks::~TensorParallelRanks() {
   for (auto& rk : ranks_) rk->backend.reset();
 }
 
-KvCacheSpec TensorParallelRanks::rank_kv_spec(const KvCacheSpec& whole, int r) const {
-  TESSERA_CHECK(r >= 0 && r < size(), "tensor parallel: rank ", r, " of ", size());
+KvCacheSpec ParallelRanks::rank_kv_spec(const KvCacheSpec& whole, int r) const {
+  TESSERA_CHECK(r >= 0 && r < size(), "parallel ranks: rank ", r, " of ", size());
+  if (layout_.pipelined()) return whole.layers(pipeline_.first_layer[r], pipeline_.n_layers(r));
   return whole.kv_heads(plan_.kv_head_first(r, whole.n_kv_heads), plan_.n_head_kv);
 }
 
-std::string TensorParallelRanks::describe() const {
-  return std::to_string(size()) + " tensor-parallel ranks (" + comm_kind_ + "), each " + ranks_[0]->backend->describe();
+int64_t ParallelRanks::block_bytes(const KvCacheSpec& whole) const {
+  int64_t bytes = 0;
+  for (int r = 0; r < size(); ++r) bytes += kv_block_bytes(rank_kv_spec(whole, r));
+  return bytes;
 }
 
-void TensorParallelRanks::abort_group(const std::string& why) {
+std::string ParallelRanks::describe() const {
+  const std::string each = ", each " + ranks_[0]->backend->describe();
+  if (layout_.pipelined())
+    return std::to_string(size()) + " pipeline stages (" + pipeline_.describe() + "; " + comm_kind_ + ")" + each;
+  return std::to_string(size()) + " tensor-parallel ranks (" + comm_kind_ + ")" + each;
+}
+
+void ParallelRanks::abort_group(const std::string& why) {
   if (local_) local_->abort(why);
   // NCCL has no abort here: a rank that fails before a collective leaves the others waiting in
   // it (docs/design/parallel.md). Every rank checks the same batch first, so they fail together.
 }
 
-void TensorParallelRanks::run(FunctionRef<void(Rank&)> fn) {
+void ParallelRanks::run(FunctionRef<void(Rank&)> fn) {
   std::unique_lock<std::mutex> lock(mu_);
   job_ = &fn;
   n_done_ = 0;
@@ -123,7 +149,7 @@ void TensorParallelRanks::run(FunctionRef<void(Rank&)> fn) {
   fail(why);
 }
 
-void TensorParallelRanks::worker(int r) {
+void ParallelRanks::worker(int r) {
   uint64_t seen = 0;
   for (;;) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -136,7 +162,8 @@ void TensorParallelRanks::worker(int r) {
     try {
       (*job)(*ranks_[r]);
     } catch (const std::exception& e) {
-      error = std::string("tensor parallel rank ") + std::to_string(r) + ": " + e.what();
+      error = std::string(layout_.pipelined() ? "pipeline stage " : "tensor parallel rank ") + std::to_string(r) +
+              ": " + e.what();
     }
     lock.lock();
     if (!error.empty() && first_error_.empty()) {

@@ -1,0 +1,183 @@
+#include "engine/executor_pp.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "kv/kv_host_ops.h"
+
+namespace tessera {
+
+PipelineParallelExecutor::PipelineParallelExecutor(ParallelRanks& ranks, int max_batch_tokens, int max_logits_rows,
+                                                   int n_host_blocks)
+    : ranks_(ranks), last_stage_(ranks.size() - 1) {
+  TESSERA_CHECK(ranks.layout().pipelined(), "pipeline executor: the ranks are not pipeline stages");
+  // Each stage's objects are made on its thread (a device backend's context is its own).
+  ranks_.run([&](ParallelRanks::Rank& r) {
+    TESSERA_CHECK(r.kv != nullptr, "pipeline stage ", r.index, " has no KV cache");
+    if (r.index == last_stage_) {
+      // No graphs with send/recv, so no padding block (-1).
+      last_ = std::make_unique<ModelExecutor>(*r.model, *r.kv, *r.backend, max_batch_tokens, max_logits_rows,
+                                              n_host_blocks);
+      return;
+    }
+    r.runner = std::make_unique<ModelRunner>(*r.model, *r.kv, *r.backend);
+    if (n_host_blocks > 0) r.host = std::make_unique<HostKvTier>(r.kv->spec(), n_host_blocks, *r.backend);
+  });
+}
+
+PipelineParallelExecutor::~PipelineParallelExecutor() {
+  try {
+    ranks_.run([&](ParallelRanks::Rank& r) {
+      if (r.index == last_stage_) last_.reset();
+      r.runner.reset();
+      r.host.reset();
+    });
+  } catch (...) {  // destruction does not throw; what is left goes with the ranks
+  }
+}
+
+void PipelineParallelExecutor::add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) {
+  last_->add_sequence(seq, params, prompt);
+}
+
+void PipelineParallelExecutor::remove_sequence(SeqId seq) { last_->remove_sequence(seq); }
+
+void PipelineParallelExecutor::split(const StepInput& in, int parts) {
+  const ForwardBatch& b = in.batch;
+  const int n_seqs = b.n_seqs();
+  parts = std::max(1, std::min(parts, n_seqs));
+  micro_.resize(parts);
+  // Cut after the sequence that brings micro-batch m to its share of the tokens, keeping at
+  // least one sequence for each micro-batch after it.
+  std::vector<int> first(parts + 1, n_seqs);
+  first[0] = 0;
+  int m = 1;
+  for (int s = 1; s < n_seqs && m < parts; ++s) {
+    const int64_t share = static_cast<int64_t>(b.n_tokens()) * m / parts;
+    if (b.q_start[s] >= share || n_seqs - s <= parts - m) first[m++] = s;
+  }
+  // Which micro-batch, and which of its logits rows, each of the step's logits rows is.
+  const size_t n_rows = b.logits_rows.size();
+  std::vector<int> micro_of(n_rows), row_in(n_rows);
+  std::vector<int> rows_so_far(parts, 0);
+  for (size_t i = 0; i < n_rows; ++i) {
+    const int row = b.logits_rows[i];
+    int mb = parts - 1;
+    while (mb > 0 && row < b.q_start[first[mb]]) --mb;
+    micro_of[i] = mb;
+    row_in[i] = rows_so_far[mb]++;
+  }
+  for (int k = 0; k < parts; ++k) {
+    Micro& mb = micro_[k];
+    mb.batch = b.sequences(first[k], first[k + 1]);
+    mb.no_logits = mb.batch;
+    mb.no_logits.logits_rows.clear();
+    mb.samples.clear();
+    mb.prompt_logprobs.clear();
+    mb.sample_of.clear();
+    mb.prompt_of.clear();
+  }
+  const auto owner = [&](int32_t row, const char* what) {
+    TESSERA_CHECK(row >= 0 && static_cast<size_t>(row) < n_rows, "pipeline executor: ", what, " row ", row, " of ",
+                  n_rows, " logits rows");
+    return micro_of[row];
+  };
+  for (size_t i = 0; i < in.samples.size(); ++i) {
+    SampleTarget t = in.samples[i];
+    TESSERA_CHECK(t.draft_parents.empty(), "pipeline executor: draft trees are not supported");
+    Micro& mb = micro_[owner(t.row, "sample")];
+    t.row = row_in[t.row];  // a draft's rows follow its first: they are the same sequence's
+    mb.samples.push_back(t);
+    mb.sample_of.push_back(i);
+  }
+  for (size_t i = 0; i < in.prompt_logprobs.size(); ++i) {
+    PromptLogprobTarget t = in.prompt_logprobs[i];
+    Micro& mb = micro_[owner(t.row, "prompt logprob")];
+    t.row = row_in[t.row];
+    mb.prompt_logprobs.push_back(t);
+    mb.prompt_of.push_back(i);
+  }
+}
+
+void PipelineParallelExecutor::join(const StepInput& in, StepOutput& out) {
+  // Per step target i: (micro-batch, its index there); then each output walked in order.
+  struct Where {
+    int micro = 0;
+    size_t index = 0;
+  };
+  std::vector<Where> sample_at(in.samples.size()), prompt_at(in.prompt_logprobs.size());
+  for (size_t k = 0; k < micro_.size(); ++k) {
+    for (size_t j = 0; j < micro_[k].sample_of.size(); ++j) sample_at[micro_[k].sample_of[j]] = {int(k), j};
+    for (size_t j = 0; j < micro_[k].prompt_of.size(); ++j) prompt_at[micro_[k].prompt_of[j]] = {int(k), j};
+  }
+  // Offsets of each micro-batch's targets in its flat token and logprob lists.
+  std::vector<std::vector<size_t>> token_at(micro_.size()), logprob_at(micro_.size());
+  for (size_t k = 0; k < micro_.size(); ++k) {
+    const Micro& mb = micro_[k];
+    size_t tok = 0, lp = 0;
+    for (size_t j = 0; j < mb.samples.size(); ++j) {
+      token_at[k].push_back(tok);
+      logprob_at[k].push_back(lp);
+      tok += static_cast<size_t>(mb.out.counts[j]);
+      if (mb.samples[j].logprobs) lp += static_cast<size_t>(mb.out.counts[j]);
+    }
+  }
+  out.tokens.clear();
+  out.counts.clear();
+  out.logprobs.clear();
+  out.prompt_logprobs.clear();
+  for (size_t i = 0; i < in.samples.size(); ++i) {
+    const auto [k, j] = sample_at[i];
+    const StepOutput& o = micro_[k].out;
+    const int n = o.counts[j];
+    out.counts.push_back(n);
+    const auto tok = o.tokens.begin() + static_cast<ptrdiff_t>(token_at[k][j]);
+    out.tokens.insert(out.tokens.end(), tok, tok + n);
+    if (in.samples[i].logprobs) {
+      const auto lp = o.logprobs.begin() + static_cast<ptrdiff_t>(logprob_at[k][j]);
+      out.logprobs.insert(out.logprobs.end(), lp, lp + n);
+    }
+  }
+  for (size_t i = 0; i < in.prompt_logprobs.size(); ++i) {
+    const auto [k, j] = prompt_at[i];
+    out.prompt_logprobs.push_back(micro_[k].out.prompt_logprobs[j]);
+  }
+}
+
+void PipelineParallelExecutor::execute(const StepInput& in, StepOutput& out) {
+  split(in, ranks_.size());
+  last_micro_batches_ = static_cast<int>(micro_.size());
+  std::vector<float> unused(1);  // the stages before the last read back no logits
+  ranks_.run([&](ParallelRanks::Rank& r) {
+    if (!in.copies.empty()) copy_kv_blocks(*r.kv, in.copies);
+    for (Micro& mb : micro_) {
+      if (r.index == last_stage_) {
+        last_->execute({.batch = mb.batch, .copies = {}, .samples = mb.samples, .prompt_logprobs = mb.prompt_logprobs},
+                       mb.out);
+      } else {
+        r.runner->forward(mb.no_logits, unused.data());
+      }
+    }
+  });
+  join(in, out);
+}
+
+void PipelineParallelExecutor::swap(std::span<const BlockSwap> swaps, bool out) {
+  if (swaps.empty()) return;
+  ranks_.run([&](ParallelRanks::Rank& r) {
+    if (r.index == last_stage_) return out ? last_->swap_out(swaps) : last_->swap_in(swaps);
+    TESSERA_CHECK(r.host != nullptr, "executor: swap without a host KV tier");
+    if (out)
+      swap_out_kv_blocks(*r.kv, *r.host, swaps);
+    else
+      swap_in_kv_blocks(*r.kv, *r.host, swaps);
+  });
+}
+
+std::string PipelineParallelExecutor::kv_transfer_refusal() const {
+  return "KV transfer between engines is not supported with pipeline parallelism (--pipeline-parallel-size " +
+         std::to_string(ranks_.size()) + ")";
+}
+
+}  // namespace tessera

@@ -1,0 +1,56 @@
+#pragma once
+// What the tensor- and pipeline-parallel engine tests share: the dummy qwen3-tiny in F32 (4
+// layers, 4 heads, 2 KV heads, a 4096-token vocabulary), engine options at 16 tokens a step
+// (longer prompts prefill in chunks), and a mix of concurrent greedy requests whose tokens
+// are compared with the single-rank engine's.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/engine_model.h"
+#include "engine_run_harness.h"
+
+namespace tessera::test::parallel {
+
+constexpr const char* kModel = "dummy:qwen3-tiny:f32";
+constexpr int kVocab = 4096;
+
+// tp x pp ranks, 16 tokens a step, 4 sequences, blocks of 4.
+inline ModelEngineOptions options(int tp, int n_blocks = 96, int pp = 1) {
+  ModelEngineOptions o = small_engine_options(kModel, 16, 4, n_blocks);
+  o.session.dummy_seed = 7;
+  o.swap_space_bytes = 4ll << 20;
+  o.tensor_parallel_size = tp;
+  o.pipeline_parallel_size = pp;
+  return o;
+}
+
+inline std::vector<int32_t> prompt(int n, uint32_t seed) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = static_cast<int32_t>((seed * 2654435761u + i * 40503u) % kVocab);
+  return p;
+}
+
+inline Request greedy(std::vector<int32_t> p, int max_tokens) { return greedy_tokens_request(std::move(p), max_tokens); }
+
+// Four prompts of 9 to 30 tokens (chunked at 16), 8 tokens each.
+inline std::vector<Request> mixed_requests() {
+  std::vector<Request> r;
+  const int lengths[] = {13, 30, 9, 22};
+  for (int i = 0; i < 4; ++i) r.push_back(greedy(prompt(lengths[i], 11 + i), 8));
+  return r;
+}
+
+inline void expect_same_tokens(const RunResult& got, const RunResult& want, const std::string& what) {
+  ASSERT_EQ(got.out.size(), want.out.size()) << what;
+  for (const auto& [id, o] : want.out) {
+    ASSERT_EQ(got.out.at(id).tokens.size(), o.tokens.size()) << what << " request " << id;
+    for (size_t c = 0; c < o.tokens.size(); ++c) {
+      EXPECT_FALSE(o.tokens[c].empty()) << what;
+      EXPECT_EQ(got.out.at(id).tokens[c], o.tokens[c]) << what << " request " << id << " choice " << c;
+    }
+  }
+}
+
+}  // namespace tessera::test::parallel
