@@ -10,38 +10,9 @@ namespace tessera {
 
 PipelineParallelExecutor::PipelineParallelExecutor(ParallelRanks& ranks, int max_batch_tokens, int max_logits_rows,
                                                    int n_host_blocks)
-    : ranks_(ranks), last_stage_(ranks.size() - 1) {
+    : ParallelExecutor(ranks, ranks.size() - 1, max_batch_tokens, max_logits_rows, n_host_blocks) {
   TESSERA_CHECK(ranks.layout().pipelined(), "pipeline executor: the ranks are not pipeline stages");
-  // Each stage's objects are made on its thread (a device backend's context is its own).
-  ranks_.run([&](ParallelRanks::Rank& r) {
-    TESSERA_CHECK(r.kv != nullptr, "pipeline stage ", r.index, " has no KV cache");
-    if (r.index == last_stage_) {
-      // No graphs with send/recv, so no padding block (-1).
-      last_ = std::make_unique<ModelExecutor>(*r.model, *r.kv, *r.backend, max_batch_tokens, max_logits_rows,
-                                              n_host_blocks);
-      return;
-    }
-    r.runner = std::make_unique<ModelRunner>(*r.model, *r.kv, *r.backend);
-    if (n_host_blocks > 0) r.host = std::make_unique<HostKvTier>(r.kv->spec(), n_host_blocks, *r.backend);
-  });
 }
-
-PipelineParallelExecutor::~PipelineParallelExecutor() {
-  try {
-    ranks_.run([&](ParallelRanks::Rank& r) {
-      if (r.index == last_stage_) last_.reset();
-      r.runner.reset();
-      r.host.reset();
-    });
-  } catch (...) {  // destruction does not throw; what is left goes with the ranks
-  }
-}
-
-void PipelineParallelExecutor::add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) {
-  last_->add_sequence(seq, params, prompt);
-}
-
-void PipelineParallelExecutor::remove_sequence(SeqId seq) { last_->remove_sequence(seq); }
 
 void PipelineParallelExecutor::split(const StepInput& in, int parts) {
   const ForwardBatch& b = in.batch;
@@ -152,32 +123,15 @@ void PipelineParallelExecutor::execute(const StepInput& in, StepOutput& out) {
   ranks_.run([&](ParallelRanks::Rank& r) {
     if (!in.copies.empty()) copy_kv_blocks(*r.kv, in.copies);
     for (Micro& mb : micro_) {
-      if (r.index == last_stage_) {
-        last_->execute({.batch = mb.batch, .copies = {}, .samples = mb.samples, .prompt_logprobs = mb.prompt_logprobs},
-                       mb.out);
+      if (r.index == sampling_rank_) {
+        sampler_->execute(
+            {.batch = mb.batch, .copies = {}, .samples = mb.samples, .prompt_logprobs = mb.prompt_logprobs}, mb.out);
       } else {
         r.runner->forward(mb.no_logits, unused.data());
       }
     }
   });
   join(in, out);
-}
-
-void PipelineParallelExecutor::swap(std::span<const BlockSwap> swaps, bool out) {
-  if (swaps.empty()) return;
-  ranks_.run([&](ParallelRanks::Rank& r) {
-    if (r.index == last_stage_) return out ? last_->swap_out(swaps) : last_->swap_in(swaps);
-    TESSERA_CHECK(r.host != nullptr, "executor: swap without a host KV tier");
-    if (out)
-      swap_out_kv_blocks(*r.kv, *r.host, swaps);
-    else
-      swap_in_kv_blocks(*r.kv, *r.host, swaps);
-  });
-}
-
-std::string PipelineParallelExecutor::kv_transfer_refusal() const {
-  return "KV transfer between engines is not supported with pipeline parallelism (--pipeline-parallel-size " +
-         std::to_string(ranks_.size()) + ")";
 }
 
 }  // namespace tessera

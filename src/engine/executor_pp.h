@@ -4,39 +4,24 @@
 // of layers on its own backend and thread with the KV of those layers. The step's batch is
 // cut into micro-batches of whole sequences; stage s runs micro-batch m while stage s + 1
 // runs m - 1 (the residual stream of each goes on by a send/recv), so the stages overlap
-// (GPipe's schedule within a step). The last stage runs a ModelExecutor per micro-batch over
-// its layers: the head, then grammar masks, sampling, verification and log-probabilities of
-// that micro-batch's targets; the outputs are put back in the step's order. Every KV
-// operation is applied on every stage, to its layers: copy-on-write block copies and swaps
-// (each stage keeps its layers of each of the engine's host slots). The block tables are the
-// engine's, shared by all stages. Draft trees (whose kept path's KV moves on every layer) and
-// KV export/import for disaggregation are refused.
-#include <memory>
+// (GPipe's schedule within a step). The last stage samples (ParallelExecutor): its
+// ModelExecutor runs per micro-batch over its layers the head, then grammar masks, sampling,
+// verification and log-probabilities of that micro-batch's targets; the outputs are put back
+// in the step's order. Every KV operation is applied on every stage, to its layers:
+// copy-on-write block copies and swaps (each stage keeps its layers of each of the engine's
+// host slots). The block tables are the engine's, shared by all stages. Draft trees (whose
+// kept path's KV moves on every layer) are not offered.
 #include <vector>
 
-#include "engine/executor.h"
-#include "engine/executor_model.h"
-#include "engine/parallel_ranks.h"
+#include "engine/executor_ranks.h"
 
 namespace tessera {
 
-class PipelineParallelExecutor final : public Executor {
+class PipelineParallelExecutor final : public ParallelExecutor {
  public:
-  // Every stage's KV cache exists (rank_kv_spec of one pool). n_host_blocks: the engine's host
-  // slots for swap preemption (each stage allocates its layers' part of every slot).
   PipelineParallelExecutor(ParallelRanks& ranks, int max_batch_tokens, int max_logits_rows, int n_host_blocks);
-  ~PipelineParallelExecutor() override;
 
-  void add_sequence(SeqId seq, const SamplingParams& params, std::span<const int32_t> prompt) override;
-  void remove_sequence(SeqId seq) override;
-  size_t n_sequences() const override { return last_->n_sequences(); }
   void execute(const StepInput& input, StepOutput& output) override;
-  int max_batch_tokens() const override { return last_->max_batch_tokens(); }
-  int max_logits_rows() const override { return last_->max_logits_rows(); }
-  int n_host_blocks() const override { return last_->n_host_blocks(); }
-  void swap_out(std::span<const BlockSwap> swaps) override { swap(swaps, true); }
-  void swap_in(std::span<const BlockSwap> swaps) override { swap(swaps, false); }
-  std::string kv_transfer_refusal() const override;
 
   // Micro-batches the last step ran in (for tests and reports).
   int last_micro_batches() const { return last_micro_batches_; }
@@ -44,7 +29,7 @@ class PipelineParallelExecutor final : public Executor {
  private:
   // One micro-batch: sequences [first, last) of the step's batch, its targets renumbered.
   struct Micro {
-    ForwardBatch batch;     // with its logits rows (the last stage's)
+    ForwardBatch batch;      // with its logits rows (the last stage's)
     ForwardBatch no_logits;  // the same rows for the stages before, which compute no logits
     std::vector<SampleTarget> samples;
     std::vector<PromptLogprobTarget> prompt_logprobs;
@@ -55,12 +40,7 @@ class PipelineParallelExecutor final : public Executor {
   void split(const StepInput& in, int parts);
   // The micro-batches' outputs in the step's order of targets.
   void join(const StepInput& in, StepOutput& out);
-  // Every stage moves its layers of the blocks: out (device -> host slot) or in.
-  void swap(std::span<const BlockSwap> swaps, bool out);
 
-  ParallelRanks& ranks_;
-  int last_stage_;
-  std::unique_ptr<ModelExecutor> last_;  // the last stage's
   std::vector<Micro> micro_;
   int last_micro_batches_ = 0;
 };

@@ -38,22 +38,10 @@ namespace {
 
 ModelEngineOptions pp_options(int pp, int n_blocks = 96) { return options(1, n_blocks, pp); }
 
-class EnginePipelineParallel : public ::testing::Test {
+class EnginePipelineParallel : public TwoEngines {
  protected:
-  static void SetUpTestSuite() {
-    pp1_ = new ModelEngine(pp_options(1));
-    pp2_ = new ModelEngine(pp_options(2));
-  }
-  static void TearDownTestSuite() {
-    delete pp1_;
-    delete pp2_;
-    pp1_ = pp2_ = nullptr;
-  }
-  static ModelEngine* pp1_;
-  static ModelEngine* pp2_;
+  static void SetUpTestSuite() { make(pp_options(1), pp_options(2)); }
 };
-ModelEngine* EnginePipelineParallel::pp1_ = nullptr;
-ModelEngine* EnginePipelineParallel::pp2_ = nullptr;
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -126,7 +114,7 @@ TEST(LocalGroupMessages, ArriveInOrderSizedAndAbortWakesAReceiver) {
   EXPECT_NE(error_of([&] { g.rank(2).recv(got.data(), 3, 0); }).find("expected 3 elements from rank 0, which sent 2"),
             std::string::npos);
   EXPECT_THROW(g.rank(1).send(a.data(), 3, 1), Error);  // to itself
-  g.rank(0).send(a.data(), 3, 2);  // never received: dropped by the reset below
+  g.rank(0).send(a.data(), 3, 2);                       // never received: dropped by the reset below
   std::string woke;
   std::thread waiter([&] { woke = error_of([&] { g.rank(1).recv(got.data(), 3, 0); }); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -179,18 +167,18 @@ TEST(ParallelRanks, AStageThatFailsReleasesTheOthersAndThePipelineRecovers) {
 }
 
 TEST_F(EnginePipelineParallel, ConcurrentChunkedRequestsInMicroBatchesGiveTheTokensOfOneRank) {
-  const RunResult want = test::run_engine(*pp1_, mixed_requests(), false, 0, false);
+  const RunResult want = test::run_engine(*one_, mixed_requests(), false, 0, false);
   int most_micro = 0;
-  const RunResult got = test::run_engine(*pp2_, mixed_requests(), false, 0, false);
+  const RunResult got = test::run_engine(*two_, mixed_requests(), false, 0, false);
   expect_same_tokens(got, want, "pp 2");
   EXPECT_EQ(got.stats.steps, want.stats.steps);  // the one scheduler made the same steps
   // A decode step of the four sequences runs as two micro-batches.
   {
-    EngineCore core(pp2_->config(), pp2_->executor());
+    EngineCore core(two_->config(), two_->executor());
     for (int i = 0; i < 4; ++i) core.add(i + 1, mixed_requests()[i]);
     while (core.has_work()) {
       core.step();
-      most_micro = std::max(most_micro, dynamic_cast<PipelineParallelExecutor&>(pp2_->executor()).last_micro_batches());
+      most_micro = std::max(most_micro, dynamic_cast<PipelineParallelExecutor&>(two_->executor()).last_micro_batches());
     }
   }
   EXPECT_EQ(most_micro, 2);
@@ -209,45 +197,33 @@ TEST_F(EnginePipelineParallel, LogprobsEqualTheSingleRanksExactly) {
     r.logprobs = true;
     r.sampling.n_logprobs = 3;
   }
-  const RunResult want = test::run_engine(*pp1_, reqs, false, 0, false);
-  const RunResult got = test::run_engine(*pp2_, reqs, false, 0, false);
+  const RunResult want = test::run_engine(*one_, reqs, false, 0, false);
+  const RunResult got = test::run_engine(*two_, reqs, false, 0, false);
   for (const auto& [id, choices] : want.logprobs)
     for (size_t t = 0; t < choices[0].size(); ++t)
       EXPECT_EQ(got.logprobs.at(id)[0][t].chosen.logprob, choices[0][t].chosen.logprob) << id << " token " << t;
 }
 
 TEST_F(EnginePipelineParallel, PrefixHitForkAndSwapMoveEveryStagesLayers) {
-  std::vector<int32_t> shared = prompt(20, 99);
-  std::vector<Request> reqs;
-  for (uint32_t s : {1u, 2u}) {
-    std::vector<int32_t> p = shared;
-    for (int32_t t : prompt(5, s)) p.push_back(t);
-    reqs.push_back(greedy(p, 6));
-  }
-  const RunResult hit = test::run_engine(*pp2_, reqs, true, 0, true);
+  const std::vector<Request> reqs = shared_prefix_requests();
+  const RunResult hit = test::run_engine(*two_, reqs, true, 0, true);
   EXPECT_GE(hit.stats.prefix.hit_tokens, 20);
-  expect_same_tokens(hit, test::run_engine(*pp1_, reqs, true, 0, false), "prefix hit");
+  expect_same_tokens(hit, test::run_engine(*one_, reqs, true, 0, false), "prefix hit");
 
-  Request fork = greedy(prompt(13, 5), 6);  // a partial last block: the second choice copies it
-  fork.n = 2;
-  fork.sampling.temperature = 1.0f;
-  fork.sampling.seed = 42;
+  const Request fork = diverging_fork();
   ModelEngine fresh(pp_options(2));  // a stage that skipped the copy would read unwritten memory
-  const RunResult want_fork = test::run_engine(*pp1_, {fork}, true);
+  const RunResult want_fork = test::run_engine(*one_, {fork}, true);
   const RunResult got_fork = test::run_engine(fresh, {fork}, true);
   EXPECT_EQ(got_fork.stats.block_copies, 1);
   EXPECT_NE(want_fork.out.at(1).tokens[0], want_fork.out.at(1).tokens[1]);
   expect_same_tokens(got_fork, want_fork, "fork");
 
-  const RunResult swapped = test::run_engine(*pp2_, mixed_requests(), false, 14, true, [&](EngineConfig& c) {
-    c.scheduler.preemption_mode = PreemptionMode::Swap;
-    c.n_host_blocks = pp2_->executor().n_host_blocks();
-  });
+  const RunResult swapped = test::run_engine(*two_, mixed_requests(), false, 14, true, swap_preemption(*two_));
   EXPECT_GT(swapped.stats.swaps_out, 0);
   EXPECT_EQ(swapped.stats.swap_fallbacks, 0);
   // A block moved is both stages' layers: the whole block's bytes.
-  EXPECT_EQ(pp2_->config().kv_block_bytes, kv_block_bytes(pp1_->kv().spec()));
-  expect_same_tokens(swapped, test::run_engine(*pp1_, mixed_requests(), true, 0, false), "swap");
+  EXPECT_EQ(two_->config().kv_block_bytes, kv_block_bytes(one_->kv().spec()));
+  expect_same_tokens(swapped, test::run_engine(*one_, mixed_requests(), true, 0, false), "swap");
 }
 
 TEST_F(EnginePipelineParallel, EachStageStoresItsLayersSoTheBudgetHoldsMoreBlocks) {
@@ -302,8 +278,9 @@ TEST(EnginePipelineParallelModels, WhatPipelineParallelismCannotDoIsRefusedByNam
   const auto expect_error = [](ModelEngineOptions o, const std::string& needle) {
     EXPECT_NE(error_of([&] { ModelEngine e(o); }).find(needle), std::string::npos) << needle;
   };
-  expect_error(pp_options(5), "--pipeline-parallel-size 5 with dummy:qwen3-tiny:f32: pipeline parallel size 5 is "
-                              "more stages than the model's 4 layers");
+  expect_error(pp_options(5),
+               "--pipeline-parallel-size 5 with dummy:qwen3-tiny:f32: pipeline parallel size 5 is "
+               "more stages than the model's 4 layers");
   ModelEngineOptions gemma = pp_options(2);
   gemma.session.model = "dummy:gemma3-tiny:f32";
   expect_error(gemma, "does not split gemma3");

@@ -35,28 +35,16 @@ using namespace tessera::test::parallel;
 
 namespace {
 
-class EngineTensorParallel : public ::testing::Test {
+class EngineTensorParallel : public TwoEngines {
  protected:
-  static void SetUpTestSuite() {
-    tp1_ = new ModelEngine(options(1));
-    tp2_ = new ModelEngine(options(2));
-  }
-  static void TearDownTestSuite() {
-    delete tp1_;
-    delete tp2_;
-    tp1_ = tp2_ = nullptr;
-  }
-  static ModelEngine* tp1_;
-  static ModelEngine* tp2_;
+  static void SetUpTestSuite() { make(options(1), options(2)); }
 };
-ModelEngine* EngineTensorParallel::tp1_ = nullptr;
-ModelEngine* EngineTensorParallel::tp2_ = nullptr;
 
 }  // namespace
 
 TEST_F(EngineTensorParallel, ConcurrentChunkedRequestsGiveTheTokensOfTp1) {
-  const RunResult want = test::run_engine(*tp1_, mixed_requests(), false, 0, false);
-  const RunResult got = test::run_engine(*tp2_, mixed_requests(), false, 0, false);
+  const RunResult want = test::run_engine(*one_, mixed_requests(), false, 0, false);
+  const RunResult got = test::run_engine(*two_, mixed_requests(), false, 0, false);
   expect_same_tokens(got, want, "tp 2");
   EXPECT_EQ(got.stats.steps, want.stats.steps);  // the one scheduler made the same steps
   for (const auto& [id, o] : got.out) EXPECT_EQ(o.tokens[0].size(), 8u);
@@ -70,10 +58,10 @@ TEST_F(EngineTensorParallel, ConcurrentChunkedRequestsGiveTheTokensOfTp1) {
 TEST_F(EngineTensorParallel, TheThreadedEngineServesClientsOnManyThreads) {
   // The serving path: Engine's own thread steps the TP executor; four clients submit at once.
   const std::vector<Request> reqs = mixed_requests();
-  const RunResult want = test::run_engine(*tp1_, reqs, false, 0, false);
+  const RunResult want = test::run_engine(*one_, reqs, false, 0, false);
   std::vector<RequestOutput> got(reqs.size());
   {
-    Engine engine(tp2_->config(), tp2_->executor());
+    Engine engine(two_->config(), two_->executor());
     std::vector<std::thread> clients;
     for (size_t i = 0; i < reqs.size(); ++i)
       clients.emplace_back([&, i] {
@@ -91,16 +79,9 @@ TEST_F(EngineTensorParallel, TheThreadedEngineServesClientsOnManyThreads) {
 }
 
 TEST_F(EngineTensorParallel, PrefixCacheHitGivesTheTokensOfTp1) {
-  // A shared 20-token prefix: the second request hits the first's full blocks on every rank.
-  std::vector<int32_t> shared = prompt(20, 99);
-  std::vector<Request> reqs;
-  for (uint32_t s : {1u, 2u}) {
-    std::vector<int32_t> p = shared;
-    for (int32_t t : prompt(5, s)) p.push_back(t);
-    reqs.push_back(greedy(p, 6));
-  }
-  const RunResult want = test::run_engine(*tp1_, reqs, true, 0, false);
-  const RunResult got = test::run_engine(*tp2_, reqs, true, 0, true);
+  const std::vector<Request> reqs = shared_prefix_requests();
+  const RunResult want = test::run_engine(*one_, reqs, true, 0, false);
+  const RunResult got = test::run_engine(*two_, reqs, true, 0, true);
   EXPECT_GE(got.stats.prefix.hit_tokens, 20);
   expect_same_tokens(got, want, "prefix hit");
 }
@@ -109,12 +90,9 @@ TEST_F(EngineTensorParallel, ForkCopiesOnWriteOnEveryRank) {
   // 13 prompt tokens: the last block is partial, and the second choice writes into a copy of
   // it. Seeded sampling makes the choices differ, so each reads its own copy on every rank;
   // a fresh engine, so a rank that skipped the copy would read memory no other test wrote.
-  Request r = greedy(prompt(13, 5), 6);
-  r.n = 2;
-  r.sampling.temperature = 1.0f;
-  r.sampling.seed = 42;
+  const Request r = diverging_fork();
   ModelEngine tp2(options(2));
-  const RunResult want = test::run_engine(*tp1_, {r}, true);
+  const RunResult want = test::run_engine(*one_, {r}, true);
   const RunResult got = test::run_engine(tp2, {r}, true);
   EXPECT_EQ(got.stats.forks, 1);
   EXPECT_EQ(got.stats.block_copies, 1);
@@ -124,18 +102,15 @@ TEST_F(EngineTensorParallel, ForkCopiesOnWriteOnEveryRank) {
 
 TEST_F(EngineTensorParallel, SwapPreemptionMovesEveryRanksHeads) {
   // Four sequences of up to 38 tokens (29 blocks together) in 14 blocks of 4: some are swapped out.
-  const RunResult want = test::run_engine(*tp1_, mixed_requests(), true, 0, false);
-  const RunResult got = test::run_engine(*tp2_, mixed_requests(), false, 14, true, [&](EngineConfig& c) {
-    c.scheduler.preemption_mode = PreemptionMode::Swap;
-    c.n_host_blocks = tp2_->executor().n_host_blocks();
-  });
+  const RunResult want = test::run_engine(*one_, mixed_requests(), true, 0, false);
+  const RunResult got = test::run_engine(*two_, mixed_requests(), false, 14, true, swap_preemption(*two_));
   EXPECT_GT(got.stats.swaps_out, 0);
   EXPECT_EQ(got.stats.swaps_in, got.stats.swaps_out);
   EXPECT_EQ(got.stats.swap_fallbacks, 0);
   // A block moved costs both ranks' heads: the swap bytes count whole blocks of both.
   EXPECT_GT(got.stats.swap_out_bytes, 0);
-  EXPECT_EQ(got.stats.swap_out_bytes % tp2_->config().kv_block_bytes, 0);
-  EXPECT_EQ(tp2_->config().kv_block_bytes, 2 * kv_block_bytes(tp2_->kv().spec()));
+  EXPECT_EQ(got.stats.swap_out_bytes % two_->config().kv_block_bytes, 0);
+  EXPECT_EQ(two_->config().kv_block_bytes, 2 * kv_block_bytes(two_->kv().spec()));
   expect_same_tokens(got, want, "swap");
 }
 

@@ -5,6 +5,7 @@
 // are compared with the single-rank engine's.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,9 @@ inline std::vector<int32_t> prompt(int n, uint32_t seed) {
   return p;
 }
 
-inline Request greedy(std::vector<int32_t> p, int max_tokens) { return greedy_tokens_request(std::move(p), max_tokens); }
+inline Request greedy(std::vector<int32_t> p, int max_tokens) {
+  return greedy_tokens_request(std::move(p), max_tokens);
+}
 
 // Four prompts of 9 to 30 tokens (chunked at 16), 8 tokens each.
 inline std::vector<Request> mixed_requests() {
@@ -52,5 +55,51 @@ inline void expect_same_tokens(const RunResult& got, const RunResult& want, cons
     }
   }
 }
+
+// Two requests sharing a 20-token prefix: the second hits the first's full blocks.
+inline std::vector<Request> shared_prefix_requests() {
+  const std::vector<int32_t> shared = prompt(20, 99);
+  std::vector<Request> reqs;
+  for (uint32_t s : {1u, 2u}) {
+    std::vector<int32_t> p = shared;
+    for (int32_t t : prompt(5, s)) p.push_back(t);
+    reqs.push_back(greedy(p, 6));
+  }
+  return reqs;
+}
+
+// An n = 2 fork of 13 prompt tokens (a partial last block: the second choice writes into a
+// copy of it) whose seeded choices diverge, so each reads its own copy.
+inline Request diverging_fork() {
+  Request r = greedy(prompt(13, 5), 6);
+  r.n = 2;
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 42;
+  return r;
+}
+
+// Swap preemption into the engine's host slots.
+inline std::function<void(EngineConfig&)> swap_preemption(ModelEngine& e) {
+  return [&e](EngineConfig& c) {
+    c.scheduler.preemption_mode = PreemptionMode::Swap;
+    c.n_host_blocks = e.executor().n_host_blocks();
+  };
+}
+
+// A suite's two engines, one rank and `ranks`, made once for the suite.
+class TwoEngines : public ::testing::Test {
+ protected:
+  static void make(const ModelEngineOptions& one, const ModelEngineOptions& two) {
+    one_ = new ModelEngine(one);
+    two_ = new ModelEngine(two);
+  }
+  static void TearDownTestSuite() {
+    delete one_;
+    delete two_;
+    one_ = two_ = nullptr;
+  }
+  inline static ModelEngine* one_ = nullptr;
+  inline static ModelEngine* two_ = nullptr;
+};
 
 }  // namespace tessera::test::parallel
