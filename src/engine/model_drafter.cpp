@@ -265,8 +265,10 @@ std::unique_ptr<ModelDrafter> make_model_drafter(const SpeculativeConfig& c, Ses
     TESSERA_CHECK(c.draft_layers >= 1 && c.draft_layers < target_layers,
                   "--speculative-config: draft_layers = ", c.draft_layers, " is outside [1, ", target_layers - 1,
                   "] (the target has ", target_layers, " layers; early exit runs fewer)");
-    return std::make_unique<ModelDrafter>("early_exit", first_layers(target.shared_weights(), c.draft_layers),
-                                          target.backend(), limits, target_kv);
+    // Views of the target's resident weights: on a device nothing is uploaded a second time.
+    const auto whole = target.resident_weights() ? target.resident_weights() : target.shared_weights();
+    return std::make_unique<ModelDrafter>("early_exit", first_layers(whole, c.draft_layers), target.backend(), limits,
+                                          target_kv);
   }
   TESSERA_CHECK(c.method == SpecMethod::DraftModel, "model drafter: method ", spec_method_name(c.method),
                 " does not run a model");

@@ -113,7 +113,8 @@ Session::Session(const SessionOptions& options) : options_(options) {
                                              options.max_batch_tokens, max_logits);
   } else {
     backend_ = make_backend(options.backend);
-    model_ = create_model(weights_, *backend_, options.max_batch_tokens, max_logits);
+    resident_ = make_resident(weights_, *backend_);
+    model_ = create_model(resident_, *backend_, options.max_batch_tokens, max_logits);
   }
   TESSERA_CHECK(ctx_ >= 1 && ctx_ <= (1 << 22), "context ", ctx_, " is out of range");
   make_kv(options.kv_tokens > 0 ? std::min(options.kv_tokens, ctx_) : ctx_);

@@ -76,6 +76,9 @@ class Session {
   const ModelConfig& config() const { return weights_->config; }
   const ModelWeights& weights() const { return *weights_; }
   std::shared_ptr<const ModelWeights> shared_weights() const { return weights_; }
+  // The weights as the session's backend reads them, the model's own (uploaded once on a
+  // device); null with tensor-parallel ranks or weights_only.
+  std::shared_ptr<const ModelWeights> resident_weights() const { return resident_; }
   const GGUFFile* gguf() const { return gguf_.get(); }  // nullptr for non-GGUF models
   Tokenizer& tokenizer();                               // throws when the model has none
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
@@ -114,6 +117,7 @@ class Session {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ParallelRanks> ranks_;  // tensor_parallel_size > 1: backends, shards, KV, runners
   std::unique_ptr<Backend> backend_;
+  std::shared_ptr<const ModelWeights> resident_;  // the model's weights on backend_ (freed before it)
   std::unique_ptr<Model> model_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<ModelRunner> runner_;

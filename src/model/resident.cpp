@@ -7,12 +7,16 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "model/weights.h"
 
 namespace tessera {
 
 std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWeights> host, Backend& backend) {
+  if (host->resident_on == &backend) return host;
+  TESSERA_CHECK(host->resident_on == nullptr, host->source, ": weights resident on another backend");
   auto w = std::make_shared<ModelWeights>();
+  w->resident_on = &backend;
   w->config = host->config;
   w->source = host->source;
   w->shard = host->shard;

@@ -67,6 +67,9 @@ struct ModelWeights {
   std::vector<float> k_scale, v_scale;
   std::string source;        // path, or "dummy:<preset>"
   int64_t weight_bytes = 0;  // bytes of all matrices and vectors, as stored
+  // The backend whose memory the pointers are in, once make_resident made them so (null: host
+  // memory as loaded). Views of resident weights (first_layers) stay resident.
+  const Backend* resident_on = nullptr;
 
   // Whatever keeps the data alive: the mapped file, owned buffers.
   std::vector<std::shared_ptr<const void>> owners;
@@ -83,6 +86,7 @@ std::shared_ptr<ModelWeights> load_gguf_weights(std::shared_ptr<const GGUFFile> 
 std::shared_ptr<ModelWeights> load_safetensors_weights(const std::string& dir);
 // The same weights as `backend` reads them: uploaded once for a device backend (the result
 // owns the device copies and keeps `host` alive), the host pointers themselves on the CPU.
+// Weights already resident on `backend` come back as they are (no second upload).
 std::shared_ptr<const ModelWeights> make_resident(std::shared_ptr<const ModelWeights> host, Backend& backend);
 // The model's first n_layers layers with its embedding, final norm and head (a layer-truncated
 // copy for early-exit drafting): views of `w`'s tensors, keeping `w` alive; no data is copied.

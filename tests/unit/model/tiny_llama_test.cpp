@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "engine/model_runner.h"
 #include "gguf_builder.h"
+#include "model/dummy.h"
 #include "model/model.h"
 #include "engine/kv_scales.h"
 
@@ -581,4 +582,20 @@ TEST(TinyLlama, Fp8CheckpointKvScalesAreRead) {
   apply_checkpoint_kv_scales(*weights, head);
   EXPECT_TRUE(head.k_scales.empty());
   std::filesystem::remove_all(dir);
+}
+
+// Weights made resident once are not made resident again: an early-exit drafter's view of
+// the target's resident weights (first_layers) reuses them instead of uploading its layers a
+// second time on a device. Weights resident on another backend are refused.
+TEST(TinyLlama, ResidentWeightsAndTheirViewsAreNotUploadedTwice) {
+  const auto host = make_dummy_weights("llama3-tiny:f32", 1);
+  CpuBackend be(1), other(1);
+  const auto resident = make_resident(host, be);
+  EXPECT_EQ(resident->resident_on, &be);
+  EXPECT_EQ(make_resident(resident, be), resident);
+  const auto view = first_layers(resident, 2);
+  EXPECT_EQ(view->resident_on, &be);
+  EXPECT_EQ(make_resident(view, be), view);
+  EXPECT_EQ(view->layers[1].wq.data, resident->layers[1].wq.data);
+  EXPECT_THROW(make_resident(resident, other), Error);
 }
