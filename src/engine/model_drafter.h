@@ -2,7 +2,7 @@
 // Drafters that run a model (docs/design/spec-decode.md): "draft_model", any model tessera
 // loads with the target's vocabulary, optionally cut to its first layers; and "early_exit",
 // the target's own first L layers + final norm + head (a truncated view of the target's
-// weights, no copy on the CPU). Both run on the target's backend.
+// resident weights: nothing copied or uploaded again). Both run on the target's backend.
 //
 // A draft model has its OWN paged KV. Per sequence it keeps the tokens its KV holds; each
 // propose() rolls that back to the longest prefix shared with the tokens it is given
