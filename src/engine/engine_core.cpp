@@ -414,6 +414,7 @@ std::vector<Draft> EngineCore::run_drafter(const std::vector<SeqHandle>& decodin
     KvBlockManager& kv;
     std::vector<SeqKv>& lent;
     ~GiveBack() {
+      // Fresh tables of device blocks only: free() has nothing here that can fail.
       for (SeqKv& s : lent) kv.free(s);
     }
   } give_back{kv_, scratch};
@@ -426,6 +427,8 @@ std::vector<Draft> EngineCore::run_drafter(const std::vector<SeqHandle>& decodin
       q.target_kv_tokens = kv.n_computed();
       q.target_blocks = kv.table.blocks;
       q.target_local_blocks = kv.local.blocks;
+      // Nothing lent to a query the drafter would refuse (no KV held, or none missing).
+      if (kv.table.blocks.empty() || kv.n_computed() >= static_cast<int>(q.tokens.size())) continue;
       const int n =
           draft_scratch_blocks(kv.n_computed(), static_cast<int>(q.tokens.size()), q.max_tokens, config_.block_size);
       if (n <= 0 || !kv_.allocate_slots(scratch[i], n * config_.block_size, none)) continue;

@@ -61,9 +61,11 @@ class ModelEngine {
   // The session holds the weights and tokenizer; with tensor or pipeline parallelism only
   // those (the ranks hold the shards or stages, backends and KV caches).
   Session& session() { return *session_; }
-  // The KV cache of the model (rank 0's with parallel ranks: its KV heads or layers only).
+  // The KV cache of the model (rank 0's with parallel ranks: its KV heads, or pipeline stage
+  // 0's layers only).
   KvCache& kv() { return ranks_ ? *ranks_->rank(0).kv : *kv_; }
-  // The backend the logits are sampled from (rank 0's with tensor parallelism).
+  // The backend the logits are sampled from with one rank or tensor parallelism (rank 0's);
+  // with pipeline stages, stage 0's (the last stage samples; all stages are of one kind).
   Backend& backend() { return ranks_ ? *ranks_->rank(0).backend : session_->backend(); }
   // The backend's description, or the ranks' ("2 tensor-parallel ranks (...), each cpu (...)").
   std::string describe_device() { return ranks_ ? ranks_->describe() : session_->backend().describe(); }

@@ -73,7 +73,9 @@ ParallelRanks::ParallelRanks(std::shared_ptr<const ModelWeights> whole, const Ba
       rk.weights =
           layout.pipelined() ? stage_weights(whole, pipeline_, rk.index) : shard_weights(whole, rk.index, size);
       Communicator* comm = size == 1 ? nullptr : cuda ? devices_[rk.index].get() : &local_->rank(rk.index);
-      rk.model = create_model(rk.weights, *rk.backend, max_batch_tokens, max_logits, comm);
+      // A pipeline stage before the last computes no logits: one row's buffer is enough.
+      const bool no_logits = layout.pipelined() && rk.index + 1 < size;
+      rk.model = create_model(rk.weights, *rk.backend, max_batch_tokens, no_logits ? 1 : max_logits, comm);
     });
   } catch (...) {
     {
@@ -135,6 +137,7 @@ void ParallelRanks::abort_group(const std::string& why) {
 
 void ParallelRanks::run(FunctionRef<void(Rank&)> fn) {
   std::unique_lock<std::mutex> lock(mu_);
+  TESSERA_CHECK(broken_.empty(), "parallel ranks: unusable after a failed step (", broken_, ")");
   job_ = &fn;
   n_done_ = 0;
   first_error_.clear();
@@ -144,6 +147,10 @@ void ParallelRanks::run(FunctionRef<void(Rank&)> fn) {
   job_ = nullptr;
   if (first_error_.empty()) return;
   if (local_) local_->reset();  // every rank has left its collectives
+  // NCCL cannot drop what a failed step left queued: pipeline stages may fail apart (only the
+  // last one samples), leaving sends no receive will match, which the next step's receives
+  // would take. The group is then refused rather than fed stale activations.
+  if (!local_ && layout_.pipelined()) broken_ = first_error_;
   const std::string why = first_error_;
   lock.unlock();
   fail(why);

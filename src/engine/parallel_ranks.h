@@ -84,7 +84,8 @@ class ParallelRanks {
   // Runs fn(rank) on every rank's thread at once and returns when all have. When a rank
   // throws, the group is aborted (ranks waiting in a collective for it give up), made usable
   // again once every rank has returned, and the first failure is rethrown naming its rank.
-  // Called from one thread at a time (the engine's).
+  // Pipeline stages over NCCL are not made usable again (messages of the failed step may be
+  // left queued): later calls throw. Called from one thread at a time (the engine's).
   void run(FunctionRef<void(Rank&)> fn);
 
  private:
@@ -105,6 +106,7 @@ class ParallelRanks {
   uint64_t job_generation_ = 0;
   int n_done_ = 0;
   std::string first_error_;  // of the current job, the first rank to fail
+  std::string broken_;       // why run() refuses: a failed step of NCCL pipeline stages
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

@@ -70,6 +70,8 @@ class LlamaModel final : public Model {
     float* x = a_.x;        // the residual stream: [n, e]
     float* x_next = a_.x2;  // where the next pre-norm writes x + residual
     const PipelineStage& st = w_->stage;
+    // Before any op: a stage that fails after its layers would leave the next one waiting.
+    TESSERA_CHECK(st.last() || n_out == 0, "forward: pipeline stage ", st.index, " of ", st.size, " asked for logits");
     if (st.first())
       tp_.embed(in.tokens, n, x);
     else  // a later pipeline stage: the residual stream after the stage before's layers
@@ -118,7 +120,6 @@ class LlamaModel final : public Model {
     }
     if (!st.last()) {
       // The last layer's FFN output joins the residual stream, which the next stage goes on from.
-      TESSERA_CHECK(n_out == 0, "forward: pipeline stage ", st.index, " of ", st.size, " asked for logits");
       be_.add(x, a_.tmp, static_cast<int64_t>(n) * e);
       stages_->send(x, static_cast<int64_t>(n) * e, st.index + 1);
       return a_.logits;
