@@ -189,6 +189,11 @@ TEST_F(EnginePipelineParallel, ConcurrentChunkedRequestsInMicroBatchesGiveTheTok
   expect_same_tokens(test::run_engine(pp4, mixed_requests(), false, 0, false), want, "pp 4");
 }
 
+TEST_F(EnginePipelineParallel, TheThreadedEngineServesClientsOnManyThreads) {
+  // The serving path: Engine's own thread steps the stages; four clients submit at once.
+  expect_threaded_engine_gives_the_tokens_of(*one_, *two_);
+}
+
 TEST_F(EnginePipelineParallel, LogprobsEqualTheSingleRanksExactly) {
   // Each layer runs the same kernels on the same rows; only the thread count and the batch a
   // row shares differ, which the CPU kernels do not sum differently.

@@ -57,25 +57,7 @@ TEST_F(EngineTensorParallel, ConcurrentChunkedRequestsGiveTheTokensOfTp1) {
 
 TEST_F(EngineTensorParallel, TheThreadedEngineServesClientsOnManyThreads) {
   // The serving path: Engine's own thread steps the TP executor; four clients submit at once.
-  const std::vector<Request> reqs = mixed_requests();
-  const RunResult want = test::run_engine(*one_, reqs, false, 0, false);
-  std::vector<RequestOutput> got(reqs.size());
-  {
-    Engine engine(two_->config(), two_->executor());
-    std::vector<std::thread> clients;
-    for (size_t i = 0; i < reqs.size(); ++i)
-      clients.emplace_back([&, i] {
-        SubmitResult r = engine.submit(reqs[i]);
-        ASSERT_TRUE(r.stream) << "request " << i << " refused";
-        got[i] = r.stream->collect();
-      });
-    for (std::thread& t : clients) t.join();
-  }
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(got[i].error, "");
-    ASSERT_EQ(got[i].tokens.size(), 1u);
-    EXPECT_EQ(got[i].tokens[0], want.out.at(i + 1).tokens[0]) << "request " << i;
-  }
+  expect_threaded_engine_gives_the_tokens_of(*one_, *two_);
 }
 
 TEST_F(EngineTensorParallel, PrefixCacheHitGivesTheTokensOfTp1) {

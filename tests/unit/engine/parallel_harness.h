@@ -7,8 +7,10 @@
 
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "engine/engine.h"
 #include "engine/engine_model.h"
 #include "engine_run_harness.h"
 
@@ -84,6 +86,30 @@ inline std::function<void(EngineConfig&)> swap_preemption(ModelEngine& e) {
     c.scheduler.preemption_mode = PreemptionMode::Swap;
     c.n_host_blocks = e.executor().n_host_blocks();
   };
+}
+
+// The serving path: the threaded Engine over `parallel`'s executor, four clients submitting
+// the mixed requests at once, must give the tokens of `one` run through EngineCore.
+inline void expect_threaded_engine_gives_the_tokens_of(ModelEngine& one, ModelEngine& parallel) {
+  const std::vector<Request> reqs = mixed_requests();
+  const RunResult want = run_engine(one, reqs, false, 0, false);
+  std::vector<RequestOutput> got(reqs.size());
+  {
+    Engine engine(parallel.config(), parallel.executor());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < reqs.size(); ++i)
+      clients.emplace_back([&, i] {
+        SubmitResult r = engine.submit(reqs[i]);
+        ASSERT_TRUE(r.stream) << "request " << i << " refused";
+        got[i] = r.stream->collect();
+      });
+    for (std::thread& t : clients) t.join();
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].error, "");
+    ASSERT_EQ(got[i].tokens.size(), 1u);
+    EXPECT_EQ(got[i].tokens[0], want.out.at(i + 1).tokens[0]) << "request " << i;
+  }
 }
 
 // A suite's two engines, one rank and `ranks`, made once for the suite.
