@@ -50,6 +50,7 @@ void add_kv_plan(CLI::App& app) {
     std::string formats;
     bool json = false;
     int tensor_parallel_size = 1;
+    int pipeline_parallel_size = 1;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("kv-plan", "KV cache bytes per token and max concurrency for a memory budget");
@@ -68,6 +69,11 @@ void add_kv_plan(CLI::App& app) {
                   "KV heads")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--pipeline-parallel-size", a->pipeline_parallel_size,
+                  "(also -pp) plan one stage of N: --memory is a stage's device, holding the largest stage's layers "
+                  "and their share of the weights")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->callback([a] {
     bench::KvPlanOptions o;
     o.memory_bytes = bench::parse_memory_size(a->memory);
@@ -75,6 +81,7 @@ void add_kv_plan(CLI::App& app) {
     o.ctx = parse_list<int64_t>(a->ctx, "--ctx");
     o.block_sizes = parse_list<int>(a->block_size, "--block-size");
     o.tensor_parallel_size = a->tensor_parallel_size;
+    o.pipeline_parallel_size = a->pipeline_parallel_size;
     if (!a->formats.empty()) {
       o.formats.clear();
       for (size_t pos = 0; pos <= a->formats.size();) {

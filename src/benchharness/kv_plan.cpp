@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/pp/stage.h"
 #include "model/tp/shard.h"
 #include "engine/session.h"
 #include "model/dummy.h"
@@ -152,15 +153,34 @@ double kv_bytes_per_token(const ModelConfig& c, double bytes_per_elem) {
 }
 
 namespace {
-// The KV heads one rank stores (all of them at size 1); throws naming what does not split.
-int rank_kv_heads(const ModelConfig& c, int tensor_parallel_size) {
-  TESSERA_CHECK(tensor_parallel_size >= 1, "kv-plan: --tensor-parallel-size ", tensor_parallel_size);
-  if (tensor_parallel_size == 1) return c.n_head_kv;
+// What one rank holds: its KV heads and layers and its share of the weights (the whole model
+// at size 1); throws naming what does not split.
+struct RankShare {
+  int kv_heads = 0;
+  int layers = 0;
+  int64_t weight_bytes = 0;
+};
+RankShare rank_share(const KvModelInfo& m, const KvPlanOptions& o) {
+  const ModelConfig& c = m.config;
+  const int tp = o.tensor_parallel_size, pp = o.pipeline_parallel_size;
+  TESSERA_CHECK(tp >= 1, "kv-plan: --tensor-parallel-size ", tp);
+  TESSERA_CHECK(pp >= 1, "kv-plan: --pipeline-parallel-size ", pp);
+  TESSERA_CHECK(tp == 1 || pp == 1, "kv-plan: tensor and pipeline parallelism together are not planned");
+  RankShare r{c.n_head_kv, c.n_layer, m.weight_bytes};
   try {
-    return plan_tensor_parallel(c, tensor_parallel_size).n_head_kv;
+    if (tp > 1) {
+      r.kv_heads = plan_tensor_parallel(c, tp).n_head_kv;
+      r.weight_bytes = m.weight_bytes / tp;
+    }
+    if (pp > 1) {
+      r.layers = plan_pipeline(c, pp).n_layers(0);
+      r.weight_bytes = m.weight_bytes * r.layers / c.n_layer;
+    }
   } catch (const Error& e) {
-    fail("kv-plan: --tensor-parallel-size ", tensor_parallel_size, ": ", e.what());
+    fail("kv-plan: ", tp > 1 ? "--tensor-parallel-size " : "--pipeline-parallel-size ", tp > 1 ? tp : pp, ": ",
+         e.what());
   }
+  return r;
 }
 }  // namespace
 
@@ -168,13 +188,14 @@ std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& o)
   TESSERA_CHECK(!o.ctx.empty() && !o.block_sizes.empty(), "kv-plan: no context lengths or block sizes");
   std::vector<KvPlanRow> rows;
   const ModelConfig& c = model.config;
-  const int kv_heads = rank_kv_heads(c, o.tensor_parallel_size);
-  const int64_t budget = o.memory_bytes - model.weight_bytes / o.tensor_parallel_size - o.reserve_bytes;
+  const RankShare share = rank_share(model, o);
+  const int kv_heads = share.kv_heads, layers = share.layers;
+  const int64_t budget = o.memory_bytes - share.weight_bytes - o.reserve_bytes;
   for (const std::string& name : o.formats)
     for (int bs : o.block_sizes)
       for (int64_t ctx : o.ctx) {
         TESSERA_CHECK(bs >= 1 && ctx >= 1, "kv-plan: block size ", bs, " and context ", ctx, " must be positive");
-        KvCacheSpec spec = KvCacheSpec::plain(c.n_layer, kv_heads, c.head_dim, bs, 1, DType::F16);
+        KvCacheSpec spec = KvCacheSpec::plain(layers, kv_heads, c.head_dim, bs, 1, DType::F16);
         spec.k_format = parse_kv_format(name, true);
         spec.v_format = parse_kv_format(name, false);
         KvPlanRow r;
@@ -191,7 +212,7 @@ std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& o)
         r.ctx = ctx;
         // As the cache allocates it: pages with their scales, per block.
         r.bytes_per_token = spec.bytes_per_token();
-        r.bits_per_elem = 8.0 * r.bytes_per_token / (2.0 * c.n_layer * kv_heads * c.head_dim);
+        r.bits_per_elem = 8.0 * r.bytes_per_token / (2.0 * layers * kv_heads * c.head_dim);
         r.block_bytes = bs * r.bytes_per_token;
         r.blocks_per_seq = (ctx + bs - 1) / bs;
         r.seq_bytes = static_cast<double>(r.blocks_per_seq) * r.block_bytes;
@@ -202,11 +223,12 @@ std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& o)
         r.max_concurrency = r.total_blocks / r.blocks_per_seq;
         // Sliding windows: the full layers keep every block, the local ones about a window
         // (the engine's pool: the window before the next token and the block it writes).
-        const int n_local = n_local_layers(c);
-        const double layer_block_bytes = r.block_bytes / c.n_layer;
+        // A stage's layers are all local or none (plan_pipeline refuses window patterns).
+        const int n_local = std::min(n_local_layers(c), layers);
+        const double layer_block_bytes = r.block_bytes / layers;
         r.local_blocks_per_seq =
             n_local > 0 ? std::min<int64_t>(r.blocks_per_seq, (c.sliding_window - 1) / bs + 2) : r.blocks_per_seq;
-        r.windowed_seq_bytes = layer_block_bytes * (static_cast<double>(r.blocks_per_seq) * (c.n_layer - n_local) +
+        r.windowed_seq_bytes = layer_block_bytes * (static_cast<double>(r.blocks_per_seq) * (layers - n_local) +
                                                     static_cast<double>(r.local_blocks_per_seq) * n_local);
         r.windowed_max_concurrency =
             budget > 0 ? static_cast<int64_t>(std::floor(static_cast<double>(budget) / r.windowed_seq_bytes)) : 0;
@@ -224,16 +246,21 @@ std::string format_kv_plan(const KvModelInfo& m, const KvPlanOptions& o, const s
      << "weights: " << human_bytes(static_cast<double>(m.weight_bytes))
      << (m.weight_bytes_estimated ? " (estimated)" : "") << "; memory "
      << human_bytes(static_cast<double>(o.memory_bytes));
-  const int tp = o.tensor_parallel_size, kv_heads = rank_kv_heads(c, tp);
+  const int tp = o.tensor_parallel_size, pp = o.pipeline_parallel_size;
+  const RankShare share = rank_share(m, o);
+  const bool ranks = tp > 1 || pp > 1;
   if (tp > 1)
     os << " per rank of " << tp << " tensor-parallel ranks, each holding 1/" << tp << " of the weights ("
-       << human_bytes(static_cast<double>(m.weight_bytes / tp)) << ") and " << kv_heads << " of the " << c.n_head_kv
-       << " KV heads";
+       << human_bytes(static_cast<double>(share.weight_bytes)) << ") and " << share.kv_heads << " of the "
+       << c.n_head_kv << " KV heads";
+  if (pp > 1)
+    os << " per stage of " << pp << " pipeline stages, the largest holding " << share.layers << " of the " << c.n_layer
+       << " layers and their share of the weights (" << human_bytes(static_cast<double>(share.weight_bytes)) << ")";
   if (o.reserve_bytes) os << " - reserve " << human_bytes(static_cast<double>(o.reserve_bytes));
-  os << " -> KV budget " << human_bytes(static_cast<double>(o.memory_bytes - m.weight_bytes / tp - o.reserve_bytes))
-     << (tp > 1 ? " per rank" : "") << "\n\n";
-  os << "KV bytes per token" << (tp > 1 ? " per rank" : "") << " = 2 x " << c.n_layer << " layers x " << kv_heads
-     << " KV heads x " << c.head_dim << " head dim x bits per element / 8 (scales included)\n\n";
+  os << " -> KV budget " << human_bytes(static_cast<double>(o.memory_bytes - share.weight_bytes - o.reserve_bytes))
+     << (ranks ? " per rank" : "") << "\n\n";
+  os << "KV bytes per token" << (ranks ? " per rank" : "") << " = 2 x " << share.layers << " layers x "
+     << share.kv_heads << " KV heads x " << c.head_dim << " head dim x bits per element / 8 (scales included)\n\n";
   const int n_local = n_local_layers(c);
   if (n_local > 0)
     os << "sliding window " << c.sliding_window << " on " << n_local << " of " << c.n_layer
@@ -303,7 +330,9 @@ nlohmann::json kv_plan_json(const KvModelInfo& m, const KvPlanOptions& o, const 
             {"weight_bytes_estimated", m.weight_bytes_estimated}}},
           {"memory_bytes", o.memory_bytes},
           {"tensor_parallel_size", o.tensor_parallel_size},
-          {"n_head_kv_per_rank", rank_kv_heads(c, o.tensor_parallel_size)},
+          {"pipeline_parallel_size", o.pipeline_parallel_size},
+          {"n_head_kv_per_rank", rank_share(m, o).kv_heads},
+          {"n_layer_per_rank", rank_share(m, o).layers},
           {"reserve_bytes", o.reserve_bytes},
           {"rows", jr}};
 }

@@ -64,6 +64,10 @@ struct KvPlanOptions {
   // Tensor parallelism: memory_bytes is then one rank's device, holding 1/N of the weights and
   // its KV heads (plan_tensor_parallel's split: n_head_kv / N, or one shared head).
   int tensor_parallel_size = 1;
+  // Pipeline parallelism: memory_bytes is then one stage's device, holding the largest stage's
+  // layers (plan_pipeline: the first stages take the extra ones) and their share of the weights
+  // (by layers: the embedding and head are not apportioned). Not with tensor_parallel_size > 1.
+  int pipeline_parallel_size = 1;
 };
 
 std::vector<KvPlanRow> kv_plan(const KvModelInfo& model, const KvPlanOptions& options);

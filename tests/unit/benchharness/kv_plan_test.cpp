@@ -57,6 +57,29 @@ TEST(BenchKvPlan, ATensorParallelRankHoldsItsKvHeadsAndItsPartOfTheWeights) {
   }
 }
 
+TEST(BenchKvPlan, APipelineStageHoldsItsLayersAndTheirShareOfTheWeights) {
+  // Llama-3.1-8B at PP 3: 32 layers as 11 | 11 | 10; the largest stage holds 11 layers' KV
+  // (11 x 4 KiB a token in f16) and 11/32 of the weights.
+  const KvModelInfo m = load_kv_model_info("dummy:llama-3.1-8b");
+  KvPlanOptions o;
+  o.memory_bytes = int64_t{80} << 30;
+  o.ctx = {8192};
+  o.formats = {"f16"};
+  o.pipeline_parallel_size = 3;
+  const KvPlanRow pp3 = kv_plan(m, o).at(0);
+  EXPECT_EQ(pp3.bytes_per_token, 131072.0 * 11 / 32);
+  EXPECT_EQ(pp3.kv_budget_bytes, (int64_t{80} << 30) - m.weight_bytes * 11 / 32);
+  EXPECT_DOUBLE_EQ(pp3.bits_per_elem, 16.0);
+  const std::string text = format_kv_plan(m, o, {pp3});
+  EXPECT_NE(text.find("per stage of 3 pipeline stages, the largest holding 11 of the 32 layers"), std::string::npos)
+      << text;
+  o.pipeline_parallel_size = 33;
+  EXPECT_THROW(kv_plan(m, o), Error);
+  o.pipeline_parallel_size = 2;
+  o.tensor_parallel_size = 2;
+  EXPECT_THROW(kv_plan(m, o), Error);
+}
+
 TEST(BenchKvPlan, Llama31_8B_Is128KiBPerTokenInF16) {
   const KvModelInfo m = load_kv_model_info("dummy:llama-3.1-8b");
   EXPECT_EQ(kv_bytes_per_token(m.config, 2), 131072.0);  // 2 x 32 x 8 x 128 x 2
