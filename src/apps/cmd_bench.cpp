@@ -37,8 +37,9 @@ struct BenchArgs {
   int n_gen = 128;
   int depth = 0;  // tokens in the KV cache before the pp and tg tests (llama-bench's -d)
   int reps = 3;
-  int tensor_parallel_size = 1;  // ranks of this process (docs/design/parallel.md)
-  std::string peer_python;       // a Python with llama-cpp-python: measure llama.cpp in the same run
+  int tensor_parallel_size = 1;    // ranks of this process (docs/design/parallel.md)
+  int pipeline_parallel_size = 1;  // stages of this process
+  std::string peer_python;         // a Python with llama-cpp-python: measure llama.cpp in the same run
   std::string peer_script = "tools/bench/llama_cpp_bench.py";
 };
 
@@ -92,6 +93,7 @@ Stat stat_of(const std::vector<double>& v) {
 void run_bench(const BenchArgs& a) {
   SessionOptions so = a.model.session_options();
   so.tensor_parallel_size = a.tensor_parallel_size;
+  so.pipeline_parallel_size = a.pipeline_parallel_size;
   so.ctx = std::max(so.ctx, a.depth + std::max(a.n_prompt, a.n_gen + 1) + 1);
   so.max_batch_tokens = std::max(1, std::min(so.max_batch_tokens, std::max(a.n_prompt, 1)));
   Session session(so);
@@ -246,6 +248,12 @@ void add_bench(CLI::App& app) {
                    "(also -tp) split the model over N ranks, threads of this process (docs/design/parallel.md)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  model
+      ->add_option("--pipeline-parallel-size", a->pipeline_parallel_size,
+                   "(also -pp) split the model's layers into N stages, threads of this process (one sequence: "
+                   "the stages run one after the other)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   model->add_option(
       "--peer", a->peer_python,
       "Python with llama-cpp-python: measure llama.cpp on the same file, one of its repetitions after each of "
@@ -253,9 +261,9 @@ void add_bench(CLI::App& app) {
   model->add_option("--peer-script", a->peer_script, "the peer's bench script")->capture_default_str();
   model->callback([a] {
     TESSERA_CHECK(a->reps >= 1 && a->n_prompt >= 0 && a->n_gen >= 0 && a->depth >= 0, "bench: bad counts");
-    TESSERA_CHECK(a->tensor_parallel_size == 1 || a->peer_python.empty(),
+    TESSERA_CHECK((a->tensor_parallel_size == 1 && a->pipeline_parallel_size == 1) || a->peer_python.empty(),
                   "bench model: --peer runs llama.cpp on one rank; it is not compared with --tensor-parallel-size ",
-                  a->tensor_parallel_size);
+                  a->tensor_parallel_size, " or --pipeline-parallel-size ", a->pipeline_parallel_size);
     TESSERA_CHECK(a->depth == 0 || a->peer_python.empty(),
                   "bench model: --depth is not compared with --peer "
                   "(the peer's script decodes from an empty cache)");

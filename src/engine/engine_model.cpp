@@ -38,9 +38,9 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   const int n_ranks = layout.size();
   // The engine's ranks are its own (the executor drives them); a session with ranks of its
   // own would be a second group.
-  TESSERA_CHECK(o.session.tensor_parallel_size == 1,
-                "engine: tensor parallelism is ModelEngineOptions::", "tensor_parallel_size, not the session's (",
-                o.session.tensor_parallel_size, ")");
+  TESSERA_CHECK(o.session.tensor_parallel_size == 1 && o.session.pipeline_parallel_size == 1,
+                "engine: parallel ranks are ModelEngineOptions::", "tensor/pipeline_parallel_size, not the session's (",
+                o.session.tensor_parallel_size, ", ", o.session.pipeline_parallel_size, ")");
   if (n_ranks > 1) {
     TESSERA_CHECK(!o.speculative.enabled() || !o.speculative.uses_model(),
                   "--speculative-config: ", describe_speculative_config(o.speculative),

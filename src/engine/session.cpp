@@ -107,10 +107,9 @@ Session::Session(const SessionOptions& options) : options_(options) {
   const int max_logits = std::min(options.max_logits, options.max_batch_tokens);
   TESSERA_CHECK(options.tensor_parallel_size >= 1, "--tensor-parallel-size ", options.tensor_parallel_size,
                 " must be at least 1");
-  if (options.tensor_parallel_size > 1) {
-    ranks_ = std::make_unique<ParallelRanks>(weights_, options.backend,
-                                             ParallelLayout{.tensor = options.tensor_parallel_size},
-                                             options.max_batch_tokens, max_logits);
+  const ParallelLayout layout{.tensor = options.tensor_parallel_size, .pipeline = options.pipeline_parallel_size};
+  if (layout.size() > 1) {
+    ranks_ = std::make_unique<ParallelRanks>(weights_, options.backend, layout, options.max_batch_tokens, max_logits);
   } else {
     backend_ = make_backend(options.backend);
     resident_ = make_resident(weights_, *backend_);
@@ -167,9 +166,10 @@ Session::~Session() = default;
 
 void Session::weights_only_error() const {
   if (ranks_)
-    fail("session of '", options_.model, "' runs on ", ranks_->size(),
-         " tensor-parallel ranks: it has no single runner (feed() runs every rank)");
-  fail("session of '", options_.model, "' holds its weights only (tensor parallelism runs them on its ranks)");
+    fail("session of '", options_.model, "' runs on ", ranks_->size(), " ",
+         ranks_->layout().pipelined() ? "pipeline stages" : "tensor-parallel ranks",
+         ": it has no single runner (feed() runs every rank)");
+  fail("session of '", options_.model, "' holds its weights only (parallel ranks run them)");
 }
 
 Tokenizer& Session::tokenizer() {
@@ -205,12 +205,20 @@ void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, Forward
 
 void Session::forward(float* logits, const Backend::LogitsReadback& plan) {
   if (!ranks_) return runner_->forward(batch_, logits, plan);
-  // Every rank runs the batch (their collectives meet); rank 0's logits are returned.
+  // Every rank runs the batch (their collectives or messages meet). Tensor parallelism: rank
+  // 0's logits are returned. Pipeline stages: the last one's; the others compute none.
   const size_t n = batch_.logits_rows.size() * static_cast<size_t>(config().n_vocab);
+  const bool pipelined = ranks_->layout().pipelined();
+  const int sampling_rank = pipelined ? ranks_->size() - 1 : 0;
+  ForwardBatch no_logits;
+  if (pipelined) {
+    no_logits = batch_;
+    no_logits.logits_rows.clear();
+  }
   ranks_->run([&](ParallelRanks::Rank& r) {
-    if (r.index == 0) return r.runner->forward(batch_, logits, plan);
-    std::vector<float> dropped(n);
-    r.runner->forward(batch_, dropped.data());
+    if (r.index == sampling_rank) return r.runner->forward(batch_, logits, plan);
+    std::vector<float> dropped(pipelined ? 1 : n);
+    r.runner->forward(pipelined ? no_logits : batch_, dropped.data());
   });
 }
 

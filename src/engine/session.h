@@ -50,6 +50,8 @@ struct SessionOptions {
   // many ranks of this process, each with its KV heads; feed() runs every rank. backend(),
   // model() and kv() are then rank 0's, and runner() throws (a forward must run on every rank).
   int tensor_parallel_size = 1;
+  // Pipeline stages of consecutive layers, the same way (not with tensor_parallel_size > 1).
+  int pipeline_parallel_size = 1;
 };
 
 // Resolves a model argument to a file path: an existing path is returned as is; an alias
@@ -115,7 +117,7 @@ class Session {
   std::shared_ptr<GGUFFile> gguf_;
   std::shared_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<ParallelRanks> ranks_;  // tensor_parallel_size > 1: backends, shards, KV, runners
+  std::unique_ptr<ParallelRanks> ranks_;  // tensor or pipeline ranks: backends, shards or stages, KV, runners
   std::unique_ptr<Backend> backend_;
   std::shared_ptr<const ModelWeights> resident_;  // the model's weights on backend_ (freed before it)
   std::unique_ptr<Model> model_;

@@ -23,6 +23,7 @@
 #include "engine/engine_summary.h"
 #include "engine/executor_pp.h"
 #include "engine/parallel_ranks.h"
+#include "engine/session.h"
 #include "engine_run_harness.h"
 #include "kv/kv_host_ops.h"
 #include "model/dummy.h"
@@ -306,4 +307,33 @@ TEST(EnginePipelineParallelModels, WhatPipelineParallelismCannotDoIsRefusedByNam
             std::string::npos)
       << rejection->message;
   EXPECT_THROW(pp2.executor().make_staging(1), Error);
+}
+
+TEST(PipelineParallelSession, FeedRunsEveryStageAndReturnsTheLastOnesLogits) {
+  // What `tessera bench model --pipeline-parallel-size N` runs on: a Session whose feed() runs
+  // the stages (the ones before the last compute no logits). Its logits are one rank's, to the
+  // bit (the same kernels on the same rows); its KV cache stage 0's layers.
+  const auto feed = [](int pp) {
+    SessionOptions so;
+    so.model = kModel;
+    so.dummy_seed = 7;
+    so.backend.threads = 2;
+    so.ctx = 64;
+    so.kv_tokens = 16;
+    so.max_batch_tokens = 8;  // 13 tokens: two chunks
+    so.block_size = 4;
+    so.pipeline_parallel_size = pp;
+    Session s(so);
+    EXPECT_EQ(s.kv().spec().n_layers, pp == 1 ? 4 : 2);
+    if (pp > 1) {
+      EXPECT_NE(error_of([&] { s.runner(); }).find("runs on 2 pipeline stages"), std::string::npos);
+    }
+    SequenceBlocks seq;
+    std::vector<float> logits;
+    s.feed(seq, prompt(13, 4), ForwardBatch::Logits::Last, logits);
+    logits.push_back(static_cast<float>(s.decode_greedy(seq, 5)));
+    seq.release_all(s.pool());
+    return logits;
+  };
+  EXPECT_EQ(feed(2), feed(1));
 }
