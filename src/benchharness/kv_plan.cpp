@@ -317,6 +317,7 @@ nlohmann::json kv_plan_json(const KvModelInfo& m, const KvPlanOptions& o, const 
                   {"windowed_seq_bytes", r.windowed_seq_bytes},
                   {"windowed_max_concurrency", r.windowed_max_concurrency}});
   const ModelConfig& c = m.config;
+  const RankShare share = rank_share(m, o);
   return {{"model",
            {{"source", m.source},
             {"name", c.name},
@@ -331,8 +332,8 @@ nlohmann::json kv_plan_json(const KvModelInfo& m, const KvPlanOptions& o, const 
           {"memory_bytes", o.memory_bytes},
           {"tensor_parallel_size", o.tensor_parallel_size},
           {"pipeline_parallel_size", o.pipeline_parallel_size},
-          {"n_head_kv_per_rank", rank_share(m, o).kv_heads},
-          {"n_layer_per_rank", rank_share(m, o).layers},
+          {"n_head_kv_per_rank", share.kv_heads},
+          {"n_layer_per_rank", share.layers},
           {"reserve_bytes", o.reserve_bytes},
           {"rows", jr}};
 }
