@@ -174,15 +174,16 @@ struct EngineRun {
   EngineStats stats;
 };
 
-ModelEngineOptions engine_options(const std::string& device, bool speculative = false) {
+ModelEngineOptions engine_options(const std::string& device, SpecMethod speculative = SpecMethod::None) {
   ModelEngineOptions o;
-  if (speculative) {  // n-gram trees (several candidates in one forward), fixed k
-    o.speculative.method = SpecMethod::Ngram;
-    o.speculative.num_speculative_tokens = 4;
+  o.speculative.method = speculative;
+  o.speculative.num_speculative_tokens = 4;
+  o.speculative.adaptive = false;  // fixed k
+  if (speculative == SpecMethod::Ngram) {  // n-gram trees (several candidates in one forward)
     o.speculative.prompt_lookup_min = 1;
     o.speculative.prompt_lookup_candidates = 3;
-    o.speculative.adaptive = false;
   }
+  if (speculative == SpecMethod::EarlyExit) o.speculative.draft_layers = 10;
   o.session.model = "dummy:smollm2-135m:f32";
   o.session.backend.device = device;
   o.session.backend.threads = 2;
@@ -265,10 +266,28 @@ TEST(CudaServing, SpeculationOnCudaGivesThePlainCpuTokens) {
   // CudaModel.DraftTreeForward..., their kernels CudaAttention/CudaKvQuant.DraftTree...
   TESSERA_REQUIRE_CUDA();
   ModelEngine plain(engine_options("cpu"));
-  ModelEngine gpu(engine_options("cuda", true));
+  ModelEngine gpu(engine_options("cuda", SpecMethod::Ngram));
   const EngineRun p = run_engine(plain);
   const EngineRun g = run_engine(gpu);
   EXPECT_GT(g.stats.spec.accepted_tokens, 0);
+  for (const auto& [id, choices] : p.tokens)
+    for (size_t k = 0; k < choices.size(); ++k)
+      EXPECT_EQ(g.tokens.at(id)[k], choices[k]) << "request " << id << " choice " << k;
+}
+
+TEST(CudaServing, EarlyExitOverTheTargetsCacheOnCudaGivesThePlainCpuTokens) {
+  // Early exit on the GPU: the drafter's layers are views of the target's resident weights
+  // and it drafts over the target's own paged cache (scratch blocks lent from its pool, the
+  // partial block's layers < L copied on the device). Tokens: the plain CPU engine's; every
+  // block back in the pool.
+  TESSERA_REQUIRE_CUDA();
+  ModelEngine plain(engine_options("cpu"));
+  ModelEngine gpu(engine_options("cuda", SpecMethod::EarlyExit));
+  const EngineRun p = run_engine(plain);
+  const EngineRun g = run_engine(gpu);
+  EXPECT_GT(g.stats.spec.draft_tokens, 0);
+  EXPECT_GT(g.stats.spec.accepted_tokens, 0);
+  EXPECT_EQ(g.stats.kv_free_blocks, g.stats.kv_total_blocks);
   for (const auto& [id, choices] : p.tokens)
     for (size_t k = 0; k < choices.size(); ++k)
       EXPECT_EQ(g.tokens.at(id)[k], choices[k]) << "request " << id << " choice " << k;
