@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "model/pp/stage.h"
 #include "model/tp/shard.h"
+#include "engine/parallel_ranks.h"
 #include "engine/session.h"
 #include "model/dummy.h"
 #include "format/gguf.h"
@@ -165,20 +166,20 @@ RankShare rank_share(const KvModelInfo& m, const KvPlanOptions& o) {
   const int tp = o.tensor_parallel_size, pp = o.pipeline_parallel_size;
   TESSERA_CHECK(tp >= 1, "kv-plan: --tensor-parallel-size ", tp);
   TESSERA_CHECK(pp >= 1, "kv-plan: --pipeline-parallel-size ", pp);
-  TESSERA_CHECK(tp == 1 || pp == 1, "kv-plan: tensor and pipeline parallelism together are not planned");
+  // The largest rank: tensor rank 0 of stage 0 (shards are equal; earlier stages take the
+  // extra layers). Its weights: its shard of its stage's share.
   RankShare r{c.n_head_kv, c.n_layer, m.weight_bytes};
   try {
     if (tp > 1) {
       r.kv_heads = plan_tensor_parallel(c, tp).n_head_kv;
-      r.weight_bytes = m.weight_bytes / tp;
+      r.weight_bytes /= tp;
     }
     if (pp > 1) {
       r.layers = plan_pipeline(c, pp).n_layers(0);
-      r.weight_bytes = m.weight_bytes * r.layers / c.n_layer;
+      r.weight_bytes = r.weight_bytes * r.layers / c.n_layer;
     }
   } catch (const Error& e) {
-    fail("kv-plan: ", tp > 1 ? "--tensor-parallel-size " : "--pipeline-parallel-size ", tp > 1 ? tp : pp, ": ",
-         e.what());
+    fail("kv-plan: ", ParallelLayout{.tensor = tp, .pipeline = pp}.flag(), ": ", e.what());
   }
   return r;
 }
@@ -249,11 +250,16 @@ std::string format_kv_plan(const KvModelInfo& m, const KvPlanOptions& o, const s
   const int tp = o.tensor_parallel_size, pp = o.pipeline_parallel_size;
   const RankShare share = rank_share(m, o);
   const bool ranks = tp > 1 || pp > 1;
-  if (tp > 1)
+  if (tp > 1 && pp > 1)
+    os << " per rank of " << tp * pp << " (" << tp << " tensor-parallel ranks in each of " << pp
+       << " pipeline stages), the largest holding " << share.kv_heads << " of the " << c.n_head_kv << " KV heads of "
+       << share.layers << " of the " << c.n_layer << " layers and its share of the weights ("
+       << human_bytes(static_cast<double>(share.weight_bytes)) << ")";
+  else if (tp > 1)
     os << " per rank of " << tp << " tensor-parallel ranks, each holding 1/" << tp << " of the weights ("
        << human_bytes(static_cast<double>(share.weight_bytes)) << ") and " << share.kv_heads << " of the "
        << c.n_head_kv << " KV heads";
-  if (pp > 1)
+  else if (pp > 1)
     os << " per stage of " << pp << " pipeline stages, the largest holding " << share.layers << " of the " << c.n_layer
        << " layers and their share of the weights (" << human_bytes(static_cast<double>(share.weight_bytes)) << ")";
   if (o.reserve_bytes) os << " - reserve " << human_bytes(static_cast<double>(o.reserve_bytes));

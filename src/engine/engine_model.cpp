@@ -44,7 +44,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   if (n_ranks > 1) {
     TESSERA_CHECK(!o.speculative.enabled() || !o.speculative.uses_model(),
                   "--speculative-config: ", describe_speculative_config(o.speculative),
-                  " drafts with a model, which is not supported with ", layout.pipelined() ? "pipeline" : "tensor",
+                  " drafts with a model, which is not supported with ", layout.kind(),
                   " parallelism (", layout.flag(), "); the ngram method is");
     o.session.weights_only = true;  // the ranks run shards or stages of the weights on backends of their own
   }
@@ -113,7 +113,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
       return warm_up_one(session_->model(), kv, backend, true);
     }
     ranks_->run([&](ParallelRanks::Rank& r) {
-      const bool logits = !ranks_->layout().pipelined() || r.index == ranks_->size() - 1;
+      const bool logits = ranks_->layout().computes_logits(r.index);
       if (own_kv) return warm_up_one(*r.model, *r.kv, *r.backend, logits);
       KvCache kv(*r.backend, ranks_->rank_kv_spec(whole_kv, r.index));
       warm_up_one(*r.model, kv, *r.backend, logits);

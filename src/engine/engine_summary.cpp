@@ -110,10 +110,14 @@ std::string format_engine_summary(const EngineSummary& s) {
       s.kv_dtype.c_str(), s.kv_bits_per_element, s.n_blocks, s.block_size, static_cast<long long>(s.kv_tokens()),
       human_bytes_binary(s.kv_bytes).c_str(), s.max_concurrency(), s.max_model_len);
   std::string kv_line = buf;
-  if (s.tensor_parallel_size > 1)  // each rank stores its KV heads of every block
+  if (s.tensor_parallel_size > 1 && s.pipeline_parallel_size > 1)  // each rank: its KV heads of its layers
+    kv_line += "; " + std::to_string(s.tensor_parallel_size) + " tensor-parallel ranks in each of " +
+               std::to_string(s.pipeline_parallel_size) + " pipeline stages (" + s.pipeline_layers +
+               "), each its KV heads of its layers";
+  else if (s.tensor_parallel_size > 1)  // each rank stores its KV heads of every block
     kv_line += "; " + std::to_string(s.tensor_parallel_size) + " tensor-parallel ranks, " +
                human_bytes_binary(s.kv_bytes / s.tensor_parallel_size) + " each (its KV heads)";
-  if (s.pipeline_parallel_size > 1)  // each stage stores its layers of every block
+  else if (s.pipeline_parallel_size > 1)  // each stage stores its layers of every block
     kv_line += "; " + std::to_string(s.pipeline_parallel_size) + " pipeline stages (" + s.pipeline_layers +
                "), each its layers' part";
   line("KV cache", kv_line);

@@ -10,7 +10,7 @@ namespace tessera {
 
 PipelineParallelExecutor::PipelineParallelExecutor(ParallelRanks& ranks, int max_batch_tokens, int max_logits_rows,
                                                    int n_host_blocks)
-    : ParallelExecutor(ranks, ranks.size() - 1, max_batch_tokens, max_logits_rows, n_host_blocks) {
+    : ParallelExecutor(ranks, ranks.layout().sampling_rank(), max_batch_tokens, max_logits_rows, n_host_blocks) {
   TESSERA_CHECK(ranks.layout().pipelined(), "pipeline executor: the ranks are not pipeline stages");
 }
 
@@ -117,17 +117,30 @@ void PipelineParallelExecutor::join(const StepInput& in, StepOutput& out) {
 }
 
 void PipelineParallelExecutor::execute(const StepInput& in, StepOutput& out) {
-  split(in, ranks_.size());
+  const ParallelLayout& layout = ranks_.layout();
+  split(in, layout.pipeline);
   last_micro_batches_ = static_cast<int>(micro_.size());
-  std::vector<float> unused(1);  // the stages before the last read back no logits
+  // The last stage's other tensor ranks compute their vocabulary slices for the all-gather;
+  // the logits are the sampling rank's, so only their argmax comes back (as TP's ranks > 0).
+  size_t max_rows = 0;
+  for (const Micro& mb : micro_) max_rows = std::max(max_rows, mb.batch.logits_rows.size());
+  const int64_t n_vocab = ranks_.rank(layout.sampling_rank()).model->config().n_vocab;
   ranks_.run([&](ParallelRanks::Rank& r) {
     if (!in.copies.empty()) copy_kv_blocks(*r.kv, in.copies);
+    Scratch& s = scratch_[r.index];
+    const bool logits = layout.computes_logits(r.index);
+    s.logits.resize(logits ? max_rows * n_vocab : 1);  // the stages before the last read back no logits
     for (Micro& mb : micro_) {
       if (r.index == sampling_rank_) {
         sampler_->execute(
             {.batch = mb.batch, .copies = {}, .samples = mb.samples, .prompt_logprobs = mb.prompt_logprobs}, mb.out);
+      } else if (logits) {
+        const size_t rows = mb.batch.logits_rows.size();
+        s.argmax_only.assign(rows, 1);
+        s.argmax.assign(rows, -1);
+        r.runner->forward(mb.batch, s.logits.data(), {s.argmax_only.data(), s.argmax.data()});
       } else {
-        r.runner->forward(mb.no_logits, unused.data());
+        r.runner->forward(mb.no_logits, s.logits.data());
       }
     }
   });

@@ -7,7 +7,7 @@ namespace tessera {
 
 ParallelExecutor::ParallelExecutor(ParallelRanks& ranks, int sampling_rank, int max_batch_tokens, int max_logits_rows,
                                    int n_host_blocks)
-    : ranks_(ranks), sampling_rank_(sampling_rank) {
+    : ranks_(ranks), sampling_rank_(sampling_rank), scratch_(ranks.size()) {
   ranks_.run([&](ParallelRanks::Rank& r) {
     TESSERA_CHECK(r.kv != nullptr, "parallel executor: rank ", r.index, " has no KV cache");
     if (r.index == sampling_rank_) {
@@ -45,8 +45,8 @@ void ParallelExecutor::swap(std::span<const BlockSwap> swaps, bool out) {
 }
 
 std::string ParallelExecutor::kv_transfer_refusal() const {
-  return std::string("KV transfer between engines is not supported with ") +
-         (ranks_.layout().pipelined() ? "pipeline" : "tensor") + " parallelism (" + ranks_.layout().flag() + ")";
+  return std::string("KV transfer between engines is not supported with ") + ranks_.layout().kind() +
+         " parallelism (" + ranks_.layout().flag() + ")";
 }
 
 }  // namespace tessera

@@ -41,6 +41,14 @@ class ParallelExecutor : public Executor {
   ParallelRanks& ranks_;
   const int sampling_rank_;
   std::unique_ptr<ModelExecutor> sampler_;  // the sampling rank's
+  // Per rank: a rank that computes logits it does not sample (a tensor-parallel rank other
+  // than the sampling one) reads back only their argmax; the rows are dropped.
+  struct Scratch {
+    std::vector<float> logits;  // [rows, n_vocab]
+    std::vector<uint8_t> argmax_only;
+    std::vector<int32_t> argmax;
+  };
+  std::vector<Scratch> scratch_;  // [size]
 
  private:
   // Every rank moves its part of the blocks: out (device -> host slot) or in.

@@ -17,17 +17,9 @@ namespace tessera {
 class TensorParallelExecutor final : public ParallelExecutor {
  public:
   TensorParallelExecutor(ParallelRanks& ranks, int max_batch_tokens, int max_logits_rows, int n_host_blocks)
-      : ParallelExecutor(ranks, 0, max_batch_tokens, max_logits_rows, n_host_blocks), scratch_(ranks.size()) {}
+      : ParallelExecutor(ranks, 0, max_batch_tokens, max_logits_rows, n_host_blocks) {}
 
   void execute(const StepInput& input, StepOutput& output) override;
-
- private:
-  struct Scratch {              // a rank 1..N-1's logits readback, dropped
-    std::vector<float> logits;  // [rows, n_vocab]
-    std::vector<uint8_t> argmax_only;
-    std::vector<int32_t> argmax;
-  };
-  std::vector<Scratch> scratch_;  // [size]
 };
 
 }  // namespace tessera

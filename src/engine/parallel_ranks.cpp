@@ -10,8 +10,13 @@
 namespace tessera {
 
 std::string ParallelLayout::flag() const {
-  return pipelined() ? "--pipeline-parallel-size " + std::to_string(pipeline)
-                     : "--tensor-parallel-size " + std::to_string(tensor);
+  const std::string t = "--tensor-parallel-size " + std::to_string(tensor);
+  const std::string p = "--pipeline-parallel-size " + std::to_string(pipeline);
+  return !pipelined() ? t : tensor == 1 ? p : t + " " + p;
+}
+
+std::string ParallelLayout::kind() const {
+  return !pipelined() ? "tensor" : tensor == 1 ? "pipeline" : "tensor and pipeline";
 }
 
 ParallelRanks::ParallelRanks(std::shared_ptr<const ModelWeights> whole, const BackendOptions& backend,
@@ -20,17 +25,11 @@ ParallelRanks::ParallelRanks(std::shared_ptr<const ModelWeights> whole, const Ba
   TESSERA_CHECK(whole != nullptr, "parallel ranks: no weights");
   TESSERA_CHECK(layout.tensor >= 1, "--tensor-parallel-size ", layout.tensor, " must be at least 1");
   TESSERA_CHECK(layout.pipeline >= 1, "--pipeline-parallel-size ", layout.pipeline, " must be at least 1");
-  TESSERA_CHECK(layout.tensor == 1 || layout.pipeline == 1, "--tensor-parallel-size ", layout.tensor,
-                " with --pipeline-parallel-size ", layout.pipeline,
-                ": tensor and pipeline parallelism together are "
-                "not built");
   const int size = layout.size();
   const std::string flag = layout.flag();
   try {
-    if (layout.pipelined())
-      pipeline_ = plan_pipeline(whole->config, size);
-    else
-      plan_ = plan_tensor_parallel(whole->config, size);
+    if (layout.pipeline > 1) pipeline_ = plan_pipeline(whole->config, layout.pipeline);
+    if (layout.tensor > 1) plan_ = plan_tensor_parallel(whole->config, layout.tensor);
   } catch (const Error& e) {
     fail(flag, " with ", whole->source, ": ", e.what());
   }
@@ -60,22 +59,43 @@ ParallelRanks::ParallelRanks(std::shared_ptr<const ModelWeights> whole, const Ba
         fail(flag, ": rank ", rk.index, " on ", o.device, ": ", e.what());
       }
     });
+    // Stage s's tensor ranks are s*T .. s*T + T-1; tensor rank t's stages are t, t + T, ...
+    const int T = layout.tensor, P = layout.pipeline;
+    const auto members = [&](bool tensor_group, int g) {
+      std::vector<Backend*> b;
+      for (int i = 0; i < (tensor_group ? T : P); ++i)
+        b.push_back(ranks_[tensor_group ? g * T + i : i * T + g]->backend.get());
+      return b;
+    };
     if (cuda) {
-      std::vector<Backend*> backends;
-      for (auto& rk : ranks_) backends.push_back(rk->backend.get());
-      devices_ = make_nccl_group(backends);
+      device_tensor_.resize(size);
+      device_pipeline_.resize(size);
+      for (int s = 0; T > 1 && s < P; ++s) {
+        auto group = make_nccl_group(members(true, s));
+        for (int i = 0; i < T; ++i) device_tensor_[s * T + i] = std::move(group[i]);
+      }
+      for (int t = 0; P > 1 && t < T; ++t) {
+        auto group = make_nccl_group(members(false, t));
+        for (int i = 0; i < P; ++i) device_pipeline_[i * T + t] = std::move(group[i]);
+      }
       comm_kind_ = "NCCL";
     } else {
-      local_ = std::make_unique<LocalGroup>(size);
+      for (int s = 0; T > 1 && s < P; ++s) tensor_groups_.push_back(std::make_unique<LocalGroup>(T));
+      for (int t = 0; P > 1 && t < T; ++t) pipeline_groups_.push_back(std::make_unique<LocalGroup>(P));
       comm_kind_ = "in-process group";
     }
     run([&](Rank& rk) {
-      rk.weights =
-          layout.pipelined() ? stage_weights(whole, pipeline_, rk.index) : shard_weights(whole, rk.index, size);
-      Communicator* comm = size == 1 ? nullptr : cuda ? devices_[rk.index].get() : &local_->rank(rk.index);
+      const int s = layout.stage_of(rk.index), t = layout.tensor_rank_of(rk.index);
+      std::shared_ptr<const ModelWeights> w = whole;
+      if (P > 1) w = stage_weights(w, pipeline_, s);
+      if (T > 1) w = shard_weights(w, t, T);
+      rk.weights = std::move(w);
+      ModelComms comms;
+      if (T > 1) comms.tensor = cuda ? device_tensor_[rk.index].get() : &tensor_groups_[s]->rank(t);
+      if (P > 1) comms.pipeline = cuda ? device_pipeline_[rk.index].get() : &pipeline_groups_[t]->rank(s);
       // A pipeline stage before the last computes no logits: one row's buffer is enough.
-      const bool no_logits = layout.pipelined() && rk.index + 1 < size;
-      rk.model = create_model(rk.weights, *rk.backend, max_batch_tokens, no_logits ? 1 : max_logits, comm);
+      rk.model = create_model(rk.weights, *rk.backend, max_batch_tokens,
+                              layout.computes_logits(rk.index) ? max_logits : 1, comms);
     });
   } catch (...) {
     {
@@ -106,14 +126,16 @@ ParallelRanks::~ParallelRanks() {
   }
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
-  devices_.clear();
+  device_tensor_.clear();
+  device_pipeline_.clear();
   for (auto& rk : ranks_) rk->backend.reset();
 }
 
 KvCacheSpec ParallelRanks::rank_kv_spec(const KvCacheSpec& whole, int r) const {
   TESSERA_CHECK(r >= 0 && r < size(), "parallel ranks: rank ", r, " of ", size());
-  if (layout_.pipelined()) return whole.layers(pipeline_.first_layer[r], pipeline_.n_layers(r));
-  return whole.kv_heads(plan_.kv_head_first(r, whole.n_kv_heads), plan_.n_head_kv);
+  const int s = layout_.stage_of(r), t = layout_.tensor_rank_of(r);
+  const KvCacheSpec stage = layout_.pipelined() ? whole.layers(pipeline_.first_layer[s], pipeline_.n_layers(s)) : whole;
+  return layout_.tensor > 1 ? stage.kv_heads(plan_.kv_head_first(t, whole.n_kv_heads), plan_.n_head_kv) : stage;
 }
 
 int64_t ParallelRanks::block_bytes(const KvCacheSpec& whole) const {
@@ -124,13 +146,16 @@ int64_t ParallelRanks::block_bytes(const KvCacheSpec& whole) const {
 
 std::string ParallelRanks::describe() const {
   const std::string each = ", each " + ranks_[0]->backend->describe();
-  if (layout_.pipelined())
-    return std::to_string(size()) + " pipeline stages (" + pipeline_.describe() + "; " + comm_kind_ + ")" + each;
-  return std::to_string(size()) + " tensor-parallel ranks (" + comm_kind_ + ")" + each;
+  if (!layout_.pipelined()) return std::to_string(size()) + " tensor-parallel ranks (" + comm_kind_ + ")" + each;
+  const std::string stages =
+      std::to_string(layout_.pipeline) + " pipeline stages (" + pipeline_.describe() + "; " + comm_kind_ + ")";
+  if (layout_.tensor == 1) return stages + each;
+  return stages + " of " + std::to_string(layout_.tensor) + " tensor-parallel ranks" + each;
 }
 
 void ParallelRanks::abort_group(const std::string& why) {
-  if (local_) local_->abort(why);
+  for (auto& g : tensor_groups_) g->abort(why);
+  for (auto& g : pipeline_groups_) g->abort(why);
   // NCCL has no abort here: a rank that fails before a collective leaves the others waiting in
   // it (docs/design/parallel.md). Every rank checks the same batch first, so they fail together.
 }
@@ -146,11 +171,13 @@ void ParallelRanks::run(FunctionRef<void(Rank&)> fn) {
   done_cv_.wait(lock, [&] { return n_done_ == size(); });
   job_ = nullptr;
   if (first_error_.empty()) return;
-  if (local_) local_->reset();  // every rank has left its collectives
+  // Every rank has left its collectives.
+  for (auto& g : tensor_groups_) g->reset();
+  for (auto& g : pipeline_groups_) g->reset();
   // NCCL cannot drop what a failed step left queued: pipeline stages may fail apart (only the
   // last one samples), leaving sends no receive will match, which the next step's receives
   // would take. The group is then refused rather than fed stale activations.
-  if (!local_ && layout_.pipelined()) broken_ = first_error_;
+  if (comm_kind_ == "NCCL" && layout_.pipelined()) broken_ = first_error_;
   const std::string why = first_error_;
   lock.unlock();
   fail(why);
@@ -169,8 +196,14 @@ void ParallelRanks::worker(int r) {
     try {
       (*job)(*ranks_[r]);
     } catch (const std::exception& e) {
-      error = std::string(layout_.pipelined() ? "pipeline stage " : "tensor parallel rank ") + std::to_string(r) +
-              ": " + e.what();
+      const int stage = layout_.stage_of(r), t = layout_.tensor_rank_of(r);
+      if (!layout_.pipelined())
+        error = "tensor parallel rank " + std::to_string(t);
+      else if (layout_.tensor == 1)
+        error = "pipeline stage " + std::to_string(stage);
+      else
+        error = "pipeline stage " + std::to_string(stage) + ", tensor parallel rank " + std::to_string(t);
+      error += std::string(": ") + e.what();
     }
     lock.lock();
     if (!error.empty() && first_error_.empty()) {

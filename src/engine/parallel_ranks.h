@@ -1,10 +1,11 @@
 #pragma once
 // The ranks of an in-process parallel group (docs/design/parallel.md, "Engine"): N workers,
-// each a thread that owns one rank's backend, weights, model and KV cache, joined by a
-// communicator: the in-process LocalGroup on the CPU (each rank a CpuBackend with its share of
+// each a thread that owns one rank's backend, weights, model and KV cache, joined by
+// communicators: the in-process LocalGroup on the CPU (each rank a CpuBackend with its share of
 // the threads), NCCL on CUDA (rank r on device cuda:r). Tensor parallelism: each rank a
-// shard of every layer (its heads, its KV heads). Pipeline parallelism: each rank a stage, a
-// range of whole layers (and the KV of those layers). Everything of rank r runs on rank r's
+// shard of every layer (its heads, its KV heads). Pipeline parallelism: each stage a range
+// of whole layers (and the KV of those layers); both: each stage's layers sharded over its
+// tensor ranks (ParallelLayout). Everything of rank r runs on rank r's
 // thread; run() hands the same work to every rank and waits for all of them, as each step of
 // the engine does.
 #include <condition_variable>
@@ -29,15 +30,25 @@ namespace tessera {
 
 class LocalGroup;
 
-// How the model is split: `tensor` ranks sharding every layer, or `pipeline` stages of
-// consecutive layers (both above 1 at once is not built).
+// How the model is split: `pipeline` stages of consecutive layers, each stage `tensor` ranks
+// sharding every one of its layers (Megatron's layout). Rank r is tensor rank r % tensor of
+// stage r / tensor; tensor ranks of a stage meet in its collectives, and tensor rank t of
+// stage s sends its residual stream to tensor rank t of stage s + 1.
 struct ParallelLayout {
   int tensor = 1;
   int pipeline = 1;
   int size() const { return tensor * pipeline; }
   bool pipelined() const { return pipeline > 1; }
-  // "--tensor-parallel-size 2" or "--pipeline-parallel-size 2".
+  int stage_of(int r) const { return r / tensor; }
+  int tensor_rank_of(int r) const { return r % tensor; }
+  // The ranks that compute logits (the last stage's: with tensor parallelism, each its
+  // vocabulary slice, all-gathered), and the one of them that samples.
+  bool computes_logits(int r) const { return stage_of(r) == pipeline - 1; }
+  int sampling_rank() const { return (pipeline - 1) * tensor; }
+  // "--tensor-parallel-size 2", "--pipeline-parallel-size 2", or both.
   std::string flag() const;
+  // "tensor", "pipeline" or "tensor and pipeline" (parallelism).
+  std::string kind() const;
 };
 
 class ParallelRanks {
@@ -96,8 +107,12 @@ class ParallelRanks {
   TensorParallelPlan plan_;  // tensor parallelism
   PipelinePlan pipeline_;    // pipeline parallelism
   std::vector<std::unique_ptr<Rank>> ranks_;
-  std::unique_ptr<LocalGroup> local_;                   // the CPU's group
-  std::vector<std::unique_ptr<Communicator>> devices_;  // NCCL: rank r's
+  // The CPU's groups: each stage's tensor ranks (tensor_groups_[s], of layout.tensor ranks) and
+  // each tensor rank's stages (pipeline_groups_[t], of layout.pipeline); a group of one rank
+  // is not made.
+  std::vector<std::unique_ptr<LocalGroup>> tensor_groups_, pipeline_groups_;
+  // NCCL, the same groups: rank r's communicator in its stage's and in its pipeline's.
+  std::vector<std::unique_ptr<Communicator>> device_tensor_, device_pipeline_;
   std::string comm_kind_;
 
   std::mutex mu_;

@@ -166,9 +166,8 @@ Session::~Session() = default;
 
 void Session::weights_only_error() const {
   if (ranks_)
-    fail("session of '", options_.model, "' runs on ", ranks_->size(), " ",
-         ranks_->layout().pipelined() ? "pipeline stages" : "tensor-parallel ranks",
-         ": it has no single runner (feed() runs every rank)");
+    fail("session of '", options_.model, "' runs on ", ranks_->size(), " parallel ranks (", ranks_->layout().flag(),
+         "): it has no single runner (feed() runs every rank)");
   fail("session of '", options_.model, "' holds its weights only (parallel ranks run them)");
 }
 
@@ -205,20 +204,22 @@ void Session::feed(SequenceBlocks& seq, std::span<const int32_t> tokens, Forward
 
 void Session::forward(float* logits, const Backend::LogitsReadback& plan) {
   if (!ranks_) return runner_->forward(batch_, logits, plan);
-  // Every rank runs the batch (their collectives or messages meet). Tensor parallelism: rank
-  // 0's logits are returned. Pipeline stages: the last one's; the others compute none.
+  // Every rank runs the batch (their collectives or messages meet). The sampling rank's
+  // logits are returned (tensor parallelism: rank 0's; pipeline stages: the last stage's);
+  // the other ranks of the last stage compute theirs (their slices join in the all-gather),
+  // the stages before compute none.
+  const ParallelLayout& layout = ranks_->layout();
   const size_t n = batch_.logits_rows.size() * static_cast<size_t>(config().n_vocab);
-  const bool pipelined = ranks_->layout().pipelined();
-  const int sampling_rank = pipelined ? ranks_->size() - 1 : 0;
   ForwardBatch no_logits;
-  if (pipelined) {
+  if (layout.pipelined()) {
     no_logits = batch_;
     no_logits.logits_rows.clear();
   }
   ranks_->run([&](ParallelRanks::Rank& r) {
-    if (r.index == sampling_rank) return r.runner->forward(batch_, logits, plan);
-    std::vector<float> dropped(pipelined ? 1 : n);
-    r.runner->forward(pipelined ? no_logits : batch_, dropped.data());
+    if (r.index == layout.sampling_rank()) return r.runner->forward(batch_, logits, plan);
+    const bool computes = layout.computes_logits(r.index);
+    std::vector<float> dropped(computes ? n : 1);
+    r.runner->forward(computes ? batch_ : no_logits, dropped.data());
   });
 }
 

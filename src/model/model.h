@@ -104,11 +104,18 @@ class Model {
   virtual int max_logits_rows() const = 0;
 };
 
+// The groups a rank of a split model talks to, on its backend (docs/design/parallel.md).
+struct ModelComms {
+  Communicator* tensor = nullptr;    // a tensor-parallel shard's (weights->shard.size > 1): its stage's ranks
+  Communicator* pipeline = nullptr;  // a pipeline stage's (weights->stage.size > 1): one rank a stage
+};
+
 // Builds the runner for the weights' architecture on the backend; activations are sized for
 // max_batch_tokens tokens and max_logits logits rows per forward. A tensor-parallel shard
-// (weights->shard.size > 1, model/tp/shard.h) needs `comm`, the group's communicator of this
-// rank on this backend; the model then returns the whole vocabulary's logits on every rank.
+// (model/tp/shard.h) needs comms.tensor and then returns the whole vocabulary's logits on
+// every rank; a pipeline stage (model/pp/stage.h) needs comms.pipeline; a stage may be
+// sharded too (both).
 std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
-                                    int max_logits, Communicator* comm = nullptr);
+                                    int max_logits, ModelComms comms = {});
 
 }  // namespace tessera

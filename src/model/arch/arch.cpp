@@ -80,12 +80,13 @@ RopeConfig layer_rope_config(const ModelWeights& w, int il) {
 }
 
 std::unique_ptr<Model> create_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_batch_tokens,
-                                    int max_logits, Communicator* comm) {
+                                    int max_logits, ModelComms comms) {
   const std::string& arch = weights->config.arch;
   if (arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" ||
       arch == "phi3")
-    return make_llama_model(std::move(weights), backend, max_batch_tokens, max_logits, comm);
+    return make_llama_model(std::move(weights), backend, max_batch_tokens, max_logits, comms);
   TESSERA_CHECK(weights->shard.size == 1, arch, ": tensor parallelism is built for the Llama family only");
+  TESSERA_CHECK(weights->stage.size == 1, arch, ": pipeline parallelism is built for the Llama family only");
   if (arch == "gemma3") return make_gemma3_model(std::move(weights), backend, max_batch_tokens, max_logits);
   fail("no model runner for architecture '", arch, "'");
 }

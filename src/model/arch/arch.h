@@ -62,9 +62,9 @@ RopeConfig rope_config_for(const ModelConfig& c, float freq_base, const float* f
 // layers: their own base, unscaled); for measuring keys before RoPE (calibrate-kv).
 RopeConfig layer_rope_config(const ModelWeights& w, int il);
 
-// comm: the tensor-parallel group of a shard (weights->shard.size > 1), else null.
+// comms: a shard's tensor-parallel group, a stage's pipeline group (create_model).
 std::unique_ptr<Model> make_llama_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens,
-                                        int max_logits, Communicator* comm);
+                                        int max_logits, ModelComms comms);
 std::unique_ptr<Model> make_gemma3_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens,
                                          int max_logits);
 

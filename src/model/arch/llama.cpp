@@ -20,19 +20,18 @@ namespace {
 class LlamaModel final : public Model {
  public:
   LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens, int max_logits,
-             Communicator* comm)
+             ModelComms comms)
       : w_(make_resident(std::move(weights), backend)),
         be_(backend),
         a_(backend, w_->config, max_tokens, max_logits),
-        tp_(backend, *w_, w_->stage.size > 1 ? nullptr : comm, max_logits),
-        stages_(w_->stage.size > 1 ? comm : nullptr),
+        tp_(backend, *w_, comms.tensor, max_logits),
+        stages_(w_->stage.size > 1 ? comms.pipeline : nullptr),
         c_(w_->config),
         max_tokens_(max_tokens),
         max_logits_(max_logits) {
     rope_ = rope_config_for(c_, c_.rope_freq_base, w_->rope_freq_factors, /*with_scaling=*/true);
     const PipelineStage& st = w_->stage;
     if (st.size > 1) {
-      TESSERA_CHECK(w_->shard.size == 1, c_.arch, ": a pipeline stage of a tensor-parallel shard is not built");
       TESSERA_CHECK(stages_ && stages_->size() == st.size && stages_->rank() == st.index, c_.arch, ": pipeline stage ",
                     st.index, " of ", st.size, " needs the pipeline's communicator");
     }
@@ -142,8 +141,8 @@ class LlamaModel final : public Model {
 }  // namespace
 
 std::unique_ptr<Model> make_llama_model(std::shared_ptr<const ModelWeights> weights, Backend& backend, int max_tokens,
-                                        int max_logits, Communicator* comm) {
-  return std::make_unique<LlamaModel>(std::move(weights), backend, max_tokens, max_logits, comm);
+                                        int max_logits, ModelComms comms) {
+  return std::make_unique<LlamaModel>(std::move(weights), backend, max_tokens, max_logits, comms);
 }
 
 }  // namespace tessera

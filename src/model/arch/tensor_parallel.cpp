@@ -18,10 +18,12 @@ TensorParallelOps::TensorParallelOps(Backend& be, const ModelWeights& w, Communi
                 " needs the group's communicator");
   TESSERA_CHECK(comm->size() == s.size && comm->rank() == s.rank, w.config.arch, ": the weights are rank ", s.rank,
                 " of ", s.size, ", the communicator is rank ", comm->rank(), " of ", comm->size());
-  TESSERA_CHECK(w.output.rows * s.size == w.config.n_vocab && w.tok_embd.rows == w.output.rows, w.config.arch,
-                ": vocabulary slices of ", w.tok_embd.rows, " and ", w.output.rows, " rows at tensor-parallel size ",
-                s.size, " for a vocabulary of ", w.config.n_vocab);
+  // Pipeline stages of a shard: the first holds the embedding, the last the head.
+  for (const WeightMatrix* m : {&w.tok_embd, &w.output})
+    TESSERA_CHECK(!m->data || m->rows * s.size == w.config.n_vocab, w.config.arch, ": a vocabulary slice of ", m->rows,
+                  " rows at tensor-parallel size ", s.size, " for a vocabulary of ", w.config.n_vocab);
   comm_ = comm;
+  if (!w.output.data) return;
   const int64_t slice = w.output.rows;
   part_ = bufs_.floats(static_cast<int64_t>(max_logits) * slice);
   gathered_ = bufs_.floats(static_cast<int64_t>(max_logits) * slice * s.size);

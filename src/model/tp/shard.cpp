@@ -45,6 +45,7 @@ std::shared_ptr<ModelWeights> shard_weights(std::shared_ptr<const ModelWeights> 
   auto w = std::make_shared<ModelWeights>();
   w->owners.push_back(whole);  // the row views point into whole's buffers
   w->config = c;
+  w->stage = whole->stage;  // a pipeline stage's layers may be sharded too
   w->config.n_head = p.n_head;
   w->config.n_head_kv = p.n_head_kv;
   w->config.n_ff = static_cast<int>(p.n_ff);
@@ -57,12 +58,15 @@ std::shared_ptr<ModelWeights> shard_weights(std::shared_ptr<const ModelWeights> 
   const int64_t ff0 = w->shard.ff_first;
   auto bytes = [](const WeightMatrix& m) { return m.data ? m.bytes() : 0; };
 
-  w->tok_embd = slice_rows(whole->tok_embd, w->shard.vocab_first, p.n_vocab, *w, "token embedding");
-  w->output =
-      c.tied_embeddings ? w->tok_embd : slice_rows(whole->output, w->shard.vocab_first, p.n_vocab, *w, "output");
+  // A pipeline stage holds the embedding (the first) or the head (the last) or neither; a
+  // last stage of a tied model holds the head as a view of the embedding rows.
+  const bool embd = whole->tok_embd.data != nullptr, out = whole->output.data != nullptr;
+  const bool shared = c.tied_embeddings && embd && out;
+  if (embd) w->tok_embd = slice_rows(whole->tok_embd, w->shard.vocab_first, p.n_vocab, *w, "token embedding");
+  if (out) w->output = shared ? w->tok_embd : slice_rows(whole->output, w->shard.vocab_first, p.n_vocab, *w, "output");
   w->output_norm = whole->output_norm;
   w->rope_freq_factors = whole->rope_freq_factors;
-  int64_t total = bytes(w->tok_embd) + (c.tied_embeddings ? 0 : bytes(w->output));
+  int64_t total = bytes(w->tok_embd) + (shared ? 0 : bytes(w->output));
   w->layers.resize(whole->layers.size());
   for (size_t i = 0; i < whole->layers.size(); ++i) {
     const LayerWeights& h = whole->layers[i];

@@ -75,9 +75,34 @@ TEST(BenchKvPlan, APipelineStageHoldsItsLayersAndTheirShareOfTheWeights) {
       << text;
   o.pipeline_parallel_size = 33;
   EXPECT_THROW(kv_plan(m, o), Error);
-  o.pipeline_parallel_size = 2;
+}
+
+TEST(BenchKvPlan, WithBothTheLargestRankHoldsItsHeadsOfTheFirstStagesLayers) {
+  // Llama-3.1-8B at TP 2 x PP 3: 11 | 11 | 10 layers, 4 of the 8 KV heads a rank; its weights
+  // half of the largest stage's share.
+  const KvModelInfo m = load_kv_model_info("dummy:llama-3.1-8b");
+  KvPlanOptions o;
+  o.memory_bytes = int64_t{80} << 30;
+  o.ctx = {8192};
+  o.formats = {"f16"};
   o.tensor_parallel_size = 2;
-  EXPECT_THROW(kv_plan(m, o), Error);
+  o.pipeline_parallel_size = 3;
+  const KvPlanRow row = kv_plan(m, o).at(0);
+  EXPECT_EQ(row.bytes_per_token, 131072.0 * 11 / 32 / 2);
+  EXPECT_EQ(row.kv_budget_bytes, (int64_t{80} << 30) - m.weight_bytes / 2 * 11 / 32);
+  const std::string text = format_kv_plan(m, o, {row});
+  EXPECT_NE(text.find("per rank of 6 (2 tensor-parallel ranks in each of 3 pipeline stages), the largest holding 4 of "
+                      "the 8 KV heads of 11 of the 32 layers"),
+            std::string::npos)
+      << text;
+  o.tensor_parallel_size = 3;  // 32 heads do not split over 3
+  try {
+    kv_plan(m, o);
+    ADD_FAILURE() << "TP 3 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--tensor-parallel-size 3 --pipeline-parallel-size 3"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(BenchKvPlan, Llama31_8B_Is128KiBPerTokenInF16) {

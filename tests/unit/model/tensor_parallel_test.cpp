@@ -48,7 +48,7 @@ Run run(const std::shared_ptr<const ModelWeights>& whole, int tp, int n_decode) 
   auto rank_main = [&](int r) {
     CpuBackend be(1);
     std::shared_ptr<const ModelWeights> w = shard_weights(whole, r, tp);
-    auto model = create_model(w, be, 32, 4, tp > 1 ? &group.rank(r) : nullptr);
+    auto model = create_model(w, be, 32, 4, {.tensor = tp > 1 ? &group.rank(r) : nullptr});
     // This rank's KV heads only.
     KvCache kv(be, KvCacheSpec::plain(c.n_layer, w->config.n_head_kv, c.head_dim, bs, n_blocks, DType::F32));
     BlockPool pool(n_blocks);
@@ -233,6 +233,6 @@ TEST(TensorParallel, AShardNeedsItsGroupsCommunicator) {
   CpuBackend be(1);
   EXPECT_THROW(create_model(shard, be, 8, 2), Error);  // no communicator
   LocalGroup g(2);
-  EXPECT_THROW(create_model(shard, be, 8, 2, &g.rank(0)), Error);  // rank 1's weights, rank 0's communicator
-  EXPECT_THROW(create_model(whole, be, 8, 2, &g.rank(0)), Error);  // whole weights in a group of 2
+  EXPECT_THROW(create_model(shard, be, 8, 2, {.tensor = &g.rank(0)}), Error);  // rank 1's weights, rank 0's communicator
+  EXPECT_THROW(create_model(whole, be, 8, 2, {.tensor = &g.rank(0)}), Error);  // whole weights in a group of 2
 }
