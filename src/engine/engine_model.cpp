@@ -44,8 +44,8 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   if (n_ranks > 1) {
     TESSERA_CHECK(!o.speculative.enabled() || !o.speculative.uses_model(),
                   "--speculative-config: ", describe_speculative_config(o.speculative),
-                  " drafts with a model, which is not supported with ", layout.kind(),
-                  " parallelism (", layout.flag(), "); the ngram method is");
+                  " drafts with a model, which is not supported with ", layout.kind(), " parallelism (", layout.flag(),
+                  "); the ngram method is");
     o.session.weights_only = true;  // the ranks run shards or stages of the weights on backends of their own
   }
   session_ = std::make_unique<Session>(o.session);

@@ -45,8 +45,8 @@ void ParallelExecutor::swap(std::span<const BlockSwap> swaps, bool out) {
 }
 
 std::string ParallelExecutor::kv_transfer_refusal() const {
-  return std::string("KV transfer between engines is not supported with ") + ranks_.layout().kind() +
-         " parallelism (" + ranks_.layout().flag() + ")";
+  return std::string("KV transfer between engines is not supported with ") + ranks_.layout().kind() + " parallelism (" +
+         ranks_.layout().flag() + ")";
 }
 
 }  // namespace tessera

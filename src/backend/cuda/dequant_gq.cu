@@ -63,8 +63,7 @@ __global__ void dequant_gq_bf16_kernel(const uint8_t* __restrict__ buf, GroupQua
 
 }  // namespace
 
-void launch_dequant_gq_bf16(const WeightMatrix& w, int64_t row_begin, int64_t n_rows, uint16_t* out,
-                            cudaStream_t s) {
+void launch_dequant_gq_bf16(const WeightMatrix& w, int64_t row_begin, int64_t n_rows, uint16_t* out, cudaStream_t s) {
   const GroupQuantLayout l = w.gq_layout();
   TESSERA_CHECK(row_begin >= 0 && n_rows > 0 && row_begin + n_rows <= l.rows, "cuda dequant: rows [", row_begin, ", ",
                 row_begin + n_rows, ") of a ", l.rows, "-row matrix");

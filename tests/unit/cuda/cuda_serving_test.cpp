@@ -178,7 +178,7 @@ ModelEngineOptions engine_options(const std::string& device, SpecMethod speculat
   ModelEngineOptions o;
   o.speculative.method = speculative;
   o.speculative.num_speculative_tokens = 4;
-  o.speculative.adaptive = false;  // fixed k
+  o.speculative.adaptive = false;          // fixed k
   if (speculative == SpecMethod::Ngram) {  // n-gram trees (several candidates in one forward)
     o.speculative.prompt_lookup_min = 1;
     o.speculative.prompt_lookup_candidates = 3;

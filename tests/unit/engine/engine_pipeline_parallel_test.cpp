@@ -325,7 +325,8 @@ TEST(PipelineParallelSession, FeedRunsEveryStageAndReturnsTheLastOnesLogits) {
     Session s(so);
     EXPECT_EQ(s.kv().spec().n_layers, pp == 1 ? 4 : 2);
     if (pp > 1) {
-      EXPECT_NE(error_of([&] { s.runner(); }).find("runs on 2 parallel ranks (--pipeline-parallel-size 2)"), std::string::npos);
+      EXPECT_NE(error_of([&] { s.runner(); }).find("runs on 2 parallel ranks (--pipeline-parallel-size 2)"),
+                std::string::npos);
     }
     SequenceBlocks seq;
     std::vector<float> logits;

@@ -172,7 +172,7 @@ TEST(ParallelRanksTpPp, ShardsOfStagesAndAFailingRankNamedByBoth) {
     });
   });
   EXPECT_NE(why.find("pipeline stage 0, tensor parallel rank 1: injected failure"), std::string::npos) << why;
-  ranks.run(step);  // the group recovers
+  ranks.run(step);                  // the group recovers
   EXPECT_EQ(logits[2], logits[3]);  // the last stage's ranks see the same whole logits
   EXPECT_TRUE(std::isfinite(logits[2][0]));
 }
@@ -211,8 +211,9 @@ TEST(TpPpSession, FeedReturnsOneRanksLogitsWithinRounding) {
 
 TEST(TpPpRefusals, WhatTheLayoutCannotSplitIsNamed) {
   // 4 layers, 4 heads: 3 stages of 2 ranks are fine, 2 ranks of 3 are not.
-  EXPECT_NE(error_of([] { ModelEngine e(options(3, 96, 2)); })
-                .find("--tensor-parallel-size 3 --pipeline-parallel-size 2 with dummy:qwen3-tiny:f32"),
+  EXPECT_NE(error_of([] {
+              ModelEngine e(options(3, 96, 2));
+            }).find("--tensor-parallel-size 3 --pipeline-parallel-size 2 with dummy:qwen3-tiny:f32"),
             std::string::npos);
   ModelEngineOptions draft = options(2, 96, 2);
   draft.speculative.method = SpecMethod::EarlyExit;

@@ -233,6 +233,7 @@ TEST(TensorParallel, AShardNeedsItsGroupsCommunicator) {
   CpuBackend be(1);
   EXPECT_THROW(create_model(shard, be, 8, 2), Error);  // no communicator
   LocalGroup g(2);
-  EXPECT_THROW(create_model(shard, be, 8, 2, {.tensor = &g.rank(0)}), Error);  // rank 1's weights, rank 0's communicator
+  EXPECT_THROW(create_model(shard, be, 8, 2, {.tensor = &g.rank(0)}),
+               Error);  // rank 1's weights, rank 0's communicator
   EXPECT_THROW(create_model(whole, be, 8, 2, {.tensor = &g.rank(0)}), Error);  // whole weights in a group of 2
 }
