@@ -44,15 +44,6 @@ class EnginePipelineParallel : public TwoEngines {
   static void SetUpTestSuite() { make(pp_options(1), pp_options(2)); }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
 }  // namespace
 
 TEST(PipelinePlan, LayersSplitEvenlyWithTheExtraOnesFirst) {

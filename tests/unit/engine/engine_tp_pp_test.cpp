@@ -35,15 +35,6 @@ class EngineTpPp : public TwoEngines {
   static void SetUpTestSuite() { make(options(1), options(2, 96, 2)); }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
 }  // namespace
 
 TEST(ParallelLayout, RanksAreTensorRanksWithinStages) {

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/engine.h"
 #include "engine/engine_model.h"
 #include "engine_run_harness.h"
@@ -27,6 +28,16 @@ inline ModelEngineOptions options(int tp, int n_blocks = 96, int pp = 1) {
   o.tensor_parallel_size = tp;
   o.pipeline_parallel_size = pp;
   return o;
+}
+
+// What f throws (a tessera::Error's message), or "(accepted)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(accepted)";
 }
 
 inline std::vector<int32_t> prompt(int n, uint32_t seed) {
