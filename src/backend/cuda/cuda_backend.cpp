@@ -145,7 +145,6 @@ CudaBackend::CudaBackend(int device, bool graphs) : device_(device) {
   cudaDeviceProp prop{};
   TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   sm_count_ = prop.multiProcessorCount;
-  l2_bytes_ = prop.l2CacheSize;
   std::ostringstream os;
   os << "cuda:" << device_ << " (" << prop.name << ", " << prop.multiProcessorCount << " SMs, "
      << prop.totalGlobalMem / (1u << 30) << " GiB, cc " << prop.major << "." << prop.minor << ")";
@@ -501,8 +500,17 @@ void CudaBackend::gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, co
         TESSERA_CHECK(x, "cuda gemm: f32 weights need f32 activations");
         gemm_->run(CUDA_R_32F, w.data, cols, x, ldx, t.y, t.ldy, w.rows, n_rows, cols, stream_);
         break;
-      default:  // quantized: decoded to bf16 (in L2-sized slabs where that pays) + cuBLASLt
-        dequant_gemm(t, n_rows, cols, act(true));
+      default: {
+        auto* wb = static_cast<uint16_t*>(scratch(wdeq_, wdeq_cap_, static_cast<size_t>(w.rows) * cols * 2));
+        if (is_group_quant(w.dtype)) {
+          cuda::launch_dequant_gq_bf16(w, wb, stream_);
+          gemm_->run(CUDA_R_16BF, wb, cols, act(true), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
+          break;
+        }
+        TESSERA_CHECK(cuda::launch_dequant_bf16(w.dtype, w.data, w.rows, cols, wb, stream_),
+                      "cuda matmul: weight type ", dtype_name(w.dtype), " is not supported");
+        gemm_->run(CUDA_R_16BF, wb, cols, act(true), cols, t.y, t.ldy, w.rows, n_rows, cols, stream_);
+      }
     }
   }
 }

@@ -115,11 +115,6 @@ class CudaBackend final : public Backend {
   cuda::Q8Rows q8_input(int n_rows, int64_t cols, int slot = 0);
   void gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, const MatmulTarget* runs, int n_runs,
             const uint16_t* pre16, bool pre_bf16);
-  // Quantized weights past the skinny kernels: decoded to bf16 a slab of rows at a time into
-  // wdeq_, each slab multiplied by cuBLASLt (cuda_dequant_gemm.cpp). x_bf16: [n_rows, cols].
-  void dequant_gemm(const MatmulTarget& t, int n_rows, int64_t cols, const uint16_t* x_bf16);
-  // The slab's rows for an n_rows-row product with a rows × cols matrix (all rows: one slab).
-  int64_t dequant_slab_rows(int n_rows, int64_t rows, int64_t cols) const;
   // A device scratch buffer of at least `bytes` (grown, never shrunk).
   void* scratch(void*& buf, size_t& cap, size_t bytes);
   const double* rope_inv_freq_table(const RopeConfig& cfg);
@@ -150,7 +145,6 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int sm_count_ = 0;
-  int64_t l2_bytes_ = 0;
   std::string describe_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::GemmLt> gemm_;

@@ -13,18 +13,17 @@ namespace {
 // group's scale and zero read once (32 columns never straddle a group: groups are multiples
 // of 32 columns, or the whole row), and without a permutation four 16-byte stores of 8 bf16.
 // With one, each value goes to its input column.
-// Rows [row_begin, row_begin + n_rows) of the matrix, out's row i = matrix row row_begin + i.
 template <int kBits, bool kPerm>
-__global__ void dequant_gq_bf16_kernel(const uint8_t* __restrict__ buf, GroupQuantLayout l, int64_t row_begin,
-                                       int64_t n_rows, uint16_t* __restrict__ out) {
+__global__ void dequant_gq_bf16_kernel(const uint8_t* __restrict__ buf, GroupQuantLayout l,
+                                       uint16_t* __restrict__ out) {
   const int64_t per_row = l.cols_padded / 32;
-  const int64_t n_items = n_rows * per_row;
+  const int64_t n_items = l.rows * per_row;
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(buf + l.off_scales);
   const uint8_t* zeros = l.has_zeros ? buf + l.off_zeros : nullptr;
   const int32_t* perm = reinterpret_cast<const int32_t*>(buf + l.off_perm);
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < n_items;
        item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = row_begin + item / per_row, j0 = (item % per_row) * 32;
+    const int64_t r = item / per_row, j0 = (item % per_row) * 32;
     const int64_t g = j0 / l.group_size;
     const float s = half_bits_to_f32(scales[g * l.rows + r]);
     const float z = static_cast<float>(zeros ? zeros[g * l.rows + r] : (1 << (kBits - 1)));
@@ -45,7 +44,7 @@ __global__ void dequant_gq_bf16_kernel(const uint8_t* __restrict__ buf, GroupQua
       const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn((static_cast<float>(q) - z) * s));
       v[i / 2] = i % 2 ? (v[i / 2] | h << 16) : h;
     }
-    uint16_t* row = out + (r - row_begin) * l.cols;
+    uint16_t* row = out + r * l.cols;
     if (!kPerm && j0 + 32 <= l.cols) {
       uint4* dst = reinterpret_cast<uint4*>(row + j0);
 #pragma unroll
@@ -63,10 +62,8 @@ __global__ void dequant_gq_bf16_kernel(const uint8_t* __restrict__ buf, GroupQua
 
 }  // namespace
 
-void launch_dequant_gq_bf16(const WeightMatrix& w, int64_t row_begin, int64_t n_rows, uint16_t* out, cudaStream_t s) {
+void launch_dequant_gq_bf16(const WeightMatrix& w, uint16_t* out, cudaStream_t s) {
   const GroupQuantLayout l = w.gq_layout();
-  TESSERA_CHECK(row_begin >= 0 && n_rows > 0 && row_begin + n_rows <= l.rows, "cuda dequant: rows [", row_begin, ", ",
-                row_begin + n_rows, ") of a ", l.rows, "-row matrix");
   const char* why = l.valid_reason();
   TESSERA_CHECK(is_group_quant(w.dtype) && !why, "cuda dequant: not a valid group-quantized weight (",
                 why ? why : dtype_name(w.dtype), ")");
@@ -74,12 +71,12 @@ void launch_dequant_gq_bf16(const WeightMatrix& w, int64_t row_begin, int64_t n_
   TESSERA_CHECK(l.cols % 8 == 0, "cuda dequant: width ", l.cols, " is not a multiple of 8");
   TESSERA_CHECK(reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
                 "cuda dequant: buffers not 16-byte aligned");
-  const int64_t n_items = n_rows * (l.cols_padded / 32);
+  const int64_t n_items = l.rows * (l.cols_padded / 32);
   const unsigned grid = std::min<unsigned>(blocks_for(n_items, 256), 132u * 16u);
   const auto* buf = static_cast<const uint8_t*>(w.data);
   auto kernel = l.bits == 8 ? (l.has_perm ? dequant_gq_bf16_kernel<8, true> : dequant_gq_bf16_kernel<8, false>)
                             : (l.has_perm ? dequant_gq_bf16_kernel<4, true> : dequant_gq_bf16_kernel<4, false>);
-  kernel<<<grid, 256, 0, s>>>(buf, l, row_begin, n_rows, out);
+  kernel<<<grid, 256, 0, s>>>(buf, l, out);
   TESSERA_CUDA_CHECK_LAUNCH("dequant_gq_bf16");
 }
 

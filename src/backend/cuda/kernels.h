@@ -148,10 +148,9 @@ bool gemv_bulk_applies(DType t, int64_t cols, const GemvInput& in);
 // out[r, :] = W[r, :] as bf16 (round to nearest even), for the tensor-core path at large
 // batch. False when the type has no decoder.
 bool launch_dequant_bf16(DType t, const void* w, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t s);
-// Rows [row_begin, row_begin + n_rows) of group-quantized weights (W4G/W8G) as bf16, dense
-// [n_rows, cols] in input-column order (the act-order permutation undone): their tensor-core
-// path past the skinny kernels' rows (dequant_gq.cu).
-void launch_dequant_gq_bf16(const WeightMatrix& w, int64_t row_begin, int64_t n_rows, uint16_t* out, cudaStream_t s);
+// Group-quantized weights (W4G/W8G) as bf16, dense [rows, cols] in input-column order (the
+// act-order permutation undone): their tensor-core path past kGemvMaxRows rows (dequant_gq.cu).
+void launch_dequant_gq_bf16(const WeightMatrix& w, uint16_t* out, cudaStream_t s);
 // FP8W weights (E4M3 codes, f32 scale per row) at decode sizes (gemv_fp8.cu), any width:
 // y_i[t * ldy_i + r] = scale_i[r] * sum_k x[t, k] * e4m3(W_i[r, k]) for t < n_rows (<= kGemvMaxRows),
 // f32 arithmetic; targets share the width. Weight buffers 16-byte aligned.

@@ -183,7 +183,9 @@ ModelEngineOptions engine_options(const std::string& device, SpecMethod speculat
     o.speculative.prompt_lookup_min = 1;
     o.speculative.prompt_lookup_candidates = 3;
   }
-  if (speculative == SpecMethod::EarlyExit) o.speculative.draft_layers = 10;
+  // The dummy's random layers each move the argmax: only a draft through all but the last
+  // layer agrees with the target often (56 % of its drafts on the CPU), so drafts get accepted.
+  if (speculative == SpecMethod::EarlyExit) o.speculative.draft_layers = 29;
   o.session.model = "dummy:smollm2-135m:f32";
   o.session.backend.device = device;
   o.session.backend.threads = 2;

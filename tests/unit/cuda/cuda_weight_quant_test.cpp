@@ -18,7 +18,6 @@
 #include "engine/model_runner.h"
 #include "model/model.h"
 #include "quant/group_quant.h"
-#include "quant/quant.h"
 
 using namespace tessera;
 using namespace tessera::cudatest;
@@ -371,61 +370,6 @@ TEST(CudaWeightQuant, MatmulMatchesFloat64AtDecodeAndPrefillRows) {
       for (int i = 0; i < n; ++i)
         for (int64_t r = c.rows; r < ldy; ++r) EXPECT_TRUE(std::isnan(y[i * ldy + r]));
     }
-  }
-}
-
-// Past the skinny kernels, quantized matrices bigger than a quarter of the L2 as bf16 are
-// decoded and multiplied a slab of rows at a time (cuda_dequant_gemm.cpp): 2,600 rows of 8,192
-// columns are three slabs or more on any L2 up to 64 MB, the last one partial. W4G with
-// act-order, W8G with zero points, and a GGUF block format (Q4_K, rows decoded through
-// launch_dequant_bf16 from a row offset), against float64; nothing past each output row written.
-TEST(CudaWeightQuant, LargeMatricesPastTheSkinnyRowsDecodeInSlabs) {
-  TESSERA_REQUIRE_CUDA();
-  auto gpu = make_cuda();
-  std::mt19937 rng(43);
-  constexpr int64_t kRows = 2600, kCols = 8192;
-  auto check = [&](const WeightMatrix& host, const std::vector<float>& decoded, size_t bytes, int n,
-                   const std::string& what) {
-    auto dev = gpu->upload(host.data, bytes);
-    WeightMatrix wm = host;
-    wm.data = dev.get();
-    const int64_t ldx = kCols + 3, ldy = kRows + 5;
-    auto x = randn(n * ldx, rng);
-    DeviceVec<float> dx(*gpu, x);
-    DeviceVec<float> dy(*gpu, std::vector<float>(n * ldy, NAN));
-    const MatmulTarget tg{wm, dy.get(), ldy};
-    gpu->matmul(dx.get(), n, ldx, std::span(&tg, 1));
-    const auto y = dy.read();
-    std::vector<double> ref;
-    std::vector<float> got;
-    for (int i = 0; i < n; ++i)
-      for (int64_t r = 0; r < kRows; ++r) {
-        double acc = 0;
-        for (int64_t k = 0; k < kCols; ++k) acc += double(x[i * ldx + k]) * decoded[r * kCols + k];
-        ref.push_back(acc);
-        got.push_back(y[i * ldy + r]);
-        for (int64_t g = kRows; r == kRows - 1 && g < ldy; ++g) EXPECT_TRUE(std::isnan(y[i * ldy + g])) << what;
-      }
-    EXPECT_LT(rel_err(got, ref), 1e-2) << what;  // activations and weights rounded to bf16
-  };
-  {
-    GqWeight w = make_gq(4, kRows, kCols, 128, false, true, rng);
-    check(w.host, w.decoded, static_cast<size_t>(w.host.bytes()), 40, "W4G g128 act-order");
-  }
-  {
-    GqWeight w = make_gq(8, kRows, kCols, 64, true, false, rng);
-    check(w.host, w.decoded, static_cast<size_t>(w.host.bytes()), 33, "W8G g64 zero points");
-  }
-  {
-    const int64_t rb = dtype_row_bytes(DType::Q4_K, kCols);
-    std::vector<uint8_t> bytes(kRows * rb);
-    std::vector<float> decoded(kRows * kCols);
-    const auto vals = randn(kRows * kCols, rng, 0.5f);
-    for (int64_t r = 0; r < kRows; ++r) {
-      quantize_row(DType::Q4_K, vals.data() + r * kCols, bytes.data() + r * rb, kCols);
-      dequantize_row(DType::Q4_K, bytes.data() + r * rb, decoded.data() + r * kCols, kCols);
-    }
-    check(WeightMatrix{bytes.data(), DType::Q4_K, kRows, kCols}, decoded, bytes.size(), 12, "Q4_K");
   }
 }
 
