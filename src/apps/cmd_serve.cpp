@@ -61,6 +61,7 @@ struct ServeArgs {
   int kv_transfer_threads = 4;
   std::vector<std::string> prefill_urls, decode_urls;  // router
   double router_timeout_s = 600;
+  std::string router_policy;  // "": not given (load)
 };
 
 // Blocks SIGINT and SIGTERM before any thread exists, so every thread inherits the mask and
@@ -87,6 +88,7 @@ void serve_router(const ServeArgs& a, const sigset_t& signals) {
   ro.prefill_urls = a.prefill_urls;
   ro.decode_urls = a.decode_urls;
   ro.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.router_timeout_s * 1000));
+  ro.policy = a.router_policy.empty() ? router::RouterPolicy::Load : router::router_policy_from_name(a.router_policy);
   router::Router router(ro);
   http::ServerOptions so;
   so.host = a.host;
@@ -95,8 +97,9 @@ void serve_router(const ServeArgs& a, const sigset_t& signals) {
   so.max_body_bytes = a.max_request_body;
   http::HttpServer server(so, router.handler());
   server.start();
-  std::printf("tessera: router listening on http://%s:%u (prefill workers: %zu, decode workers: %zu)\n", a.host.c_str(),
-              static_cast<unsigned>(server.port()), a.prefill_urls.size(), a.decode_urls.size());
+  std::printf("tessera: router listening on http://%s:%u (prefill workers: %zu, decode workers: %zu, policy: %s)\n",
+              a.host.c_str(), static_cast<unsigned>(server.port()), a.prefill_urls.size(), a.decode_urls.size(),
+              std::string(router::router_policy_name(ro.policy)).c_str());
   std::fflush(stdout);
   const int sig = wait_for_signal(signals);
   std::fprintf(stderr, "tessera: %s: stopping the router\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -141,6 +144,7 @@ void serve(const ServeArgs& a) {
   const bool router_role = a.role == "router";
   TESSERA_CHECK(router_role || (a.prefill_urls.empty() && a.decode_urls.empty()),
                 "--prefill and --decode name the workers of --role router, not of --role ", a.role);
+  TESSERA_CHECK(router_role || a.router_policy.empty(), "--router-policy is for --role router, not --role ", a.role);
   const api::ServeRole role = router_role ? api::ServeRole::Colocated : api::serve_role_from_name(a.role);
   if (role != api::ServeRole::Colocated) {
     TESSERA_CHECK(!a.engine.no_prefix_cache, "--role ", a.role,
@@ -370,6 +374,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--router-timeout", args->router_timeout_s,
                   "router: seconds a worker may go without sending or taking a byte before the call fails")
       ->capture_default_str();
+  cmd->add_option("--router-policy", args->router_policy,
+                  "router: how workers are picked: load (decode: fewest calls in flight; prefill: the worker the "
+                  "prompt's prefix hashes to, unless it is busier than the rest) or round-robin (default: load)")
+      ->check(CLI::IsMember({"load", "round-robin"}));  // router::router_policy_from_name
   cmd->callback([args] { serve(*args); });
 }
 

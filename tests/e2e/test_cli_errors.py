@@ -29,3 +29,15 @@ def test_bench_integer_lists_are_parsed_whole(value):
                   "-d", "8")
     assert out.returncode != 0
     assert "--batches" in out.stderr
+
+
+def test_router_policy_takes_only_its_values():
+    workers = ("--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2")
+    out = run_cli("serve", "--role", "router", *workers, "--router-policy", "least-busy")
+    assert out.returncode != 0
+    assert "--router-policy" in out.stderr and "least-busy" in out.stderr, out.stderr
+    assert "load" in out.stderr and "round-robin" in out.stderr, out.stderr  # the values it takes
+    # A worker has no router policy.
+    out = run_cli("serve", "--model", str(model_path()), "--role", "decode", "--router-policy", "load")
+    assert out.returncode != 0
+    assert "--router-policy is for --role router, not --role decode" in out.stderr, out.stderr

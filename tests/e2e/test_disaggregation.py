@@ -136,6 +136,11 @@ def test_router_outputs_equal_colocated_and_the_decode_worker_pulls(workers, col
                  and value(router, "tessera:router_decodes", "tessera:router_decodes_total",
                            worker=decode.base_url, outcome=outcome) == n,
                  f"the router counted {n} {outcome} prefills and decodes")
+    # --router-policy load (the default): each request's prompt prefix kept its prefill worker,
+    # and every call was counted out of flight.
+    assert value(router, "tessera:router_prefix_affinity", "tessera:router_prefix_affinity_total", outcome="hit") == 4
+    for worker, role in ((prefill.base_url, "prefill"), (decode.base_url, "decode")):
+        assert value(router, "tessera:router_in_flight", worker=worker, role=role) == 0
     models = requests.get(router.url("/v1/models"), headers=AUTH, timeout=10)
     assert models.status_code == 200 and models.json()["data"][0]["id"], models.text
     wait_for(lambda: kv_idle(prefill) and kv_idle(decode), "every KV block free on both workers")
@@ -206,6 +211,7 @@ def test_prefill_worker_killed_requests_prefill_locally(workers, colocated_outpu
     assert value(router, "tessera:router_prefills", "tessera:router_prefills_total", worker=prefill.base_url,
                  outcome="failed") == 1
     assert value(router, "tessera:router_local_prefills") == 1
+    assert value(router, "tessera:router_in_flight", worker=prefill.base_url, role="prefill") == 0
     assert value(decode, "tessera:kv_transfer_fallbacks") == fallbacks  # no handle: not a failed pull
 
 
@@ -219,3 +225,4 @@ def test_decode_worker_killed_is_a_502_naming_it(workers):
     assert decode.base_url in error["message"], error
     assert value(router, "tessera:router_decodes", "tessera:router_decodes_total", worker=decode.base_url,
                  outcome="failed") == 1
+    assert value(router, "tessera:router_in_flight", worker=decode.base_url, role="decode") == 0

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "server/exposition.h"
 #include "server/router/upstream.h"
+#include "server/router/worker_choice.h"
 
 namespace tessera::router {
 
@@ -44,22 +45,35 @@ std::optional<json> prefill_body(const json& body) {
   return out;
 }
 
+enum class Role { Prefill, Decode };
+class InFlight;
+
 }  // namespace
 
-struct Router::Impl {
+struct Router::Impl : std::enable_shared_from_this<Router::Impl> {
   explicit Impl(RouterOptions o) : options(std::move(o)), client(options.client_threads) {
     TESSERA_CHECK(!options.prefill_urls.empty(), "router: give at least one --prefill worker URL");
     TESSERA_CHECK(!options.decode_urls.empty(), "router: give at least one --decode worker URL");
     for (const std::string& u : options.prefill_urls) prefill.push_back(UpstreamUrl::parse(u));
     for (const std::string& u : options.decode_urls) decode.push_back(UpstreamUrl::parse(u));
+    for (const UpstreamUrl& u : prefill) prefill_hashes.push_back(worker_hash(u.text));
+    prefill_in_flight.assign(prefill.size(), 0);
+    decode_in_flight.assign(decode.size(), 0);
     for (const UpstreamUrl& u : prefill)
       for (const char* outcome : {"ok", "refused", "failed"}) prefills[{u.text, outcome}] = 0;
     for (const UpstreamUrl& u : decode)
       for (const char* outcome : {"ok", "failed", "cancelled"}) decodes[{u.text, outcome}] = 0;
   }
 
-  const UpstreamUrl& next_prefill() { return prefill[next_prefill_index++ % prefill.size()]; }
-  const UpstreamUrl& next_decode() { return decode[next_decode_index++ % decode.size()]; }
+  // Each picks a worker (worker_choice.h) and counts a call to it in flight until the returned
+  // InFlight ends (below).
+  std::shared_ptr<InFlight> start_prefill(std::optional<uint64_t> prefix_key);
+  std::shared_ptr<InFlight> start_decode();
+  void end_call(Role role, size_t worker) {
+    std::lock_guard lock(mutex);
+    --(role == Role::Prefill ? prefill_in_flight : decode_in_flight)[worker];
+  }
+
   UpstreamRequest upstream_request(const http::Request& from, std::string path, std::string body) const {
     UpstreamRequest r;
     r.method = from.method == "HEAD" ? "GET" : from.method;
@@ -79,9 +93,12 @@ struct Router::Impl {
 
   RouterOptions options;
   std::vector<UpstreamUrl> prefill, decode;
-  std::atomic<uint64_t> next_prefill_index{0}, next_decode_index{0};
+  std::vector<uint64_t> prefill_hashes;  // worker_hash of each prefill URL
 
-  mutable std::mutex mutex;                                                   // guards the counters below
+  mutable std::mutex mutex;  // guards everything below: a choice reads and bumps the counts at once
+  std::vector<int64_t> prefill_in_flight, decode_in_flight;  // by index in prefill / decode
+  uint64_t prefill_rotation = 0, decode_rotation = 0;        // round-robin, and turns among ties
+  uint64_t affinity_hits = 0, affinity_overloaded = 0;
   std::map<std::pair<std::string, std::string>, uint64_t> prefills, decodes;  // (worker, outcome)
   uint64_t requests = 0, skipped = 0, local_prefills = 0;
 
@@ -90,8 +107,63 @@ struct Router::Impl {
 
 namespace {
 
+// One call counted in flight to a worker, from its choice until end(). The call's on_done ends
+// it; its destructor does too, so a call dropped without on_done (the client stopping) still
+// gives its count back. Holds the router weakly: it lives in the client's handlers.
+class InFlight {
+ public:
+  InFlight(std::weak_ptr<Router::Impl> router, Role role, size_t worker)
+      : router_(std::move(router)), role_(role), worker_(worker) {}
+  ~InFlight() { end(); }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+  size_t worker() const { return worker_; }
+  void end() {
+    if (ended_.exchange(true)) return;
+    if (const std::shared_ptr<Router::Impl> router = router_.lock()) router->end_call(role_, worker_);
+  }
+
+ private:
+  std::weak_ptr<Router::Impl> router_;
+  Role role_;
+  size_t worker_;
+  std::atomic<bool> ended_{false};
+};
+
+}  // namespace
+
+std::shared_ptr<InFlight> Router::Impl::start_prefill(std::optional<uint64_t> prefix_key) {
+  std::lock_guard lock(mutex);
+  size_t worker = 0;
+  if (options.policy == RouterPolicy::RoundRobin) {
+    worker = prefill_rotation++ % prefill.size();
+  } else if (!prefix_key) {  // nothing to be affine to
+    worker = least_loaded(prefill_in_flight, prefill_rotation++);
+  } else {
+    const PrefillChoice choice =
+        choose_prefill_worker(*prefix_key, prefill_hashes, prefill_in_flight, prefill_rotation);
+    if (choice.outcome == AffinityOutcome::Overloaded) ++prefill_rotation;  // only then did it take a turn
+    ++(choice.outcome == AffinityOutcome::Hit ? affinity_hits : affinity_overloaded);
+    worker = choice.worker;
+  }
+  ++prefill_in_flight[worker];
+  return std::make_shared<InFlight>(weak_from_this(), Role::Prefill, worker);
+}
+
+std::shared_ptr<InFlight> Router::Impl::start_decode() {
+  std::lock_guard lock(mutex);
+  const size_t worker = options.policy == RouterPolicy::RoundRobin ? decode_rotation++ % decode.size()
+                                                                   : least_loaded(decode_in_flight, decode_rotation++);
+  ++decode_in_flight[worker];
+  return std::make_shared<InFlight>(weak_from_this(), Role::Decode, worker);
+}
+
+namespace {
+
 // One request through the router. Every member function runs on the exchange's executor
-// (Exchange::post), one at a time; the upstream client's callbacks only post to it.
+// (Exchange::post), one at a time; the upstream client's callbacks only post to it (and, on
+// done, count the call out of flight at once: the count must not wait behind the executor).
 //
 // It holds the router weakly: the calls queued in the router's client hold the request, so a
 // strong reference would keep the router, and the client's thread, alive from that thread.
@@ -120,9 +192,10 @@ class Routed : public std::enable_shared_from_this<Routed> {
         ++router->skipped;
       }
       // The decode worker judges the body (and answers its errors).
-      return to_worker(*router, router->next_decode(), std::string(exchange_->request().body));
+      return to_worker(*router, router->start_decode(), std::string(exchange_->request().body));
     }
-    const UpstreamUrl& worker = router->next_prefill();
+    std::shared_ptr<InFlight> in_flight = router->start_prefill(prompt_prefix_key(body_));
+    const UpstreamUrl& worker = router->prefill[in_flight->worker()];
     auto self = shared_from_this();
     auto answer = std::make_shared<std::string>();
     auto status = std::make_shared<int>(0);
@@ -131,7 +204,8 @@ class Routed : public std::enable_shared_from_this<Routed> {
     h.on_data = [answer](std::string data) {
       if (answer->size() < kMaxPrefillAnswerBytes) *answer += data;
     };
-    h.on_done = [self, name = worker.text, answer, status](std::string error) {
+    h.on_done = [self, name = worker.text, answer, status, in_flight](std::string error) {
+      in_flight->end();
       self->exchange_->post(
           [self, name, answer, status, error] { self->after_prefill(name, *status, *answer, error); });
     };
@@ -142,7 +216,7 @@ class Routed : public std::enable_shared_from_this<Routed> {
   // GET /v1/models and /v1/models/{id}: the decode worker's answer.
   void pass_through() {
     if (const std::shared_ptr<Router::Impl> router = lock_router())
-      to_worker(*router, router->next_decode(), std::string());
+      to_worker(*router, router->start_decode(), std::string());
   }
 
  private:
@@ -173,10 +247,11 @@ class Routed : public std::enable_shared_from_this<Routed> {
       std::lock_guard lock(router->mutex);
       ++router->local_prefills;
     }
-    to_worker(*router, router->next_decode(), decode.dump());
+    to_worker(*router, router->start_decode(), decode.dump());
   }
 
-  void to_worker(Router::Impl& router, const UpstreamUrl& worker, std::string body) {
+  void to_worker(Router::Impl& router, std::shared_ptr<InFlight> in_flight, std::string body) {
+    const UpstreamUrl& worker = router.decode[in_flight->worker()];
     worker_ = worker.text;
     auto self = shared_from_this();
     UpstreamHandlers h;
@@ -186,7 +261,8 @@ class Routed : public std::enable_shared_from_this<Routed> {
     h.on_data = [self](std::string data) {
       self->exchange_->post([self, data = std::move(data)]() mutable { self->on_data(std::move(data)); });
     };
-    h.on_done = [self](std::string error) {
+    h.on_done = [self, in_flight = std::move(in_flight)](std::string error) {
+      in_flight->end();
       self->exchange_->post([self, error = std::move(error)] { self->on_done(error); });
     };
     const http::Request& req = exchange_->request();
@@ -312,6 +388,24 @@ std::string Router::render(const Impl& m) {
   w.sample("tessera:router_workers", "role=\"prefill\"", static_cast<double>(m.prefill.size()));
   w.sample("tessera:router_workers", "role=\"decode\"", static_cast<double>(m.decode.size()));
   w.counter("tessera:router_requests_total", "Generation requests received.", static_cast<double>(m.requests));
+  w.family("tessera:router_in_flight", "gauge",
+           "Calls the router has open to each worker: started and not yet done, failed or cancelled.");
+  const auto in_flight = [&](const std::vector<UpstreamUrl>& workers, const std::vector<int64_t>& counts,
+                             const char* role) {
+    for (size_t i = 0; i < workers.size(); ++i)
+      w.sample("tessera:router_in_flight",
+               "worker=\"" + escape_label_value(workers[i].text) + "\",role=\"" + role + "\"",
+               static_cast<double>(counts[i]));
+  };
+  in_flight(m.prefill, m.prefill_in_flight, "prefill");
+  in_flight(m.decode, m.decode_in_flight, "decode");
+  w.family("tessera:router_prefix_affinity_total", "counter",
+           "Prefill calls of policy load with a prompt prefix: hit (the prefix's worker took it) or overloaded "
+           "(that worker had more than " +
+               std::to_string(kAffinitySlack) + " calls in flight beyond the least loaded, which took it instead).");
+  w.sample("tessera:router_prefix_affinity_total", "outcome=\"hit\"", static_cast<double>(m.affinity_hits));
+  w.sample("tessera:router_prefix_affinity_total", "outcome=\"overloaded\"",
+           static_cast<double>(m.affinity_overloaded));
   const auto by_worker = [&](const char* name, const char* help, const auto& counts) {
     w.family(name, "counter", help);
     for (const auto& [key, n] : counts)

@@ -3,8 +3,10 @@
 // (docs/design/disaggregation.md, "The router"). Each /v1/completions or /v1/chat/completions
 // request goes first to a prefill worker (max_tokens = 1, stream = false, kv_transfer_params
 // {"do_remote_decode": true}), then, with the kv_transfer_params that worker answered, to a
-// decode worker, whose answer (streamed or not) passes through as it comes. Workers are taken
-// round-robin, each list on its own.
+// decode worker, whose answer (streamed or not) passes through as it comes. Which worker of
+// each list takes a call is the policy's choice (worker_choice.h): by default the decode
+// worker with the fewest calls in flight, and the prefill worker the request's prompt prefix
+// hashes to unless it is busier than the rest; or plain round-robin.
 //
 // Failures: a prefill worker that cannot be reached or answers an error leaves the request to
 // the decode worker without a handle (it prefills locally); a decode worker that cannot be
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "server/http/exchange.h"
+#include "server/router/worker_choice.h"
 
 namespace tessera::router {
 
@@ -29,6 +32,7 @@ struct RouterOptions {
   // arrives only at the end of its generation).
   std::chrono::milliseconds idle_timeout{600000};
   int client_threads = 1;
+  RouterPolicy policy = RouterPolicy::Load;  // --router-policy
 };
 
 class Router {
