@@ -458,7 +458,7 @@ void CudaBackend::gemm(const float* x, int n_rows, int64_t ldx, int64_t cols, co
         g[n] = gemv_target(runs[i + n]);
         ++n;
       }
-      cuda::launch_gemv_mma16(w.dtype, x16, n_rows, cols, g, n, sm_count_, stream_);
+      cuda::launch_gemv_mma16(w.dtype, x16, n_rows, cols, g, n, stream_);
       i += n - 1;
       continue;
     }

@@ -8,9 +8,7 @@
 // cuBLASLt's GEMMs at 2–16 rows reached about 64 % (docs/benchmarks/spec-decode.md), and
 // the SIMT multi-row kernel loaded x per element and row from L1.
 //
-// Layout: a block owns 32 weight rows (two m16 tiles; 16, one tile, where 32-row blocks would
-// not give every SM two: the 4,096-row O and down products of an 8B layer were 128 blocks on
-// 132 SMs, at ~68 % of the copy rate) and its 8 warps split the width in
+// Layout: a block owns 16 weight rows (one m16 tile) and its 8 warps split the width in
 // chunks of 64 columns (128 bytes of each row), warp w taking chunks w, w + 8, ... Within a
 // chunk, lane (g = lane / 4, t = lane % 4) loads columns [16t, 16t + 16) of rows g and g + 8
 // of each m16 tile with 16-byte loads, and the same columns of x row g of each n8 tile. A
@@ -33,6 +31,11 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunk = 64;  // columns of one warp step
+// m16 tiles per block. Two (32 weight rows sharing each x fragment) left the 4,096-row O and
+// down products of an 8B layer 128 blocks for 132 SMs' 264 slots and gate|up 3.4 waves: one
+// tile a block took a batch-1 verification of 4 drafts from 1.19-1.20x to 1.14x a decode
+// step on an H100 (docs/benchmarks/spec-decode.md); x is re-read per block from L1/L2.
+constexpr int kMT = 1;
 
 struct Mma16Targets {
   const uint8_t* w[kGemvMaxTargets];    // [rows][row_bytes]
@@ -59,11 +62,10 @@ __device__ __forceinline__ uint4 e4m3_half(const uint4& q, int half) {
   return make_uint4(cvt(w0 & 0xFFFFu), cvt(w0 >> 16), cvt(w1 & 0xFFFFu), cvt(w1 >> 16));
 }
 
-// NT: n8 tiles of x rows (n_rows <= 8 NT, NT <= 2). kMT: m16 tiles of weight rows per block
-// (1 or 2; with 2, 32 weight rows share each x fragment). E4M3 rows take one 16-byte load per
+// NT: n8 tiles of x rows (n_rows <= 8 NT, NT <= 2). E4M3 rows take one 16-byte load per
 // chunk instead of two, so more chunks in flight (4 at one n8 tile, 2 at two: no spills at
 // 128 registers, two blocks per SM).
-template <Kind K, int NT, int kMT>
+template <Kind K, int NT>
 __global__ void __launch_bounds__(kThreads, 2)
     gemv_mma16_kernel(const uint16_t* __restrict__ x, int n_rows, int cols, int64_t row_bytes,
                       const __grid_constant__ Mma16Targets tg) {
@@ -155,13 +157,9 @@ bool gemv_mma16_applies(DType type, int n_rows, int64_t cols, const void* w) {
 }
 
 void launch_gemv_mma16(DType type, const uint16_t* x, int n_rows, int64_t cols, const GemvTarget* targets,
-                       int n_targets, int sm_count, cudaStream_t s) {
+                       int n_targets, cudaStream_t s) {
   TESSERA_CHECK(n_targets >= 1 && n_targets <= kGemvMaxTargets, "gemv_mma16: ", n_targets, " targets");
   TESSERA_CHECK(aligned16(x), "gemv_mma16: x is not 16-byte aligned");
-  // Two m16 tiles a block where that still gives every SM two blocks (launch bounds), else one.
-  int tiles32 = 0;
-  for (int i = 0; i < n_targets; ++i) tiles32 += static_cast<int>((targets[i].rows + 31) / 32);
-  const int mt = tiles32 >= 2 * sm_count ? 2 : 1;
   Mma16Targets tg{};
   tg.n = n_targets;
   int tiles = 0;
@@ -174,17 +172,14 @@ void launch_gemv_mma16(DType type, const uint16_t* x, int n_rows, int64_t cols, 
     tg.y[i] = targets[i].y;
     tg.ldy[i] = targets[i].ldy;
     tg.rows[i] = static_cast<int>(targets[i].rows);
-    tiles += static_cast<int>((targets[i].rows + 16 * mt - 1) / (16 * mt));
+    tiles += static_cast<int>((targets[i].rows + 16 * kMT - 1) / (16 * kMT));
     tg.tile_end[i] = tiles;
   }
   if (tiles == 0) return;
   const int c = static_cast<int>(cols);
   const int64_t row_bytes = type == DType::FP8W ? cols : 2 * cols;  // FP8W rows: whole 16-byte units here
   auto go = [&]<Kind K, int NT>() {
-    if (mt == 2)
-      launch_pdl(gemv_mma16_kernel<K, NT, 2>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, row_bytes, tg);
-    else
-      launch_pdl(gemv_mma16_kernel<K, NT, 1>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, row_bytes, tg);
+    launch_pdl(gemv_mma16_kernel<K, NT>, dim3(tiles), dim3(kThreads), 0, s, x, n_rows, c, row_bytes, tg);
   };
   if (type == DType::BF16)
     go.template operator()<Kind::kBf16, 1>();

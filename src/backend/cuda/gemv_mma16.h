@@ -29,10 +29,9 @@ bool gemv_mma16_applies(DType type, int n_rows, int64_t cols, const void* w);
 // `cols` wide; x is [n_rows][cols], bf16 for BF16 weights, f16 for F16 and FP8W (whose
 // targets carry their per-row scales). f32 accumulation on tensor cores (mma.sync m16n8k16).
 // Up to kGemvMaxTargets targets in one launch, launched as a programmatic dependent launch
-// (the first weight loads go out before the wait). sm_count: the device's multiprocessors
-// (blocks of 32 weight rows where that gives each two, else of 16).
+// (the first weight loads go out before the wait).
 void launch_gemv_mma16(DType type, const uint16_t* x, int n_rows, int64_t cols, const GemvTarget* targets,
-                       int n_targets, int sm_count, cudaStream_t s);
+                       int n_targets, cudaStream_t s);
 
 // The same for group-quantized weights (W4G/W8G, core/group_quant.h) without an act-order
 // permutation, `cols` a multiple of 32, kGqMmaMinRows..kGqMmaMaxRows rows (gemv_gq_mma.cu): the codes decoded to f16 in
