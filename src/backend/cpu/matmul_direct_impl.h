@@ -199,11 +199,26 @@ struct PQ8_0 {
 
 // The input rows in passes of 4, then 2, then 1 over the weights of one row group
 // (K::pass<XR> unpacks each block once for its XR input rows); blocks of kBlockCols columns.
-template <typename K, int kBlockCols = 32>
+// kWide, with AVX-512 (32 vector registers: a Q4_x/Q8_0 block's unpacked quants and up to 7
+// accumulators fit): 5 to 7 rows take one pass, so a speculative verification of 4 to 6 drafts
+// unpacks the weights once instead of twice (AVX2's 16 registers would spill them).
+template <typename K, int kBlockCols = 32, bool kWide = false>
 void in_row_passes(const MatmulTask& t, int64_t r0, int nr) {
   const RowPrefetch pf(t, r0, 8, t.cols / kBlockCols);
   const RowGroup g(t, r0, nr);
   int64_t j = 0;
+#if defined(TESSERA_MM_VNNI)
+  if constexpr (kWide) switch (t.n_x) {
+    case 5:
+      return K::template pass<5>(t, g, pf, r0, nr, 0);
+    case 6:
+      return K::template pass<6>(t, g, pf, r0, nr, 0);
+    case 7:
+      return K::template pass<7>(t, g, pf, r0, nr, 0);
+    default:
+      break;
+  }
+#endif
   for (; j + 4 <= t.n_x; j += 4) K::template pass<4>(t, g, pf, r0, nr, j);
   for (; j + 2 <= t.n_x; j += 2) K::template pass<2>(t, g, pf, r0, nr, j);
   if (j < t.n_x) K::template pass<1>(t, g, pf, r0, nr, j);
@@ -243,7 +258,7 @@ struct Q32Rows {
     for (int x = 0; x < XR; ++x) store_lanes(t.y + (j0 + x) * t.ldy + r0, acc[x], nr);
   }
 
-  static void run(const MatmulTask& t, int64_t r0, int nr) { in_row_passes<Q32Rows>(t, r0, nr); }
+  static void run(const MatmulTask& t, int64_t r0, int nr) { in_row_passes<Q32Rows, 32, true>(t, r0, nr); }
 };
 
 // Q4_0 / Q4_1, two rows per register: the 16 quant bytes of row 2p fill the low lane and
@@ -295,7 +310,7 @@ struct Q4Rows {
     for (int x = 0; x < XR; ++x) store_lanes(t.y + (j0 + x) * t.ldy + r0, acc[x], nr);
   }
 
-  static void run(const MatmulTask& t, int64_t r0, int nr) { in_row_passes<Q4Rows>(t, r0, nr); }
+  static void run(const MatmulTask& t, int64_t r0, int nr) { in_row_passes<Q4Rows, 32, true>(t, r0, nr); }
 };
 
 // Q4_K / Q5_K: sub-block scales multiply the pair sums inside _mm256_madd_epi16; the mins

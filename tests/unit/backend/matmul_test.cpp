@@ -517,9 +517,9 @@ TEST(Matmul, OneAndTwoThreadsGiveIdenticalResults) {
 
 TEST(Matmul, EveryPathGivesTheSameBits) {
   // The kernels of every family follow one order of f32 operations (matmul_kernels.h): one
-  // row and 5 (the direct kernels' passes of 4 and 1 input rows; AVX-512: VNNI dots), 40
-  // (panels).
-  for (int64_t n_rows : {1, 5, 40}) {
+  // row, 5 to 7 (the direct kernels' passes of 4, 2 and 1 input rows; AVX-512: VNNI dots, and
+  // Q4_x/Q8_0 in one pass of 5-7 rows), 40 (panels).
+  for (int64_t n_rows : {1, 5, 6, 7, 40}) {
     const std::vector<float> ref = run_all_types("scalar", 2, n_rows);
     for (const char* isa : isas()) {
       const std::vector<float> y = run_all_types(isa, 2, n_rows);
