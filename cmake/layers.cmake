@@ -83,7 +83,7 @@ tessera_layer(engine    DIRS src/engine PUBLIC core backend kv model sample sche
   PRIVATE backend_registry tokenizer format parallel_nccl LIBS nlohmann_json::nlohmann_json)
 # Prefill/decode disaggregation: the KV transport (wire format, TCP with host staging) between
 # engines, through the engine's API (engine/engine.h, engine/kv_transfer.h).
-tessera_layer(disagg    DIRS src/disagg PUBLIC core kv engine LIBS Boost::headers)
+tessera_layer(disagg    DIRS src/disagg PUBLIC core kv engine LIBS Boost::headers OpenSSL::Crypto)
 # The server reaches the scheduler only through the engine's API (engine/engine.h, engine/request.h).
 tessera_layer(server    DIRS src/server src/server/api src/server/http src/server/web src/server/router
   PUBLIC core engine sample tokenizer disagg PRIVATE template grammar

@@ -81,7 +81,7 @@ void run_kv_transfer_bench(const KvTransferArgs& a) {
   disagg::KvTransferCounters counters;
   disagg::EngineLeaseSource source(prefill);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
-  disagg::TcpKvServer server(source, disagg::TcpKvServerOptions{"127.0.0.1", 0, timeout}, &counters);
+  disagg::TcpKvServer server(source, disagg::TcpKvServerOptions{"127.0.0.1", 0, timeout, {}}, &counters);
   server.start();
   disagg::TcpKvPuller puller(&counters);
   const KvIdentity identity = decode.kv_identity();

@@ -12,6 +12,7 @@
 #include "apps/commands.h"
 #include "apps/common.h"
 #include "core/error.h"
+#include "disagg/kv_auth.h"
 #include "disagg/tcp_transport.h"
 #include "grammar/grammar.h"
 #include "engine/engine.h"
@@ -59,6 +60,7 @@ struct ServeArgs {
   double kv_lease_seconds = 30;
   double kv_transfer_timeout_s = 5;
   int kv_transfer_threads = 4;
+  std::string kv_transfer_secret_file;                 // "": KV transfers unauthenticated
   std::vector<std::string> prefill_urls, decode_urls;  // router
   double router_timeout_s = 600;
   std::string router_policy;  // "": not given (load)
@@ -162,6 +164,8 @@ void serve(const ServeArgs& a) {
                   " listens on every interface but names none a decode worker can reach: give "
                   "--kv-transfer-advertise-host too");
   }
+  TESSERA_CHECK(a.kv_transfer_secret_file.empty() || role != api::ServeRole::Colocated,
+                "--kv-transfer-secret-file is for --role prefill and --role decode, not --role ", a.role);
   // Signals are taken by sigwait below.
   const sigset_t signals = block_stop_signals();
   if (router_role) return serve_router(a, signals);
@@ -223,11 +227,14 @@ void serve(const ServeArgs& a) {
   api::KvRoleOptions kv_role;
   kv_role.role = role;
   const auto transfer_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.kv_transfer_timeout_s * 1000));
+  const std::string kv_secret =
+      a.kv_transfer_secret_file.empty() ? std::string() : disagg::read_kv_secret_file(a.kv_transfer_secret_file);
   if (role == api::ServeRole::Prefill) {
     lease_source = std::make_unique<disagg::EngineLeaseSource>(engine);
     kv_server = std::make_unique<disagg::TcpKvServer>(
         *lease_source,
-        disagg::TcpKvServerOptions{a.kv_transfer_host, static_cast<uint16_t>(a.kv_transfer_port), transfer_timeout},
+        disagg::TcpKvServerOptions{a.kv_transfer_host, static_cast<uint16_t>(a.kv_transfer_port), transfer_timeout,
+                                   kv_secret},
         &kv_counters);
     kv_server->start();
     kv_role.lease_seconds = a.kv_lease_seconds;
@@ -235,7 +242,7 @@ void serve(const ServeArgs& a) {
     kv_role.kv_host = a.kv_transfer_advertise_host.empty() ? a.kv_transfer_host : a.kv_transfer_advertise_host;
     kv_role.kv_port = kv_server->port();
   } else if (role == api::ServeRole::Decode) {
-    kv_puller = std::make_unique<disagg::TcpKvPuller>(&kv_counters);
+    kv_puller = std::make_unique<disagg::TcpKvPuller>(&kv_counters, kv_secret);
     kv_role.puller = kv_puller.get();
     kv_role.pull_timeout = transfer_timeout;
     kv_role.pull_threads = a.kv_transfer_threads;
@@ -282,8 +289,9 @@ void serve(const ServeArgs& a) {
               static_cast<unsigned>(server.port()));
   std::fflush(stdout);
   if (kv_server)
-    std::printf("tessera: prefill worker: KV transfer server on %s:%u (leases of %g s)\n", kv_server->host().c_str(),
-                static_cast<unsigned>(kv_server->port()), a.kv_lease_seconds);
+    std::printf("tessera: prefill worker: KV transfer server on %s:%u (leases of %g s; %s)\n",
+                kv_server->host().c_str(), static_cast<unsigned>(kv_server->port()), a.kv_lease_seconds,
+                kv_secret.empty() ? "unauthenticated" : "pulls authenticated with the shared secret");
   if (role == api::ServeRole::Decode)
     std::printf("tessera: decode worker: pulls KV within %g s, else prefills locally\n", a.kv_transfer_timeout_s);
   std::fflush(stdout);
@@ -369,6 +377,9 @@ void add_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kv-transfer-threads", args->kv_transfer_threads, "decode worker: threads that pull KV")
       ->capture_default_str();
+  cmd->add_option("--kv-transfer-secret-file", args->kv_transfer_secret_file,
+                  "prefill and decode workers: a file holding a shared secret (at least 16 bytes, e.g. `openssl rand "
+                  "-hex 32`); KV pulls then authenticate both ends and every message carries an HMAC-SHA256");
   cmd->add_option("--prefill", args->prefill_urls, "router: a prefill worker's URL (http://host:port; repeatable)");
   cmd->add_option("--decode", args->decode_urls, "router: a decode worker's URL (http://host:port; repeatable)");
   cmd->add_option("--router-timeout", args->router_timeout_s,

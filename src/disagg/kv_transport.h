@@ -51,8 +51,9 @@ class EngineLeaseSource final : public KvLeaseSource {
 // Counters of one process's transfers, both roles (/metrics: tessera:kv_transfer_*).
 struct KvTransferCounters {
   // Prefill side.
-  std::atomic<int64_t> served{0};          // pulls answered with every block and acknowledged
-  std::atomic<int64_t> serve_failures{0};  // refused (identity, lease) or broken off
+  std::atomic<int64_t> served{0};           // pulls answered with every block and acknowledged
+  std::atomic<int64_t> serve_failures{0};   // refused (identity, lease, authentication) or broken off
+  std::atomic<int64_t> unauthenticated{0};  // of which the Pull's MAC did not verify
   std::atomic<int64_t> bytes_sent{0};
   // Decode side.
   std::atomic<int64_t> pulled{0};

@@ -12,8 +12,10 @@ constexpr uint8_t kMagic[4] = {'T', 'K', 'V', '1'};
 // Little-endian writer and bounds-checked reader of message bodies.
 class Writer {
  public:
+  void u8(uint8_t v) { put(v, 1); }
   void u16(uint16_t v) { put(v, 2); }
   void u32(uint32_t v) { put(v, 4); }
+  void bytes(std::span<const uint8_t> b) { out.insert(out.end(), b.begin(), b.end()); }
   void u64(uint64_t v) { put(v, 8); }
   void i32(int32_t v) { u32(static_cast<uint32_t>(v)); }
   void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
@@ -32,7 +34,13 @@ class Writer {
 class Reader {
  public:
   Reader(std::span<const uint8_t> b, MsgType what) : b_(b), what_(what) {}
+  uint8_t u8() { return static_cast<uint8_t>(get(1)); }
   uint16_t u16() { return static_cast<uint16_t>(get(2)); }
+  void bytes(std::span<uint8_t> out) {
+    need(out.size());
+    std::memcpy(out.data(), b_.data() + at_, out.size());
+    at_ += out.size();
+  }
   uint32_t u32() { return static_cast<uint32_t>(get(4)); }
   uint64_t u64() { return get(8); }
   int32_t i32() { return static_cast<int32_t>(u32()); }
@@ -140,6 +148,8 @@ const char* msg_type_name(MsgType t) {
       return "Ack";
     case MsgType::Error:
       return "Error";
+    case MsgType::Challenge:
+      return "Challenge";
   }
   return "unknown";
 }
@@ -183,7 +193,7 @@ FrameHeader decode_frame_header(std::span<const uint8_t> b) {
   if (version != kWireVersion)
     throw KvTransferError("KV transfer: wire version " + std::to_string(version) + ", this side speaks " +
                           std::to_string(kWireVersion));
-  if (type < static_cast<uint16_t>(MsgType::Pull) || type > static_cast<uint16_t>(MsgType::Error))
+  if (type < static_cast<uint16_t>(MsgType::Pull) || type > static_cast<uint16_t>(MsgType::Challenge))
     throw KvTransferError("KV transfer: unknown message type " + std::to_string(type));
   h.type = static_cast<MsgType>(type);
   if (h.body_bytes > kMaxBodyBytes)
@@ -209,11 +219,30 @@ std::vector<uint8_t> encode_frame(MsgType type, std::span<const uint8_t> body) {
   return out;
 }
 
+std::vector<uint8_t> encode_challenge(const ChallengeMsg& m) {
+  Writer w;
+  w.bytes(m.nonce);
+  w.u8(m.requires_auth ? 1 : 0);
+  return std::move(w.out);
+}
+
+ChallengeMsg decode_challenge(std::span<const uint8_t> body) {
+  Reader r(body, MsgType::Challenge);
+  ChallengeMsg m;
+  r.bytes(m.nonce);
+  const uint8_t flag = r.u8();
+  if (flag > 1) throw KvTransferError("KV transfer: Challenge message with flag " + std::to_string(flag));
+  m.requires_auth = flag == 1;
+  r.done();
+  return m;
+}
+
 std::vector<uint8_t> encode_pull(const PullMsg& m) {
   Writer w;
   w.u64(m.lease);
   w.u32(m.max_blocks);
   write_identity(w, m.identity);
+  w.bytes(m.client_nonce);
   return std::move(w.out);
 }
 
@@ -223,6 +252,7 @@ PullMsg decode_pull(std::span<const uint8_t> body) {
   m.lease = r.u64();
   m.max_blocks = r.u32();
   m.identity = read_identity(r);
+  r.bytes(m.client_nonce);
   r.done();
   return m;
 }

@@ -4,11 +4,15 @@
 // message naming what is wrong, never written into a KV cache.
 //
 // Frame: a 24-byte header, then `body_bytes` of body. All integers little-endian.
-//   0  magic "TKV1"          4  u16 version (1)     6  u16 type
+//   0  magic "TKV1"          4  u16 version (2)     6  u16 type
 //   8  u64 body_bytes       16  u32 CRC-32C of the body
 //  20  u32 CRC-32C of header bytes 0..19
+// With a shared secret (kv_auth.h) every frame after the Challenge but Error is followed by a
+// 32-byte HMAC-SHA256 of the session (not counted in body_bytes).
 // Bodies (strings are u32 length + bytes):
-//   Pull    u64 lease id, u32 max blocks, identity        (decode -> prefill)
+//   Challenge  u8[32] server nonce, u8 1 if the prefill side requires authentication
+//                                                         (prefill -> decode, first on a connection)
+//   Pull    u64 lease id, u32 max blocks, identity, u8[32] client nonce   (decode -> prefill)
 //   Header  identity, u32 n_tokens, i32 tokens[n_tokens], string tenant salt, string adapter,
 //           u32 n_blocks                                  (prefill -> decode)
 //   Block   u32 index, then the block's bytes: per layer its K pages, then its V pages, scales
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "disagg/kv_auth.h"
 #include "engine/kv_transfer.h"
 
 namespace tessera::disagg {
@@ -35,10 +40,10 @@ class KvTransferError : public Error {
   using Error::Error;
 };
 
-enum class MsgType : uint16_t { Pull = 1, Header = 2, Block = 3, End = 4, Ack = 5, Error = 6 };
+enum class MsgType : uint16_t { Pull = 1, Header = 2, Block = 3, End = 4, Ack = 5, Error = 6, Challenge = 7 };
 const char* msg_type_name(MsgType t);
 
-inline constexpr uint32_t kWireVersion = 1;
+inline constexpr uint32_t kWireVersion = 2;  // 2: the Challenge, the client nonce, MACs
 inline constexpr size_t kFrameHeaderBytes = 24;
 // The largest body a receiver accepts (a block of a large model is a few MB).
 inline constexpr uint64_t kMaxBodyBytes = uint64_t{1} << 31;
@@ -61,10 +66,15 @@ void check_body(const FrameHeader& h, std::span<const uint8_t> body);
 std::vector<uint8_t> encode_frame(MsgType type, std::span<const uint8_t> body);
 
 // Message bodies.
+struct ChallengeMsg {
+  KvNonce nonce{};
+  bool requires_auth = false;
+};
 struct PullMsg {
   uint64_t lease = 0;
   uint32_t max_blocks = 0;
   KvIdentity identity;
+  KvNonce client_nonce{};
 };
 struct HeaderMsg {
   KvIdentity identity;
@@ -73,6 +83,8 @@ struct HeaderMsg {
   std::string adapter_id;
   uint32_t n_blocks = 0;
 };
+std::vector<uint8_t> encode_challenge(const ChallengeMsg& m);
+ChallengeMsg decode_challenge(std::span<const uint8_t> body);
 std::vector<uint8_t> encode_pull(const PullMsg& m);
 PullMsg decode_pull(std::span<const uint8_t> body);
 std::vector<uint8_t> encode_header(const HeaderMsg& m);

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -75,16 +77,52 @@ class TimedSocket {
   tcp::socket socket_;
 };
 
-// One message: its header, then its body (checked). A body over `max_body` is refused unread.
+// The MACs of one side of a connection (kv_auth.h): none until start(), i.e. without a secret.
+class FrameAuth {
+ public:
+  explicit FrameAuth(bool server) : server_(server) {}
+  void start(const std::string& secret, const KvNonce& server_nonce, const KvNonce& client_nonce) {
+    session_.emplace(secret, server_nonce, client_nonce);
+  }
+  bool active() const { return session_.has_value(); }
+  // The MAC of the next frame this side sends.
+  KvMac next_out(std::span<const uint8_t> header, std::initializer_list<std::span<const uint8_t>> body) {
+    return session_->mac(server_, out_seq_++, header, std::span(body.begin(), body.size()));
+  }
+  // Checks the MAC read after the peer's next frame.
+  void check_in(std::span<const uint8_t> header, std::initializer_list<std::span<const uint8_t>> body,
+                std::span<const uint8_t> mac, const std::string& what) {
+    if (!mac_equal(session_->mac(!server_, in_seq_++, header, std::span(body.begin(), body.size())), mac))
+      throw KvTransferError("KV transfer: " + what +
+                            " fails its authentication code (another secret, or the message was altered)");
+  }
+
+ private:
+  bool server_;
+  std::optional<KvSession> session_;
+  uint64_t out_seq_ = 0, in_seq_ = 0;
+};
+
+// One message: its header, then its body (checked), then, with `auth` active and unless it
+// is an Error, its MAC (checked). A body over `max_body` is refused unread.
 struct Frame {
   FrameHeader header;
+  std::array<uint8_t, kFrameHeaderBytes> raw{};  // the header as sent
   std::vector<uint8_t> body;
 };
 
-Frame read_frame(TimedSocket& s, Clock::time_point deadline, uint64_t max_body) {
-  std::array<uint8_t, kFrameHeaderBytes> h{};
-  s.read(h.data(), h.size(), deadline, "reading a message header");
+void read_mac(TimedSocket& s, FrameAuth& auth, std::span<const uint8_t> header,
+              std::initializer_list<std::span<const uint8_t>> body, Clock::time_point deadline,
+              const std::string& what) {
+  KvMac mac{};
+  s.read(mac.data(), mac.size(), deadline, "reading an authentication code");
+  auth.check_in(header, body, mac, what);
+}
+
+Frame read_frame(TimedSocket& s, Clock::time_point deadline, uint64_t max_body, FrameAuth* auth) {
   Frame f;
+  auto& h = f.raw;
+  s.read(h.data(), h.size(), deadline, "reading a message header");
   f.header = decode_frame_header(h);
   if (f.header.body_bytes > max_body)
     throw KvTransferError(std::string("KV transfer: a ") + msg_type_name(f.header.type) + " message of " +
@@ -93,11 +131,21 @@ Frame read_frame(TimedSocket& s, Clock::time_point deadline, uint64_t max_body) 
   f.body.resize(f.header.body_bytes);
   s.read(f.body.data(), f.body.size(), deadline, "reading a message body");
   check_body(f.header, f.body);
+  if (auth && auth->active() && f.header.type != MsgType::Error)
+    read_mac(s, *auth, h, {f.body}, deadline, std::string("a ") + msg_type_name(f.header.type) + " message");
   return f;
 }
 
-void write_frame(TimedSocket& s, MsgType type, std::span<const uint8_t> body, Clock::time_point deadline) {
+// Error frames carry no MAC: they only end a transfer, which anyone on the path can do.
+void write_frame(TimedSocket& s, MsgType type, std::span<const uint8_t> body, Clock::time_point deadline,
+                 FrameAuth* auth) {
   const auto h = encode_frame_header(type, body.size(), crc32c(body.data(), body.size()));
+  if (auth && auth->active() && type != MsgType::Error) {
+    const KvMac mac = auth->next_out(h, {body});
+    s.write({asio::buffer(h), asio::buffer(body.data(), body.size()), asio::buffer(mac)}, deadline,
+            "sending a message");
+    return;
+  }
   s.write({asio::buffer(h), asio::buffer(body.data(), body.size())}, deadline, "sending a message");
 }
 
@@ -195,10 +243,26 @@ struct TcpKvServer::Impl {
     TimedSocket s(protocol, fd);
     const auto deadline = [&] { return Clock::now() + options.io_timeout; };
     bool refused = false;
+    FrameAuth auth(/*server=*/true);
     try {
-      const Frame f = read_frame(s, deadline(), kMaxControlBody);
+      const KvNonce server_nonce = random_nonce();
+      write_frame(s, MsgType::Challenge, encode_challenge({server_nonce, !options.secret.empty()}), deadline(),
+                  nullptr);
+      // The Pull's MAC can be checked once its body has given the client's nonce; nothing else
+      // of it is looked at before.
+      const Frame f = read_frame(s, deadline(), kMaxControlBody, nullptr);
       expect_type(f, MsgType::Pull, "the decode side");
       const PullMsg pull = decode_pull(f.body);
+      if (!options.secret.empty()) {
+        auth.start(options.secret, server_nonce, pull.client_nonce);
+        try {
+          read_mac(s, auth, f.raw, {f.body}, deadline(), "the Pull message");
+        } catch (const std::exception& e) {
+          refused = true;
+          add(counters ? &counters->unauthenticated : nullptr, 1);
+          fail("unauthenticated peer: ", e.what(), " (both workers need the same --kv-transfer-secret-file)");
+        }
+      }
       const KvIdentity mine = source.identity();
       if (const std::string why = mine.mismatch(pull.identity); !why.empty()) {
         refused = true;
@@ -215,18 +279,22 @@ struct TcpKvServer::Impl {
       HeaderMsg header{payload->identity,
                        std::vector<int32_t>(payload->tokens.begin(), payload->tokens.begin() + n * mine.block_size),
                        payload->tenant_salt, payload->adapter_id, n};
-      write_frame(s, MsgType::Header, encode_header(header), deadline());
+      write_frame(s, MsgType::Header, encode_header(header), deadline(), &auth);
       const auto bb = static_cast<size_t>(mine.block_bytes());
       for (uint32_t i = 0; i < n; ++i) {
         const auto index = encode_u32(i);
         const uint8_t* slot = payload->blocks->slot(static_cast<int32_t>(i));
         const uint32_t crc = crc32c(slot, bb, crc32c(index.data(), index.size()));
         const auto h = encode_frame_header(MsgType::Block, index.size() + bb, crc);
-        s.write({asio::buffer(h), asio::buffer(index), asio::buffer(slot, bb)}, deadline(), "sending a block");
+        KvMac mac{};
+        if (auth.active()) mac = auth.next_out(h, {index, std::span(slot, bb)});
+        s.write({asio::buffer(h), asio::buffer(index), asio::buffer(slot, bb),
+                 asio::buffer(mac.data(), auth.active() ? mac.size() : 0)},
+                deadline(), "sending a block");
         add(counters ? &counters->bytes_sent : nullptr, static_cast<int64_t>(kFrameHeaderBytes + index.size() + bb));
       }
-      write_frame(s, MsgType::End, encode_u32(n), deadline());
-      const Frame ack = read_frame(s, deadline(), kMaxControlBody);
+      write_frame(s, MsgType::End, encode_u32(n), deadline(), &auth);
+      const Frame ack = read_frame(s, deadline(), kMaxControlBody, &auth);
       expect_type(ack, MsgType::Ack, "the decode side");
       TESSERA_CHECK(decode_u64(ack.body, MsgType::Ack) == pull.lease, "KV transfer: acknowledgement of another lease");
       source.release(pull.lease);  // every block arrived: the lease has done its work
@@ -236,7 +304,7 @@ struct TcpKvServer::Impl {
       add(counters ? &counters->serve_failures : nullptr, 1);
       if (refused) {
         try {
-          write_frame(s, MsgType::Error, encode_text(e.what()), deadline());
+          write_frame(s, MsgType::Error, encode_text(e.what()), deadline(), nullptr);
         } catch (const std::exception&) {
         }
       }
@@ -299,9 +367,20 @@ std::shared_ptr<KvBlocksPayload> TcpKvPuller::pull(const KvHandle& handle, const
                   staging ? staging->slot_bytes() : 0, " bytes a slot for blocks of ", expect.block_bytes());
     TimedSocket s;
     s.connect(handle.host, handle.port, deadline);
-    write_frame(s, MsgType::Pull, encode_pull({handle.lease, static_cast<uint32_t>(staging->n_slots()), expect}),
-                deadline);
-    const Frame f = read_frame(s, deadline, kMaxHeaderBody);
+    const Frame ch = read_frame(s, deadline, kMaxControlBody, nullptr);
+    expect_type(ch, MsgType::Challenge, peer);
+    const ChallengeMsg challenge = decode_challenge(ch.body);
+    if (challenge.requires_auth && secret_.empty())
+      throw KvTransferError("KV transfer: " + peer +
+                            " requires authentication: give this worker its --kv-transfer-secret-file");
+    if (!challenge.requires_auth && !secret_.empty())
+      throw KvTransferError("KV transfer: " + peer +
+                            " does not authenticate (it has no --kv-transfer-secret-file): its KV is refused");
+    const PullMsg pull{handle.lease, static_cast<uint32_t>(staging->n_slots()), expect, random_nonce()};
+    FrameAuth auth(/*server=*/false);
+    if (challenge.requires_auth) auth.start(secret_, challenge.nonce, pull.client_nonce);
+    write_frame(s, MsgType::Pull, encode_pull(pull), deadline, &auth);
+    const Frame f = read_frame(s, deadline, kMaxHeaderBody, &auth);
     expect_type(f, MsgType::Header, peer);
     HeaderMsg header = decode_header(f.body);
     if (const std::string why = expect.mismatch(header.identity); !why.empty())
@@ -315,7 +394,7 @@ std::shared_ptr<KvBlocksPayload> TcpKvPuller::pull(const KvHandle& handle, const
       s.read(hb.data(), hb.size(), deadline, "reading a block header");
       const FrameHeader h = decode_frame_header(hb);
       if (h.type != MsgType::Block) {
-        Frame other{h, std::vector<uint8_t>(std::min<uint64_t>(h.body_bytes, kMaxControlBody))};
+        Frame other{h, hb, std::vector<uint8_t>(std::min<uint64_t>(h.body_bytes, kMaxControlBody))};
         if (h.type == MsgType::Error && h.body_bytes <= kMaxControlBody) {
           s.read(other.body.data(), other.body.size(), deadline, "reading an error");
           check_body(h, other.body);
@@ -330,15 +409,16 @@ std::shared_ptr<KvBlocksPayload> TcpKvPuller::pull(const KvHandle& handle, const
       s.read(slot, bb, deadline, "reading a block");
       if (crc32c(slot, bb, crc32c(index.data(), index.size())) != h.body_crc)
         throw KvTransferError("KV transfer: block " + std::to_string(i) + " checksum mismatch");
+      if (auth.active()) read_mac(s, auth, hb, {index, std::span(slot, bb)}, deadline, "block " + std::to_string(i));
       TESSERA_CHECK(decode_u32(index, MsgType::Block) == i, "KV transfer: block ", decode_u32(index, MsgType::Block),
                     " arrived where block ", i, " was due");
       received += static_cast<int64_t>(kFrameHeaderBytes + 4 + bb);
     }
-    const Frame end = read_frame(s, deadline, kMaxControlBody);
+    const Frame end = read_frame(s, deadline, kMaxControlBody, &auth);
     expect_type(end, MsgType::End, peer);
     TESSERA_CHECK(decode_u32(end.body, MsgType::End) == header.n_blocks, "KV transfer: ", peer, " ended after ",
                   decode_u32(end.body, MsgType::End), " of ", header.n_blocks, " blocks");
-    write_frame(s, MsgType::Ack, encode_u64(handle.lease), deadline);
+    write_frame(s, MsgType::Ack, encode_u64(handle.lease), deadline, &auth);
     s.close();
     auto payload = std::make_shared<KvBlocksPayload>();
     payload->identity = header.identity;

@@ -18,6 +18,9 @@ struct TcpKvServerOptions {
   uint16_t port = 0;  // 0: any free port (port() says which)
   // Each message's read or write on a connection must finish within this.
   std::chrono::milliseconds io_timeout{10000};
+  // The pre-shared secret (kv_auth.h): with one, a pull must authenticate and every frame is
+  // MACed; empty: none (then bind to loopback or a private network only).
+  std::string secret;
 };
 
 // Serves a KvLeaseSource's leases. One thread accepts; each pull runs on its own thread.
@@ -41,13 +44,17 @@ class TcpKvServer {
 
 class TcpKvPuller final : public KvPuller {
  public:
-  explicit TcpKvPuller(KvTransferCounters* counters = nullptr) : counters_(counters) {}
+  // secret: as the server's (TcpKvServerOptions::secret); a puller with one refuses a server
+  // without, and the other way round.
+  explicit TcpKvPuller(KvTransferCounters* counters = nullptr, std::string secret = {})
+      : counters_(counters), secret_(std::move(secret)) {}
   std::shared_ptr<KvBlocksPayload> pull(const KvHandle& handle, const KvIdentity& expect,
                                         std::shared_ptr<HostKvTier> staging,
                                         std::chrono::milliseconds timeout) override;
 
  private:
   KvTransferCounters* counters_;
+  std::string secret_;
 };
 
 }  // namespace tessera::disagg

@@ -278,6 +278,10 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
     w.counter("tessera:kv_transfer_serve_failures_total",
               "KV pulls refused or broken off (prefill side: unknown lease, other KV format, peer gone).",
               value(t->serve_failures));
+    w.counter("tessera:kv_transfer_unauthenticated_total",
+              "KV pulls refused because their authentication code did not verify (prefill side; "
+              "--kv-transfer-secret-file).",
+              value(t->unauthenticated));
     w.counter("tessera:kv_transfer_pulls_total", "KV pulls completed (decode side).", value(t->pulled));
     w.counter("tessera:kv_transfer_pull_failures_total", "KV pulls that failed, timeouts included (decode side).",
               value(t->pull_failures));

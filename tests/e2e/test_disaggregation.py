@@ -5,7 +5,9 @@ Greedy outputs through the router equal the colocated server's (completions and 
 streamed and not); the decode worker pulls the KV and never falls back while the prefill
 worker is up; the tenant salt travels with the KV and is checked; a bad handle is a 400; a
 handle nobody serves, or a prefill worker killed, still answers (local prefill, counted);
-a decode worker killed is a 502 naming it. Every worker's KV is free again at the end.
+a decode worker killed is a 502 naming it. The workers share a --kv-transfer-secret-file: a
+decode worker with another secret is refused by the prefill worker (counted there) and
+prefills locally. Every worker's KV is free again at the end.
 """
 
 from __future__ import annotations
@@ -65,10 +67,17 @@ def kv_idle(server) -> bool:
             and value(server, "tessera:kv_import_reserved_blocks") == 0)
 
 
+def secret_file(tmp_path_factory, text: str) -> str:
+    path = tmp_path_factory.mktemp("secret") / "kv-secret"
+    path.write_text(text + "\n")
+    return str(path)
+
+
 @pytest.fixture(scope="module")
-def workers():
-    prefill = start_server("--role", "prefill", "--kv-lease-seconds", "20", *WORKER_ARGS)
-    decode = start_server("--role", "decode", "--kv-transfer-timeout", "5", *WORKER_ARGS)
+def workers(tmp_path_factory):
+    secret = ("--kv-transfer-secret-file", secret_file(tmp_path_factory, "e2e-shared-secret-0123456789"))
+    prefill = start_server("--role", "prefill", "--kv-lease-seconds", "20", *secret, *WORKER_ARGS)
+    decode = start_server("--role", "decode", "--kv-transfer-timeout", "5", *secret, *WORKER_ARGS)
     router = start_server("--role", "router", "--prefill", prefill.base_url, "--decode", decode.base_url)
     yield prefill, decode, router
     for s in (router, decode, prefill):
@@ -199,6 +208,33 @@ def test_bad_handles_are_400s_and_an_unserved_handle_falls_back(workers, colocat
     assert gone.json()["choices"][0]["text"] == colocated_outputs[("completions", False)]
     assert value(decode, "tessera:kv_transfer_fallbacks") == before + 1
     assert value(decode, "tessera:kv_transfer_pull_failures") >= 1
+
+
+def test_a_decode_worker_with_another_secret_is_refused_and_prefills_locally(workers, colocated_outputs,
+                                                                           tmp_path_factory):
+    prefill, _, _ = workers
+    other = start_server("--role", "decode", "--kv-transfer-timeout", "5", "--kv-transfer-secret-file",
+                         secret_file(tmp_path_factory, "not-the-shared-secret-at-all"), *WORKER_ARGS)
+    try:
+        r = post(prefill, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+                                              "temperature": 0, "kv_transfer_params": {"do_remote_decode": True}})
+        assert r.status_code == 200, r.text
+        params = r.json()["kv_transfer_params"]
+        before = value(prefill, "tessera:kv_transfer_unauthenticated")
+        got = post(other, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+                                              "temperature": 0, "kv_transfer_params": params})
+        assert got.status_code == 200, got.text
+        assert got.json()["choices"][0]["text"] == colocated_outputs[("completions", False)]
+        assert value(other, "tessera:kv_transfer_fallbacks") == 1
+        wait_for(lambda: value(prefill, "tessera:kv_transfer_unauthenticated") == before + 1,
+                 "the prefill worker counting the unauthenticated pull")
+        # The lease was not served: the right decode worker can still pull it (releasing it).
+        decode_body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "temperature": 0,
+                       "kv_transfer_params": params}
+        assert post(workers[1], "/v1/completions", decode_body).status_code == 200
+        wait_for(lambda: kv_idle(other), "the refused worker's KV free")
+    finally:
+        other.stop()
 
 
 def test_prefill_worker_killed_requests_prefill_locally(workers, colocated_outputs):

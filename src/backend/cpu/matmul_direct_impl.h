@@ -209,15 +209,15 @@ void in_row_passes(const MatmulTask& t, int64_t r0, int nr) {
   int64_t j = 0;
 #if defined(TESSERA_MM_VNNI)
   if constexpr (kWide) switch (t.n_x) {
-    case 5:
-      return K::template pass<5>(t, g, pf, r0, nr, 0);
-    case 6:
-      return K::template pass<6>(t, g, pf, r0, nr, 0);
-    case 7:
-      return K::template pass<7>(t, g, pf, r0, nr, 0);
-    default:
-      break;
-  }
+      case 5:
+        return K::template pass<5>(t, g, pf, r0, nr, 0);
+      case 6:
+        return K::template pass<6>(t, g, pf, r0, nr, 0);
+      case 7:
+        return K::template pass<7>(t, g, pf, r0, nr, 0);
+      default:
+        break;
+    }
 #endif
   for (; j + 4 <= t.n_x; j += 4) K::template pass<4>(t, g, pf, r0, nr, j);
   for (; j + 2 <= t.n_x; j += 2) K::template pass<2>(t, g, pf, r0, nr, j);

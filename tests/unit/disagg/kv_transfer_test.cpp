@@ -96,7 +96,12 @@ struct Sides : ::testing::Test {
     prefill_ = std::make_unique<Engine>(prefill_model_->config(), prefill_model_->executor());
     decode_ = std::make_unique<Engine>(decode_model_->config(), decode_model_->executor());
     source_ = std::make_unique<EngineLeaseSource>(*prefill_);
-    server_ = std::make_unique<TcpKvServer>(*source_, TcpKvServerOptions{"127.0.0.1", 0, 2000ms}, &counters_);
+    start_server();
+  }
+  // (Re)starts the prefill side's KV server, with a shared secret or without.
+  void start_server(const std::string& secret = {}) {
+    if (server_) server_->stop();
+    server_ = std::make_unique<TcpKvServer>(*source_, TcpKvServerOptions{"127.0.0.1", 0, 2000ms, secret}, &counters_);
     server_->start();
   }
   void TearDown() override {
@@ -124,9 +129,9 @@ struct Sides : ::testing::Test {
 
   // Pulls `h`, which must fail with an error containing `expected`.
   void expect_pull_error(const KvHandle& h, const KvIdentity& id, std::shared_ptr<HostKvTier> staging,
-                         std::chrono::milliseconds timeout, const std::string& expected) {
+                         std::chrono::milliseconds timeout, const std::string& expected, KvPuller* puller = nullptr) {
     try {
-      puller_.pull(h, id, std::move(staging), timeout);
+      (puller ? *puller : puller_).pull(h, id, std::move(staging), timeout);
       ADD_FAILURE() << "the pull returned; expected: " << expected;
     } catch (const KvTransferError& e) {
       EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
@@ -223,6 +228,7 @@ TEST_F(Sides, PrefillWorkerDyingMidTransferFreesTheReservation) {
   // A prefill worker that sends a valid Header and one block of two, then dies.
   const KvIdentity id = decode_->kv_identity();
   FakePeer dying([&](boost::asio::ip::tcp::socket& s) {
+    boost::asio::write(s, boost::asio::buffer(encode_frame(MsgType::Challenge, encode_challenge({}))));
     std::vector<uint8_t> pull(1024);
     s.read_some(boost::asio::buffer(pull));
     HeaderMsg hm{id, std::vector<int32_t>(8, 5), "tenant-a", "", 2};
@@ -289,5 +295,86 @@ TEST_F(Sides, ReservationRefusedCleanlyWhenTheCacheIsFull) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("KV import of 1000 blocks"), std::string::npos) << e.what();
   }
+  EXPECT_TRUE(all_free(*decode_));
+}
+
+// Authentication (kv_auth.h, RELIABILITY.md: unauthenticated peers, replayed payloads): with
+// the same secret on both sides the pull works; a decode side without it, or with another, is
+// refused before it learns anything and the lease stays for the right one; a decode side with a
+// secret refuses a prefill side without one; a Pull recorded from one connection and replayed
+// on another fails against the new server nonce.
+TEST_F(Sides, SharedSecretAuthenticatesBothEndsAndRefusesEveryoneElse) {
+  const std::string secret = "0123456789abcdef-shared-secret";
+  start_server(secret);
+  const KvHandle h = prefill();
+  const KvIdentity id = decode_->kv_identity();
+  {
+    TcpKvPuller none(&counters_);
+    const KvImportReservation res = decode_->reserve_kv_import(h.n_blocks);
+    expect_pull_error(h, id, res.staging, 2000ms, "requires authentication", &none);
+    decode_->cancel_kv_import(res.id);
+  }
+  {
+    TcpKvPuller wrong(&counters_, "another-secret-of-16-bytes");
+    const KvImportReservation res = decode_->reserve_kv_import(h.n_blocks);
+    expect_pull_error(h, id, res.staging, 2000ms, "unauthenticated peer", &wrong);
+    decode_->cancel_kv_import(res.id);
+  }
+  EXPECT_TRUE(eventually([&] { return counters_.unauthenticated.load() == 1; }));
+  EXPECT_EQ(prefill_->stats().transfer.leases_released, 0);  // nothing served: the lease stays
+  // A replay: the right side's Pull (with its MAC) recorded by a fake prefill worker, then
+  // sent as it was to the real one.
+  std::vector<uint8_t> recorded;
+  {
+    FakePeer recorder([&](boost::asio::ip::tcp::socket& s) {
+      boost::asio::write(s, boost::asio::buffer(encode_frame(MsgType::Challenge, encode_challenge({{}, true}))));
+      std::vector<uint8_t> buf(4096);
+      boost::system::error_code ec;
+      const size_t n = s.read_some(boost::asio::buffer(buf), ec);
+      recorded.assign(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(n));
+      s.close();
+    });
+    TcpKvPuller right(&counters_, secret);
+    KvHandle fake = h;
+    fake.port = recorder.port();
+    const KvImportReservation res = decode_->reserve_kv_import(h.n_blocks);
+    expect_pull_error(fake, id, res.staging, 2000ms, "", &right);
+    decode_->cancel_kv_import(res.id);
+  }
+  ASSERT_GT(recorded.size(), kFrameHeaderBytes + kMacBytes);
+  {
+    boost::asio::io_context io;
+    boost::asio::ip::tcp::socket s(io);
+    s.connect({boost::asio::ip::make_address("127.0.0.1"), h.port});
+    std::vector<uint8_t> challenge(4096);
+    s.read_some(boost::asio::buffer(challenge));  // the server's fresh nonce
+    boost::asio::write(s, boost::asio::buffer(recorded));
+    std::vector<uint8_t> answer(4096);
+    boost::system::error_code ec;
+    const size_t n = boost::asio::read(s, boost::asio::buffer(answer), ec);  // until the server closes
+    const FrameHeader fh = decode_frame_header(std::span(answer.data(), n));
+    EXPECT_EQ(fh.type, MsgType::Error);
+    const std::string text = decode_text(std::span(answer.data() + kFrameHeaderBytes, fh.body_bytes));
+    EXPECT_NE(text.find("unauthenticated peer"), std::string::npos) << text;
+  }
+  EXPECT_TRUE(eventually([&] { return counters_.unauthenticated.load() == 2; }));
+  // The right secret: the blocks arrive and the output is the colocated one.
+  TcpKvPuller right(&counters_, secret);
+  const KvImportReservation res = decode_->reserve_kv_import(h.n_blocks);
+  auto payload = right.pull(h, id, res.staging, 5000ms);
+  EXPECT_EQ(payload->n_blocks(), h.n_blocks);
+  Request r = greedy(8);
+  r.kv_import = KvImport{res.id, payload};
+  SubmitResult s = decode_->submit(r);
+  ASSERT_TRUE(s.ok()) << s.rejection->message;
+  EXPECT_EQ(s.stream->collect().tokens.at(0), *reference_);
+  EXPECT_TRUE(eventually([&] { return all_free(*prefill_); }));
+  EXPECT_TRUE(eventually([&] { return all_free(*decode_); }));
+  // A decode side with a secret refuses a prefill side without one.
+  start_server();
+  const KvHandle plain = prefill();
+  const KvImportReservation res2 = decode_->reserve_kv_import(plain.n_blocks);
+  expect_pull_error(plain, id, res2.staging, 2000ms, "does not authenticate", &right);
+  decode_->cancel_kv_import(res2.id);
   EXPECT_TRUE(all_free(*decode_));
 }

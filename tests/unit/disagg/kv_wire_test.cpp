@@ -108,3 +108,32 @@ TEST(KvWire, IdentityMismatchNamesTheField) {
   other.block_size = 16;
   EXPECT_EQ(identity().mismatch(other), "block size: here '4', there '16'");
 }
+
+// The session MAC (kv_auth.h): the same inputs give the same code on both sides; any other
+// secret, nonce, direction, sequence number, header byte or body byte gives another; and the
+// Challenge round-trips with its flag.
+TEST(KvAuth, SessionMacBindsSecretNoncesDirectionSequenceAndBytes) {
+  const KvNonce server = random_nonce(), client = random_nonce();
+  EXPECT_NE(server, client);
+  const KvSession a("secret-of-sixteen-bytes", server, client), b("secret-of-sixteen-bytes", server, client);
+  std::vector<uint8_t> header(kFrameHeaderBytes, 7), body = {1, 2, 3, 4, 5};
+  const std::span<const uint8_t> parts[] = {body};
+  const KvMac m = a.mac(true, 3, header, parts);
+  EXPECT_TRUE(mac_equal(m, b.mac(true, 3, header, parts)));
+  EXPECT_FALSE(mac_equal(m, KvSession("another-secret-16", server, client).mac(true, 3, header, parts)));
+  EXPECT_FALSE(mac_equal(m, KvSession("secret-of-sixteen-bytes", client, server).mac(true, 3, header, parts)));
+  EXPECT_FALSE(mac_equal(m, a.mac(false, 3, header, parts)));  // the other direction
+  EXPECT_FALSE(mac_equal(m, a.mac(true, 4, header, parts)));   // a replay at another position
+  header[5] ^= 1;
+  EXPECT_FALSE(mac_equal(m, a.mac(true, 3, header, parts)));
+  header[5] ^= 1;
+  body[2] ^= 0x80;
+  EXPECT_FALSE(mac_equal(m, a.mac(true, 3, header, parts)));
+  EXPECT_FALSE(mac_equal(m, std::span(m.data(), m.size() - 1)));  // a short code
+  const ChallengeMsg c = decode_challenge(encode_challenge({server, true}));
+  EXPECT_EQ(c.nonce, server);
+  EXPECT_TRUE(c.requires_auth);
+  std::vector<uint8_t> bad = encode_challenge({server, true});
+  bad.back() = 2;
+  EXPECT_THROW(decode_challenge(bad), KvTransferError);
+}
