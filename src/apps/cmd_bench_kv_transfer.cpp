@@ -20,6 +20,7 @@
 #include "apps/commands.h"
 #include "apps/common.h"
 #include "core/error.h"
+#include "disagg/kv_auth.h"
 #include "disagg/tcp_transport.h"
 #include "engine/engine.h"
 #include "engine/engine_model.h"
@@ -34,6 +35,7 @@ struct KvTransferArgs {
   std::string blocks = "8,64,256";
   int reps = 5;
   double timeout_s = 60;
+  bool authenticated = false;  // both sides with a (random) shared secret: every frame MACed
 };
 
 using Clock = std::chrono::steady_clock;
@@ -81,15 +83,20 @@ void run_kv_transfer_bench(const KvTransferArgs& a) {
   disagg::KvTransferCounters counters;
   disagg::EngineLeaseSource source(prefill);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
-  disagg::TcpKvServer server(source, disagg::TcpKvServerOptions{"127.0.0.1", 0, timeout, {}}, &counters);
+  std::string secret;
+  if (a.authenticated)
+    for (const uint8_t b : disagg::random_nonce()) secret += "0123456789abcdef"[b % 16];
+  disagg::TcpKvServer server(source, disagg::TcpKvServerOptions{"127.0.0.1", 0, timeout, secret}, &counters);
   server.start();
-  disagg::TcpKvPuller puller(&counters);
+  disagg::TcpKvPuller puller(&counters, secret);
   const KvIdentity identity = decode.kv_identity();
 
   std::mt19937 rng(11);
   std::uniform_int_distribution<int32_t> token(0, prefill_model.config().vocab_size - 1);
-  std::printf("\nKV format %s, block %d tokens, %.1f KiB per block; pulls over loopback TCP, best and median of %d\n\n",
-              identity.kv_format.c_str(), block_size, identity.block_bytes() / 1024.0, a.reps);
+  std::printf(
+      "\nKV format %s, block %d tokens, %.1f KiB per block; pulls over loopback TCP%s, best and median of %d\n\n",
+      identity.kv_format.c_str(), block_size, identity.block_bytes() / 1024.0,
+      a.authenticated ? " (authenticated: HMAC-SHA256 on every message)" : "", a.reps);
   std::printf(
       "| blocks | MiB | pull ms (best) | pull ms (median) | blocks/s (best) | GB/s (best) | memcpy GB/s | x memcpy "
       "|\n");
@@ -146,6 +153,8 @@ void add_bench_kv_transfer(CLI::App& bench) {
   cmd->add_option("--blocks", a->blocks, "comma-separated block counts per pull")->capture_default_str();
   cmd->add_option("-r,--reps", a->reps, "pulls per block count")->capture_default_str();
   cmd->add_option("--timeout", a->timeout_s, "seconds one pull may take")->capture_default_str();
+  cmd->add_flag("--authenticated", a->authenticated,
+                "both sides with a shared secret, as --kv-transfer-secret-file gives serve: every message MACed");
   cmd->callback([a] { run_kv_transfer_bench(*a); });
 }
 
