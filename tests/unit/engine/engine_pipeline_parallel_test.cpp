@@ -160,20 +160,11 @@ TEST(ParallelRanks, AStageThatFailsReleasesTheOthersAndThePipelineRecovers) {
 
 TEST_F(EnginePipelineParallel, ConcurrentChunkedRequestsInMicroBatchesGiveTheTokensOfOneRank) {
   const RunResult want = test::run_engine(*one_, mixed_requests(), false, 0, false);
-  int most_micro = 0;
   const RunResult got = test::run_engine(*two_, mixed_requests(), false, 0, false);
   expect_same_tokens(got, want, "pp 2");
   EXPECT_EQ(got.stats.steps, want.stats.steps);  // the one scheduler made the same steps
   // A decode step of the four sequences runs as two micro-batches.
-  {
-    EngineCore core(two_->config(), two_->executor());
-    for (int i = 0; i < 4; ++i) core.add(i + 1, mixed_requests()[i]);
-    while (core.has_work()) {
-      core.step();
-      most_micro = std::max(most_micro, dynamic_cast<PipelineParallelExecutor&>(two_->executor()).last_micro_batches());
-    }
-  }
-  EXPECT_EQ(most_micro, 2);
+  EXPECT_EQ(most_micro_batches(*two_), 2);
   // Four stages of one layer each.
   ModelEngine pp4(pp_options(4));
   EXPECT_EQ(pp4.pipeline_parallel_size(), 4);
@@ -304,27 +295,13 @@ TEST(PipelineParallelSession, FeedRunsEveryStageAndReturnsTheLastOnesLogits) {
   // the stages (the ones before the last compute no logits). Its logits are one rank's, to the
   // bit (the same kernels on the same rows); its KV cache stage 0's layers.
   const auto feed = [](int pp) {
-    SessionOptions so;
-    so.model = kModel;
-    so.dummy_seed = 7;
-    so.backend.threads = 2;
-    so.ctx = 64;
-    so.kv_tokens = 16;
-    so.max_batch_tokens = 8;  // 13 tokens: two chunks
-    so.block_size = 4;
-    so.pipeline_parallel_size = pp;
-    Session s(so);
+    Session s(session_options(1, pp, 2));
     EXPECT_EQ(s.kv().spec().n_layers, pp == 1 ? 4 : 2);
     if (pp > 1) {
       EXPECT_NE(error_of([&] { s.runner(); }).find("runs on 2 parallel ranks (--pipeline-parallel-size 2)"),
                 std::string::npos);
     }
-    SequenceBlocks seq;
-    std::vector<float> logits;
-    s.feed(seq, prompt(13, 4), ForwardBatch::Logits::Last, logits);
-    logits.push_back(static_cast<float>(s.decode_greedy(seq, 5)));
-    seq.release_all(s.pool());
-    return logits;
+    return prompt_logits_then_greedy(s);
   };
   EXPECT_EQ(feed(2), feed(1));
 }

@@ -59,14 +59,7 @@ TEST_F(EngineTpPp, ConcurrentChunkedRequestsGiveTheTokensOfOneRank) {
   expect_same_tokens(got, want, "tp 2 x pp 2");
   EXPECT_EQ(got.stats.steps, want.stats.steps);
   // A decode step of the four sequences runs as two micro-batches (one per stage).
-  int most_micro = 0;
-  EngineCore core(two_->config(), two_->executor());
-  for (int i = 0; i < 4; ++i) core.add(i + 1, mixed_requests()[i]);
-  while (core.has_work()) {
-    core.step();
-    most_micro = std::max(most_micro, dynamic_cast<PipelineParallelExecutor&>(two_->executor()).last_micro_batches());
-  }
-  EXPECT_EQ(most_micro, 2);
+  EXPECT_EQ(most_micro_batches(*two_), 2);
 }
 
 TEST_F(EngineTpPp, TheThreadedEngineServesClientsOnManyThreads) {
@@ -171,23 +164,8 @@ TEST(ParallelRanksTpPp, ShardsOfStagesAndAFailingRankNamedByBoth) {
 TEST(TpPpSession, FeedReturnsOneRanksLogitsWithinRounding) {
   // What `tessera bench model -tp 2 -pp 2` runs on.
   const auto feed = [](int tp, int pp) {
-    SessionOptions so;
-    so.model = kModel;
-    so.dummy_seed = 7;
-    so.backend.threads = 4;
-    so.ctx = 64;
-    so.kv_tokens = 16;
-    so.max_batch_tokens = 8;  // 13 tokens: two chunks
-    so.block_size = 4;
-    so.tensor_parallel_size = tp;
-    so.pipeline_parallel_size = pp;
-    Session s(so);
-    SequenceBlocks seq;
-    std::vector<float> logits;
-    s.feed(seq, prompt(13, 4), ForwardBatch::Logits::Last, logits);
-    logits.push_back(static_cast<float>(s.decode_greedy(seq, 5)));
-    seq.release_all(s.pool());
-    return logits;
+    Session s(session_options(tp, pp, 4));
+    return prompt_logits_then_greedy(s);
   };
   const std::vector<float> want = feed(1, 1), got = feed(2, 2);
   ASSERT_EQ(got.size(), want.size());

@@ -12,7 +12,10 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/engine_core.h"
 #include "engine/engine_model.h"
+#include "engine/executor_pp.h"
+#include "engine/session.h"
 #include "engine_run_harness.h"
 
 namespace tessera::test::parallel {
@@ -46,6 +49,33 @@ inline std::vector<int32_t> prompt(int n, uint32_t seed) {
   return p;
 }
 
+// A Session over tp x pp ranks, as `tessera bench model -tp T -pp P` makes one: 8 tokens a
+// forward, blocks of 4, a 16-token cache.
+inline SessionOptions session_options(int tp, int pp, int threads) {
+  SessionOptions so;
+  so.model = kModel;
+  so.dummy_seed = 7;
+  so.backend.threads = threads;
+  so.ctx = 64;
+  so.kv_tokens = 16;
+  so.max_batch_tokens = 8;
+  so.block_size = 4;
+  so.tensor_parallel_size = tp;
+  so.pipeline_parallel_size = pp;
+  return so;
+}
+
+// A 13-token prompt fed in two chunks, then one greedy step: the last row's logits, then the
+// greedy token (as a float). The sequence's blocks are given back.
+inline std::vector<float> prompt_logits_then_greedy(Session& s) {
+  SequenceBlocks seq;
+  std::vector<float> logits;
+  s.feed(seq, prompt(13, 4), ForwardBatch::Logits::Last, logits);
+  logits.push_back(static_cast<float>(s.decode_greedy(seq, 5)));
+  seq.release_all(s.pool());
+  return logits;
+}
+
 inline Request greedy(std::vector<int32_t> p, int max_tokens) {
   return greedy_tokens_request(std::move(p), max_tokens);
 }
@@ -56,6 +86,18 @@ inline std::vector<Request> mixed_requests() {
   const int lengths[] = {13, 30, 9, 22};
   for (int i = 0; i < 4; ++i) r.push_back(greedy(prompt(lengths[i], 11 + i), 8));
   return r;
+}
+
+// The most micro-batches any step ran in, the mixed requests run on a pipelined engine.
+inline int most_micro_batches(ModelEngine& pipelined) {
+  int most = 0;
+  EngineCore core(pipelined.config(), pipelined.executor());
+  for (int i = 0; i < 4; ++i) core.add(i + 1, mixed_requests()[i]);
+  while (core.has_work()) {
+    core.step();
+    most = std::max(most, dynamic_cast<PipelineParallelExecutor&>(pipelined.executor()).last_micro_batches());
+  }
+  return most;
 }
 
 inline void expect_same_tokens(const RunResult& got, const RunResult& want, const std::string& what) {
