@@ -16,11 +16,17 @@ namespace tessera::disagg {
 
 namespace {
 
+// OpenSSL's HMAC implementation, fetched once for the process (a fetch looks the algorithm up
+// in the provider tables under a lock: not something to do for every block); kept until exit.
+EVP_MAC* hmac_algorithm() {
+  static EVP_MAC* const mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  TESSERA_CHECK(mac != nullptr, "KV transfer: OpenSSL has no HMAC");
+  return mac;
+}
+
 // HMAC-SHA256 of the concatenated parts under `key` (OpenSSL's EVP_MAC).
 KvMac hmac(std::span<const uint8_t> key, std::span<const std::span<const uint8_t>> parts) {
-  std::unique_ptr<EVP_MAC, decltype(&EVP_MAC_free)> mac(EVP_MAC_fetch(nullptr, "HMAC", nullptr), EVP_MAC_free);
-  TESSERA_CHECK(mac != nullptr, "KV transfer: OpenSSL has no HMAC");
-  std::unique_ptr<EVP_MAC_CTX, decltype(&EVP_MAC_CTX_free)> ctx(EVP_MAC_CTX_new(mac.get()), EVP_MAC_CTX_free);
+  std::unique_ptr<EVP_MAC_CTX, decltype(&EVP_MAC_CTX_free)> ctx(EVP_MAC_CTX_new(hmac_algorithm()), EVP_MAC_CTX_free);
   char digest[] = "SHA256";
   const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
                                OSSL_PARAM_construct_end()};
