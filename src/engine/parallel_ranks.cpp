@@ -19,6 +19,12 @@ std::string ParallelLayout::kind() const {
   return !pipelined() ? "tensor" : tensor == 1 ? "pipeline" : "tensor and pipeline";
 }
 
+std::string ParallelLayout::rank_name(int r) const {
+  const std::string t = "tensor parallel rank " + std::to_string(tensor_rank_of(r));
+  const std::string s = "pipeline stage " + std::to_string(stage_of(r));
+  return !pipelined() ? t : tensor == 1 ? s : s + ", " + t;
+}
+
 ParallelRanks::ParallelRanks(std::shared_ptr<const ModelWeights> whole, const BackendOptions& backend,
                              ParallelLayout layout, int max_batch_tokens, int max_logits)
     : layout_(layout) {
@@ -68,8 +74,8 @@ ParallelRanks::ParallelRanks(std::shared_ptr<const ModelWeights> whole, const Ba
       return b;
     };
     if (cuda) {
-      device_tensor_.resize(size);
-      device_pipeline_.resize(size);
+      if (T > 1) device_tensor_.resize(size);
+      if (P > 1) device_pipeline_.resize(size);
       for (int s = 0; T > 1 && s < P; ++s) {
         auto group = make_nccl_group(members(true, s));
         for (int i = 0; i < T; ++i) device_tensor_[s * T + i] = std::move(group[i]);
@@ -177,7 +183,7 @@ void ParallelRanks::run(FunctionRef<void(Rank&)> fn) {
   // NCCL cannot drop what a failed step left queued: pipeline stages may fail apart (only the
   // last one samples), leaving sends no receive will match, which the next step's receives
   // would take. The group is then refused rather than fed stale activations.
-  if (comm_kind_ == "NCCL" && layout_.pipelined()) broken_ = first_error_;
+  if (!device_pipeline_.empty()) broken_ = first_error_;  // NCCL pipeline groups
   const std::string why = first_error_;
   lock.unlock();
   fail(why);
@@ -196,14 +202,7 @@ void ParallelRanks::worker(int r) {
     try {
       (*job)(*ranks_[r]);
     } catch (const std::exception& e) {
-      const int stage = layout_.stage_of(r), t = layout_.tensor_rank_of(r);
-      if (!layout_.pipelined())
-        error = "tensor parallel rank " + std::to_string(t);
-      else if (layout_.tensor == 1)
-        error = "pipeline stage " + std::to_string(stage);
-      else
-        error = "pipeline stage " + std::to_string(stage) + ", tensor parallel rank " + std::to_string(t);
-      error += std::string(": ") + e.what();
+      error = layout_.rank_name(r) + ": " + e.what();
     }
     lock.lock();
     if (!error.empty() && first_error_.empty()) {

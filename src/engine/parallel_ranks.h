@@ -49,6 +49,8 @@ struct ParallelLayout {
   std::string flag() const;
   // "tensor", "pipeline" or "tensor and pipeline" (parallelism).
   std::string kind() const;
+  // Rank r as an error names it: "tensor parallel rank 1", "pipeline stage 0", or both.
+  std::string rank_name(int r) const;
 };
 
 class ParallelRanks {
@@ -111,7 +113,8 @@ class ParallelRanks {
   // each tensor rank's stages (pipeline_groups_[t], of layout.pipeline); a group of one rank
   // is not made.
   std::vector<std::unique_ptr<LocalGroup>> tensor_groups_, pipeline_groups_;
-  // NCCL, the same groups: rank r's communicator in its stage's and in its pipeline's.
+  // NCCL, the same groups: rank r's communicator in its stage's and in its pipeline's (empty
+  // off CUDA, and where that kind of group has one rank).
   std::vector<std::unique_ptr<Communicator>> device_tensor_, device_pipeline_;
   std::string comm_kind_;
 

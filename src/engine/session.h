@@ -50,7 +50,8 @@ struct SessionOptions {
   // many ranks of this process, each with its KV heads; feed() runs every rank. backend(),
   // model() and kv() are then rank 0's, and runner() throws (a forward must run on every rank).
   int tensor_parallel_size = 1;
-  // Pipeline stages of consecutive layers, the same way (not with tensor_parallel_size > 1).
+  // Pipeline stages of consecutive layers, the same way; with tensor_parallel_size > 1 too,
+  // each stage sharded over that many ranks.
   int pipeline_parallel_size = 1;
 };
 
