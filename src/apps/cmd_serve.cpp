@@ -166,6 +166,9 @@ void serve(const ServeArgs& a) {
   }
   TESSERA_CHECK(a.kv_transfer_secret_file.empty() || role != api::ServeRole::Colocated,
                 "--kv-transfer-secret-file is for --role prefill and --role decode, not --role ", a.role);
+  // Read before the model loads: a bad file fails at once.
+  const std::string kv_secret =
+      a.kv_transfer_secret_file.empty() ? std::string() : disagg::read_kv_secret_file(a.kv_transfer_secret_file);
   // Signals are taken by sigwait below.
   const sigset_t signals = block_stop_signals();
   if (router_role) return serve_router(a, signals);
@@ -227,8 +230,6 @@ void serve(const ServeArgs& a) {
   api::KvRoleOptions kv_role;
   kv_role.role = role;
   const auto transfer_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.kv_transfer_timeout_s * 1000));
-  const std::string kv_secret =
-      a.kv_transfer_secret_file.empty() ? std::string() : disagg::read_kv_secret_file(a.kv_transfer_secret_file);
   if (role == api::ServeRole::Prefill) {
     lease_source = std::make_unique<disagg::EngineLeaseSource>(engine);
     kv_server = std::make_unique<disagg::TcpKvServer>(

@@ -41,3 +41,18 @@ def test_router_policy_takes_only_its_values():
     out = run_cli("serve", "--model", str(model_path()), "--role", "decode", "--router-policy", "load")
     assert out.returncode != 0
     assert "--router-policy is for --role router, not --role decode" in out.stderr, out.stderr
+
+
+def test_kv_transfer_secret_file_is_for_the_worker_roles_and_must_hold_a_secret(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef0123\n")
+    out = run_cli("serve", "--model", str(model_path()), "--kv-transfer-secret-file", str(secret))
+    assert out.returncode != 0
+    assert "--kv-transfer-secret-file is for --role prefill and --role decode, not --role colocated" in out.stderr, \
+        out.stderr
+    short = tmp_path / "short"
+    short.write_text("too-short\n")
+    out = run_cli("serve", "--model", str(model_path()), "--role", "decode", "--port", "0",
+                  "--kv-transfer-secret-file", str(short))
+    assert out.returncode != 0
+    assert f"--kv-transfer-secret-file: '{short}' holds 9 bytes" in out.stderr, out.stderr

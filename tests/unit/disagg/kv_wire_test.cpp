@@ -2,6 +2,7 @@
 // is refused with an error naming what is wrong; identities that differ say which field.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -136,4 +137,29 @@ TEST(KvAuth, SessionMacBindsSecretNoncesDirectionSequenceAndBytes) {
   std::vector<uint8_t> bad = encode_challenge({server, true});
   bad.back() = 2;
   EXPECT_THROW(decode_challenge(bad), KvTransferError);
+}
+
+// --kv-transfer-secret-file: trailing newlines dropped; a missing file or a secret under 16
+// bytes is refused naming the flag and the file.
+TEST(KvAuth, SecretFileIsReadAndShortOrMissingOnesRefused) {
+  const std::string dir = ::testing::TempDir();
+  const auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  };
+  EXPECT_EQ(read_kv_secret_file(write("kv-secret-ok", "0123456789abcdef0123\n")), "0123456789abcdef0123");
+  const auto error_of = [](const std::string& path) {
+    try {
+      read_kv_secret_file(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string short_path = write("kv-secret-short", "too-short\n");
+  EXPECT_NE(error_of(short_path).find("--kv-transfer-secret-file: '" + short_path + "' holds 9 bytes"),
+            std::string::npos)
+      << error_of(short_path);
+  EXPECT_NE(error_of(dir + "/no-such-secret").find("cannot read"), std::string::npos);
 }

@@ -47,6 +47,8 @@ TEST(ParallelLayout, RanksAreTensorRanksWithinStages) {
   EXPECT_TRUE(l.computes_logits(5));
   EXPECT_EQ(l.flag(), "--tensor-parallel-size 2 --pipeline-parallel-size 3");
   EXPECT_EQ(l.kind(), "tensor and pipeline");
+  EXPECT_EQ(l.rank_name(3), "pipeline stage 1, tensor parallel rank 1");
+  EXPECT_EQ((ParallelLayout{.pipeline = 3}).rank_name(2), "pipeline stage 2");
   EXPECT_EQ((ParallelLayout{.tensor = 2}).sampling_rank(), 0);
   EXPECT_EQ((ParallelLayout{.pipeline = 3}).sampling_rank(), 2);
 }
