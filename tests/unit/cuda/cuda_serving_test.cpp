@@ -239,6 +239,19 @@ EngineRun run_engine(ModelEngine& engine) {
   return result;
 }
 
+// The run of a speculating engine on the GPU, after checking its tokens are the plain CPU
+// engine's (every request, every choice).
+EngineRun speculating_run_with_the_plain_cpu_tokens(SpecMethod method) {
+  ModelEngine plain(engine_options("cpu"));
+  ModelEngine gpu(engine_options("cuda", method));
+  const EngineRun p = run_engine(plain);
+  EngineRun g = run_engine(gpu);
+  for (const auto& [id, choices] : p.tokens)
+    for (size_t k = 0; k < choices.size(); ++k)
+      EXPECT_EQ(g.tokens.at(id)[k], choices[k]) << "request " << id << " choice " << k;
+  return g;
+}
+
 }  // namespace
 
 TEST(CudaServing, EngineOnCudaGivesTheCpuTokensWithForksPrefixHitsAndSwaps) {
@@ -267,14 +280,8 @@ TEST(CudaServing, SpeculationOnCudaGivesThePlainCpuTokens) {
   // repeat one continuation, so its drafts are chains; trees through the model are
   // CudaModel.DraftTreeForward..., their kernels CudaAttention/CudaKvQuant.DraftTree...
   TESSERA_REQUIRE_CUDA();
-  ModelEngine plain(engine_options("cpu"));
-  ModelEngine gpu(engine_options("cuda", SpecMethod::Ngram));
-  const EngineRun p = run_engine(plain);
-  const EngineRun g = run_engine(gpu);
+  const EngineRun g = speculating_run_with_the_plain_cpu_tokens(SpecMethod::Ngram);
   EXPECT_GT(g.stats.spec.accepted_tokens, 0);
-  for (const auto& [id, choices] : p.tokens)
-    for (size_t k = 0; k < choices.size(); ++k)
-      EXPECT_EQ(g.tokens.at(id)[k], choices[k]) << "request " << id << " choice " << k;
 }
 
 TEST(CudaServing, EarlyExitOverTheTargetsCacheOnCudaGivesThePlainCpuTokens) {
@@ -283,14 +290,8 @@ TEST(CudaServing, EarlyExitOverTheTargetsCacheOnCudaGivesThePlainCpuTokens) {
   // partial block's layers < L copied on the device). Tokens: the plain CPU engine's; every
   // block back in the pool.
   TESSERA_REQUIRE_CUDA();
-  ModelEngine plain(engine_options("cpu"));
-  ModelEngine gpu(engine_options("cuda", SpecMethod::EarlyExit));
-  const EngineRun p = run_engine(plain);
-  const EngineRun g = run_engine(gpu);
+  const EngineRun g = speculating_run_with_the_plain_cpu_tokens(SpecMethod::EarlyExit);
   EXPECT_GT(g.stats.spec.draft_tokens, 0);
   EXPECT_GT(g.stats.spec.accepted_tokens, 0);
   EXPECT_EQ(g.stats.kv_free_blocks, g.stats.kv_total_blocks);
-  for (const auto& [id, choices] : p.tokens)
-    for (size_t k = 0; k < choices.size(); ++k)
-      EXPECT_EQ(g.tokens.at(id)[k], choices[k]) << "request " << id << " choice " << k;
 }
