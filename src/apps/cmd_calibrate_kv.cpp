@@ -54,6 +54,7 @@ void add_calibrate_kv(CLI::App& app) {
     so.k_equal.clear();
     so.k_rope_dim = 0;
     so.k_rope_freq.clear();
+    so.k_first.clear();
     so.ctx = std::max(so.ctx, a->window);
     so.kv_tokens = a->window;
     Session session(so);

@@ -91,6 +91,7 @@ SessionOptions ModelArgs::session_options() const {
 }
 
 void apply_key_centering(const KvScales& file, SessionOptions& o) {
+  o.k_first = file.k_first;
   if (file.rope_dim > 0) {  // version 2: position-aware centering replaces the static one
     o.k_mean = file.rope_mean;
     o.k_equal = file.rope_equal;

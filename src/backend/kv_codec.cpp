@@ -150,7 +150,8 @@ KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int hea
     l.mean = at;
     l.store_signs = at + static_cast<int64_t>(n_kv_heads) * head_dim;
     l.rope = l.store_signs + static_cast<int64_t>(n_kv_heads) * head_dim;
-    at = l.rope + 2 + head_dim / 2;
+    l.first = l.rope + 2 + head_dim / 2;
+    at = l.first + 1 + static_cast<int64_t>(n_kv_heads) * head_dim;
   }
   l.total = at;
   return l;
@@ -198,6 +199,18 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
       TESSERA_CHECK(std::isfinite(rope.inv_freq[i]) && rope.inv_freq[i] >= 0, "KV RoPE frequency ", i, " of layer ",
                     layer, " is ", rope.inv_freq[i]);
       out[l.rope + 2 + i] = rope.inv_freq[i];
+    }
+  }
+  if (!rope.first.empty()) {
+    TESSERA_CHECK(f.centers_keys() && is_key && !mean.empty(), "KV first-key center of layer ", layer,
+                  " needs the key means of a format that centers its keys");
+    TESSERA_CHECK(rope.first.size() == static_cast<size_t>(n_kv_heads) * head_dim, "KV first-key center of layer ",
+                  layer, ": ", rope.first.size(), " values for ", n_kv_heads, " KV heads x head_dim ", head_dim);
+    out[l.first] = 1.0f;
+    for (size_t i = 0; i < rope.first.size(); ++i) {
+      TESSERA_CHECK(std::isfinite(rope.first[i]), "KV first-key center of layer ", layer, " head ", i / head_dim,
+                    " channel ", i % head_dim, " is ", rope.first[i], " (not finite)");
+      out[l.first + 1 + i] = rope.first[i];
     }
   }
   if (!equal.empty()) {
@@ -332,7 +345,7 @@ void encode_turbo_row(const KvFormat& f, const KvPageLayout& l, int hd, const Kv
 void kv_encode_rows(const KvFormat& f, const KvPageLayout& l, int hd, const KvHeadConstants& c, uint8_t* page,
                     int offset, int n, const float* x, int64_t ldx, float* scratch, const int32_t* positions) {
   if (n <= 0) return;
-  TESSERA_CHECK(c.rope_dim == 0 || positions, "KV store: position-aware key centering without positions");
+  TESSERA_CHECK((c.rope_dim == 0 && !c.first) || positions, "KV store: key centering by position without positions");
   uint8_t* meta = page + l.meta_offset;
   if (f.codec == KvCodec::Int4 && f.scale == KvScale::Channel) {
     encode_int4_channel(l, hd, page, offset, n, x, ldx);

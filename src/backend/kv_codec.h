@@ -29,16 +29,25 @@ namespace tessera {
 // (q∘s)·((k − μ)/s) = q·(k − μ); rope (same formats): [rot_dim, neox, inv_freq: hd/2] for
 // position-aware centering: with rot_dim > 0, mean holds the pre-RoPE mean m and the store
 // subtracts R(p)·m (R(p) the key's own RoPE rotation), which attention adds back as q·R(p)·m
-// (rot_dim 0: static μ). Absent parts have size 0; the centering parts come last so the
-// other offsets do not depend on them.
+// (rot_dim 0: static μ); first (same formats): [flag, n_kv_heads * hd] the center of the key
+// at position 0 (flag 1: present), which the store subtracts there instead and attention
+// adds back (q·first) for that one key. Absent parts have size 0; the centering parts come
+// last so the other offsets do not depend on them.
 struct KvConstantsLayout {
-  int64_t scales = 0, code_hi = 0, code_lo = 0, signs = 0, qjl = 0, mean = 0, store_signs = 0, rope = 0, total = 0;
+  int64_t scales = 0, code_hi = 0, code_lo = 0, signs = 0, qjl = 0, mean = 0, store_signs = 0, rope = 0, first = 0,
+          total = 0;
 };
-// The RoPE of position-aware key centering (rot_dim 0: none): inv_freq [rot_dim / 2].
+// Centering by position for the keys of a format that centers them: the RoPE of
+// position-aware centering (rot_dim 0: none; inv_freq [rot_dim / 2]) and the center of the
+// key at position 0 (first: empty = that key centered like the others; else n_kv_heads * hd
+// values, head-major). Position 0's key is the attention sink of most models: it sits far
+// from the other keys' mean, every later query reads it strongly, and a code relative to
+// its own norm spends the bits on that offset (docs/design/kv-quant.md, "The first key").
 struct KvRopeCentering {
   int rot_dim = 0;
   bool neox = false;
   std::span<const float> inv_freq;
+  std::span<const float> first;
 };
 KvConstantsLayout kv_constants_layout(const KvFormat& f, int n_kv_heads, int head_dim);
 // Builds the constants of one layer's K (is_key) or V. Turbo's signs and S are drawn from a
@@ -73,6 +82,7 @@ struct KvHeadConstants {
   const float* qjl = nullptr;          // [hd, hd]
   const float* mean = nullptr;         // [hd] subtracted before encoding (formats that center keys)
   const float* rope_freq = nullptr;    // [rope_dim / 2] position-aware centering: mean is pre-RoPE
+  const float* first = nullptr;        // [hd] the center of the key at position 0, or null
   int rope_dim = 0;
   bool rope_neox = false;
 };
@@ -93,6 +103,7 @@ inline KvHeadConstants kv_head_constants(const KvFormat& f, const float* layer, 
     c.rope_dim = static_cast<int>(layer[l.rope]);
     c.rope_neox = layer[l.rope + 1] != 0;
     if (c.rope_dim > 0) c.rope_freq = layer + l.rope + 2;
+    if (layer[l.first] != 0) c.first = layer + l.first + 1 + static_cast<int64_t>(head) * hd;
   }
   return c;
 }
@@ -118,10 +129,13 @@ static inline void kv_rope_angles(const KvHeadConstants& c, double pos, float* c
     cos_sin[half + i] = static_cast<float>(std::sin(a));
   }
 }
-// The centering a key at position pos is stored relative to: R(pos)·m (position-aware), μ
-// (static) or none. out: [hd]; cos_sin: [hd] scratch.
+// The centering a key at position pos is stored relative to: the first key's center at
+// position 0 (when given), R(pos)·m (position-aware), μ (static) or none. out: [hd]; cos_sin:
+// [hd] scratch.
 static inline void kv_key_center(const KvHeadConstants& c, int hd, int pos, float* cos_sin, float* out) {
-  if (!c.mean) {
+  if (pos == 0 && c.first) {
+    std::memcpy(out, c.first, sizeof(float) * hd);
+  } else if (!c.mean) {
     std::memset(out, 0, sizeof(float) * hd);
   } else if (c.rope_dim == 0) {
     std::memcpy(out, c.mean, sizeof(float) * hd);
@@ -163,7 +177,7 @@ static inline void turbo_unrotate(float* y, const float* signs, int n) {
 // per-channel int4 keys, the page's tokens [0, offset) are re-coded when the new tokens
 // widen a channel's range (one more rounding for them), and offset 0 starts a fresh page.
 // scratch: at least kv_encode_scratch_floats(hd) floats. positions: the rows' positions,
-// needed (non-null) when the keys are centered by position (c.rope_dim > 0).
+// needed (non-null) when the keys are centered by position (c.rope_dim > 0 or c.first).
 void kv_encode_rows(const KvFormat& f, const KvPageLayout& l, int head_dim, const KvHeadConstants& c, uint8_t* page,
                     int offset, int n, const float* x, int64_t ldx, float* scratch, const int32_t* positions = nullptr);
 inline int64_t kv_encode_scratch_floats(int head_dim) { return 6 * static_cast<int64_t>(head_dim); }

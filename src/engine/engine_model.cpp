@@ -78,6 +78,7 @@ ModelEngine::ModelEngine(ModelEngineOptions o) {
   spec.k_rope_dim = o.session.k_rope_dim;
   spec.k_rope_neox = o.session.k_rope_neox;
   spec.k_rope_freq = o.session.k_rope_freq;
+  spec.k_first = o.session.k_first;
   apply_checkpoint_kv_scales(session_->weights(), spec);
   const bool local_group = o.hybrid_kv_cache && mc.sliding_window > 0;
   if (local_group) {

@@ -291,6 +291,11 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
     }
     s.k_mean.push_back(std::move(mean));
     s.k_equal.push_back(equalization(l, var));
+    if (stats.windows > 0) {  // the first key of a window: the mean of those keys
+      std::vector<float> first(sum.size());
+      for (size_t i = 0; i < sum.size(); ++i) first[i] = static_cast<float>(stats.k_first_sum[l][i] / stats.windows);
+      s.k_first.push_back(std::move(first));
+    }
     if (stats.rope_dim == 0) continue;
     // Position-aware: m = E R(p)ᵀk, and E (k_c − (R(p)m)_c)² from the sums (pair channels a,
     // b: (R m)_a = cos φ m_a − sin φ m_b, (R m)_b = sin φ m_a + cos φ m_b).
@@ -324,16 +329,17 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
 
 std::string kv_key_stats_table(const KvStats& stats) {
   std::string out =
-      "layer  E|k|^2  |mu|^2/E|k|^2  top channel var/var  within-page var/var  equalization gain  first token\n";
+      "layer  E|k|^2  |mu|^2/E|k|^2  top channel var/var  within-page var/var  equalization gain  first token  "
+      "first/own mean\n";
   const double n = static_cast<double>(std::max<int64_t>(stats.tokens, 1));
   const int hd = stats.head_dim;
   for (size_t l = 0; l < stats.k_sum.size(); ++l) {
-    double energy = 0, mean_energy = 0, var = 0, within = 0, top_var = 0, gain = 0, first = 0;
+    double energy = 0, mean_energy = 0, var = 0, within = 0, top_var = 0, gain = 0, first = 0, first_own = 0;
     const size_t n_heads = stats.k_sum[l].size() / hd;
     for (size_t h = 0; h < n_heads; ++h) {
       // with the queries' RMS ρ (1 when the backend did not show them): the equalization's
       // score-error ratio (Σσ²)(Σρ²)/(Σσρ)² (isotropic queries: hd·Σσ²/(Σσ)²)
-      double v_h = 0, tv = 0, sum_sr = 0, q_h = 0, f_h = 0;
+      double v_h = 0, tv = 0, sum_sr = 0, q_h = 0, f_h = 0, o_h = 0;
       for (int c = 0; c < hd; ++c) {
         const size_t i = h * hd + c;
         const double m = stats.k_sum[l][i] / n, e = stats.k_sq[l][i] / n, v = std::max(e - m * m, 0.0);
@@ -347,15 +353,19 @@ std::string kv_key_stats_table(const KvStats& stats) {
         q_h += rho2;
         const double w = static_cast<double>(std::max(stats.windows, 1));  // E|k_0 − μ|² over windows
         f_h += stats.k_first_sq[l][i] / w - 2 * m * stats.k_first_sum[l][i] / w + m * m;
+        const double m0 = stats.k_first_sum[l][i] / w;  // E|k_0 − μ_0|²: around the first keys' own mean
+        o_h += std::max(stats.k_first_sq[l][i] / w - m0 * m0, 0.0);
       }
       first += f_h / v_h;
+      first_own += o_h / v_h;
       var += v_h;
       top_var += tv / v_h;
       gain += q_h * v_h / (sum_sr * sum_sr);
     }
-    char line[200];
-    std::snprintf(line, sizeof line, "%5zu  %7.2f  %13.3f  %19.3f  %19.3f  %17.2f  %11.1f\n", l, energy / n_heads,
-                  mean_energy / energy, top_var / n_heads, within / var, gain / n_heads, first / n_heads);
+    char line[220];
+    std::snprintf(line, sizeof line, "%5zu  %7.2f  %13.3f  %19.3f  %19.3f  %17.2f  %11.1f  %14.2f\n", l,
+                  energy / n_heads, mean_energy / energy, top_var / n_heads, within / var, gain / n_heads,
+                  first / n_heads, first_own / n_heads);
     out += line;
   }
   return out;

@@ -54,7 +54,8 @@ KvStats measure_kv_stats(Session& session, std::span<const int32_t> tokens, int 
 // mean(s²) = 1 per head) for key formats that center (KvFormat::centers_keys), else none.
 // Those need the queries: stats measured on a backend that does not show them are an error.
 // With RoPE (stats.rope_dim > 0) also the position-aware pair (KvScales::rope_*): the pre-RoPE
-// mean m = E R(p)ᵀk and s from each channel's variance around R(p)·m.
+// mean m = E R(p)ᵀk and s from each channel's variance around R(p)·m. Centering formats also
+// get k_first, the mean of the windows' first keys (the center of the key at position 0).
 KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, const KvFormat& v_format);
 
 // One line per layer on the keys (means over its heads): energy per token E|k|², the share
@@ -63,7 +64,8 @@ KvScales kv_scales_from_stats(const KvStats& stats, const KvFormat& k_format, co
 // each page's own channel means: what KIVI's per-page ranges see), the score-error ratio of
 // no equalization to the calibration's (Σσ²)(Σρ²)/(Σσρ)², ρ the queries' RMS per channel
 // (ρ = 1 where the queries were not seen: hd·Σσ²/(Σσ)², the gain for isotropic queries), and
-// the first key of a window (the attention sink) as E|k_0 − μ|² over E|k − μ|².
+// the first key of a window (the attention sink) as E|k_0 − μ|² over E|k − μ|², and around
+// the first keys' own mean, E|k_0 − μ_0|² over E|k − μ|² (what the first-key center leaves).
 std::string kv_key_stats_table(const KvStats& stats);
 
 }  // namespace tessera

@@ -86,6 +86,13 @@ KvScales read_kv_scales(const std::string& path) {
       TESSERA_CHECK(f.size() == static_cast<size_t>(s.rope_dim / 2), "KV scales ", path,
                     ": \"k_rope\" inv_freq row of ", f.size(), " values for rot_dim ", s.rope_dim);
   }
+  if (j.contains("k_first")) {
+    s.k_first = read_rows(j, "k_first", path, false);
+    TESSERA_CHECK(
+        !s.k_mean.empty() && s.k_first.size() == s.k_mean.size() && s.k_first.front().size() == s.k_mean.front().size(),
+        "KV scales ", path, ": \"k_first\" needs \"k_mean\" beside it and rows of its shape (", s.k_first.size(),
+        " rows for ", s.k_mean.size(), ")");
+  }
   TESSERA_CHECK(s.k.size() == s.v.size(), "KV scales ", path, ": ", s.k.size(), " K rows and ", s.v.size(),
                 " V rows (one per layer each)");
   TESSERA_CHECK(!s.k.empty() || !s.k_mean.empty(), "KV scales ", path, ": no scales and no \"k_mean\"");
@@ -115,6 +122,10 @@ void write_kv_scales(const std::string& path, const KvScales& scales, const std:
   j["v_scales"] = scales.v.empty() ? nlohmann::json::array() : nlohmann::json(scales.v);
   if (!scales.k_mean.empty()) j["k_mean"] = scales.k_mean;
   if (!scales.k_equal.empty()) j["k_equal"] = scales.k_equal;
+  if (!scales.k_first.empty()) {
+    j["version"] = 2;
+    j["k_first"] = scales.k_first;
+  }
   if (scales.rope_dim > 0) {
     j["version"] = 2;
     j["k_rope"] = {{"rot_dim", scales.rope_dim},

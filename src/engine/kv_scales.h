@@ -13,7 +13,9 @@
 // values] ...L rows], "mean": [[m ...H·D] ...L rows], "equal": [[s ...H·D] ...L rows]}:
 // position-aware key centering, m the pre-RoPE mean key (keys stored as (k − R(p)·m)/s, s
 // measured around R(p)·m). k_mean / k_equal stay the static centering, so version-1 readers
-// (which ignore "k_rope") and files without it load as before.
+// (which ignore "k_rope") and files without it load as before. Version 2 may also hold
+// "k_first": [[c ...H·D] ...L rows], the mean key at position 0 (the attention sink), which
+// that one key is stored relative to, with either centering (KvCacheSpec::k_first).
 #include <string>
 #include <vector>
 
@@ -32,6 +34,7 @@ struct KvScales {
   std::vector<std::vector<float>> rope_inv_freq;  // [n_layers][rope_dim / 2]
   std::vector<std::vector<float>> rope_mean;      // [n_layers][n_kv_heads * head_dim] pre-RoPE
   std::vector<std::vector<float>> rope_equal;     // [n_layers][n_kv_heads * head_dim]
+  std::vector<std::vector<float>> k_first;        // "k_first" [n_layers][n_kv_heads * head_dim], or empty
 };
 
 // Throws naming the file and what is wrong (not JSON, rows of the wrong length, a scale

@@ -136,6 +136,7 @@ void Session::make_kv(int tokens) {
   spec.k_rope_dim = options_.k_rope_dim;
   spec.k_rope_neox = options_.k_rope_neox;
   spec.k_rope_freq = options_.k_rope_freq;
+  spec.k_first = options_.k_first;
   apply_checkpoint_kv_scales(*weights_, spec);
   pool_ = std::make_unique<BlockPool>(spec.n_blocks);
   if (ranks_) {  // each rank its KV heads, on its own thread

@@ -41,7 +41,8 @@ struct SessionOptions {
   int k_rope_dim = 0;
   bool k_rope_neox = false;
   std::vector<std::vector<float>> k_rope_freq;
-  uint64_t dummy_seed = 0;  // for dummy weights
+  std::vector<std::vector<float>> k_first;  // the position-0 key's center (KvCacheSpec::k_first)
+  uint64_t dummy_seed = 0;                  // for dummy weights
   // Load the weights and tokenizer only: no backend, model or KV (the tensor-parallel engine
   // runs shards of the weights on backends of its own). backend(), model(), kv(), runner(),
   // pool() and feed() then throw.

@@ -23,7 +23,7 @@ uint64_t KvCacheSpec::constants_digest() const {
   };
   const int64_t rope[2] = {k_rope_dim, k_rope_neox ? 1 : 0};
   add(rope, sizeof rope);
-  for (const auto* rows : {&k_scales, &v_scales, &k_mean, &k_equal, &k_rope_freq}) {
+  for (const auto* rows : {&k_scales, &v_scales, &k_mean, &k_equal, &k_rope_freq, &k_first}) {
     const uint64_t n = rows->size();
     add(&n, sizeof n);
     for (const auto& r : *rows) {
@@ -54,6 +54,7 @@ KvCacheSpec KvCacheSpec::kv_heads(int first, int n) const {
   per_head(s.v_scales, 1, "V scale");
   per_head(s.k_mean, head_dim, "key mean");
   per_head(s.k_equal, head_dim, "key equalization");
+  per_head(s.k_first, head_dim, "first-key center");
   return s;
 }
 
@@ -71,6 +72,7 @@ KvCacheSpec KvCacheSpec::layers(int first, int n) const {
   per_layer(s.k_mean);
   per_layer(s.k_equal);
   per_layer(s.k_rope_freq);
+  per_layer(s.k_first);
   per_layer(s.local_layers);
   return s;
 }
@@ -112,10 +114,19 @@ void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat
     TESSERA_CHECK(!spec.k_mean.empty() && spec.k_rope_freq.size() == static_cast<size_t>(spec.n_layers),
                   "KV cache: position-aware key centering needs pre-RoPE key means and RoPE frequencies for each of ",
                   spec.n_layers, " layers (got ", spec.k_rope_freq.size(), ")");
-    TESSERA_CHECK(backend.supports_rope_key_centering(), "KV cache: the ", backend.name(),
+    TESSERA_CHECK(backend.supports_key_centering_by_position(), "KV cache: the ", backend.name(),
                   " backend does not read position-aware key centering (a calibration file with \"k_rope\"; "
                   "use --device cpu)");
-    rope = {spec.k_rope_dim, spec.k_rope_neox, spec.k_rope_freq[layer]};
+    rope = {spec.k_rope_dim, spec.k_rope_neox, spec.k_rope_freq[layer], {}};
+  }
+  if (is_key && !spec.k_first.empty()) {
+    TESSERA_CHECK(!spec.k_mean.empty() && spec.k_first.size() == static_cast<size_t>(spec.n_layers),
+                  "KV cache: first-key centers need key means and one row for each of ", spec.n_layers, " layers (got ",
+                  spec.k_first.size(), ")");
+    TESSERA_CHECK(backend.supports_key_centering_by_position(), "KV cache: the ", backend.name(),
+                  " backend does not read the first key's own center (a calibration file with \"k_first\"; "
+                  "use --device cpu)");
+    rope.first = spec.k_first[layer];
   }
   const std::vector<float> host =
       make_kv_constants(f, spec.n_kv_heads, spec.head_dim, spec.layer_first + layer, is_key, spec.seed, s, mean, equal,

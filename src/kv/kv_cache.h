@@ -39,6 +39,9 @@ struct KvCacheSpec {
   int k_rope_dim = 0;
   bool k_rope_neox = false;
   std::vector<std::vector<float>> k_rope_freq;
+  // The center of the key at position 0 per layer ([n_kv_heads * head_dim], head-major; needs
+  // k_mean): that key is stored relative to it instead (KvRopeCentering::first); empty = none.
+  std::vector<std::vector<float>> k_first;
   // Layer groups: the sliding-window layers marked in local_layers ([n_layers], 1 = local)
   // keep their K/V in a pool of their own, n_local_blocks blocks (the block manager drops
   // blocks behind the window from it). 0 = one group: every layer has n_blocks blocks.

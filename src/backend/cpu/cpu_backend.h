@@ -53,7 +53,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<const void> upload(const void* host, size_t bytes) override;
   void copy_to_device(void* device, const void* host, size_t bytes) override;
   bool supports_kv_format(const KvFormat&) const override { return true; }
-  bool supports_rope_key_centering() const override { return true; }
+  bool supports_key_centering_by_position() const override { return true; }
   bool supports_tree_attention() const override { return true; }
   // attention() hands its queries to f first (backend/query_observer.h); empty f: none.
   void set_query_observer(QueryObserver f) { query_observer_ = std::move(f); }

@@ -202,6 +202,9 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   // back (it differs between keys: the softmax would not drop it). R(base + j) = R(j)·R(base):
   // the rotations of a block's offsets j are tabulated once.
   const bool rope_center = kc.rope_dim > 0;
+  // The key at position 0 centered on its own calibrated center: its score gets q·first back
+  // (position-aware: in place of q·R(0)·m; static: in place of the dropped q·μ).
+  const bool first_center = kc.first != nullptr;
   if (rope_center)
     for (int j = 0; j < bs; ++j) tessera::kv_rope_angles(kc, j, tab + j * hd);
   for (int r = 0; r < n_q; ++r) {
@@ -209,7 +212,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     const float* src = q + t * ldq + static_cast<int64_t>(task.kv_head * group + g) * hd;
     float* qr = qs + r * hd;
     for (int d = 0; d < hd; ++d) qr[d] = src[d] * scale;
-    if (rope_center) std::memcpy(qp + r * hd, qr, sizeof(float) * hd);
+    if (rope_center || first_center) std::memcpy(qp + r * hd, qr, sizeof(float) * hd);
     if (k_turbo) {
       tessera::turbo_rotate(qr, kc.signs, hd, rot);
       std::memcpy(qr, rot, sizeof(float) * hd);
@@ -254,6 +257,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       tessera::kv_rope_angles(kc, base, cs);
       tessera::kv_rope_apply(kc.mean, cs, kc.rope_dim, kc.rope_neox, hd, mb);
       for (int j = 0; j < nk; ++j) tessera::kv_rope_apply(mb, tab + j * hd, kc.rope_dim, kc.rope_neox, hd, cm + j * hd);
+      if (first_center && base == 0) std::memcpy(cm, kc.first, sizeof(float) * hd);
     }
     for (int r = 0; r < n_q; ++r) {
       const int pos = b.positions[task.q_begin + r / ng];
@@ -294,7 +298,10 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
       for (int j = lo; j < visible; ++j) {
         float dot = s[j];
         if (qjl) dot += coef[j] * dot_f32(sq + r * hd, sgn + j * hd, hd);
-        if (rope_center) dot += dot_f32(qp + r * hd, cm + j * hd, hd);
+        if (rope_center)
+          dot += dot_f32(qp + r * hd, cm + j * hd, hd);
+        else if (first_center && base + j == 0)
+          dot += dot_f32(qp + r * hd, kc.first, hd) - dot_f32(qp + r * hd, kc.mean, hd);
         s[j] = dot;
         if (!hidden || !is_hidden(j)) mx = std::max(mx, dot);
       }

@@ -163,6 +163,12 @@ TEST(KvCalibration, KeyMeansAreWrittenReadAndCenterTurboKeys) {
         EXPECT_NEAR(means.k_equal[l][size_t(h) * c.head_dim + d], want[d] / std::sqrt(ms), 1e-5);
     }
   }
+  // The first key of each window: its mean is the first-key center.
+  ASSERT_EQ(means.k_first.size(), size_t(c.n_layer));
+  for (int l = 0; l < c.n_layer; ++l) {
+    ASSERT_EQ(means.k_first[l].size(), row);
+    for (size_t i = 0; i < row; ++i) EXPECT_FLOAT_EQ(means.k_first[l][i], float(stats.k_first_sum[l][i] / 2));
+  }
   // fp8 takes scales, no means; the stats table has a line per layer.
   EXPECT_TRUE(kv_scales_from_stats(stats, parse_kv_format("fp8_e4m3:head", true), turbo_v).k_mean.empty());
   const std::string table = kv_key_stats_table(stats);
@@ -173,6 +179,7 @@ TEST(KvCalibration, KeyMeansAreWrittenReadAndCenterTurboKeys) {
   KvScales back = read_kv_scales(path);
   EXPECT_EQ(back.k_mean, means.k_mean);
   EXPECT_EQ(back.k_equal, means.k_equal);
+  EXPECT_EQ(back.k_first, means.k_first);
   EXPECT_TRUE(back.k.empty() && back.v.empty());
   std::remove(path.c_str());
 
@@ -356,5 +363,8 @@ TEST(KvCalibration, PositionAwareCenteringRoundTripsAndOldFilesLoadStatic) {
   expect_error(head + R"("k_rope": {"rot_dim": 2, "neox": false, "inv_freq": [[1.0, 2.0]], "mean": [[1.0, 2.0]],
                    "equal": [[1.0, 1.0]]}})",
                "inv_freq row of 2 values for rot_dim 2");
+  expect_error(head + R"("k_first": [[1.0, 2.0], [3.0, 4.0]]})", "\"k_first\" needs \"k_mean\" beside it");
+  expect_error(head + R"("k_first": [[1.0]]})", "\"k_first\" needs \"k_mean\" beside it");
+  expect_error(R"({"k_scales": [[1.0]], "v_scales": [[1.0]], "k_first": [[1.0, 2.0]]})", "\"k_first\" needs");
   std::remove(path.c_str());
 }

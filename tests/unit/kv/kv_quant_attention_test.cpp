@@ -43,6 +43,11 @@ struct QuantAttnCase {
   // over the positions, what a calibration sees) or by position (rope_center: k − R(p)·m).
   float rope_offset = 0;
   bool rope_center = false;
+  // The key at position 0 of every sequence gets one more offset of this scale (an attention
+  // sink: far from the other keys' mean), and with first_center the cache's first-key center
+  // (KvCacheSpec::k_first) is that key's mean: its own centering plus the sink.
+  float sink = 0;
+  bool first_center = false;
 };
 
 // R(p)·m for pairs (2i, 2i + 1) at frequencies freq (float, as the constants hold them).
@@ -110,6 +115,8 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
         }
     for (int i = 0; i < kvd; ++i) offset[i] += float(acc[i] / count);
   }
+  const std::vector<float> sink =
+      tc.sink > 0 ? randn(size_t(kvd), rng, tc.sink) : std::vector<float>(size_t(kvd), 0.0f);
   if (tc.center) spec.k_mean = {offset};
   if (tc.rope_center) {
     spec.k_mean = {rope_m};
@@ -120,6 +127,31 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
   for (int i = 0; i < kvd; ++i)
     if (tc.equalize && (i % hd) % 17 == 0) equal[i] = std::sqrt(12.0f);
   if (tc.equalize) spec.k_equal = {equal};
+  // The center each key was stored relative to (position j of KV head kh), and the part of it
+  // the softmax drops (static centering: the same μ for every key, never added back).
+  auto center_at = [&](int kh, int j) {
+    std::vector<double> c(hd, 0.0);
+    if (tc.rope_center) c = rope_mean_at(kh, j);
+    if (tc.center && !tc.rope_center)
+      for (int i = 0; i < hd; ++i) c[i] = offset[kh * hd + i];
+    if (tc.first_center && j == 0)
+      for (int i = 0; i < hd; ++i) c[i] = (tc.rope_center ? rope_m[kh * hd + i] : c[i]) + sink[kh * hd + i];
+    return c;
+  };
+  auto dropped_at = [&](int kh) {
+    std::vector<double> c(hd, 0.0);
+    if (tc.center && !tc.rope_center)
+      for (int i = 0; i < hd; ++i) c[i] = offset[kh * hd + i];
+    return c;
+  };
+  if (tc.first_center) {
+    std::vector<float> first_row(static_cast<size_t>(kvd));
+    for (int kh = 0; kh < tc.n_kv_heads; ++kh) {
+      const std::vector<double> c = center_at(kh, 0);
+      for (int i = 0; i < hd; ++i) first_row[kh * hd + i] = float(c[i]);
+    }
+    spec.k_first = {first_row};
+  }
   KvCache kv(be, spec);
   const KvLayerView layer = kv.layer(0);
   std::vector<std::vector<float>> K(tc.seqs.size()), V(tc.seqs.size());
@@ -135,6 +167,7 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
           const std::vector<double> r = rope_mean_at(kh, p);
           for (int i = 0; i < hd; ++i) K[s][size_t(p) * kvd + kh * hd + i] += float(r[i]);
         }
+    for (int i = 0; i < kvd; ++i) K[s][i] += sink[i];  // position 0
     V[s] = randn(size_t(n) * kvd, rng);
     for (int b = 0; b < (n + bs - 1) / bs; ++b) seqs[s].blocks.push_back(ids[next_id++]);
   }
@@ -199,10 +232,8 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
         for (int i = 0; i < hd; ++i) d[i] = kc.signs[i] > 0 ? 1.0 : -1.0;
         for (int j = 0; j < n_tok; ++j) {
           const std::vector<double> x = unrotate_f64(kd.data() + size_t(j) * hd, d, hd);
-          const std::vector<double> rc = tc.rope_center ? rope_mean_at(kh, j) : std::vector<double>(hd, 0.0);
-          for (int i = 0; i < hd; ++i)
-            khat[size_t(j) * hd + i] =
-                x[i] * equal[kh * hd + i] + (tc.center ? double(offset[kh * hd + i]) : 0.0) + rc[i];
+          const std::vector<double> c = center_at(kh, j);
+          for (int i = 0; i < hd; ++i) khat[size_t(j) * hd + i] = x[i] * equal[kh * hd + i] + c[i];
         }
       }
       for (int t = fb.q_start[s]; t < fb.q_start[s + 1]; ++t) {
@@ -225,8 +256,11 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
           double mx = -1e300, mxe = -1e300, mxm = -1e300;
           for (int j = 0; j <= pos; ++j) {
             double d = 0, c = 0, e = 0, m = 0;
-            // position-aware centering: the pages hold k − R(j)·m; the kernel adds q·R(j)·m
-            const std::vector<double> rc = tc.rope_center ? rope_mean_at(kh, j) : std::vector<double>(hd, 0.0);
+            // the pages hold k − center(j); the kernel adds q·center(j) back but for the part
+            // every key shares (position-aware: q·R(j)·m; first key: q·first, less the static μ)
+            std::vector<double> rc = center_at(kh, j);
+            const std::vector<double> dropped = dropped_at(kh);
+            for (int i = 0; i < hd; ++i) rc[i] -= dropped[i];
             for (int i = 0; i < hd; ++i) {
               const double qi = q[t * ldq + h * hd + i];
               d += qv[i] * kd[size_t(j) * hd + i] + qi * rc[i];
@@ -332,7 +366,7 @@ TEST(CpuQuantAttention, CenteredTurboKeysLeaveTheSoftmaxUnchanged) {
     QuantAttnCase centered = plain;
     centered.key_offset = 4.0f;
     centered.center = true;
-    const double e_plain = check_quant_attention(plain, 300, false);
+    const double e_plain = check_quant_attention(plain, 330, false);
     const double e_centered = check_quant_attention(centered, 300, false);
     EXPECT_LT(e_centered, 1.3 * e_plain) << e_plain;
   }
@@ -356,7 +390,7 @@ TEST(CpuQuantAttention, PositionAwareCenteringRemovesARopeRotatedMeanThatStaticC
     QuantAttnCase rope = plain;
     rope.rope_offset = 8.0f;
     rope.rope_center = true;
-    const double e_plain = check_quant_attention(plain, 320, false);
+    const double e_plain = check_quant_attention(plain, 330, false);
     const double e_static = check_quant_attention(stat, 320, false);
     const double e_rope = check_quant_attention(rope, 320, false);
     EXPECT_LT(e_rope, 0.7 * e_static) << "static " << e_static;
@@ -400,4 +434,40 @@ TEST(CpuQuantAttention, KeysAndValuesMayDifferAndBlocksCopyWithTheirScales) {
   // copies is as right as over the originals.
   for (const char* name : {"int4", "int8:g16", "turbo3:qjl", "fp8_e5m2:token"})
     check_quant_attention({name, name, 8, 4, 2, 32, {{21, 1}, {9, 4}}, 0.85}, 202, true);
+}
+
+TEST(CpuQuantAttention, TheFirstKeysOwnCenterRemovesASinkThatTheMeanMisses) {
+  // The key at position 0 carries a sink offset (scale 12 against a spread of 1) that the other
+  // keys lack, as models' first keys do (docs/design/kv-quant.md, "The first key"). Centered
+  // like the rest, TurboQuant spends that key's bits on the offset; centered on its own mean
+  // (k_first) it is coded like any other key: attention is exact up to the codes (checked
+  // inside, against float64 with the keys decoded back) and closer to the exact keys than
+  // with the sink coded like the rest, and than without a sink at all (the sink key,
+  // now nearly exact, takes much of the queries' weight). Static and position-aware centering, chunked prefill past position 0,
+  // decodes, GQA, turbo values, block copies.
+  for (const char* name : {"turbo3.5", "turbo2.5"}) {
+    for (const bool rope : {false, true}) {
+      SCOPED_TRACE(std::string(name) + (rope ? " position-aware" : " static"));
+      QuantAttnCase plain{name, "f16", 16, 4, 2, 64, {{0, 37}, {19, 6}, {40, 1}}, 1.0};
+      plain.key_spikes = false;
+      plain.key_offset = rope ? 0.0f : 4.0f;
+      plain.center = !rope;
+      plain.rope_offset = rope ? 8.0f : 0.0f;
+      plain.rope_center = rope;
+      QuantAttnCase sunk = plain;
+      sunk.sink = 12.0f;
+      QuantAttnCase first = sunk;
+      first.first_center = true;
+      const double e_plain = check_quant_attention(plain, 330, false);
+      const double e_sunk = check_quant_attention(sunk, 330, false);
+      const double e_first = check_quant_attention(first, 330, false);
+      // (seed 330: e_first / e_sunk 0.65-0.82, e_first / e_plain 0.72-0.85)
+      EXPECT_LT(e_first, 0.9 * e_sunk) << "sink centered like the rest " << e_sunk;
+      EXPECT_LT(e_first, 1.1 * e_plain) << "no sink " << e_plain;
+      QuantAttnCase both = first;
+      both.v_format = name;
+      both.equalize = true;
+      check_quant_attention(both, 331, true);
+    }
+  }
 }

@@ -48,9 +48,9 @@ struct Page {
     bytes.assign(l.page_bytes, 0xAB);
   }
   KvHeadConstants c() const { return kv_head_constants(f, consts.data(), 1, hd, 0); }
-  void encode(int offset, int n, const float* x) {
+  void encode(int offset, int n, const float* x, const int32_t* positions = nullptr) {
     std::vector<float> scratch(kv_encode_scratch_floats(hd));
-    kv_encode_rows(f, l, hd, c(), bytes.data(), offset, n, x, hd, scratch.data());
+    kv_encode_rows(f, l, hd, c(), bytes.data(), offset, n, x, hd, scratch.data(), positions);
   }
   // Decoded rows in the original basis (turbo rotated back).
   std::vector<float> decode(int n) const {
@@ -357,6 +357,48 @@ TEST(KvCodec, TurboKeysAreStoredCentered) {
   expect_error(i8, true, ok, "int8, which does not center");
   expect_error(t, true, short_row, "64 values for 2 KV heads x head_dim 64");
   expect_error(t, true, nan_row, "layer 3 head 1 channel 6 is nan");
+}
+
+TEST(KvCodec, TheFirstKeyIsStoredAroundItsOwnCenter) {
+  // With a first-key center f beside the means μ, the key at position 0 is encoded exactly as
+  // x − f would be without centering, every other key as x − μ; a position-less store of such
+  // keys is refused.
+  std::mt19937 rng(19);
+  const int bs = 16, hd = 64;
+  for (const char* name : {"turbo3.5", "turbo2.5:qjl"}) {
+    Page centered(name, true, bs, hd), plain(name, true, bs, hd);
+    const std::vector<float> mean = randn(hd, rng, 3.0f), first = randn(hd, rng, 12.0f);
+    centered.consts = make_kv_constants(centered.f, 1, hd, 0, true, 7, {}, mean, {}, {0, false, {}, first});
+    ASSERT_NE(centered.c().first, nullptr);
+    std::vector<float> x = randn(size_t(bs) * hd, rng), xc(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xc[i] = x[i] - (i < size_t(hd) ? first[i] : mean[i % hd]);
+    std::vector<int32_t> pos(bs);
+    std::iota(pos.begin(), pos.end(), 0);
+    centered.encode(0, 3, x.data(), pos.data());
+    centered.encode(3, bs - 3, x.data() + 3 * hd, pos.data() + 3);
+    plain.encode(0, bs, xc.data());
+    EXPECT_EQ(centered.bytes, plain.bytes) << name;
+    EXPECT_THROW(centered.encode(0, 1, x.data()), Error);
+  }
+  const KvFormat t = parse_kv_format("turbo3", true);
+  const std::vector<float> ok(2 * hd, 0.5f), short_row(hd, 0.5f);
+  std::vector<float> nan_row = ok;
+  nan_row[3] = NAN;
+  EXPECT_EQ(make_kv_constants(t, 2, hd, 0, true, 7, {}, ok).size(),
+            make_kv_constants(t, 2, hd, 0, true, 7, {}, ok, {}, {0, false, {}, ok}).size());
+  auto expect_error = [&](bool key, const std::vector<float>& mean, const std::vector<float>& first,
+                          const std::string& needle) {
+    try {
+      make_kv_constants(t, 2, hd, 4, key, 7, {}, mean, {}, {0, false, {}, first});
+      ADD_FAILURE() << "accepted " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(true, {}, ok, "first-key center of layer 4 needs the key means");
+  expect_error(false, {}, ok, "needs the key means");
+  expect_error(true, ok, short_row, "64 values for 2 KV heads x head_dim 64");
+  expect_error(true, ok, nan_row, "layer 4 head 0 channel 3 is nan");
 }
 
 TEST(KvCache, QuantizedBlocksAreSmallerAndStaticScalesAreChecked) {
