@@ -63,7 +63,9 @@ std::vector<std::string> expand_short_aliases(int argc, char** argv);
 std::string read_file(const std::string& path);
 
 // The --kv-scales file's key centering into o: position-aware ("k_rope", version 2) when the
-// file has it, else the static k_mean / k_equal.
+// file has it, else the static k_mean / k_equal; the first key's center ("k_first") with either.
+// A device other than the CPU takes the static pair alone, with a warning (its backend does
+// not read centering by position).
 void apply_key_centering(const KvScales& file, SessionOptions& o);
 
 // A comma-separated list of integers (an option like --batches 1,8,32), each >= min_value;

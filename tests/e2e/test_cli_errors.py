@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -56,3 +57,29 @@ def test_kv_transfer_secret_file_is_for_the_worker_roles_and_must_hold_a_secret(
                   "--kv-transfer-secret-file", str(short))
     assert out.returncode != 0
     assert f"--kv-transfer-secret-file: '{short}' holds 9 bytes" in out.stderr, out.stderr
+
+
+def _centering_file(path, layers=30, row=192, rot=64):
+    # A calibration file of SmolLM2-135M's shape holding every key centering: static, position-
+    # aware ("k_rope") and the first key's center ("k_first").
+    rows = lambda v: [[v] * row for _ in range(layers)]
+    path.write_text(json.dumps({
+        "version": 2, "k_scales": [], "v_scales": [], "k_mean": rows(0.0), "k_equal": rows(1.0),
+        "k_first": rows(0.5),
+        "k_rope": {"rot_dim": rot, "neox": False, "inv_freq": [[1.0] * (rot // 2)] * layers, "mean": rows(0.0),
+                   "equal": rows(1.0)}}))
+    return path
+
+
+def test_centering_by_position_off_the_cpu_falls_back_to_the_static_pair(tmp_path):
+    # Only the CPU backend reads "k_rope" / "k_first": another device is told, up front, that the
+    # file's static centering is used instead (then fails here on its device, if it has none).
+    scales = _centering_file(tmp_path / "scales.json")
+    args = ("generate", "-m", str(model_path()), "-p", "Hello", "-n", "1", "--kv-cache-dtype", "turbo3.5",
+            "--kv-scales", str(scales))
+    out = run_cli(*args, "--device", "cuda")
+    assert "--device cuda does not read position-aware key centering" in out.stderr, out.stderr
+    assert "static k_mean / k_equal" in out.stderr, out.stderr
+    out = run_cli(*args, "--device", "cpu", "-t", "2")
+    assert out.returncode == 0, out.stderr
+    assert "does not read" not in out.stderr, out.stderr
