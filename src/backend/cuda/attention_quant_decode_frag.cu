@@ -21,7 +21,10 @@
 // values are centroid × norm in f16 (norms up to ~16,000), 1/sqrt(hd) on the f32 output.
 #include <algorithm>
 #include <cfloat>
+#include <mutex>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_quant_frag.cuh"
@@ -316,33 +319,18 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   }
 }
 
-template <int KC, int VC, int HD>
-void launch_as(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-               int split_len, int max_splits, int n_chunks, float* partials, float* out, int64_t ldo, cudaStream_t s) {
-  const size_t smem = smem_bytes<HD>(kv.k_page_bytes, kv.v_page_bytes);
-  static size_t configured = 0;  // per instantiation: the largest opt-in asked for so far
-  if (smem > configured) {
-    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(attention_quant_decode_frag<KC, VC, HD>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    configured = smem;
-  }
-  launch_pdl(attention_quant_decode_frag<KC, VC, HD>, dim3(b.n_seqs, kv.n_kv_heads * n_chunks, max_splits),
-             dim3(kThreads), smem, s, q, ldq, kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale,
-             split_len, max_splits, n_chunks, attention_quant_decode_frag_direct(kv, max_splits), partials, out, ldo);
-  TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_frag");
-}
+// Every instantiation has this type.
+using FragKernel = decltype(&attention_quant_decode_frag<-1, -1, 128>);
 
+// The instantiation for the layer's formats: the same-format pairs (and int4's KIVI pair)
+// compiled for themselves; any other pair reads its formats at run time.
 template <int HD>
-void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b, int group, float scale,
-               int split_len, int max_splits, int n_chunks, float* partials, float* out, int64_t ldo, cudaStream_t s) {
-  // The formats of the same-format pairs (and int4's KIVI pair) compiled for themselves;
-  // any other pair reads its formats at run time.
+FragKernel frag_kernel(const KvLayerView& kv) {
   const int kk = frag_key(kv.k_fmt.codec, kv.k_fmt.scale, kv.k_fmt.bits_hi, kv.k_fmt.bits_lo);
   const int vk = frag_key(kv.v_fmt.codec, kv.v_fmt.scale, kv.v_fmt.bits_hi, kv.v_fmt.bits_lo);
-#define TESSERA_QDF(KC, KS, VC, VS)                                                               \
-  if (kk == frag_key(KvCodec::KC, KvScale::KS) && vk == frag_key(KvCodec::VC, KvScale::VS))       \
-    return launch_as<frag_key(KvCodec::KC, KvScale::KS), frag_key(KvCodec::VC, KvScale::VS), HD>( \
-        q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
+#define TESSERA_QDF(KC, KS, VC, VS)                                                         \
+  if (kk == frag_key(KvCodec::KC, KvScale::KS) && vk == frag_key(KvCodec::VC, KvScale::VS)) \
+    return &attention_quant_decode_frag<frag_key(KvCodec::KC, KvScale::KS), frag_key(KvCodec::VC, KvScale::VS), HD>;
   TESSERA_QDF(Fp8E4M3, Tensor, Fp8E4M3, Tensor)
   TESSERA_QDF(Fp8E4M3, Token, Fp8E4M3, Token)
   TESSERA_QDF(Fp8E5M2, Tensor, Fp8E5M2, Tensor)
@@ -352,16 +340,36 @@ void launch_hd(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceB
   TESSERA_QDF(Int4, Channel, Int4, Group)
   TESSERA_QDF(Int4, Group, Int4, Group)
 #undef TESSERA_QDF
-#define TESSERA_QDT(HI, LO)                                                                                            \
-  if (kk == frag_key(KvCodec::Turbo, KvScale::None, HI, LO) && vk == kk)                                               \
-    return launch_as<frag_key(KvCodec::Turbo, KvScale::None, HI, LO), frag_key(KvCodec::Turbo, KvScale::None, HI, LO), \
-                     HD>(q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
+#define TESSERA_QDT(HI, LO)                                                              \
+  if (kk == frag_key(KvCodec::Turbo, KvScale::None, HI, LO) && vk == kk)                 \
+    return &attention_quant_decode_frag<frag_key(KvCodec::Turbo, KvScale::None, HI, LO), \
+                                        frag_key(KvCodec::Turbo, KvScale::None, HI, LO), HD>;
   TESSERA_QDT(3, 2)  // turbo2.5
   TESSERA_QDT(3, 3)  // turbo3
   TESSERA_QDT(4, 3)  // turbo3.5
   TESSERA_QDT(4, 4)  // turbo4
 #undef TESSERA_QDT
-  launch_as<-1, -1, HD>(q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
+  return &attention_quant_decode_frag<-1, -1, HD>;
+}
+
+// The layer's kernel with its dynamic shared memory opted into (the attribute is per
+// function; each asks once for the largest size so far).
+std::pair<FragKernel, size_t> frag_kernel_ready(const KvLayerView& kv) {
+  const FragKernel fn = kv.head_dim == 64 ? frag_kernel<64>(kv) : frag_kernel<128>(kv);
+  const size_t smem = kv.head_dim == 64 ? smem_bytes<64>(kv.k_page_bytes, kv.v_page_bytes)
+                                        : smem_bytes<128>(kv.k_page_bytes, kv.v_page_bytes);
+  static std::mutex mu;
+  static std::vector<std::pair<FragKernel, size_t>> configured;
+  std::lock_guard lock(mu);
+  auto it = std::find_if(configured.begin(), configured.end(), [&](const auto& c) { return c.first == fn; });
+  if (it == configured.end() || it->second < smem) {
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    if (it == configured.end())
+      configured.emplace_back(fn, smem);
+    else
+      it->second = smem;
+  }
+  return {fn, smem};
 }
 
 // Codes swizzled by kv_swz stay inside the page's codes: a last, partial 128-byte line of
@@ -399,10 +407,18 @@ void launch_attention_quant_decode_frag(const float* q, int64_t ldq, const KvLay
                                         float* out, int64_t ldo, cudaStream_t s, int max_rows) {
   const int group = n_heads / kv.n_kv_heads;
   const int n_chunks = attention_decode_mma_chunks(group, max_rows);
-  if (kv.head_dim == 64)
-    launch_hd<64>(q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
-  else
-    launch_hd<128>(q, ldq, kv, b, group, scale, split_len, max_splits, n_chunks, partials, out, ldo, s);
+  const auto [fn, smem] = frag_kernel_ready(kv);
+  launch_pdl(fn, dim3(b.n_seqs, kv.n_kv_heads * n_chunks, max_splits), dim3(kThreads), smem, s, q, ldq,
+             kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale, split_len, max_splits, n_chunks,
+             attention_quant_decode_frag_direct(kv, max_splits), partials, out, ldo);
+  TESSERA_CUDA_CHECK_LAUNCH("attention_quant_decode_frag");
+}
+
+int attention_quant_decode_frag_blocks_per_sm(const KvLayerView& kv) {
+  const auto [fn, smem] = frag_kernel_ready(kv);
+  int blocks = 0;
+  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kThreads, smem));
+  return std::max(1, blocks);
 }
 
 }  // namespace tessera::cuda

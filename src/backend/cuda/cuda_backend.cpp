@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_diag.h"
 #include "backend/cuda/cuda_factory.h"
 #include "backend/cuda/cuda_tuning.h"
+#include "backend/cuda/decode_split.h"
 #include "backend/cuda/gemm_fp8.h"
 #include "backend/cuda/gemma_kernels.h"
 #include "backend/cuda/gemv_mma16.h"
@@ -731,27 +732,46 @@ CudaBackend::DecodeSplit CudaBackend::decode_split(const KvLayerView& kv, const 
                                                    int n_heads) const {
   const int max_len = cuda::graph_table_width(batch.max_blocks) * kv.block_size;
   const int group = n_heads / kv.n_kv_heads;
-  // The tensor-core kernel takes every query head of a KV head in one block and fits two
-  // blocks per SM; its splits are at least 256 keys (shorter ones measured slower: the four
-  // warps' pipelines never fill). The SIMT kernels take up to 4 query heads per block.
-  // The quantized pages' fragment-decoding kernel (attention_quant_decode_frag.cu) has the
-  // same grid; the f16 kernel's target measured best for it too (1 × 32k: 41 us against 57
-  // at the SIMT target; 64 × 8k: equal).
-  const bool mma = cuda::attention_decode_mma_applies(kv, n_heads) ||
-                   (kv.plain_dtype() == DType::Unknown && cuda::attention_quant_decode_frag_applies(kv, n_heads));
+  // The tensor-core kernels take every query head of a KV head in one block and aim at two
+  // blocks per SM; their splits are at least 256 keys (shorter ones measured slower: the four
+  // warps' pipelines never fill). The SIMT kernels take up to 4 query heads per block and aim
+  // at 4. The quantized pages' fragment-decoding kernel (attention_quant_decode_frag.cu) holds
+  // three blocks per SM for its compiled format pairs, and where the two-per-SM grid is more
+  // than one wave of those, its splits are chosen by waves (decode_split.h).
+  const bool frag = kv.plain_dtype() == DType::Unknown && cuda::attention_quant_decode_frag_applies(kv, n_heads);
+  const bool mma = frag || cuda::attention_decode_mma_applies(kv, n_heads);
   // A verification batch's blocks hold chunks of its rows too.
   const int chunks =
       verification_kernel(kv, batch, n_heads) ? cuda::attention_decode_mma_chunks(group, batch.max_rows) : 1;
   const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? chunks : (group + 3) / 4);
   const int per_sm = mma ? cuda::CudaTuning::kDecodeMmaBlocksPerSm : cuda::CudaTuning::kDecodeBlocksPerSm;
-  const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
-  // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.
   DecodeSplit d;
   d.max_len = max_len;
+  if (frag) {
+    const cuda::DecodeSplitChoice c = cuda::choose_decode_split(base_blocks, sm_count_, per_sm, frag_blocks_per_sm(kv),
+                                                                max_len, cuda::CudaTuning::kDecodeMmaMinSplitKeys, 64,
+                                                                cuda::CudaTuning::kDecodeSplitFixedKeys);
+    d.split_len = c.split_len;
+    d.max_splits = c.splits;
+    return d;
+  }
+  const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
+  // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.
   d.split_len = std::max(mma ? cuda::CudaTuning::kDecodeMmaMinSplitKeys : 64,
                          static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 64)));
   d.max_splits = std::max(1, (max_len + d.split_len - 1) / d.split_len);
   return d;
+}
+
+int CudaBackend::frag_blocks_per_sm(const KvLayerView& kv) const {
+  std::lock_guard lock(frag_occupancy_mu_);
+  for (const FragOccupancy& o : frag_occupancy_)
+    if (o.k_fmt == kv.k_fmt && o.v_fmt == kv.v_fmt && o.head_dim == kv.head_dim && o.k_page == kv.k_page_bytes &&
+        o.v_page == kv.v_page_bytes)
+      return o.blocks;
+  const int blocks = cuda::attention_quant_decode_frag_blocks_per_sm(kv);
+  frag_occupancy_.push_back({kv.k_fmt, kv.v_fmt, kv.head_dim, kv.k_page_bytes, kv.v_page_bytes, blocks});
+  return blocks;
 }
 
 void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, float* k, int64_t ldk, const float* v,

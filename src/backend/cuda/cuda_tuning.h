@@ -21,8 +21,12 @@ struct CudaTuning {
   // ---- Decode attention (attention_decode.cu; splits in cuda_backend.cpp) ----
   static constexpr int kDecodeKeysPerGroup = 4;       // keys in flight per lane group (SIMT kernel)
   static constexpr int kDecodeBlocksPerSm = 4;        // the split's target, SIMT kernel
-  static constexpr int kDecodeMmaBlocksPerSm = 2;     // the split's target, tensor-core kernel
+  static constexpr int kDecodeMmaBlocksPerSm = 2;     // the split's target, tensor-core kernels
   static constexpr int kDecodeMmaMinSplitKeys = 256;  // shortest split of the tensor-core kernel
+  // A fragment-decoding block's cost outside its keys (query load, pipeline fill, merge), in
+  // keys: the wave regime's fixed term (decode_split.h; 0 and 128 chose the same splits at
+  // 64 × 8k and 1 × 32k).
+  static constexpr int kDecodeSplitFixedKeys = 128;
   // A batch of a few query rows per sequence (speculative verification) takes the tensor-core
   // decode kernel, its keys split over the SMs, while no sequence has more rows than this
   // (AttentionBatch::max_rows); larger batches take the prefill kernel (one tile of up to 64

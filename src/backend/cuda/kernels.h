@@ -85,9 +85,11 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
                                    float* partials, cudaStream_t s, int max_rows = 1);
 // attention_quant_decode_frag.cu: whether the tensor-core kernel that decodes pages straight
 // into mma fragments takes this layout (head_dim 64/128, blocks of 16, K and V each f16, fp8,
-// int8, int4 or turbo without QJL); like attention_decode_mma.cu it fits a few blocks per SM, so its splits are
-// chosen as that kernel's.
+// int8, int4 or turbo without QJL); like attention_decode_mma.cu it fits a few blocks per SM.
 bool attention_quant_decode_frag_applies(const KvLayerView& kv, int n_heads);
+// How many of that kernel's blocks an SM holds for this layer's formats (its occupancy: 3 for
+// the compiled pairs, 2 for a mixed pair read at run time): the split choice's slots.
+int attention_quant_decode_frag_blocks_per_sm(const KvLayerView& kv);
 // attention_quant_prefill.cu: any batch (variable length, causal, GQA), as launch_attention_prefill.
 void launch_attention_quant_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,
                                     int n_heads, float scale, float* out, int64_t ldo, cudaStream_t s);

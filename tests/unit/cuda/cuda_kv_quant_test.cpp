@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <sstream>
 #include <string>
 
 #include "backend/kv_codec.h"
@@ -422,9 +423,15 @@ TEST(CudaKvQuant, DecodeAttentionBenchmark) {
   if (!std::getenv("TESSERA_CUDA_BENCH_KVQ")) GTEST_SKIP() << "set TESSERA_CUDA_BENCH_KVQ=1";
   auto gpu = make_cuda();
   const int hd = 128, n_kv = 8, n_heads = 32, bs = 16;
-  const std::vector<std::string> formats = {"f16",      "fp8_e4m3", "fp8_e4m3:token", "int8",
-                                            "int8:g32", "int4",     "int4:g32",       "turbo4",
-                                            "turbo3.5", "turbo3",   "turbo2.5",       "turbo3.5:qjl"};
+  std::vector<std::string> formats = {"f16",      "fp8_e4m3", "fp8_e4m3:token", "int8",   "int8:g32", "int4",
+                                      "int4:g32", "turbo4",   "turbo3.5",       "turbo3", "turbo2.5", "turbo3.5:qjl"};
+  // TESSERA_CUDA_BENCH_KVQ_FORMATS=f16,int4,...: a subset (f16 first, for the "x f16" column).
+  if (const char* only = std::getenv("TESSERA_CUDA_BENCH_KVQ_FORMATS")) {
+    formats.clear();
+    std::stringstream list(only);
+    for (std::string name; std::getline(list, name, ',');)
+      if (!name.empty()) formats.push_back(name);
+  }
   std::printf("%-16s %-10s %10s %10s %10s %10s %8s %9s\n", "format", "shape", "us/layer", "MB/layer", "GB/s",
               "floor us", "x f16", "of floor");
   for (const auto& [n_seqs, ctx] : std::vector<std::pair<int, int>>{{64, 8192}, {1, 32768}}) {
