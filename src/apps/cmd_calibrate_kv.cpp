@@ -34,7 +34,8 @@ void add_calibrate_kv(CLI::App& app) {
   cmd->add_option("-o,--out", a->out, "file to write (for --kv-scales)")->capture_default_str();
   cmd->add_option("--format", a->format,
                   "the format the constants are for: fp8_e4m3|fp8_e5m2 with :tensor or :head (scales), or "
-                  "turbo2.5|3|3.5|4 (key means and equalization)")
+                  "turbo2.5|3|3.5|4 (key means and equalization, position-aware with RoPE, and the first key's "
+                  "center)")
       ->capture_default_str();
   cmd->add_option("--window", a->window, "tokens per calibration window")->capture_default_str();
   cmd->add_option("--chunks", a->max_chunks, "windows to run at most (0 = the whole text)")->capture_default_str();
@@ -73,7 +74,11 @@ void add_calibrate_kv(CLI::App& app) {
       for (float x : r) vmax = std::max(vmax, x);
     std::printf("calibrate-kv: %lld tokens, %zu layers x %d KV heads; max |K| %.3g, max |V| %.3g; %s %s -> %s\n",
                 static_cast<long long>(stats.tokens), stats.k.size(), session.config().n_head_kv, kmax, vmax,
-                a->format.c_str(), k.centers_keys() ? "key means and equalization" : "scales", a->out.c_str());
+                a->format.c_str(),
+                k.centers_keys() ? "key means and equalization (static, position-aware where the model has RoPE) "
+                                   "and the first key's center"
+                                 : "scales",
+                a->out.c_str());
   });
 }
 
