@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -352,24 +353,34 @@ FragKernel frag_kernel(const KvLayerView& kv) {
   return &attention_quant_decode_frag<-1, -1, HD>;
 }
 
-// The layer's kernel with its dynamic shared memory opted into (the attribute is per
-// function; each asks once for the largest size so far).
-std::pair<FragKernel, size_t> frag_kernel_ready(const KvLayerView& kv) {
+// What the process knows of one instantiation: the largest dynamic shared memory opted into
+// (the attribute is per function) and its blocks per SM at each size asked about (occupancy
+// depends on the size; the same on every sm_90 device this process drives).
+struct FragKernelState {
+  FragKernel fn;
+  size_t opted_in = 0;
+  std::vector<std::pair<size_t, int>> blocks_per_sm;  // (shared memory, blocks)
+};
+
+// Guards every FragKernelState (launches and occupancy queries may come from several threads).
+std::mutex& frag_state_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+// The layer's kernel, its shared memory, and its state with that size opted into; called
+// under frag_state_mutex().
+std::tuple<FragKernel, size_t, FragKernelState*> frag_kernel_ready(const KvLayerView& kv) {
   const FragKernel fn = kv.head_dim == 64 ? frag_kernel<64>(kv) : frag_kernel<128>(kv);
   const size_t smem = kv.head_dim == 64 ? smem_bytes<64>(kv.k_page_bytes, kv.v_page_bytes)
                                         : smem_bytes<128>(kv.k_page_bytes, kv.v_page_bytes);
-  static std::mutex mu;
-  static std::vector<std::pair<FragKernel, size_t>> configured;
-  std::lock_guard lock(mu);
-  auto it = std::find_if(configured.begin(), configured.end(), [&](const auto& c) { return c.first == fn; });
-  if (it == configured.end() || it->second < smem) {
+  static std::vector<FragKernelState> states;  // a few per process: one per format pair used
+  auto it = std::find_if(states.begin(), states.end(), [&](const FragKernelState& st) { return st.fn == fn; });
+  if (it == states.end()) it = states.insert(states.end(), FragKernelState{fn, 0, {}});
+  if (it->opted_in < smem) {
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    if (it == configured.end())
-      configured.emplace_back(fn, smem);
-    else
-      it->second = smem;
+    it->opted_in = smem;
   }
-  return {fn, smem};
+  return {fn, smem, &*it};
 }
 
 // Codes swizzled by kv_swz stay inside the page's codes: a last, partial 128-byte line of
@@ -407,7 +418,12 @@ void launch_attention_quant_decode_frag(const float* q, int64_t ldq, const KvLay
                                         float* out, int64_t ldo, cudaStream_t s, int max_rows) {
   const int group = n_heads / kv.n_kv_heads;
   const int n_chunks = attention_decode_mma_chunks(group, max_rows);
-  const auto [fn, smem] = frag_kernel_ready(kv);
+  FragKernel fn;
+  size_t smem;
+  {
+    std::lock_guard lock(frag_state_mutex());
+    std::tie(fn, smem, std::ignore) = frag_kernel_ready(kv);
+  }
   launch_pdl(fn, dim3(b.n_seqs, kv.n_kv_heads * n_chunks, max_splits), dim3(kThreads), smem, s, q, ldq,
              kv_side(kv, true), kv_side(kv, false), b, kv.n_kv_heads, group, scale, split_len, max_splits, n_chunks,
              attention_quant_decode_frag_direct(kv, max_splits), partials, out, ldo);
@@ -415,10 +431,15 @@ void launch_attention_quant_decode_frag(const float* q, int64_t ldq, const KvLay
 }
 
 int attention_quant_decode_frag_blocks_per_sm(const KvLayerView& kv) {
-  const auto [fn, smem] = frag_kernel_ready(kv);
+  std::lock_guard lock(frag_state_mutex());
+  const auto [fn, smem, state] = frag_kernel_ready(kv);
+  for (const auto& [size, blocks] : state->blocks_per_sm)
+    if (size == smem) return blocks;
   int blocks = 0;
   TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kThreads, smem));
-  return std::max(1, blocks);
+  blocks = std::max(1, blocks);
+  state->blocks_per_sm.emplace_back(smem, blocks);
+  return blocks;
 }
 
 }  // namespace tessera::cuda

@@ -745,33 +745,14 @@ CudaBackend::DecodeSplit CudaBackend::decode_split(const KvLayerView& kv, const 
       verification_kernel(kv, batch, n_heads) ? cuda::attention_decode_mma_chunks(group, batch.max_rows) : 1;
   const int base_blocks = batch.n_seqs * kv.n_kv_heads * (mma ? chunks : (group + 3) / 4);
   const int per_sm = mma ? cuda::CudaTuning::kDecodeMmaBlocksPerSm : cuda::CudaTuning::kDecodeBlocksPerSm;
-  DecodeSplit d;
-  d.max_len = max_len;
-  if (frag) {
-    const cuda::DecodeSplitChoice c = cuda::choose_decode_split(base_blocks, sm_count_, per_sm, frag_blocks_per_sm(kv),
-                                                                max_len, cuda::CudaTuning::kDecodeMmaMinSplitKeys, 64,
-                                                                cuda::CudaTuning::kDecodeSplitFixedKeys);
-    d.split_len = c.split_len;
-    d.max_splits = c.splits;
-    return d;
-  }
-  const int want_splits = std::max(1, (per_sm * sm_count_ + base_blocks - 1) / base_blocks);
-  // Multiples of 64 keys: the tensor-core kernel's 4 warps take 16-key tiles.
-  d.split_len = std::max(mma ? cuda::CudaTuning::kDecodeMmaMinSplitKeys : 64,
-                         static_cast<int>(round_up((max_len + want_splits - 1) / want_splits, 64)));
-  d.max_splits = std::max(1, (max_len + d.split_len - 1) / d.split_len);
-  return d;
-}
-
-int CudaBackend::frag_blocks_per_sm(const KvLayerView& kv) const {
-  std::lock_guard lock(frag_occupancy_mu_);
-  for (const FragOccupancy& o : frag_occupancy_)
-    if (o.k_fmt == kv.k_fmt && o.v_fmt == kv.v_fmt && o.head_dim == kv.head_dim && o.k_page == kv.k_page_bytes &&
-        o.v_page == kv.v_page_bytes)
-      return o.blocks;
-  const int blocks = cuda::attention_quant_decode_frag_blocks_per_sm(kv);
-  frag_occupancy_.push_back({kv.k_fmt, kv.v_fmt, kv.head_dim, kv.k_page_bytes, kv.v_page_bytes, blocks});
-  return blocks;
+  // Multiples of 64 keys: the tensor-core kernels' 4 warps take 16-key tiles.
+  const int min_split = mma ? cuda::CudaTuning::kDecodeMmaMinSplitKeys : 64;
+  const cuda::DecodeSplitChoice c =
+      frag ? cuda::choose_decode_split(base_blocks, sm_count_, per_sm,
+                                       cuda::attention_quant_decode_frag_blocks_per_sm(kv), max_len, min_split, 64,
+                                       cuda::CudaTuning::kDecodeSplitFixedKeys)
+           : cuda::split_to_target(base_blocks, sm_count_, per_sm, max_len, min_split, 64);
+  return {max_len, c.split_len, c.splits};
 }
 
 void CudaBackend::rope_kv_store_attention(float* q, int64_t ldq, int n_heads, float* k, int64_t ldk, const float* v,

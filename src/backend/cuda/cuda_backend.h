@@ -8,7 +8,6 @@
 
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -126,17 +125,6 @@ class CudaBackend final : public Backend {
     int max_splits = 0;
   };
   DecodeSplit decode_split(const KvLayerView& kv, const AttentionBatch& batch, int n_heads) const;
-  // The fragment-decoding kernel's blocks per SM for a layer's formats, asked of the CUDA
-  // runtime once per format pair (decode_split runs per layer and step).
-  int frag_blocks_per_sm(const KvLayerView& kv) const;
-  struct FragOccupancy {
-    KvFormat k_fmt, v_fmt;
-    int head_dim = 0;
-    int64_t k_page = 0, v_page = 0;
-    int blocks = 0;
-  };
-  mutable std::mutex frag_occupancy_mu_;
-  mutable std::vector<FragOccupancy> frag_occupancy_;
 
   bool graphs_enabled_ = true;
   bool capturing_ = false;    // between begin_capture() and end_capture()

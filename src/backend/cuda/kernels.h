@@ -88,7 +88,9 @@ void launch_attention_quant_decode(const float* q, int64_t ldq, const KvLayerVie
 // int8, int4 or turbo without QJL); like attention_decode_mma.cu it fits a few blocks per SM.
 bool attention_quant_decode_frag_applies(const KvLayerView& kv, int n_heads);
 // How many of that kernel's blocks an SM holds for this layer's formats (its occupancy: 3 for
-// the compiled pairs, 2 for a mixed pair read at run time): the split choice's slots.
+// the compiled pairs, 2 for a mixed pair read at run time): the split choice's slots. Asked of
+// the CUDA runtime once per format pair and page size, then remembered (decode_split runs per
+// layer and step).
 int attention_quant_decode_frag_blocks_per_sm(const KvLayerView& kv);
 // attention_quant_prefill.cu: any batch (variable length, causal, GQA), as launch_attention_prefill.
 void launch_attention_quant_prefill(const float* q, int64_t ldq, const KvLayerView& kv, const DeviceBatch& b,

@@ -64,6 +64,20 @@ TEST(DecodeSplit, EverySplitHoldsKeysAndCoversTheContext) {
     }
 }
 
+TEST(DecodeSplit, TheOtherKernelsSplitToTheirTargetPerSm) {
+  // The SIMT kernel (4 blocks per SM, 64-key splits) and the f16 tensor-core kernel (2, 256):
+  // one sequence at 32k; 512 blocks already past the target keep one split.
+  const DecodeSplitChoice simt = split_to_target(8, 132, 4, 32768, 64, 64);
+  EXPECT_EQ(simt.split_len, 512);  // ceil(32768 / 66) = 497, rounded up to 64
+  EXPECT_EQ(simt.splits, 64);
+  const DecodeSplitChoice mma = split_to_target(8, 132, 2, 32768, 256, 64);
+  EXPECT_EQ(mma.split_len, 1024);
+  EXPECT_EQ(mma.splits, 32);
+  const DecodeSplitChoice many = split_to_target(512, 132, 2, 8192, 256, 64);
+  EXPECT_EQ(many.splits, 1);
+  EXPECT_EQ(many.split_len, 8192);
+}
+
 TEST(DecodeSplit, DegenerateInputsGiveOneValidSplit) {
   const DecodeSplitChoice c = choose_decode_split(0, 0, 0, 0, 0, 0, 0, 0);
   EXPECT_EQ(c.splits, 1);
