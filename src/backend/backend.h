@@ -235,8 +235,8 @@ class Backend {
   // ---- KV storage formats ----
 
   // Whether kv_store and attention center keys by position (layer constants with a RoPE
-  // part or a first-key center, kv_codec.h): store k − R(p)·m (k − first at position 0), add
-  // the center's q· back to each score.
+  // part, kv_codec.h): store k − R(p)·m, add q·R(p)·m back to each score. (The first key's
+  // own center, the constants' `first` part, every backend with TurboQuant keys reads.)
   virtual bool supports_key_centering_by_position() const { return false; }
   // Moves single tokens' K and V within one layer's cache, in order: each head's codes and
   // the token's own scales (formats whose scales are per page cannot move a token alone; the

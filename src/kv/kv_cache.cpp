@@ -123,9 +123,6 @@ void* upload_constants(Backend& backend, const KvCacheSpec& spec, const KvFormat
     TESSERA_CHECK(!spec.k_mean.empty() && spec.k_first.size() == static_cast<size_t>(spec.n_layers),
                   "KV cache: first-key centers need key means and one row for each of ", spec.n_layers, " layers (got ",
                   spec.k_first.size(), ")");
-    TESSERA_CHECK(backend.supports_key_centering_by_position(), "KV cache: the ", backend.name(),
-                  " backend does not read the first key's own center (a calibration file with \"k_first\"; "
-                  "use --device cpu)");
     rope.first = spec.k_first[layer];
   }
   const std::vector<float> host =

@@ -101,7 +101,8 @@ __global__ void __launch_bounds__(kThreads)
     const int g = i / HD, d = i % HD;
     Qs[g][d] = g < nq ? q[t * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + d] * scale : 0.0f;
   }
-  kv_prepare_queries(ks, kvh, HD, &Qs[0][0], 2 * HD, kMaxQ);
+  __shared__ float first_s[kMaxQ];  // the first key's score term per query head
+  kv_prepare_queries(ks, kvh, HD, &Qs[0][0], 2 * HD, kMaxQ, -1, first_s);
   float qr[kMaxQ][8], sq[kMaxQ][8], acc[kMaxQ][8], m[kMaxQ], l[kMaxQ];
 #pragma unroll
   for (int g = 0; g < kMaxQ; ++g) {
@@ -143,6 +144,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int d = 0; d < 8; ++d) v = fmaf(sq[g][d], sg[d], v);
 #pragma unroll
         for (int o = 1; o < LPK; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (jb + u * G + lg == 0) v += first_s[g];  // the first key's term (kv_prepare_queries)
         s[u][g] = v;
       }
     }

@@ -147,7 +147,10 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
 #pragma unroll
     for (int r = 0; r < kPer; ++r) Qs[threadIdx.x + r * kThreads] = v[r] * q_scale;
   }
-  if (kc == KvCodec::Turbo) kv_prepare_queries(ks, kvh, HD, Qs, HD, 16, rows * group);  // q' = R (q∘s), once
+  // q' = R (q∘s), once; the score term of a first key stored around its own center (in
+  // the scores' units: Qs carries turbo's 1/sqrt(hd), the decoded keys do not).
+  __shared__ float first_s[16];
+  if (kc == KvCodec::Turbo) kv_prepare_queries(ks, kvh, HD, Qs, HD, 16, rows * group, first_s, sqrtf(HD));
   __syncthreads();
   uint32_t qf[HD / 16][4];
   {
@@ -206,6 +209,10 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
         for (int r = 0; r < 2; ++r)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[r][e] += s2[r][e];
+      }
+      if (kc == KvCodec::Turbo && key0 == 0 && fc == 0) {  // the first key: s[0][0], s[0][2]
+        s[0][0] += first_s[fr];
+        s[0][2] += first_s[fr + 8];
       }
       if (frag_token_scaled(KC, ks.f)) {  // s[n][e] is key n·8 + 2fc + (e & 1)
 #pragma unroll

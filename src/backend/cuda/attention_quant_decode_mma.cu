@@ -100,8 +100,9 @@ __global__ void __launch_bounds__(kThreads)
     const int g = i / HD, d = i % HD;
     Qs[g * KW + d] = g < group ? q[t * ldq + static_cast<int64_t>(head0 + g) * HD + d] * scale : 0.0f;
   }
-  kv_prepare_queries(ks, kvh, HD, Qs, KW, 16, group);
   constexpr float kLog2e = 1.4426950408889634f;
+  __shared__ float first_s[16];  // the first key's score term per row (kv_prepare_queries)
+  kv_prepare_queries(ks, kvh, HD, Qs, KW, 16, group, first_s, kLog2e);
   uint32_t qf[KW / 16][4];
 #pragma unroll
   for (int kk = 0; kk < KW / 16; ++kk) {
@@ -181,6 +182,10 @@ __global__ void __launch_bounds__(kThreads)
                   b3);
       mma_f16(s[0], qf[kk], b0, b1);
       mma_f16(s[1], qf[kk], b2, b3);
+    }
+    if (key0 == 0 && fc == 0) {  // the first key: s[0][0], s[0][2]
+      s[0][0] += first_s[fr];
+      s[0][2] += first_s[fr + 8];
     }
 #pragma unroll
     for (int n = 0; n < 2; ++n)

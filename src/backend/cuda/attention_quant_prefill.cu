@@ -101,8 +101,10 @@ __global__ void __launch_bounds__(kThreads)
             ? q[static_cast<int64_t>(r0 + row) * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + d]
             : 0.0f;
   }
-  kv_prepare_queries(ks, kvh, HD, F, LDF, kQ);        // in K's basis (and S q' beside it); ends with a barrier
   const float q_scale = scale * 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
+  __shared__ float first_s[kQ];                       // the first key's score term per query vector
+  // In K's basis (and S q' beside it); ends with a barrier.
+  kv_prepare_queries(ks, kvh, HD, F, LDF, kQ, -1, first_s, q_scale);
   for (int i = threadIdx.x; i < kQ * KW / 2; i += kThreads) {
     const int qi = i / (KW / 2), d = 2 * (i % (KW / 2));
     *reinterpret_cast<__half2*>(Qs + qi * LDK + d) =
@@ -148,6 +150,10 @@ __global__ void __launch_bounds__(kThreads)
           mma_f16(s[n], a, b0, b1);
           mma_f16(s[n + 1], a, b2, b3);
         }
+      }
+      if (base == 0 && fc == 0) {  // the first key: s[0][0], s[0][2]
+        s[0][0] += first_s[qa];
+        s[0][2] += first_s[qb];
       }
 #pragma unroll
       for (int n = 0; n < KT / 8; ++n)

@@ -703,7 +703,7 @@ void CudaBackend::kv_store(const KvLayerView& kv, const float* k, int64_t ldk, c
                            const AttentionBatch& batch) {
   cuda::OpScope op_scope(profiler_.get(), [&] { return std::string("kv_store"); });
   if (kv.plain_dtype() == DType::Unknown)  // a quantized format on either side
-    cuda::launch_kv_store_quant(kv, k, ldk, v, ldv, batch.slot_mapping, batch.n_tokens, stream_);
+    cuda::launch_kv_store_quant(kv, k, ldk, v, ldv, batch.slot_mapping, batch.positions, batch.n_tokens, stream_);
   else
     cuda::launch_kv_store(kv, k, ldk, v, ldv, batch.slot_mapping, batch.n_tokens, stream_);
 }

@@ -72,8 +72,9 @@ void launch_move_kv_tokens(const KvLayerView& kv, std::span<const KvSlotMove> mo
 // Quantized KV formats (docs/design/kv-quant.md; any K/V pair where either is not plain).
 // kv_store_quant.cu: this step's keys and values encoded into their pages in place, the
 // same bytes as the CPU encoder (within one code where f32 rounding differs; see the test).
+// positions: the tokens' positions (a first key's own center applies at position 0).
 void launch_kv_store_quant(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
-                           const int32_t* slot_mapping, int n_tokens, cudaStream_t s);
+                           const int32_t* slot_mapping, const int32_t* positions, int n_tokens, cudaStream_t s);
 // attention_quant_decode.cu: one query row per sequence, split over the KV length like
 // launch_attention_decode (same partials layout), pages decoded in registers; the merge
 // rotates turbo values back (and is skipped where the tensor-core kernel has one split and

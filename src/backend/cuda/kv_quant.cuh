@@ -24,6 +24,10 @@ struct KvSide {
   const float* code_lo = nullptr;
   const float* signs = nullptr;  // turbo: the query side's diagonal, [n_kv_heads, hd] (D; D∘s for equalized keys)
   const float* qjl = nullptr;    // turbo keys: S, [n_kv_heads, hd, hd]
+  // Keys of a format that centers them (kv_codec.h): μ [n_kv_heads, hd] and the first key's
+  // center part [flag, n_kv_heads * hd] (flag 0: position 0 centered like the others).
+  const float* mean = nullptr;
+  const float* first = nullptr;
 };
 
 inline KvSide kv_side(const KvLayerView& kv, bool is_key) {
@@ -45,6 +49,10 @@ inline KvSide kv_side(const KvLayerView& kv, bool is_key) {
       s.code_lo = c + cl.code_lo;
       s.signs = c + cl.signs;
       if (s.f.qjl) s.qjl = c + cl.qjl;
+    }
+    if (is_key && s.f.centers_keys()) {
+      s.mean = c + cl.mean;
+      s.first = c + cl.first;
     }
   }
   return s;
@@ -279,9 +287,29 @@ __device__ __forceinline__ void kv_decode_tile(const KvSide& ks, const KvSide& v
 // keys rotate it (q' = R q; equalized keys R (q∘s), s folded into the signs) and, with QJL, put S q' at c in [hd, 2 hd) (rows from live_rows
 // on are zero queries: their S q' is set to zero, not computed). All threads call it (a
 // multiple of 32); it ends with a barrier.
+// first_terms (shared, [rows], or null): each row's score term of the key at position 0,
+// first_mul · q·(first − μ) from the query before its rotation, where that key is stored
+// around its own center (ks.first's flag; the softmax drops the q·μ every other key lacks,
+// not this difference; docs/design/kv-quant.md, "The first key"); 0 where it is not.
 __device__ __forceinline__ void kv_prepare_queries(const KvSide& ks, int kvh, int hd, float* Qs, int ldq, int rows,
-                                                   int live_rows = -1) {
+                                                   int live_rows = -1, float* first_terms = nullptr,
+                                                   float first_mul = 1.0f) {
   __syncthreads();
+  if (first_terms) {
+    const bool first = ks.first && ks.first[0] != 0.0f;
+    const float* fc = first ? ks.first + 1 + static_cast<int64_t>(kvh) * hd : nullptr;
+    const float* mu = first ? ks.mean + static_cast<int64_t>(kvh) * hd : nullptr;
+    const int lane = threadIdx.x & 31;
+    for (int r = threadIdx.x >> 5; r < rows; r += blockDim.x >> 5) {  // a warp per row
+      float acc = 0.0f;
+      if (first)
+        for (int d = lane; d < hd; d += 32) acc = fmaf(Qs[r * ldq + d], __ldg(fc + d) - __ldg(mu + d), acc);
+#pragma unroll
+      for (int m = 16; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+      if (lane == 0) first_terms[r] = acc * first_mul;
+    }
+    __syncthreads();  // the rotation below overwrites the rows read here
+  }
   if (ks.f.codec != KvCodec::Turbo) return;
   const float* signs = ks.signs + static_cast<int64_t>(kvh) * hd;
   for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) Qs[(i / hd) * ldq + i % hd] *= signs[i % hd];

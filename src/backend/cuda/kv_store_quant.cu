@@ -88,12 +88,14 @@ __device__ void store_int4_channel(const KvSide& s, uint8_t* page, int offset, i
 // k_mean / v_mean: the side's centering μ ([n_kv_heads, hd], layer constants) when its format
 // centers keys (zeros unless calibrated), else null; k_diag / v_diag: the diagonal the store
 // rotates with ([n_kv_heads, hd]: D/s for equalized keys, else D; kv_codec.h), null beside a
-// null mean.
+// null mean. Keys at position 0 (positions) are centered on ks.first's center where its flag
+// is set (kv_key_center).
 __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restrict__ k, int64_t ldk,
                                       const float* __restrict__ v, int64_t ldv, const int32_t* __restrict__ slots,
-                                      int n_tokens, int n_kv_heads, int block_size, int hd,
-                                      const float* __restrict__ k_mean, const float* __restrict__ v_mean,
-                                      const float* __restrict__ k_diag, const float* __restrict__ v_diag) {
+                                      const int32_t* __restrict__ positions, int n_tokens, int n_kv_heads,
+                                      int block_size, int hd, const float* __restrict__ k_mean,
+                                      const float* __restrict__ v_mean, const float* __restrict__ k_diag,
+                                      const float* __restrict__ v_diag) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   __shared__ float xs[kMaxHd];       // the token's channels (turbo: rotated)
@@ -190,6 +192,7 @@ __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restr
   // |y|); keys with QJL: the signs of S·(y - ŷ) and |y - ŷ|.
   const float* mean = is_key ? k_mean : v_mean;
   const float* diag = mean ? (is_key ? k_diag : v_diag) : s.signs;
+  if (mean && is_key && s.first && s.first[0] != 0.0f && positions[t] == 0) mean = s.first + 1;
   if (d < hd) xs[d] = __fmul_rn(mean ? __fsub_rn(xv, mean[h * hd + d]) : xv, diag[h * hd + d]);
   block_fwht(xs, hd, 1, hd);
   const float inv_sqrt = 1.0f / sqrtf(static_cast<float>(hd));
@@ -275,7 +278,7 @@ __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restr
 }  // namespace
 
 void launch_kv_store_quant(const KvLayerView& kv, const float* k, int64_t ldk, const float* v, int64_t ldv,
-                           const int32_t* slots, int n_tokens, cudaStream_t st) {
+                           const int32_t* slots, const int32_t* positions, int n_tokens, cudaStream_t st) {
   if (n_tokens <= 0) return;
   TESSERA_CHECK(kv.head_dim <= kMaxHd && kv.head_dim % 8 == 0, "cuda kv_store: head_dim ", kv.head_dim,
                 " (a multiple of 8, at most ", kMaxHd, ", for quantized KV)");
@@ -287,7 +290,7 @@ void launch_kv_store_quant(const KvLayerView& kv, const float* k, int64_t ldk, c
     return consts + (diag ? l.store_signs : l.mean);
   };
   launch_pdl(kv_store_quant_kernel, dim3(n_tokens, kv.n_kv_heads, 2), dim3(threads), 0, st, kv_side(kv, true),
-             kv_side(kv, false), k, ldk, v, ldv, slots, n_tokens, kv.n_kv_heads, kv.block_size, kv.head_dim,
+             kv_side(kv, false), k, ldk, v, ldv, slots, positions, n_tokens, kv.n_kv_heads, kv.block_size, kv.head_dim,
              part_of(kv.k_fmt, kv.k_consts, false), part_of(kv.v_fmt, kv.v_consts, false),
              part_of(kv.k_fmt, kv.k_consts, true), part_of(kv.v_fmt, kv.v_consts, true));
   TESSERA_CUDA_CHECK_LAUNCH("kv_store_quant");

@@ -66,6 +66,10 @@ KvCacheSpec spec_of(const Case& c, int n_blocks) {
     }
     spec.k_mean = {mean};
     spec.k_equal = {equal};
+    // The key at position 0 around its own center, far from μ (an attention sink's offset).
+    std::vector<float> first(mean);
+    for (size_t i = 0; i < first.size(); ++i) first[i] += 4.0f * std::sin(0.37f * static_cast<float>(i));
+    spec.k_first = {first};
   }
   return spec;
 }
@@ -116,9 +120,15 @@ std::vector<double> decode_reference_f64(const KvLayerView& l, const HostBatch& 
           for (int d = 0; d < hd; ++d) qv[d] *= kc.signs[d];
           hadamard_f64(qv);
         }
+        // The first key stored as k − first: q·(first − μ) back (q·μ is common to every key).
+        double first_term = 0.0;
+        if (kc.first)
+          for (int d = 0; d < hd; ++d)
+            first_term += static_cast<double>(q[t * ldq + static_cast<int64_t>(head) * hd + d]) *
+                          (static_cast<double>(kc.first[d]) - kc.mean[d]);
         double mx = -1e300, sum = 0.0;
         for (int j = 0; j < len; ++j) {
-          double dot = 0.0;
+          double dot = j == 0 ? first_term : 0.0;
           for (int d = 0; d < hd; ++d) dot += qv[d] * kr[static_cast<size_t>(j) * hd + d];
           sc[j] = dot * scale;
           mx = std::max(mx, sc[j]);
