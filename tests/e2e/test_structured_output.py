@@ -104,6 +104,9 @@ def test_pydantic_parse_every_sample_validates(openai_client, model_id, model_cl
         parsed = choice.message.parsed
         assert isinstance(parsed, model_cls), choice.message.content
         jsonschema.validate(json.loads(choice.message.content), schema)
+        # The fields come in the order the model declares them (the schema's property order),
+        # not sorted: a strict schema requires them all.
+        assert list(json.loads(choice.message.content)) == list(model_cls.model_fields), choice.message.content
 
 
 def test_json_object_gives_an_object(openai_client, model_id):

@@ -210,16 +210,17 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[r][e] += s2[r][e];
       }
-      if (kc == KvCodec::Turbo && key0 == 0 && fc == 0) {  // the first key: s[0][0], s[0][2]
-        s[0][0] += first_s[fr];
-        s[0][2] += first_s[fr + 8];
-      }
       if (frag_token_scaled(KC, ks.f)) {  // s[n][e] is key n·8 + 2fc + (e & 1)
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           const float2 k2 = __half22float2(u2h(lds32(kpage + k_meta + 2 * (8 * n + 2 * fc))));
           s[n][0] *= k2.x, s[n][1] *= k2.y, s[n][2] *= k2.x, s[n][3] *= k2.y;
         }
+      }
+      // The first key's term, in the scores' units (after turbo's per-token norm): s[0][0], s[0][2].
+      if (kc == KvCodec::Turbo && key0 == 0 && fc == 0) {
+        s[0][0] += first_s[fr];
+        s[0][2] += first_s[fr + 8];
       }
       if constexpr (kMasked) {
 #pragma unroll

@@ -2,7 +2,9 @@
 // Reading request bodies: strict JSON (valid UTF-8, no lone surrogates, bounded nesting) and
 // typed access to optional fields. A field that is absent or null takes its default; a field of
 // the wrong type is a 400 naming it, never a silent default. Unknown keys are ignored and a
-// duplicate key keeps its last value (as vLLM, through Python's json module, does).
+// duplicate key keeps its last value (as vLLM, through Python's json module, does). Objects keep
+// their keys in the order the client wrote them (ordered_json): a JSON schema's properties reach
+// the grammar, and so the output, in that order.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -11,7 +13,7 @@
 
 namespace tessera::api {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // request bodies keep their key order (a schema's properties)
 
 inline constexpr int kMaxJsonDepth = 64;
 

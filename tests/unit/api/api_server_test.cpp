@@ -20,7 +20,6 @@
 using namespace tessera;
 using namespace tessera::api;
 using api_test::FakeExchange;
-using nlohmann::json;
 
 namespace {
 

@@ -7,7 +7,9 @@
 #include "api_test_util.h"
 #include "server/api/json_fields.h"
 #include "server/api/prompt_input.h"
+#include "grammar/grammar.h"
 #include "server/api/request_params.h"
+#include "server/api/structured_output.h"
 
 using namespace tessera;
 using namespace tessera::api;
@@ -265,4 +267,27 @@ TEST(ApiRequestParams, PriorityIsParsed) {
   EXPECT_EQ(parse_completion_request(parse_json_body(R"({"prompt": "hi", "priority": -3})"), model).options.priority,
             -3);
   EXPECT_EQ(parse_completion_request(parse_json_body(R"({"prompt": "hi"})"), model).options.priority, 0);
+}
+
+// A schema's properties reach the grammar in the order the client wrote them (XGrammar
+// generates them in that order: a "reasoning" field before "answer" stays before it), for
+// every way a schema arrives.
+TEST(ApiRequestParams, SchemasKeepTheirPropertyOrder) {
+  const std::string schema = R"({"type": "object", "properties": {"zeta": {"type": "string"},
+    "alpha": {"type": "integer"}, "mid": {"type": "boolean"}}, "required": ["zeta", "alpha", "mid"]})";
+  for (const std::string& body :
+       {R"({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": )" +
+            schema + "}}}",
+        R"({"prompt": "hi", "guided_json": )" + schema + "}"}) {
+    SCOPED_TRACE(body);
+    const json parsed = parse_json_body(body);
+    std::string param;
+    const std::optional<GrammarSpec> spec = parse_structured_output(Fields(parsed), param);
+    ASSERT_TRUE(spec.has_value());
+    EXPECT_EQ(spec->kind, GrammarSpec::Kind::JsonSchema);
+    const size_t z = spec->text.find("\"zeta\""), a = spec->text.find("\"alpha\""), m = spec->text.find("\"mid\"");
+    ASSERT_NE(z, std::string::npos);
+    EXPECT_LT(z, a) << spec->text;
+    EXPECT_LT(a, m) << spec->text;
+  }
 }
