@@ -211,8 +211,8 @@ void serve(const ServeArgs& a) {
   served.tool_format = a.tool_call_parser == "auto"
                            ? api::detect_tool_format(template_source, chat_template->renders_tools())
                            : api::tool_format_from_name(a.tool_call_parser);
-  served.chat = [chat_template](const nlohmann::json& messages, bool add_generation_prompt,
-                                const nlohmann::json& extra) {
+  served.chat = [chat_template](const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                const nlohmann::ordered_json& extra) {
     return chat_template->apply_marked(messages, add_generation_prompt, extra);
   };
 

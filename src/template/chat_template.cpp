@@ -73,6 +73,12 @@ std::string ChatTemplate::apply(const nlohmann::ordered_json& messages, bool add
   return apply_impl(messages, add_generation_prompt, extra).text;
 }
 
+RenderedChat ChatTemplate::apply_marked(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                        const nlohmann::ordered_json& extra) const {
+  jinja::Rendered r = apply_impl(messages, add_generation_prompt, extra);
+  return RenderedChat{std::move(r.text), std::move(r.trusted)};
+}
+
 bool ChatTemplate::renders_tools() const {
   static constexpr const char* kProbe = "tessera_probe_function_5c1e";
   const nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "Hello"}}});

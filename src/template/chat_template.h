@@ -43,6 +43,8 @@ class ChatTemplate {
   // Python does; nlohmann::json sorts them).
   std::string apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+  RenderedChat apply_marked(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                            const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
   // Names a caller's extra variables must not take when they come from a client: what apply
   // sets itself (messages, tools, documents, add_generation_prompt), special tokens (any name
   // ending in _token or _tokens) and the globals (raise_exception, namespace, range, ...).

@@ -20,9 +20,10 @@ namespace tessera::api {
 // Renders chat messages into prompt text (the model's Jinja template, sandboxed), with the byte
 // spans the template wrote itself: only there are special tokens read (RenderedChat). Throws
 // jinja::RaisedException on raise_exception (the request gets a 400); any other tessera::Error
-// is the template failing (a 500 "chat_template_error").
-using ChatRenderer = std::function<RenderedChat(const nlohmann::json& messages, bool add_generation_prompt,
-                                                const nlohmann::json& extra)>;
+// is the template failing (a 500 "chat_template_error"). Objects keep the client's key order
+// (a tool's parameters print as it wrote them, as Python's tojson does).
+using ChatRenderer = std::function<RenderedChat(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                                const nlohmann::ordered_json& extra)>;
 
 struct ServedModel {
   std::string name;  // the `model` a request must name (--served-model-name)

@@ -42,7 +42,8 @@ inline const tessera::Tokenizer& smollm2_tokenizer() {
 // SmolLM2's template: a default system turn, then <|im_start|>role\ncontent<|im_end|>\n. The
 // template's own text is marked as such (RenderedChat::template_spans); roles and contents are
 // data. Content "raise!" fails as a template's raise_exception would.
-inline tessera::RenderedChat chatml(const nlohmann::json& messages, bool add_generation_prompt, const nlohmann::json&) {
+inline tessera::RenderedChat chatml(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                    const nlohmann::ordered_json&) {
   tessera::RenderedChat out;
   auto put = [&](const std::string& text, bool by_template) {
     if (by_template && !text.empty()) {

@@ -120,10 +120,9 @@ TEST(ToolRequest, TemplateGetsToolsAndToolCallArgumentsAsObjects) {
       "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"days\": 2}"}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])");
   const GenerationPlan plan = parse_chat_request(chat_body({{"messages", messages}, {"tools", {kWeather}}}), model);
-  // The template engine's values are plain (key-sorted) nlohmann::json.
-  EXPECT_EQ(seen_extra["tools"], nlohmann::json(json::array({kWeather})));
-  EXPECT_EQ(seen_messages[1]["tool_calls"][0]["function"]["arguments"],
-            nlohmann::json(json({{"city", "Oslo"}, {"days", 2}})));
+  // In the client's key order (ordered_json compares order too).
+  EXPECT_EQ(seen_extra["tools"], json::array({kWeather}));
+  EXPECT_EQ(seen_messages[1]["tool_calls"][0]["function"]["arguments"], json({{"city", "Oslo"}, {"days", 2}}));
   EXPECT_EQ(seen_messages[2]["role"], "tool");
   ASSERT_TRUE(plan.tool_format.has_value());
   EXPECT_EQ(*plan.tool_format, ToolFormat::Hermes);
