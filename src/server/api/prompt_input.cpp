@@ -285,6 +285,9 @@ GenerationPlan parse_chat_request(const json& body, const ServedModel& model) {
                     tools.choice == ToolChoice::Required ? "'required'" : "naming a function",
                     " constrains the output, as does 'response_format' / guided_*: choose one");
     plan.options.sampling.grammar = tool_call_compiled_grammar(tools, *model.tool_format, model.grammar);
+  } else if (tools.parse_output() && model.tool_format && !plan.options.sampling.grammar) {
+    // "auto": free text, but a call the model opens is held to its function's schema.
+    plan.options.sampling.grammar = auto_tool_call_compiled_grammar(tools, *model.tool_format, model.grammar);
   }
   if (tools.parse_output()) plan.tool_format = model.tool_format;
   plan.sampling.push_back(

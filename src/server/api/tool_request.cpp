@@ -141,8 +141,11 @@ ToolRequest parse_tool_request(const Fields& body) {
   return r;
 }
 
-std::optional<GrammarSpec> tool_call_grammar(const ToolRequest& request, ToolFormat format) {
-  if (!request.constrained()) return std::nullopt;
+namespace {
+
+// One structural-tag `tag` per function the request may call: the format's wrapper around
+// its parameters schema.
+json call_tags(const ToolRequest& request, ToolFormat format) {
   json tags = json::array();
   for (const json& tool : request.tools) {
     const std::string name = tool["function"]["name"].get<std::string>();
@@ -156,6 +159,14 @@ std::optional<GrammarSpec> tool_call_grammar(const ToolRequest& request, ToolFor
          {"content", {{"type", "json_schema"}, {"json_schema", parameters_of(tool)}, {"max_whitespace_cnt", 1}}},
          {"end", end}});
   }
+  return tags;
+}
+
+}  // namespace
+
+std::optional<GrammarSpec> tool_call_grammar(const ToolRequest& request, ToolFormat format) {
+  if (!request.constrained()) return std::nullopt;
+  json tags = call_tags(request, format);
   const bool one = request.choice == ToolChoice::Named || !request.parallel;
   const char* separator = format == ToolFormat::Hermes ? "\n" : format == ToolFormat::Llama3Json ? "; " : ", ";
   json calls = {{"type", "tags_with_separator"},
@@ -173,6 +184,30 @@ std::optional<GrammarSpec> tool_call_grammar(const ToolRequest& request, ToolFor
   return GrammarSpec{GrammarSpec::Kind::StructuralTag,
                      json{{"type", "structural_tag"}, {"format", std::move(format_json)}}.dump(),
                      {}};
+}
+
+std::optional<GrammarSpec> auto_tool_call_grammar(const ToolRequest& request, ToolFormat format) {
+  if (request.choice != ToolChoice::Auto || request.tools.is_null() || request.tools.empty() ||
+      format != ToolFormat::Hermes)
+    return std::nullopt;
+  json triggered = {{"type", "triggered_tags"},
+                    {"triggers", {"<tool_call>"}},
+                    {"tags", call_tags(request, format)},
+                    {"at_least_one", false},
+                    {"stop_after_first", !request.parallel}};
+  return GrammarSpec{
+      GrammarSpec::Kind::StructuralTag, json{{"type", "structural_tag"}, {"format", std::move(triggered)}}.dump(), {}};
+}
+
+std::shared_ptr<const CompiledGrammar> auto_tool_call_compiled_grammar(const ToolRequest& request, ToolFormat format,
+                                                                       const GrammarCompiler* compiler) {
+  const std::optional<GrammarSpec> spec = auto_tool_call_grammar(request, format);
+  if (!spec || !compiler) return nullptr;
+  try {
+    return compiler->compile(*spec);
+  } catch (const Error&) {
+    return nullptr;
+  }
 }
 
 std::shared_ptr<const CompiledGrammar> tool_call_compiled_grammar(const ToolRequest& request, ToolFormat format,

@@ -45,11 +45,22 @@ ToolRequest parse_tool_request(const Fields& body);
 // parameters schema inside the format's wrapper); nullopt unless constrained().
 std::optional<GrammarSpec> tool_call_grammar(const ToolRequest& request, ToolFormat format);
 
+// tool_choice "auto" in a format whose calls open with a text marker (Hermes' <tool_call>): free
+// text, but from the marker on one of the tools' calls with arguments that follow its schema
+// (an XGrammar triggered tag), so a call the model starts always parses. nullopt for the other
+// choices, no tools, or formats without such a marker (Llama 3 JSON opens with "{", Mistral with
+// a control token).
+std::optional<GrammarSpec> auto_tool_call_grammar(const ToolRequest& request, ToolFormat format);
+
 // The compiled grammar for a constrained request (null otherwise); a schema the grammar engine
 // cannot compile is a 400 naming tools[i].function.parameters. A server without a compiler
 // answers 400 for tool_choice required / named.
 std::shared_ptr<const CompiledGrammar> tool_call_compiled_grammar(const ToolRequest& request, ToolFormat format,
                                                                   const GrammarCompiler* compiler);
+// The compiled auto_tool_call_grammar, or null: none applies, no compiler, or a tool schema the
+// grammar engine cannot compile (then the output stays free, as "auto" always was: no 400).
+std::shared_ptr<const CompiledGrammar> auto_tool_call_compiled_grammar(const ToolRequest& request, ToolFormat format,
+                                                                       const GrammarCompiler* compiler);
 
 // An assistant message's tool_calls and a tool message's fields, checked in place (param:
 // "messages[i]"); each call's function.arguments given as a JSON string becomes the object it

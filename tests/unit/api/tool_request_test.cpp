@@ -203,3 +203,31 @@ TEST_F(ToolGrammarTest, UncompilableSchemaIsNamed) {
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param.value_or(""), "tools[1].function.parameters") << e.what();
 }
+
+// "auto" (Hermes): free text, or text then calls; from <tool_call> on, only a well-formed call.
+// Other formats, other choices and a schema the engine cannot compile leave the output free.
+TEST_F(ToolGrammarTest, AutoLeavesTextFreeAndHoldsOpenedCallsToTheirSchema) {
+  ToolRequest r = parse_tool_request(Fields(json{{"tools", {kWeather, kTime}}, {"tool_choice", "auto"}}));
+  const auto g = auto_tool_call_compiled_grammar(r, ToolFormat::Hermes, compiler_.get());
+  ASSERT_TRUE(g);
+  const std::string call =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 3}}\n</tool_call>";
+  EXPECT_TRUE(accepts(g, "The weather in Oslo is mild."));
+  EXPECT_TRUE(accepts(g, call));
+  EXPECT_TRUE(accepts(g, "Let me look that up. " + call));
+  EXPECT_FALSE(accepts(g,
+                       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 9}}"
+                       "\n</tool_call>"));  // days out of range
+  EXPECT_FALSE(accepts(g, "<tool_call>\n{\"name\": \"launch\", \"arguments\": {}}\n</tool_call>"));  // no such tool
+  EXPECT_FALSE(accepts(g, "<tool_call>\n{\"name\": \"get_time\""));                                  // a call left open
+  EXPECT_FALSE(auto_tool_call_grammar(r, ToolFormat::Llama3Json).has_value());
+  EXPECT_FALSE(auto_tool_call_grammar(r, ToolFormat::Mistral).has_value());
+  ToolRequest required = r;
+  required.choice = ToolChoice::Required;
+  EXPECT_FALSE(auto_tool_call_grammar(required, ToolFormat::Hermes).has_value());
+  EXPECT_FALSE(auto_tool_call_compiled_grammar(r, ToolFormat::Hermes, nullptr));
+  json bad = kWeather;
+  bad["function"]["parameters"] = json{{"type", "object"}, {"properties", {{"x", {{"$ref", "#/nowhere"}}}}}};
+  const ToolRequest bad_auto = parse_tool_request(Fields(json{{"tools", {kTime, bad}}, {"tool_choice", "auto"}}));
+  EXPECT_FALSE(auto_tool_call_compiled_grammar(bad_auto, ToolFormat::Hermes, compiler_.get()));
+}
