@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "core/token_bitmask.h"
 #include "grammar/grammar.h"
+#include "server/api/tool_request.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::apps {
@@ -201,6 +202,17 @@ void run_grammar_bench(const GrammarBenchArgs& a, const std::vector<int>& batche
              "2026-12-03T21:45", a.walks);
   time_masks(tok, compiler, "EBNF (endless JSON list)", {GrammarSpec::Kind::Ebnf, kEndless, {}},
              R"([{"name": "Ann", "age": 41, "tags": ["x", "yz"]}, {"name": "Bo", "age": 7, "tags": []})", a.walks);
+  {  // tool_choice "auto", Hermes: free text, then a call held to the 6-field schema
+    api::ToolRequest tools;
+    tools.tools = api::json::array(
+        {{{"type", "function"}, {"function", {{"name", "add_person"}, {"parameters", api::json::parse(kSchema)}}}}});
+    tools.choice = api::ToolChoice::Auto;
+    time_masks(tok, compiler, "tool call under auto (Hermes triggered tag)",
+               *api::auto_tool_call_grammar(tools, api::ToolFormat::Hermes),
+               std::string("Let me add that person. <tool_call>\n{\"name\": \"add_person\", \"arguments\": ") +
+                   kDocument + "}\n</tool_call>",
+               a.walks);
+  }
 
   time_backend_masks(engine.backend(), compiler, *std::max_element(batches.begin(), batches.end()), 50);
 
