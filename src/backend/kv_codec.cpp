@@ -188,8 +188,9 @@ std::vector<float> make_kv_constants(const KvFormat& f, int n_kv_heads, int head
   if (rope.rot_dim > 0) {
     TESSERA_CHECK(f.centers_keys() && is_key && !mean.empty(), "KV position-aware key centering of layer ", layer,
                   " needs pre-RoPE key means of a format that centers its keys");
-    TESSERA_CHECK(rope.rot_dim % 2 == 0 && rope.rot_dim <= head_dim, "KV position-aware key centering of layer ", layer,
-                  ": RoPE dimension ", rope.rot_dim, " is not even or exceeds head_dim ", head_dim);
+    TESSERA_CHECK(rope.rot_dim % 2 == 0 && rope.rot_dim <= head_dim && rope.rot_dim <= 256,
+                  "KV position-aware key centering of layer ", layer, ": RoPE dimension ", rope.rot_dim,
+                  " is not even or exceeds head_dim ", head_dim, " or 256");
     TESSERA_CHECK(rope.inv_freq.size() == static_cast<size_t>(rope.rot_dim / 2),
                   "KV position-aware key centering of layer ", layer, ": ", rope.inv_freq.size(),
                   " RoPE frequencies for RoPE dimension ", rope.rot_dim, " (want half of it)");

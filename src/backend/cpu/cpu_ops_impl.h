@@ -161,6 +161,26 @@ static inline void decode_page(const tessera::KvFormat& f, const tessera::KvPage
     tessera::kv_decode_rows(f, l, hd, c, page, n, out);
 }
 
+// Position-aware key centering's tables for one call: tab[j * hd + c] = cos / sin of j·θ for the
+// block offsets j < bs ([cos half | sin half], kv_rope_angles' layout) and step = e^{i·bs·θ}
+// (one block's turn), by products in double from e^{i·θ} (two trigonometric calls per pair).
+static inline void rope_block_tables(const tessera::KvHeadConstants& kc, int bs, int hd, float* tab, double* step) {
+  const int half = kc.rope_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const double a = static_cast<double>(kc.rope_freq[i]), c1 = std::cos(a), s1 = std::sin(a);
+    double c = 1.0, s = 0.0;
+    for (int j = 0; j < bs; ++j) {
+      tab[j * hd + i] = static_cast<float>(c);
+      tab[j * hd + half + i] = static_cast<float>(s);
+      const double cn = c * c1 - s * s1;
+      s = s * c1 + c * s1;
+      c = cn;
+    }
+    step[i] = c;
+    step[half + i] = s;
+  }
+}
+
 // FlashAttention-style: for a tile of query rows of one sequence and one KV head (all the
 // query heads of its group at once, so each K/V block is read once), walk the sequence's
 // blocks in order keeping a running max m, sum l and unnormalized output O per query vector.
@@ -202,11 +222,14 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   // back (it differs between keys: the softmax would not drop it). R(base + j) = R(j)·R(base):
   // the rotations of a block's offsets j are tabulated once.
   const bool rope_center = kc.rope_dim > 0;
+  const int rope_half = kc.rope_dim / 2;
+  double rope_step[256], rope_at[256];  // e^{i·bs·θ} and e^{i·base·θ}: [cos half | sin half]
+  bool rope_started = false;
   // The key at position 0 centered on its own calibrated center: its score gets q·first back
   // (position-aware: in place of q·R(0)·m; static: in place of the dropped q·μ).
   const bool first_center = kc.first != nullptr;
   if (rope_center)
-    for (int j = 0; j < bs; ++j) tessera::kv_rope_angles(kc, j, tab + j * hd);
+    rope_block_tables(kc, bs, hd, tab, rope_step);
   for (int r = 0; r < n_q; ++r) {
     const int t = task.q_begin + r / ng, g = g0 + r % ng;
     const float* src = q + t * ldq + static_cast<int64_t>(task.kv_head * group + g) * hd;
@@ -254,7 +277,23 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
     decode_page(kv.v_fmt, vl, hd, vc, vpage, nk, vf);
     if (qjl && !simd_decode_qjl(kl, hd, kpage, nk, sgn, coef)) tessera::kv_decode_qjl(kl, hd, kpage, nk, sgn, coef);
     if (rope_center) {
-      tessera::kv_rope_angles(kc, base, cs);
+      // e^{i·base·θ} in double: from the angles at the first block read, then one block's step
+      // at a time (trigonometry per block was a third of a 2k-context decode step).
+      if (!rope_started) {
+        for (int i = 0; i < rope_half; ++i) {
+          const double a = static_cast<double>(base) * static_cast<double>(kc.rope_freq[i]);
+          rope_at[i] = std::cos(a);
+          rope_at[rope_half + i] = std::sin(a);
+        }
+        rope_started = true;
+      } else {
+        for (int i = 0; i < rope_half; ++i) {
+          const double c = rope_at[i], sn = rope_at[rope_half + i];
+          rope_at[i] = c * rope_step[i] - sn * rope_step[rope_half + i];
+          rope_at[rope_half + i] = sn * rope_step[i] + c * rope_step[rope_half + i];
+        }
+      }
+      for (int i = 0; i < kc.rope_dim; ++i) cs[i] = static_cast<float>(rope_at[i]);
       tessera::kv_rope_apply(kc.mean, cs, kc.rope_dim, kc.rope_neox, hd, mb);
       for (int j = 0; j < nk; ++j) tessera::kv_rope_apply(mb, tab + j * hd, kc.rope_dim, kc.rope_neox, hd, cm + j * hd);
       if (first_center && base == 0) std::memcpy(cm, kc.first, sizeof(float) * hd);

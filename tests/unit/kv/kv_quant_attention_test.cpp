@@ -43,6 +43,8 @@ struct QuantAttnCase {
   // over the positions, what a calibration sees) or by position (rope_center: k − R(p)·m).
   float rope_offset = 0;
   bool rope_center = false;
+  int rope_dim = 0;        // channels the RoPE turns (0: all); the rest keep m as it is
+  bool rope_neox = false;  // pairs (i, i + rope_dim / 2) instead of (2i, 2i + 1)
   // The key at position 0 of every sequence gets one more offset of this scale (an attention
   // sink: far from the other keys' mean), and with first_center the cache's first-key center
   // (KvCacheSpec::k_first) is that key's mean: its own centering plus the sink.
@@ -50,13 +52,16 @@ struct QuantAttnCase {
   bool first_center = false;
 };
 
-// R(p)·m for pairs (2i, 2i + 1) at frequencies freq (float, as the constants hold them).
-std::vector<double> rope_rotate_f64(const std::vector<float>& m, const std::vector<float>& freq, int p) {
-  std::vector<double> out(m.size());
-  for (size_t i = 0; i < m.size() / 2; ++i) {
-    const double a = double(p) * freq[i], c = std::cos(a), s = std::sin(a);
-    out[2 * i] = c * m[2 * i] - s * m[2 * i + 1];
-    out[2 * i + 1] = s * m[2 * i] + c * m[2 * i + 1];
+// R(p)·m for the pairs of the first `rot` channels ((2i, 2i + 1), or (i, i + rot/2) with neox)
+// at frequencies freq (float, as the constants hold them); channels from rot on are copied.
+std::vector<double> rope_rotate_f64(const std::vector<float>& m, const std::vector<float>& freq, int p, int rot,
+                                    bool neox) {
+  std::vector<double> out(m.begin(), m.end());
+  for (int i = 0; i < rot / 2; ++i) {
+    const int a = neox ? i : 2 * i, b = neox ? i + rot / 2 : 2 * i + 1;
+    const double ang = double(p) * freq[i], c = std::cos(ang), s = std::sin(ang);
+    out[a] = c * m[a] - s * m[b];
+    out[b] = s * m[a] + c * m[b];
   }
   return out;
 }
@@ -98,10 +103,12 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
       tc.key_offset > 0 ? randn(size_t(kvd), rng, tc.key_offset) : std::vector<float>(size_t(kvd), 0.0f);
   // RoPE-rotated means: m per KV head; the static μ averages R(p)·m over every stored position.
   const std::vector<float> rope_m = tc.rope_offset > 0 ? randn(size_t(kvd), rng, tc.rope_offset) : std::vector<float>();
-  std::vector<float> freq(hd / 2);
-  for (int i = 0; i < hd / 2; ++i) freq[i] = float(std::pow(10000.0, -2.0 * i / hd));
+  const int rot = tc.rope_dim > 0 ? tc.rope_dim : hd;
+  std::vector<float> freq(rot / 2);
+  for (int i = 0; i < rot / 2; ++i) freq[i] = float(std::pow(10000.0, -2.0 * i / rot));
   auto rope_mean_at = [&](int kh, int p) {  // R(p)·m of head kh, [hd]
-    return rope_rotate_f64(std::vector<float>(rope_m.begin() + kh * hd, rope_m.begin() + (kh + 1) * hd), freq, p);
+    return rope_rotate_f64(std::vector<float>(rope_m.begin() + kh * hd, rope_m.begin() + (kh + 1) * hd), freq, p,
+                           rot, tc.rope_neox);
   };
   if (!rope_m.empty() && tc.center) {
     int n_pos = 0, count = 0;
@@ -120,7 +127,8 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
   if (tc.center) spec.k_mean = {offset};
   if (tc.rope_center) {
     spec.k_mean = {rope_m};
-    spec.k_rope_dim = hd;
+    spec.k_rope_dim = rot;
+    spec.k_rope_neox = tc.rope_neox;
     spec.k_rope_freq = {freq};
   }
   std::vector<float> equal(size_t(kvd), 1.0f);  // outlier_rows' channels c % 17 == 0 have σ 12
@@ -399,6 +407,17 @@ TEST(CpuQuantAttention, PositionAwareCenteringRemovesARopeRotatedMeanThatStaticC
     both.v_format = name;
     both.equalize = true;
     check_quant_attention(both, 321, true);
+    // NeoX pairs and a partial rotation (the channels past it keep a static mean).
+    QuantAttnCase neox = rope;
+    neox.rope_neox = true;
+    EXPECT_LT(check_quant_attention(neox, 322, false), 0.7 * e_static);
+    QuantAttnCase partial = neox;
+    partial.rope_dim = 48;
+    partial.first_center = true;
+    partial.sink = 6.0f;
+    check_quant_attention(partial, 323, true);
+    partial.rope_neox = false;
+    check_quant_attention(partial, 324, false);
   }
 }
 
