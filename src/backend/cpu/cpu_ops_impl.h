@@ -228,8 +228,7 @@ static void attention_impl(const float* q, int64_t ldq, const tessera::KvLayerVi
   // The key at position 0 centered on its own calibrated center: its score gets q·first back
   // (position-aware: in place of q·R(0)·m; static: in place of the dropped q·μ).
   const bool first_center = kc.first != nullptr;
-  if (rope_center)
-    rope_block_tables(kc, bs, hd, tab, rope_step);
+  if (rope_center) rope_block_tables(kc, bs, hd, tab, rope_step);
   for (int r = 0; r < n_q; ++r) {
     const int t = task.q_begin + r / ng, g = g0 + r % ng;
     const float* src = q + t * ldq + static_cast<int64_t>(task.kv_head * group + g) * hd;

@@ -107,8 +107,8 @@ double check_quant_attention(const QuantAttnCase& tc, uint32_t seed, bool copy_b
   std::vector<float> freq(rot / 2);
   for (int i = 0; i < rot / 2; ++i) freq[i] = float(std::pow(10000.0, -2.0 * i / rot));
   auto rope_mean_at = [&](int kh, int p) {  // R(p)·m of head kh, [hd]
-    return rope_rotate_f64(std::vector<float>(rope_m.begin() + kh * hd, rope_m.begin() + (kh + 1) * hd), freq, p,
-                           rot, tc.rope_neox);
+    return rope_rotate_f64(std::vector<float>(rope_m.begin() + kh * hd, rope_m.begin() + (kh + 1) * hd), freq, p, rot,
+                           tc.rope_neox);
   };
   if (!rope_m.empty() && tc.center) {
     int n_pos = 0, count = 0;
