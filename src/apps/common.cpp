@@ -91,26 +91,20 @@ SessionOptions ModelArgs::session_options() const {
 }
 
 void apply_key_centering(const KvScales& file, SessionOptions& o) {
-  o.k_first = file.k_first;
   // Only the CPU backend reads centering by position (Backend::supports_key_centering_by_position);
   // elsewhere the file's static pair, which it always holds beside "k_rope". The CUDA kernels
   // read "k_first" (cuda_kv_quant_test), but their last fix has not run on a GPU yet: until it
   // has, CUDA keeps the static centering alone (docs/design/kv-quant.md, "On the GPU").
-  if (o.backend.device != "cpu" && (file.rope_dim > 0 || !file.k_first.empty())) {
+  const bool static_only = o.backend.device != "cpu" && (file.rope_dim > 0 || !file.k_first.empty());
+  if (static_only)
     std::fprintf(stderr,
                  "tessera: warning: --device %s does not read position-aware key centering (\"k_rope\") or the "
                  "first key's center (\"k_first\") yet; its keys are centered by the file's static k_mean / "
                  "k_equal (SmolLM2-135M, turbo3.5, 2,048-token windows: KL 0.172 static against 0.057 with both; "
                  "docs/benchmarks/kv-quant.md)\n",
                  o.backend.device.c_str());
-    o.k_first.clear();
-    o.k_mean = file.k_mean;
-    o.k_equal = file.k_equal;
-    o.k_rope_dim = 0;
-    o.k_rope_freq.clear();
-    return;
-  }
-  if (file.rope_dim > 0) {  // version 2: position-aware centering replaces the static one
+  o.k_first = static_only ? std::vector<std::vector<float>>() : file.k_first;
+  if (!static_only && file.rope_dim > 0) {  // version 2: position-aware centering replaces the static one
     o.k_mean = file.rope_mean;
     o.k_equal = file.rope_equal;
     o.k_rope_dim = file.rope_dim;

@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(kThreads)
     const int g = i / HD, d = i % HD;
     Qs[g][d] = g < nq ? q[t * ldq + static_cast<int64_t>(kvh * group + g0 + g) * HD + d] * scale : 0.0f;
   }
-  __shared__ float first_s[kMaxQ];  // the first key's score term per query head
-  kv_prepare_queries(ks, kvh, HD, &Qs[0][0], 2 * HD, kMaxQ, -1, first_s);
+  __shared__ float first_s[kMaxQ];  // the first key's score term per query head (the split holding it)
+  kv_prepare_queries(ks, kvh, HD, &Qs[0][0], 2 * HD, kMaxQ, -1, begin == 0 ? first_s : nullptr);
   float qr[kMaxQ][8], sq[kMaxQ][8], acc[kMaxQ][8], m[kMaxQ], l[kMaxQ];
 #pragma unroll
   for (int g = 0; g < kMaxQ; ++g) {

@@ -150,7 +150,8 @@ __global__ void __launch_bounds__(kThreads, KC < 0 ? 2 : 3)
   // q' = R (q∘s), once; the score term of a first key stored around its own center (in
   // the scores' units: Qs carries turbo's 1/sqrt(hd), the decoded keys do not).
   __shared__ float first_s[16];
-  if (kc == KvCodec::Turbo) kv_prepare_queries(ks, kvh, HD, Qs, HD, 16, rows * group, first_s, sqrtf(HD));
+  if (kc == KvCodec::Turbo)
+    kv_prepare_queries(ks, kvh, HD, Qs, HD, 16, rows * group, begin == 0 ? first_s : nullptr, sqrtf(HD));
   __syncthreads();
   uint32_t qf[HD / 16][4];
   {

@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(kThreads)
     Qs[g * KW + d] = g < group ? q[t * ldq + static_cast<int64_t>(head0 + g) * HD + d] * scale : 0.0f;
   }
   constexpr float kLog2e = 1.4426950408889634f;
-  __shared__ float first_s[16];  // the first key's score term per row (kv_prepare_queries)
-  kv_prepare_queries(ks, kvh, HD, Qs, KW, 16, group, first_s, kLog2e);
+  __shared__ float first_s[16];  // the first key's score term per row (the split holding it)
+  kv_prepare_queries(ks, kvh, HD, Qs, KW, 16, group, begin == 0 ? first_s : nullptr, kLog2e);
   uint32_t qf[KW / 16][4];
 #pragma unroll
   for (int kk = 0; kk < KW / 16; ++kk) {

@@ -24,9 +24,11 @@ struct KvSide {
   const float* code_lo = nullptr;
   const float* signs = nullptr;  // turbo: the query side's diagonal, [n_kv_heads, hd] (D; D∘s for equalized keys)
   const float* qjl = nullptr;    // turbo keys: S, [n_kv_heads, hd, hd]
-  // Keys of a format that centers them (kv_codec.h): μ [n_kv_heads, hd] and the first key's
-  // center part [flag, n_kv_heads * hd] (flag 0: position 0 centered like the others).
+  // A format that centers keys (kv_codec.h; V too, where μ is zeros): μ [n_kv_heads, hd], the
+  // store's diagonal [n_kv_heads, hd] (D/s for equalized keys, else D), and for keys the first
+  // key's center part [flag, n_kv_heads * hd] (flag 0: position 0 centered like the others).
   const float* mean = nullptr;
+  const float* store_signs = nullptr;
   const float* first = nullptr;
 };
 
@@ -50,9 +52,10 @@ inline KvSide kv_side(const KvLayerView& kv, bool is_key) {
       s.signs = c + cl.signs;
       if (s.f.qjl) s.qjl = c + cl.qjl;
     }
-    if (is_key && s.f.centers_keys()) {
+    if (s.f.centers_keys()) {
       s.mean = c + cl.mean;
-      s.first = c + cl.first;
+      s.store_signs = c + cl.store_signs;
+      if (is_key) s.first = c + cl.first;
     }
   }
   return s;
@@ -287,7 +290,8 @@ __device__ __forceinline__ void kv_decode_tile(const KvSide& ks, const KvSide& v
 // keys rotate it (q' = R q; equalized keys R (q∘s), s folded into the signs) and, with QJL, put S q' at c in [hd, 2 hd) (rows from live_rows
 // on are zero queries: their S q' is set to zero, not computed). All threads call it (a
 // multiple of 32); it ends with a barrier.
-// first_terms (shared, [rows], or null): each row's score term of the key at position 0,
+// first_terms (shared, [rows], or null where the block's keys do not hold position 0; block-
+// uniform): each row's score term of the key at position 0,
 // first_mul · q·(first − μ) from the query before its rotation, where that key is stored
 // around its own center (ks.first's flag; the softmax drops the q·μ every other key lacks,
 // not this difference; docs/design/kv-quant.md, "The first key"); 0 where it is not.

@@ -85,17 +85,13 @@ __device__ void store_int4_channel(const KvSide& s, uint8_t* page, int offset, i
   }
 }
 
-// k_mean / v_mean: the side's centering μ ([n_kv_heads, hd], layer constants) when its format
-// centers keys (zeros unless calibrated), else null; k_diag / v_diag: the diagonal the store
-// rotates with ([n_kv_heads, hd]: D/s for equalized keys, else D; kv_codec.h), null beside a
-// null mean. Keys at position 0 (positions) are centered on ks.first's center where its flag
-// is set (kv_key_center).
+// Formats that center keys subtract the side's μ and rotate with its store diagonal (KvSide);
+// keys at position 0 (positions) are centered on ks.first's center where its flag is set
+// (kv_key_center).
 __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restrict__ k, int64_t ldk,
                                       const float* __restrict__ v, int64_t ldv, const int32_t* __restrict__ slots,
                                       const int32_t* __restrict__ positions, int n_tokens, int n_kv_heads,
-                                      int block_size, int hd, const float* __restrict__ k_mean,
-                                      const float* __restrict__ v_mean, const float* __restrict__ k_diag,
-                                      const float* __restrict__ v_diag) {
+                                      int block_size, int hd) {
   pdl_wait();  // every thread, first: see cuda_common.cuh
   pdl_trigger();
   __shared__ float xs[kMaxHd];       // the token's channels (turbo: rotated)
@@ -190,9 +186,9 @@ __global__ void kv_store_quant_kernel(KvSide ks, KvSide vs, const float* __restr
   // Turbo: y = H·D·(x − μ) / sqrt(hd) (equalized keys: D/s in place of D); coordinates scaled by sqrt(hd)/|y| (|y| in f16) coded
   // with the nearest centroid (bit planes); the f16 scale that makes <ŷ, y> = |y|² (QJL keys:
   // |y|); keys with QJL: the signs of S·(y - ŷ) and |y - ŷ|.
-  const float* mean = is_key ? k_mean : v_mean;
-  const float* diag = mean ? (is_key ? k_diag : v_diag) : s.signs;
-  if (mean && is_key && s.first && s.first[0] != 0.0f && positions[t] == 0) mean = s.first + 1;
+  const float* mean = s.mean;
+  const float* diag = mean ? s.store_signs : s.signs;
+  if (mean && s.first && s.first[0] != 0.0f && positions[t] == 0) mean = s.first + 1;
   if (d < hd) xs[d] = __fmul_rn(mean ? __fsub_rn(xv, mean[h * hd + d]) : xv, diag[h * hd + d]);
   block_fwht(xs, hd, 1, hd);
   const float inv_sqrt = 1.0f / sqrtf(static_cast<float>(hd));
@@ -283,16 +279,8 @@ void launch_kv_store_quant(const KvLayerView& kv, const float* k, int64_t ldk, c
   TESSERA_CHECK(kv.head_dim <= kMaxHd && kv.head_dim % 8 == 0, "cuda kv_store: head_dim ", kv.head_dim,
                 " (a multiple of 8, at most ", kMaxHd, ", for quantized KV)");
   const int threads = static_cast<int>(round_up(kv.head_dim, 32));
-  // The centering means and the store's diagonal are the last parts of the layer constants (kv_codec.h).
-  const auto part_of = [&](const KvFormat& f, const float* consts, bool diag) -> const float* {
-    if (!consts || !f.centers_keys()) return nullptr;
-    const KvConstantsLayout l = kv_constants_layout(f, kv.n_kv_heads, kv.head_dim);
-    return consts + (diag ? l.store_signs : l.mean);
-  };
   launch_pdl(kv_store_quant_kernel, dim3(n_tokens, kv.n_kv_heads, 2), dim3(threads), 0, st, kv_side(kv, true),
-             kv_side(kv, false), k, ldk, v, ldv, slots, positions, n_tokens, kv.n_kv_heads, kv.block_size, kv.head_dim,
-             part_of(kv.k_fmt, kv.k_consts, false), part_of(kv.v_fmt, kv.v_consts, false),
-             part_of(kv.k_fmt, kv.k_consts, true), part_of(kv.v_fmt, kv.v_consts, true));
+             kv_side(kv, false), k, ldk, v, ldv, slots, positions, n_tokens, kv.n_kv_heads, kv.block_size, kv.head_dim);
   TESSERA_CUDA_CHECK_LAUNCH("kv_store_quant");
 }
 

@@ -107,6 +107,25 @@ const json& parameters_of(const json& tool) {
   return fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"] : kAnyObject;
 }
 
+// One structural-tag `tag` per function the request may call: the format's wrapper around
+// its parameters schema.
+json call_tags(const ToolRequest& request, ToolFormat format) {
+  json tags = json::array();
+  for (const json& tool : request.tools) {
+    const std::string name = tool["function"]["name"].get<std::string>();
+    if (request.choice == ToolChoice::Named && name != request.named) continue;
+    const auto [begin, end] = call_wrapper(format, name);
+    // One space at most between JSON tokens: a small model at temperature 1 otherwise runs
+    // into whitespace until max_tokens cuts the call short.
+    tags.push_back(
+        {{"type", "tag"},
+         {"begin", begin},
+         {"content", {{"type", "json_schema"}, {"json_schema", parameters_of(tool)}, {"max_whitespace_cnt", 1}}},
+         {"end", end}});
+  }
+  return tags;
+}
+
 }  // namespace
 
 ToolRequest parse_tool_request(const Fields& body) {
@@ -140,29 +159,6 @@ ToolRequest parse_tool_request(const Fields& body) {
   r.parallel = body.boolean("parallel_tool_calls").value_or(true);
   return r;
 }
-
-namespace {
-
-// One structural-tag `tag` per function the request may call: the format's wrapper around
-// its parameters schema.
-json call_tags(const ToolRequest& request, ToolFormat format) {
-  json tags = json::array();
-  for (const json& tool : request.tools) {
-    const std::string name = tool["function"]["name"].get<std::string>();
-    if (request.choice == ToolChoice::Named && name != request.named) continue;
-    const auto [begin, end] = call_wrapper(format, name);
-    // One space at most between JSON tokens: a small model at temperature 1 otherwise runs
-    // into whitespace until max_tokens cuts the call short.
-    tags.push_back(
-        {{"type", "tag"},
-         {"begin", begin},
-         {"content", {{"type", "json_schema"}, {"json_schema", parameters_of(tool)}, {"max_whitespace_cnt", 1}}},
-         {"end", end}});
-  }
-  return tags;
-}
-
-}  // namespace
 
 std::optional<GrammarSpec> tool_call_grammar(const ToolRequest& request, ToolFormat format) {
   if (!request.constrained()) return std::nullopt;
