@@ -359,6 +359,27 @@ TEST(KvCodec, TurboKeysAreStoredCentered) {
   expect_error(t, true, nan_row, "layer 3 head 1 channel 6 is nan");
 }
 
+// Position-aware centering's RoPE: an even dimension within head_dim and at most 256 (the CPU
+// attention's per-call tables), one frequency per pair, each finite; errors name the layer.
+TEST(KvCodec, PositionAwareCenteringRopeIsChecked) {
+  const KvFormat t = parse_kv_format("turbo3", true);
+  const auto error_of = [&](int hd, int rot, size_t n_freq) -> std::string {
+    const std::vector<float> mean(size_t(hd), 0.5f), freq(n_freq, 0.01f);
+    try {
+      make_kv_constants(t, 1, hd, 2, true, 7, {}, mean, {}, {rot, false, freq, {}});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_of(64, 64, 32), "");
+  EXPECT_EQ(error_of(512, 256, 128), "");
+  EXPECT_NE(error_of(64, 63, 31).find("layer 2: RoPE dimension 63 is not even"), std::string::npos);
+  EXPECT_NE(error_of(64, 128, 64).find("exceeds head_dim 64 or 256"), std::string::npos);
+  EXPECT_NE(error_of(512, 512, 256).find("RoPE dimension 512"), std::string::npos);
+  EXPECT_NE(error_of(64, 64, 16).find("16 RoPE frequencies for RoPE dimension 64"), std::string::npos);
+}
+
 TEST(KvCodec, TheFirstKeyIsStoredAroundItsOwnCenter) {
   // With a first-key center f beside the means μ, the key at position 0 is encoded exactly as
   // x − f would be without centering, every other key as x − μ; a position-less store of such
